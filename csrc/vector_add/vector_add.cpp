@@ -1,0 +1,45 @@
+// vector_add: C++ entry (through the dispatcher) and input checks.
+#include "vector_add/vector_add.h"
+
+#include <ATen/ops/empty_like.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+
+#include "common/checks.h"
+#include "opforge.h"
+
+namespace opforge {
+
+void check_vector_add_inputs(const at::Tensor& a, const at::Tensor& b) {
+  constexpr const char* op = "opforge.vector_add";
+  check_defined(op, "a", a);
+  check_defined(op, "b", b);
+  check_dtype_in(op, "a", a, {at::kFloat, at::kDouble, at::kHalf, at::kBFloat16});
+  check_same_dtype(op, "b", b, "a", a);
+  check_same_device(op, "b", b, "a", a);
+  check_same_shape(op, "b", b, "a", a);
+}
+
+VectorAddPlan plan_vector_add(const at::Tensor& a, const at::Tensor& b) {
+  VectorAddPlan plan{at::empty_like(a), a, b, {}};
+  if (!geometry_of<3>({&plan.out, &plan.a, &plan.b}, plan.params.geom)) {
+    plan.out = at::empty_like(a, at::MemoryFormat::Contiguous);
+    plan.a = a.contiguous();
+    plan.b = b.contiguous();
+    TORCH_CHECK(geometry_of<3>({&plan.out, &plan.a, &plan.b}, plan.params.geom),
+                "opforge.vector_add: internal error, contiguous operands did not collapse");
+  }
+  plan.params.out = plan.out.data_ptr();
+  plan.params.a = plan.a.const_data_ptr();
+  plan.params.b = plan.b.const_data_ptr();
+  plan.params.dtype = to_dtype(a.scalar_type());
+  return plan;
+}
+
+at::Tensor vector_add(const at::Tensor& a, const at::Tensor& b) {
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("opforge::vector_add", "")
+                       .typed<at::Tensor(const at::Tensor&, const at::Tensor&)>();
+  return op.call(a, b);
+}
+
+}  // namespace opforge

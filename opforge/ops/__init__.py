@@ -1,0 +1,1 @@
+"""Python wrappers, fake kernels and autograd for every op (one module per op)."""

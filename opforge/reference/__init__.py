@@ -1,0 +1,5 @@
+"""Plain-PyTorch oracles: what each op means, used by tests and as the benchmarks' Python baseline."""
+
+from opforge.reference.vector_add import vector_add
+
+__all__ = ["vector_add"]

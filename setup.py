@@ -1,0 +1,186 @@
+"""Build opforge._C with torch.utils.cpp_extension.
+
+The extension holds every operator's schema and kernels; Python reaches them through
+``torch.ops.opforge``. CUDA kernels are compiled when torch has CUDA and a CUDA toolkit is
+found (``OPFORGE_CUDA=0/1`` forces the choice). The resolved configuration is printed.
+
+Environment knobs:
+  OPFORGE_CUDA=0|1        force a CPU-only or a CUDA build (default: auto)
+  TORCH_CUDA_ARCH_LIST    arches to build (default: the visible GPUs', else 9.0)
+  CUDA_HOME / CUDA_PATH   the CUDA toolkit (default: found from nvcc)
+  MAX_JOBS                parallel compile jobs (default: all cores)
+  OPFORGE_DEBUG=1         -O0 -g, device code with -lineinfo
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+import shutil
+import subprocess
+import sys
+import sysconfig
+
+from setuptools import find_packages, setup
+
+ROOT = os.path.dirname(os.path.abspath(__file__))
+
+
+def _is_toolkit(path: str | None) -> bool:
+    return bool(path) and os.path.isfile(os.path.join(path, "bin", "nvcc")) and bool(
+        glob.glob(os.path.join(path, "include", "cuda_runtime.h"))
+        + glob.glob(os.path.join(path, "targets", "*", "include", "cuda_runtime.h"))
+    )
+
+
+def find_cuda_home() -> str | None:
+    """Find the real CUDA toolkit.
+
+    ``nvcc`` on PATH may be a wrapper script or a link outside the toolkit (here:
+    /usr/local/bin/nvcc), which makes torch's own guess (dirname of dirname) wrong. We try,
+    in order: $CUDA_HOME/$CUDA_PATH, the resolved nvcc's toolkit, the TOP that nvcc itself
+    reports in a dry run, and /usr/local/cuda.
+    """
+    for var in ("CUDA_HOME", "CUDA_PATH"):
+        if _is_toolkit(os.environ.get(var)):
+            return os.path.realpath(os.environ[var])
+    nvcc = shutil.which("nvcc")
+    if nvcc:
+        candidate = os.path.dirname(os.path.dirname(os.path.realpath(nvcc)))
+        if _is_toolkit(candidate):
+            return candidate
+        try:
+            dry = subprocess.run(
+                [nvcc, "-v", "--dryrun", "-x", "cu", "-c", os.devnull, "-o", os.devnull],
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+            m = re.search(r"TOP=(\S+)", dry.stdout + dry.stderr)
+            if m and _is_toolkit(os.path.realpath(m.group(1))):
+                return os.path.realpath(m.group(1))
+        except (OSError, subprocess.SubprocessError):
+            pass
+    for candidate in ["/usr/local/cuda", *sorted(glob.glob("/usr/local/cuda-*"), reverse=True)]:
+        if _is_toolkit(candidate):
+            return os.path.realpath(candidate)
+    return None
+
+
+def pip_nvidia_include_dirs() -> list[str]:
+    """Header folders of pip's nvidia-* wheels (cublas_v2.h, cusparse.h, ... live there)."""
+    dirs: list[str] = []
+    for site in {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]}:
+        dirs += sorted(glob.glob(os.path.join(site, "nvidia", "*", "include")))
+    return [d for d in dirs if os.path.isdir(d)]
+
+
+def env_flag(name: str) -> bool | None:
+    value = os.environ.get(name)
+    if value is None or value == "":
+        return None
+    return value.lower() not in ("0", "false", "no", "off")
+
+
+# CUDA_HOME must be right before torch.utils.cpp_extension is imported: it reads it once.
+CUDA_HOME = find_cuda_home()
+if CUDA_HOME:
+    os.environ["CUDA_HOME"] = CUDA_HOME
+
+import torch  # noqa: E402
+from torch.utils.cpp_extension import BuildExtension, CppExtension, CUDAExtension  # noqa: E402
+
+
+def resolve_arch_list() -> str:
+    if os.environ.get("TORCH_CUDA_ARCH_LIST"):
+        return os.environ["TORCH_CUDA_ARCH_LIST"]
+    try:
+        if torch.cuda.is_available():
+            caps = sorted({torch.cuda.get_device_capability(i) for i in range(torch.cuda.device_count())})
+            return ";".join(f"{major}.{minor}" for major, minor in caps)
+    except Exception:  # noqa: BLE001 - a broken driver must not break a CPU build
+        pass
+    return "9.0"
+
+
+def sources(with_cuda: bool) -> list[str]:
+    cpp = sorted(glob.glob("csrc/**/*.cpp", recursive=True))
+    if not with_cuda:
+        # Launchers that include ATen's CUDA headers sit in cuda/ folders too.
+        cpp = [s for s in cpp if "/cuda/" not in s]
+        return cpp
+    return cpp + sorted(glob.glob("csrc/**/*.cu", recursive=True))
+
+
+def main() -> None:
+    want_cuda = env_flag("OPFORGE_CUDA")
+    torch_has_cuda = torch.version.cuda is not None
+    with_cuda = torch_has_cuda and CUDA_HOME is not None if want_cuda is None else want_cuda
+    if with_cuda and not (torch_has_cuda and CUDA_HOME):
+        sys.exit(
+            "opforge: OPFORGE_CUDA=1 but "
+            + ("this torch has no CUDA" if not torch_has_cuda else "no CUDA toolkit was found (set CUDA_HOME)")
+        )
+
+    debug = env_flag("OPFORGE_DEBUG") or False
+    os.environ.setdefault("MAX_JOBS", str(os.cpu_count() or 1))
+    opt = ["-O0", "-g"] if debug else ["-O3"]
+    # -fopenmp: at::parallel_for is inlined from ATen's headers as an OpenMP region; without the
+    # flag it silently runs on one thread. The OpenMP runtime resolves to the libgomp torch loads.
+    cxx_flags = [*opt, "-fopenmp", "-fdiagnostics-color=always", "-Wall", "-Wno-unused-parameter", "-Wno-unknown-pragmas"]  # torch picks -std (C++17 or C++20 by version)
+    define_macros = [("OPFORGE_WITH_CUDA", "1" if with_cuda else "0")]
+    include_dirs = [os.path.join(ROOT, "csrc")]
+    arch_list = None
+    nvcc_flags: list[str] = []
+    if with_cuda:
+        arch_list = resolve_arch_list()
+        os.environ["TORCH_CUDA_ARCH_LIST"] = arch_list
+        # Toolkit headers first, then the pip wheels' (which add cublas_v2.h, cusparse.h, ...).
+        include_dirs += [os.path.join(CUDA_HOME, "include"), *pip_nvidia_include_dirs()]
+        nvcc_flags = [*opt, "--expt-relaxed-constexpr", "-lineinfo", "-Xptxas=-warn-spills"]
+        if debug:
+            nvcc_flags.append("-G")
+
+    ext_cls = CUDAExtension if with_cuda else CppExtension
+    ext = ext_cls(
+        name="opforge._C",
+        sources=sources(with_cuda),
+        include_dirs=include_dirs,
+        define_macros=define_macros,
+        extra_compile_args={"cxx": cxx_flags, "nvcc": nvcc_flags} if with_cuda else {"cxx": cxx_flags},
+        extra_link_args=["-fopenmp"],
+        py_limited_api=False,
+    )
+
+    print(
+        "opforge build configuration:\n"
+        f"  torch            {torch.__version__} (CUDA {torch.version.cuda})\n"
+        f"  CUDA kernels     {'yes' if with_cuda else 'no'}"
+        f"{'' if want_cuda is None else ' (forced by OPFORGE_CUDA)'}\n"
+        f"  CUDA toolkit     {CUDA_HOME or 'not found'}\n"
+        f"  arch list        {arch_list or '-'}\n"
+        f"  include dirs     {' '.join(include_dirs)}\n"
+        f"  jobs             {os.environ['MAX_JOBS']}\n"
+        f"  mode             {'debug' if debug else 'release'}",
+        flush=True,
+    )
+
+    # The loader compares this with the torch it runs under, to fail with a clear message.
+    with open(os.path.join(ROOT, "opforge", "_build_config.py"), "w") as f:
+        f.write(
+            "# Written by setup.py at build time.\n"
+            f"TORCH_VERSION = {torch.__version__!r}\n"
+            f"TORCH_CUDA = {torch.version.cuda!r}\n"
+            f"WITH_CUDA = {bool(with_cuda)!r}\n"
+            f"CUDA_ARCH_LIST = {arch_list!r}\n"
+        )
+
+    setup(
+        packages=find_packages(include=["opforge", "opforge.*"]),
+        ext_modules=[ext],
+        cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},
+    )
+
+
+main()
