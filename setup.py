@@ -28,9 +28,13 @@ ROOT = os.path.dirname(os.path.abspath(__file__))
 
 
 def _is_toolkit(path: str | None) -> bool:
-    return bool(path) and os.path.isfile(os.path.join(path, "bin", "nvcc")) and bool(
-        glob.glob(os.path.join(path, "include", "cuda_runtime.h"))
-        + glob.glob(os.path.join(path, "targets", "*", "include", "cuda_runtime.h"))
+    return (
+        bool(path)
+        and os.path.isfile(os.path.join(path, "bin", "nvcc"))
+        and bool(
+            glob.glob(os.path.join(path, "include", "cuda_runtime.h"))
+            + glob.glob(os.path.join(path, "targets", "*", "include", "cuda_runtime.h"))
+        )
     )
 
 
@@ -99,7 +103,7 @@ def resolve_arch_list() -> str:
         if torch.cuda.is_available():
             caps = sorted({torch.cuda.get_device_capability(i) for i in range(torch.cuda.device_count())})
             return ";".join(f"{major}.{minor}" for major, minor in caps)
-    except Exception:  # noqa: BLE001 - a broken driver must not break a CPU build
+    except Exception:  # a broken driver must not break a CPU build
         pass
     return "9.0"
 
@@ -120,7 +124,11 @@ def main() -> None:
     if with_cuda and not (torch_has_cuda and CUDA_HOME):
         sys.exit(
             "opforge: OPFORGE_CUDA=1 but "
-            + ("this torch has no CUDA" if not torch_has_cuda else "no CUDA toolkit was found (set CUDA_HOME)")
+            + (
+                "this torch has no CUDA"
+                if not torch_has_cuda
+                else "no CUDA toolkit was found (set CUDA_HOME)"
+            )
         )
 
     debug = env_flag("OPFORGE_DEBUG") or False
@@ -128,7 +136,14 @@ def main() -> None:
     opt = ["-O0", "-g"] if debug else ["-O3"]
     # -fopenmp: at::parallel_for is inlined from ATen's headers as an OpenMP region; without the
     # flag it silently runs on one thread. The OpenMP runtime resolves to the libgomp torch loads.
-    cxx_flags = [*opt, "-fopenmp", "-fdiagnostics-color=always", "-Wall", "-Wno-unused-parameter", "-Wno-unknown-pragmas"]  # torch picks -std (C++17 or C++20 by version)
+    cxx_flags = [
+        *opt,
+        "-fopenmp",
+        "-fdiagnostics-color=always",
+        "-Wall",
+        "-Wno-unused-parameter",
+        "-Wno-unknown-pragmas",
+    ]  # torch picks -std (C++17 or C++20 by version)
     define_macros = [("OPFORGE_WITH_CUDA", "1" if with_cuda else "0")]
     include_dirs = [os.path.join(ROOT, "csrc")]
     arch_list = None

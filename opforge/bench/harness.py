@@ -116,7 +116,13 @@ def run_case(case: Case, timer: Callable[[Callable[[], Any]], float], rounds: in
         for _ in range(rounds):
             for name, fn in case.impls.items():
                 samples[name].append(timer(fn))
-    row: dict[str, Any] = {"op": case.op, "case": case.name, "params": case.params, "error": error, "impls": {}}
+    row: dict[str, Any] = {
+        "op": case.op,
+        "case": case.name,
+        "params": case.params,
+        "error": error,
+        "impls": {},
+    }
     first = next(iter(case.impls))
     for name, times in samples.items():
         if not times:
@@ -130,7 +136,7 @@ def run_case(case: Case, timer: Callable[[Callable[[], Any]], float], rounds: in
         row["impls"][name] = entry
     if first in row["impls"]:
         ours = row["impls"][first]["ms"]
-        for name, entry in row["impls"].items():
+        for entry in row["impls"].values():
             # baseline time / opforge time: > 1 means opforge is faster (a throughput ratio).
             entry["speedup_of_opforge"] = entry["ms"] / ours
     return row
@@ -157,7 +163,9 @@ def run(
         print(f"[{i}/{len(cases)}] {case.op} {case.name} ...", file=log, end="", flush=True)
         row = run_case(case, timer, rounds)
         first = next(iter(row["impls"]), None)
-        status = f" FAILED CHECK: {row['error']}" if row["error"] else f" {_fmt_time(row['impls'][first]['ms'])}"
+        status = (
+            f" FAILED CHECK: {row['error']}" if row["error"] else f" {_fmt_time(row['impls'][first]['ms'])}"
+        )
         print(status, file=log, flush=True)
         rows.append(row)
         del case
@@ -218,7 +226,9 @@ def to_table(result: dict[str, Any]) -> str:
         for j, (name, entry) in enumerate(row["impls"].items()):
             ratio = "" if j == 0 else f"{entry['speedup_of_opforge']:.2f}x"
             op, case = (row["op"], row["case"]) if j == 0 else ("", "")
-            out.append(f"{op:<12} {case:<26} {name:<20} {_fmt_time(entry['ms']):>10} {_metric(entry):>16} {ratio:>16}")
+            out.append(
+                f"{op:<12} {case:<26} {name:<20} {_fmt_time(entry['ms']):>10} {_metric(entry):>16} {ratio:>16}"
+            )
     return "\n".join(out)
 
 
@@ -243,7 +253,11 @@ def plot(result: dict[str, Any], path: str) -> bool:
         impls = list(dict.fromkeys(name for row in rows for name in row["impls"]))
         sample = rows[0]["impls"][next(iter(rows[0]["impls"]))]
         key, label = (
-            ("tflops", "TFLOP/s") if "tflops" in sample else ("gbps", "GB/s") if "gbps" in sample else ("ms", "ms")
+            ("tflops", "TFLOP/s")
+            if "tflops" in sample
+            else ("gbps", "GB/s")
+            if "gbps" in sample
+            else ("ms", "ms")
         )
         width = 0.8 / len(impls)
         for k, name in enumerate(impls):
@@ -255,7 +269,9 @@ def plot(result: dict[str, Any], path: str) -> bool:
         ax.set_xticks(range(len(rows)))
         ax.set_xticklabels([row["case"] for row in rows], rotation=20, ha="right", fontsize=8)
         ax.set_ylabel(label)
-        ax.set_title(f"{op} on {meta['device']} (torch {meta['torch']}, {meta['date']}, {meta['commit']})", fontsize=9)
+        ax.set_title(
+            f"{op} on {meta['device']} (torch {meta['torch']}, {meta['date']}, {meta['commit']})", fontsize=9
+        )
         ax.legend(fontsize=8)
         ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()

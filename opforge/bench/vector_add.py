@@ -42,7 +42,11 @@ def _case(a: torch.Tensor, b: torch.Tensor, name: str) -> Case:
 def cases(device: torch.device, full: bool) -> Iterator[Case]:
     if device.type == "cuda":
         sizes = [1 << 20, 1 << 24, 1 << 26, 1 << 28] if full else [1 << 20, 1 << 26]
-        dtypes = [torch.float32, torch.bfloat16, torch.float16, torch.float64] if full else [torch.float32, torch.bfloat16]
+        dtypes = (
+            [torch.float32, torch.bfloat16, torch.float16, torch.float64]
+            if full
+            else [torch.float32, torch.bfloat16]
+        )
         side = 8192
     else:
         sizes = [1 << 16, 1 << 20, 1 << 24] if full else [1 << 20, 1 << 24]

@@ -1,0 +1,52 @@
+"""Shared test setup: fresh random seeds, the `cuda` marker, device parametrization."""
+
+from __future__ import annotations
+
+import os
+import random
+
+import pytest
+import torch
+
+import opforge
+
+HAS_CUDA = torch.cuda.is_available() and opforge.built_with_cuda()
+LARGE_ON_CPU = os.environ.get("OPFORGE_TEST_LARGE") == "1"
+
+# Fresh random data every run (never a fixed seed that could hide a bug), printed so that a
+# failure can be replayed with OPFORGE_TEST_SEED=<seed>.
+SEED = int(os.environ.get("OPFORGE_TEST_SEED", random.SystemRandom().randrange(2**31)))
+
+
+def pytest_report_header(config):
+    cuda = torch.cuda.get_device_name() if HAS_CUDA else "none"
+    return f"opforge: torch {torch.__version__}, CUDA device: {cuda}, seed: OPFORGE_TEST_SEED={SEED}"
+
+
+def pytest_collection_modifyitems(config, items):
+    skip_cuda = pytest.mark.skip(reason="needs a CUDA GPU and a CUDA build of opforge")
+    skip_large = pytest.mark.skip(reason="allocates several GiB: CUDA only unless OPFORGE_TEST_LARGE=1")
+    for item in items:
+        if "cuda" in item.keywords and not HAS_CUDA:
+            item.add_marker(skip_cuda)
+        if "large" in item.keywords and "cuda" not in item.keywords and not LARGE_ON_CPU:
+            item.add_marker(skip_large)
+
+
+@pytest.fixture(autouse=True)
+def _seed(request):
+    seed = (SEED + hash(request.node.nodeid)) % 2**31
+    torch.manual_seed(seed)
+    random.seed(seed)
+    yield
+
+
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]
+
+
+def poison_cuda_allocator(nbytes: int, device: str) -> None:
+    """Leave NaN in the caching allocator's free blocks, so an output element the kernel
+    fails to write shows up as NaN instead of a lucky zero."""
+    if device.startswith("cuda"):
+        blocks = [torch.full((max(nbytes, 4) // 4 + 64,), float("nan"), device=device) for _ in range(2)]
+        del blocks

@@ -1,0 +1,93 @@
+"""The package around the ops: the loader's messages, the benchmark harness and CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+
+import pytest
+import torch
+
+import opforge
+from opforge import _loader
+from opforge.bench import harness
+from opforge.bench.harness import Case, Spec
+
+
+def test_ops_are_registered():
+    assert hasattr(torch.ops.opforge, "vector_add")
+    schema = str(torch.ops.opforge.vector_add.default._schema)
+    assert schema == "opforge::vector_add(Tensor a, Tensor b) -> Tensor"
+
+
+def test_loader_reports_version_mismatch(monkeypatch):
+    config = _loader._build_config()
+    monkeypatch.setattr(config, "TORCH_VERSION", "1.0.0")
+    with pytest.raises(
+        ImportError,
+        match=rf"built against torch 1\.0\.0 but torch {re.escape(torch.__version__)} is installed",
+    ):
+        _loader.load_extension()
+
+
+def test_loader_reports_missing_build(monkeypatch):
+    monkeypatch.setattr(_loader, "_build_config", lambda: None)
+    real_import = _loader.importlib.import_module
+
+    def fake_import(name, *args):
+        if name == "opforge._C":
+            raise ImportError("No module named 'opforge._C'")
+        return real_import(name, *args)
+
+    monkeypatch.setattr(_loader.importlib, "import_module", fake_import)
+    with pytest.raises(ImportError, match=r"compiled extension \(opforge\._C\) is not built; rebuild"):
+        _loader.load_extension()
+
+
+def test_harness_runs_checks_and_writes(tmp_path):
+    a, b = torch.randn(1000), torch.randn(1000)
+
+    def cases(device, full):
+        yield Case(
+            "vector_add",
+            "tiny ok",
+            {"opforge": lambda: opforge.vector_add(a, b), "torch.add": lambda: a + b},
+            check=lambda: None,
+            bytes=3 * 4000,
+        )
+        yield Case(
+            "vector_add", "tiny wrong", {"opforge": lambda: a}, check=lambda: "planted mismatch", bytes=1
+        )
+
+    result = harness.run([Spec("vector_add", cases)], torch.device("cpu"), full=False, rounds=1)
+    ok, wrong = result["rows"]
+    assert ok["error"] is None and set(ok["impls"]) == {"opforge", "torch.add"}
+    assert ok["impls"]["opforge"]["ms"] > 0 and ok["impls"]["opforge"]["gbps"] > 0
+    assert ok["impls"]["torch.add"]["speedup_of_opforge"] == pytest.approx(
+        ok["impls"]["torch.add"]["ms"] / ok["impls"]["opforge"]["ms"]
+    )
+    assert wrong["error"] == "planted mismatch" and wrong["impls"] == {}  # never timed
+    for key in ("device", "torch", "date", "commit", "copy_gbps"):
+        assert key in result["meta"]
+    paths = harness.write(result, str(tmp_path))
+    assert json.load(open(paths[0]))["rows"][0]["case"] == "tiny ok"
+    md = open(paths[1]).read()
+    assert "FAILED CHECK: planted mismatch" in md and "tiny ok" in md and result["meta"]["torch"] in md
+
+
+def test_cli_bench_cpu(tmp_path, capsys):
+    from opforge.cli import main
+
+    rc = main(["bench", "--device", "cpu", "--ops", "vector_add", "--rounds", "1", "--out", str(tmp_path)])
+    assert rc == 0
+    out = capsys.readouterr().out
+    assert "torch.add" in out and "GB/s" in out
+    assert {"results.json", "results.md"} <= set(os.listdir(tmp_path))
+
+
+def test_cli_rejects_unknown_op(capsys):
+    from opforge.cli import main
+
+    assert main(["bench", "--device", "cpu", "--ops", "nope"]) == 2
+    assert "unknown op" in capsys.readouterr().err
