@@ -1,0 +1,47 @@
+# opforge: the README's commands. Each target installs what is missing, builds when a source
+# changed, then does its job. PYTHON picks the interpreter (default: python3).
+PYTHON ?= python3
+OUT ?=
+STAMP := build/.opforge-built
+SOURCES := $(shell find csrc -name '*.cpp' -o -name '*.cu' -o -name '*.h' -o -name '*.cuh') setup.py pyproject.toml
+
+.PHONY: setup build test bench bench-full gpu-check cpp-example lint format clean
+
+setup:
+	@$(PYTHON) scripts/ensure_deps.py test bench
+
+# Editable install; rebuilt only when a C++/CUDA source or the build files changed.
+build: setup $(STAMP)
+$(STAMP): $(SOURCES)
+	$(PYTHON) -m pip install --no-build-isolation --no-deps -e . \
+	  || $(PYTHON) setup.py build_ext --inplace
+	@mkdir -p build && touch $(STAMP)
+
+test: build
+	$(PYTHON) -m pytest tests -q
+
+bench: build
+	$(PYTHON) -m opforge.bench $(if $(OUT),--out $(OUT))
+
+bench-full: build
+	$(PYTHON) -m opforge.bench --full $(if $(OUT),--out $(OUT))
+
+# On a CUDA machine: build with all cores, every test (CUDA ones too), the full benchmark,
+# a memcheck of the CUDA tests; logs and results under OUT (default benchmarks/results/<device>/).
+gpu-check: setup
+	PYTHON=$(PYTHON) OUT=$(OUT) bash scripts/gpu_check.sh
+
+# libopforge with CMake, its installed package, and the C++ example run through ctest.
+cpp-example: setup
+	PYTHON=$(PYTHON) bash scripts/cpp_example.sh
+
+lint:
+	@$(PYTHON) scripts/ensure_deps.py dev
+	$(PYTHON) -m ruff check . && $(PYTHON) -m ruff format --check .
+
+format:
+	$(PYTHON) -m ruff format . && $(PYTHON) -m ruff check --fix .
+	find csrc examples -name '*.cpp' -o -name '*.h' -o -name '*.cu' -o -name '*.cuh' | xargs clang-format -i
+
+clean:
+	rm -rf build opforge/_C*.so opforge/_build_config.py bench-out *.egg-info

@@ -1,0 +1,37 @@
+// Calls opforge::vector_add from C++ through the public header, on the CPU (and on CUDA when
+// a GPU and a CUDA build are there), and checks it against torch's own add.
+#include <opforge.h>
+#include <torch/torch.h>
+
+#include <iostream>
+
+namespace {
+
+bool check(const torch::Device& device) {
+  const auto opts = torch::TensorOptions().device(device);
+  const torch::Tensor a = torch::randn({1000, 37}, opts);
+  const torch::Tensor b = torch::randn({37, 1000}, opts).t();  // non-contiguous works too
+  const torch::Tensor out = opforge::vector_add(a, b);
+  const bool ok = torch::equal(out, a + b);
+  const torch::Tensor head = out[0].slice(0, 0, 3).cpu();
+  std::cout << "opforge::vector_add on " << device << ": " << out.sizes() << " " << (ok ? "matches" : "DIFFERS FROM")
+            << " torch::add; out[0][:3] = " << head[0].item<float>() << ", " << head[1].item<float>() << ", "
+            << head[2].item<float>() << "\n";
+  return ok;
+}
+
+}  // namespace
+
+int main() {
+  torch::manual_seed(0);
+  bool ok = check(torch::kCPU);
+  if (torch::cuda::is_available()) ok = check(torch::kCUDA) && ok;
+  try {
+    opforge::vector_add(torch::ones({3}), torch::ones({4}));
+    ok = false;
+  } catch (const c10::Error& e) {
+    std::cout << "bad input raises: " << e.what_without_backtrace() << "\n";
+  }
+  std::cout << (ok ? "opforge::vector_add OK" : "opforge::vector_add FAILED") << std::endl;
+  return ok ? 0 : 1;
+}

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# One command on a CUDA machine: build with all cores, run every test (CUDA ones included),
+# run the full benchmark, memcheck the CUDA tests; write logs and results under $OUT.
+# Exit status: non-zero when the build, a test, a benchmark check or the memcheck failed.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-python3}
+export PYTHONUNBUFFERED=1 MAX_JOBS=${MAX_JOBS:-$(nproc)}
+status=0
+
+slug=$("$PYTHON" -c 'import torch; print("cuda-" + torch.cuda.get_device_name().lower().replace("nvidia ", "").replace(" ", "-") if torch.cuda.is_available() else "no-cuda")')
+OUT=${OUT:-benchmarks/results/$slug}
+mkdir -p "$OUT"
+echo "gpu-check: results in $OUT"
+
+{
+  date -u
+  nvidia-smi || true
+  "$PYTHON" -c 'import torch, sys; print("python", sys.version.split()[0], "torch", torch.__version__, "cuda", torch.version.cuda, "device", torch.cuda.get_device_name() if torch.cuda.is_available() else None)'
+  git rev-parse HEAD 2>/dev/null; git status --porcelain --untracked-files=no 2>/dev/null
+  nvcc --version 2>/dev/null | tail -2
+} > "$OUT/env.txt" 2>&1
+
+echo "== build (MAX_JOBS=$MAX_JOBS)"
+start=$(date +%s)
+if ! { "$PYTHON" -m pip install --no-build-isolation --no-deps -e . || "$PYTHON" setup.py build_ext --inplace; } > "$OUT/build.log" 2>&1; then
+  echo "BUILD FAILED"; tail -40 "$OUT/build.log"; exit 1
+fi
+echo "   built in $(( $(date +%s) - start )) s"; grep -A8 "opforge build configuration" "$OUT/build.log" | head -9
+
+echo "== tests"
+"$PYTHON" -m pytest tests -q -rs -p no:cacheprovider > "$OUT/tests.log" 2>&1 || status=1
+tail -5 "$OUT/tests.log"
+
+echo "== benchmarks (full)"
+"$PYTHON" -m opforge.bench --full --out "$OUT" > "$OUT/bench.log" 2>&1 || status=1
+sed -n '/^op /,/^wrote/p' "$OUT/bench.log"
+
+if command -v compute-sanitizer >/dev/null && [ "${SANITIZE:-1}" = 1 ]; then
+  echo "== compute-sanitizer memcheck (CUDA tests, no large/compile)"
+  timeout "${SANITIZE_TIMEOUT:-300}" compute-sanitizer --tool memcheck --error-exitcode 3 \
+    "$PYTHON" -m pytest tests -q -x -m "cuda and not large" -k "not compile" -p no:cacheprovider \
+    > "$OUT/memcheck.log" 2>&1 || status=1
+  tail -4 "$OUT/memcheck.log"
+fi
+
+echo "gpu-check: $([ $status = 0 ] && echo PASSED || echo FAILED)"
+exit $status
