@@ -16,13 +16,12 @@ struct alignas(sizeof(T) * N) Pack {
 
 inline bool is_aligned(const void* p, int bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
 
-// A grid that fills the GPU once (num_sms * blocks_per_sm resident blocks) and no more; kernels
-// using it loop over their work with a grid stride. 2048 resident threads per SM is Hopper's
-// and Ampere's A100 limit; on parts with fewer, the extra blocks simply wait their turn.
-inline unsigned int persistent_grid(int64_t work_items, int threads, int num_sms) {
-  const int64_t wanted = (work_items + threads - 1) / threads;
-  const int64_t resident = static_cast<int64_t>(num_sms > 0 ? num_sms : 1) * (2048 / threads);
-  const int64_t blocks = wanted < resident ? wanted : resident;
+// Blocks for `tiles` units of work: one block per tile, but at most `waves` full waves of
+// resident blocks (2048 resident threads per SM, Hopper's and A100's limit): the grid is sized
+// to the GPU and kernels stride over any remaining tiles.
+inline unsigned int grid_for_tiles(int64_t tiles, int threads, int num_sms, int waves = 8) {
+  const int64_t cap = static_cast<int64_t>(num_sms > 0 ? num_sms : 1) * (2048 / threads) * waves;
+  const int64_t blocks = tiles < cap ? tiles : cap;
   return static_cast<unsigned int>(blocks > 0 ? blocks : 1);
 }
 
