@@ -29,7 +29,10 @@ fi
 echo "   built in $(( $(date +%s) - start )) s"; grep -A8 "opforge build configuration" "$OUT/build.log" | head -9
 
 echo "== tests"
-"$PYTHON" -m pytest tests -q -rs -p no:cacheprovider > "$OUT/tests.log" 2>&1 || status=1
+# pytest-xdist, when present, runs tests in worker processes: faster, and a crash of one test is
+# reported as its failure instead of ending the run.
+xdist=$("$PYTHON" -c 'import xdist' 2>/dev/null && echo "-n 4")
+"$PYTHON" -m pytest tests -q -rs -p no:cacheprovider $xdist > "$OUT/tests.log" 2>&1 || status=1
 tail -5 "$OUT/tests.log"
 
 echo "== benchmarks (full)"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import random
+import zlib
 
 import pytest
 import torch
@@ -15,7 +16,13 @@ LARGE_ON_CPU = os.environ.get("OPFORGE_TEST_LARGE") == "1"
 
 # Fresh random data every run (never a fixed seed that could hide a bug), printed so that a
 # failure can be replayed with OPFORGE_TEST_SEED=<seed>.
-SEED = int(os.environ.get("OPFORGE_TEST_SEED", random.SystemRandom().randrange(2**31)))
+# Under pytest-xdist every worker derives the same seed from the run's shared id.
+if "OPFORGE_TEST_SEED" in os.environ:
+    SEED = int(os.environ["OPFORGE_TEST_SEED"])
+elif "PYTEST_XDIST_TESTRUNUID" in os.environ:
+    SEED = int(os.environ["PYTEST_XDIST_TESTRUNUID"][:8], 16) % 2**31
+else:
+    SEED = random.SystemRandom().randrange(2**31)
 
 
 def pytest_report_header(config):
@@ -35,7 +42,7 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(autouse=True)
 def _seed(request):
-    seed = (SEED + hash(request.node.nodeid)) % 2**31
+    seed = (SEED + zlib.crc32(request.node.nodeid.encode())) % 2**31
     torch.manual_seed(seed)
     random.seed(seed)
     yield

@@ -19,7 +19,7 @@ inline bool is_aligned(const void* p, int bytes) { return reinterpret_cast<uintp
 // Blocks for `tiles` units of work: one block per tile, but at most `waves` full waves of
 // resident blocks (2048 resident threads per SM, Hopper's and A100's limit): the grid is sized
 // to the GPU and kernels stride over any remaining tiles.
-inline unsigned int grid_for_tiles(int64_t tiles, int threads, int num_sms, int waves = 8) {
+inline unsigned int grid_for_tiles(int64_t tiles, int threads, int num_sms, int waves = 32) {
   const int64_t cap = static_cast<int64_t>(num_sms > 0 ? num_sms : 1) * (2048 / threads) * waves;
   const int64_t blocks = tiles < cap ? tiles : cap;
   return static_cast<unsigned int>(blocks > 0 ? blocks : 1);
