@@ -117,6 +117,24 @@ def sources(with_cuda: bool) -> list[str]:
     return cpp + sorted(glob.glob("csrc/**/*.cu", recursive=True))
 
 
+class BuildExt(BuildExtension):
+    """torch's BuildExtension, linking without -Bsymbolic-functions.
+
+    Debian's and Ubuntu's Pythons link extensions with ``-Wl,-Bsymbolic-functions``. GCC 13
+    emits libstdc++ template code such as ``std::ostream::_M_insert<long>`` into our library;
+    with that flag the calls bind to those local copies instead of libstdc++'s, and the first
+    number formatted into an error message crashed the process (seen with torch 2.11 on Ubuntu
+    24.04). Without the flag the dynamic linker binds them to libstdc++'s own definitions.
+    """
+
+    def build_extensions(self) -> None:
+        for attr in ("linker_so", "linker_so_cxx"):
+            cmd = getattr(self.compiler, attr, None)
+            if cmd:
+                setattr(self.compiler, attr, [arg for arg in cmd if "Bsymbolic" not in arg])
+        super().build_extensions()
+
+
 def main() -> None:
     want_cuda = env_flag("OPFORGE_CUDA")
     torch_has_cuda = torch.version.cuda is not None
@@ -194,7 +212,7 @@ def main() -> None:
     setup(
         packages=find_packages(include=["opforge", "opforge.*"]),
         ext_modules=[ext],
-        cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},
+        cmdclass={"build_ext": BuildExt.with_options(use_ninja=True)},
     )
 
 

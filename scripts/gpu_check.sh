@@ -17,16 +17,18 @@ echo "gpu-check: results in $OUT"
   date -u
   nvidia-smi || true
   "$PYTHON" -c 'import torch, sys; print("python", sys.version.split()[0], "torch", torch.__version__, "cuda", torch.version.cuda, "device", torch.cuda.get_device_name() if torch.cuda.is_available() else None)'
-  git rev-parse HEAD 2>/dev/null; git status --porcelain --untracked-files=no 2>/dev/null
+  echo "commit ${OPFORGE_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}"
   nvcc --version 2>/dev/null | tail -2
 } > "$OUT/env.txt" 2>&1
 
 echo "== build (MAX_JOBS=$MAX_JOBS)"
 start=$(date +%s)
-if ! { "$PYTHON" -m pip install --no-build-isolation --no-deps -e . || "$PYTHON" setup.py build_ext --inplace; } > "$OUT/build.log" 2>&1; then
+if ! { "$PYTHON" -m pip install -v --no-build-isolation --no-deps -e . || "$PYTHON" setup.py build_ext --inplace; } > "$OUT/build.log" 2>&1; then
   echo "BUILD FAILED"; tail -40 "$OUT/build.log"; exit 1
 fi
 echo "   built in $(( $(date +%s) - start )) s"; grep -A8 "opforge build configuration" "$OUT/build.log" | head -9
+echo "libstdc++ code defined in the extension (bound to libstdc++'s own at run time):" >> "$OUT/build.log"
+nm -DC --defined-only opforge/_C*.so 2>/dev/null | grep -c " std::" >> "$OUT/build.log" || true
 
 echo "== tests"
 # pytest-xdist, when present, runs tests in worker processes: faster, and a crash of one test is

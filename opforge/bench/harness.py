@@ -48,6 +48,9 @@ class Spec:
 
 
 def _git_commit() -> str:
+    """The commit measured: $OPFORGE_COMMIT when set (a copy of the tree without .git), else git's."""
+    if os.environ.get("OPFORGE_COMMIT"):
+        return os.environ["OPFORGE_COMMIT"]
     try:
         root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         out = subprocess.run(
