@@ -87,6 +87,53 @@ def env_flag(name: str) -> bool | None:
     return value.lower() not in ("0", "false", "no", "off")
 
 
+def links_libstdcxx_dynamically(cxx: str) -> bool:
+    """Whether ``cxx`` links a shared object against libstdc++.so (the one torch uses).
+
+    A compiler that links libstdc++ statically into the extension gives it a private copy of the
+    C++ library next to torch's: seen with a relocated GCC 13 (/opt/gcc, set as CXX on our GPU
+    machines), where the first number formatted into an error message crashed the process.
+    """
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        src, out = os.path.join(tmp, "probe.cpp"), os.path.join(tmp, "probe.so")
+        with open(src, "w") as f:
+            f.write(
+                "#include <sstream>\nstd::string f(long x) { std::ostringstream s; s << x; return s.str(); }\n"
+            )
+        try:
+            subprocess.run(
+                [cxx, "-shared", "-fPIC", "-o", out, src], check=True, capture_output=True, timeout=120
+            )
+            with open(out, "rb") as f:
+                return b"libstdc++.so" in f.read()
+        except (OSError, subprocess.SubprocessError):
+            return False
+
+
+def choose_cxx() -> str | None:
+    """Keep $CXX unless it links libstdc++ statically; then take the first c++/g++ that doesn't.
+
+    Returns a note for the printed configuration when the compiler was switched.
+    """
+    current = os.environ.get("CXX") or "c++"
+    if links_libstdcxx_dynamically(current):
+        return None
+    for candidate in ("c++", "g++", "/usr/bin/c++", "/usr/bin/g++"):
+        path = shutil.which(candidate)
+        if path and os.path.realpath(path) != os.path.realpath(shutil.which(current) or current):
+            if links_libstdcxx_dynamically(path):
+                os.environ["CXX"] = path
+                cc = os.path.join(os.path.dirname(path), "gcc" if "g++" in os.path.basename(path) else "cc")
+                if os.path.exists(cc):
+                    os.environ["CC"] = cc
+                return (
+                    f"{path} (CXX={current} links libstdc++ statically: a second C++ runtime beside torch's)"
+                )
+    return f"{current} (WARNING: it links libstdc++ statically and no other C++ compiler was found)"
+
+
 # CUDA_HOME must be right before torch.utils.cpp_extension is imported: it reads it once.
 CUDA_HOME = find_cuda_home()
 if CUDA_HOME:
@@ -149,6 +196,7 @@ def main() -> None:
             )
         )
 
+    cxx_note = choose_cxx()
     debug = env_flag("OPFORGE_DEBUG") or False
     os.environ.setdefault("MAX_JOBS", str(os.cpu_count() or 1))
     opt = ["-O0", "-g"] if debug else ["-O3"]
@@ -189,6 +237,7 @@ def main() -> None:
     print(
         "opforge build configuration:\n"
         f"  torch            {torch.__version__} (CUDA {torch.version.cuda})\n"
+        f"  C++ compiler     {cxx_note or os.environ.get('CXX', 'c++')}\n"
         f"  CUDA kernels     {'yes' if with_cuda else 'no'}"
         f"{'' if want_cuda is None else ' (forced by OPFORGE_CUDA)'}\n"
         f"  CUDA toolkit     {CUDA_HOME or 'not found'}\n"

@@ -91,3 +91,18 @@ def test_cli_rejects_unknown_op(capsys):
 
     assert main(["bench", "--device", "cpu", "--ops", "nope"]) == 2
     assert "unknown op" in capsys.readouterr().err
+
+
+def test_extension_uses_torchs_libstdcxx():
+    """The extension links libstdc++ dynamically (one C++ runtime in the process, torch's):
+    a statically linked copy crashed while formatting error messages (see setup.py)."""
+    import opforge._C
+
+    with open(opforge._C.__file__, "rb") as f:
+        assert b"libstdc++.so" in f.read()
+
+
+def test_error_message_formats_numbers():
+    # The shape in this message is the first integer the extension formats through iostreams.
+    with pytest.raises(RuntimeError, match=r"\[2, 3\], got \[3, 2\]"):
+        opforge.vector_add(torch.ones(2, 3), torch.ones(3, 2))
