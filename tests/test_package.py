@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import re
 
 import pytest
@@ -106,3 +107,12 @@ def test_error_message_formats_numbers():
     # The shape in this message is the first integer the extension formats through iostreams.
     with pytest.raises(RuntimeError, match=r"\[2, 3\], got \[3, 2\]"):
         opforge.vector_add(torch.ones(2, 3), torch.ones(3, 2))
+
+
+def test_cpu_variant_follows_aten_cpu_capability():
+    isa = torch.ops.opforge._cpu_isa()
+    assert isa in ("avx2", "default")
+    if os.environ.get("ATEN_CPU_CAPABILITY", "").lower() == "default":
+        assert isa == "default"
+    elif torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512") and platform.machine() == "x86_64":
+        assert isa == "avx2"

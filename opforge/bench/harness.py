@@ -100,6 +100,7 @@ def metadata(device: torch.device, full: bool) -> dict[str, Any]:
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "commit": _git_commit(),
         "mode": "full" if full else "quick",
+        "cpu_variant": torch.ops.opforge._cpu_isa() if hasattr(torch.ops.opforge, "_cpu_isa") else None,
     }
 
 

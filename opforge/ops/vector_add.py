@@ -55,13 +55,5 @@ def _(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return torch.empty_like(a)
 
 
-def _setup_context(ctx, inputs, output) -> None:
-    pass
-
-
-def _backward(ctx, grad: torch.Tensor):
-    # d(a + b)/da = d(a + b)/db = identity: both inputs receive the incoming gradient.
-    return grad, grad
-
-
-torch.library.register_autograd("opforge::vector_add", _backward, setup_context=_setup_context)
+# Autograd is registered in C++ (csrc/vector_add/vector_add_autograd.cpp), so LibTorch users get it
+# too and Python calls pay no Python-level autograd layer.
