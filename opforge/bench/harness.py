@@ -276,7 +276,7 @@ def plot(result: dict[str, Any], path: str) -> bool:
         ax.set_title(
             f"{op} on {meta['device']} (torch {meta['torch']}, {meta['date']}, {meta['commit']})", fontsize=9
         )
-        ax.legend(fontsize=8)
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
         ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
