@@ -202,9 +202,12 @@ def main() -> None:
     opt = ["-O0", "-g"] if debug else ["-O3"]
     # -fopenmp: at::parallel_for is inlined from ATen's headers as an OpenMP region; without the
     # flag it silently runs on one thread. The OpenMP runtime resolves to the libgomp torch loads.
+    # -ffp-contract=off: no fused multiply-adds behind our back (GCC fuses by default where FMA is
+    # available, e.g. in the AVX2 variants), so IoUs round exactly like torchvision's.
     cxx_flags = [
         *opt,
         "-fopenmp",
+        "-ffp-contract=off",
         "-fdiagnostics-color=always",
         "-Wall",
         "-Wno-unused-parameter",

@@ -5,10 +5,28 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <optional>
+#include <tuple>
+
 namespace opforge {
 
 // out = a + b, elementwise. a and b: same shape, dtype (float32/float64/float16/bfloat16) and
 // device; any strides. The output follows a's memory layout when a is dense, else contiguous.
 at::Tensor vector_add(const at::Tensor& a, const at::Tensor& b);
+
+// Non-maximum suppression with torchvision's contract: boxes (N, 4) as (x1, y1, x2, y2), scores (N,);
+// returns the int64 indices of the kept boxes by decreasing score (equal scores: lower index
+// first). A box is suppressed by a kept, higher-scoring box when their IoU > iou_threshold.
+at::Tensor nms(const at::Tensor& boxes, const at::Tensor& scores, double iou_threshold);
+
+// NMS within each class idxs[i] (any integer dtype); boxes of different classes never suppress
+// each other. Indices of the kept boxes by decreasing score, across classes.
+at::Tensor batched_nms(const at::Tensor& boxes, const at::Tensor& scores, const at::Tensor& idxs,
+                       double iou_threshold);
+
+// nms (or batched_nms with idxs) without a device->host synchronisation: keep has N entries,
+// the kept indices first and -1 after them; num_kept is a 0-d int64 tensor.
+std::tuple<at::Tensor, at::Tensor> nms_padded(const at::Tensor& boxes, const at::Tensor& scores,
+                                              const std::optional<at::Tensor>& idxs, double iou_threshold);
 
 }  // namespace opforge

@@ -4,4 +4,7 @@
 
 TORCH_LIBRARY(opforge, m) {
   m.def("vector_add(Tensor a, Tensor b) -> Tensor");
+  m.def("nms(Tensor boxes, Tensor scores, float iou_threshold) -> Tensor");
+  m.def("batched_nms(Tensor boxes, Tensor scores, Tensor idxs, float iou_threshold) -> Tensor");
+  m.def("nms_padded(Tensor boxes, Tensor scores, Tensor? idxs, float iou_threshold) -> (Tensor, Tensor)");
 }

@@ -268,6 +268,8 @@ def plot(result: dict[str, Any], path: str) -> bool:
             xs = [i + (k - (len(impls) - 1) / 2) * width for i in range(len(rows))]
             ys = [row["impls"].get(name, {}).get(key, 0.0) for row in rows]
             ax.bar(xs, ys, width, label=name)
+        if key == "ms":
+            ax.set_yscale("log")
         if key == "gbps":
             ax.axhline(meta["copy_gbps"], color="gray", ls="--", lw=1, label="copy ceiling (same run)")
         ax.set_xticks(range(len(rows)))

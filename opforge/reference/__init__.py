@@ -1,5 +1,6 @@
 """Plain-PyTorch oracles: what each op means, used by tests and as the benchmarks' Python baseline."""
 
+from opforge.reference.nms import batched_nms, nms
 from opforge.reference.vector_add import vector_add
 
-__all__ = ["vector_add"]
+__all__ = ["batched_nms", "nms", "vector_add"]

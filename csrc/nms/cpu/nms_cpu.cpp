@@ -1,0 +1,148 @@
+// nms: CPU entries. Greedy NMS in scan order, 64 boxes at a time: the boxes of a block are
+// resolved one by one against each other, then the block's kept boxes suppress every later live
+// candidate of the same class in one vectorized pass (parallel over candidates when it pays).
+// Classes of batched_nms are independent segments, processed in parallel.
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/full.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "nms/cpu/nms_kernel.h"
+#include "nms/nms.h"
+
+namespace opforge {
+namespace {
+
+constexpr int64_t kRowBlock = 64;
+constexpr int64_t kParallelWork = 1 << 16;  // candidate x kept-box tests worth a parallel region
+
+// kept[p] = 1 when the box at score position p is kept.
+template <typename A>
+std::vector<uint8_t> nms_cpu_kept(const NmsPlan& plan) {
+  const NmsParams& p = plan.params;
+  const int64_t n = p.n;
+  const at::Tensor boxes = plan.scan_boxes.to(sizeof(A) == 4 ? at::kFloat : at::kDouble).contiguous();
+  const A* src = boxes.const_data_ptr<A>();
+  std::vector<A> store(5 * (n + kNmsPad), A(0));
+  A* x1 = store.data();
+  A* y1 = x1 + n + kNmsPad;
+  A* x2 = y1 + n + kNmsPad;
+  A* y2 = x2 + n + kNmsPad;
+  A* area = y2 + n + kNmsPad;
+  for (int64_t i = 0; i < n; ++i) {
+    x1[i] = src[4 * i];
+    y1[i] = src[4 * i + 1];
+    x2[i] = src[4 * i + 2];
+    y2[i] = src[4 * i + 3];
+    area[i] = (x2[i] - x1[i]) * (y2[i] - y1[i]);
+  }
+  const NmsBoxes<A> b{x1, y1, x2, y2, area};
+  const A threshold = sizeof(A) == 4 ? static_cast<A>(p.iou_threshold_f32) : static_cast<A>(p.iou_threshold);
+  const NmsSuppressFn<A> suppress = nms_suppress_fn<A>(cpu_isa());
+  std::vector<uint8_t> alive(n + kNmsPad, 0);
+  std::fill(alive.begin(), alive.begin() + n, uint8_t{1});
+
+  auto segment = [&](int64_t begin, int64_t end, bool parallel) {
+    int64_t kept[kRowBlock];
+    for (int64_t r0 = begin; r0 < end; r0 += kRowBlock) {
+      const int64_t rend = std::min(r0 + kRowBlock, end);
+      int nk = 0;
+      for (int64_t i = r0; i < rend; ++i) {
+        if (!alive[i]) continue;
+        kept[nk++] = i;
+        for (int64_t j = i + 1; j < rend; ++j)
+          if (alive[j] && nms_overlaps(b, i, j, threshold)) alive[j] = 0;
+      }
+      if (nk == 0 || rend == end) continue;
+      if (parallel && (end - rend) * nk >= kParallelWork) {
+        at::parallel_for(rend, end, 2048, [&](int64_t j0, int64_t j1) {
+          suppress(b, kept, nk, j0, j1, threshold, alive.data());
+        });
+      } else {
+        suppress(b, kept, nk, rend, end, threshold, alive.data());
+      }
+    }
+  };
+
+  if (p.classes == nullptr) {
+    segment(0, n, /*parallel=*/true);
+  } else {
+    std::vector<int64_t> starts;  // class segments of the scan order
+    for (int64_t i = 0; i < n; ++i)
+      if (i == 0 || p.classes[i] != p.classes[i - 1]) starts.push_back(i);
+    starts.push_back(n);
+    const int64_t segments = static_cast<int64_t>(starts.size()) - 1;
+    if (segments == 1) {
+      segment(0, n, true);
+    } else {
+      at::parallel_for(0, segments, 1, [&](int64_t s0, int64_t s1) {
+        for (int64_t s = s0; s < s1; ++s) segment(starts[s], starts[s + 1], false);
+      });
+    }
+  }
+
+  std::vector<uint8_t> kept_by_score(n, 0);
+  for (int64_t s = 0; s < n; ++s) kept_by_score[p.to_score_pos ? p.to_score_pos[s] : s] = alive[s];
+  return kept_by_score;
+}
+
+std::vector<uint8_t> run_nms_cpu(const NmsPlan& plan) {
+  return plan.params.dtype == DType::kFloat64 ? nms_cpu_kept<double>(plan) : nms_cpu_kept<float>(plan);
+}
+
+// Kept indices by decreasing score, written into `keep` from the start; returns their count.
+int64_t write_kept(const std::vector<uint8_t>& kept, const at::Tensor& score_order, int64_t* keep) {
+  const int64_t* order = score_order.const_data_ptr<int64_t>();
+  int64_t count = 0;
+  for (size_t pos = 0; pos < kept.size(); ++pos)
+    if (kept[pos]) keep[count++] = order[pos];
+  return count;
+}
+
+at::Tensor nms_impl(const char* op, const at::Tensor& boxes, const at::Tensor& scores,
+                    const std::optional<at::Tensor>& idxs, double iou_threshold) {
+  check_nms_inputs(op, boxes, scores, idxs, iou_threshold);
+  const auto long_opts = boxes.options().dtype(at::kLong);
+  if (boxes.size(0) == 0) return at::empty({0}, long_opts);
+  const NmsPlan plan = plan_nms(boxes, scores, idxs, iou_threshold);
+  const std::vector<uint8_t> kept = run_nms_cpu(plan);
+  at::Tensor keep = at::empty({boxes.size(0)}, long_opts);
+  const int64_t count = write_kept(kept, plan.score_order, keep.data_ptr<int64_t>());
+  return keep.narrow(0, 0, count).clone();
+}
+
+at::Tensor nms_cpu(const at::Tensor& boxes, const at::Tensor& scores, double iou_threshold) {
+  return nms_impl("opforge.nms", boxes, scores, std::nullopt, iou_threshold);
+}
+
+at::Tensor batched_nms_cpu(const at::Tensor& boxes, const at::Tensor& scores, const at::Tensor& idxs,
+                           double iou_threshold) {
+  return nms_impl("opforge.batched_nms", boxes, scores, idxs, iou_threshold);
+}
+
+std::tuple<at::Tensor, at::Tensor> nms_padded_cpu(const at::Tensor& boxes, const at::Tensor& scores,
+                                                  const std::optional<at::Tensor>& idxs, double iou_threshold) {
+  check_nms_inputs("opforge.nms_padded", boxes, scores, idxs, iou_threshold);
+  const auto long_opts = boxes.options().dtype(at::kLong);
+  at::Tensor keep = at::full({boxes.size(0)}, -1, long_opts);
+  int64_t count = 0;
+  if (boxes.size(0) > 0) {
+    const NmsPlan plan = plan_nms(boxes, scores, idxs, iou_threshold);
+    count = write_kept(run_nms_cpu(plan), plan.score_order, keep.data_ptr<int64_t>());
+  }
+  return {keep, at::full({}, count, long_opts)};
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(opforge, CPU, m) {
+  m.impl("nms", &nms_cpu);
+  m.impl("batched_nms", &batched_nms_cpu);
+  m.impl("nms_padded", &nms_padded_cpu);
+}
+
+}  // namespace opforge

@@ -1,0 +1,1 @@
+"""Adapters that make other libraries use opforge's ops."""

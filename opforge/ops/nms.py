@@ -1,0 +1,136 @@
+"""opforge.nms, batched_nms and nms_padded: torchvision's NMS contract, faster."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from opforge.ops._common import require_tensor
+
+_FLOAT_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
+
+
+def nms(boxes: torch.Tensor, scores: torch.Tensor, iou_threshold: float) -> torch.Tensor:
+    """Non-maximum suppression, with ``torchvision.ops.nms``'s contract.
+
+    Args:
+        boxes: ``(N, 4)`` boxes as ``(x1, y1, x2, y2)``; float32, float16, bfloat16 or float64
+            (IoU math in float32 for the 16-bit types, float64 for float64); CPU or CUDA.
+        scores: ``(N,)`` scores, same dtype and device as ``boxes``.
+        iou_threshold: a box is discarded when its IoU with a kept, higher-scoring box is
+            greater than this (an IoU exactly at the threshold does not suppress).
+
+    Returns:
+        int64 tensor of the indices of the kept boxes, by decreasing score. Equal scores are
+        taken lower index first; NaN scores sort first (as in ``torch.sort``). A box with a NaN
+        coordinate neither suppresses nor is suppressed; degenerate boxes (zero or negative
+        area) go through the same formula as in torchvision. Empty input gives an empty result.
+
+    On CUDA everything runs on the device; the only device->host copy is the read of the kept
+    count. ``nms_padded`` avoids even that.
+    """
+    _check_python_args("opforge.nms", boxes, scores, iou_threshold)
+    return torch.ops.opforge.nms.default(boxes, scores, float(iou_threshold))
+
+
+def batched_nms(
+    boxes: torch.Tensor, scores: torch.Tensor, idxs: torch.Tensor, iou_threshold: float
+) -> torch.Tensor:
+    """NMS within each category, with ``torchvision.ops.batched_nms``'s contract.
+
+    Boxes with different ``idxs`` (an integer tensor of shape ``(N,)``) never suppress each
+    other. Returns the int64 indices of the kept boxes by decreasing score across categories
+    (equal scores: lower index first). Each category is its own segment of the work, so the cost
+    does not grow with the square of all boxes.
+    """
+    _check_python_args("opforge.batched_nms", boxes, scores, iou_threshold)
+    require_tensor("opforge.batched_nms", "idxs", idxs)
+    return torch.ops.opforge.batched_nms.default(boxes, scores, idxs, float(iou_threshold))
+
+
+def nms_padded(
+    boxes: torch.Tensor, scores: torch.Tensor, iou_threshold: float, idxs: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``nms`` (or ``batched_nms`` when ``idxs`` is given) without any host synchronisation.
+
+    Returns ``(keep, num_kept)``: ``keep`` has ``N`` int64 entries, the kept indices first (by
+    decreasing score) and ``-1`` after them; ``num_kept`` is a 0-d int64 tensor on the same
+    device. Fixed output shapes make a detector's post-processing capturable in a CUDA graph.
+    """
+    _check_python_args("opforge.nms_padded", boxes, scores, iou_threshold)
+    if idxs is not None:
+        require_tensor("opforge.nms_padded", "idxs", idxs)
+    return torch.ops.opforge.nms_padded.default(boxes, scores, idxs, float(iou_threshold))
+
+
+def _check_python_args(op: str, boxes, scores, iou_threshold) -> None:
+    require_tensor(op, "boxes", boxes)
+    require_tensor(op, "scores", scores)
+    if not isinstance(iou_threshold, (int, float)) or isinstance(iou_threshold, bool):
+        raise TypeError(f"{op}: iou_threshold must be a float, got {type(iou_threshold).__name__}")
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _check(op: str, boxes, scores, idxs, iou_threshold: float) -> None:
+    """The C++ checks (csrc/nms/nms.cpp), word for word, for fake tensors."""
+    n = boxes.shape[0] if boxes.dim() >= 1 else 0
+    if boxes.dim() != 2 or boxes.shape[1] != 4:
+        raise RuntimeError(f"{op}: boxes must be a 2-D tensor of shape (N, 4), got {list(boxes.shape)}")
+    if scores.dim() != 1 or scores.shape[0] != n:
+        raise RuntimeError(
+            f"{op}: scores must be a 1-D tensor with one score per box (N={n}), got {list(scores.shape)}"
+        )
+    if boxes.dtype not in _FLOAT_DTYPES:
+        names = ", ".join(_dtype_name(d) for d in _FLOAT_DTYPES)
+        raise RuntimeError(f"{op}: boxes must be one of ({names}), got {_dtype_name(boxes.dtype)}")
+    if scores.dtype != boxes.dtype:
+        raise RuntimeError(
+            f"{op}: scores must have the same dtype as boxes ({_dtype_name(boxes.dtype)}), "
+            f"got {_dtype_name(scores.dtype)}"
+        )
+    if scores.device != boxes.device:
+        raise RuntimeError(
+            f"{op}: scores must be on the same device as boxes ({boxes.device}), got {scores.device}"
+        )
+    if idxs is not None:
+        if idxs.dim() != 1 or idxs.shape[0] != n:
+            raise RuntimeError(
+                f"{op}: idxs must be a 1-D tensor with one class per box (N={n}), got {list(idxs.shape)}"
+            )
+        if idxs.dtype.is_floating_point or idxs.dtype.is_complex or idxs.dtype == torch.bool:
+            raise RuntimeError(f"{op}: idxs must have an integer dtype, got {_dtype_name(idxs.dtype)}")
+        if idxs.device != boxes.device:
+            raise RuntimeError(
+                f"{op}: idxs must be on the same device as boxes ({boxes.device}), got {idxs.device}"
+            )
+    if math.isnan(iou_threshold):
+        raise RuntimeError(f"{op}: iou_threshold must be a number, got nan")
+
+
+def _fake_keep(boxes: torch.Tensor) -> torch.Tensor:
+    # The number of kept boxes depends on the data: an unbacked size between 0 and N.
+    ctx = torch.library.get_ctx()
+    count = ctx.new_dynamic_size(min=0)
+    return boxes.new_empty((count,), dtype=torch.int64)
+
+
+@torch.library.register_fake("opforge::nms")
+def _(boxes, scores, iou_threshold):
+    _check("opforge.nms", boxes, scores, None, iou_threshold)
+    return _fake_keep(boxes)
+
+
+@torch.library.register_fake("opforge::batched_nms")
+def _(boxes, scores, idxs, iou_threshold):
+    _check("opforge.batched_nms", boxes, scores, idxs, iou_threshold)
+    return _fake_keep(boxes)
+
+
+@torch.library.register_fake("opforge::nms_padded")
+def _(boxes, scores, idxs, iou_threshold):
+    _check("opforge.nms_padded", boxes, scores, idxs, iou_threshold)
+    return boxes.new_empty((boxes.shape[0],), dtype=torch.int64), boxes.new_empty((), dtype=torch.int64)
