@@ -123,15 +123,18 @@ __global__ void __launch_bounds__(kScanThreads)
     const int64_t row0 = r * kBlock;
     const int rows = static_cast<int>(min64(kBlock, n - row0));
     if (t == 0) {
-      // Greedy over this block's boxes, in score order.
-      uint64_t gone = removed[r], keep = 0;
+      // Greedy over this block's boxes in score order, visiting only boxes not yet removed:
+      // the next candidate is the lowest live bit above the last kept one.
+      const uint64_t valid = rows == kBlock ? ~uint64_t{0} : (uint64_t{1} << rows) - 1;
+      uint64_t gone = removed[r] | ~valid, keep = 0;
+      uint64_t candidates = ~gone;
       int k = 0;
-      for (int b = 0; b < rows; ++b) {
-        if (!((gone >> b) & 1)) {
-          keep |= uint64_t{1} << b;
-          kept_rows[k++] = b;
-          gone |= diag[r & 1][b];
-        }
+      while (candidates) {
+        const int b = __ffsll(static_cast<long long>(candidates)) - 1;
+        keep |= uint64_t{1} << b;
+        kept_rows[k++] = b;
+        gone |= diag[r & 1][b];  // only bits above b: the diagonal block is upper triangular
+        candidates = ~gone & ~((uint64_t{2} << b) - 1);
       }
       num_kept = k;
       kept_bits = keep;
