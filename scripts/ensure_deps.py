@@ -17,10 +17,19 @@ NEEDS = {
         ("setuptools", "setuptools>=64"),
         ("wheel", "wheel"),
     ],
-    "test": [("pytest", "pytest>=7"), ("numpy", "numpy")],
-    "bench": [("matplotlib", "matplotlib"), ("numpy", "numpy")],
+    "test": [("pytest", "pytest>=7"), ("numpy", "numpy"), ("torchvision", None)],
+    "bench": [("matplotlib", "matplotlib"), ("numpy", "numpy"), ("torchvision", None)],
     "dev": [("ruff", "ruff")],
 }
+
+
+def torchvision_spec() -> str:
+    """The torchvision release built for the installed torch (0.(minor + 15) for torch 2.x):
+    a bare `pip install torchvision` would replace torch with the newest release instead."""
+    import torch
+
+    major, minor = (int(x) for x in torch.__version__.split("+")[0].split(".")[:2])
+    return f"torchvision=={major - 2}.{minor + 15}.*" if major == 2 else "torchvision"
 
 
 def main(groups: list[str]) -> int:
@@ -29,6 +38,10 @@ def main(groups: list[str]) -> int:
         for module, spec in NEEDS[group]:
             if importlib.util.find_spec(module) is None:
                 wanted[module] = spec
+    if "torchvision" in wanted:
+        if "torch" in wanted:  # install torch first, then the torchvision that matches it
+            subprocess.call([sys.executable, "-m", "pip", "install", "--quiet", wanted.pop("torch")])
+        wanted["torchvision"] = torchvision_spec()
     if not wanted:
         return 0
     print(f"installing missing packages: {' '.join(wanted.values())}", flush=True)
