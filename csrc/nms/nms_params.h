@@ -24,13 +24,19 @@ struct NmsParams {
 inline int64_t nms_words(int64_t n) { return (n + 63) / 64; }
 
 #if OPFORGE_WITH_CUDA
+// Words of the per-row bitmap that marks which mask words are non-zero.
+inline int64_t nms_nz_words(int64_t n) { return (nms_words(n) + 63) / 64; }
+
 // Scratch the CUDA launcher allocates (device pointers).
 struct NmsCudaBuffers {
-  uint64_t* mask = nullptr;     // [n, words]; only blocks at or right of the diagonal are written
-  int32_t* or_end = nullptr;    // [words] exclusive end word of each row block's class segment
-  uint8_t* kept = nullptr;      // [n] 1 if kept, by score-order position
+  uint64_t* mask = nullptr;    // [n, words]: only non-zero words are written (see row_nz)
+  uint64_t* row_nz = nullptr;  // [n, nz_words], zeroed: bit c set when mask[i][c] != 0
+  int32_t* in_deg = nullptr;   // [n], zeroed: how many higher-ranked boxes box j overlaps
+  int32_t* or_end = nullptr;   // [words] exclusive end word of each row block's class segment
+  int32_t* work = nullptr;     // [5, n]: remaining, state and three frontier lists
+  uint8_t* kept = nullptr;     // [n] 1 if kept, by score-order position
 };
-// Mask + greedy scan on `stream`; fills buffers.kept. Returns a cudaError_t as int.
+// Mask + greedy resolution on `stream`; fills buffers.kept. Returns a cudaError_t as int.
 int run_nms_cuda(const NmsParams& p, const NmsCudaBuffers& buf, void* stream);
 // keep[prefix[i] - 1] = score_order[i] where kept[i]; num_kept = prefix[n - 1]. keep is pre-filled.
 int run_nms_compact_cuda(const uint8_t* kept, const int32_t* prefix, const int64_t* score_order, int64_t n,

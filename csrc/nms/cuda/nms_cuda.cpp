@@ -1,5 +1,5 @@
-// nms: CUDA launchers. checks -> device guard -> sort into scan order (on the device) -> mask and
-// greedy scan (nms_kernel.cu) -> compaction into score order. nms and batched_nms read the kept
+// nms: CUDA launchers. checks -> device guard -> sort into scan order (on the device) -> overlap
+// graph and greedy resolution (nms_kernel.cu) -> compaction into score order. nms and batched_nms read the kept
 // count once (the single device->host copy, since the output size depends on the data);
 // nms_padded reads nothing, so it can be captured in a CUDA graph.
 #include <ATen/cuda/CUDAContext.h>
@@ -32,10 +32,18 @@ std::tuple<at::Tensor, at::Tensor> padded(const char* op, const at::Tensor& boxe
   const int64_t words = nms_words(n);
   TORCH_CHECK(words <= 65535, op, ": at most ", 65535 * 64, " boxes on CUDA, got ", n);
   const NmsPlan plan = plan_nms(boxes, scores, idxs, iou_threshold);
-  at::Tensor mask = at::empty({n, words}, long_opts);
-  at::Tensor or_end = at::empty({words}, boxes.options().dtype(at::kInt));
+  const auto int_opts = boxes.options().dtype(at::kInt);
+  at::Tensor mask = at::empty({n, words}, long_opts);  // sparse: only non-zero words are written
+  at::Tensor row_nz = at::zeros({n, nms_nz_words(n)}, long_opts);
+  at::Tensor in_deg = at::zeros({n}, int_opts);
+  at::Tensor or_end = at::empty({words}, int_opts);
+  at::Tensor work = at::empty({5, n}, int_opts);
   at::Tensor kept = at::empty({n}, boxes.options().dtype(at::kByte));
-  const NmsCudaBuffers buf{reinterpret_cast<uint64_t*>(mask.data_ptr<int64_t>()), or_end.data_ptr<int32_t>(),
+  const NmsCudaBuffers buf{reinterpret_cast<uint64_t*>(mask.data_ptr<int64_t>()),
+                           reinterpret_cast<uint64_t*>(row_nz.data_ptr<int64_t>()),
+                           in_deg.data_ptr<int32_t>(),
+                           or_end.data_ptr<int32_t>(),
+                           work.data_ptr<int32_t>(),
                            kept.data_ptr<uint8_t>()};
   void* stream = at::cuda::getCurrentCUDAStream().stream();
   check_cuda(op, run_nms_cuda(plan.params, buf, stream));

@@ -1,11 +1,14 @@
-// nms: CUDA device code (no torch). Two kernels do the work after the sort:
-//  1. nms_mask_kernel: for each pair of 64-box blocks at or right of the diagonal, one thread
-//     per row box computes its IoU with the 64 column boxes and writes a 64-bit word of
-//     "suppresses" bits (only boxes of the same class for batched_nms; cross-class blocks are
-//     skipped entirely).
-//  2. nms_scan_kernel: one block walks the row blocks in score order, keeping the "removed"
-//     bits in shared memory: one thread resolves the 64 boxes of a block from the diagonal
-//     words, then all threads OR the kept boxes' rows into the removed bits to their right.
+// nms: CUDA device code (no torch). After the sort into scan order:
+//  1. nms_mask_kernel: for each pair of 64-box blocks at or right of the diagonal (within the row
+//     block's class segment), one thread per row box computes its IoU with the 64 column boxes.
+//     The result is a sparse graph: a 64-bit word of "suppresses" bits, written only when
+//     non-zero and flagged in a per-row bitmap, and each box's in-degree (how many higher-ranked
+//     boxes overlap it above the threshold).
+//  2. nms_greedy_kernel: one block resolves the greedy order on that graph in rounds: boxes whose
+//     suppressors are all suppressed are kept (first round: boxes nothing overlaps); boxes a kept
+//     box overlaps are suppressed; each suppressed box releases its out-neighbours. This gives
+//     exactly the sequential greedy result, in as many rounds as the longest chain of
+//     suppressions, instead of one serial step per 64 boxes.
 // No host synchronisation: the launcher reads the kept count once, after compaction.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -56,7 +59,8 @@ __device__ __forceinline__ A iou(const A* a, const A* b) {
 template <typename T>
 __global__ void __launch_bounds__(kBlock)
     nms_mask_kernel(const T* __restrict__ boxes, const int64_t* __restrict__ classes, int64_t n, int64_t words,
-                    typename Acc<T>::type threshold, const int32_t* __restrict__ or_end, uint64_t* __restrict__ mask) {
+                    int64_t nz_words, typename Acc<T>::type threshold, const int32_t* __restrict__ or_end,
+                    uint64_t* __restrict__ mask, unsigned long long* __restrict__ row_nz, int32_t* __restrict__ in_deg) {
   using A = typename Acc<T>::type;
   const int64_t row_block = blockIdx.y, col_block = blockIdx.x;
   if (col_block < row_block || col_block >= or_end[row_block]) return;
@@ -65,7 +69,9 @@ __global__ void __launch_bounds__(kBlock)
 
   __shared__ A col_boxes[kBlock][4];
   __shared__ int64_t col_class[kBlock];
+  __shared__ int col_count[kBlock];  // in-degree contributions of this tile, summed on chip
   const int t = threadIdx.x;
+  col_count[t] = 0;
   if (t < col_size) {
     const int64_t j = col_block * kBlock + t;
 #pragma unroll
@@ -73,16 +79,23 @@ __global__ void __launch_bounds__(kBlock)
     col_class[t] = classes ? classes[j] : 0;
   }
   __syncthreads();
-  if (t >= row_size) return;
-  const int64_t i = row_block * kBlock + t;
-  A row[4];
+  if (t < row_size) {
+    const int64_t i = row_block * kBlock + t;
+    A row[4];
 #pragma unroll
-  for (int k = 0; k < 4; ++k) row[k] = to_acc(boxes[i * 4 + k]);
-  const int64_t row_class = classes ? classes[i] : 0;
-  uint64_t bits = 0;
-  for (int j = (row_block == col_block ? t + 1 : 0); j < col_size; ++j)
-    if (col_class[j] == row_class && iou(row, col_boxes[j]) > threshold) bits |= uint64_t{1} << j;
-  mask[i * words + col_block] = bits;
+    for (int k = 0; k < 4; ++k) row[k] = to_acc(boxes[i * 4 + k]);
+    const int64_t row_class = classes ? classes[i] : 0;
+    uint64_t bits = 0;
+    for (int j = (row_block == col_block ? t + 1 : 0); j < col_size; ++j)
+      if (col_class[j] == row_class && iou(row, col_boxes[j]) > threshold) bits |= uint64_t{1} << j;
+    if (bits) {
+      mask[i * words + col_block] = bits;
+      atomicOr(&row_nz[i * nz_words + col_block / 64], 1ull << (col_block % 64));
+      for (uint64_t b = bits; b; b &= b - 1) atomicAdd(&col_count[__ffsll(static_cast<long long>(b)) - 1], 1);
+    }
+  }
+  __syncthreads();
+  if (t < col_size && col_count[t]) atomicAdd(&in_deg[col_block * kBlock + t], col_count[t]);
 }
 
 // or_end[r]: one past the last word that row block r's boxes can suppress (the word holding the
@@ -106,62 +119,76 @@ __global__ void nms_or_end_kernel(const int64_t* __restrict__ classes, int64_t n
   or_end[r] = static_cast<int32_t>((lo - 1) / kBlock + 1);
 }
 
-__global__ void __launch_bounds__(kScanThreads)
-    nms_scan_kernel(const uint64_t* __restrict__ mask, int64_t n, int64_t words, const int32_t* __restrict__ or_end,
-                    const int64_t* __restrict__ to_score_pos, uint8_t* __restrict__ kept) {
-  extern __shared__ uint64_t removed[];  // [words]
-  __shared__ uint64_t diag[2][kBlock];   // the diagonal words of this row block and the next
-  __shared__ int kept_rows[kBlock];
-  __shared__ int num_kept;
-  __shared__ uint64_t kept_bits;
-  const int t = threadIdx.x;
-  for (int64_t w = t; w < words; w += kScanThreads) removed[w] = 0;
-  if (t < kBlock && t < n) diag[0][t] = mask[static_cast<int64_t>(t) * words];
-  __syncthreads();
+enum : int32_t { kUndecided = 0, kKept = 1, kSuppressed = 2 };
 
-  for (int64_t r = 0; r < words; ++r) {
-    const int64_t row0 = r * kBlock;
-    const int rows = static_cast<int>(min64(kBlock, n - row0));
-    if (t == 0) {
-      // Greedy over this block's boxes in score order, visiting only boxes not yet removed:
-      // the next candidate is the lowest live bit above the last kept one.
-      const uint64_t valid = rows == kBlock ? ~uint64_t{0} : (uint64_t{1} << rows) - 1;
-      uint64_t gone = removed[r] | ~valid, keep = 0;
-      uint64_t candidates = ~gone;
-      int k = 0;
-      while (candidates) {
-        const int b = __ffsll(static_cast<long long>(candidates)) - 1;
-        keep |= uint64_t{1} << b;
-        kept_rows[k++] = b;
-        gone |= diag[r & 1][b];  // only bits above b: the diagonal block is upper triangular
-        candidates = ~gone & ~((uint64_t{2} << b) - 1);
-      }
-      num_kept = k;
-      kept_bits = keep;
+// Calls f(j) for every box j that box i suppresses (the set bits of its non-zero mask words).
+template <typename F>
+__device__ __forceinline__ void for_each_out_neighbour(int64_t i, const uint64_t* __restrict__ mask,
+                                                       const unsigned long long* __restrict__ row_nz, int64_t words,
+                                                       int64_t nz_words, F f) {
+  for (int64_t z = (i / kBlock) / 64; z < nz_words; ++z) {
+    for (unsigned long long nz = row_nz[i * nz_words + z]; nz; nz &= nz - 1) {
+      const int64_t c = z * 64 + __ffsll(static_cast<long long>(nz)) - 1;
+      for (uint64_t bits = mask[i * words + c]; bits; bits &= bits - 1)
+        f(c * kBlock + __ffsll(static_cast<long long>(bits)) - 1);
+    }
+  }
+}
+
+__global__ void __launch_bounds__(kScanThreads)
+    nms_greedy_kernel(const uint64_t* __restrict__ mask, const unsigned long long* __restrict__ row_nz, int64_t n,
+                      int64_t words, int64_t nz_words, const int32_t* __restrict__ in_deg, int32_t* __restrict__ work,
+                      const int64_t* __restrict__ to_score_pos, uint8_t* __restrict__ kept) {
+  int32_t* remaining = work;      // suppressors of each box not yet suppressed
+  int32_t* state = work + n;      // kUndecided, kKept or kSuppressed
+  int32_t* frontier = work + 2 * n;    // boxes kept in this round
+  int32_t* suppressed = work + 3 * n;  // boxes suppressed in this round
+  int32_t* next = work + 4 * n;        // boxes kept in the next round
+  __shared__ int num_frontier, num_suppressed, num_next;
+  const int t = threadIdx.x;
+  if (t == 0) num_frontier = num_suppressed = num_next = 0;
+  __syncthreads();
+  for (int64_t i = t; i < n; i += kScanThreads) {
+    remaining[i] = in_deg[i];
+    state[i] = kUndecided;
+    if (in_deg[i] == 0) frontier[atomicAdd(&num_frontier, 1)] = static_cast<int32_t>(i);
+  }
+  __syncthreads();
+  while (num_frontier > 0) {
+    // Kept boxes suppress every box they overlap (once: the first to claim it lists it).
+    const int nf = num_frontier;
+    for (int q = t; q < nf; q += kScanThreads) {
+      const int64_t k = frontier[q];
+      state[k] = kKept;
+      for_each_out_neighbour(k, mask, row_nz, words, nz_words, [&](int64_t j) {
+        if (state[j] == kUndecided && atomicCAS(&state[j], kUndecided, kSuppressed) == kUndecided)
+          suppressed[atomicAdd(&num_suppressed, 1)] = static_cast<int32_t>(j);
+      });
     }
     __syncthreads();
-    const int k = num_kept;
-    if (t < rows) {
-      const int64_t s = row0 + t;
-      kept[to_score_pos ? to_score_pos[s] : s] = static_cast<uint8_t>((kept_bits >> t) & 1);
+    // Suppressed boxes release their out-neighbours; a box whose last suppressor this was is
+    // kept next round (a box with a kept suppressor never reaches zero). Boxes already
+    // suppressed need no count: no state changes to kSuppressed in this phase.
+    const int ns = num_suppressed;
+    for (int q = t; q < ns; q += kScanThreads) {
+      for_each_out_neighbour(suppressed[q], mask, row_nz, words, nz_words, [&](int64_t j) {
+        if (state[j] == kUndecided && atomicSub(&remaining[j], 1) == 1)
+          next[atomicAdd(&num_next, 1)] = static_cast<int32_t>(j);
+      });
     }
-    // Prefetch the next block's diagonal words while the others OR.
-    if (r + 1 < words) {
-      const int next_rows = static_cast<int>(min64(kBlock, n - row0 - kBlock));
-      if (t < next_rows) diag[(r + 1) & 1][t] = mask[(row0 + kBlock + t) * words + r + 1];
-    }
-    // removed[w] |= mask[kept row][w] for every word right of the diagonal in this segment.
-    const int64_t first = r + 1, nw = or_end[r] - first;
-    if (k > 0 && nw > 0) {
-      const int64_t pairs = k * nw;
-      for (int64_t q = t; q < pairs; q += kScanThreads) {
-        const int64_t i = q / nw, w = first + (q - i * nw);
-        const uint64_t v = mask[(row0 + kept_rows[i]) * words + w];
-        if (v) atomicOr(reinterpret_cast<unsigned long long*>(&removed[w]), static_cast<unsigned long long>(v));
-      }
+    __syncthreads();
+    int32_t* swap = frontier;
+    frontier = next;
+    next = swap;
+    if (t == 0) {
+      num_frontier = num_next;
+      num_next = 0;
+      num_suppressed = 0;
     }
     __syncthreads();
   }
+  for (int64_t i = t; i < n; i += kScanThreads)
+    kept[to_score_pos ? to_score_pos[i] : i] = static_cast<uint8_t>(state[i] == kKept);
 }
 
 __global__ void nms_compact_kernel(const uint8_t* __restrict__ kept, const int32_t* __restrict__ prefix,
@@ -176,19 +203,16 @@ __global__ void nms_compact_kernel(const uint8_t* __restrict__ kept, const int32
 template <typename T>
 cudaError_t launch(const NmsParams& p, const NmsCudaBuffers& buf, cudaStream_t stream) {
   using A = typename Acc<T>::type;
-  const int64_t words = nms_words(p.n);
+  const int64_t words = nms_words(p.n), nz_words = nms_nz_words(p.n);
   nms_or_end_kernel<<<static_cast<unsigned>((words + 255) / 256), 256, 0, stream>>>(p.classes, p.n, words, buf.or_end);
   const A threshold = sizeof(A) == sizeof(double) ? static_cast<A>(p.iou_threshold) : static_cast<A>(p.iou_threshold_f32);
   const dim3 grid(static_cast<unsigned>(words), static_cast<unsigned>(words));
-  nms_mask_kernel<T><<<grid, kBlock, 0, stream>>>(static_cast<const T*>(p.boxes), p.classes, p.n, words, threshold,
-                                                   buf.or_end, buf.mask);
-  const size_t smem = static_cast<size_t>(words) * sizeof(uint64_t);
-  if (smem > 48 * 1024) {
-    const cudaError_t e = cudaFuncSetAttribute(nms_scan_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                               static_cast<int>(smem));
-    if (e != cudaSuccess) return e;
-  }
-  nms_scan_kernel<<<1, kScanThreads, smem, stream>>>(buf.mask, p.n, words, buf.or_end, p.to_score_pos, buf.kept);
+  nms_mask_kernel<T><<<grid, kBlock, 0, stream>>>(static_cast<const T*>(p.boxes), p.classes, p.n, words, nz_words,
+                                                   threshold, buf.or_end, buf.mask,
+                                                   reinterpret_cast<unsigned long long*>(buf.row_nz), buf.in_deg);
+  nms_greedy_kernel<<<1, kScanThreads, 0, stream>>>(buf.mask, reinterpret_cast<const unsigned long long*>(buf.row_nz),
+                                                    p.n, words, nz_words, buf.in_deg, buf.work, p.to_score_pos,
+                                                    buf.kept);
   return cudaGetLastError();
 }
 
