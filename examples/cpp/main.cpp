@@ -22,10 +22,23 @@ bool check(const torch::Device& device) {
 
 }  // namespace
 
+// Three boxes: the second overlaps the first (IoU 0.5625 > 0.5) and is suppressed.
+bool check_nms(const torch::Device& device) {
+  const auto opts = torch::TensorOptions().device(device);
+  const torch::Tensor boxes =
+      torch::tensor({0.f, 0.f, 10.f, 10.f, 1.f, 1.f, 10.f, 10.f, 20.f, 20.f, 30.f, 30.f}, opts).reshape({3, 4});
+  const torch::Tensor scores = torch::tensor({0.9f, 0.8f, 0.7f}, opts);
+  const torch::Tensor keep = opforge::nms(boxes, scores, 0.5).cpu();
+  const bool ok = keep.numel() == 2 && keep[0].item<int64_t>() == 0 && keep[1].item<int64_t>() == 2;
+  std::cout << "opforge::nms on " << device << ": kept " << keep.numel() << " boxes " << (ok ? "(expected)" : "(WRONG)")
+            << "\n";
+  return ok;
+}
+
 int main() {
   torch::manual_seed(0);
-  bool ok = check(torch::kCPU);
-  if (torch::cuda::is_available()) ok = check(torch::kCUDA) && ok;
+  bool ok = check(torch::kCPU) && check_nms(torch::kCPU);
+  if (torch::cuda::is_available()) ok = check(torch::kCUDA) && check_nms(torch::kCUDA) && ok;
   try {
     opforge::vector_add(torch::ones({3}), torch::ones({4}));
     ok = false;
