@@ -22,7 +22,7 @@ bool check(const torch::Device& device) {
 
 }  // namespace
 
-// Three boxes: the second overlaps the first (IoU 0.5625 > 0.5) and is suppressed.
+// Three boxes: the second overlaps the first (IoU 0.81 > 0.5) and is suppressed.
 bool check_nms(const torch::Device& device) {
   const auto opts = torch::TensorOptions().device(device);
   const torch::Tensor boxes =

@@ -67,7 +67,11 @@ def _case(device: torch.device, kind: str, n: int, classes: int, with_reference:
         return None
 
     op = "nms" if classes == 1 else "batched_nms"
-    label = f"{n // 1000}k {kind}" + ("" if classes == 1 else f" {classes} classes")
+    label = (
+        (f"{n // 1000}k" if n >= 1000 else str(n))
+        + f" {kind}"
+        + ("" if classes == 1 else f" {classes} classes")
+    )
     return Case(
         op=op, name=label, impls=impls, check=check, params={"n": n, "kind": kind, "classes": classes}
     )
@@ -78,10 +82,11 @@ def cases(device: torch.device, full: bool) -> Iterator[Case]:
         import torchvision.ops  # noqa: F401
     except ImportError:
         return
+    # 100 and 500 boxes check that small inputs (a detector's per-image NMS) do not regress.
     if device.type == "cuda":
-        sizes = [1000, 5000, 10000, 50000] if full else [1000, 10000]
+        sizes = [100, 500, 1000, 5000, 10000, 50000] if full else [1000, 10000]
     else:
-        sizes = [1000, 5000, 10000] if full else [1000, 10000]
+        sizes = [100, 500, 1000, 5000, 10000] if full else [1000, 10000]
     for classes in (1, 80):
         for kind in ("uniform", "clustered"):
             for n in sizes:

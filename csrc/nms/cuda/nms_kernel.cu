@@ -154,7 +154,8 @@ __global__ void __launch_bounds__(kScanThreads)
     if (in_deg[i] == 0) frontier[atomicAdd(&num_frontier, 1)] = static_cast<int32_t>(i);
   }
   __syncthreads();
-  while (num_frontier > 0) {
+  // Each round keeps at least one new box, so n rounds always suffice; the bound is insurance.
+  for (int64_t round = 0; round <= n && num_frontier > 0; ++round) {
     // Kept boxes suppress every box they overlap (once: the first to claim it lists it).
     const int nf = num_frontier;
     for (int q = t; q < nf; q += kScanThreads) {
