@@ -34,6 +34,7 @@ struct NmsCudaBuffers {
   int32_t* in_deg = nullptr;   // [n], zeroed: how many higher-ranked boxes box j overlaps
   int32_t* or_end = nullptr;   // [words] exclusive end word of each row block's class segment
   int32_t* work = nullptr;     // [5, n]: remaining, state and three frontier lists
+  uint64_t* open = nullptr;    // [words]: bit i set while box i is undecided
   uint8_t* kept = nullptr;     // [n] 1 if kept, by score-order position
 };
 // Mask + greedy resolution on `stream`; fills buffers.kept. Returns a cudaError_t as int.

@@ -1,5 +1,5 @@
 // nms: CPU entries. Greedy NMS in scan order, 64 boxes at a time: the boxes of a block are
-// resolved one by one against each other, then the block's kept boxes suppress every later live
+// resolved one by one (each kept box suppressing the rest of its block), then the block's kept boxes suppress every later live
 // candidate of the same class in one vectorized pass (parallel over candidates when it pays).
 // Classes of batched_nms are independent segments, processed in parallel.
 #include <ATen/Parallel.h>
@@ -54,8 +54,7 @@ std::vector<uint8_t> nms_cpu_kept(const NmsPlan& plan) {
       for (int64_t i = r0; i < rend; ++i) {
         if (!alive[i]) continue;
         kept[nk++] = i;
-        for (int64_t j = i + 1; j < rend; ++j)
-          if (alive[j] && nms_overlaps(b, i, j, threshold)) alive[j] = 0;
+        suppress(b, &kept[nk - 1], 1, i + 1, rend, threshold, alive.data());  // the rest of the block
       }
       if (nk == 0 || rend == end) continue;
       if (parallel && (end - rend) * nk >= kParallelWork) {

@@ -38,12 +38,14 @@ std::tuple<at::Tensor, at::Tensor> padded(const char* op, const at::Tensor& boxe
   at::Tensor in_deg = at::zeros({n}, int_opts);
   at::Tensor or_end = at::empty({words}, int_opts);
   at::Tensor work = at::empty({5, n}, int_opts);
+  at::Tensor open = at::empty({words}, long_opts);
   at::Tensor kept = at::empty({n}, boxes.options().dtype(at::kByte));
   const NmsCudaBuffers buf{reinterpret_cast<uint64_t*>(mask.data_ptr<int64_t>()),
                            reinterpret_cast<uint64_t*>(row_nz.data_ptr<int64_t>()),
                            in_deg.data_ptr<int32_t>(),
                            or_end.data_ptr<int32_t>(),
                            work.data_ptr<int32_t>(),
+                           reinterpret_cast<uint64_t*>(open.data_ptr<int64_t>()),
                            kept.data_ptr<uint8_t>()};
   void* stream = at::cuda::getCurrentCUDAStream().stream();
   check_cuda(op, run_nms_cuda(plan.params, buf, stream));

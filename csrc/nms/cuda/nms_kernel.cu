@@ -121,24 +121,33 @@ __global__ void nms_or_end_kernel(const int64_t* __restrict__ classes, int64_t n
 
 enum : int32_t { kUndecided = 0, kKept = 1, kSuppressed = 2 };
 
-// Calls f(j) for every box j that box i suppresses (the set bits of its non-zero mask words).
+// Calls f(j) for every box j that box i suppresses and that may still be undecided: the set bits
+// of i's non-zero mask words, filtered by the `open` bitmap of undecided boxes (bits are only
+// ever cleared, so a stale read can only let through a box that is already decided, which f
+// checks). On dense graphs (large clusters, a negative threshold) this skips decided boxes a
+// word at a time.
 template <typename F>
 __device__ __forceinline__ void for_each_out_neighbour(int64_t i, const uint64_t* __restrict__ mask,
-                                                       const unsigned long long* __restrict__ row_nz, int64_t words,
+                                                       const unsigned long long* __restrict__ row_nz,
+                                                       const unsigned long long* open, int64_t words,
                                                        int64_t nz_words, F f) {
   for (int64_t z = (i / kBlock) / 64; z < nz_words; ++z) {
     for (unsigned long long nz = row_nz[i * nz_words + z]; nz; nz &= nz - 1) {
       const int64_t c = z * 64 + __ffsll(static_cast<long long>(nz)) - 1;
-      for (uint64_t bits = mask[i * words + c]; bits; bits &= bits - 1)
+      for (uint64_t bits = mask[i * words + c] & __ldcg(open + c); bits; bits &= bits - 1)
         f(c * kBlock + __ffsll(static_cast<long long>(bits)) - 1);
     }
   }
 }
 
+__device__ __forceinline__ void close_box(unsigned long long* open, int64_t i) {
+  atomicAnd(open + i / kBlock, ~(1ull << (i % kBlock)));
+}
+
 __global__ void __launch_bounds__(kScanThreads)
     nms_greedy_kernel(const uint64_t* __restrict__ mask, const unsigned long long* __restrict__ row_nz, int64_t n,
                       int64_t words, int64_t nz_words, const int32_t* __restrict__ in_deg, int32_t* __restrict__ work,
-                      const int64_t* __restrict__ to_score_pos, uint8_t* __restrict__ kept) {
+                      unsigned long long* open, const int64_t* __restrict__ to_score_pos, uint8_t* __restrict__ kept) {
   int32_t* remaining = work;      // suppressors of each box not yet suppressed
   int32_t* state = work + n;      // kUndecided, kKept or kSuppressed
   int32_t* frontier = work + 2 * n;    // boxes kept in this round
@@ -148,6 +157,8 @@ __global__ void __launch_bounds__(kScanThreads)
   const int t = threadIdx.x;
   if (t == 0) num_frontier = num_suppressed = num_next = 0;
   __syncthreads();
+  for (int64_t w = t; w < words; w += kScanThreads)
+    open[w] = (w == words - 1 && n % kBlock) ? (1ull << (n % kBlock)) - 1 : ~0ull;
   for (int64_t i = t; i < n; i += kScanThreads) {
     remaining[i] = in_deg[i];
     state[i] = kUndecided;
@@ -161,9 +172,12 @@ __global__ void __launch_bounds__(kScanThreads)
     for (int q = t; q < nf; q += kScanThreads) {
       const int64_t k = frontier[q];
       state[k] = kKept;
-      for_each_out_neighbour(k, mask, row_nz, words, nz_words, [&](int64_t j) {
-        if (state[j] == kUndecided && atomicCAS(&state[j], kUndecided, kSuppressed) == kUndecided)
+      close_box(open, k);
+      for_each_out_neighbour(k, mask, row_nz, open, words, nz_words, [&](int64_t j) {
+        if (atomicCAS(&state[j], kUndecided, kSuppressed) == kUndecided) {
+          close_box(open, j);
           suppressed[atomicAdd(&num_suppressed, 1)] = static_cast<int32_t>(j);
+        }
       });
     }
     __syncthreads();
@@ -172,7 +186,7 @@ __global__ void __launch_bounds__(kScanThreads)
     // suppressed need no count: no state changes to kSuppressed in this phase.
     const int ns = num_suppressed;
     for (int q = t; q < ns; q += kScanThreads) {
-      for_each_out_neighbour(suppressed[q], mask, row_nz, words, nz_words, [&](int64_t j) {
+      for_each_out_neighbour(suppressed[q], mask, row_nz, open, words, nz_words, [&](int64_t j) {
         if (state[j] == kUndecided && atomicSub(&remaining[j], 1) == 1)
           next[atomicAdd(&num_next, 1)] = static_cast<int32_t>(j);
       });
@@ -212,7 +226,8 @@ cudaError_t launch(const NmsParams& p, const NmsCudaBuffers& buf, cudaStream_t s
                                                    threshold, buf.or_end, buf.mask,
                                                    reinterpret_cast<unsigned long long*>(buf.row_nz), buf.in_deg);
   nms_greedy_kernel<<<1, kScanThreads, 0, stream>>>(buf.mask, reinterpret_cast<const unsigned long long*>(buf.row_nz),
-                                                    p.n, words, nz_words, buf.in_deg, buf.work, p.to_score_pos,
+                                                    p.n, words, nz_words, buf.in_deg, buf.work,
+                                                    reinterpret_cast<unsigned long long*>(buf.open), p.to_score_pos,
                                                     buf.kept);
   return cudaGetLastError();
 }
