@@ -3,19 +3,24 @@
 PYTHON ?= python3
 OUT ?=
 STAMP := build/.opforge-built
+TORCH_STAMP := build/.torch-version
 SOURCES := $(shell find csrc -name '*.cpp' -o -name '*.cu' -o -name '*.h' -o -name '*.cuh') setup.py pyproject.toml
 
-.PHONY: setup build test bench bench-full gpu-check cpp-example lint format clean
+.PHONY: setup build test bench bench-full gpu-check cpp-example lint format clean FORCE
 
 setup:
 	@$(PYTHON) scripts/ensure_deps.py test bench
 
-# Editable install; rebuilt only when a C++/CUDA source or the build files changed.
-build: setup $(STAMP)
-$(STAMP): $(SOURCES)
-	$(PYTHON) -m pip install --no-build-isolation --no-deps -e . \
-	  || $(PYTHON) setup.py build_ext --inplace
+# Editable install; rebuilt when a C++/CUDA source, the build files or the installed torch changed.
+build: $(STAMP)
+$(STAMP): $(SOURCES) $(TORCH_STAMP) | setup
+	$(PYTHON) -m pip install --no-build-isolation --no-deps -e .
 	@mkdir -p build && touch $(STAMP)
+
+# Rewritten only when torch's version changes, so that a torch upgrade triggers a rebuild.
+$(TORCH_STAMP): FORCE | setup
+	@mkdir -p build; v=$$($(PYTHON) -c 'import torch; print(torch.__version__)'); \
+	  [ "$$v" = "$$(cat $@ 2>/dev/null)" ] || echo "$$v" > $@
 
 test: build
 	$(PYTHON) -m pytest tests -q
@@ -28,7 +33,8 @@ bench-full: build
 
 # On a CUDA machine: build with all cores, every test (CUDA ones too), the full benchmark,
 # a memcheck of the CUDA tests; logs and results under OUT (default benchmarks/results/<device>/).
-gpu-check: setup
+# No `setup`: GPU machines may be offline, so it uses what is installed (torch, ninja, pytest).
+gpu-check:
 	PYTHON=$(PYTHON) OUT=$(OUT) bash scripts/gpu_check.sh
 
 # libopforge with CMake, its installed package, and the C++ example run through ctest.

@@ -21,12 +21,19 @@ if(NOT CUDA_TOOLKIT_ROOT_DIR)
   endforeach()
 endif()
 
-# A pip-installed torch: <site-packages>/torch/share/cmake; its CUDA wheels: <site-packages>/nvidia/*/lib.
+# A pip-installed torch: CMAKE_PREFIX_PATH = <site-packages>/torch/share/cmake, or
+# Torch_DIR = <site-packages>/torch/share/cmake/Torch; its CUDA wheels: <site-packages>/nvidia/*/.
 set(_opforge_nvidia_lib_dirs "")
-foreach(_prefix IN LISTS CMAKE_PREFIX_PATH Torch_DIR)
-  file(GLOB _dirs "${_prefix}/../../../nvidia/*/lib" "${_prefix}/../../../../../nvidia/*/lib")
-  list(APPEND _opforge_nvidia_lib_dirs ${_dirs})
+set(OPFORGE_NVIDIA_INCLUDE_DIRS "")
+foreach(_site IN ITEMS ${CMAKE_PREFIX_PATH} ${Torch_DIR})
+  foreach(_up IN ITEMS "../../.." "../../../..")
+    file(GLOB _libs "${_site}/${_up}/nvidia/*/lib")
+    file(GLOB _incs "${_site}/${_up}/nvidia/*/include")
+    list(APPEND _opforge_nvidia_lib_dirs ${_libs})
+    list(APPEND OPFORGE_NVIDIA_INCLUDE_DIRS ${_incs})
+  endforeach()
 endforeach()
+list(REMOVE_DUPLICATES OPFORGE_NVIDIA_INCLUDE_DIRS)
 if(_opforge_nvidia_lib_dirs)
   if(NOT CUDA_nvrtc_LIBRARY)
     find_library(CUDA_nvrtc_LIBRARY NAMES nvrtc libnvrtc.so.13 libnvrtc.so.12 HINTS ${_opforge_nvidia_lib_dirs})

@@ -19,33 +19,63 @@ NEEDS = {
     ],
     "test": [("pytest", "pytest>=7"), ("numpy", "numpy"), ("torchvision", None)],
     "bench": [("matplotlib", "matplotlib"), ("numpy", "numpy"), ("torchvision", None)],
-    "dev": [("ruff", "ruff")],
+    "dev": [("ruff", "ruff==0.17.*")],
 }
 
 
-def torchvision_spec() -> str:
-    """The torchvision release built for the installed torch (0.(minor + 15) for torch 2.x):
-    a bare `pip install torchvision` would replace torch with the newest release instead."""
-    import torch
+def pip_install(*specs: str) -> None:
+    print(f"installing missing packages: {' '.join(specs)}", flush=True)
+    rc = subprocess.call([sys.executable, "-m", "pip", "install", "--quiet", *specs])
+    if rc != 0:
+        sys.exit(f"ensure_deps: `pip install {' '.join(specs)}` failed (exit {rc})")
 
-    major, minor = (int(x) for x in torch.__version__.split("+")[0].split(".")[:2])
+
+def torch_version() -> tuple[int, int, str]:
+    out = subprocess.run(
+        [sys.executable, "-c", "import torch; print(torch.__version__); print(torch.version.cuda)"],
+        capture_output=True,
+        text=True,
+    )
+    if out.returncode != 0:
+        sys.exit(f"ensure_deps: torch is installed but does not import:\n{out.stderr}")
+    version, cuda = out.stdout.split()[:2]
+    major, minor = (int(x) for x in version.split("+")[0].split(".")[:2])
+    return major, minor, cuda
+
+
+def torchvision_spec() -> str | None:
+    """The torchvision release built for the installed torch (0.(minor + 15) for torch 2.x): a bare
+    `pip install torchvision` would replace torch with the newest release. PyPI's Linux wheels of
+    torchvision are CUDA builds, which do not load beside a CPU-only torch: then none is installed
+    and the comparisons against torchvision are skipped."""
+    major, minor, cuda = torch_version()
+    if cuda == "None" and sys.platform.startswith("linux"):
+        print(
+            "ensure_deps: this torch is a CPU-only build; PyPI has no matching torchvision, so tests and "
+            "benchmarks against torchvision will be skipped",
+            flush=True,
+        )
+        return None
     return f"torchvision=={major - 2}.{minor + 15}.*" if major == 2 else "torchvision"
 
 
 def main(groups: list[str]) -> int:
-    wanted = {}
+    wanted: dict[str, str | None] = {}
     for group in ["build", *groups]:
         for module, spec in NEEDS[group]:
             if importlib.util.find_spec(module) is None:
                 wanted[module] = spec
+    if "torch" in wanted:  # first: the torchvision to install depends on it
+        pip_install(wanted.pop("torch"))
+    major, minor, _ = torch_version()
+    if (major, minor) < (2, 8):
+        sys.exit(f"ensure_deps: opforge needs torch >= 2.8, found {major}.{minor}")
     if "torchvision" in wanted:
-        if "torch" in wanted:  # install torch first, then the torchvision that matches it
-            subprocess.call([sys.executable, "-m", "pip", "install", "--quiet", wanted.pop("torch")])
         wanted["torchvision"] = torchvision_spec()
-    if not wanted:
-        return 0
-    print(f"installing missing packages: {' '.join(wanted.values())}", flush=True)
-    return subprocess.call([sys.executable, "-m", "pip", "install", "--quiet", *wanted.values()])
+    specs = [spec for spec in wanted.values() if spec]
+    if specs:
+        pip_install(*specs)
+    return 0
 
 
 if __name__ == "__main__":

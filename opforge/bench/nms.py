@@ -38,8 +38,19 @@ def clustered_boxes(n: int, device="cpu", dtype=torch.float32, per_object: int =
     return boxes.to(device=device, dtype=dtype), scores.to(device=device, dtype=dtype)
 
 
+def torchvision_ops():
+    """torchvision.ops when torchvision is installed and loads beside this torch, else None."""
+    try:
+        import torchvision.ops
+
+        torchvision.ops.nms(torch.zeros(1, 4), torch.ones(1), 0.5)
+        return torchvision.ops
+    except Exception:  # missing, or a build for another torch ("operator torchvision::nms does not exist")
+        return None
+
+
 def _case(device: torch.device, kind: str, n: int, classes: int, with_reference: bool) -> Case:
-    import torchvision.ops as tv
+    tv = torchvision_ops()
 
     make = uniform_boxes if kind == "uniform" else clustered_boxes
     boxes, scores = make(n, device=device)
@@ -78,9 +89,8 @@ def _case(device: torch.device, kind: str, n: int, classes: int, with_reference:
 
 
 def cases(device: torch.device, full: bool) -> Iterator[Case]:
-    try:
-        import torchvision.ops  # noqa: F401
-    except ImportError:
+    if torchvision_ops() is None:
+        print("opforge bench: torchvision is missing or does not load beside this torch: nms skipped")
         return
     # 100 and 500 boxes check that small inputs (a detector's per-image NMS) do not regress.
     if device.type == "cuda":
