@@ -212,6 +212,7 @@ def main() -> None:
         "-Wall",
         "-Wno-unused-parameter",
         "-Wno-unknown-pragmas",
+        "-Wno-psabi",  # notes that vector-typed helpers change ABI across ISAs: ours are TU-internal
     ]  # torch picks -std (C++17 or C++20 by version)
     define_macros = [("OPFORGE_WITH_CUDA", "1" if with_cuda else "0")]
     include_dirs = [os.path.join(ROOT, "csrc")]
