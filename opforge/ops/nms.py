@@ -6,7 +6,13 @@ import math
 
 import torch
 
-from opforge.ops._common import require_tensor
+from opforge.ops._common import (
+    check_dtype_in,
+    check_same_device,
+    check_same_dtype,
+    dtype_name,
+    require_tensor,
+)
 
 _FLOAT_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 
@@ -71,12 +77,8 @@ def _check_python_args(op: str, boxes, scores, iou_threshold) -> None:
         raise TypeError(f"{op}: iou_threshold must be a float, got {type(iou_threshold).__name__}")
 
 
-def _dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
-
-
 def _check(op: str, boxes, scores, idxs, iou_threshold: float) -> None:
-    """The C++ checks (csrc/nms/nms.cpp), word for word, for fake tensors."""
+    """check_nms_inputs (csrc/nms/nms.cpp), for fake tensors."""
     n = boxes.shape[0] if boxes.dim() >= 1 else 0
     if boxes.dim() != 2 or boxes.shape[1] != 4:
         raise RuntimeError(f"{op}: boxes must be a 2-D tensor of shape (N, 4), got {list(boxes.shape)}")
@@ -84,29 +86,17 @@ def _check(op: str, boxes, scores, idxs, iou_threshold: float) -> None:
         raise RuntimeError(
             f"{op}: scores must be a 1-D tensor with one score per box (N={n}), got {list(scores.shape)}"
         )
-    if boxes.dtype not in _FLOAT_DTYPES:
-        names = ", ".join(_dtype_name(d) for d in _FLOAT_DTYPES)
-        raise RuntimeError(f"{op}: boxes must be one of ({names}), got {_dtype_name(boxes.dtype)}")
-    if scores.dtype != boxes.dtype:
-        raise RuntimeError(
-            f"{op}: scores must have the same dtype as boxes ({_dtype_name(boxes.dtype)}), "
-            f"got {_dtype_name(scores.dtype)}"
-        )
-    if scores.device != boxes.device:
-        raise RuntimeError(
-            f"{op}: scores must be on the same device as boxes ({boxes.device}), got {scores.device}"
-        )
+    check_dtype_in(op, "boxes", boxes, _FLOAT_DTYPES)
+    check_same_dtype(op, "scores", scores, "boxes", boxes)
+    check_same_device(op, "scores", scores, "boxes", boxes)
     if idxs is not None:
         if idxs.dim() != 1 or idxs.shape[0] != n:
             raise RuntimeError(
                 f"{op}: idxs must be a 1-D tensor with one class per box (N={n}), got {list(idxs.shape)}"
             )
         if idxs.dtype.is_floating_point or idxs.dtype.is_complex or idxs.dtype == torch.bool:
-            raise RuntimeError(f"{op}: idxs must have an integer dtype, got {_dtype_name(idxs.dtype)}")
-        if idxs.device != boxes.device:
-            raise RuntimeError(
-                f"{op}: idxs must be on the same device as boxes ({boxes.device}), got {idxs.device}"
-            )
+            raise RuntimeError(f"{op}: idxs must have an integer dtype, got {dtype_name(idxs.dtype)}")
+        check_same_device(op, "idxs", idxs, "boxes", boxes)
     if math.isnan(iou_threshold):
         raise RuntimeError(f"{op}: iou_threshold must be a number, got nan")
 

@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import torch
 
-from opforge.ops._common import require_tensor
+from opforge.ops._common import (
+    check_dtype_in,
+    check_same_device,
+    check_same_dtype,
+    check_same_shape,
+    require_tensor,
+)
 
 OP = "opforge.vector_add"
 SUPPORTED_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
@@ -33,19 +39,11 @@ def vector_add(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 
 def _check(a: torch.Tensor, b: torch.Tensor) -> None:
-    """The C++ checks, repeated word for word for fake tensors (torch.compile, meta)."""
-    if a.dtype not in SUPPORTED_DTYPES:
-        names = ", ".join(str(d).removeprefix("torch.") for d in SUPPORTED_DTYPES)
-        raise RuntimeError(f"{OP}: a must be one of ({names}), got {str(a.dtype).removeprefix('torch.')}")
-    if b.dtype != a.dtype:
-        raise RuntimeError(
-            f"{OP}: b must have the same dtype as a ({str(a.dtype).removeprefix('torch.')}), "
-            f"got {str(b.dtype).removeprefix('torch.')}"
-        )
-    if b.device != a.device:
-        raise RuntimeError(f"{OP}: b must be on the same device as a ({a.device}), got {b.device}")
-    if b.shape != a.shape:
-        raise RuntimeError(f"{OP}: b must have the same shape as a {list(a.shape)}, got {list(b.shape)}")
+    """check_vector_add_inputs (csrc/vector_add/vector_add.cpp), for fake tensors."""
+    check_dtype_in(OP, "a", a, SUPPORTED_DTYPES)
+    check_same_dtype(OP, "b", b, "a", a)
+    check_same_device(OP, "b", b, "a", a)
+    check_same_shape(OP, "b", b, "a", a)
 
 
 @torch.library.register_fake("opforge::vector_add")
