@@ -9,6 +9,8 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <cmath>
+#include <utility>
 #include <vector>
 
 #include "nms/cpu/nms_kernel.h"
@@ -19,6 +21,7 @@ namespace {
 
 constexpr int64_t kRowBlock = 64;
 constexpr int64_t kParallelWork = 1 << 16;  // candidate x kept-box tests worth a parallel region
+constexpr int64_t kWindowMin = 1024;        // segments at least this large use spatial windows
 
 // kept[p] = 1 when the box at score position p is kept.
 template <typename A>
@@ -67,8 +70,59 @@ std::vector<uint8_t> nms_cpu_kept(const NmsPlan& plan) {
     }
   };
 
+  // Spatial windows: a kept box can only suppress boxes it overlaps (when threshold >= 0, IoU > 0
+  // needs a positive intersection), i.e. boxes with x1 in (x1_k - widest box, x2_k). Candidates
+  // sorted by x1 then give each kept box a window of the boxes near it instead of all later ones.
+  const NmsSuppressWindowFn<A> window_pass = nms_window_fn<A>(cpu_isa());
+  auto segment_windowed = [&](int64_t begin, int64_t end) {
+    std::vector<std::pair<A, int32_t>> by_x;  // (x1, scan position); any order among equal x1 works
+    by_x.reserve(end - begin);
+    for (int64_t i = begin; i < end; ++i)  // NaN-coordinate boxes (NaN IoU) are never suppressed
+      if (!std::isnan(x1[i]) && !std::isnan(y1[i]) && !std::isnan(x2[i]) && !std::isnan(y2[i]))
+        by_x.emplace_back(x1[i], static_cast<int32_t>(i));
+    std::sort(by_x.begin(), by_x.end(), [](const auto& a, const auto& c) { return a.first < c.first; });
+    const int64_t m = static_cast<int64_t>(by_x.size());
+    std::vector<A> xs(5 * (m + kNmsPad), A(0));
+    A* wx1 = xs.data();
+    A* wy1 = wx1 + m + kNmsPad;
+    A* wx2 = wy1 + m + kNmsPad;
+    A* wy2 = wx2 + m + kNmsPad;
+    A* warea = wy2 + m + kNmsPad;
+    std::vector<int32_t> order(m + kNmsPad, 0);
+    std::vector<uint8_t> alive_x(m + kNmsPad, 0);
+    double widest = 0;
+    for (int64_t q = 0; q < m; ++q) {
+      const int32_t i = by_x[q].second;
+      order[q] = i;
+      wx1[q] = x1[i];
+      wy1[q] = y1[i];
+      wx2[q] = x2[i];
+      wy2[q] = y2[i];
+      warea[q] = area[i];
+      alive_x[q] = alive[i];
+      const double width = static_cast<double>(x2[i]) - static_cast<double>(x1[i]);
+      if (width > widest) widest = width;  // NaN (inf - inf) is no width
+    }
+    const NmsBoxes<A> xb{wx1, wy1, wx2, wy2, warea};
+    for (int64_t i = begin; i < end; ++i) {
+      if (!alive[i]) continue;  // i is kept
+      // Window bounds in double with a margin: only ever more candidates, the IoU test decides.
+      const double lo_x = static_cast<double>(x1[i]) - widest - 1e-6 * (std::fabs(static_cast<double>(x1[i])) + widest);
+      const int64_t lo = std::upper_bound(wx1, wx1 + m, lo_x, [](double v, A x) { return v < static_cast<double>(x); }) - wx1;
+      const int64_t hi = std::lower_bound(wx1, wx1 + m, x2[i]) - wx1;
+      if (lo < hi)
+        window_pass(xb, order.data(), lo, hi, NmsKeptBox<A>{x1[i], y1[i], x2[i], y2[i], area[i]},
+                    static_cast<int32_t>(i + 1), threshold, alive.data(), alive_x.data());
+    }
+  };
+  // The window pass is serial; it pays on large segments (measured: see docs/nms.md).
+  auto run_segment = [&](int64_t begin, int64_t end, bool parallel) {
+    if (threshold >= A(0) && end - begin >= kWindowMin) segment_windowed(begin, end);
+    else segment(begin, end, parallel);
+  };
+
   if (p.classes == nullptr) {
-    segment(0, n, /*parallel=*/true);
+    run_segment(0, n, /*parallel=*/true);
   } else {
     std::vector<int64_t> starts;  // class segments of the scan order
     for (int64_t i = 0; i < n; ++i)
@@ -76,10 +130,10 @@ std::vector<uint8_t> nms_cpu_kept(const NmsPlan& plan) {
     starts.push_back(n);
     const int64_t segments = static_cast<int64_t>(starts.size()) - 1;
     if (segments == 1) {
-      segment(0, n, true);
+      run_segment(0, n, true);
     } else {
       at::parallel_for(0, segments, 1, [&](int64_t s0, int64_t s1) {
-        for (int64_t s = s0; s < s1; ++s) segment(starts[s], starts[s + 1], false);
+        for (int64_t s = s0; s < s1; ++s) run_segment(starts[s], starts[s + 1], false);
       });
     }
   }
