@@ -23,6 +23,27 @@ constexpr int64_t kRowBlock = 64;
 constexpr int64_t kParallelWork = 1 << 16;  // candidate x kept-box tests worth a parallel region
 constexpr int64_t kWindowMin = 1024;        // segments at least this large use spatial windows
 
+// Five coordinate arrays (x1, y1, x2, y2, area) of n boxes, each zero-padded by kNmsPad entries so
+// that the vector loops may read whole groups past the end.
+template <typename A>
+struct BoxArrays {
+  explicit BoxArrays(int64_t n) : stride(n + kNmsPad), store(5 * stride, A(0)) {}
+  void set(int64_t q, A x1, A y1, A x2, A y2, A area) {
+    A* base = store.data() + q;
+    base[0] = x1;
+    base[stride] = y1;
+    base[2 * stride] = x2;
+    base[3 * stride] = y2;
+    base[4 * stride] = area;
+  }
+  NmsBoxes<A> view() const {
+    const A* p = store.data();
+    return {p, p + stride, p + 2 * stride, p + 3 * stride, p + 4 * stride};
+  }
+  int64_t stride;
+  std::vector<A> store;
+};
+
 // kept[p] = 1 when the box at score position p is kept.
 template <typename A>
 std::vector<uint8_t> nms_cpu_kept(const NmsPlan& plan) {
@@ -30,20 +51,13 @@ std::vector<uint8_t> nms_cpu_kept(const NmsPlan& plan) {
   const int64_t n = p.n;
   const at::Tensor boxes = plan.scan_boxes.to(sizeof(A) == 4 ? at::kFloat : at::kDouble).contiguous();
   const A* src = boxes.const_data_ptr<A>();
-  std::vector<A> store(5 * (n + kNmsPad), A(0));
-  A* x1 = store.data();
-  A* y1 = x1 + n + kNmsPad;
-  A* x2 = y1 + n + kNmsPad;
-  A* y2 = x2 + n + kNmsPad;
-  A* area = y2 + n + kNmsPad;
+  BoxArrays<A> arrays(n);
   for (int64_t i = 0; i < n; ++i) {
-    x1[i] = src[4 * i];
-    y1[i] = src[4 * i + 1];
-    x2[i] = src[4 * i + 2];
-    y2[i] = src[4 * i + 3];
-    area[i] = (x2[i] - x1[i]) * (y2[i] - y1[i]);
+    const A* c = src + 4 * i;
+    arrays.set(i, c[0], c[1], c[2], c[3], (c[2] - c[0]) * (c[3] - c[1]));
   }
-  const NmsBoxes<A> b{x1, y1, x2, y2, area};
+  const NmsBoxes<A> b = arrays.view();
+  const A *x1 = b.x1, *y1 = b.y1, *x2 = b.x2, *y2 = b.y2, *area = b.area;
   const A threshold = sizeof(A) == 4 ? static_cast<A>(p.iou_threshold_f32) : static_cast<A>(p.iou_threshold);
   const NmsSuppressFn<A> suppress = nms_suppress_fn<A>(cpu_isa());
   std::vector<uint8_t> alive(n + kNmsPad, 0);
@@ -82,28 +96,20 @@ std::vector<uint8_t> nms_cpu_kept(const NmsPlan& plan) {
         by_x.emplace_back(x1[i], static_cast<int32_t>(i));
     std::sort(by_x.begin(), by_x.end(), [](const auto& a, const auto& c) { return a.first < c.first; });
     const int64_t m = static_cast<int64_t>(by_x.size());
-    std::vector<A> xs(5 * (m + kNmsPad), A(0));
-    A* wx1 = xs.data();
-    A* wy1 = wx1 + m + kNmsPad;
-    A* wx2 = wy1 + m + kNmsPad;
-    A* wy2 = wx2 + m + kNmsPad;
-    A* warea = wy2 + m + kNmsPad;
+    BoxArrays<A> window(m);
     std::vector<int32_t> order(m + kNmsPad, 0);
     std::vector<uint8_t> alive_x(m + kNmsPad, 0);
     double widest = 0;
     for (int64_t q = 0; q < m; ++q) {
       const int32_t i = by_x[q].second;
       order[q] = i;
-      wx1[q] = x1[i];
-      wy1[q] = y1[i];
-      wx2[q] = x2[i];
-      wy2[q] = y2[i];
-      warea[q] = area[i];
+      window.set(q, x1[i], y1[i], x2[i], y2[i], area[i]);
       alive_x[q] = alive[i];
       const double width = static_cast<double>(x2[i]) - static_cast<double>(x1[i]);
       if (width > widest) widest = width;  // NaN (inf - inf) is no width
     }
-    const NmsBoxes<A> xb{wx1, wy1, wx2, wy2, warea};
+    const NmsBoxes<A> xb = window.view();
+    const A* wx1 = xb.x1;
     for (int64_t i = begin; i < end; ++i) {
       if (!alive[i]) continue;  // i is kept
       // Window bounds in double with a margin: only ever more candidates, the IoU test decides.
