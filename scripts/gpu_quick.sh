@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# A short GPU run for when little device time is left: build, the full benchmark of the ops in
+# $OPS (comma-separated, default nms) with one timing round, then the tests of those ops and the
+# CUDA tests of the rest, each step bounded so that what finished comes back under $OUT.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-python3}
+export PYTHONUNBUFFERED=1 MAX_JOBS=${MAX_JOBS:-$(nproc)}
+OUT=${OUT:-benchmarks/results/gpu-partial}
+mkdir -p "$OUT"
+"$PYTHON" -m pip install -v --no-build-isolation --no-deps -e . > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
+echo "built"
+OPS=${OPS:-nms}
+timeout 100 "$PYTHON" -m opforge.bench --full --ops "$OPS" --rounds 1 --out "$OUT" > "$OUT/bench.log" 2>&1
+sed -n '/^op /,$p' "$OUT/bench.log"; tail -3 "$OUT/bench.log"
+xdist=$("$PYTHON" -c 'import xdist' 2>/dev/null && echo "-n 8")
+op_tests=$(for op in ${OPS//,/ }; do echo "tests/test_$op.py"; done)
+timeout 90 "$PYTHON" -m pytest $op_tests -q -rs -p no:cacheprovider $xdist > "$OUT/tests_ops.log" 2>&1
+tail -4 "$OUT/tests_ops.log"
+timeout 60 "$PYTHON" -m pytest tests -q -p no:cacheprovider -m cuda $xdist > "$OUT/tests_cuda.log" 2>&1
+tail -2 "$OUT/tests_cuda.log"
