@@ -10,7 +10,7 @@ from conftest import DEVICES, HAS_CUDA
 
 import opforge
 from opforge import reference
-from opforge.bench.nms import clustered_boxes, torchvision_ops, uniform_boxes
+from opforge.bench.nms import clustered_boxes, distinct, torchvision_ops, uniform_boxes
 
 # torchvision is the peer: the oracle on tie-free inputs. Where it is missing or does not load
 # beside this torch, the stable reference (equal to torchvision on tie-free inputs) stands in.
@@ -121,6 +121,23 @@ def test_special_sets(device):
     empty = opforge.nms(torch.empty(0, 4, device=device), torch.empty(0, device=device), 0.5)
     assert empty.shape == (0,) and empty.dtype == torch.int64 and empty.device.type == device
     assert opforge.nms(same[:1].to(device), scores[:1].to(device), 0.5).tolist() == [0]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_dense_overlap_graphs(device):
+    """Every pair overlapping (one big cluster) and a negative threshold (every pair suppresses):
+    the worst cases for a sparse overlap graph; one box survives."""
+    n = 5000
+    boxes = torch.tensor([[100.0, 100.0, 200.0, 200.0]]) + torch.randn(n, 4) * 0.5
+    scores = distinct(torch.rand(n, dtype=torch.float64)).float()
+    assert_same(opforge.nms(boxes.to(device), scores.to(device), 0.3), oracle.nms(boxes, scores, 0.3))
+    spread, s2 = uniform_boxes(3000)
+    got = opforge.nms(spread.to(device), s2.to(device), -0.5)  # IoU 0 > -0.5: the top box removes all
+    assert got.tolist() == [int(s2.argmax())]
+    idxs = torch.randint(0, 3, (3000,))
+    got = opforge.batched_nms(spread.to(device), s2.to(device), idxs.to(device), -0.5)
+    want = [int(torch.nonzero(idxs == c).flatten()[s2[idxs == c].argmax()]) for c in range(3)]
+    assert sorted(got.tolist()) == sorted(want)
 
 
 @pytest.mark.parametrize("device", DEVICES)
