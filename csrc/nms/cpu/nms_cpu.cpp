@@ -169,9 +169,9 @@ at::Tensor nms_impl(const char* op, const at::Tensor& boxes, const at::Tensor& s
   if (boxes.size(0) == 0) return at::empty({0}, long_opts);
   const NmsPlan plan = plan_nms(boxes, scores, idxs, iou_threshold);
   const std::vector<uint8_t> kept = run_nms_cpu(plan);
-  at::Tensor keep = at::empty({boxes.size(0)}, long_opts);
-  const int64_t count = write_kept(kept, plan.score_order, keep.data_ptr<int64_t>());
-  return keep.narrow(0, 0, count).clone();
+  at::Tensor keep = at::empty({std::count(kept.begin(), kept.end(), uint8_t{1})}, long_opts);  // exact size
+  write_kept(kept, plan.score_order, keep.data_ptr<int64_t>());
+  return keep;
 }
 
 at::Tensor nms_cpu(const at::Tensor& boxes, const at::Tensor& scores, double iou_threshold) {
