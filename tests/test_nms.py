@@ -103,6 +103,41 @@ def test_threshold_boundary(device):
         assert_same(opforge.nms(third, scores, thr), want)
 
 
+@pytest.mark.cuda
+def test_cuda_thresholds_at_pair_ious():
+    """Thresholds equal to (and one float step around) IoUs that occur in the set: the CUDA kernel
+    trusts its fast reciprocal only away from the threshold, so these must still match the CPU
+    kernel's correctly rounded division exactly."""
+    boxes, scores = clustered_boxes(300)
+    b = boxes.double()
+    lt = torch.maximum(b[:, None, :2], b[None, :, :2])
+    rb = torch.minimum(b[:, None, 2:], b[None, :, 2:])
+    wh = (rb - lt).clamp(min=0)
+    inter = (wh[..., 0] * wh[..., 1]).float()
+    area = ((boxes[:, 2] - boxes[:, 0]) * (boxes[:, 3] - boxes[:, 1])).float()
+    iou = inter / ((area[:, None] + area[None, :]) - inter)  # float32, op by op: the kernels' bits
+    values = iou[(iou > 0.05) & (iou < 0.99)]
+    picks = values[torch.randperm(values.numel())[:12]].double().tolist()
+    for v in picks:
+        for thr in (v, math.nextafter(v, 0), math.nextafter(v, 1)):
+            assert_same(opforge.nms(boxes.cuda(), scores.cuda(), thr), opforge.nms(boxes, scores, thr))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_signed_zero_scores_tie(device):
+    """-0.0 and +0.0 are equal scores: the lower index goes first, as in a stable torch.sort."""
+    boxes = torch.tensor([[0.0, 0.0, 10.0, 10.0], [0.0, 0.0, 10.0, 10.0], [50.0, 50.0, 60.0, 60.0]])
+    for scores in ([0.0, -0.0, 0.5], [-0.0, 0.0, 0.5]):
+        s = torch.tensor(scores)
+        assert opforge.nms(boxes.to(device), s.to(device), 0.5).tolist() == [2, 0]
+        big_boxes = boxes.repeat(2000, 1) + torch.arange(6000).repeat_interleave(4).view(-1, 4) * 100.0
+        big_scores = s.repeat(2000)
+        assert_same(  # the same through the large-input sort path
+            opforge.nms(big_boxes.to(device), big_scores.to(device), 0.5),
+            reference.nms(big_boxes, big_scores, 0.5),
+        )
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_special_sets(device):
     # All suppressed: the same box 50 times; none suppressed: disjoint boxes.
@@ -301,22 +336,28 @@ def test_cuda_matches_cpu_large():
 
 
 @pytest.mark.cuda
-def test_cuda_graph_nms_padded():
-    boxes, scores = clustered_boxes(3000, device="cuda")
-    idxs = torch.randint(0, 20, (3000,), device="cuda")
+@pytest.mark.parametrize("n", [3000, 6000])  # the single-kernel sort of small inputs, and torch.sort
+@pytest.mark.parametrize("classes", [None, 20])
+def test_cuda_graph_nms_padded(n, classes):
+    boxes, scores = clustered_boxes(n, device="cuda")
+    idxs = torch.randint(0, classes, (n,), device="cuda") if classes else None
     opforge.nms_padded(boxes, scores, 0.5, idxs=idxs)
     torch.cuda.synchronize()
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
         keep, num = opforge.nms_padded(boxes, scores, 0.5, idxs=idxs)
     for _ in range(3):
-        new_boxes, new_scores = clustered_boxes(3000, device="cuda")
+        new_boxes, new_scores = clustered_boxes(n, device="cuda")
         boxes.copy_(new_boxes)
         scores.copy_(new_scores)
         g.replay()
-        want = oracle.batched_nms(boxes.cpu(), scores.cpu(), idxs.cpu(), 0.5)
+        if classes:
+            want = oracle.batched_nms(boxes.cpu(), scores.cpu(), idxs.cpu(), 0.5)
+        else:
+            want = oracle.nms(boxes.cpu(), scores.cpu(), 0.5)
         assert num.item() == want.numel()
         assert_same(keep[: want.numel()], want)
+        assert (keep[want.numel() :] == -1).all()
 
 
 @pytest.mark.cuda

@@ -35,6 +35,19 @@ void check_nms_inputs(const char* op, const at::Tensor& boxes, const at::Tensor&
   TORCH_CHECK(!std::isnan(iou_threshold), op, ": iou_threshold must be a number, got nan");
 }
 
+NmsParams nms_params(int64_t n, at::ScalarType dtype, double iou_threshold) {
+  NmsParams p;
+  p.n = n;
+  p.dtype = to_dtype(dtype);
+  p.iou_threshold = iou_threshold;
+  // IoU > t in float32 decides exactly as (double)IoU > iou_threshold when t is the largest float
+  // not above iou_threshold (torchvision's CPU kernel compares in double).
+  float t = static_cast<float>(iou_threshold);
+  if (static_cast<double>(t) > iou_threshold) t = std::nextafter(t, -std::numeric_limits<float>::infinity());
+  p.iou_threshold_f32 = t;
+  return p;
+}
+
 NmsPlan plan_nms(const at::Tensor& boxes, const at::Tensor& scores, const std::optional<at::Tensor>& idxs,
                  double iou_threshold) {
   NmsPlan plan;
@@ -49,18 +62,11 @@ NmsPlan plan_nms(const at::Tensor& boxes, const at::Tensor& scores, const std::o
   }
   plan.scan_boxes = boxes.index_select(0, scan_order).contiguous();
 
+  plan.params = nms_params(boxes.size(0), boxes.scalar_type(), iou_threshold);
   NmsParams& p = plan.params;
   p.boxes = plan.scan_boxes.const_data_ptr();
   p.classes = idxs.has_value() ? plan.scan_classes.const_data_ptr<int64_t>() : nullptr;
   p.to_score_pos = idxs.has_value() ? plan.to_score_pos.const_data_ptr<int64_t>() : nullptr;
-  p.n = boxes.size(0);
-  p.dtype = to_dtype(boxes.scalar_type());
-  p.iou_threshold = iou_threshold;
-  // IoU > t in float32 decides exactly as (double)IoU > iou_threshold when t is the largest float
-  // not above iou_threshold (torchvision's CPU kernel compares in double).
-  float t = static_cast<float>(iou_threshold);
-  if (static_cast<double>(t) > iou_threshold) t = std::nextafter(t, -std::numeric_limits<float>::infinity());
-  p.iou_threshold_f32 = t;
   return plan;
 }
 

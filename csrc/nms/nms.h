@@ -20,6 +20,8 @@ struct NmsPlan {
   at::Tensor to_score_pos;  // [n] int64 scan position -> score position (batched only)
   NmsParams params;
 };
+// Kernel parameters for n boxes of `dtype` (pointers left null).
+NmsParams nms_params(int64_t n, at::ScalarType dtype, double iou_threshold);
 NmsPlan plan_nms(const at::Tensor& boxes, const at::Tensor& scores, const std::optional<at::Tensor>& idxs,
                  double iou_threshold);
 

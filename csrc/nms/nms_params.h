@@ -27,21 +27,69 @@ inline int64_t nms_words(int64_t n) { return (n + 63) / 64; }
 // Words of the per-row bitmap that marks which mask words are non-zero.
 inline int64_t nms_nz_words(int64_t n) { return (nms_words(n) + 63) / 64; }
 
-// Scratch the CUDA launcher allocates (device pointers).
+// Plain nms of at most this many 16/32-bit boxes sorts and gathers in one single-block kernel
+// (nms_sort_small_cuda) instead of torch.sort + index_select: at small sizes the launches and
+// torch's segmented sort cost more than the NMS itself.
+constexpr int64_t kNmsSmallSort = 4096;
+
+// The CUDA launcher's scratch, carved from one allocation (device pointers). The first
+// `zeroed_bytes` (row_nz, in_deg, state, flags) must be zero before run_nms_cuda.
 struct NmsCudaBuffers {
+  uint64_t* row_nz = nullptr;  // [n, nz_words]: bit c set when mask[i][c] != 0
+  int32_t* in_deg = nullptr;   // [n]: how many higher-ranked boxes overlap box j (then: how many remain)
+  int32_t* state = nullptr;    // [n]: undecided, kept, pending, or suppressed in round r
+  int32_t* flags = nullptr;    // [4]: "some box became pending" per round parity
   uint64_t* mask = nullptr;    // [n, words]: only non-zero words are written (see row_nz)
-  uint64_t* row_nz = nullptr;  // [n, nz_words], zeroed: bit c set when mask[i][c] != 0
-  int32_t* in_deg = nullptr;   // [n], zeroed: how many higher-ranked boxes box j overlaps
-  int32_t* or_end = nullptr;   // [words] exclusive end word of each row block's class segment
-  int32_t* work = nullptr;     // [5, n]: remaining, state and three frontier lists
   uint64_t* open = nullptr;    // [words]: bit i set while box i is undecided
-  uint8_t* kept = nullptr;     // [n] 1 if kept, by score-order position
+  int32_t* or_end = nullptr;   // [words]: exclusive end word of each row block's class segment
+  uint8_t* kept = nullptr;     // [n]: 1 if kept, by score-order position
 };
-// Mask + greedy resolution on `stream`; fills buffers.kept. Returns a cudaError_t as int.
-int run_nms_cuda(const NmsParams& p, const NmsCudaBuffers& buf, void* stream);
-// keep[prefix[i] - 1] = score_order[i] where kept[i]; num_kept = prefix[n - 1]. keep is pre-filled.
-int run_nms_compact_cuda(const uint8_t* kept, const int32_t* prefix, const int64_t* score_order, int64_t n,
-                         int64_t* keep, int64_t* num_kept, void* stream);
+struct NmsCudaLayout {
+  int64_t zeroed_bytes = 0, total_bytes = 0;
+  int64_t row_nz = 0, in_deg = 0, state = 0, flags = 0, mask = 0, open = 0, or_end = 0, kept = 0;  // offsets
+};
+inline int64_t nms_align(int64_t x) { return (x + 255) / 256 * 256; }
+inline NmsCudaLayout nms_cuda_layout(int64_t n) {
+  NmsCudaLayout l;
+  const int64_t words = nms_words(n);
+  int64_t at = 0;
+  auto take = [&](int64_t bytes) { const int64_t off = at; at = nms_align(at + bytes); return off; };
+  l.row_nz = take(n * nms_nz_words(n) * 8);
+  l.in_deg = take(n * 4);
+  l.state = take(n * 4);
+  l.flags = take(16);
+  l.zeroed_bytes = at;
+  l.mask = take(n * words * 8);
+  l.open = take(words * 8);
+  l.or_end = take(words * 4);
+  l.kept = take(n);
+  l.total_bytes = at;
+  return l;
+}
+inline NmsCudaBuffers nms_cuda_buffers(void* base, const NmsCudaLayout& l) {
+  auto at = [&](int64_t off) { return static_cast<char*>(base) + off; };
+  NmsCudaBuffers b;
+  b.row_nz = reinterpret_cast<uint64_t*>(at(l.row_nz));
+  b.in_deg = reinterpret_cast<int32_t*>(at(l.in_deg));
+  b.state = reinterpret_cast<int32_t*>(at(l.state));
+  b.flags = reinterpret_cast<int32_t*>(at(l.flags));
+  b.mask = reinterpret_cast<uint64_t*>(at(l.mask));
+  b.open = reinterpret_cast<uint64_t*>(at(l.open));
+  b.or_end = reinterpret_cast<int32_t*>(at(l.or_end));
+  b.kept = reinterpret_cast<uint8_t*>(at(l.kept));
+  return b;
+}
+
+// Sorts boxes into scan order on the device for plain nms with n <= kNmsSmallSort and 16/32-bit
+// dtypes: score_order [n] (decreasing score, ties by lower index, NaN first as in torch.sort) and
+// scan_boxes [n, 4]. boxes and scores contiguous. Returns a cudaError_t as int.
+int run_nms_sort_small_cuda(const void* boxes, const void* scores, int64_t n, DType dtype, int64_t* score_order,
+                            void* scan_boxes, void* stream);
+// Overlap graph, greedy resolution and compaction on `stream` (buffers zeroed as above):
+// keep [n] gets the kept boxes' indices (score_order entries) in score order, then -1;
+// num_kept the count. Returns a cudaError_t as int.
+int run_nms_cuda(const NmsParams& p, const NmsCudaBuffers& buf, const int64_t* score_order, int64_t* keep,
+                 int64_t* num_kept, void* stream);
 #endif
 
 }  // namespace opforge

@@ -3,13 +3,12 @@
 // count once (the single device->host copy, since the output size depends on the data);
 // nms_padded reads nothing, so it can be captured in a CUDA graph.
 #include <ATen/cuda/CUDAContext.h>
-#include <ATen/ops/cumsum.h>
 #include <ATen/ops/empty.h>
-#include <ATen/ops/full.h>
 #include <ATen/ops/zeros.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
 
+#include "common/checks.h"
 #include "nms/nms.h"
 
 namespace opforge {
@@ -26,33 +25,42 @@ std::tuple<at::Tensor, at::Tensor> padded(const char* op, const at::Tensor& boxe
   const c10::cuda::CUDAGuard guard(boxes.device());
   const int64_t n = boxes.size(0);
   const auto long_opts = boxes.options().dtype(at::kLong);
-  at::Tensor keep = at::full({n}, -1, long_opts);
-  at::Tensor num_kept = at::zeros({}, long_opts);
-  if (n == 0) return {keep, num_kept};
+  if (n == 0) return {at::empty({0}, long_opts), at::zeros({}, long_opts)};
   const int64_t words = nms_words(n);
   TORCH_CHECK(words <= 65535, op, ": at most ", 65535 * 64, " boxes on CUDA, got ", n);
-  const NmsPlan plan = plan_nms(boxes, scores, idxs, iou_threshold);
-  const auto int_opts = boxes.options().dtype(at::kInt);
-  at::Tensor mask = at::empty({n, words}, long_opts);  // sparse: only non-zero words are written
-  at::Tensor row_nz = at::zeros({n, nms_nz_words(n)}, long_opts);
-  at::Tensor in_deg = at::zeros({n}, int_opts);
-  at::Tensor or_end = at::empty({words}, int_opts);
-  at::Tensor work = at::empty({5, n}, int_opts);
-  at::Tensor open = at::empty({words}, long_opts);
-  at::Tensor kept = at::empty({n}, boxes.options().dtype(at::kByte));
-  const NmsCudaBuffers buf{reinterpret_cast<uint64_t*>(mask.data_ptr<int64_t>()),
-                           reinterpret_cast<uint64_t*>(row_nz.data_ptr<int64_t>()),
-                           in_deg.data_ptr<int32_t>(),
-                           or_end.data_ptr<int32_t>(),
-                           work.data_ptr<int32_t>(),
-                           reinterpret_cast<uint64_t*>(open.data_ptr<int64_t>()),
-                           kept.data_ptr<uint8_t>()};
-  void* stream = at::cuda::getCurrentCUDAStream().stream();
-  check_cuda(op, run_nms_cuda(plan.params, buf, stream));
-  const at::Tensor prefix = at::cumsum(kept, 0, at::kInt);
-  check_cuda(op, run_nms_compact_cuda(kept.const_data_ptr<uint8_t>(), prefix.const_data_ptr<int32_t>(),
-                                      plan.score_order.const_data_ptr<int64_t>(), n, keep.data_ptr<int64_t>(),
-                                      num_kept.data_ptr<int64_t>(), stream));
+  at::Tensor keep = at::empty({n}, long_opts);
+  at::Tensor num_kept = at::empty({}, long_opts);
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream().stream();
+
+  // One scratch allocation; its head (row_nz, in_deg, state, flags) zeroed with one memset. The
+  // small-sort path also keeps its score order and sorted boxes there.
+  const NmsCudaLayout layout = nms_cuda_layout(n);
+  const bool small = !idxs.has_value() && n <= kNmsSmallSort && boxes.scalar_type() != at::kDouble;
+  const int64_t sorted_at = layout.total_bytes;
+  const int64_t boxes_at = nms_align(sorted_at + n * 8);
+  const int64_t bytes = small ? nms_align(boxes_at + n * 4 * boxes.element_size()) : layout.total_bytes;
+  at::Tensor scratch = at::empty({bytes}, boxes.options().dtype(at::kByte));
+  char* base = static_cast<char*>(scratch.data_ptr());
+  check_cuda(op, cudaMemsetAsync(base, 0, layout.zeroed_bytes, stream));
+  const NmsCudaBuffers buf = nms_cuda_buffers(base, layout);
+
+  NmsPlan plan;
+  const int64_t* score_order = nullptr;
+  if (small) {
+    const at::Tensor b = boxes.contiguous(), s = scores.contiguous();
+    auto* order = reinterpret_cast<int64_t*>(base + sorted_at);
+    void* sorted_boxes = base + boxes_at;
+    check_cuda(op, run_nms_sort_small_cuda(b.const_data_ptr(), s.const_data_ptr(), n, to_dtype(boxes.scalar_type()),
+                                           order, sorted_boxes, stream));
+    plan.params = nms_params(n, boxes.scalar_type(), iou_threshold);
+    plan.params.boxes = sorted_boxes;
+    score_order = order;
+  } else {
+    plan = plan_nms(boxes, scores, idxs, iou_threshold);
+    score_order = plan.score_order.const_data_ptr<int64_t>();
+  }
+  check_cuda(op, run_nms_cuda(plan.params, buf, score_order, keep.data_ptr<int64_t>(), num_kept.data_ptr<int64_t>(),
+                              stream));
   return {keep, num_kept};
 }
 

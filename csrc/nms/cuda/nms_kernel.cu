@@ -1,15 +1,20 @@
 // nms: CUDA device code (no torch). After the sort into scan order:
 //  1. nms_mask_kernel: for each pair of 64-box blocks at or right of the diagonal (within the row
-//     block's class segment), one thread per row box computes its IoU with the 64 column boxes.
-//     The result is a sparse graph: a 64-bit word of "suppresses" bits, written only when
-//     non-zero and flagged in a per-row bitmap, and each box's in-degree (how many higher-ranked
-//     boxes overlap it above the threshold).
-//  2. nms_greedy_kernel: one block resolves the greedy order on that graph in rounds: boxes whose
-//     suppressors are all suppressed are kept (first round: boxes nothing overlaps); boxes a kept
-//     box overlaps are suppressed; each suppressed box releases its out-neighbours. This gives
-//     exactly the sequential greedy result, in as many rounds as the longest chain of
-//     suppressions, instead of one serial step per 64 boxes.
+//     block's class segment), one thread per row box tests the 64 column boxes. Most pairs do not
+//     intersect and cost a few min/max; intersecting ones get a fast reciprocal IoU whose result
+//     is only trusted away from the threshold (else the exact IEEE division decides). The result
+//     is a sparse graph: a 64-bit word of "suppresses" bits, written only when non-zero and flagged
+//     in a per-row bitmap, and each box's in-degree (how many higher-ranked boxes overlap it).
+//  2. nms_greedy_kernel (cooperative: the whole grid, grid-wide barriers) resolves the greedy
+//     order on that graph in rounds: boxes whose suppressors are all suppressed are kept (first
+//     round: boxes nothing overlaps); boxes a kept box overlaps are suppressed; each suppressed box
+//     releases its out-neighbours. This is exactly the sequential greedy result, in as many rounds
+//     as the longest chain of suppressions (3-6 on detector-like sets of 1k-50k boxes). One warp
+//     walks one box's row, its lanes on different mask words. Then block 0 compacts the kept boxes
+//     into `keep` in score order.
+// Plain nms of up to kNmsSmallSort boxes is sorted by nms_sort_small_kernel (one block, bitonic).
 // No host synchronisation: the launcher reads the kept count once, after compaction.
+#include <cooperative_groups.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -22,8 +27,12 @@
 namespace opforge {
 namespace {
 
-constexpr int kBlock = 64;           // boxes per mask word
-constexpr int kScanThreads = 1024;
+namespace cg = cooperative_groups;
+
+constexpr int kBlock = 64;  // boxes per mask word
+constexpr int kGreedyThreads = 512;
+constexpr int kSortThreads = 1024;
+constexpr unsigned kFull = 0xffffffffu;
 
 __device__ __forceinline__ int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
@@ -46,68 +55,109 @@ __device__ __forceinline__ float to_acc(__nv_bfloat16 x) { return __bfloat162flo
 __device__ __forceinline__ float mul(float a, float b) { return __fmul_rn(a, b); }
 __device__ __forceinline__ double mul(double a, double b) { return __dmul_rn(a, b); }
 
+// The threshold test with precomputed bounds: IoU > t exactly as inter / union > t in IEEE
+// arithmetic. `lo`/`hi` are t * (1 -/+ 2^-20): a quotient from the fast reciprocal (at most 2 ulp
+// = 2^-22 relative error for operands in [2^-60, 2^60]) above hi or below lo decides the same as
+// the correctly rounded division; between them, or outside that range, the division decides.
 template <typename A>
-__device__ __forceinline__ A iou(const A* a, const A* b) {
+struct Threshold {
+  A t, lo, hi;
+  bool nonneg;  // t >= 0: a pair that does not intersect (inter = 0, or NaN) never exceeds it
+};
+
+__device__ __forceinline__ bool exceeds_fast(float inter, float uni, const Threshold<float>& th) {
+  constexpr float kMin = 0x1p-60f, kMax = 0x1p60f;
+  if (inter >= kMin && inter <= kMax && uni >= kMin && uni <= kMax) {
+    const float q = __fdividef(inter, uni);
+    if (q > th.hi) return true;
+    if (q < th.lo) return false;
+  }
+  return inter / uni > th.t;
+}
+__device__ __forceinline__ bool exceeds_fast(double inter, double uni, const Threshold<double>& th) {
+  return inter / uni > th.t;
+}
+
+// a: row box (x1, y1, x2, y2, area); b: column box, likewise.
+template <typename A>
+__device__ __forceinline__ bool suppresses(const A* a, const A* b, const Threshold<A>& th) {
   const A w = max(min(a[2], b[2]) - max(a[0], b[0]), A(0));
   const A h = max(min(a[3], b[3]) - max(a[1], b[1]), A(0));
   const A inter = mul(w, h);
-  const A area_a = mul(a[2] - a[0], a[3] - a[1]);
-  const A area_b = mul(b[2] - b[0], b[3] - b[1]);
-  return inter / (area_a + area_b - inter);
+  if (th.nonneg && !(inter > A(0))) return false;
+  return exceeds_fast(inter, a[4] + b[4] - inter, th);
 }
 
+template <typename A>
+__device__ __forceinline__ void load_box(const A* src, A* dst) {
+#pragma unroll
+  for (int k = 0; k < 4; ++k) dst[k] = src[k];
+  dst[4] = mul(dst[2] - dst[0], dst[3] - dst[1]);
+}
+
+// Grid: x = groups of `cols_per_block` column blocks, y = row blocks. 64 threads: one per row box.
 template <typename T>
 __global__ void __launch_bounds__(kBlock)
     nms_mask_kernel(const T* __restrict__ boxes, const int64_t* __restrict__ classes, int64_t n, int64_t words,
-                    int64_t nz_words, typename Acc<T>::type threshold, const int32_t* __restrict__ or_end,
-                    uint64_t* __restrict__ mask, unsigned long long* __restrict__ row_nz, int32_t* __restrict__ in_deg) {
+                    int64_t nz_words, int cols_per_block, Threshold<typename Acc<T>::type> th,
+                    const int32_t* __restrict__ or_end, uint64_t* __restrict__ mask,
+                    unsigned long long* __restrict__ row_nz, int32_t* __restrict__ in_deg) {
   using A = typename Acc<T>::type;
-  const int64_t row_block = blockIdx.y, col_block = blockIdx.x;
-  if (col_block < row_block || col_block >= or_end[row_block]) return;
-  const int row_size = static_cast<int>(min64(kBlock, n - row_block * kBlock));
-  const int col_size = static_cast<int>(min64(kBlock, n - col_block * kBlock));
+  const int64_t row_block = blockIdx.y;
+  const int64_t col_end = min64(or_end ? or_end[row_block] : words,
+                                (static_cast<int64_t>(blockIdx.x) + 1) * cols_per_block);
+  int64_t col_block = std::max<int64_t>(static_cast<int64_t>(blockIdx.x) * cols_per_block, row_block);
+  if (col_block >= col_end) return;
 
-  __shared__ A col_boxes[kBlock][4];
+  __shared__ A col_boxes[kBlock][5];
   __shared__ int64_t col_class[kBlock];
   __shared__ int col_count[kBlock];  // in-degree contributions of this tile, summed on chip
   const int t = threadIdx.x;
-  col_count[t] = 0;
-  if (t < col_size) {
-    const int64_t j = col_block * kBlock + t;
-#pragma unroll
-    for (int k = 0; k < 4; ++k) col_boxes[t][k] = to_acc(boxes[j * 4 + k]);
-    col_class[t] = classes ? classes[j] : 0;
-  }
-  __syncthreads();
+  const int row_size = static_cast<int>(min64(kBlock, n - row_block * kBlock));
+  const int64_t i = row_block * kBlock + t;
+  A row[5];
+  int64_t row_class = 0;
   if (t < row_size) {
-    const int64_t i = row_block * kBlock + t;
-    A row[4];
+    A raw[4];
 #pragma unroll
-    for (int k = 0; k < 4; ++k) row[k] = to_acc(boxes[i * 4 + k]);
-    const int64_t row_class = classes ? classes[i] : 0;
-    uint64_t bits = 0;
-    for (int j = (row_block == col_block ? t + 1 : 0); j < col_size; ++j)
-      if (col_class[j] == row_class && iou(row, col_boxes[j]) > threshold) bits |= uint64_t{1} << j;
-    if (bits) {
-      mask[i * words + col_block] = bits;
-      atomicOr(&row_nz[i * nz_words + col_block / 64], 1ull << (col_block % 64));
-      for (uint64_t b = bits; b; b &= b - 1) atomicAdd(&col_count[__ffsll(static_cast<long long>(b)) - 1], 1);
-    }
+    for (int k = 0; k < 4; ++k) raw[k] = to_acc(boxes[i * 4 + k]);
+    load_box(raw, row);
+    if (classes) row_class = classes[i];
   }
-  __syncthreads();
-  if (t < col_size && col_count[t]) atomicAdd(&in_deg[col_block * kBlock + t], col_count[t]);
+  for (; col_block < col_end; ++col_block) {
+    const int col_size = static_cast<int>(min64(kBlock, n - col_block * kBlock));
+    __syncthreads();  // the previous tile's readers are done
+    col_count[t] = 0;
+    if (t < col_size) {
+      const int64_t j = col_block * kBlock + t;
+      A raw[4];
+#pragma unroll
+      for (int k = 0; k < 4; ++k) raw[k] = to_acc(boxes[j * 4 + k]);
+      load_box(raw, col_boxes[t]);
+      col_class[t] = classes ? classes[j] : 0;
+    }
+    __syncthreads();
+    if (t < row_size) {
+      uint64_t bits = 0;
+      for (int j = (row_block == col_block ? t + 1 : 0); j < col_size; ++j)
+        if (col_class[j] == row_class && suppresses(row, col_boxes[j], th)) bits |= uint64_t{1} << j;
+      if (bits) {
+        mask[i * words + col_block] = bits;
+        atomicOr(&row_nz[i * nz_words + col_block / 64], 1ull << (col_block % 64));
+        for (uint64_t b = bits; b; b &= b - 1) atomicAdd(&col_count[__ffsll(static_cast<long long>(b)) - 1], 1);
+      }
+    }
+    __syncthreads();
+    if (t < col_size && col_count[t]) atomicAdd(&in_deg[col_block * kBlock + t], col_count[t]);
+  }
 }
 
 // or_end[r]: one past the last word that row block r's boxes can suppress (the word holding the
-// end of the class segment of the block's last box); `words` for plain nms.
+// end of the class segment of the block's last box). batched_nms only.
 __global__ void nms_or_end_kernel(const int64_t* __restrict__ classes, int64_t n, int64_t words,
                                   int32_t* __restrict__ or_end) {
   const int64_t r = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (r >= words) return;
-  if (!classes) {
-    or_end[r] = static_cast<int32_t>(words);
-    return;
-  }
   const int64_t last = min(n, (r + 1) * kBlock) - 1;
   const int64_t cls = classes[last];
   // Binary search for the end of this class's segment (classes are sorted in scan order).
@@ -119,23 +169,48 @@ __global__ void nms_or_end_kernel(const int64_t* __restrict__ classes, int64_t n
   or_end[r] = static_cast<int32_t>((lo - 1) / kBlock + 1);
 }
 
-enum : int32_t { kUndecided = 0, kKept = 1, kSuppressed = 2 };
+// Box states. Suppressed boxes record their round: kSuppressed + r.
+enum : int32_t { kUndecided = 0, kKept = 1, kPending = 2, kSuppressed = 3 };
 
-// Calls f(j) for every box j that box i suppresses and that may still be undecided: the set bits
-// of i's non-zero mask words, filtered by the `open` bitmap of undecided boxes (bits are only
-// ever cleared, so a stale read can only let through a box that is already decided, which f
-// checks). On dense graphs (large clusters, a negative threshold) this skips decided boxes a
-// word at a time.
+// The whole warp calls f(j) (on some lane) for every box j that box i suppresses and that is
+// still open (undecided) in the `open` bitmap. Bits are only ever cleared, so a stale read can
+// only let through a box that is already decided, which f checks. The row's non-zero mask words
+// are spread over the lanes: their loads are issued together.
 template <typename F>
-__device__ __forceinline__ void for_each_out_neighbour(int64_t i, const uint64_t* __restrict__ mask,
-                                                       const unsigned long long* __restrict__ row_nz,
-                                                       const unsigned long long* open, int64_t words,
-                                                       int64_t nz_words, F f) {
-  for (int64_t z = (i / kBlock) / 64; z < nz_words; ++z) {
-    for (unsigned long long nz = row_nz[i * nz_words + z]; nz; nz &= nz - 1) {
-      const int64_t c = z * 64 + __ffsll(static_cast<long long>(nz)) - 1;
-      for (uint64_t bits = mask[i * words + c] & __ldcg(open + c); bits; bits &= bits - 1)
-        f(c * kBlock + __ffsll(static_cast<long long>(bits)) - 1);
+__device__ __forceinline__ void warp_for_each_out_neighbour(int64_t i, const uint64_t* __restrict__ mask,
+                                                            const unsigned long long* __restrict__ row_nz,
+                                                            const unsigned long long* open, int64_t words,
+                                                            int64_t nz_words, F f) {
+  const int lane = threadIdx.x & 31;
+  for (int64_t zb = (i / kBlock) / 64; zb < nz_words; zb += 32) {
+    const int64_t z = zb + lane;
+    const unsigned long long w = z < nz_words ? __ldg(row_nz + i * nz_words + z) : 0ull;
+    const int cnt = __popcll(w);
+    int incl = cnt;  // inclusive prefix sum of the lanes' counts
+#pragma unroll
+    for (int d = 1; d < 32; d <<= 1) {
+      const int v = __shfl_up_sync(kFull, incl, d);
+      if (lane >= d) incl += v;
+    }
+    const int total = __shfl_sync(kFull, incl, 31);
+    for (int k0 = 0; k0 < total; k0 += 32) {
+      const int k = k0 + lane;  // this lane's item: the k-th non-zero word of the row chunk
+      int owner = 0;            // the first lane whose inclusive count exceeds k
+#pragma unroll
+      for (int step = 16; step; step >>= 1) {
+        const int v = __shfl_sync(kFull, incl, owner + step - 1);
+        if (v <= k) owner += step;
+      }
+      owner = min(owner, 31);
+      const unsigned long long ow = __shfl_sync(kFull, w, owner);
+      const int before = __shfl_sync(kFull, incl - cnt, owner);
+      if (k < total) {
+        unsigned long long rest = ow;
+        for (int r = k - before; r > 0; --r) rest &= rest - 1;
+        const int64_t c = (zb + owner) * 64 + __ffsll(static_cast<long long>(rest)) - 1;
+        for (uint64_t bits = __ldg(mask + i * words + c) & __ldcg(open + c); bits; bits &= bits - 1)
+          f(c * kBlock + __ffsll(static_cast<long long>(bits)) - 1);
+      }
     }
   }
 }
@@ -144,114 +219,262 @@ __device__ __forceinline__ void close_box(unsigned long long* open, int64_t i) {
   atomicAnd(open + i / kBlock, ~(1ull << (i % kBlock)));
 }
 
-__global__ void __launch_bounds__(kScanThreads)
-    nms_greedy_kernel(const uint64_t* __restrict__ mask, const unsigned long long* __restrict__ row_nz, int64_t n,
-                      int64_t words, int64_t nz_words, const int32_t* __restrict__ in_deg, int32_t* __restrict__ work,
-                      unsigned long long* open, const int64_t* __restrict__ to_score_pos, uint8_t* __restrict__ kept) {
-  int32_t* remaining = work;      // suppressors of each box not yet suppressed
-  int32_t* state = work + n;      // kUndecided, kKept or kSuppressed
-  int32_t* frontier = work + 2 * n;    // boxes kept in this round
-  int32_t* suppressed = work + 3 * n;  // boxes suppressed in this round
-  int32_t* next = work + 4 * n;        // boxes kept in the next round
-  __shared__ int num_frontier, num_suppressed, num_next;
-  const int t = threadIdx.x;
-  if (t == 0) num_frontier = num_suppressed = num_next = 0;
-  __syncthreads();
-  for (int64_t w = t; w < words; w += kScanThreads)
-    open[w] = (w == words - 1 && n % kBlock) ? (1ull << (n % kBlock)) - 1 : ~0ull;
-  for (int64_t i = t; i < n; i += kScanThreads) {
-    remaining[i] = in_deg[i];
-    state[i] = kUndecided;
-    if (in_deg[i] == 0) frontier[atomicAdd(&num_frontier, 1)] = static_cast<int32_t>(i);
+// Every box whose state is `target` (read at the call), one warp per box: boxes are dealt to
+// warps round-robin so that a run of neighbouring boxes spreads over the grid.
+template <typename F>
+__device__ __forceinline__ void for_each_box_in_state(const int32_t* state, int64_t n, int32_t target, F f) {
+  const int lane = threadIdx.x & 31;
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x / 32);
+  const int64_t warp = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
+  for (int64_t base = warp; base < n; base += warps * 32) {
+    const int64_t i = base + warps * lane;
+    unsigned match = __ballot_sync(kFull, i < n && __ldcg(state + i) == target);
+    while (match) {
+      const int src = __ffs(match) - 1;
+      match &= match - 1;
+      f(base + warps * src);
+    }
   }
-  __syncthreads();
-  // Each round keeps at least one new box, so n rounds always suffice; the bound is insurance.
-  for (int64_t round = 0; round <= n && num_frontier > 0; ++round) {
-    // Kept boxes suppress every box they overlap (once: the first to claim it lists it).
-    const int nf = num_frontier;
-    for (int q = t; q < nf; q += kScanThreads) {
-      const int64_t k = frontier[q];
-      state[k] = kKept;
-      close_box(open, k);
-      for_each_out_neighbour(k, mask, row_nz, open, words, nz_words, [&](int64_t j) {
-        if (atomicCAS(&state[j], kUndecided, kSuppressed) == kUndecided) {
-          close_box(open, j);
-          suppressed[atomicAdd(&num_suppressed, 1)] = static_cast<int32_t>(j);
-        }
-      });
-    }
-    __syncthreads();
-    // Suppressed boxes release their out-neighbours; a box whose last suppressor this was is
-    // kept next round (a box with a kept suppressor never reaches zero). Boxes already
-    // suppressed need no count: no state changes to kSuppressed in this phase.
-    const int ns = num_suppressed;
-    for (int q = t; q < ns; q += kScanThreads) {
-      for_each_out_neighbour(suppressed[q], mask, row_nz, open, words, nz_words, [&](int64_t j) {
-        if (state[j] == kUndecided && atomicSub(&remaining[j], 1) == 1)
-          next[atomicAdd(&num_next, 1)] = static_cast<int32_t>(j);
-      });
-    }
-    __syncthreads();
-    int32_t* swap = frontier;
-    frontier = next;
-    next = swap;
-    if (t == 0) {
-      num_frontier = num_next;
-      num_next = 0;
-      num_suppressed = 0;
-    }
-    __syncthreads();
-  }
-  for (int64_t i = t; i < n; i += kScanThreads)
-    kept[to_score_pos ? to_score_pos[i] : i] = static_cast<uint8_t>(state[i] == kKept);
 }
 
-__global__ void nms_compact_kernel(const uint8_t* __restrict__ kept, const int32_t* __restrict__ prefix,
-                                   const int64_t* __restrict__ score_order, int64_t n, int64_t* __restrict__ keep,
-                                   int64_t* __restrict__ num_kept) {
-  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= n) return;
-  if (kept[i]) keep[prefix[i] - 1] = score_order[i];
-  if (i == n - 1) *num_kept = prefix[i];
+struct GreedyArgs {
+  const uint64_t* mask;
+  const unsigned long long* row_nz;
+  int64_t n, words, nz_words;
+  int32_t* remaining;  // in-degrees on entry
+  int32_t* state;      // zeroed (kUndecided)
+  int32_t* flags;      // zeroed
+  unsigned long long* open;
+  const int64_t* to_score_pos;  // null for plain nms
+  uint8_t* kept;
+  const int64_t* score_order;
+  int64_t* keep;
+  int64_t* num_kept;
+};
+
+__global__ void __launch_bounds__(kGreedyThreads) nms_greedy_kernel(const GreedyArgs args) {
+  const GreedyArgs a = args;  // a local copy: the lambdas below take it by reference
+  cg::grid_group grid = cg::this_grid();
+  const int64_t n = a.n;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  const int64_t tid = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  for (int64_t w = tid; w < a.words; w += stride)
+    a.open[w] = (w == a.words - 1 && n % kBlock) ? (1ull << (n % kBlock)) - 1 : ~0ull;
+  for (int64_t i = tid; i < n; i += stride) {
+    if (a.remaining[i] == 0) {
+      a.state[i] = kPending;
+      a.flags[0] = 1;
+    }
+  }
+  grid.sync();
+  // Each round keeps at least one new box, so n rounds always suffice; the bound is insurance.
+  for (int32_t round = 0; round <= n; ++round) {
+    if (__ldcg(a.flags + round % 2) == 0) break;  // nothing became pending: all boxes are decided
+    if (tid == 0) a.flags[(round + 1) % 2] = 0;   // last read a round ago; set again after the next barrier
+    const int32_t suppressed = kSuppressed + round;
+    // Pending boxes are kept and suppress every open box they overlap.
+    for_each_box_in_state(a.state, n, kPending, [&](int64_t k) {
+      if ((threadIdx.x & 31) == 0) {
+        a.state[k] = kKept;
+        close_box(a.open, k);
+      }
+      warp_for_each_out_neighbour(k, a.mask, a.row_nz, a.open, a.words, a.nz_words, [&](int64_t j) {
+        if (atomicCAS(a.state + j, kUndecided, suppressed) == kUndecided) close_box(a.open, j);
+      });
+    });
+    grid.sync();
+    // Boxes suppressed this round release their out-neighbours: a box whose last suppressor
+    // this was becomes pending (a box with a kept suppressor is suppressed, never undecided).
+    for_each_box_in_state(a.state, n, suppressed, [&](int64_t s) {
+      warp_for_each_out_neighbour(s, a.mask, a.row_nz, a.open, a.words, a.nz_words, [&](int64_t j) {
+        if (__ldcg(a.state + j) == kUndecided && atomicSub(a.remaining + j, 1) == 1) {
+          a.state[j] = kPending;
+          a.flags[(round + 1) % 2] = 1;
+        }
+      });
+    });
+    grid.sync();
+  }
+  for (int64_t i = tid; i < n; i += stride)
+    a.kept[a.to_score_pos ? a.to_score_pos[i] : i] = static_cast<uint8_t>(__ldcg(a.state + i) == kKept);
+  grid.sync();
+  if (blockIdx.x != 0) return;
+
+  // Compaction by block 0, a tile of blockDim boxes at a time: keep[rank] = score_order[i].
+  __shared__ int warp_total[kGreedyThreads / 32];
+  __shared__ int64_t base;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x / 32, nwarps = blockDim.x / 32;
+  if (threadIdx.x == 0) base = 0;
+  __syncthreads();
+  for (int64_t tile = 0; tile < n; tile += blockDim.x) {
+    const int64_t i = tile + threadIdx.x;
+    const bool k = i < n && __ldcg(a.kept + i);
+    const unsigned ballot = __ballot_sync(kFull, k);
+    if (lane == 0) warp_total[warp] = __popc(ballot);
+    __syncthreads();
+    int64_t before = base;
+    int tile_total = 0;
+    for (int w = 0; w < nwarps; ++w) {
+      if (w < warp) before += warp_total[w];
+      tile_total += warp_total[w];
+    }
+    if (k) a.keep[before + __popc(ballot & ((1u << lane) - 1))] = a.score_order[i];
+    __syncthreads();  // everyone has read base and warp_total
+    if (threadIdx.x == 0) base += tile_total;
+    __syncthreads();
+  }
+  const int64_t total = base;
+  for (int64_t p = total + threadIdx.x; p < n; p += blockDim.x) a.keep[p] = -1;
+  if (threadIdx.x == 0) *a.num_kept = total;
+}
+
+// Largest co-resident grid of the greedy kernel on the current device (a cooperative launch
+// must not exceed it), at most two blocks per SM: more blocks only make the barriers dearer.
+int greedy_grid_cap() {
+  static int cap[64] = {};
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return 1;
+  if (cap[dev] == 0) {
+    int per_sm = 0, sms = 0;
+    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, nms_greedy_kernel, kGreedyThreads, 0);
+    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+    cap[dev] = std::max(1, std::min(per_sm, 2) * sms);
+  }
+  return cap[dev];
 }
 
 template <typename T>
-cudaError_t launch(const NmsParams& p, const NmsCudaBuffers& buf, cudaStream_t stream) {
+cudaError_t launch(const NmsParams& p, const NmsCudaBuffers& buf, const int64_t* score_order, int64_t* keep,
+                   int64_t* num_kept, cudaStream_t stream) {
   using A = typename Acc<T>::type;
   const int64_t words = nms_words(p.n), nz_words = nms_nz_words(p.n);
-  nms_or_end_kernel<<<static_cast<unsigned>((words + 255) / 256), 256, 0, stream>>>(p.classes, p.n, words, buf.or_end);
-  const A threshold = sizeof(A) == sizeof(double) ? static_cast<A>(p.iou_threshold) : static_cast<A>(p.iou_threshold_f32);
-  const dim3 grid(static_cast<unsigned>(words), static_cast<unsigned>(words));
+  if (p.classes)
+    nms_or_end_kernel<<<static_cast<unsigned>((words + 255) / 256), 256, 0, stream>>>(p.classes, p.n, words,
+                                                                                      buf.or_end);
+  Threshold<A> th;
+  th.t = sizeof(A) == sizeof(double) ? static_cast<A>(p.iou_threshold) : static_cast<A>(p.iou_threshold_f32);
+  th.lo = static_cast<A>(static_cast<double>(th.t) * (1.0 - 0x1p-20));
+  th.hi = static_cast<A>(static_cast<double>(th.t) * (1.0 + 0x1p-20));
+  th.nonneg = th.t >= A(0);
+  // Bigger blocks (4 column blocks each) once the grid is large: fewer blocks to schedule.
+  const int cols_per_block = words >= 256 ? 4 : 1;
+  const dim3 grid(static_cast<unsigned>((words + cols_per_block - 1) / cols_per_block), static_cast<unsigned>(words));
   nms_mask_kernel<T><<<grid, kBlock, 0, stream>>>(static_cast<const T*>(p.boxes), p.classes, p.n, words, nz_words,
-                                                   threshold, buf.or_end, buf.mask,
+                                                   cols_per_block, th, p.classes ? buf.or_end : nullptr, buf.mask,
                                                    reinterpret_cast<unsigned long long*>(buf.row_nz), buf.in_deg);
-  nms_greedy_kernel<<<1, kScanThreads, 0, stream>>>(buf.mask, reinterpret_cast<const unsigned long long*>(buf.row_nz),
-                                                    p.n, words, nz_words, buf.in_deg, buf.work,
-                                                    reinterpret_cast<unsigned long long*>(buf.open), p.to_score_pos,
-                                                    buf.kept);
+  cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess) return err;
+
+  GreedyArgs a;
+  a.mask = buf.mask;
+  a.row_nz = reinterpret_cast<const unsigned long long*>(buf.row_nz);
+  a.n = p.n;
+  a.words = words;
+  a.nz_words = nz_words;
+  a.remaining = buf.in_deg;
+  a.state = buf.state;
+  a.flags = buf.flags;
+  a.open = reinterpret_cast<unsigned long long*>(buf.open);
+  a.to_score_pos = p.to_score_pos;
+  a.kept = buf.kept;
+  a.score_order = score_order;
+  a.keep = keep;
+  a.num_kept = num_kept;
+  // About two boxes per warp, within the co-resident limit.
+  const int64_t want = (p.n + 2 * (kGreedyThreads / 32) - 1) / (2 * (kGreedyThreads / 32));
+  const unsigned blocks = static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(want, greedy_grid_cap())));
+  void* args[] = {&a};
+  return cudaLaunchCooperativeKernel(reinterpret_cast<const void*>(nms_greedy_kernel), dim3(blocks),
+                                     dim3(kGreedyThreads), args, 0, stream);
+}
+
+// ---- single-block sort for small plain nms ------------------------------------------------
+
+__device__ __forceinline__ float score_as_float(float x) { return x; }
+__device__ __forceinline__ float score_as_float(__half x) { return __half2float(x); }
+__device__ __forceinline__ float score_as_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+
+// A key whose ascending order is torch.sort's descending order: NaN first, then +inf ... -inf,
+// -0 equal to +0 (so the index decides, as in a stable sort).
+__device__ __forceinline__ uint32_t descending_key(float f) {
+  if (f != f) return 0u;
+  if (f == 0.0f) f = 0.0f;
+  const uint32_t u = __float_as_uint(f);
+  const uint32_t ascending = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+  return ~ascending;
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kSortThreads)
+    nms_sort_small_kernel(const T* __restrict__ boxes, const T* __restrict__ scores, int n, int size,
+                          int64_t* __restrict__ score_order, T* __restrict__ scan_boxes) {
+  __shared__ unsigned long long key[kNmsSmallSort];
+  const int t = threadIdx.x;
+  for (int i = t; i < size; i += kSortThreads)
+    key[i] = i < n ? (static_cast<unsigned long long>(descending_key(score_as_float(scores[i]))) << 32) | i : ~0ull;
+  __syncthreads();
+  // Bitonic sort of (key, index): unique values, so the result is the stable order.
+  for (int k = 2; k <= size; k <<= 1) {
+    for (int j = k >> 1; j > 0; j >>= 1) {
+      for (int i = t; i < size; i += kSortThreads) {
+        const int partner = i ^ j;
+        if (partner > i) {
+          const unsigned long long x = key[i], y = key[partner];
+          if ((x > y) == ((i & k) == 0)) {
+            key[i] = y;
+            key[partner] = x;
+          }
+        }
+      }
+      __syncthreads();
+    }
+  }
+  for (int i = t; i < n; i += kSortThreads) {
+    const int idx = static_cast<int>(key[i] & 0xffffffffu);
+    score_order[i] = idx;
+#pragma unroll
+    for (int c = 0; c < 4; ++c) scan_boxes[i * 4 + c] = boxes[static_cast<int64_t>(idx) * 4 + c];
+  }
+}
+
+template <typename T>
+cudaError_t launch_sort_small(const void* boxes, const void* scores, int64_t n, int64_t* score_order,
+                              void* scan_boxes, cudaStream_t stream) {
+  int size = 1;
+  while (size < n) size <<= 1;
+  nms_sort_small_kernel<T><<<1, kSortThreads, 0, stream>>>(static_cast<const T*>(boxes), static_cast<const T*>(scores),
+                                                           static_cast<int>(n), size, score_order,
+                                                           static_cast<T*>(scan_boxes));
   return cudaGetLastError();
 }
 
 }  // namespace
 
-int run_nms_cuda(const NmsParams& p, const NmsCudaBuffers& buf, void* stream) {
+int run_nms_cuda(const NmsParams& p, const NmsCudaBuffers& buf, const int64_t* score_order, int64_t* keep,
+                 int64_t* num_kept, void* stream) {
   if (p.n == 0) return cudaSuccess;
   const auto s = static_cast<cudaStream_t>(stream);
   switch (p.dtype) {
-    case DType::kFloat32: return launch<float>(p, buf, s);
-    case DType::kFloat64: return launch<double>(p, buf, s);
-    case DType::kFloat16: return launch<__half>(p, buf, s);
-    case DType::kBFloat16: return launch<__nv_bfloat16>(p, buf, s);
+    case DType::kFloat32: return launch<float>(p, buf, score_order, keep, num_kept, s);
+    case DType::kFloat64: return launch<double>(p, buf, score_order, keep, num_kept, s);
+    case DType::kFloat16: return launch<__half>(p, buf, score_order, keep, num_kept, s);
+    case DType::kBFloat16: return launch<__nv_bfloat16>(p, buf, score_order, keep, num_kept, s);
   }
   return cudaErrorInvalidValue;
 }
 
-int run_nms_compact_cuda(const uint8_t* kept, const int32_t* prefix, const int64_t* score_order, int64_t n,
-                         int64_t* keep, int64_t* num_kept, void* stream) {
+int run_nms_sort_small_cuda(const void* boxes, const void* scores, int64_t n, DType dtype, int64_t* score_order,
+                            void* scan_boxes, void* stream) {
   if (n == 0) return cudaSuccess;
-  nms_compact_kernel<<<static_cast<unsigned>((n + 255) / 256), 256, 0, static_cast<cudaStream_t>(stream)>>>(
-      kept, prefix, score_order, n, keep, num_kept);
-  return cudaGetLastError();
+  if (n > kNmsSmallSort) return cudaErrorInvalidValue;
+  const auto s = static_cast<cudaStream_t>(stream);
+  switch (dtype) {
+    case DType::kFloat32: return launch_sort_small<float>(boxes, scores, n, score_order, scan_boxes, s);
+    case DType::kFloat16: return launch_sort_small<__half>(boxes, scores, n, score_order, scan_boxes, s);
+    case DType::kBFloat16: return launch_sort_small<__nv_bfloat16>(boxes, scores, n, score_order, scan_boxes, s);
+    case DType::kFloat64: break;
+  }
+  return cudaErrorInvalidValue;
 }
 
 }  // namespace opforge
