@@ -361,6 +361,28 @@ def test_cuda_graph_nms_padded(n, classes):
 
 
 @pytest.mark.cuda
+def test_cuda_sweep_special_boxes_and_thresholds():
+    """Large plain nms takes the x-sweep on CUDA: NaN (either sign), infinite and degenerate
+    coordinates, touching boxes and the thresholds 0 and 1 must not change a decision; a
+    negative threshold takes the all-pairs kernel."""
+    boxes, scores = uniform_boxes(20_000)
+    boxes[::97, 0] = float("nan")
+    boxes[1::101, 0] = -float("nan")
+    boxes[2::103, 2] = float("inf")
+    boxes[3::107, 0] = -float("inf")
+    boxes[4::109] = torch.tensor([50.0, 50.0, 40.0, 40.0])  # negative width and height
+    boxes[5::113, 2] = boxes[5::113, 0]  # zero width
+    boxes[6::127] = boxes[7::127]  # duplicates
+    a = boxes[8::131][:150]
+    width = a[:, 2] - a[:, 0]
+    boxes[9::131][:150] = torch.stack([a[:, 2], a[:, 1], a[:, 2] + width, a[:, 3]], 1)  # touching in x
+    scores[10::137] = float("nan")
+    for thr in (0.0, 0.5, 1.0, -0.25):
+        got = opforge.nms(boxes.cuda(), scores.cuda(), thr)
+        assert_same(got, opforge.nms(boxes, scores, thr))
+
+
+@pytest.mark.cuda
 def test_cuda_non_default_stream():
     boxes, scores = clustered_boxes(4000, device="cuda")
     want = oracle.nms(boxes.cpu(), scores.cpu(), 0.5)

@@ -37,9 +37,9 @@ def main():
     for n in sizes:
         for kind, make in (("uniform", uniform_boxes), ("clustered", clustered_boxes)):
             boxes, scores = make(n, device="cuda")
-            run(f"nms {kind} {n}", lambda: opforge.nms(boxes, scores, 0.5))
             idxs = torch.randint(0, 80, (n,), device="cuda")
-            run(f"batched_nms 80 {kind} {n}", lambda: opforge.batched_nms(boxes, scores, idxs, 0.5))
+            run(f"nms {kind} {n}", lambda b=boxes, s=scores: opforge.nms(b, s, 0.5))
+            run(f"batched_nms 80 {kind} {n}", lambda b=boxes, s=scores, c=idxs: opforge.batched_nms(b, s, c, 0.5))
 
 
 if __name__ == "__main__":

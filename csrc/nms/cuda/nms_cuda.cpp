@@ -4,6 +4,8 @@
 // nms_padded reads nothing, so it can be captured in a CUDA graph.
 #include <ATen/cuda/CUDAContext.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/index_select.h>
+#include <ATen/ops/sort.h>
 #include <ATen/ops/zeros.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
@@ -32,10 +34,12 @@ std::tuple<at::Tensor, at::Tensor> padded(const char* op, const at::Tensor& boxe
   at::Tensor num_kept = at::empty({}, long_opts);
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream().stream();
 
-  // One scratch allocation; its head (row_nz, in_deg, state, flags) zeroed with one memset. The
-  // small-sort path also keeps its score order and sorted boxes there.
-  const NmsCudaLayout layout = nms_cuda_layout(n);
+  // One scratch allocation; its head (row_nz, in_deg, state, flags, and the mask when the sweep
+  // sets its bits by atomics) zeroed with one memset. The small-sort path also keeps its score
+  // order and sorted boxes there.
   const bool small = !idxs.has_value() && n <= kNmsSmallSort && boxes.scalar_type() != at::kDouble;
+  const bool sweep = !idxs.has_value() && n > kNmsSweepFrom && iou_threshold >= 0;
+  const NmsCudaLayout layout = nms_cuda_layout(n, sweep);
   const int64_t sorted_at = layout.total_bytes;
   const int64_t boxes_at = nms_align(sorted_at + n * 8);
   const int64_t bytes = small ? nms_align(boxes_at + n * 4 * boxes.element_size()) : layout.total_bytes;
@@ -46,6 +50,7 @@ std::tuple<at::Tensor, at::Tensor> padded(const char* op, const at::Tensor& boxe
 
   NmsPlan plan;
   const int64_t* score_order = nullptr;
+  at::Tensor xboxes, xrank;
   if (small) {
     const at::Tensor b = boxes.contiguous(), s = scores.contiguous();
     auto* order = reinterpret_cast<int64_t*>(base + sorted_at);
@@ -58,6 +63,12 @@ std::tuple<at::Tensor, at::Tensor> padded(const char* op, const at::Tensor& boxe
   } else {
     plan = plan_nms(boxes, scores, idxs, iou_threshold);
     score_order = plan.score_order.const_data_ptr<int64_t>();
+    if (sweep) {  // the boxes by x1 (torch.sort puts NaN last) and their scan positions
+      xrank = std::get<1>(at::sort(plan.scan_boxes.select(1, 0), /*stable=*/false, /*dim=*/0, /*descending=*/false));
+      xboxes = plan.scan_boxes.index_select(0, xrank);
+      plan.params.xboxes = xboxes.const_data_ptr();
+      plan.params.xrank = xrank.const_data_ptr<int64_t>();
+    }
   }
   check_cuda(op, run_nms_cuda(plan.params, buf, score_order, keep.data_ptr<int64_t>(), num_kept.data_ptr<int64_t>(),
                               stream));
