@@ -39,7 +39,10 @@ def main():
             boxes, scores = make(n, device="cuda")
             idxs = torch.randint(0, 80, (n,), device="cuda")
             run(f"nms {kind} {n}", lambda b=boxes, s=scores: opforge.nms(b, s, 0.5))
-            run(f"batched_nms 80 {kind} {n}", lambda b=boxes, s=scores, c=idxs: opforge.batched_nms(b, s, c, 0.5))
+            run(
+                f"batched_nms 80 {kind} {n}",
+                lambda b=boxes, s=scores, c=idxs: opforge.batched_nms(b, s, c, 0.5),
+            )
 
 
 if __name__ == "__main__":
