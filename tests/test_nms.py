@@ -361,10 +361,10 @@ def test_cuda_graph_nms_padded(n, classes):
 
 
 @pytest.mark.cuda
-def test_cuda_sweep_special_boxes_and_thresholds():
-    """Large plain nms takes the x-sweep on CUDA: NaN (either sign), infinite and degenerate
-    coordinates, touching boxes and the thresholds 0 and 1 must not change a decision; a
-    negative threshold takes the all-pairs kernel."""
+def test_cuda_special_boxes_and_thresholds_large():
+    """The CUDA kernel's x-overlap pre-test and fast reciprocal at scale: NaN (either sign),
+    infinite and degenerate coordinates, touching boxes, the thresholds 0 and 1, and a negative
+    threshold (no pre-test) must decide exactly as the CPU kernel."""
     boxes, scores = uniform_boxes(20_000)
     boxes[::97, 0] = float("nan")
     boxes[1::101, 0] = -float("nan")

@@ -73,9 +73,21 @@ def _case(device: torch.device, kind: str, n: int, classes: int, with_reference:
 
     def check() -> str | None:
         got, want = impls["opforge"](), impls["torchvision"]()
-        if not torch.equal(got.cpu(), want.cpu()):
-            return f"kept {got.numel()} boxes, torchvision {want.numel()}, or in another order"
-        return None
+        if torch.equal(got.cpu(), want.cpu()):
+            return None
+        if device.type == "cuda":
+            # torchvision's CUDA kernel lets the compiler fuse its IoU into FMAs, so an IoU within an
+            # ulp of the threshold can go the other way than in its CPU kernel (IEEE, one rounding
+            # per operation), which opforge follows on both devices (docs/nms.md).
+            b, s, c = boxes.cpu(), scores.cpu(), idxs.cpu()
+            cpu = tv.nms(b, s, thr) if classes == 1 else tv.batched_nms(b, s, c, thr)
+            if torch.equal(got.cpu(), cpu):
+                print(
+                    f"note: {n} {kind} {classes} classes: torchvision CUDA ({want.numel()} kept) differs from"
+                    f" torchvision CPU ({cpu.numel()} kept); opforge matches torchvision CPU"
+                )
+                return None
+        return f"kept {got.numel()} boxes, torchvision {want.numel()}, or in another order"
 
     op = "nms" if classes == 1 else "batched_nms"
     label = (

@@ -4,8 +4,6 @@
 // nms_padded reads nothing, so it can be captured in a CUDA graph.
 #include <ATen/cuda/CUDAContext.h>
 #include <ATen/ops/empty.h>
-#include <ATen/ops/index_select.h>
-#include <ATen/ops/sort.h>
 #include <ATen/ops/zeros.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
@@ -34,41 +32,25 @@ std::tuple<at::Tensor, at::Tensor> padded(const char* op, const at::Tensor& boxe
   at::Tensor num_kept = at::empty({}, long_opts);
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream().stream();
 
-  // One scratch allocation; its head (row_nz, in_deg, state, flags, and the mask when the sweep
-  // sets its bits by atomics) zeroed with one memset. The small-sort path also keeps its score
-  // order and sorted boxes there.
-  const bool small = !idxs.has_value() && n <= kNmsSmallSort && boxes.scalar_type() != at::kDouble;
-  const bool sweep = !idxs.has_value() && n > kNmsSweepFrom && iou_threshold >= 0;
-  const NmsCudaLayout layout = nms_cuda_layout(n, sweep);
-  const int64_t sorted_at = layout.total_bytes;
-  const int64_t boxes_at = nms_align(sorted_at + n * 8);
-  const int64_t bytes = small ? nms_align(boxes_at + n * 4 * boxes.element_size()) : layout.total_bytes;
-  at::Tensor scratch = at::empty({bytes}, boxes.options().dtype(at::kByte));
+  // One scratch allocation; its head (row_nz, in_deg, state, flags, rank) zeroed with one memset.
+  const NmsCudaLayout layout = nms_cuda_layout(n);
+  at::Tensor scratch = at::empty({layout.total_bytes}, boxes.options().dtype(at::kByte));
   char* base = static_cast<char*>(scratch.data_ptr());
   check_cuda(op, cudaMemsetAsync(base, 0, layout.zeroed_bytes, stream));
   const NmsCudaBuffers buf = nms_cuda_buffers(base, layout);
 
   NmsPlan plan;
   const int64_t* score_order = nullptr;
-  at::Tensor xboxes, xrank;
-  if (small) {
+  if (!idxs.has_value() && n <= kNmsSmallSort && boxes.scalar_type() != at::kDouble) {
     const at::Tensor b = boxes.contiguous(), s = scores.contiguous();
-    auto* order = reinterpret_cast<int64_t*>(base + sorted_at);
-    void* sorted_boxes = base + boxes_at;
-    check_cuda(op, run_nms_sort_small_cuda(b.const_data_ptr(), s.const_data_ptr(), n, to_dtype(boxes.scalar_type()),
-                                           order, sorted_boxes, stream));
+    check_cuda(op, run_nms_rank_sort_cuda(b.const_data_ptr(), s.const_data_ptr(), n, to_dtype(boxes.scalar_type()),
+                                          buf.rank, buf.score_order, buf.scan_boxes, stream));
     plan.params = nms_params(n, boxes.scalar_type(), iou_threshold);
-    plan.params.boxes = sorted_boxes;
-    score_order = order;
+    plan.params.boxes = buf.scan_boxes;
+    score_order = buf.score_order;
   } else {
     plan = plan_nms(boxes, scores, idxs, iou_threshold);
     score_order = plan.score_order.const_data_ptr<int64_t>();
-    if (sweep) {  // the boxes by x1 (torch.sort puts NaN last) and their scan positions
-      xrank = std::get<1>(at::sort(plan.scan_boxes.select(1, 0), /*stable=*/false, /*dim=*/0, /*descending=*/false));
-      xboxes = plan.scan_boxes.index_select(0, xrank);
-      plan.params.xboxes = xboxes.const_data_ptr();
-      plan.params.xrank = xrank.const_data_ptr<int64_t>();
-    }
   }
   check_cuda(op, run_nms_cuda(plan.params, buf, score_order, keep.data_ptr<int64_t>(), num_kept.data_ptr<int64_t>(),
                               stream));

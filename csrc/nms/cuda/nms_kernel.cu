@@ -12,11 +12,9 @@
 //     as the longest chain of suppressions (3-6 on detector-like sets of 1k-50k boxes). One warp
 //     walks one box's row, its lanes on different mask words. Then block 0 compacts the kept boxes
 //     into `keep` in score order.
-// Plain nms of up to kNmsSmallSort boxes is sorted by nms_sort_small_kernel (one block, radix);
-// plain nms of more boxes with a threshold >= 0 finds its pairs by a sweep in x (nms_sweep_kernel).
+// Plain nms of up to kNmsSmallSort boxes is put in scan order by ranking (nms_rank_kernel).
 // No host synchronisation: the launcher reads the kept count once, after compaction.
 #include <cooperative_groups.h>
-#include <cub/block/block_radix_sort.cuh>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -32,8 +30,7 @@ namespace {
 namespace cg = cooperative_groups;
 
 constexpr int kBlock = 64;  // boxes per mask word
-constexpr int kGreedyThreads = 1024;
-constexpr int kSortThreads = 1024;
+constexpr int kGreedyThreads = 512;
 constexpr unsigned kFull = 0xffffffffu;
 
 __device__ __forceinline__ int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
@@ -119,15 +116,6 @@ __device__ __forceinline__ bool suppresses(const Box4<A>& a, A aa, const Box4<A>
   return exceeds_fast(inter, aa + ba - inter, th);
 }
 
-// Records "box src suppresses box dst" (src ranked higher) from any thread: for the sweep.
-__device__ __forceinline__ void add_edge(int64_t src, int64_t dst, int64_t words, int64_t nz_words,
-                                         unsigned long long* mask, unsigned long long* row_nz, int32_t* in_deg) {
-  const int64_t c = dst / kBlock;
-  atomicOr(mask + src * words + c, 1ull << (dst % kBlock));
-  atomicOr(row_nz + src * nz_words + c / 64, 1ull << (c % 64));
-  atomicAdd(in_deg + dst, 1);
-}
-
 // All pairs, in scan order. Grid: x = groups of `cols_per_block` column blocks, y = row blocks.
 // 64 threads: one per row box.
 template <typename T, bool kClasses, bool kNonneg>
@@ -171,11 +159,29 @@ __global__ void __launch_bounds__(kBlock)
     __syncthreads();
     if (t < row_size) {
       uint64_t bits = 0;
-#pragma unroll 4
-      for (int j = (row_block == col_block ? t + 1 : 0); j < col_size; ++j)
-        if ((!kClasses || col_class[j] == row_class) &&
-            suppresses<kNonneg>(row, row_area, col_box[j], col_area[j], th))
-          bits |= uint64_t{1} << j;
+      const int first = row_block == col_block ? t + 1 : 0;
+      if (kNonneg) {
+        // Stage 1, branch-free: which columns overlap the row in x (necessary for IoU > t >= 0;
+        // false for NaN). Stage 2: the exact test on those few only.
+        uint64_t cand = 0;
+#pragma unroll 16
+        for (int j = 0; j < kBlock; ++j) {
+          const Box4<A> c = col_box[j];
+          cand |= static_cast<uint64_t>((c.x1 < row.x2) & (row.x1 < c.x2)) << j;
+        }
+        cand &= (col_size == kBlock ? ~0ull : (1ull << col_size) - 1) & (first == kBlock ? 0ull : ~((1ull << first) - 1));
+        for (; cand; cand &= cand - 1) {
+          const int j = __ffsll(static_cast<long long>(cand)) - 1;
+          if ((!kClasses || col_class[j] == row_class) &&
+              suppresses<true>(row, row_area, col_box[j], col_area[j], th))
+            bits |= uint64_t{1} << j;
+        }
+      } else {
+        for (int j = first; j < col_size; ++j)
+          if ((!kClasses || col_class[j] == row_class) &&
+              suppresses<false>(row, row_area, col_box[j], col_area[j], th))
+            bits |= uint64_t{1} << j;
+      }
       if (bits) {
         mask[i * words + col_block] = bits;
         atomicOr(&row_nz[i * nz_words + col_block / 64], 1ull << (col_block % 64));
@@ -184,59 +190,6 @@ __global__ void __launch_bounds__(kBlock)
     }
     __syncthreads();
     if (t < col_size && col_count[t]) atomicAdd(&in_deg[col_block * kBlock + t], col_count[t]);
-  }
-}
-
-// Plain nms with t >= 0, large n: boxes sorted by x1 (NaN last), so a box's candidates are the
-// run after it whose x1 is below its x2: no pair with a positive intersection is missed, and
-// pairs far apart in x are never tested (about 4x fewer tests on 50k detector-like boxes). One
-// block per 64 consecutive boxes; the mask (zeroed) gets its bits by atomics.
-template <typename T>
-__global__ void __launch_bounds__(kBlock)
-    nms_sweep_kernel(const T* __restrict__ xboxes, const int64_t* __restrict__ xrank, int64_t n, int64_t words,
-                     int64_t nz_words, Threshold<typename Acc<T>::type> th, unsigned long long* __restrict__ mask,
-                     unsigned long long* __restrict__ row_nz, int32_t* __restrict__ in_deg) {
-  using A = typename Acc<T>::type;
-  __shared__ Box4<A> col_box[kBlock];
-  __shared__ A col_area[kBlock];
-  __shared__ int64_t col_rank[kBlock];
-  __shared__ A warp_max[kBlock / 32];
-  const int t = threadIdx.x;
-  const int64_t p0 = static_cast<int64_t>(blockIdx.x) * kBlock, p = p0 + t;
-  const bool valid = p < n;
-  Box4<A> row{};
-  A row_area = A(0);
-  int64_t row_rank = 0;
-  if (valid) {
-    row = load_box_acc(xboxes + p * 4);
-    row_area = area(row);
-    row_rank = xrank[p];
-  }
-  // The tile's largest x2 (NaN ignored): no candidate of any row lies at or beyond it.
-  A m = valid ? row.x2 : A(-INFINITY);
-#pragma unroll
-  for (int o = 16; o; o >>= 1) m = max(m, __shfl_xor_sync(kFull, m, o));
-  if ((t & 31) == 0) warp_max[t / 32] = m;
-  __syncthreads();
-  const A tile_max = max(warp_max[0], warp_max[1]);
-  for (int64_t c0 = p0; c0 < n; c0 += kBlock) {
-    __syncthreads();
-    if (c0 + t < n) {
-      col_box[t] = load_box_acc(xboxes + (c0 + t) * 4);
-      col_area[t] = area(col_box[t]);
-      col_rank[t] = xrank[c0 + t];
-    }
-    __syncthreads();
-    if (!(col_box[0].x1 < tile_max)) break;  // sorted: no later box starts left of any row's end
-    const int col_size = static_cast<int>(min64(kBlock, n - c0));
-    if (!valid) continue;
-    for (int j = (c0 == p0 ? t + 1 : 0); j < col_size; ++j) {
-      if (!(col_box[j].x1 < row.x2)) break;
-      if (suppresses<true>(row, row_area, col_box[j], col_area[j], th)) {
-        const int64_t q = col_rank[j];
-        add_edge(min(row_rank, q), max(row_rank, q), words, nz_words, mask, row_nz, in_deg);
-      }
-    }
   }
 }
 
@@ -353,8 +306,12 @@ __device__ __forceinline__ int64_t block_sum(int64_t v, int64_t* scratch) {
   return total;
 }
 
-__global__ void __launch_bounds__(kGreedyThreads, 1) nms_greedy_kernel(const GreedyArgs a) {
-  cg::grid_group grid = cg::this_grid();
+__global__ void __launch_bounds__(kGreedyThreads, 2) nms_greedy_kernel(const GreedyArgs a) {
+  // A one-block launch (small inputs) is not cooperative: its barrier is the block's.
+  const auto barrier = [] {
+    if (gridDim.x == 1) __syncthreads();
+    else cg::this_grid().sync();
+  };
   // Scalars for the lambdas below (by value: a struct taken by reference would live in memory).
   const uint64_t* const mask = a.mask;
   const unsigned long long* const row_nz = a.row_nz;
@@ -373,7 +330,7 @@ __global__ void __launch_bounds__(kGreedyThreads, 1) nms_greedy_kernel(const Gre
       flags[0] = 1;
     }
   }
-  grid.sync();
+  barrier();
   // Each round keeps at least one new box, so n rounds always suffice; the bound is insurance.
   for (int32_t round = 0; round <= n; ++round) {
     if (__ldcg(flags + round % 2) == 0) break;  // nothing became pending: all boxes are decided
@@ -390,7 +347,7 @@ __global__ void __launch_bounds__(kGreedyThreads, 1) nms_greedy_kernel(const Gre
         if (atomicCAS(state + j, kUndecided, suppressed) == kUndecided) close_box(open, j);
       });
     });
-    grid.sync();
+    barrier();
     // Boxes suppressed this round release their out-neighbours: a box whose last suppressor
     // this was becomes pending (a box with a kept suppressor is suppressed, never undecided).
     for_each_box_in_state(state, n, suppressed, [=](int64_t s) {
@@ -401,14 +358,14 @@ __global__ void __launch_bounds__(kGreedyThreads, 1) nms_greedy_kernel(const Gre
         }
       });
     });
-    grid.sync();
+    barrier();
   }
 
   // Compaction into score order: block b owns score positions [begin, end); it counts its kept
   // boxes, then writes them after those of the blocks before it.
   for (int64_t i = tid; i < n; i += stride)
     a.kept[a.to_score_pos ? a.to_score_pos[i] : i] = static_cast<uint8_t>(__ldcg(state + i) == kKept);
-  grid.sync();
+  barrier();
   __shared__ int64_t scratch[kGreedyThreads / 32];
   const int64_t per_block = (n + gridDim.x - 1) / gridDim.x;
   const int64_t begin = min64(n, blockIdx.x * per_block), end = min64(n, begin + per_block);
@@ -416,7 +373,7 @@ __global__ void __launch_bounds__(kGreedyThreads, 1) nms_greedy_kernel(const Gre
   for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) mine += __ldcg(a.kept + i);
   mine = block_sum(mine, scratch);
   if (threadIdx.x == 0) a.partial[blockIdx.x] = static_cast<int32_t>(mine);
-  grid.sync();
+  barrier();
   int64_t before = 0, total = 0;
   for (int64_t b = threadIdx.x; b < gridDim.x; b += blockDim.x) {
     const int64_t c = __ldcg(a.partial + b);
@@ -444,7 +401,7 @@ __global__ void __launch_bounds__(kGreedyThreads, 1) nms_greedy_kernel(const Gre
 }
 
 // Largest co-resident grid of the greedy kernel on the current device (a cooperative launch
-// must not exceed it), at most one block per SM: more blocks only make the barriers dearer.
+// must not exceed it), at most two blocks per SM: more blocks only make the barriers dearer.
 int greedy_grid_cap() {
   static int cap[64] = {};
   int dev = 0;
@@ -453,7 +410,7 @@ int greedy_grid_cap() {
     int per_sm = 0, sms = 0;
     cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, nms_greedy_kernel, kGreedyThreads, 0);
     cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-    cap[dev] = std::max(1, std::min(per_sm, 1) * sms);
+    cap[dev] = std::max(1, std::min(per_sm, 2) * sms);
   }
   return cap[dev];
 }
@@ -480,12 +437,7 @@ cudaError_t launch(const NmsParams& p, const NmsCudaBuffers& buf, const int64_t*
   th.lo = static_cast<A>(static_cast<double>(th.t) * (1.0 - 0x1p-20));
   th.hi = static_cast<A>(static_cast<double>(th.t) * (1.0 + 0x1p-20));
   th.nonneg = th.t >= A(0);
-  if (p.xboxes) {
-    nms_sweep_kernel<T><<<static_cast<unsigned>(words), kBlock, 0, stream>>>(
-        static_cast<const T*>(p.xboxes), p.xrank, p.n, words, nz_words, th,
-        reinterpret_cast<unsigned long long*>(buf.mask), reinterpret_cast<unsigned long long*>(buf.row_nz),
-        buf.in_deg);
-  } else if (p.classes) {
+  if (p.classes) {
     nms_or_end_kernel<<<static_cast<unsigned>((words + 255) / 256), 256, 0, stream>>>(p.classes, p.n, words,
                                                                                       buf.or_end);
     if (th.nonneg) launch_mask<T, true, true>(p, buf, th, stream);
@@ -515,18 +467,23 @@ cudaError_t launch(const NmsParams& p, const NmsCudaBuffers& buf, const int64_t*
   a.num_kept = num_kept;
   // About two boxes per warp, within the co-resident limit.
   const int64_t want = (p.n + 2 * (kGreedyThreads / 32) - 1) / (2 * (kGreedyThreads / 32));
-  const unsigned blocks = static_cast<unsigned>(
-      std::max<int64_t>(1, std::min<int64_t>({want, greedy_grid_cap(), kNmsMaxGreedyBlocks})));
+  // Up to 256 boxes, one block: its barriers cost far less than grid-wide ones.
+  const unsigned blocks = p.n <= 256 ? 1u : static_cast<unsigned>(std::max<int64_t>(
+                                                1, std::min<int64_t>({want, greedy_grid_cap(), kNmsMaxGreedyBlocks})));
+  if (blocks == 1) {
+    nms_greedy_kernel<<<1, kGreedyThreads, 0, stream>>>(a);
+    return cudaGetLastError();
+  }
   void* args[] = {&a};
   return cudaLaunchCooperativeKernel(reinterpret_cast<const void*>(nms_greedy_kernel), dim3(blocks),
                                      dim3(kGreedyThreads), args, 0, stream);
 }
 
-// ---- single-block sort for small plain nms ------------------------------------------------
+// ---- ranking sort for small plain nms -----------------------------------------------------
 
-__device__ __forceinline__ float score_as_float(float x) { return x; }
-__device__ __forceinline__ float score_as_float(__half x) { return __half2float(x); }
-__device__ __forceinline__ float score_as_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ float as_float(float x) { return x; }
+__device__ __forceinline__ float as_float(__half x) { return __half2float(x); }
+__device__ __forceinline__ float as_float(__nv_bfloat16 x) { return __bfloat162float(x); }
 
 // A key whose ascending order is torch.sort's descending order: NaN first, then +inf ... -inf,
 // -0 equal to +0 (so the index decides, as in a stable sort).
@@ -538,56 +495,54 @@ __device__ __forceinline__ uint32_t descending_key(float f) {
   return ~ascending;
 }
 
-// One block: a stable radix sort of the score keys (values: box indices, which start in index
-// order, so equal scores keep the lower index first), then the gather of the boxes.
-template <typename T, int kItems>
-__global__ void __launch_bounds__(kSortThreads, 1)
-    nms_sort_small_kernel(const T* __restrict__ boxes, const T* __restrict__ scores, int n,
-                          int64_t* __restrict__ score_order, T* __restrict__ scan_boxes) {
-  using Sort = cub::BlockRadixSort<uint32_t, kSortThreads, kItems, int32_t>;
-  extern __shared__ __align__(16) unsigned char smem[];
-  auto& temp = *reinterpret_cast<typename Sort::TempStorage*>(smem);
-  uint32_t keys[kItems];
-  int32_t idx[kItems];
-#pragma unroll
-  for (int k = 0; k < kItems; ++k) {
-    const int i = threadIdx.x * kItems + k;  // blocked: thread t holds items t*kItems ...
-    keys[k] = i < n ? descending_key(score_as_float(scores[i])) : 0xffffffffu;  // padding sorts last
-    idx[k] = i;
-  }
-  Sort(temp).SortBlockedToStriped(keys, idx);
-#pragma unroll
-  for (int k = 0; k < kItems; ++k) {
-    const int r = k * kSortThreads + threadIdx.x;  // striped: rank k * threads + t
-    if (r < n) {
-      score_order[r] = idx[k];
-#pragma unroll
-      for (int c = 0; c < 4; ++c) scan_boxes[r * 4 + c] = boxes[static_cast<int64_t>(idx[k]) * 4 + c];
-    }
-  }
-}
+constexpr int kRankThreads = 256;
 
-template <typename T, int kItems>
-cudaError_t launch_sort_small(const void* boxes, const void* scores, int64_t n, int64_t* score_order,
-                              void* scan_boxes, cudaStream_t stream) {
-  const auto kernel = nms_sort_small_kernel<T, kItems>;
-  constexpr int smem = sizeof(typename cub::BlockRadixSort<uint32_t, kSortThreads, kItems, int32_t>::TempStorage);
-  static bool configured = false;  // idempotent: a race only repeats the call
-  if (!configured) {
-    const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-    if (err != cudaSuccess) return err;
-    configured = true;
+// rank[i] = how many boxes come before box i: (key, index) below box i's. Brute force, n^2
+// comparisons: for n <= 16k a few microseconds of the whole GPU in one kernel, instead of a
+// multi-pass radix sort and a gather. Grid: x = boxes, y = slices of the boxes compared against
+// (each slice's count is added into the zeroed ranks).
+template <typename T>
+__global__ void __launch_bounds__(kRankThreads)
+    nms_rank_kernel(const T* __restrict__ scores, int n, int per_slice, int32_t* __restrict__ rank) {
+  __shared__ uint32_t key[kRankThreads];
+  const int t = threadIdx.x, i = blockIdx.x * kRankThreads + t;
+  const uint32_t mine = i < n ? descending_key(as_float(scores[i])) : 0u;
+  const int j0 = blockIdx.y * per_slice, j1 = min(n, j0 + per_slice);
+  int count = 0;
+  for (int jt = j0; jt < j1; jt += kRankThreads) {  // block-uniform trip count
+    __syncthreads();
+    if (jt + t < j1) key[t] = descending_key(as_float(scores[jt + t]));
+    __syncthreads();
+    const int m = min(kRankThreads, j1 - jt);
+    for (int u = 0; u < m; ++u) count += (key[u] < mine) | ((key[u] == mine) & (jt + u < i));
   }
-  kernel<<<1, kSortThreads, smem, stream>>>(static_cast<const T*>(boxes), static_cast<const T*>(scores),
-                                            static_cast<int>(n), score_order, static_cast<T*>(scan_boxes));
-  return cudaGetLastError();
+  if (i < n && count) atomicAdd(rank + i, count);
 }
 
 template <typename T>
-cudaError_t launch_sort_small(const void* boxes, const void* scores, int64_t n, int64_t* score_order,
-                              void* scan_boxes, cudaStream_t stream) {
-  if (n <= 4 * kSortThreads) return launch_sort_small<T, 4>(boxes, scores, n, score_order, scan_boxes, stream);
-  return launch_sort_small<T, 16>(boxes, scores, n, score_order, scan_boxes, stream);
+__global__ void nms_rank_scatter_kernel(const T* __restrict__ boxes, int n, const int32_t* __restrict__ rank,
+                                        int64_t* __restrict__ score_order, T* __restrict__ scan_boxes) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  const int64_t r = rank[i];
+  score_order[r] = i;
+#pragma unroll
+  for (int c = 0; c < 4; ++c) scan_boxes[r * 4 + c] = boxes[static_cast<int64_t>(i) * 4 + c];
+}
+
+template <typename T>
+cudaError_t launch_rank_sort(const void* boxes, const void* scores, int64_t n, int32_t* rank, int64_t* score_order,
+                             void* scan_boxes, cudaStream_t stream) {
+  const int row_blocks = static_cast<int>((n + kRankThreads - 1) / kRankThreads);
+  // About 1k blocks: the compared boxes are split into slices of whole tiles.
+  const int slices = std::max(1, std::min(row_blocks, 1024 / row_blocks));
+  const int per_slice = (row_blocks + slices - 1) / slices * kRankThreads;
+  const unsigned used_slices = static_cast<unsigned>((n + per_slice - 1) / per_slice);
+  nms_rank_kernel<T><<<dim3(row_blocks, used_slices), kRankThreads, 0, stream>>>(
+      static_cast<const T*>(scores), static_cast<int>(n), per_slice, rank);
+  nms_rank_scatter_kernel<T><<<static_cast<unsigned>((n + 255) / 256), 256, 0, stream>>>(
+      static_cast<const T*>(boxes), static_cast<int>(n), rank, score_order, static_cast<T*>(scan_boxes));
+  return cudaGetLastError();
 }
 
 }  // namespace
@@ -605,15 +560,18 @@ int run_nms_cuda(const NmsParams& p, const NmsCudaBuffers& buf, const int64_t* s
   return cudaErrorInvalidValue;
 }
 
-int run_nms_sort_small_cuda(const void* boxes, const void* scores, int64_t n, DType dtype, int64_t* score_order,
-                            void* scan_boxes, void* stream) {
+int run_nms_rank_sort_cuda(const void* boxes, const void* scores, int64_t n, DType dtype, int32_t* rank,
+                           int64_t* score_order, void* scan_boxes, void* stream) {
   if (n == 0) return cudaSuccess;
   if (n > kNmsSmallSort) return cudaErrorInvalidValue;
   const auto s = static_cast<cudaStream_t>(stream);
   switch (dtype) {
-    case DType::kFloat32: return launch_sort_small<float>(boxes, scores, n, score_order, scan_boxes, s);
-    case DType::kFloat16: return launch_sort_small<__half>(boxes, scores, n, score_order, scan_boxes, s);
-    case DType::kBFloat16: return launch_sort_small<__nv_bfloat16>(boxes, scores, n, score_order, scan_boxes, s);
+    case DType::kFloat32:
+      return launch_rank_sort<float>(boxes, scores, n, rank, score_order, scan_boxes, s);
+    case DType::kFloat16:
+      return launch_rank_sort<__half>(boxes, scores, n, rank, score_order, scan_boxes, s);
+    case DType::kBFloat16:
+      return launch_rank_sort<__nv_bfloat16>(boxes, scores, n, rank, score_order, scan_boxes, s);
     case DType::kFloat64: break;
   }
   return cudaErrorInvalidValue;
