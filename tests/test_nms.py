@@ -383,6 +383,22 @@ def test_cuda_special_boxes_and_thresholds_large():
 
 
 @pytest.mark.cuda
+def test_cuda_many_random_sets():
+    """Many fresh sets through the cooperative kernel (races would show as rare mismatches)."""
+    for seed in range(24):
+        torch.manual_seed(seed)
+        make = uniform_boxes if seed % 2 else clustered_boxes
+        n = (10_000, 20_000, 3_000)[seed % 3]
+        boxes, scores = make(n)
+        idxs = torch.randint(0, 80, (n,))
+        assert_same(opforge.nms(boxes.cuda(), scores.cuda(), 0.5), opforge.nms(boxes, scores, 0.5))
+        assert_same(
+            opforge.batched_nms(boxes.cuda(), scores.cuda(), idxs.cuda(), 0.5),
+            opforge.batched_nms(boxes, scores, idxs, 0.5),
+        )
+
+
+@pytest.mark.cuda
 def test_cuda_non_default_stream():
     boxes, scores = clustered_boxes(4000, device="cuda")
     want = oracle.nms(boxes.cpu(), scores.cpu(), 0.5)
