@@ -516,7 +516,14 @@ __global__ void __launch_bounds__(kRankThreads)
     if (jt + t < j1) key[t] = descending_key(as_float(scores[jt + t]));
     __syncthreads();
     const int m = min(kRankThreads, j1 - jt);
-    for (int u = 0; u < m; ++u) count += (key[u] < mine) | ((key[u] == mine) & (jt + u < i));
+    const int first_i = blockIdx.x * kRankThreads;
+    if (jt + m <= first_i) {  // every j below every i of the block: ties count
+      for (int u = 0; u < m; ++u) count += key[u] <= mine;
+    } else if (jt >= first_i + kRankThreads) {  // every j above: ties do not
+      for (int u = 0; u < m; ++u) count += key[u] < mine;
+    } else {
+      for (int u = 0; u < m; ++u) count += (key[u] < mine) | ((key[u] == mine) & (jt + u < i));
+    }
   }
   if (i < n && count) atomicAdd(rank + i, count);
 }
