@@ -161,13 +161,15 @@ __global__ void __launch_bounds__(kBlock)
       uint64_t bits = 0;
       const int first = row_block == col_block ? t + 1 : 0;
       if (kNonneg) {
-        // Stage 1, branch-free: which columns overlap the row in x (necessary for IoU > t >= 0;
-        // false for NaN). Stage 2: the exact test on those few only.
+        // Stage 1, branch-free and fully unrolled (constant shifts): which columns overlap the
+        // row in x and in y, necessary for IoU > t >= 0 (and false for NaN, whose IoU is NaN).
+        // Stage 2: the exact test on those few only.
         uint64_t cand = 0;
-#pragma unroll 16
+#pragma unroll
         for (int j = 0; j < kBlock; ++j) {
           const Box4<A> c = col_box[j];
-          cand |= static_cast<uint64_t>((c.x1 < row.x2) & (row.x1 < c.x2)) << j;
+          const bool hit = (c.x1 < row.x2) & (row.x1 < c.x2) & (c.y1 < row.y2) & (row.y1 < c.y2);
+          cand |= static_cast<uint64_t>(hit) << j;
         }
         cand &= (col_size == kBlock ? ~0ull : (1ull << col_size) - 1) & (first == kBlock ? 0ull : ~((1ull << first) - 1));
         for (; cand; cand &= cand - 1) {
