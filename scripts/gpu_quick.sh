@@ -15,7 +15,7 @@ timeout 100 "$PYTHON" -m opforge.bench --full --ops "$OPS" --rounds 1 --out "$OU
 sed -n '/^op /,$p' "$OUT/bench.log"; tail -3 "$OUT/bench.log"
 xdist=$("$PYTHON" -c 'import xdist' 2>/dev/null && echo "-n 8")
 op_tests=$(for op in ${OPS//,/ }; do echo "tests/test_$op.py"; done)
-timeout 90 "$PYTHON" -m pytest $op_tests -q -rs -p no:cacheprovider $xdist > "$OUT/tests_ops.log" 2>&1
+timeout 180 "$PYTHON" -m pytest $op_tests -q -rs -p no:cacheprovider $xdist > "$OUT/tests_ops.log" 2>&1
 tail -4 "$OUT/tests_ops.log"
 timeout 60 "$PYTHON" -m pytest tests -q -p no:cacheprovider -m cuda $xdist > "$OUT/tests_cuda.log" 2>&1
 tail -2 "$OUT/tests_cuda.log"
