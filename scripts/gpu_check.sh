@@ -11,6 +11,7 @@ status=0
 slug=$("$PYTHON" -c 'import torch; print("cuda-" + torch.cuda.get_device_name().lower().replace("nvidia ", "").replace(" ", "-") if torch.cuda.is_available() else "no-cuda")')
 OUT=${OUT:-benchmarks/results/$slug}
 mkdir -p "$OUT"
+export OPFORGE_BENCH_FAILURES="$OUT"
 echo "gpu-check: results in $OUT"
 
 {

@@ -8,6 +8,7 @@ PYTHON=${PYTHON:-python3}
 export PYTHONUNBUFFERED=1 MAX_JOBS=${MAX_JOBS:-$(nproc)}
 OUT=${OUT:-benchmarks/results/gpu-partial}
 mkdir -p "$OUT"
+export OPFORGE_BENCH_FAILURES="$OUT"
 "$PYTHON" -m pip install -v --no-build-isolation --no-deps -e . > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
 echo "built"
 OPS=${OPS:-nms}

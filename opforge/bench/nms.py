@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 
 import torch
@@ -53,6 +54,7 @@ def _case(device: torch.device, kind: str, n: int, classes: int, with_reference:
     tv = torchvision_ops()
 
     make = uniform_boxes if kind == "uniform" else clustered_boxes
+    torch.manual_seed(n * 1000 + classes * 10 + (kind == "clustered"))  # the same sets every run
     boxes, scores = make(n, device=device)
     idxs = torch.randint(0, classes, (n,), device=device)
     thr = 0.5
@@ -87,7 +89,11 @@ def _case(device: torch.device, kind: str, n: int, classes: int, with_reference:
                     f" torchvision CPU ({cpu.numel()} kept); opforge matches torchvision CPU"
                 )
                 return None
-        return f"kept {got.numel()} boxes, torchvision {want.numel()}, or in another order"
+        # Keep the inputs for a repro (OPFORGE_BENCH_FAILURES: a folder; the GPU scripts set $OUT).
+        folder = os.environ.get("OPFORGE_BENCH_FAILURES", ".")
+        path = os.path.join(folder, f"nms-failure-{n}-{kind}-{classes}.pt")
+        torch.save({"boxes": boxes.cpu(), "scores": scores.cpu(), "idxs": idxs.cpu(), "thr": thr}, path)
+        return f"kept {got.numel()} boxes, torchvision {want.numel()}, or in another order (inputs: {path})"
 
     op = "nms" if classes == 1 else "batched_nms"
     label = (

@@ -10,8 +10,8 @@
 //     round: boxes nothing overlaps); boxes a kept box overlaps are suppressed; each suppressed box
 //     releases its out-neighbours. This is exactly the sequential greedy result, in as many rounds
 //     as the longest chain of suppressions (3-6 on detector-like sets of 1k-50k boxes). One warp
-//     walks one box's row, its lanes on different mask words. Then block 0 compacts the kept boxes
-//     into `keep` in score order.
+//     walks one box's row, its lanes on different mask words. Then each block compacts its segment
+//     of the kept flags into `keep` (score order), after the counts of the blocks before it.
 // Plain nms of up to kNmsSmallSort boxes is put in scan order by ranking (nms_rank_kernel).
 // No host synchronisation: the launcher reads the kept count once, after compaction.
 #include <cooperative_groups.h>
