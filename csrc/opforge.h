@@ -4,6 +4,7 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <c10/util/string_view.h>
 
 #include <optional>
 #include <tuple>
@@ -28,5 +29,11 @@ at::Tensor batched_nms(const at::Tensor& boxes, const at::Tensor& scores, const 
 // the kept indices first and -1 after them; num_kept is a 0-d int64 tensor.
 std::tuple<at::Tensor, at::Tensor> nms_padded(const at::Tensor& boxes, const at::Tensor& scores,
                                               const std::optional<at::Tensor>& idxs, double iou_threshold);
+
+// c = a @ b: a (m, k) and b (k, n), or batched (batch, m, k) and (batch, k, n); float32, float64,
+// float16 or bfloat16 (16-bit: fp32 accumulation, rounded once); any strides. `variant` names the
+// kernel ("auto": the fastest that can serve the call; on CUDA also "naive", "smem_tiled",
+// "register_blocked", "warp_tiled" for float32 and "mma", "wgmma" for 16-bit types).
+at::Tensor matmul(const at::Tensor& a, const at::Tensor& b, c10::string_view variant = "auto");
 
 }  // namespace opforge

@@ -7,4 +7,5 @@ TORCH_LIBRARY(opforge, m) {
   m.def("nms(Tensor boxes, Tensor scores, float iou_threshold) -> Tensor");
   m.def("batched_nms(Tensor boxes, Tensor scores, Tensor idxs, float iou_threshold) -> Tensor");
   m.def("nms_padded(Tensor boxes, Tensor scores, Tensor? idxs, float iou_threshold) -> (Tensor, Tensor)");
+  m.def("matmul(Tensor a, Tensor b, *, str variant=\"auto\") -> Tensor");
 }

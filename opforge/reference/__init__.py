@@ -1,6 +1,7 @@
 """Plain-PyTorch oracles: what each op means, used by tests and as the benchmarks' Python baseline."""
 
+from opforge.reference.matmul import matmul
 from opforge.reference.nms import batched_nms, nms
 from opforge.reference.vector_add import vector_add
 
-__all__ = ["batched_nms", "nms", "vector_add"]
+__all__ = ["batched_nms", "matmul", "nms", "vector_add"]

@@ -1,0 +1,222 @@
+"""opforge.matmul: every variant against a float64 reference, shapes, dtypes, autograd, compile, errors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import DEVICES, HAS_CUDA
+
+import opforge
+from opforge import reference
+
+# The CUDA-core rungs (float32). The tensor-core rungs (mma, wgmma) are tested once they exist.
+FP32_CUDA_VARIANTS = ["naive", "smem_tiled", "register_blocked", "warp_tiled"]
+
+# Shapes the issue names (1, 7, 17, 127, 129, 1000, 4097 appear as m, n or k).
+SHAPES = [
+    (1, 1, 1),
+    (7, 17, 5),
+    (17, 7, 127),
+    (127, 129, 1),
+    (129, 127, 131),
+    (1000, 64, 33),
+    (33, 1000, 64),
+    (64, 4097, 17),
+    (200, 300, 1000),
+]
+
+
+def tolerance(dtype: torch.dtype, k: int) -> float:
+    """Max error allowed, relative to sum_k |a_ik * b_kj| (the scale of the rounding errors)."""
+    eps = {torch.float32: 2**-23, torch.float64: 2**-52, torch.float16: 2**-10, torch.bfloat16: 2**-7}[dtype]
+    if dtype in (torch.float16, torch.bfloat16):
+        return 2 * eps  # fp32 accumulation: one final rounding dominates (2x, as the issue allows)
+    return 4 * eps * max(k, 1) ** 0.5 + 8 * eps
+
+
+def assert_close_to_reference(got: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
+    assert got.dtype == a.dtype and got.is_contiguous()
+    want = torch.matmul(a.double(), b.double())
+    scale = torch.matmul(a.double().abs(), b.double().abs()).clamp(min=1e-30)
+    err = ((got.double() - want).abs() / scale).max().item() if got.numel() else 0.0
+    assert err <= tolerance(a.dtype, a.shape[-1]), f"relative error {err:.3g}"
+
+
+def rand(shape, dtype, device):
+    return torch.randn(shape, dtype=torch.float64).to(device=device, dtype=dtype)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_fp32_shapes(device, shape):
+    m, k, n = shape
+    a, b = rand((m, k), torch.float32, device), rand((k, n), torch.float32, device)
+    assert_close_to_reference(opforge.matmul(a, b), a, b)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("variant", FP32_CUDA_VARIANTS)
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_cuda_fp32_variants(variant, shape):
+    m, k, n = shape
+    a, b = rand((m, k), torch.float32, "cuda"), rand((k, n), torch.float32, "cuda")
+    assert_close_to_reference(opforge.matmul(a, b, variant=variant), a, b)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float16, torch.bfloat16])
+def test_other_dtypes_cpu(device, dtype):
+    if device == "cuda" and dtype != torch.float32:
+        pytest.skip("16-bit and float64 CUDA kernels: the tensor-core rungs are not built yet")
+    a, b = rand((3, 70, 129), dtype, device), rand((3, 129, 33), dtype, device)
+    got = opforge.matmul(a, b)
+    assert_close_to_reference(got, a, b)
+    if dtype != torch.float64:  # within 2x of torch.matmul's own error against the exact product
+        want = torch.matmul(a.double(), b.double())
+        ours = (got.double() - want).abs().max().item()
+        theirs = (torch.matmul(a, b).double() - want).abs().max().item()
+        assert ours <= 2 * theirs + 1e-6
+        assert torch.equal(reference.matmul(a, b), want.to(dtype))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_batched_transposed_and_strided(device):
+    a = rand((4, 50, 70), torch.float32, device)
+    b = rand((4, 90, 70), torch.float32, device).transpose(1, 2)  # (4, 70, 90), column-major
+    assert_close_to_reference(opforge.matmul(a, b), a, b)
+    at_ = rand((33, 65), torch.float32, device).t()  # (65, 33) transposed
+    bt = rand((40, 33), torch.float32, device).t()
+    assert_close_to_reference(opforge.matmul(at_, bt), at_, bt)
+    wide = rand((64, 200), torch.float32, device)[:, ::2]  # (64, 100), stride 2
+    b2 = rand((100, 30), torch.float32, device)
+    assert_close_to_reference(opforge.matmul(wide, b2), wide, b2)
+    expanded = rand((1, 20, 30), torch.float32, device).expand(3, 20, 30)  # batch stride 0
+    b3 = rand((3, 30, 10), torch.float32, device)
+    assert_close_to_reference(opforge.matmul(expanded, b3), expanded, b3)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_empty_and_k_zero(device):
+    a, b = torch.empty(5, 0, device=device), torch.empty(0, 7, device=device)
+    out = opforge.matmul(a, b)
+    assert out.shape == (5, 7) and (out == 0).all()
+    assert opforge.matmul(torch.empty(0, 3, device=device), torch.randn(3, 4, device=device)).shape == (0, 4)
+    assert opforge.matmul(torch.empty(2, 0, 3, device=device), torch.randn(2, 3, 4, device=device)).shape == (
+        2,
+        0,
+        4,
+    )
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_gradcheck(device):
+    a = rand((5, 7), torch.float64, device).requires_grad_()
+    b = rand((7, 3), torch.float64, device).requires_grad_()
+    if device == "cuda":
+        pytest.skip("float64 runs on the CPU only")
+    assert torch.autograd.gradcheck(lambda x, y: opforge.matmul(x, y), (a, b))
+    a3 = rand((2, 4, 6), torch.float64, device).requires_grad_()
+    b3 = rand((2, 6, 5), torch.float64, device).requires_grad_()
+    assert torch.autograd.gradcheck(lambda x, y: opforge.matmul(x, y), (a3, b3))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_backward_matches_torch(device):
+    a = rand((30, 40), torch.float32, device).requires_grad_()
+    b = rand((40, 20), torch.float32, device).requires_grad_()
+    g = rand((30, 20), torch.float32, device)
+    opforge.matmul(a, b).backward(g)
+    da, db = a.grad.clone(), b.grad.clone()
+    a.grad = b.grad = None
+    torch.matmul(a, b).backward(g)
+    torch.testing.assert_close(da, a.grad, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(db, b.grad, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_opcheck(device):
+    samples = [
+        (rand((5, 7), torch.float32, device), rand((7, 3), torch.float32, device)),
+        (rand((2, 4, 6), torch.float32, device).requires_grad_(), rand((2, 6, 5), torch.float32, device)),
+        (rand((9, 4), torch.float32, device).t(), rand((9, 3), torch.float32, device)),
+    ]
+    if device == "cpu":
+        samples.append((rand((3, 8), torch.bfloat16, device), rand((8, 2), torch.bfloat16, device)))
+    for a, b in samples:
+        torch.library.opcheck(torch.ops.opforge.matmul.default, (a, b), {"variant": "auto"})
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_torch_compile(device):
+    def f(x, y):
+        return torch.relu(opforge.matmul(x, y)) * 2
+
+    compiled = torch.compile(f, fullgraph=True)
+    a, b = rand((16, 32), torch.float32, device), rand((32, 8), torch.float32, device)
+    torch.testing.assert_close(compiled(a, b), f(a, b))
+
+
+def test_errors():
+    a, b = torch.randn(4, 5), torch.randn(5, 6)
+    with pytest.raises(
+        RuntimeError, match=r"opforge\.matmul: a must be 2-D \(m, k\) or 3-D \(batch, m, k\), got 1-D"
+    ):
+        opforge.matmul(torch.randn(4), b)
+    with pytest.raises(
+        RuntimeError, match=r"opforge\.matmul: b must have as many dimensions as a \(2\), got 3-D"
+    ):
+        opforge.matmul(a, torch.randn(1, 5, 6))
+    with pytest.raises(
+        RuntimeError, match=r"opforge\.matmul: inner dimensions differ: a is \[4, 5\] and b is \[4, 6\]"
+    ):
+        opforge.matmul(a, torch.randn(4, 6))
+    with pytest.raises(RuntimeError, match=r"opforge\.matmul: b must have a's batch size \(2\), got 3"):
+        opforge.matmul(torch.randn(2, 4, 5), torch.randn(3, 5, 6))
+    with pytest.raises(
+        RuntimeError, match=r"opforge\.matmul: b must have the same dtype as a \(float32\), got float64"
+    ):
+        opforge.matmul(a, b.double())
+    with pytest.raises(
+        RuntimeError,
+        match=r"opforge\.matmul: a must be one of \(float32, float64, float16, bfloat16\), got int64",
+    ):
+        opforge.matmul(a.long(), b.long())
+    with pytest.raises(
+        ValueError, match=r"opforge\.matmul: unknown variant 'fast'; the variants are: auto, naive"
+    ):
+        opforge.matmul(a, b, variant="fast")
+    with pytest.raises(
+        ValueError,
+        match=r"opforge\.matmul: variant 'wgmma' runs on CUDA tensors; on the CPU the variants are: auto",
+    ):
+        opforge.matmul(a, b, variant="wgmma")
+    with pytest.raises(TypeError, match=r"opforge\.matmul: b must be a torch\.Tensor, got list"):
+        opforge.matmul(a, [[1.0]])
+
+
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU and a CUDA build of opforge")
+def test_errors_cuda():
+    a, b = torch.randn(4, 5, device="cuda"), torch.randn(5, 6, device="cuda")
+    with pytest.raises(
+        RuntimeError, match=r"opforge\.matmul: b must be on the same device as a \(cuda:0\), got cpu"
+    ):
+        opforge.matmul(a, b.cpu())
+    with pytest.raises(
+        ValueError,
+        match=r"opforge\.matmul: variant 'mma' cannot serve float32; for float32 on CUDA the variants are: auto, naive, smem_tiled, register_blocked, warp_tiled",
+    ):
+        opforge.matmul(a, b, variant="mma")
+
+
+@pytest.mark.cuda
+def test_cuda_non_default_stream():
+    a, b = rand((300, 200), torch.float32, "cuda"), rand((200, 100), torch.float32, "cuda")
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        a2 = torch.empty_like(a)
+        torch.cuda._sleep(20_000_000)
+        a2.copy_(a)
+        got = opforge.matmul(a2, b, variant="warp_tiled")
+    s.synchronize()
+    assert_close_to_reference(got, a, b)
