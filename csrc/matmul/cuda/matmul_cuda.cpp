@@ -1,0 +1,69 @@
+// matmul CUDA launcher: checks -> device guard -> variant (dtype and GPU) -> row-major operands
+// (a copy only for layouts the kernels cannot read) -> the rung's launch on the current stream.
+#include <ATen/cuda/CUDAContext.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <torch/library.h>
+
+#include "common/checks.h"
+#include "matmul/cuda/matmul_kernels.h"
+#include "matmul/matmul.h"
+
+namespace opforge {
+namespace {
+
+constexpr MatmulVariant kFp32Variants[] = {MatmulVariant::kNaive, MatmulVariant::kSmemTiled,
+                                           MatmulVariant::kRegisterBlocked, MatmulVariant::kWarpTiled};
+
+// A 3-D view whose rows are contiguous (column stride 1), copying only when they are not.
+at::Tensor row_major(const at::Tensor& t3) {
+  if (t3.stride(2) == 1 || t3.size(2) <= 1) return t3;
+  return t3.contiguous();
+}
+
+at::Tensor matmul_cuda(const at::Tensor& a, const at::Tensor& b, c10::string_view variant) {
+  constexpr const char* op = "opforge.matmul";
+  check_matmul_inputs(a, b);
+  MatmulVariant v = parse_matmul_variant(variant);
+  const c10::cuda::CUDAGuard guard(a.device());
+  const at::ScalarType dtype = a.scalar_type();
+  if (dtype == at::kFloat) {
+    if (v == MatmulVariant::kAuto) v = MatmulVariant::kWarpTiled;
+    bool ok = false;
+    for (MatmulVariant f : kFp32Variants) ok = ok || f == v;
+    TORCH_CHECK_VALUE(ok, op, ": variant '", matmul_variant_name(v), "' cannot serve float32; for float32 on CUDA ",
+                      "the variants are: auto, naive, smem_tiled, register_blocked, warp_tiled");
+  } else {
+    TORCH_CHECK_VALUE(dtype != at::kDouble, op, ": float64 is computed on the CPU only; on CUDA use float32, ",
+                      "float16 or bfloat16");
+    TORCH_CHECK_VALUE(false, op, ": ", dtype_str(dtype), " on CUDA runs on the tensor-core variants (mma, wgmma), ",
+                      "which this build does not have yet");
+  }
+  const auto shape = matmul_output_shape(a, b);
+  const int64_t m = a.size(-2), n = b.size(-1), k = a.size(-1), batch = a.dim() == 3 ? a.size(0) : 1;
+  TORCH_CHECK(batch <= 65535 && (m + 15) / 16 <= 65535, op, ": at most 65535 batches and ", 65535 * 16,
+              " rows on CUDA, got ", batch, " and ", m);
+  if (m == 0 || n == 0 || k == 0) return at::zeros(shape, a.options());
+  at::Tensor out = at::empty(shape, a.options());
+  const at::Tensor a3 = row_major(as_batched(a)), b3 = row_major(as_batched(b)), c3 = as_batched(out);
+  const GemmParams p = gemm_params(a3, b3, c3);
+  void* stream = at::cuda::getCurrentCUDAStream().stream();
+  int err = 0;
+  switch (v) {
+    case MatmulVariant::kNaive: err = matmul_naive_cuda(p, stream); break;
+    case MatmulVariant::kSmemTiled: err = matmul_smem_tiled_cuda(p, stream); break;
+    case MatmulVariant::kRegisterBlocked: err = matmul_register_blocked_cuda(p, stream); break;
+    case MatmulVariant::kWarpTiled: err = matmul_warp_tiled_cuda(p, stream); break;
+    default: TORCH_CHECK(false, op, ": internal error, no launcher for variant ", matmul_variant_name(v));
+  }
+  TORCH_CHECK(err == cudaSuccess, op, ": CUDA kernel launch failed: ",
+              cudaGetErrorString(static_cast<cudaError_t>(err)));
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(opforge, CUDA, m) { m.impl("matmul", &matmul_cuda); }
+
+}  // namespace opforge

@@ -1,0 +1,15 @@
+// matmul CUDA: the launch functions of the rungs (one .cu file each, no torch). Every function
+// computes c[b] = a[b] @ b[b] for b < p.batch with a (m, k), b (k, n) and c (m, n) row-major
+// (column stride 1; p.a_cs == p.b_cs == 1), on `stream`, and returns a cudaError_t as int.
+#pragma once
+
+#include "matmul/matmul_params.h"
+
+namespace opforge {
+
+int matmul_naive_cuda(const GemmParams& p, void* stream);             // float32
+int matmul_smem_tiled_cuda(const GemmParams& p, void* stream);        // float32
+int matmul_register_blocked_cuda(const GemmParams& p, void* stream);  // float32
+int matmul_warp_tiled_cuda(const GemmParams& p, void* stream);        // float32
+
+}  // namespace opforge

@@ -1,0 +1,117 @@
+// matmul rung 4, "warp_tiled": the register-blocked scheme organised by warps, with the shared
+// tiles double-buffered. A 128 x 128 tile of c per block of 8 warps (2 x 4), each warp a 64 x 32
+// tile made of two 32 x 32 sub-tiles, each lane a 4 x 8 piece of each (8 x 8 in all). A warp's
+// shared-memory reads then span only its own 64 rows and 32 columns: 8 distinct float4 of a
+// (broadcast to the 4 lanes that share them) and 8 of b per k step. The next k tile (16 deep) is
+// fetched from global memory into registers while the current one is computed, then stored into
+// the other shared buffer: one barrier per tile, and global latency hidden behind 16 k steps.
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "matmul/cuda/matmul_kernels.h"
+#include "matmul/cuda/simt_common.cuh"
+
+namespace opforge {
+namespace {
+
+constexpr int kBM = 128, kBN = 128, kBK = 16, kPad = 4, kThreads = 256;
+constexpr int kWM = 64, kWN = 32;  // warp tile; 2 x 4 warps
+
+// No minimum of blocks per SM: capped at 128 registers (two blocks per SM) the kernel spills
+// (ptxas: 48 bytes); uncapped it takes 169 and runs one block of 8 warps per SM, with 64
+// independent FMAs per thread and k step to cover the latencies. Which is faster is measured.
+template <bool kVec>
+__global__ void __launch_bounds__(kThreads)
+    matmul_warp_tiled_kernel(const float* __restrict__ a, const float* __restrict__ b, float* __restrict__ c,
+                             int64_t m, int64_t n, int64_t k, int64_t lda, int64_t ldb, int64_t ldc, int64_t a_bs,
+                             int64_t b_bs, int64_t c_bs) {
+  __shared__ __align__(16) float as[2][kBK][kBM + kPad];
+  __shared__ __align__(16) float bs[2][kBK][kBN + kPad];
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  const int wm = warp / 4, wn = warp % 4;   // this warp's tile: rows wm*64.., columns wn*32..
+  const int tm = lane / 4, tn = lane % 4;   // this lane's rows tm*4 + {0..3} of each 32-row sub-tile, columns tn*8..+7
+  const int64_t m0 = static_cast<int64_t>(blockIdx.y) * kBM, n0 = static_cast<int64_t>(blockIdx.x) * kBN;
+  a += blockIdx.z * a_bs;
+  b += blockIdx.z * b_bs;
+  c += blockIdx.z * c_bs;
+
+  // Each thread moves two float4 of each tile: a (128 rows x 16 k), b (16 k x 128 columns).
+  float4 ra[2], rb[2];
+  auto fetch = [&](int64_t k0) {
+#pragma unroll
+    for (int s = 0; s < 2; ++s) {
+      const int idx = tid + s * kThreads;
+      ra[s] = simt::load4<kVec>(a, m0 + idx / 4, k0 + (idx % 4) * 4, m, k, lda);
+      rb[s] = simt::load4<kVec>(b, k0 + idx / 32, n0 + (idx % 32) * 4, k, n, ldb);
+    }
+  };
+  auto stash = [&](int buf) {
+#pragma unroll
+    for (int s = 0; s < 2; ++s) {
+      const int idx = tid + s * kThreads;
+      const int row = idx / 4, kq = (idx % 4) * 4;
+      float v[4];
+      simt::unpack(ra[s], v);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) as[buf][kq + i][row] = v[i];
+      *reinterpret_cast<float4*>(&bs[buf][idx / 32][(idx % 32) * 4]) = rb[s];
+    }
+  };
+
+  float acc[8][8] = {};  // rows: sub-tile (2) x 4; columns: 8
+  const int64_t tiles = (k + kBK - 1) / kBK;
+  if (tiles > 0) {
+    fetch(0);
+    stash(0);
+  }
+  __syncthreads();
+  for (int64_t t = 0; t < tiles; ++t) {
+    const int cur = static_cast<int>(t & 1);
+    if (t + 1 < tiles) fetch((t + 1) * kBK);  // in flight while this tile is computed
+#pragma unroll
+    for (int kk = 0; kk < kBK; ++kk) {
+      float rm[8], rn[8];
+      simt::unpack(*reinterpret_cast<const float4*>(&as[cur][kk][wm * kWM + tm * 4]), rm);
+      simt::unpack(*reinterpret_cast<const float4*>(&as[cur][kk][wm * kWM + 32 + tm * 4]), rm + 4);
+      simt::unpack(*reinterpret_cast<const float4*>(&bs[cur][kk][wn * kWN + tn * 8]), rn);
+      simt::unpack(*reinterpret_cast<const float4*>(&bs[cur][kk][wn * kWN + tn * 8 + 4]), rn + 4);
+#pragma unroll
+      for (int i = 0; i < 8; ++i)
+#pragma unroll
+        for (int j = 0; j < 8; ++j) acc[i][j] = fmaf(rm[i], rn[j], acc[i][j]);
+    }
+    if (t + 1 < tiles) stash(cur ^ 1);  // nobody reads that buffer during this tile
+    __syncthreads();
+  }
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const int64_t row = m0 + wm * kWM + (i / 4) * 32 + tm * 4 + i % 4;
+    const int64_t col = n0 + wn * kWN + tn * 8;
+    simt::store4<kVec>(c, row, col, m, n, ldc, make_float4(acc[i][0], acc[i][1], acc[i][2], acc[i][3]));
+    simt::store4<kVec>(c, row, col + 4, m, n, ldc, make_float4(acc[i][4], acc[i][5], acc[i][6], acc[i][7]));
+  }
+}
+
+}  // namespace
+
+int matmul_warp_tiled_cuda(const GemmParams& p, void* stream) {
+  const dim3 grid(static_cast<unsigned>((p.n + kBN - 1) / kBN), static_cast<unsigned>((p.m + kBM - 1) / kBM),
+                  static_cast<unsigned>(p.batch));
+  const auto s = static_cast<cudaStream_t>(stream);
+  const auto* a = static_cast<const float*>(p.a);
+  const auto* b = static_cast<const float*>(p.b);
+  auto* c = static_cast<float*>(p.c);
+  const bool vec = p.a_rs % 4 == 0 && p.b_rs % 4 == 0 && p.c_rs % 4 == 0 && p.a_bs % 4 == 0 && p.b_bs % 4 == 0 &&
+                   p.c_bs % 4 == 0 && reinterpret_cast<uintptr_t>(a) % 16 == 0 &&
+                   reinterpret_cast<uintptr_t>(b) % 16 == 0 && reinterpret_cast<uintptr_t>(c) % 16 == 0;
+  if (vec)
+    matmul_warp_tiled_kernel<true>
+        <<<grid, kThreads, 0, s>>>(a, b, c, p.m, p.n, p.k, p.a_rs, p.b_rs, p.c_rs, p.a_bs, p.b_bs, p.c_bs);
+  else
+    matmul_warp_tiled_kernel<false>
+        <<<grid, kThreads, 0, s>>>(a, b, c, p.m, p.n, p.k, p.a_rs, p.b_rs, p.c_rs, p.a_bs, p.b_bs, p.c_bs);
+  return cudaGetLastError();
+}
+
+}  // namespace opforge
