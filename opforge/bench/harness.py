@@ -180,7 +180,8 @@ def run(
 
 def _metric(entry: dict[str, Any]) -> str:
     if "tflops" in entry:
-        return f"{entry['tflops']:.1f} TFLOP/s"
+        t = entry["tflops"]
+        return f"{t:.1f} TFLOP/s" if t >= 1 else f"{t * 1e3:.0f} GFLOP/s"
     if "gbps" in entry:
         return f"{entry['gbps']:.0f} GB/s" if entry["gbps"] >= 10 else f"{entry['gbps']:.2f} GB/s"
     return ""
