@@ -63,11 +63,23 @@ def test_cuda_fp32_variants(variant, shape):
     assert_close_to_reference(opforge.matmul(a, b, variant=variant), a, b)
 
 
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_cuda_mma(dtype, shape):
+    """The tensor-core rung; odd k and n take the zero-padded copy, multiples of 8 do not."""
+    m, k, n = shape
+    a, b = rand((m, k), dtype, "cuda"), rand((k, n), dtype, "cuda")
+    assert_close_to_reference(opforge.matmul(a, b, variant="mma"), a, b)
+    a, b = rand((2, m, 8 * k), dtype, "cuda"), rand((2, 8 * k, 8 * n), dtype, "cuda")
+    assert_close_to_reference(opforge.matmul(a, b, variant="mma"), a, b)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float16, torch.bfloat16])
-def test_other_dtypes_cpu(device, dtype):
-    if device == "cuda" and dtype != torch.float32:
-        pytest.skip("16-bit and float64 CUDA kernels: the tensor-core rungs are not built yet")
+def test_other_dtypes(device, dtype):
+    if device == "cuda" and dtype == torch.float64:
+        pytest.skip("float64 runs on the CPU only")
     a, b = rand((3, 70, 129), dtype, device), rand((3, 129, 33), dtype, device)
     got = opforge.matmul(a, b)
     assert_close_to_reference(got, a, b)

@@ -37,8 +37,14 @@ at::Tensor matmul_cuda(const at::Tensor& a, const at::Tensor& b, c10::string_vie
   } else {
     TORCH_CHECK_VALUE(dtype != at::kDouble, op, ": float64 is computed on the CPU only; on CUDA use float32, ",
                       "float16 or bfloat16");
-    TORCH_CHECK_VALUE(false, op, ": ", dtype_str(dtype), " on CUDA runs on the tensor-core variants (mma, wgmma), ",
-                      "which this build does not have yet");
+    const auto* props = at::cuda::getCurrentDeviceProperties();
+    const bool has_mma = props->major >= 8;
+    if (v == MatmulVariant::kAuto && has_mma) v = MatmulVariant::kMma;
+    TORCH_CHECK_VALUE(v == MatmulVariant::kMma || v == MatmulVariant::kAuto, op, ": variant '",
+                      matmul_variant_name(v), "' cannot serve ", dtype_str(dtype), "; for ", dtype_str(dtype),
+                      " on CUDA the variants are: auto, mma (wgmma is not built yet)");
+    TORCH_CHECK_VALUE(has_mma, op, ": the tensor-core variant mma needs a GPU of compute capability 8.0 or newer, ",
+                      "this one is ", props->major, ".", props->minor);
   }
   const auto shape = matmul_output_shape(a, b);
   const int64_t m = a.size(-2), n = b.size(-1), k = a.size(-1), batch = a.dim() == 3 ? a.size(0) : 1;
@@ -46,8 +52,27 @@ at::Tensor matmul_cuda(const at::Tensor& a, const at::Tensor& b, c10::string_vie
               " rows on CUDA, got ", batch, " and ", m);
   if (m == 0 || n == 0 || k == 0) return at::zeros(shape, a.options());
   at::Tensor out = at::empty(shape, a.options());
-  const at::Tensor a3 = row_major(as_batched(a)), b3 = row_major(as_batched(b)), c3 = as_batched(out);
-  const GemmParams p = gemm_params(a3, b3, c3);
+  at::Tensor a3 = row_major(as_batched(a)), b3 = row_major(as_batched(b));
+  if (v == MatmulVariant::kMma) {
+    // The mma rung copies 16-byte chunks: k, the row strides and batch strides in multiples of 8
+    // elements, 16-byte aligned bases. Other layouts get a zero-padded copy (zeros in k add
+    // nothing; padded columns of b are never stored).
+    auto ok = [&](const at::Tensor& t) {
+      return t.stride(2) == 1 && t.stride(1) % 8 == 0 && (t.size(0) == 1 || t.stride(0) % 8 == 0) &&
+             reinterpret_cast<uintptr_t>(t.const_data_ptr()) % 16 == 0;
+    };
+    if (k % 8 != 0 || !ok(a3) || !ok(b3)) {
+      const int64_t k8 = (k + 7) / 8 * 8, n8 = (n + 7) / 8 * 8;
+      at::Tensor ap = at::zeros({batch, m, k8}, a.options()), bp = at::zeros({batch, k8, n8}, a.options());
+      ap.narrow(2, 0, k).copy_(a3);
+      bp.narrow(1, 0, k).narrow(2, 0, n).copy_(b3);
+      a3 = ap;
+      b3 = bp;
+    }
+  }
+  const at::Tensor c3 = as_batched(out);
+  GemmParams p = gemm_params(a3, b3, c3);
+  p.n = n;
   void* stream = at::cuda::getCurrentCUDAStream().stream();
   int err = 0;
   switch (v) {
@@ -55,6 +80,7 @@ at::Tensor matmul_cuda(const at::Tensor& a, const at::Tensor& b, c10::string_vie
     case MatmulVariant::kSmemTiled: err = matmul_smem_tiled_cuda(p, stream); break;
     case MatmulVariant::kRegisterBlocked: err = matmul_register_blocked_cuda(p, stream); break;
     case MatmulVariant::kWarpTiled: err = matmul_warp_tiled_cuda(p, stream); break;
+    case MatmulVariant::kMma: err = matmul_mma_cuda(p, stream); break;
     default: TORCH_CHECK(false, op, ": internal error, no launcher for variant ", matmul_variant_name(v));
   }
   TORCH_CHECK(err == cudaSuccess, op, ": CUDA kernel launch failed: ",

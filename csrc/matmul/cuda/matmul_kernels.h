@@ -11,5 +11,8 @@ int matmul_naive_cuda(const GemmParams& p, void* stream);             // float32
 int matmul_smem_tiled_cuda(const GemmParams& p, void* stream);        // float32
 int matmul_register_blocked_cuda(const GemmParams& p, void* stream);  // float32
 int matmul_warp_tiled_cuda(const GemmParams& p, void* stream);        // float32
+// float16/bfloat16, sm_80+; also needs k, p.a_rs, p.b_rs and the batch strides multiples of 8
+// and a, b 16-byte aligned; b readable to the next multiple of 8 columns (ldb >= that).
+int matmul_mma_cuda(const GemmParams& p, void* stream);
 
 }  // namespace opforge

@@ -1,0 +1,209 @@
+// matmul rung 5, "mma" (float16/bfloat16, sm_80+): tensor cores through mma.sync.m16n8k16 with
+// float32 accumulation. A 128 x 128 tile of c per block of 8 warps (2 x 4), 64 x 32 per warp
+// (4 x 4 mma tiles, 64 accumulators a thread). The a and b tiles (32 deep) stream through a
+// 3-stage cp.async pipeline (16-byte copies, zero-filled outside the matrices), so global loads
+// of the next tiles overlap the tensor-core work on the current one; fragments are read with
+// ldmatrix (b transposed on the fly, .trans). Shared tiles are XOR-swizzled by 16-byte chunk so
+// that the 8 rows an ldmatrix reads fall in different banks.
+// The launcher guarantees: row-major operands, k and n multiples of 8, 16-byte aligned rows.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "matmul/cuda/matmul_kernels.h"
+
+namespace opforge {
+namespace {
+
+constexpr int kBM = 128, kBN = 128, kBK = 32, kStages = 3, kThreads = 256;
+constexpr int kWM = 64, kWN = 32;  // warp tile: 4 x 4 mma tiles of 16 x 8
+constexpr int kATile = kBM * kBK, kBTile = kBK * kBN;  // elements per stage
+constexpr int kSmemBytes = kStages * (kATile + kBTile) * 2;
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// 16 bytes global -> shared, asynchronously; `bytes` = 0 writes zeros (a chunk outside the matrix).
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, int bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t* r, const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p)));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t* r, const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p)));
+}
+
+template <typename T>
+__device__ __forceinline__ void mma16816(float* d, const uint32_t* a, const uint32_t* b);
+template <>
+__device__ __forceinline__ void mma16816<__nv_bfloat16>(float* d, const uint32_t* a, const uint32_t* b) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+template <>
+__device__ __forceinline__ void mma16816<__half>(float* d, const uint32_t* a, const uint32_t* b) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+// Element offsets in the swizzled shared tiles. a: [kBM][kBK], 4 chunks of 8 per row, chunk c of
+// row r at c ^ ((r / 2) % 4). b: [kBK][kBN], 16 chunks per row, chunk c of row r at c ^ (r % 8).
+__device__ __forceinline__ int a_off(int r, int k) { return r * kBK + (((k / 8) ^ ((r >> 1) & 3)) * 8) + k % 8; }
+__device__ __forceinline__ int b_off(int r, int n) { return r * kBN + (((n / 8) ^ (r & 7)) * 8) + n % 8; }
+
+template <typename T>
+__device__ __forceinline__ void pack_store(T* p, float x, float y, bool both);
+template <>
+__device__ __forceinline__ void pack_store<__nv_bfloat16>(__nv_bfloat16* p, float x, float y, bool both) {
+  if (both) *reinterpret_cast<__nv_bfloat162*>(p) = __floats2bfloat162_rn(x, y);
+  else p[0] = __float2bfloat16_rn(x);
+}
+template <>
+__device__ __forceinline__ void pack_store<__half>(__half* p, float x, float y, bool both) {
+  if (both) *reinterpret_cast<__half2*>(p) = __floats2half2_rn(x, y);
+  else p[0] = __float2half_rn(x);
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads)
+    matmul_mma_kernel(const T* __restrict__ a, const T* __restrict__ b, T* __restrict__ c, int64_t m, int64_t n,
+                      int64_t k, int64_t lda, int64_t ldb, int64_t ldc, int64_t a_bs, int64_t b_bs, int64_t c_bs) {
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  T* const as = reinterpret_cast<T*>(smem_raw);  // [kStages][kATile]
+  T* const bs = as + kStages * kATile;           // [kStages][kBTile]
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  const int wm = warp / 4, wn = warp % 4;
+  const int64_t m0 = static_cast<int64_t>(blockIdx.y) * kBM, n0 = static_cast<int64_t>(blockIdx.x) * kBN;
+  a += blockIdx.z * a_bs;
+  b += blockIdx.z * b_bs;
+  c += blockIdx.z * c_bs;
+
+  // Each thread copies two 16-byte chunks of each tile per stage.
+  auto load_tile = [&](int stage, int64_t k0) {
+#pragma unroll
+    for (int s = 0; s < 2; ++s) {
+      const int idx = tid + s * kThreads;
+      {  // a: 128 rows x 4 chunks
+        const int r = idx / 4, ch = idx % 4;
+        const int64_t gr = m0 + r, gk = k0 + ch * 8;
+        const bool in = gr < m && gk < k;
+        cp_async16(as + stage * kATile + a_off(r, ch * 8), in ? a + gr * lda + gk : a, in ? 16 : 0);
+      }
+      {  // b: 32 rows x 16 chunks
+        const int r = idx / 16, ch = idx % 16;
+        const int64_t gk = k0 + r, gn = n0 + ch * 8;
+        const bool in = gk < k && gn < n;
+        cp_async16(bs + stage * kBTile + b_off(r, ch * 8), in ? b + gk * ldb + gn : b, in ? 16 : 0);
+      }
+    }
+  };
+
+  float acc[4][4][4] = {};  // [m16 tile][n8 tile][fragment]
+  const int64_t tiles = (k + kBK - 1) / kBK;
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (s < tiles) load_tile(s, s * kBK);
+    cp_async_commit();  // empty groups keep the count uniform
+  }
+  for (int64_t t = 0; t < tiles; ++t) {
+    cp_async_wait<kStages - 2>();  // tile t has landed (for this thread)...
+    __syncthreads();               // ...for every thread; and tile t-1's readers are done
+    const int64_t next = t + kStages - 1;
+    if (next < tiles) load_tile(static_cast<int>(next % kStages), next * kBK);
+    cp_async_commit();
+    const T* at = as + (t % kStages) * kATile;
+    const T* bt = bs + (t % kStages) * kBTile;
+#pragma unroll
+    for (int kk = 0; kk < kBK; kk += 16) {
+      uint32_t af[4][4], bf[4][2];
+#pragma unroll
+      for (int mi = 0; mi < 4; ++mi) {  // rows 0-15 of the m16 tile, k 0-7 then 8-15
+        const int r = wm * kWM + mi * 16 + (lane % 16);
+        ldmatrix_x4(af[mi], at + a_off(r, kk + (lane / 16) * 8));
+      }
+#pragma unroll
+      for (int nj = 0; nj < 4; nj += 2) {  // two n8 tiles: (k 0-7, k 8-15) x (n, n + 8)
+        const int kr = kk + (lane % 8) + ((lane / 8) % 2) * 8;
+        const int col = wn * kWN + nj * 8 + (lane / 16) * 8;
+        uint32_t r4[4];
+        ldmatrix_x4_trans(r4, bt + b_off(kr, col));
+        bf[nj][0] = r4[0];
+        bf[nj][1] = r4[1];
+        bf[nj + 1][0] = r4[2];
+        bf[nj + 1][1] = r4[3];
+      }
+#pragma unroll
+      for (int mi = 0; mi < 4; ++mi)
+#pragma unroll
+        for (int nj = 0; nj < 4; ++nj) mma16816<T>(acc[mi][nj], af[mi], bf[nj]);
+    }
+  }
+  cp_async_wait<0>();
+
+  // Accumulator layout of m16n8: d0, d1 at (row lane/4, columns 2*(lane%4) + 0, 1); d2, d3 eight rows below.
+  const bool pairs = ldc % 2 == 0;
+#pragma unroll
+  for (int mi = 0; mi < 4; ++mi) {
+#pragma unroll
+    for (int nj = 0; nj < 4; ++nj) {
+      const int64_t col = n0 + wn * kWN + nj * 8 + (lane % 4) * 2;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int64_t row = m0 + wm * kWM + mi * 16 + lane / 4 + h * 8;
+        if (row < m && col < n)
+          pack_store<T>(c + row * ldc + col, acc[mi][nj][2 * h], acc[mi][nj][2 * h + 1], pairs && col + 1 < n);
+        if (row < m && col + 1 < n && !pairs) pack_store<T>(c + row * ldc + col + 1, acc[mi][nj][2 * h + 1], 0.f, false);
+      }
+    }
+  }
+}
+
+template <typename T>
+cudaError_t launch(const GemmParams& p, cudaStream_t stream) {
+  static bool configured = false;  // idempotent: a race only repeats the call
+  if (!configured) {
+    const cudaError_t err =
+        cudaFuncSetAttribute(matmul_mma_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
+    if (err != cudaSuccess) return err;
+    configured = true;
+  }
+  const dim3 grid(static_cast<unsigned>((p.n + kBN - 1) / kBN), static_cast<unsigned>((p.m + kBM - 1) / kBM),
+                  static_cast<unsigned>(p.batch));
+  matmul_mma_kernel<T><<<grid, kThreads, kSmemBytes, stream>>>(
+      static_cast<const T*>(p.a), static_cast<const T*>(p.b), static_cast<T*>(p.c), p.m, p.n, p.k, p.a_rs, p.b_rs,
+      p.c_rs, p.a_bs, p.b_bs, p.c_bs);
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+int matmul_mma_cuda(const GemmParams& p, void* stream) {
+  const auto s = static_cast<cudaStream_t>(stream);
+  switch (p.dtype) {
+    case DType::kBFloat16: return launch<__nv_bfloat16>(p, s);
+    case DType::kFloat16: return launch<__half>(p, s);
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+}  // namespace opforge
