@@ -6,7 +6,7 @@ found (``OPFORGE_CUDA=0/1`` forces the choice). The resolved configuration is pr
 
 Environment knobs:
   OPFORGE_CUDA=0|1        force a CPU-only or a CUDA build (default: auto)
-  TORCH_CUDA_ARCH_LIST    arches to build (default: the visible GPUs', else 9.0)
+  TORCH_CUDA_ARCH_LIST    arches to build (default: the visible GPUs', 9.0 as 9.0a; else 9.0a)
   CUDA_HOME / CUDA_PATH   the CUDA toolkit (default: found from nvcc)
   MAX_JOBS                parallel compile jobs (default: all cores)
   OPFORGE_DEBUG=1         -O0 -g, device code with -lineinfo
@@ -149,10 +149,13 @@ def resolve_arch_list() -> str:
     try:
         if torch.cuda.is_available():
             caps = sorted({torch.cuda.get_device_capability(i) for i in range(torch.cuda.device_count())})
-            return ";".join(f"{major}.{minor}" for major, minor in caps)
+            # Hopper (9.0) as 9.0a: its arch-specific code (wgmma, TMA) runs on H100/H200 only.
+            return ";".join(
+                f"{major}.{minor}" + ("a" if (major, minor) == (9, 0) else "") for major, minor in caps
+            )
     except Exception:  # a broken driver must not break a CPU build
         pass
-    return "9.0"
+    return "9.0a"
 
 
 def sources(with_cuda: bool) -> list[str]:
@@ -224,6 +227,9 @@ def main() -> None:
         # Toolkit headers first, then the pip wheels' (which add cublas_v2.h, cusparse.h, ...).
         include_dirs += [os.path.join(CUDA_HOME, "include"), *pip_nvidia_include_dirs()]
         nvcc_flags = [*opt, "--expt-relaxed-constexpr", "-lineinfo", "-Xptxas=-warn-spills"]
+        # The wgmma rung exists only in a build for sm_90a; the launcher offers it only then.
+        if "9.0a" in arch_list.replace(" ", ";").split(";"):
+            define_macros.append(("OPFORGE_HAS_SM90A", "1"))
         if debug:
             nvcc_flags.append("-G")
 

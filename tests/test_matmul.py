@@ -63,16 +63,27 @@ def test_cuda_fp32_variants(variant, shape):
     assert_close_to_reference(opforge.matmul(a, b, variant=variant), a, b)
 
 
+def _has_wgmma() -> bool:
+    return HAS_CUDA and torch.cuda.get_device_capability() == (9, 0)
+
+
 @pytest.mark.cuda
+@pytest.mark.parametrize("variant", ["mma", "wgmma"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
-def test_cuda_mma(dtype, shape):
-    """The tensor-core rung; odd k and n take the zero-padded copy, multiples of 8 do not."""
+def test_cuda_tensor_core_variants(variant, dtype, shape):
+    """The tensor-core rungs; odd k and n take zero-padded copies, multiples of 8 do not, and a
+    transposed view of b (x @ w.t()) is read as it is by wgmma."""
+    if variant == "wgmma" and not _has_wgmma():
+        pytest.skip("wgmma needs an sm_90 GPU")
     m, k, n = shape
     a, b = rand((m, k), dtype, "cuda"), rand((k, n), dtype, "cuda")
-    assert_close_to_reference(opforge.matmul(a, b, variant="mma"), a, b)
+    assert_close_to_reference(opforge.matmul(a, b, variant=variant), a, b)
     a, b = rand((2, m, 8 * k), dtype, "cuda"), rand((2, 8 * k, 8 * n), dtype, "cuda")
-    assert_close_to_reference(opforge.matmul(a, b, variant="mma"), a, b)
+    assert_close_to_reference(opforge.matmul(a, b, variant=variant), a, b)
+    w = rand((n, 8 * k), dtype, "cuda")
+    x = rand((m, 8 * k), dtype, "cuda")
+    assert_close_to_reference(opforge.matmul(x, w.t(), variant=variant), x, w.t())
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -218,6 +229,13 @@ def test_errors_cuda():
         match=r"opforge\.matmul: variant 'mma' cannot serve float32; for float32 on CUDA the variants are: auto, naive, smem_tiled, register_blocked, warp_tiled",
     ):
         opforge.matmul(a, b, variant="mma")
+    with pytest.raises(
+        ValueError,
+        match=r"opforge\.matmul: variant 'naive' cannot serve bfloat16; for bfloat16 on CUDA the variants are: auto, mma, wgmma",
+    ):
+        opforge.matmul(a.bfloat16(), b.bfloat16(), variant="naive")
+    with pytest.raises(ValueError, match=r"opforge\.matmul: float64 is computed on the CPU only"):
+        opforge.matmul(a.double(), b.double())
 
 
 @pytest.mark.cuda

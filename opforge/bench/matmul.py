@@ -50,9 +50,11 @@ def cases(device: torch.device, full: bool) -> Iterator[Case]:
         for m, k, n in shapes:
             for variant in variants:
                 yield _case(device, torch.float32, m, k, n, variant, "cuBLAS fp32 (torch.matmul)")
+        half_variants = ["mma", "wgmma"] if torch.cuda.get_device_capability(device) == (9, 0) else ["mma"]
         for dtype in (torch.bfloat16, torch.float16) if full else (torch.bfloat16,):
             for m, k, n in shapes:
-                yield _case(device, dtype, m, k, n, "mma", f"cuBLAS {_NAMES[dtype]} (torch.matmul)")
+                for variant in half_variants:
+                    yield _case(device, dtype, m, k, n, variant, f"cuBLAS {_NAMES[dtype]} (torch.matmul)")
     else:
         sizes = [256, 512, 1024, 2048] if full else [1024]
         for s in sizes:

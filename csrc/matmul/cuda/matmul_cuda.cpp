@@ -10,6 +10,10 @@
 #include "matmul/cuda/matmul_kernels.h"
 #include "matmul/matmul.h"
 
+#ifndef OPFORGE_HAS_SM90A
+#define OPFORGE_HAS_SM90A 0
+#endif
+
 namespace opforge {
 namespace {
 
@@ -39,10 +43,19 @@ at::Tensor matmul_cuda(const at::Tensor& a, const at::Tensor& b, c10::string_vie
                       "float16 or bfloat16");
     const auto* props = at::cuda::getCurrentDeviceProperties();
     const bool has_mma = props->major >= 8;
-    if (v == MatmulVariant::kAuto && has_mma) v = MatmulVariant::kMma;
-    TORCH_CHECK_VALUE(v == MatmulVariant::kMma || v == MatmulVariant::kAuto, op, ": variant '",
+#if OPFORGE_HAS_SM90A
+    const bool has_wgmma = props->major == 9 && props->minor == 0;
+#else
+    const bool has_wgmma = false;  // this build has no sm_90a code
+#endif
+    if (v == MatmulVariant::kAuto) v = has_wgmma ? MatmulVariant::kWgmma : MatmulVariant::kMma;
+    TORCH_CHECK_VALUE(v == MatmulVariant::kMma || v == MatmulVariant::kWgmma, op, ": variant '",
                       matmul_variant_name(v), "' cannot serve ", dtype_str(dtype), "; for ", dtype_str(dtype),
-                      " on CUDA the variants are: auto, mma (wgmma is not built yet)");
+                      " on CUDA the variants are: auto, mma, wgmma");
+    TORCH_CHECK_VALUE(v != MatmulVariant::kWgmma || has_wgmma, op,
+                      ": variant 'wgmma' needs an sm_90 GPU (H100/H200) and a build for 9.0a; here: compute ",
+                      "capability ", props->major, ".", props->minor, ", ",
+                      OPFORGE_HAS_SM90A ? "built for 9.0a" : "not built for 9.0a", ". Use variant 'mma'");
     TORCH_CHECK_VALUE(has_mma, op, ": the tensor-core variant mma needs a GPU of compute capability 8.0 or newer, ",
                       "this one is ", props->major, ".", props->minor);
   }
@@ -61,7 +74,9 @@ at::Tensor matmul_cuda(const at::Tensor& a, const at::Tensor& b, c10::string_vie
       return t.stride(2) == 1 && t.stride(1) % 8 == 0 && (t.size(0) == 1 || t.stride(0) % 8 == 0) &&
              reinterpret_cast<uintptr_t>(t.const_data_ptr()) % 16 == 0;
     };
-    if (k % 8 != 0 || !ok(a3) || !ok(b3)) {
+    // b's 8-column chunks may run past n up to the next multiple of 8: only n % 8 == 0 keeps
+    // them inside any storage (a padded copy otherwise).
+    if (k % 8 != 0 || n % 8 != 0 || !ok(a3) || !ok(b3)) {
       const int64_t k8 = (k + 7) / 8 * 8, n8 = (n + 7) / 8 * 8;
       at::Tensor ap = at::zeros({batch, m, k8}, a.options()), bp = at::zeros({batch, k8, n8}, a.options());
       ap.narrow(2, 0, k).copy_(a3);
@@ -69,6 +84,33 @@ at::Tensor matmul_cuda(const at::Tensor& a, const at::Tensor& b, c10::string_vie
       a3 = ap;
       b3 = bp;
     }
+  }
+  if (v == MatmulVariant::kWgmma) {
+    // TMA reads k-contiguous rows of a and of b^T: 16-byte strides (k a multiple of 8) and no
+    // zero batch stride. b^T costs nothing when b is a transposed view (x @ w.t()), else a copy.
+    auto ok = [&](const at::Tensor& t) {
+      return t.stride(2) == 1 && t.stride(1) % 8 == 0 && (t.size(0) == 1 || (t.stride(0) % 8 == 0 && t.stride(0) > 0)) &&
+             reinterpret_cast<uintptr_t>(t.const_data_ptr()) % 16 == 0;
+    };
+    at::Tensor bt = b3.transpose(1, 2);
+    if (k % 8 != 0) {
+      const int64_t k8 = (k + 7) / 8 * 8;
+      at::Tensor ap = at::zeros({batch, m, k8}, a.options()), btp = at::zeros({batch, n, k8}, a.options());
+      ap.narrow(2, 0, k).copy_(a3);
+      btp.narrow(2, 0, k).copy_(bt);
+      a3 = ap;
+      bt = btp;
+    }
+    if (!ok(a3)) a3 = a3.contiguous();
+    if (!ok(bt)) bt = bt.contiguous();
+    GemmParams p = gemm_params(a3, bt.transpose(1, 2), as_batched(out));
+    p.n = n;
+    p.b_rs = bt.stride(1);  // p.b is b^T: (n, k) rows
+    p.b_bs = bt.stride(0);
+    const int err = matmul_wgmma_cuda(p, at::cuda::getCurrentCUDAStream().stream());
+    TORCH_CHECK(err == cudaSuccess, op, ": CUDA kernel launch failed: ",
+                cudaGetErrorString(static_cast<cudaError_t>(err)));
+    return out;
   }
   const at::Tensor c3 = as_batched(out);
   GemmParams p = gemm_params(a3, b3, c3);

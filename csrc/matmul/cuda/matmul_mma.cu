@@ -5,7 +5,9 @@
 // of the next tiles overlap the tensor-core work on the current one; fragments are read with
 // ldmatrix (b transposed on the fly, .trans). Shared tiles are XOR-swizzled by 16-byte chunk so
 // that the 8 rows an ldmatrix reads fall in different banks.
-// The launcher guarantees: row-major operands, k and n multiples of 8, 16-byte aligned rows.
+// The launcher guarantees: row-major operands; k, n, the row and batch strides multiples of 8;
+// 16-byte aligned bases. Device code needs sm_80 (cp.async, mma.m16n8k16): for older targets in
+// the arch list the kernel is compiled empty and the launcher refuses the variant.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -88,6 +90,7 @@ template <typename T>
 __global__ void __launch_bounds__(kThreads)
     matmul_mma_kernel(const T* __restrict__ a, const T* __restrict__ b, T* __restrict__ c, int64_t m, int64_t n,
                       int64_t k, int64_t lda, int64_t ldb, int64_t ldc, int64_t a_bs, int64_t b_bs, int64_t c_bs) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   extern __shared__ __align__(128) unsigned char smem_raw[];
   T* const as = reinterpret_cast<T*>(smem_raw);  // [kStages][kATile]
   T* const bs = as + kStages * kATile;           // [kStages][kBTile]
@@ -176,6 +179,7 @@ __global__ void __launch_bounds__(kThreads)
       }
     }
   }
+#endif  // sm_80+
 }
 
 template <typename T>
