@@ -1,5 +1,5 @@
-// Calls opforge::vector_add from C++ through the public header, on the CPU (and on CUDA when
-// a GPU and a CUDA build are there), and checks it against torch's own add.
+// Calls opforge's ops from C++ through the public header, on the CPU (and on CUDA when a GPU and
+// a CUDA build are there), and checks them against torch's own.
 #include <opforge.h>
 #include <torch/torch.h>
 
@@ -35,16 +35,31 @@ bool check_nms(const torch::Device& device) {
   return ok;
 }
 
+// c = a @ b with opforge's GEMM (and, for a float input that requires grad, its C++ autograd).
+bool check_matmul(const torch::Device& device) {
+  const auto opts = torch::TensorOptions().device(device);
+  const torch::Tensor a = torch::randn({200, 300}, opts).requires_grad_();
+  const torch::Tensor b = torch::randn({300, 100}, opts);
+  const torch::Tensor c = opforge::matmul(a, b);
+  c.sum().backward();
+  const bool ok = torch::allclose(c, torch::matmul(a, b), 1e-4, 1e-4) &&
+                  torch::allclose(a.grad(), torch::ones({200, 100}, opts).matmul(b.t()), 1e-4, 1e-4);
+  std::cout << "opforge::matmul on " << device << ": " << c.sizes() << (ok ? " matches" : " DIFFERS FROM")
+            << " torch::matmul (and its gradient)\n";
+  return ok;
+}
+
 int main() {
   torch::manual_seed(0);
-  bool ok = check(torch::kCPU) && check_nms(torch::kCPU);
-  if (torch::cuda::is_available()) ok = check(torch::kCUDA) && check_nms(torch::kCUDA) && ok;
+  bool ok = check(torch::kCPU) && check_nms(torch::kCPU) && check_matmul(torch::kCPU);
+  if (torch::cuda::is_available())
+    ok = check(torch::kCUDA) && check_nms(torch::kCUDA) && check_matmul(torch::kCUDA) && ok;
   try {
     opforge::vector_add(torch::ones({3}), torch::ones({4}));
     ok = false;
   } catch (const c10::Error& e) {
     std::cout << "bad input raises: " << e.what_without_backtrace() << "\n";
   }
-  std::cout << (ok ? "opforge::vector_add OK" : "opforge::vector_add FAILED") << std::endl;
+  std::cout << (ok ? "opforge C++ example OK" : "opforge C++ example FAILED") << std::endl;
   return ok ? 0 : 1;
 }
