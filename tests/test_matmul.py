@@ -163,8 +163,7 @@ def test_opcheck(device):
         (rand((2, 4, 6), torch.float32, device).requires_grad_(), rand((2, 6, 5), torch.float32, device)),
         (rand((9, 4), torch.float32, device).t(), rand((9, 3), torch.float32, device)),
     ]
-    if device == "cpu":
-        samples.append((rand((3, 8), torch.bfloat16, device), rand((8, 2), torch.bfloat16, device)))
+    samples.append((rand((3, 8), torch.bfloat16, device), rand((8, 2), torch.bfloat16, device)))
     for a, b in samples:
         torch.library.opcheck(torch.ops.opforge.matmul.default, (a, b), {"variant": "auto"})
 
