@@ -23,6 +23,7 @@ SHAPES = [
     (33, 1000, 64),
     (64, 4097, 17),
     (200, 300, 1000),
+    (65, 256, 1),  # a matrix-vector product with k a multiple of 8 (b^T is a (1, k) row)
 ]
 
 

@@ -101,8 +101,11 @@ at::Tensor matmul_cuda(const at::Tensor& a, const at::Tensor& b, c10::string_vie
       a3 = ap;
       bt = btp;
     }
-    if (!ok(a3)) a3 = a3.contiguous();
-    if (!ok(bt)) bt = bt.contiguous();
+    // clone, not contiguous(): a (1, 1, k) view is "contiguous" with a row stride of 1.
+    if (!ok(a3)) a3 = a3.clone(at::MemoryFormat::Contiguous);
+    if (!ok(bt)) bt = bt.clone(at::MemoryFormat::Contiguous);
+    TORCH_CHECK(m < (int64_t{1} << 31) && n < (int64_t{1} << 31) && a3.size(2) < (int64_t{1} << 31), op,
+                ": the wgmma variant takes dimensions below 2^31");
     GemmParams p = gemm_params(a3, bt.transpose(1, 2), as_batched(out));
     p.n = n;
     p.b_rs = bt.stride(1);  // p.b is b^T: (n, k) rows

@@ -164,7 +164,7 @@ __global__ void __launch_bounds__(kThreads)
   cp_async_wait<0>();
 
   // Accumulator layout of m16n8: d0, d1 at (row lane/4, columns 2*(lane%4) + 0, 1); d2, d3 eight rows below.
-  const bool pairs = ldc % 2 == 0;
+  const bool pairs = ((ldc | c_bs) & 1) == 0 && reinterpret_cast<uintptr_t>(c) % 4 == 0;
 #pragma unroll
   for (int mi = 0; mi < 4; ++mi) {
 #pragma unroll
@@ -184,12 +184,15 @@ __global__ void __launch_bounds__(kThreads)
 
 template <typename T>
 cudaError_t launch(const GemmParams& p, cudaStream_t stream) {
-  static bool configured = false;  // idempotent: a race only repeats the call
-  if (!configured) {
+  int dev = 0;
+  cudaGetDevice(&dev);
+  static bool configured[64] = {};  // per device (the attribute is); a race only repeats the call
+  if (dev < 0 || dev >= 64) return cudaErrorInvalidDevice;
+  if (!configured[dev]) {
     const cudaError_t err =
         cudaFuncSetAttribute(matmul_mma_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
     if (err != cudaSuccess) return err;
-    configured = true;
+    configured[dev] = true;
   }
   const dim3 grid(static_cast<unsigned>((p.n + kBN - 1) / kBN), static_cast<unsigned>((p.m + kBM - 1) / kBM),
                   static_cast<unsigned>(p.batch));

@@ -176,7 +176,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     // d[4j..4j+3]: rows (warp*16 + lane/4) and +8, columns 8j + 2*(lane%4) + {0, 1}
     T* out = c + static_cast<int64_t>(b) * c_bs;
-    const bool pairs = ldc % 2 == 0;
+    const bool pairs = ((ldc | c_bs) & 1) == 0 && reinterpret_cast<uintptr_t>(c) % 4 == 0;
 #pragma unroll
     for (int j = 0; j < 16; ++j) {
       const int col = n0 + j * 8 + (lane % 4) * 2;
@@ -190,6 +190,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     }
   }
+#else
+  __trap();  // no sm_90a code in this binary: never return an unwritten output
 #endif  // OPFORGE_WGMMA_DEVICE
 }
 
@@ -229,15 +231,21 @@ cudaError_t launch(const GemmParams& p, cudaStream_t stream) {
   if (!make_map(&map_a, p.a, p.dtype, p.m, p.k, p.batch, p.a_rs, p.a_bs, kBM) ||
       !make_map(&map_bt, p.b, p.dtype, p.n, p.k, p.batch, p.b_rs, p.b_bs, kBN))
     return cudaErrorInvalidValue;
-  static bool configured = false;  // idempotent: a race only repeats the call
-  if (!configured) {
-    const cudaError_t err =
-        cudaFuncSetAttribute(matmul_wgmma_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
-    if (err != cudaSuccess) return err;
-    configured = true;
-  }
   int dev = 0, sms = 1;
   cudaGetDevice(&dev);
+  static bool configured[64] = {};  // per device (the attribute is); a race only repeats the calls
+  if (dev < 0 || dev >= 64) return cudaErrorInvalidDevice;
+  if (!configured[dev]) {
+    // setmaxnreg moves registers between the warpgroups of a block: 128 x 40 + 256 x 232 needs
+    // the block to start with at least 168 a thread, or the consumers wait for ever.
+    cudaFuncAttributes attr{};
+    cudaError_t err = cudaFuncGetAttributes(&attr, matmul_wgmma_kernel<T>);
+    if (err != cudaSuccess) return err;
+    if ((attr.numRegs + 7) / 8 * 8 < 168) return cudaErrorInvalidConfiguration;
+    err = cudaFuncSetAttribute(matmul_wgmma_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
+    if (err != cudaSuccess) return err;
+    configured[dev] = true;
+  }
   cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
   const int64_t tiles = ((p.m + kBM - 1) / kBM) * ((p.n + kBN - 1) / kBN) * p.batch;
   const unsigned grid = static_cast<unsigned>(tiles < sms ? tiles : sms);
