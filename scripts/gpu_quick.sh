@@ -12,7 +12,7 @@ export OPFORGE_BENCH_FAILURES="$OUT"
 "$PYTHON" -m pip install -v --no-build-isolation --no-deps -e . > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
 echo "built"
 OPS=${OPS:-nms,matmul}
-timeout 100 "$PYTHON" -m opforge.bench --full --ops "$OPS" --rounds 1 --out "$OUT" > "$OUT/bench.log" 2>&1
+timeout ${BENCH_TIMEOUT:-300} "$PYTHON" -m opforge.bench --full --ops "$OPS" --rounds 1 --out "$OUT" > "$OUT/bench.log" 2>&1
 sed -n '/^op /,$p' "$OUT/bench.log"; tail -3 "$OUT/bench.log"
 xdist=$("$PYTHON" -c 'import xdist' 2>/dev/null && echo "-n 8")
 op_tests=$(for op in ${OPS//,/ }; do echo "tests/test_$op.py"; done)

@@ -114,12 +114,16 @@ def _fmt_time(ms: float) -> str:
 
 def run_case(case: Case, timer: Callable[[Callable[[], Any]], float], rounds: int) -> dict[str, Any]:
     """Check opforge's result, then time every implementation, interleaved over ``rounds``."""
-    error = case.check()
     samples: dict[str, list[float]] = {name: [] for name in case.impls}
-    if error is None:
-        for _ in range(rounds):
-            for name, fn in case.impls.items():
-                samples[name].append(timer(fn))
+    try:  # one failing case (a kernel error, an unsupported GPU) must not end the run
+        error = case.check()
+        if error is None:
+            for _ in range(rounds):
+                for name, fn in case.impls.items():
+                    samples[name].append(timer(fn))
+    except Exception as e:  # reported in the table
+        error = f"raised {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        samples = {name: [] for name in case.impls}
     row: dict[str, Any] = {
         "op": case.op,
         "case": case.name,
@@ -168,7 +172,9 @@ def run(
         row = run_case(case, timer, rounds)
         first = next(iter(row["impls"]), None)
         status = (
-            f" FAILED CHECK: {row['error']}" if row["error"] else f" {_fmt_time(row['impls'][first]['ms'])}"
+            f" FAILED CHECK: {row['error']}"
+            if row["error"] or first is None
+            else f" {_fmt_time(row['impls'][first]['ms'])}"
         )
         print(status, file=log, flush=True)
         rows.append(row)
