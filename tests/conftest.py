@@ -53,7 +53,11 @@ DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]
 
 def poison_cuda_allocator(nbytes: int, device: str) -> None:
     """Leave NaN in the caching allocator's free blocks, so an output element the kernel
-    fails to write shows up as NaN instead of a lucky zero."""
+    fails to write shows up as NaN instead of a lucky zero (in 32- and 16-bit dtypes)."""
     if device.startswith("cuda"):
-        blocks = [torch.full((max(nbytes, 4) // 4 + 64,), float("nan"), device=device) for _ in range(2)]
+        # 0x7FC07FC0 is NaN as one float32 and as two bfloat16 or float16 values.
+        blocks = [
+            torch.full((max(nbytes, 4) // 4 + 64,), 0x7FC07FC0, dtype=torch.int32, device=device)
+            for _ in range(2)
+        ]
         del blocks

@@ -82,10 +82,6 @@ struct alignas(4 * sizeof(A)) Box4 {
   A x1, y1, x2, y2;
 };
 
-template <typename A>
-__device__ __forceinline__ Box4<A> load_box(const A* src) {
-  return Box4<A>{src[0], src[1], src[2], src[3]};
-}
 template <typename T>
 __device__ __forceinline__ Box4<typename Acc<T>::type> load_box_acc(const T* src) {
   return {to_acc(src[0]), to_acc(src[1]), to_acc(src[2]), to_acc(src[3])};
