@@ -15,6 +15,7 @@
 #include <cstdint>
 
 #include "matmul/cuda/matmul_kernels.h"
+#include "matmul/cuda/tensor_core_common.cuh"
 
 namespace opforge {
 namespace {
@@ -24,9 +25,7 @@ constexpr int kWM = 64, kWN = 32;  // warp tile: 4 x 4 mma tiles of 16 x 8
 constexpr int kATile = kBM * kBK, kBTile = kBK * kBN;  // elements per stage
 constexpr int kSmemBytes = kStages * (kATile + kBTile) * 2;
 
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
+using tc::smem_addr;
 
 // 16 bytes global -> shared, asynchronously; `bytes` = 0 writes zeros (a chunk outside the matrix).
 __device__ __forceinline__ void cp_async16(void* dst, const void* src, int bytes) {
@@ -72,19 +71,6 @@ __device__ __forceinline__ void mma16816<__half>(float* d, const uint32_t* a, co
 // row r at c ^ ((r / 2) % 4). b: [kBK][kBN], 16 chunks per row, chunk c of row r at c ^ (r % 8).
 __device__ __forceinline__ int a_off(int r, int k) { return r * kBK + (((k / 8) ^ ((r >> 1) & 3)) * 8) + k % 8; }
 __device__ __forceinline__ int b_off(int r, int n) { return r * kBN + (((n / 8) ^ (r & 7)) * 8) + n % 8; }
-
-template <typename T>
-__device__ __forceinline__ void pack_store(T* p, float x, float y, bool both);
-template <>
-__device__ __forceinline__ void pack_store<__nv_bfloat16>(__nv_bfloat16* p, float x, float y, bool both) {
-  if (both) *reinterpret_cast<__nv_bfloat162*>(p) = __floats2bfloat162_rn(x, y);
-  else p[0] = __float2bfloat16_rn(x);
-}
-template <>
-__device__ __forceinline__ void pack_store<__half>(__half* p, float x, float y, bool both) {
-  if (both) *reinterpret_cast<__half2*>(p) = __floats2half2_rn(x, y);
-  else p[0] = __float2half_rn(x);
-}
 
 template <typename T>
 __global__ void __launch_bounds__(kThreads)
@@ -174,8 +160,8 @@ __global__ void __launch_bounds__(kThreads)
       for (int h = 0; h < 2; ++h) {
         const int64_t row = m0 + wm * kWM + mi * 16 + lane / 4 + h * 8;
         if (row < m && col < n)
-          pack_store<T>(c + row * ldc + col, acc[mi][nj][2 * h], acc[mi][nj][2 * h + 1], pairs && col + 1 < n);
-        if (row < m && col + 1 < n && !pairs) pack_store<T>(c + row * ldc + col + 1, acc[mi][nj][2 * h + 1], 0.f, false);
+          tc::store_pair<T>(c + row * ldc + col, acc[mi][nj][2 * h], acc[mi][nj][2 * h + 1], pairs && col + 1 < n);
+        if (row < m && col + 1 < n && !pairs) tc::store_pair<T>(c + row * ldc + col + 1, acc[mi][nj][2 * h + 1], 0.f, false);
       }
     }
   }
@@ -184,16 +170,10 @@ __global__ void __launch_bounds__(kThreads)
 
 template <typename T>
 cudaError_t launch(const GemmParams& p, cudaStream_t stream) {
-  int dev = 0;
-  cudaGetDevice(&dev);
-  static bool configured[64] = {};  // per device (the attribute is); a race only repeats the call
-  if (dev < 0 || dev >= 64) return cudaErrorInvalidDevice;
-  if (!configured[dev]) {
-    const cudaError_t err =
-        cudaFuncSetAttribute(matmul_mma_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
-    if (err != cudaSuccess) return err;
-    configured[dev] = true;
-  }
+  static bool configured[64] = {};
+  const cudaError_t err =
+      tc::configure_once(matmul_mma_kernel<T>, kSmemBytes, configured, [](const cudaFuncAttributes&) { return true; });
+  if (err != cudaSuccess) return err;
   const dim3 grid(static_cast<unsigned>((p.n + kBN - 1) / kBN), static_cast<unsigned>((p.m + kBM - 1) / kBM),
                   static_cast<unsigned>(p.batch));
   matmul_mma_kernel<T><<<grid, kThreads, kSmemBytes, stream>>>(

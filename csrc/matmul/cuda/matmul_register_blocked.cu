@@ -72,10 +72,7 @@ int matmul_register_blocked_cuda(const GemmParams& p, void* stream) {
   const auto* a = static_cast<const float*>(p.a);
   const auto* b = static_cast<const float*>(p.b);
   auto* c = static_cast<float*>(p.c);
-  const bool vec = p.a_rs % 4 == 0 && p.b_rs % 4 == 0 && p.c_rs % 4 == 0 && p.a_bs % 4 == 0 && p.b_bs % 4 == 0 &&
-                   p.c_bs % 4 == 0 && reinterpret_cast<uintptr_t>(a) % 16 == 0 &&
-                   reinterpret_cast<uintptr_t>(b) % 16 == 0 && reinterpret_cast<uintptr_t>(c) % 16 == 0;
-  if (vec)
+  if (simt::vectorizable(p))
     matmul_register_blocked_kernel<true>
         <<<grid, kThreads, 0, s>>>(a, b, c, p.m, p.n, p.k, p.a_rs, p.b_rs, p.c_rs, p.a_bs, p.b_bs, p.c_bs);
   else

@@ -22,6 +22,7 @@
 #include <cstdint>
 
 #include "matmul/cuda/matmul_kernels.h"
+#include "matmul/cuda/tensor_core_common.cuh"
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define OPFORGE_WGMMA_DEVICE 1
@@ -37,9 +38,7 @@ constexpr int kStageBytes = kTileBytesA + kTileBytesB;
 constexpr int kSmemBytes = kStages * kStageBytes + 1024 /* alignment */ + 2 * kStages * 8 /* barriers */;
 
 #ifdef OPFORGE_WGMMA_DEVICE
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
+using tc::smem_addr;
 __device__ __forceinline__ void mbar_init(uint64_t* bar, int count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(count));
 }
@@ -97,18 +96,6 @@ __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.a
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
 
-template <typename T>
-__device__ __forceinline__ void store_pair(T* p, float x, float y, bool both);
-template <>
-__device__ __forceinline__ void store_pair<__nv_bfloat16>(__nv_bfloat16* p, float x, float y, bool both) {
-  if (both) *reinterpret_cast<__nv_bfloat162*>(p) = __floats2bfloat162_rn(x, y);
-  else p[0] = __float2bfloat16_rn(x);
-}
-template <>
-__device__ __forceinline__ void store_pair<__half>(__half* p, float x, float y, bool both) {
-  if (both) *reinterpret_cast<__half2*>(p) = __floats2half2_rn(x, y);
-  else p[0] = __float2half_rn(x);
-}
 #endif  // OPFORGE_WGMMA_DEVICE
 
 template <typename T>
@@ -184,8 +171,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int h = 0; h < 2; ++h) {
         const int row = m0 + half * 64 + warp * 16 + lane / 4 + h * 8;
         if (row < m && col < n) {
-          store_pair<T>(out + row * ldc + col, d[4 * j + 2 * h], d[4 * j + 2 * h + 1], pairs && col + 1 < n);
-          if (!pairs && col + 1 < n) store_pair<T>(out + row * ldc + col + 1, d[4 * j + 2 * h + 1], 0.f, false);
+          tc::store_pair<T>(out + row * ldc + col, d[4 * j + 2 * h], d[4 * j + 2 * h + 1], pairs && col + 1 < n);
+          if (!pairs && col + 1 < n) tc::store_pair<T>(out + row * ldc + col + 1, d[4 * j + 2 * h + 1], 0.f, false);
         }
       }
     }
@@ -231,21 +218,14 @@ cudaError_t launch(const GemmParams& p, cudaStream_t stream) {
   if (!make_map(&map_a, p.a, p.dtype, p.m, p.k, p.batch, p.a_rs, p.a_bs, kBM) ||
       !make_map(&map_bt, p.b, p.dtype, p.n, p.k, p.batch, p.b_rs, p.b_bs, kBN))
     return cudaErrorInvalidValue;
+  // setmaxnreg moves registers between the warpgroups of a block: 128 x 40 + 256 x 232 needs
+  // the block to start with at least 168 a thread, or the consumers wait for ever.
+  static bool configured[64] = {};
+  const cudaError_t err = tc::configure_once(matmul_wgmma_kernel<T>, kSmemBytes, configured,
+                                             [](const cudaFuncAttributes& a) { return (a.numRegs + 7) / 8 * 8 >= 168; });
+  if (err != cudaSuccess) return err;
   int dev = 0, sms = 1;
   cudaGetDevice(&dev);
-  static bool configured[64] = {};  // per device (the attribute is); a race only repeats the calls
-  if (dev < 0 || dev >= 64) return cudaErrorInvalidDevice;
-  if (!configured[dev]) {
-    // setmaxnreg moves registers between the warpgroups of a block: 128 x 40 + 256 x 232 needs
-    // the block to start with at least 168 a thread, or the consumers wait for ever.
-    cudaFuncAttributes attr{};
-    cudaError_t err = cudaFuncGetAttributes(&attr, matmul_wgmma_kernel<T>);
-    if (err != cudaSuccess) return err;
-    if ((attr.numRegs + 7) / 8 * 8 < 168) return cudaErrorInvalidConfiguration;
-    err = cudaFuncSetAttribute(matmul_wgmma_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
-    if (err != cudaSuccess) return err;
-    configured[dev] = true;
-  }
   cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
   const int64_t tiles = ((p.m + kBM - 1) / kBM) * ((p.n + kBN - 1) / kBN) * p.batch;
   const unsigned grid = static_cast<unsigned>(tiles < sms ? tiles : sms);

@@ -1,4 +1,5 @@
-// nms CPU suppression loop: the AVX2 variant (see vector_add_kernel_avx2.cpp for the pragma).
+// nms CPU suppression loop: the AVX2 variant (no at::vec here: the pragma alone, see
+// common/cpu_variant_avx2.h).
 #include <type_traits>
 
 #include "common/cpu_isa.h"

@@ -1,0 +1,50 @@
+// matmul tensor-core rungs (mma, wgmma): helpers shared by their device and launch code (no torch).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace opforge {
+namespace tc {
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// Rounds (x, y) to T and stores them at p, p + 1 (one 4-byte store), or x alone at p.
+template <typename T>
+__device__ __forceinline__ void store_pair(T* p, float x, float y, bool both);
+template <>
+__device__ __forceinline__ void store_pair<__nv_bfloat16>(__nv_bfloat16* p, float x, float y, bool both) {
+  if (both) *reinterpret_cast<__nv_bfloat162*>(p) = __floats2bfloat162_rn(x, y);
+  else p[0] = __float2bfloat16_rn(x);
+}
+template <>
+__device__ __forceinline__ void store_pair<__half>(__half* p, float x, float y, bool both) {
+  if (both) *reinterpret_cast<__half2*>(p) = __floats2half2_rn(x, y);
+  else p[0] = __float2half_rn(x);
+}
+
+// Raises a kernel's dynamic shared-memory limit on the current device, once per device (the
+// attribute is per device). `check` runs first, on the kernel's attributes. Returns a cudaError_t.
+template <typename Kernel, typename Check>
+cudaError_t configure_once(Kernel kernel, int smem_bytes, bool (&done)[64], Check check) {
+  int dev = 0;
+  cudaError_t err = cudaGetDevice(&dev);
+  if (err != cudaSuccess) return err;
+  if (dev < 0 || dev >= 64) return cudaErrorInvalidDevice;
+  if (done[dev]) return cudaSuccess;  // a race only repeats the calls
+  cudaFuncAttributes attr{};
+  err = cudaFuncGetAttributes(&attr, kernel);
+  if (err != cudaSuccess) return err;
+  if (!check(attr)) return cudaErrorInvalidConfiguration;
+  err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
+  if (err == cudaSuccess) done[dev] = true;
+  return err;
+}
+
+}  // namespace tc
+}  // namespace opforge
