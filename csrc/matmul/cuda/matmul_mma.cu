@@ -165,6 +165,8 @@ __global__ void __launch_bounds__(kThreads)
       }
     }
   }
+#else
+  __trap();  // no sm_80 code for this GPU: never return an unwritten output
 #endif  // sm_80+
 }
 
