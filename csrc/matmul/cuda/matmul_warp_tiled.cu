@@ -36,13 +36,15 @@ __global__ void __launch_bounds__(kThreads)
   b += blockIdx.z * b_bs;
   c += blockIdx.z * c_bs;
 
-  // Each thread moves two float4 of each tile: a (128 rows x 16 k), b (16 k x 128 columns).
+  // Each thread moves two float4 of each tile: a (128 rows x 16 k; row tid/2, k (tid%2)*4 and
+  // 8 more: a warp's transposed stores then hit 32 different banks), b (16 k x 128 columns).
   float4 ra[2], rb[2];
+  const int a_row = tid / 2, a_k = (tid % 2) * 4;
   auto fetch = [&](int64_t k0) {
 #pragma unroll
     for (int s = 0; s < 2; ++s) {
       const int idx = tid + s * kThreads;
-      ra[s] = simt::load4<kVec>(a, m0 + idx / 4, k0 + (idx % 4) * 4, m, k, lda);
+      ra[s] = simt::load4<kVec>(a, m0 + a_row, k0 + a_k + 8 * s, m, k, lda);
       rb[s] = simt::load4<kVec>(b, k0 + idx / 32, n0 + (idx % 32) * 4, k, n, ldb);
     }
   };
@@ -50,7 +52,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int s = 0; s < 2; ++s) {
       const int idx = tid + s * kThreads;
-      const int row = idx / 4, kq = (idx % 4) * 4;
+      const int row = a_row, kq = a_k + 8 * s;
       float v[4];
       simt::unpack(ra[s], v);
 #pragma unroll
