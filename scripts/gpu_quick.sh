@@ -9,6 +9,18 @@ export PYTHONUNBUFFERED=1 MAX_JOBS=${MAX_JOBS:-$(nproc)}
 OUT=${OUT:-benchmarks/results/gpu-partial}
 mkdir -p "$OUT"
 export OPFORGE_BENCH_FAILURES="$OUT"
+# The wgmma rung alone first (about 20 s to build): a kernel that hangs or faults would otherwise
+# take the benchmark and test runs down with it; if it fails, they skip it (OPFORGE_SKIP_VARIANTS).
+if [[ ",$OPS," == *",matmul,"* ]] && "$PYTHON" -c 'import torch, sys; sys.exit(torch.cuda.get_device_capability() != (9, 0))'; then
+  if nvcc -std=c++17 -O3 -gencode arch=compute_90a,code=sm_90a -I csrc -o "$OUT/wgmma_standalone" \
+      benchmarks/micro/wgmma_standalone.cu > "$OUT/wgmma_standalone.log" 2>&1 &&
+      timeout 60 "$OUT/wgmma_standalone" >> "$OUT/wgmma_standalone.log" 2>&1; then
+    echo "wgmma standalone: passed"
+  else
+    echo "wgmma standalone: FAILED (the rest skips wgmma)"; export OPFORGE_SKIP_VARIANTS=wgmma
+  fi
+  tail -4 "$OUT/wgmma_standalone.log"; rm -f "$OUT/wgmma_standalone"
+fi
 "$PYTHON" -m pip install -v --no-build-isolation --no-deps -e . > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
 echo "built"
 OPS=${OPS:-nms,matmul}
