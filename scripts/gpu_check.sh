@@ -3,9 +3,9 @@
 # run the full benchmark, memcheck the CUDA tests; write logs and results under $OUT.
 # Exit status: non-zero when the build, a test, a benchmark check or the memcheck failed.
 # Each step is time-bounded (TEST_TIMEOUT, BENCH_TIMEOUT, SANITIZE_TIMEOUT seconds): a hung kernel
-# costs its step, not the whole run. With a 10-minute limit per remote command, run the memcheck
-# separately (SANITIZE=0 here, then SANITIZE=1 with the other steps skipped is not offered: use
-# compute-sanitizer directly, as in docs/nms.md's logs).
+# costs its step, not the whole run. Where one command may run 10 minutes at most, use
+# SANITIZE=0 here and run the memcheck as its own command:
+#   compute-sanitizer --tool memcheck python3 -m pytest tests -q -x -m "cuda and not large" -k "not compile"
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
