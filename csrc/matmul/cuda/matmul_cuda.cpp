@@ -26,6 +26,15 @@ at::Tensor row_major(const at::Tensor& t3) {
   return t3.contiguous();
 }
 
+// Can the tensor-core rungs read t's rows in 16-byte chunks? Column stride 1, row (and batch)
+// strides multiples of 8 elements, 16-byte aligned base; TMA (wgmma) also needs a nonzero
+// batch stride.
+bool chunk_readable(const at::Tensor& t3, bool zero_batch_stride_ok) {
+  const bool batch_ok = t3.size(0) == 1 || (t3.stride(0) % 8 == 0 && (zero_batch_stride_ok || t3.stride(0) > 0));
+  return t3.stride(2) == 1 && t3.stride(1) % 8 == 0 && batch_ok &&
+         reinterpret_cast<uintptr_t>(t3.const_data_ptr()) % 16 == 0;
+}
+
 at::Tensor matmul_cuda(const at::Tensor& a, const at::Tensor& b, c10::string_view variant) {
   constexpr const char* op = "opforge.matmul";
   check_matmul_inputs(a, b);
@@ -65,34 +74,10 @@ at::Tensor matmul_cuda(const at::Tensor& a, const at::Tensor& b, c10::string_vie
               " rows on CUDA, got ", batch, " and ", m);
   if (m == 0 || n == 0 || k == 0) return at::zeros(shape, a.options());
   at::Tensor out = at::empty(shape, a.options());
-  at::Tensor a3 = row_major(as_batched(a)), b3 = row_major(as_batched(b));
-  if (v == MatmulVariant::kMma) {
-    // The mma rung copies 16-byte chunks: k, the row strides and batch strides in multiples of 8
-    // elements, 16-byte aligned bases. Other layouts get a zero-padded copy (zeros in k add
-    // nothing; padded columns of b are never stored).
-    auto ok = [&](const at::Tensor& t) {
-      return t.stride(2) == 1 && t.stride(1) % 8 == 0 && (t.size(0) == 1 || t.stride(0) % 8 == 0) &&
-             reinterpret_cast<uintptr_t>(t.const_data_ptr()) % 16 == 0;
-    };
-    // b's 8-column chunks may run past n up to the next multiple of 8: only n % 8 == 0 keeps
-    // them inside any storage (a padded copy otherwise).
-    if (k % 8 != 0 || n % 8 != 0 || !ok(a3) || !ok(b3)) {
-      const int64_t k8 = (k + 7) / 8 * 8, n8 = (n + 7) / 8 * 8;
-      at::Tensor ap = at::zeros({batch, m, k8}, a.options()), bp = at::zeros({batch, k8, n8}, a.options());
-      ap.narrow(2, 0, k).copy_(a3);
-      bp.narrow(1, 0, k).narrow(2, 0, n).copy_(b3);
-      a3 = ap;
-      b3 = bp;
-    }
-  }
   if (v == MatmulVariant::kWgmma) {
-    // TMA reads k-contiguous rows of a and of b^T: 16-byte strides (k a multiple of 8) and no
-    // zero batch stride. b^T costs nothing when b is a transposed view (x @ w.t()), else a copy.
-    auto ok = [&](const at::Tensor& t) {
-      return t.stride(2) == 1 && t.stride(1) % 8 == 0 && (t.size(0) == 1 || (t.stride(0) % 8 == 0 && t.stride(0) > 0)) &&
-             reinterpret_cast<uintptr_t>(t.const_data_ptr()) % 16 == 0;
-    };
-    at::Tensor bt = b3.transpose(1, 2);
+    // TMA reads k-contiguous rows of a and of b^T (16-byte strides: k a multiple of 8). b^T is a
+    // view, so it costs nothing when b already is a transposed view (x @ w.t()), else one copy.
+    at::Tensor a3 = row_major(as_batched(a)), bt = as_batched(b).transpose(1, 2);
     if (k % 8 != 0) {
       const int64_t k8 = (k + 7) / 8 * 8;
       at::Tensor ap = at::zeros({batch, m, k8}, a.options()), btp = at::zeros({batch, n, k8}, a.options());
@@ -102,8 +87,8 @@ at::Tensor matmul_cuda(const at::Tensor& a, const at::Tensor& b, c10::string_vie
       bt = btp;
     }
     // clone, not contiguous(): a (1, 1, k) view is "contiguous" with a row stride of 1.
-    if (!ok(a3)) a3 = a3.clone(at::MemoryFormat::Contiguous);
-    if (!ok(bt)) bt = bt.clone(at::MemoryFormat::Contiguous);
+    if (!chunk_readable(a3, false)) a3 = a3.clone(at::MemoryFormat::Contiguous);
+    if (!chunk_readable(bt, false)) bt = bt.clone(at::MemoryFormat::Contiguous);
     TORCH_CHECK(m < (int64_t{1} << 31) && n < (int64_t{1} << 31) && a3.size(2) < (int64_t{1} << 31), op,
                 ": the wgmma variant takes dimensions below 2^31");
     GemmParams p = gemm_params(a3, bt.transpose(1, 2), as_batched(out));
@@ -114,6 +99,20 @@ at::Tensor matmul_cuda(const at::Tensor& a, const at::Tensor& b, c10::string_vie
     TORCH_CHECK(err == cudaSuccess, op, ": CUDA kernel launch failed: ",
                 cudaGetErrorString(static_cast<cudaError_t>(err)));
     return out;
+  }
+  at::Tensor a3 = row_major(as_batched(a)), b3 = row_major(as_batched(b));
+  if (v == MatmulVariant::kMma) {
+    // The mma rung copies 16-byte chunks; other layouts get a zero-padded copy (zeros in k add
+    // nothing; padded columns of b are never stored). b's 8-column chunks may run past n up to
+    // the next multiple of 8: only n % 8 == 0 keeps them inside any storage.
+    if (k % 8 != 0 || n % 8 != 0 || !chunk_readable(a3, true) || !chunk_readable(b3, true)) {
+      const int64_t k8 = (k + 7) / 8 * 8, n8 = (n + 7) / 8 * 8;
+      at::Tensor ap = at::zeros({batch, m, k8}, a.options()), bp = at::zeros({batch, k8, n8}, a.options());
+      ap.narrow(2, 0, k).copy_(a3);
+      bp.narrow(1, 0, k).narrow(2, 0, n).copy_(b3);
+      a3 = ap;
+      b3 = bp;
+    }
   }
   const at::Tensor c3 = as_batched(out);
   GemmParams p = gemm_params(a3, b3, c3);
