@@ -11,12 +11,21 @@ int matmul_naive_cuda(const GemmParams& p, void* stream);             // float32
 int matmul_smem_tiled_cuda(const GemmParams& p, void* stream);        // float32
 int matmul_register_blocked_cuda(const GemmParams& p, void* stream);  // float32
 int matmul_warp_tiled_cuda(const GemmParams& p, void* stream);        // float32
+// The same with a fixed configuration (for tuning; -1: the default): 0: 16-deep tiles, one block
+// per SM; 1: 8-deep, two blocks; 2: 16-deep, two blocks (spills); 3: 8-deep, one block.
+int matmul_warp_tiled_cuda_config(const GemmParams& p, void* stream, int config);
 // float16/bfloat16, sm_80+; also needs k, p.a_rs, p.b_rs and the batch strides multiples of 8
 // and a, b 16-byte aligned; b readable to the next multiple of 8 columns (ldb >= that).
 int matmul_mma_cuda(const GemmParams& p, void* stream);
+// The same with a fixed configuration (for tuning; -1: the default): block tile 128 x 128 or
+// 128 x 256, cp.async ring of 3 or 4 stages: 0: 128/3; 1: 256/3; 2: 256/4; 3: 128/4.
+int matmul_mma_cuda_config(const GemmParams& p, void* stream, int config);
 // float16/bfloat16, sm_90a (built only when the arch list has 9.0a: OPFORGE_HAS_SM90A). p.b holds
 // b TRANSPOSED, (n, k) rows; k, the row strides and batch strides multiples of 8, bases 16-byte
 // aligned, batch strides not 0 (TMA descriptors).
 int matmul_wgmma_cuda(const GemmParams& p, void* stream);
+// The same with a fixed tile configuration (for tuning; -1 picks as matmul_wgmma_cuda does):
+// 0: 128 x 128 tiles; 1: 128 x 256; 2: 128 x 256 in clusters of 2 sharing b.
+int matmul_wgmma_cuda_config(const GemmParams& p, void* stream, int config);
 
 }  // namespace opforge

@@ -20,10 +20,17 @@
 namespace opforge {
 namespace {
 
-constexpr int kBM = 128, kBN = 128, kBK = 32, kStages = 3, kThreads = 256;
-constexpr int kWM = 64, kWN = 32;  // warp tile: 4 x 4 mma tiles of 16 x 8
-constexpr int kATile = kBM * kBK, kBTile = kBK * kBN;  // elements per stage
-constexpr int kSmemBytes = kStages * (kATile + kBTile) * 2;
+constexpr int kBM = 128, kBK = 32, kThreads = 256;
+constexpr int kWM = 64;  // warp tile: 4 x (kBN / 32) mma tiles of 16 x 8
+
+// kBN: 128 (warp tiles 64 x 32) or 256 (64 x 64: twice the mma per fragment loaded, one block
+// of 8 warps per SM); kStages: depth of the cp.async ring.
+template <int kBN, int kStages>
+struct Config {
+  static constexpr int kWN = kBN / 4;
+  static constexpr int kATile = kBM * kBK, kBTile = kBK * kBN;  // elements per stage
+  static constexpr int kSmemBytes = kStages * (kATile + kBTile) * 2;
+};
 
 using tc::smem_addr;
 
@@ -68,15 +75,18 @@ __device__ __forceinline__ void mma16816<__half>(float* d, const uint32_t* a, co
 }
 
 // Element offsets in the swizzled shared tiles. a: [kBM][kBK], 4 chunks of 8 per row, chunk c of
-// row r at c ^ ((r / 2) % 4). b: [kBK][kBN], 16 chunks per row, chunk c of row r at c ^ (r % 8).
+// row r at c ^ ((r / 2) % 4). b: [kBK][kBN], kBN / 8 chunks per row, chunk c of row r at c ^ (r % 8).
 __device__ __forceinline__ int a_off(int r, int k) { return r * kBK + (((k / 8) ^ ((r >> 1) & 3)) * 8) + k % 8; }
+template <int kBN>
 __device__ __forceinline__ int b_off(int r, int n) { return r * kBN + (((n / 8) ^ (r & 7)) * 8) + n % 8; }
 
-template <typename T>
+template <typename T, int kBN, int kStages>
 __global__ void __launch_bounds__(kThreads)
     matmul_mma_kernel(const T* __restrict__ a, const T* __restrict__ b, T* __restrict__ c, int64_t m, int64_t n,
                       int64_t k, int64_t lda, int64_t ldb, int64_t ldc, int64_t a_bs, int64_t b_bs, int64_t c_bs) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  using C = Config<kBN, kStages>;
+  constexpr int kATile = C::kATile, kBTile = C::kBTile, kWN = C::kWN, kNT = kWN / 8;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   T* const as = reinterpret_cast<T*>(smem_raw);  // [kStages][kATile]
   T* const bs = as + kStages * kATile;           // [kStages][kBTile]
@@ -87,27 +97,27 @@ __global__ void __launch_bounds__(kThreads)
   b += blockIdx.z * b_bs;
   c += blockIdx.z * c_bs;
 
-  // Each thread copies two 16-byte chunks of each tile per stage.
+  // Each thread copies two 16-byte chunks of the a tile and kBN / 64 of the b tile per stage.
   auto load_tile = [&](int stage, int64_t k0) {
 #pragma unroll
-    for (int s = 0; s < 2; ++s) {
+    for (int s = 0; s < 2; ++s) {  // a: 128 rows x 4 chunks
       const int idx = tid + s * kThreads;
-      {  // a: 128 rows x 4 chunks
-        const int r = idx / 4, ch = idx % 4;
-        const int64_t gr = m0 + r, gk = k0 + ch * 8;
-        const bool in = gr < m && gk < k;
-        cp_async16(as + stage * kATile + a_off(r, ch * 8), in ? a + gr * lda + gk : a, in ? 16 : 0);
-      }
-      {  // b: 32 rows x 16 chunks
-        const int r = idx / 16, ch = idx % 16;
-        const int64_t gk = k0 + r, gn = n0 + ch * 8;
-        const bool in = gk < k && gn < n;
-        cp_async16(bs + stage * kBTile + b_off(r, ch * 8), in ? b + gk * ldb + gn : b, in ? 16 : 0);
-      }
+      const int r = idx / 4, ch = idx % 4;
+      const int64_t gr = m0 + r, gk = k0 + ch * 8;
+      const bool in = gr < m && gk < k;
+      cp_async16(as + stage * kATile + a_off(r, ch * 8), in ? a + gr * lda + gk : a, in ? 16 : 0);
+    }
+#pragma unroll
+    for (int s = 0; s < kBN / 64; ++s) {  // b: 32 rows x kBN / 8 chunks
+      const int idx = tid + s * kThreads;
+      const int r = idx / (kBN / 8), ch = idx % (kBN / 8);
+      const int64_t gk = k0 + r, gn = n0 + ch * 8;
+      const bool in = gk < k && gn < n;
+      cp_async16(bs + stage * kBTile + b_off<kBN>(r, ch * 8), in ? b + gk * ldb + gn : b, in ? 16 : 0);
     }
   };
 
-  float acc[4][4][4] = {};  // [m16 tile][n8 tile][fragment]
+  float acc[4][kNT][4] = {};  // [m16 tile][n8 tile][fragment]
   const int64_t tiles = (k + kBK - 1) / kBK;
 #pragma unroll
   for (int s = 0; s < kStages - 1; ++s) {
@@ -124,18 +134,18 @@ __global__ void __launch_bounds__(kThreads)
     const T* bt = bs + (t % kStages) * kBTile;
 #pragma unroll
     for (int kk = 0; kk < kBK; kk += 16) {
-      uint32_t af[4][4], bf[4][2];
+      uint32_t af[4][4], bf[kNT][2];
 #pragma unroll
       for (int mi = 0; mi < 4; ++mi) {  // rows 0-15 of the m16 tile, k 0-7 then 8-15
         const int r = wm * kWM + mi * 16 + (lane % 16);
         ldmatrix_x4(af[mi], at + a_off(r, kk + (lane / 16) * 8));
       }
 #pragma unroll
-      for (int nj = 0; nj < 4; nj += 2) {  // two n8 tiles: (k 0-7, k 8-15) x (n, n + 8)
+      for (int nj = 0; nj < kNT; nj += 2) {  // two n8 tiles: (k 0-7, k 8-15) x (n, n + 8)
         const int kr = kk + (lane % 8) + ((lane / 8) % 2) * 8;
         const int col = wn * kWN + nj * 8 + (lane / 16) * 8;
         uint32_t r4[4];
-        ldmatrix_x4_trans(r4, bt + b_off(kr, col));
+        ldmatrix_x4_trans(r4, bt + b_off<kBN>(kr, col));
         bf[nj][0] = r4[0];
         bf[nj][1] = r4[1];
         bf[nj + 1][0] = r4[2];
@@ -144,7 +154,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
       for (int mi = 0; mi < 4; ++mi)
 #pragma unroll
-        for (int nj = 0; nj < 4; ++nj) mma16816<T>(acc[mi][nj], af[mi], bf[nj]);
+        for (int nj = 0; nj < kNT; ++nj) mma16816<T>(acc[mi][nj], af[mi], bf[nj]);
     }
   }
   cp_async_wait<0>();
@@ -154,7 +164,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
   for (int mi = 0; mi < 4; ++mi) {
 #pragma unroll
-    for (int nj = 0; nj < 4; ++nj) {
+    for (int nj = 0; nj < kNT; ++nj) {
       const int64_t col = n0 + wn * kWN + nj * 8 + (lane % 4) * 2;
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
@@ -170,29 +180,49 @@ __global__ void __launch_bounds__(kThreads)
 #endif  // sm_80+
 }
 
-template <typename T>
+template <typename T, int kBN, int kStages>
 cudaError_t launch(const GemmParams& p, cudaStream_t stream) {
+  using C = Config<kBN, kStages>;
+  const auto kernel = matmul_mma_kernel<T, kBN, kStages>;
   static bool configured[64] = {};
   const cudaError_t err =
-      tc::configure_once(matmul_mma_kernel<T>, kSmemBytes, configured, [](const cudaFuncAttributes&) { return true; });
+      tc::configure_once(kernel, C::kSmemBytes, configured, [](const cudaFuncAttributes&) { return true; });
   if (err != cudaSuccess) return err;
   const dim3 grid(static_cast<unsigned>((p.n + kBN - 1) / kBN), static_cast<unsigned>((p.m + kBM - 1) / kBM),
                   static_cast<unsigned>(p.batch));
-  matmul_mma_kernel<T><<<grid, kThreads, kSmemBytes, stream>>>(
-      static_cast<const T*>(p.a), static_cast<const T*>(p.b), static_cast<T*>(p.c), p.m, p.n, p.k, p.a_rs, p.b_rs,
-      p.c_rs, p.a_bs, p.b_bs, p.c_bs);
+  kernel<<<grid, kThreads, C::kSmemBytes, stream>>>(static_cast<const T*>(p.a), static_cast<const T*>(p.b),
+                                                    static_cast<T*>(p.c), p.m, p.n, p.k, p.a_rs, p.b_rs, p.c_rs,
+                                                    p.a_bs, p.b_bs, p.c_bs);
   return cudaGetLastError();
 }
 
-}  // namespace
-
-int matmul_mma_cuda(const GemmParams& p, void* stream) {
-  const auto s = static_cast<cudaStream_t>(stream);
-  switch (p.dtype) {
-    case DType::kBFloat16: return launch<__nv_bfloat16>(p, s);
-    case DType::kFloat16: return launch<__half>(p, s);
+template <typename T>
+cudaError_t launch_config(const GemmParams& p, cudaStream_t stream, int config) {
+  switch (config) {
+    case 0: return launch<T, 128, 3>(p, stream);
+    case 1: return launch<T, 256, 3>(p, stream);
+    case 2: return launch<T, 256, 4>(p, stream);
+    case 3: return launch<T, 128, 4>(p, stream);
     default: return cudaErrorInvalidValue;
   }
 }
+
+#ifndef OPFORGE_MMA_CONFIG
+#define OPFORGE_MMA_CONFIG 1
+#endif
+
+}  // namespace
+
+int matmul_mma_cuda_config(const GemmParams& p, void* stream, int config) {
+  const auto s = static_cast<cudaStream_t>(stream);
+  if (config < 0) config = OPFORGE_MMA_CONFIG;
+  switch (p.dtype) {
+    case DType::kBFloat16: return launch_config<__nv_bfloat16>(p, s, config);
+    case DType::kFloat16: return launch_config<__half>(p, s, config);
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+int matmul_mma_cuda(const GemmParams& p, void* stream) { return matmul_mma_cuda_config(p, stream, -1); }
 
 }  // namespace opforge

@@ -15,14 +15,15 @@
 namespace opforge {
 namespace {
 
-constexpr int kBM = 128, kBN = 128, kBK = 16, kPad = 4, kThreads = 256;
+constexpr int kBM = 128, kBN = 128, kPad = 4, kThreads = 256;
 constexpr int kWM = 64, kWN = 32;  // warp tile; 2 x 4 warps
 
-// No minimum of blocks per SM: capped at 128 registers (two blocks per SM) the kernel spills
-// (ptxas: 48 bytes); uncapped it takes 169 and runs one block of 8 warps per SM, with 64
-// independent FMAs per thread and k step to cover the latencies. Which is faster is measured.
-template <bool kVec>
-__global__ void __launch_bounds__(kThreads)
+// kBK: depth of a shared tile; kMinBlocks: blocks per SM the registers must allow. With 16-deep
+// tiles each thread stages 16 floats of the next tile and the kernel takes 169 registers (one
+// block of 8 warps per SM); 8-deep tiles halve that staging, so it fits in 128 registers and two
+// blocks share an SM, each one's barriers covered by the other's work.
+template <bool kVec, int kBK, int kMinBlocks>
+__global__ void __launch_bounds__(kThreads, kMinBlocks)
     matmul_warp_tiled_kernel(const float* __restrict__ a, const float* __restrict__ b, float* __restrict__ c,
                              int64_t m, int64_t n, int64_t k, int64_t lda, int64_t ldb, int64_t ldc, int64_t a_bs,
                              int64_t b_bs, int64_t c_bs) {
@@ -36,13 +37,16 @@ __global__ void __launch_bounds__(kThreads)
   b += blockIdx.z * b_bs;
   c += blockIdx.z * c_bs;
 
-  // Each thread moves two float4 of each tile: a (128 rows x 16 k; row tid/2, k (tid%2)*4 and
-  // 8 more: a warp's transposed stores then hit 32 different banks), b (16 k x 128 columns).
-  float4 ra[2], rb[2];
+  // Each thread moves kLoads float4 of each tile: a (128 rows x kBK; row tid/2, k (tid%2)*4, and
+  // 8 more for 16-deep tiles: a warp's transposed stores then hit 32 different banks), b (kBK k x
+  // 128 columns).
+  constexpr int kLoads = kBK / 8;
+  static_assert(kBM * kBK == kLoads * 4 * kThreads && kBN * kBK == kLoads * 4 * kThreads, "one or two float4 each");
+  float4 ra[kLoads], rb[kLoads];
   const int a_row = tid / 2, a_k = (tid % 2) * 4;
   auto fetch = [&](int64_t k0) {
 #pragma unroll
-    for (int s = 0; s < 2; ++s) {
+    for (int s = 0; s < kLoads; ++s) {
       const int idx = tid + s * kThreads;
       ra[s] = simt::load4<kVec>(a, m0 + a_row, k0 + a_k + 8 * s, m, k, lda);
       rb[s] = simt::load4<kVec>(b, k0 + idx / 32, n0 + (idx % 32) * 4, k, n, ldb);
@@ -50,7 +54,7 @@ __global__ void __launch_bounds__(kThreads)
   };
   auto stash = [&](int buf) {
 #pragma unroll
-    for (int s = 0; s < 2; ++s) {
+    for (int s = 0; s < kLoads; ++s) {
       const int idx = tid + s * kThreads;
       const int row = a_row, kq = a_k + 8 * s;
       float v[4];
@@ -95,22 +99,39 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-}  // namespace
-
-int matmul_warp_tiled_cuda(const GemmParams& p, void* stream) {
+template <int kBK, int kMinBlocks>
+int launch(const GemmParams& p, cudaStream_t s) {
   const dim3 grid(static_cast<unsigned>((p.n + kBN - 1) / kBN), static_cast<unsigned>((p.m + kBM - 1) / kBM),
                   static_cast<unsigned>(p.batch));
-  const auto s = static_cast<cudaStream_t>(stream);
   const auto* a = static_cast<const float*>(p.a);
   const auto* b = static_cast<const float*>(p.b);
   auto* c = static_cast<float*>(p.c);
   if (simt::vectorizable(p))
-    matmul_warp_tiled_kernel<true>
+    matmul_warp_tiled_kernel<true, kBK, kMinBlocks>
         <<<grid, kThreads, 0, s>>>(a, b, c, p.m, p.n, p.k, p.a_rs, p.b_rs, p.c_rs, p.a_bs, p.b_bs, p.c_bs);
   else
-    matmul_warp_tiled_kernel<false>
+    matmul_warp_tiled_kernel<false, kBK, kMinBlocks>
         <<<grid, kThreads, 0, s>>>(a, b, c, p.m, p.n, p.k, p.a_rs, p.b_rs, p.c_rs, p.a_bs, p.b_bs, p.c_bs);
   return cudaGetLastError();
 }
+
+#ifndef OPFORGE_WARP_TILED_CONFIG
+#define OPFORGE_WARP_TILED_CONFIG 1
+#endif
+
+}  // namespace
+
+int matmul_warp_tiled_cuda_config(const GemmParams& p, void* stream, int config) {
+  const auto s = static_cast<cudaStream_t>(stream);
+  switch (config < 0 ? OPFORGE_WARP_TILED_CONFIG : config) {
+    case 0: return launch<16, 1>(p, s);
+    case 1: return launch<8, 2>(p, s);
+    case 2: return launch<16, 2>(p, s);
+    case 3: return launch<8, 1>(p, s);
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+int matmul_warp_tiled_cuda(const GemmParams& p, void* stream) { return matmul_warp_tiled_cuda_config(p, stream, -1); }
 
 }  // namespace opforge

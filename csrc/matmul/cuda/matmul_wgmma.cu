@@ -1,18 +1,24 @@
 // matmul rung 6, "wgmma" (float16/bfloat16, sm_90a: H100/H200): Hopper's warpgroup MMA fed by
-// the tensor memory accelerator, warp-specialised and persistent.
-//  - One block per SM loops over 128 x 128 output tiles (persistent: the grid is the SM count).
+// the tensor memory accelerator, warp-specialised, persistent, in clusters that share b.
+//  - Persistent: as many blocks as fit (one per SM) loop over 128 x BN output tiles, taken in
+//    groups of 8 tile rows so that the blocks running at once share a and b panels in L2.
 //  - Warpgroup 0 is the producer: one thread issues TMA copies of the next 64-deep tiles of a and
-//    of b^T into a 4-stage ring of shared buffers (128-byte swizzle, zero-filled outside the
-//    matrices), each stage guarded by a "full" and an "empty" mbarrier. It gives most of its
-//    registers away (setmaxnreg).
-//  - Warpgroups 1 and 2 are consumers, 64 rows of the tile each: per stage 4 wgmma.m64n128k16
-//    reading both operands straight from shared memory through matrix descriptors, accumulating
-//    in 64 float registers a thread; then they release the stage and, after the last k tile,
-//    round the tile to 16 bits and store it.
+//    of b^T into a ring of shared buffers (128-byte swizzle, zero-filled outside the matrices),
+//    each stage guarded by a "full" and an "empty" mbarrier. It gives most of its registers away
+//    (setmaxnreg).
+//  - Clusters of kCluster blocks work on tiles in the same columns (rows m0, m0 + 128, ...): each
+//    block loads 1 / kCluster of the b tile and multicasts it into every block of the cluster,
+//    which cuts b's traffic from L2 by kCluster. A stage is free again only when the consumers of
+//    every block of the cluster have released it (remote mbarrier arrivals).
+//  - Warpgroups 1 and 2 are consumers, 64 rows of the tile each: per stage 4 wgmma.m64nBNk16
+//    reading both operands from shared memory through matrix descriptors, accumulating in BN / 2
+//    float registers a thread. One stage's wgmmas stay in flight while the next stage's are
+//    issued (wait_group 1); the stage before is released then. After the last k tile they round
+//    the tile to 16 bits and store it.
 // Operands are K-major (rows of a, rows of b^T): the launcher passes b transposed and zero-pads k
 // to a multiple of 8 (TMA needs 16-byte global strides).
-// Without sm_90a device code (a build for another arch list) the kernel is empty and the
-// launcher does not offer the variant (OPFORGE_HAS_SM90A).
+// Without sm_90a device code (a build for another arch list) the kernel traps and the launcher
+// does not offer the variant (OPFORGE_HAS_SM90A).
 #include <cuda.h>
 #include <cudaTypedefs.h>
 #include <cuda_bf16.h>
@@ -23,6 +29,7 @@
 
 #include "matmul/cuda/matmul_kernels.h"
 #include "matmul/cuda/tensor_core_common.cuh"
+#include "matmul/cuda/wgmma_ops.cuh"
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define OPFORGE_WGMMA_DEVICE 1
@@ -31,11 +38,23 @@
 namespace opforge {
 namespace {
 
-constexpr int kBM = 128, kBN = 128, kBK = 64, kStages = 4;
+constexpr int kBM = 128, kBK = 64;
 constexpr int kThreads = 384;  // producer warpgroup + 2 consumer warpgroups
-constexpr int kTileBytesA = kBM * kBK * 2, kTileBytesB = kBN * kBK * 2;
-constexpr int kStageBytes = kTileBytesA + kTileBytesB;
-constexpr int kSmemBytes = kStages * kStageBytes + 1024 /* alignment */ + 2 * kStages * 8 /* barriers */;
+constexpr int kGroupRows = 8;
+#ifndef OPFORGE_WGMMA_WIDE_CONFIG
+#define OPFORGE_WGMMA_WIDE_CONFIG 2
+#endif
+constexpr int kWideConfig = OPFORGE_WGMMA_WIDE_CONFIG;  // 1: 128 x 256 tiles; 2: the same in pairs sharing b  // tile rows (of clusters) per group of the tile order
+
+template <int BN, int kCluster>
+struct Config {
+  static constexpr int kTileBytesA = kBM * kBK * 2, kTileBytesB = BN * kBK * 2;
+  static constexpr int kStageBytes = kTileBytesA + kTileBytesB;
+  static constexpr int kStages = 196608 / kStageBytes;  // a 192 KB ring: 4 stages of 128 x 256, 6 of 128 x 128
+  static constexpr int kSmemBytes = kStages * kStageBytes + 1024 /* alignment */ + 2 * kStages * 8 /* barriers */;
+  static constexpr int kRowsB = BN / kCluster;  // rows of the b^T tile each block of a cluster loads
+  static_assert(kRowsB <= 256 && kTileBytesA % 1024 == 0 && (kRowsB * kBK * 2) % 1024 == 0, "TMA box / swizzle atoms");
+};
 
 #ifdef OPFORGE_WGMMA_DEVICE
 using tc::smem_addr;
@@ -49,6 +68,14 @@ __device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t* bar, uint32_t by
 __device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_addr(bar)) : "memory");
 }
+// Arrival on the barrier at the same place in block `cta` of the cluster.
+__device__ __forceinline__ void mbar_arrive_cluster(uint64_t* bar, uint32_t cta) {
+  asm volatile(
+      "{\n.reg .b32 ra;\nmapa.shared::cluster.u32 ra, %0, %1;\n"
+      "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [ra];\n}\n" ::"r"(smem_addr(bar)),
+      "r"(cta)
+      : "memory");
+}
 __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
   uint32_t done = 0;
   do {
@@ -59,6 +86,15 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
         : "memory");
   } while (!done);
 }
+__device__ __forceinline__ uint32_t cluster_rank() {
+  uint32_t r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+  return r;
+}
+// Every thread of every block of the cluster (whole warps).
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
 // 3-D TMA copy (k, row, batch) of one box into shared memory, completing on `bar`.
 __device__ __forceinline__ void tma_load(void* dst, const CUtensorMap* map, int k, int row, int batch, uint64_t* bar) {
   asm volatile(
@@ -67,116 +103,155 @@ __device__ __forceinline__ void tma_load(void* dst, const CUtensorMap* map, int 
       "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_addr(bar)), "r"(k), "r"(row), "r"(batch)
       : "memory");
 }
+// The same box written at the same place in every block of `mask`, completing on each one's `bar`.
+__device__ __forceinline__ void tma_load_multicast(void* dst, const CUtensorMap* map, int k, int row, int batch,
+                                                   uint64_t* bar, uint16_t mask) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster"
+      " [%0], [%1, {%3, %4, %5}], [%2], %6;\n" ::"r"(smem_addr(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_addr(bar)), "r"(k), "r"(row), "r"(batch), "h"(mask)
+      : "memory");
+}
 // Shared-memory matrix descriptor: K-major, 128-byte swizzle, 8-row groups 1024 bytes apart.
 __device__ __forceinline__ uint64_t smem_desc(const void* p) {
   const uint64_t addr = smem_addr(p);
   return ((addr & 0x3ffff) >> 4) | (uint64_t{1} << 16) | (uint64_t{1024 >> 4} << 32) | (uint64_t{1} << 62);
 }
-template <typename T>
-__device__ __forceinline__ void wgmma_m64n128k16(float* d, uint64_t desc_a, uint64_t desc_b, int accumulate);
-template <>
-__device__ __forceinline__ void wgmma_m64n128k16<__nv_bfloat16>(float* d, uint64_t desc_a, uint64_t desc_b, int accumulate) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 0, 0;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-      : "l"(desc_a), "l"(desc_b), "r"(accumulate));
-}
-
-template <>
-__device__ __forceinline__ void wgmma_m64n128k16<__half>(float* d, uint64_t desc_a, uint64_t desc_b, int accumulate) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 0, 0;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-      : "l"(desc_a), "l"(desc_b), "r"(accumulate));
-}
-
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+// Keeps the compiler from moving accumulators that an asynchronous wgmma still owns.
+__device__ __forceinline__ void fence_operand(float& x) { asm volatile("" : "+f"(x)::"memory"); }
 
+// Tile `u` of the persistent loop: batch, tile row of the cluster, tile column, in groups of
+// kGroupRows cluster rows that sweep all columns before the next group.
+__device__ __forceinline__ void tile_coords(int u, int groups_m, int tiles_n, int& b, int& gm, int& nt) {
+  const int per = groups_m * tiles_n;
+  b = u / per;
+  const int r = u % per, group = r / (kGroupRows * tiles_n), first = group * kGroupRows;
+  const int size = min(kGroupRows, groups_m - first), w = r % (kGroupRows * tiles_n);
+  gm = first + w % size;
+  nt = w / size;
+}
 #endif  // OPFORGE_WGMMA_DEVICE
 
-template <typename T>
+template <typename T, int BN, int kCluster>
 __global__ void __launch_bounds__(kThreads, 1)
     matmul_wgmma_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_bt,
                         T* __restrict__ c, int m, int n, int k, int batch, int64_t ldc, int64_t c_bs) {
 #ifdef OPFORGE_WGMMA_DEVICE
+  using C = Config<BN, kCluster>;
+  constexpr int kStages = C::kStages, kStageBytes = C::kStageBytes;
   extern __shared__ unsigned char smem_raw[];
   unsigned char* smem = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + kStages * kStageBytes);
   uint64_t* empty = full + kStages;
   const int wg = threadIdx.x / 128, t = threadIdx.x % 128;
+  const uint32_t rank = kCluster > 1 ? cluster_rank() : 0;
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
       mbar_init(&full[s], 1);
-      mbar_init(&empty[s], 2);  // one arrival per consumer warpgroup
+      mbar_init(&empty[s], 2 * kCluster);  // one arrival per consumer warpgroup of the cluster
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
-  __syncthreads();
+  if constexpr (kCluster > 1) cluster_sync();  // no block multicasts into barriers not yet set up
+  else __syncthreads();
 
-  const int tiles_m = (m + kBM - 1) / kBM, tiles_n = (n + kBN - 1) / kBN;
-  const int tiles = tiles_m * tiles_n * batch, k_tiles = (k + kBK - 1) / kBK;
+  const int tiles_m = (m + kBM - 1) / kBM, tiles_n = (n + BN - 1) / BN;
+  const int groups_m = (tiles_m + kCluster - 1) / kCluster;
+  const int units = groups_m * tiles_n * batch, k_tiles = (k + kBK - 1) / kBK;
+  const int first_unit = blockIdx.x / kCluster, unit_step = gridDim.x / kCluster;
   if (wg == 0) {  // producer
     asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
-    if (t != 0) return;
-    int it = 0;
-    for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
-      const int b = tile / (tiles_m * tiles_n), r = tile % (tiles_m * tiles_n);
-      const int m0 = (r / tiles_n) * kBM, n0 = (r % tiles_n) * kBN;
-      for (int kt = 0; kt < k_tiles; ++kt, ++it) {
-        const int s = it % kStages;
-        mbar_wait(&empty[s], ((it / kStages) & 1) ^ 1);  // the first pass finds every stage free
-        unsigned char* stage = smem + s * kStageBytes;
-        mbar_arrive_expect_tx(&full[s], kStageBytes);
-        tma_load(stage, &map_a, kt * kBK, m0, b, &full[s]);
-        tma_load(stage + kTileBytesA, &map_bt, kt * kBK, n0, b, &full[s]);
+    if (t == 0) {
+      int it = 0;
+      for (int u = first_unit; u < units; u += unit_step) {
+        int b, gm, nt;
+        tile_coords(u, groups_m, tiles_n, b, gm, nt);
+        const int m0 = (gm * kCluster + static_cast<int>(rank)) * kBM, n0 = nt * BN;
+        for (int kt = 0; kt < k_tiles; ++kt, ++it) {
+          const int s = it % kStages;
+          mbar_wait(&empty[s], ((it / kStages) & 1) ^ 1);  // the first pass finds every stage free
+          unsigned char* stage = smem + s * kStageBytes;
+          mbar_arrive_expect_tx(&full[s], kStageBytes);  // a, and all of b (part of it from the other blocks)
+          tma_load(stage, &map_a, kt * kBK, m0, b, &full[s]);
+          if constexpr (kCluster == 1) {
+            tma_load(stage + C::kTileBytesA, &map_bt, kt * kBK, n0, b, &full[s]);
+          } else {
+            tma_load_multicast(stage + C::kTileBytesA + rank * (C::kRowsB * kBK * 2), &map_bt, kt * kBK,
+                               n0 + static_cast<int>(rank) * C::kRowsB, b, &full[s],
+                               static_cast<uint16_t>((1u << kCluster) - 1));
+          }
+        }
       }
     }
-    return;
-  }
-  // consumers: warpgroup 1 takes rows 0-63 of the tile, warpgroup 2 rows 64-127
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
-  const int half = wg - 1, warp = t / 32, lane = t % 32;
-  float d[64];
-  int it = 0;
-  for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
-    const int b = tile / (tiles_m * tiles_n), r = tile % (tiles_m * tiles_n);
-    const int m0 = (r / tiles_n) * kBM, n0 = (r % tiles_n) * kBN;
+    __syncwarp();
+  } else {
+    // consumers: warpgroup 1 takes rows 0-63 of the tile, warpgroup 2 rows 64-127
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+    const int half = wg - 1, warp = t / 32, lane = t % 32;
+    auto release = [&](int s) {
+      if (t != 0) return;
+      if constexpr (kCluster == 1) {
+        mbar_arrive(&empty[s]);
+      } else {
 #pragma unroll
-    for (int i = 0; i < 64; ++i) d[i] = 0.0f;
-    for (int kt = 0; kt < k_tiles; ++kt, ++it) {
-      const int s = it % kStages;
-      mbar_wait(&full[s], (it / kStages) & 1);
-      const unsigned char* stage = smem + s * kStageBytes;
-      const unsigned char* a_tile = stage + half * (64 * kBK * 2);
-      const unsigned char* b_tile = stage + kTileBytesA;
-      wgmma_fence();
+        for (int q = 0; q < kCluster; ++q) mbar_arrive_cluster(&empty[s], q);
+      }
+    };
+    float d[BN / 2];
+    int it = 0;
+    for (int u = first_unit; u < units; u += unit_step) {
+      int b, gm, nt;
+      tile_coords(u, groups_m, tiles_n, b, gm, nt);
+      const int m0 = (gm * kCluster + static_cast<int>(rank)) * kBM, n0 = nt * BN;
 #pragma unroll
-      for (int kk = 0; kk < kBK / 16; ++kk)  // 16 deep = 32 bytes along the swizzled 128-byte rows
-        wgmma_m64n128k16<T>(d, smem_desc(a_tile + kk * 32), smem_desc(b_tile + kk * 32), 1);
-      wgmma_commit();
-      wgmma_wait_all();
-      if (t == 0) mbar_arrive(&empty[s]);
-    }
-    // d[4j..4j+3]: rows (warp*16 + lane/4) and +8, columns 8j + 2*(lane%4) + {0, 1}
-    T* out = c + static_cast<int64_t>(b) * c_bs;
-    const bool pairs = ((ldc | c_bs) & 1) == 0 && reinterpret_cast<uintptr_t>(c) % 4 == 0;
+      for (int i = 0; i < BN / 2; ++i) d[i] = 0.0f;
+      for (int kt = 0; kt < k_tiles; ++kt, ++it) {
+        const int s = it % kStages;
+        mbar_wait(&full[s], (it / kStages) & 1);
+        const unsigned char* stage = smem + s * kStageBytes;
+        const unsigned char* a_tile = stage + half * (64 * kBK * 2);
+        const unsigned char* b_tile = stage + C::kTileBytesA;
 #pragma unroll
-    for (int j = 0; j < 16; ++j) {
-      const int col = n0 + j * 8 + (lane % 4) * 2;
+        for (int i = 0; i < BN / 2; ++i) fence_operand(d[i]);
+        wgmma_fence();
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int row = m0 + half * 64 + warp * 16 + lane / 4 + h * 8;
-        if (row < m && col < n) {
-          tc::store_pair<T>(out + row * ldc + col, d[4 * j + 2 * h], d[4 * j + 2 * h + 1], pairs && col + 1 < n);
-          if (!pairs && col + 1 < n) tc::store_pair<T>(out + row * ldc + col + 1, d[4 * j + 2 * h + 1], 0.f, false);
+        for (int kk = 0; kk < kBK / 16; ++kk)  // 16 deep = 32 bytes along the swizzled 128-byte rows
+          tc::Wgmma<T, BN>::mma(d, smem_desc(a_tile + kk * 32), smem_desc(b_tile + kk * 32), 1);
+        wgmma_commit();
+        wgmma_wait<1>();  // this stage's wgmmas may still run; the previous stage's are done
+#pragma unroll
+        for (int i = 0; i < BN / 2; ++i) fence_operand(d[i]);
+        if (kt > 0) release((it - 1) % kStages);
+      }
+      wgmma_wait<0>();
+#pragma unroll
+      for (int i = 0; i < BN / 2; ++i) fence_operand(d[i]);
+      if (k_tiles > 0) release((it - 1) % kStages);
+      // d[4j..4j+3]: rows (warp*16 + lane/4) and +8, columns 8j + 2*(lane%4) + {0, 1}
+      T* out = c + static_cast<int64_t>(b) * c_bs;
+      const bool pairs = ((ldc | c_bs) & 1) == 0 && reinterpret_cast<uintptr_t>(c) % 4 == 0;
+#pragma unroll
+      for (int j = 0; j < BN / 8; ++j) {
+        const int col = n0 + j * 8 + (lane % 4) * 2;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int row = m0 + half * 64 + warp * 16 + lane / 4 + h * 8;
+          if (row < m && col < n) {
+            tc::store_pair<T>(out + row * ldc + col, d[4 * j + 2 * h], d[4 * j + 2 * h + 1], pairs && col + 1 < n);
+            if (!pairs && col + 1 < n) tc::store_pair<T>(out + row * ldc + col + 1, d[4 * j + 2 * h + 1], 0.f, false);
+          }
         }
       }
     }
   }
+  // No block leaves while another may still arrive on its barriers or write into its ring.
+  if constexpr (kCluster > 1) cluster_sync();
 #else
   __trap();  // no sm_90a code in this binary: never return an unwritten output
 #endif  // OPFORGE_WGMMA_DEVICE
@@ -211,40 +286,86 @@ bool make_map(CUtensorMap* map, const void* base, DType dtype, int64_t rows, int
   return res == CUDA_SUCCESS;
 }
 
-template <typename T>
+template <typename T, int BN, int kCluster>
 cudaError_t launch(const GemmParams& p, cudaStream_t stream) {
+  using C = Config<BN, kCluster>;
   CUtensorMap map_a{}, map_bt{};
   // p.b holds b^T: (n, k) rows, row stride p.b_rs.
   if (!make_map(&map_a, p.a, p.dtype, p.m, p.k, p.batch, p.a_rs, p.a_bs, kBM) ||
-      !make_map(&map_bt, p.b, p.dtype, p.n, p.k, p.batch, p.b_rs, p.b_bs, kBN))
+      !make_map(&map_bt, p.b, p.dtype, p.n, p.k, p.batch, p.b_rs, p.b_bs, C::kRowsB))
     return cudaErrorInvalidValue;
+  const auto kernel = matmul_wgmma_kernel<T, BN, kCluster>;
   // setmaxnreg moves registers between the warpgroups of a block: 128 x 40 + 256 x 232 needs
   // the block to start with at least 168 a thread, or the consumers wait for ever.
   static bool configured[64] = {};
-  const cudaError_t err = tc::configure_once(matmul_wgmma_kernel<T>, kSmemBytes, configured,
-                                             [](const cudaFuncAttributes& a) { return (a.numRegs + 7) / 8 * 8 >= 168; });
+  cudaError_t err = tc::configure_once(kernel, C::kSmemBytes, configured,
+                                       [](const cudaFuncAttributes& a) { return (a.numRegs + 7) / 8 * 8 >= 168; });
   if (err != cudaSuccess) return err;
-  int dev = 0, sms = 1;
-  cudaGetDevice(&dev);
-  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-  const int64_t tiles = ((p.m + kBM - 1) / kBM) * ((p.n + kBN - 1) / kBN) * p.batch;
-  const unsigned grid = static_cast<unsigned>(tiles < sms ? tiles : sms);
-  matmul_wgmma_kernel<T><<<grid, kThreads, kSmemBytes, stream>>>(map_a, map_bt, static_cast<T*>(p.c),
-                                                                 static_cast<int>(p.m), static_cast<int>(p.n),
-                                                                 static_cast<int>(p.k), static_cast<int>(p.batch),
-                                                                 p.c_rs, p.c_bs);
-  return cudaGetLastError();
+  const int64_t tiles_m = (p.m + kBM - 1) / kBM, tiles_n = (p.n + BN - 1) / BN;
+  const int64_t units = (tiles_m + kCluster - 1) / kCluster * tiles_n * p.batch;
+  cudaLaunchConfig_t config{};
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = kCluster;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  config.blockDim = dim3(kThreads);
+  config.dynamicSmemBytes = C::kSmemBytes;
+  config.stream = stream;
+  config.attrs = attr;
+  config.numAttrs = 1;
+  int slots = 0;  // clusters that fit at once
+  if (kCluster > 1) {
+    config.gridDim = dim3(kCluster);
+    err = cudaOccupancyMaxActiveClusters(&slots, kernel, &config);
+    if (err != cudaSuccess) return err;
+  } else {
+    int dev = 0;
+    cudaGetDevice(&dev);
+    cudaDeviceGetAttribute(&slots, cudaDevAttrMultiProcessorCount, dev);
+  }
+  if (slots < 1) return cudaErrorInvalidConfiguration;
+  config.gridDim = dim3(static_cast<unsigned>((units < slots ? units : slots) * kCluster));
+  err = cudaLaunchKernelEx(&config, kernel, map_a, map_bt, static_cast<T*>(p.c), static_cast<int>(p.m),
+                           static_cast<int>(p.n), static_cast<int>(p.k), static_cast<int>(p.batch), p.c_rs, p.c_bs);
+  return err != cudaSuccess ? err : cudaGetLastError();
+}
+
+template <typename T>
+cudaError_t launch_config(const GemmParams& p, cudaStream_t stream, int config) {
+  switch (config) {
+    case 0: return launch<T, 128, 1>(p, stream);
+    case 1: return launch<T, 256, 1>(p, stream);
+    case 2: return launch<T, 256, 2>(p, stream);
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+// The configuration for a call: 128 x 256 tiles in pairs sharing b where they fill the GPU,
+// 128 x 128 tiles where those would leave SMs idle.
+int pick_config(const GemmParams& p) {
+  static int sms = [] {
+    int dev = 0, n = 132;
+    cudaGetDevice(&dev);
+    cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev);
+    return n;
+  }();
+  const int64_t wide_tiles = (p.m + kBM - 1) / kBM * ((p.n + 255) / 256) * p.batch;
+  return wide_tiles >= sms ? kWideConfig : 0;
 }
 
 }  // namespace
 
-int matmul_wgmma_cuda(const GemmParams& p, void* stream) {
+int matmul_wgmma_cuda_config(const GemmParams& p, void* stream, int config) {
   const auto s = static_cast<cudaStream_t>(stream);
+  if (config < 0) config = pick_config(p);
   switch (p.dtype) {
-    case DType::kBFloat16: return launch<__nv_bfloat16>(p, s);
-    case DType::kFloat16: return launch<__half>(p, s);
+    case DType::kBFloat16: return launch_config<__nv_bfloat16>(p, s, config);
+    case DType::kFloat16: return launch_config<__half>(p, s, config);
     default: return cudaErrorInvalidValue;
   }
 }
+
+int matmul_wgmma_cuda(const GemmParams& p, void* stream) { return matmul_wgmma_cuda_config(p, stream, -1); }
 
 }  // namespace opforge

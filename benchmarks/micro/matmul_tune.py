@@ -1,0 +1,171 @@
+"""Tuning run for the matmul rungs' configurations, without building the torch extension.
+
+Compiles csrc/matmul/cuda/{warp_tiled,mma,wgmma}.cu with a C shim into a shared library (about
+30 s on 16 cores), then for every configuration of those rungs checks the result against a
+float64 reference on odd and batched shapes and times it next to torch.matmul (cuBLAS) in the
+same process, with the benchmark's timer (L2 flushed before every run). Prints one line per run.
+
+    python benchmarks/micro/matmul_tune.py [--quick] [--only warp_tiled,mma,wgmma]
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import importlib.util
+import os
+import pathlib
+import subprocess
+import sys
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+
+import torch
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+RUNGS = {"warp_tiled": (0, [0, 1, 2, 3]), "mma": (1, [0, 1, 2, 3]), "wgmma": (2, [0, 1, 2])}
+DTYPES = {torch.float32: 0, torch.float16: 2, torch.bfloat16: 3}
+
+
+def build(out: pathlib.Path) -> ctypes.CDLL:
+    nvcc = os.environ.get("NVCC", "nvcc")
+    flags = [
+        "-std=c++17",
+        "-O3",
+        "-gencode",
+        "arch=compute_90a,code=sm_90a",
+        "--expt-relaxed-constexpr",
+        "-Xcompiler",
+        "-fPIC",
+        "-I",
+        str(ROOT / "csrc"),
+        "-DOPFORGE_WITH_CUDA=1",
+    ]
+    srcs = [ROOT / f"csrc/matmul/cuda/matmul_{r}.cu" for r in RUNGS] + [
+        ROOT / "benchmarks/micro/matmul_tune_shim.cu"
+    ]
+    objs = [out / (s.stem + ".o") for s in srcs]
+
+    def compile_one(pair):
+        s, o = pair
+        subprocess.run([nvcc, *flags, "-c", str(s), "-o", str(o)], check=True)
+
+    with ThreadPoolExecutor(len(srcs)) as pool:
+        list(pool.map(compile_one, zip(srcs, objs, strict=True)))
+    so = out / "libmatmul_tune.so"
+    subprocess.run([nvcc, "-shared", "-o", str(so), *map(str, objs)], check=True)
+    lib = ctypes.CDLL(str(so))
+    lib.opforge_tune_matmul.restype = ctypes.c_int
+    lib.opforge_tune_matmul.argtypes = (
+        [ctypes.c_int, ctypes.c_int]
+        + [ctypes.c_void_p] * 3
+        + [ctypes.c_int64] * 10
+        + [ctypes.c_int, ctypes.c_void_p]
+    )
+    return lib
+
+
+def load_timer():
+    spec = importlib.util.spec_from_file_location("timing", ROOT / "opforge/bench/timing.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.CudaTimer(torch.device("cuda"))
+
+
+def runner(lib, rung: str, config: int, a: torch.Tensor, b: torch.Tensor):
+    """A callable computing a @ b with the rung into a fresh output; a, b contiguous (batch, ., .)."""
+    batch, m, k = a.shape
+    n = b.shape[2]
+    c = torch.empty(batch, m, n, dtype=a.dtype, device=a.device)
+    code, _ = RUNGS[rung]
+    if rung == "wgmma":
+        b = b.transpose(1, 2).contiguous()  # (batch, n, k)
+        b_rs, b_bs = k, n * k
+    else:
+        b_rs, b_bs = n, k * n
+    stream = torch.cuda.current_stream().cuda_stream
+
+    def fn():
+        err = lib.opforge_tune_matmul(
+            code,
+            config,
+            a.data_ptr(),
+            b.data_ptr(),
+            c.data_ptr(),
+            batch,
+            m,
+            n,
+            k,
+            k,
+            b_rs,
+            n,
+            m * k,
+            b_bs,
+            m * n,
+            DTYPES[a.dtype],
+            stream,
+        )
+        if err:
+            raise RuntimeError(f"{rung} config {config}: CUDA error {err}")
+        return c
+
+    return fn
+
+
+def check(lib, rung, config, dtype, shape) -> float:
+    batch, m, k, n = shape
+    g = torch.Generator(device="cuda").manual_seed(1)
+    a = torch.randn(batch, m, k, device="cuda", generator=g).to(dtype)
+    b = torch.randn(batch, k, n, device="cuda", generator=g).to(dtype)
+    out = runner(lib, rung, config, a, b)().double()
+    ref = torch.matmul(a.double(), b.double())
+    return ((out - ref).abs().max() / ref.abs().max()).item()
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true", help="4096^3 only")
+    ap.add_argument("--only", default=",".join(RUNGS))
+    args = ap.parse_args()
+    torch.backends.cuda.matmul.allow_tf32 = False
+    with tempfile.TemporaryDirectory() as tmp:
+        lib = build(pathlib.Path(tmp))
+        timer = load_timer()
+        bad = 0
+        for rung in args.only.split(","):
+            _, configs = RUNGS[rung]
+            dtypes = [torch.float32] if rung == "warp_tiled" else [torch.bfloat16]
+            shapes = (
+                [(4096, 4096, 4096)]
+                if args.quick
+                else [(2048,) * 3, (4096,) * 3, (8192,) * 3, (8192, 1024, 8192)]
+            )
+            odd = [(1, 1000, 1000, 1000), (3, 130, 72, 264), (2, 129, 4104, 136), (1, 1, 8, 8)]
+            for config in configs:
+                for dtype in dtypes:
+                    errs = [check(lib, rung, config, dtype, s) for s in odd]
+                    tol = 1e-5 if dtype == torch.float32 else 2e-2
+                    ok = all(e <= tol for e in errs)
+                    bad += not ok
+                    print(
+                        f"{rung} cfg {config} {str(dtype)[6:]} check: {'ok' if ok else 'FAILED'} max rel err "
+                        f"{max(errs):.2e}",
+                        flush=True,
+                    )
+                    for m, k, n in shapes:
+                        a = torch.randn(1, m, k, device="cuda").to(dtype)
+                        b = torch.randn(1, k, n, device="cuda").to(dtype)
+                        ours = timer(runner(lib, rung, config, a, b))
+                        a2, b2 = a[0], b[0]
+                        peer = timer(lambda a2=a2, b2=b2: torch.matmul(a2, b2))
+                        tf = 2 * m * n * k / 1e9
+                        print(
+                            f"  {rung} cfg {config} {str(dtype)[6:]} {m}x{k}x{n}: {ours:.3f} ms {tf / ours:7.1f} "
+                            f"TFLOP/s | cuBLAS {peer:.3f} ms {tf / peer:7.1f} | {peer / ours:.3f}x",
+                            flush=True,
+                        )
+        return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
