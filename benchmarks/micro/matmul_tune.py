@@ -23,7 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-RUNGS = {"warp_tiled": (0, [0, 1, 2, 3]), "mma": (1, [0, 1, 2, 3]), "wgmma": (2, [0, 1, 2])}
+RUNGS = {"warp_tiled": (0, [0, 1, 2, 3, 4]), "mma": (1, [0, 1, 2, 3]), "wgmma": (2, [0, 1, 2])}
 DTYPES = {torch.float32: 0, torch.float16: 2, torch.bfloat16: 3}
 
 
@@ -40,6 +40,7 @@ def build(out: pathlib.Path) -> ctypes.CDLL:
         "-I",
         str(ROOT / "csrc"),
         "-DOPFORGE_WITH_CUDA=1",
+        "-DOPFORGE_MATMUL_TUNING=1",
     ]
     srcs = [ROOT / f"csrc/matmul/cuda/matmul_{r}.cu" for r in RUNGS] + [
         ROOT / "benchmarks/micro/matmul_tune_shim.cu"
@@ -126,14 +127,28 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="4096^3 only")
     ap.add_argument("--only", default=",".join(RUNGS))
+    ap.add_argument("--configs", default="", help="comma-separated configurations (default: all)")
+    ap.add_argument("--profile", default="", help="rung:config: three calls at 4096^3 (for ncu), no timing")
     args = ap.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
     with tempfile.TemporaryDirectory() as tmp:
         lib = build(pathlib.Path(tmp))
+        if args.profile:
+            rung, config = args.profile.split(":")
+            dtype = torch.float32 if rung == "warp_tiled" else torch.bfloat16
+            a = torch.randn(1, 4096, 4096, device="cuda").to(dtype)
+            b = torch.randn(1, 4096, 4096, device="cuda").to(dtype)
+            fn = runner(lib, rung, int(config), a, b)
+            for _ in range(3):
+                fn()
+            torch.cuda.synchronize()
+            return 0
         timer = load_timer()
         bad = 0
         for rung in args.only.split(","):
             _, configs = RUNGS[rung]
+            if args.configs:
+                configs = [int(c) for c in args.configs.split(",")]
             dtypes = [torch.float32] if rung == "warp_tiled" else [torch.bfloat16]
             shapes = (
                 [(4096, 4096, 4096)]

@@ -12,7 +12,8 @@ int matmul_smem_tiled_cuda(const GemmParams& p, void* stream);        // float32
 int matmul_register_blocked_cuda(const GemmParams& p, void* stream);  // float32
 int matmul_warp_tiled_cuda(const GemmParams& p, void* stream);        // float32
 // The same with a fixed configuration (for tuning; -1: the default): 0: 16-deep tiles, one block
-// per SM; 1: 8-deep, two blocks; 2: 16-deep, two blocks (spills); 3: 8-deep, one block.
+// per SM; 1: 8-deep, two blocks; 2: 16-deep, two blocks (spills); 3: 8-deep, one block;
+// 4: 128 x 256 tiles, 8-deep, one block (16-deep ones would need 49 KB of static shared memory).
 int matmul_warp_tiled_cuda_config(const GemmParams& p, void* stream, int config);
 // float16/bfloat16, sm_80+; also needs k, p.a_rs, p.b_rs and the batch strides multiples of 8
 // and a, b 16-byte aligned; b readable to the next multiple of 8 columns (ldb >= that).

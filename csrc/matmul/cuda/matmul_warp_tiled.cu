@@ -15,57 +15,63 @@
 namespace opforge {
 namespace {
 
-constexpr int kBM = 128, kBN = 128, kPad = 4, kThreads = 256;
-constexpr int kWM = 64, kWN = 32;  // warp tile; 2 x 4 warps
+constexpr int kBM = 128, kPad = 4, kThreads = 256;
+constexpr int kWM = 64;  // warp tile rows; 2 x 4 warps
 
-// kBK: depth of a shared tile; kMinBlocks: blocks per SM the registers must allow. With 16-deep
-// tiles each thread stages 16 floats of the next tile and the kernel takes 169 registers (one
-// block of 8 warps per SM); 8-deep tiles halve that staging, so it fits in 128 registers and two
-// blocks share an SM, each one's barriers covered by the other's work.
-template <bool kVec, int kBK, int kMinBlocks>
+// kBN: tile width, 128 (warp tiles 64 x 32, 8 x 8 a lane) or 256 (64 x 64, 8 x 16 a lane: 24
+// floats read from shared memory per 128 FMAs instead of 16 per 64). kBK: depth of a shared
+// tile. kMinBlocks: blocks per SM the registers must allow. With 16-deep tiles each thread stages
+// 16 floats of the next tile and the 128-wide kernel takes 169 registers (one block of 8 warps
+// per SM); 8-deep tiles halve that staging, so it fits in 128 registers and two blocks share an
+// SM, each one's barriers covered by the other's work.
+template <bool kVec, int kBK, int kMinBlocks, int kBN>
 __global__ void __launch_bounds__(kThreads, kMinBlocks)
     matmul_warp_tiled_kernel(const float* __restrict__ a, const float* __restrict__ b, float* __restrict__ c,
                              int64_t m, int64_t n, int64_t k, int64_t lda, int64_t ldb, int64_t ldc, int64_t a_bs,
                              int64_t b_bs, int64_t c_bs) {
+  constexpr int kWN = kBN / 4, kSubN = kWN / 32;  // warp tile columns; 32-column sub-tiles of it
   __shared__ __align__(16) float as[2][kBK][kBM + kPad];
   __shared__ __align__(16) float bs[2][kBK][kBN + kPad];
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
-  const int wm = warp / 4, wn = warp % 4;   // this warp's tile: rows wm*64.., columns wn*32..
-  const int tm = lane / 4, tn = lane % 4;   // this lane's rows tm*4 + {0..3} of each 32-row sub-tile, columns tn*8..+7
+  const int wm = warp / 4, wn = warp % 4;  // this warp's tile: rows wm*64.., columns wn*kWN..
+  const int tm = lane / 4, tn = lane % 4;  // this lane's rows tm*4 + {0..3} of each 32-row sub-tile, columns tn*8..+7 of each 32-column one
   const int64_t m0 = static_cast<int64_t>(blockIdx.y) * kBM, n0 = static_cast<int64_t>(blockIdx.x) * kBN;
   a += blockIdx.z * a_bs;
   b += blockIdx.z * b_bs;
   c += blockIdx.z * c_bs;
 
-  // Each thread moves kLoads float4 of each tile: a (128 rows x kBK; row tid/2, k (tid%2)*4, and
-  // 8 more for 16-deep tiles: a warp's transposed stores then hit 32 different banks), b (kBK k x
-  // 128 columns).
-  constexpr int kLoads = kBK / 8;
-  static_assert(kBM * kBK == kLoads * 4 * kThreads && kBN * kBK == kLoads * 4 * kThreads, "one or two float4 each");
-  float4 ra[kLoads], rb[kLoads];
+  // Each thread moves kLoadsA float4 of the a tile (128 rows x kBK; row tid/2, k (tid%2)*4, and 8
+  // more for 16-deep tiles: a warp's transposed stores then hit 32 different banks) and kLoadsB of
+  // the b tile (kBK k x kBN columns).
+  constexpr int kLoadsA = kBK / 8, kLoadsB = kBN * kBK / (4 * kThreads), kChunksB = kBN / 4;
+  static_assert(kBM * kBK == kLoadsA * 4 * kThreads && kLoadsB >= 1, "whole float4 per thread");
+  float4 ra[kLoadsA], rb[kLoadsB];
   const int a_row = tid / 2, a_k = (tid % 2) * 4;
   auto fetch = [&](int64_t k0) {
 #pragma unroll
-    for (int s = 0; s < kLoads; ++s) {
+    for (int s = 0; s < kLoadsA; ++s) ra[s] = simt::load4<kVec>(a, m0 + a_row, k0 + a_k + 8 * s, m, k, lda);
+#pragma unroll
+    for (int s = 0; s < kLoadsB; ++s) {
       const int idx = tid + s * kThreads;
-      ra[s] = simt::load4<kVec>(a, m0 + a_row, k0 + a_k + 8 * s, m, k, lda);
-      rb[s] = simt::load4<kVec>(b, k0 + idx / 32, n0 + (idx % 32) * 4, k, n, ldb);
+      rb[s] = simt::load4<kVec>(b, k0 + idx / kChunksB, n0 + (idx % kChunksB) * 4, k, n, ldb);
     }
   };
   auto stash = [&](int buf) {
 #pragma unroll
-    for (int s = 0; s < kLoads; ++s) {
-      const int idx = tid + s * kThreads;
-      const int row = a_row, kq = a_k + 8 * s;
+    for (int s = 0; s < kLoadsA; ++s) {
       float v[4];
       simt::unpack(ra[s], v);
 #pragma unroll
-      for (int i = 0; i < 4; ++i) as[buf][kq + i][row] = v[i];
-      *reinterpret_cast<float4*>(&bs[buf][idx / 32][(idx % 32) * 4]) = rb[s];
+      for (int i = 0; i < 4; ++i) as[buf][a_k + 8 * s + i][a_row] = v[i];
+    }
+#pragma unroll
+    for (int s = 0; s < kLoadsB; ++s) {
+      const int idx = tid + s * kThreads;
+      *reinterpret_cast<float4*>(&bs[buf][idx / kChunksB][(idx % kChunksB) * 4]) = rb[s];
     }
   };
 
-  float acc[8][8] = {};  // rows: sub-tile (2) x 4; columns: 8
+  float acc[8][8 * kSubN] = {};  // rows: sub-tile (2) x 4; columns: sub-tile x 8
   const int64_t tiles = (k + kBK - 1) / kBK;
   if (tiles > 0) {
     fetch(0);
@@ -77,15 +83,18 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
     if (t + 1 < tiles) fetch((t + 1) * kBK);  // in flight while this tile is computed
 #pragma unroll
     for (int kk = 0; kk < kBK; ++kk) {
-      float rm[8], rn[8];
+      float rm[8], rn[8 * kSubN];
       simt::unpack(*reinterpret_cast<const float4*>(&as[cur][kk][wm * kWM + tm * 4]), rm);
       simt::unpack(*reinterpret_cast<const float4*>(&as[cur][kk][wm * kWM + 32 + tm * 4]), rm + 4);
-      simt::unpack(*reinterpret_cast<const float4*>(&bs[cur][kk][wn * kWN + tn * 8]), rn);
-      simt::unpack(*reinterpret_cast<const float4*>(&bs[cur][kk][wn * kWN + tn * 8 + 4]), rn + 4);
+#pragma unroll
+      for (int q = 0; q < kSubN; ++q) {
+        simt::unpack(*reinterpret_cast<const float4*>(&bs[cur][kk][wn * kWN + q * 32 + tn * 8]), rn + 8 * q);
+        simt::unpack(*reinterpret_cast<const float4*>(&bs[cur][kk][wn * kWN + q * 32 + tn * 8 + 4]), rn + 8 * q + 4);
+      }
 #pragma unroll
       for (int i = 0; i < 8; ++i)
 #pragma unroll
-        for (int j = 0; j < 8; ++j) acc[i][j] = fmaf(rm[i], rn[j], acc[i][j]);
+        for (int j = 0; j < 8 * kSubN; ++j) acc[i][j] = fmaf(rm[i], rn[j], acc[i][j]);
     }
     if (t + 1 < tiles) stash(cur ^ 1);  // nobody reads that buffer during this tile
     __syncthreads();
@@ -93,13 +102,17 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
 #pragma unroll
   for (int i = 0; i < 8; ++i) {
     const int64_t row = m0 + wm * kWM + (i / 4) * 32 + tm * 4 + i % 4;
-    const int64_t col = n0 + wn * kWN + tn * 8;
-    simt::store4<kVec>(c, row, col, m, n, ldc, make_float4(acc[i][0], acc[i][1], acc[i][2], acc[i][3]));
-    simt::store4<kVec>(c, row, col + 4, m, n, ldc, make_float4(acc[i][4], acc[i][5], acc[i][6], acc[i][7]));
+#pragma unroll
+    for (int q = 0; q < kSubN; ++q) {
+      const int64_t col = n0 + wn * kWN + q * 32 + tn * 8;
+      const float* v = acc[i] + 8 * q;
+      simt::store4<kVec>(c, row, col, m, n, ldc, make_float4(v[0], v[1], v[2], v[3]));
+      simt::store4<kVec>(c, row, col + 4, m, n, ldc, make_float4(v[4], v[5], v[6], v[7]));
+    }
   }
 }
 
-template <int kBK, int kMinBlocks>
+template <int kBK, int kMinBlocks, int kBN = 128>
 int launch(const GemmParams& p, cudaStream_t s) {
   const dim3 grid(static_cast<unsigned>((p.n + kBN - 1) / kBN), static_cast<unsigned>((p.m + kBM - 1) / kBM),
                   static_cast<unsigned>(p.batch));
@@ -107,10 +120,10 @@ int launch(const GemmParams& p, cudaStream_t s) {
   const auto* b = static_cast<const float*>(p.b);
   auto* c = static_cast<float*>(p.c);
   if (simt::vectorizable(p))
-    matmul_warp_tiled_kernel<true, kBK, kMinBlocks>
+    matmul_warp_tiled_kernel<true, kBK, kMinBlocks, kBN>
         <<<grid, kThreads, 0, s>>>(a, b, c, p.m, p.n, p.k, p.a_rs, p.b_rs, p.c_rs, p.a_bs, p.b_bs, p.c_bs);
   else
-    matmul_warp_tiled_kernel<false, kBK, kMinBlocks>
+    matmul_warp_tiled_kernel<false, kBK, kMinBlocks, kBN>
         <<<grid, kThreads, 0, s>>>(a, b, c, p.m, p.n, p.k, p.a_rs, p.b_rs, p.c_rs, p.a_bs, p.b_bs, p.c_bs);
   return cudaGetLastError();
 }
@@ -128,6 +141,7 @@ int matmul_warp_tiled_cuda_config(const GemmParams& p, void* stream, int config)
     case 1: return launch<8, 2>(p, s);
     case 2: return launch<16, 2>(p, s);
     case 3: return launch<8, 1>(p, s);
+    case 4: return launch<8, 1, 256>(p, s);
     default: return cudaErrorInvalidValue;
   }
 }
