@@ -26,7 +26,8 @@ int matmul_mma_cuda_config(const GemmParams& p, void* stream, int config);
 // aligned, batch strides not 0 (TMA descriptors).
 int matmul_wgmma_cuda(const GemmParams& p, void* stream);
 // The same with a fixed tile configuration (for tuning; -1 picks as matmul_wgmma_cuda does):
-// 0: 128 x 128 tiles; 1: 128 x 256; 2: 128 x 256 in clusters of 2 sharing b.
+// 0: 128 x 128 tiles; 1: 128 x 256; 2: 128 x 256 in clusters of 2 sharing b; 3: 128 x 256 with
+// the results stored by TMA while the next tile runs (where c's layout allows, else as 1).
 int matmul_wgmma_cuda_config(const GemmParams& p, void* stream, int config);
 
 }  // namespace opforge

@@ -56,6 +56,7 @@ struct Config {
   static constexpr int kStages = 196608 / kStageBytes;  // a 192 KB ring: 4 stages of 128 x 256, 6 of 128 x 128
   static constexpr int kSmemBytes = kStages * kStageBytes + 1024 /* alignment */ + 2 * kStages * 8 /* barriers */;
   static constexpr int kRowsB = BN / kCluster;  // rows of the b^T tile each block of a cluster loads
+  static constexpr int kStoreBytes = 2 * 64 * 128 * 2;  // the TMA-store epilogue's buffers
   static_assert(kRowsB <= 256 && kTileBytesA % 1024 == 0 && (kRowsB * kBK * 2) % 1024 == 0, "TMA box / swizzle atoms");
 };
 
@@ -126,6 +127,33 @@ template <int N>
 __device__ __forceinline__ void wgmma_wait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
 }
+// Bulk tensor store of one box from shared memory (the output epilogue), and its completion.
+__device__ __forceinline__ void tma_store(const CUtensorMap* map, const void* src, int col, int row, int batch) {
+  asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {%2, %3, %4}], [%1];\n" ::"l"(
+                   reinterpret_cast<uint64_t>(map)),
+               "r"(smem_addr(src)), "r"(col), "r"(row), "r"(batch)
+               : "memory");
+}
+__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+__device__ __forceinline__ void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
+__device__ __forceinline__ void bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
+// Makes this thread's shared-memory writes visible to the bulk copies (the async proxy).
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+__device__ __forceinline__ void named_barrier(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+template <typename T>
+__device__ __forceinline__ uint32_t pack2(float x, float y);
+template <>
+__device__ __forceinline__ uint32_t pack2<__nv_bfloat16>(float x, float y) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(x, y);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+template <>
+__device__ __forceinline__ uint32_t pack2<__half>(float x, float y) {
+  const __half2 v = __floats2half2_rn(x, y);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
 // Keeps the compiler from moving accumulators that an asynchronous wgmma still owns.
 __device__ __forceinline__ void fence_operand(float& x) { asm volatile("" : "+f"(x)::"memory"); }
 
@@ -141,16 +169,22 @@ __device__ __forceinline__ void tile_coords(int u, int groups_m, int tiles_n, in
 }
 #endif  // OPFORGE_WGMMA_DEVICE
 
-template <typename T, int BN, int kCluster>
+// kTmaStore: the epilogue writes each consumer's results, 64 x 128 at a time, into its own
+// 16 KB shared buffer (128-byte swizzle, as TMA reads it) and one thread sends them to c with bulk
+// tensor stores that complete while the next tile's wgmmas run; needs c's strides in multiples
+// of 8 elements and a 16-byte aligned base. Otherwise each thread stores its pairs of columns.
+template <typename T, int BN, int kCluster, bool kTmaStore>
 __global__ void __launch_bounds__(kThreads, 1)
     matmul_wgmma_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_bt,
-                        T* __restrict__ c, int m, int n, int k, int batch, int64_t ldc, int64_t c_bs) {
+                        const __grid_constant__ CUtensorMap map_c, T* __restrict__ c, int m, int n, int k, int batch,
+                        int64_t ldc, int64_t c_bs) {
 #ifdef OPFORGE_WGMMA_DEVICE
   using C = Config<BN, kCluster>;
   constexpr int kStages = C::kStages, kStageBytes = C::kStageBytes;
   extern __shared__ unsigned char smem_raw[];
   unsigned char* smem = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
-  uint64_t* full = reinterpret_cast<uint64_t*>(smem + kStages * kStageBytes);
+  unsigned char* const c_stage = smem + kStages * kStageBytes;  // kTmaStore: 2 x 16 KB
+  uint64_t* full = reinterpret_cast<uint64_t*>(c_stage + (kTmaStore ? C::kStoreBytes : 0));
   uint64_t* empty = full + kStages;
   const int wg = threadIdx.x / 128, t = threadIdx.x % 128;
   const uint32_t rank = kCluster > 1 ? cluster_rank() : 0;
@@ -237,6 +271,33 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int i = 0; i < BN / 2; ++i) fence_operand(d[i]);
       if (k_tiles > 0) release((it - 1) % kStages);
       // d[4j..4j+3]: rows (warp*16 + lane/4) and +8, columns 8j + 2*(lane%4) + {0, 1}
+      if constexpr (kTmaStore) {
+        unsigned char* const buf = c_stage + half * 16384;
+#pragma unroll
+        for (int part = 0; part < BN / 128; ++part) {
+          if (t == 0) bulk_wait_read();  // the previous store has read the buffer
+          named_barrier(1 + half, 128);
+#pragma unroll
+          for (int jj = 0; jj < 16; ++jj) {  // 8-column groups; two 64 x 64 boxes of 128-byte rows
+            const int j = part * 16 + jj, box = jj / 8, chunk = jj % 8;
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+              const int row = warp * 16 + lane / 4 + h * 8;
+              const uint32_t v = pack2<T>(d[4 * j + 2 * h], d[4 * j + 2 * h + 1]);
+              const uint32_t addr = smem_addr(buf + box * 8192 + row * 128 + ((chunk ^ (row & 7)) * 16) + (lane % 4) * 4);
+              asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
+            }
+          }
+          fence_proxy_async();
+          named_barrier(1 + half, 128);
+          if (t == 0) {
+            tma_store(&map_c, buf, n0 + part * 128, m0 + half * 64, b);
+            tma_store(&map_c, buf + 8192, n0 + part * 128 + 64, m0 + half * 64, b);
+            bulk_commit();
+          }
+        }
+        continue;
+      }
       T* out = c + static_cast<int64_t>(b) * c_bs;
       const bool pairs = ((ldc | c_bs) & 1) == 0 && reinterpret_cast<uintptr_t>(c) % 4 == 0;
 #pragma unroll
@@ -252,6 +313,9 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
       }
     }
+  }
+  if constexpr (kTmaStore) {
+    if (wg > 0 && t == 0) bulk_wait_all();
   }
   // No block leaves while another may still arrive on its barriers or write into its ring.
   if constexpr (kCluster > 1) cluster_sync();
@@ -289,19 +353,22 @@ bool make_map(CUtensorMap* map, const void* base, DType dtype, int64_t rows, int
   return res == CUDA_SUCCESS;
 }
 
-template <typename T, int BN, int kCluster>
+template <typename T, int BN, int kCluster, bool kTmaStore = false>
 cudaError_t launch(const GemmParams& p, cudaStream_t stream) {
   using C = Config<BN, kCluster>;
-  CUtensorMap map_a{}, map_bt{};
+  CUtensorMap map_a{}, map_bt{}, map_c{};
   // p.b holds b^T: (n, k) rows, row stride p.b_rs.
   if (!make_map(&map_a, p.a, p.dtype, p.m, p.k, p.batch, p.a_rs, p.a_bs, kBM) ||
       !make_map(&map_bt, p.b, p.dtype, p.n, p.k, p.batch, p.b_rs, p.b_bs, C::kRowsB))
     return cudaErrorInvalidValue;
-  const auto kernel = matmul_wgmma_kernel<T, BN, kCluster>;
+  // c as (n, m, batch) in 64 x 64 boxes (the same shape of map as the operands': columns inner).
+  if (kTmaStore && !make_map(&map_c, p.c, p.dtype, p.m, p.n, p.batch, p.c_rs, p.c_bs, 64)) return cudaErrorInvalidValue;
+  const auto kernel = matmul_wgmma_kernel<T, BN, kCluster, kTmaStore>;
+  constexpr int kSmemBytes = C::kSmemBytes + (kTmaStore ? C::kStoreBytes : 0);
   // setmaxnreg moves registers between the warpgroups of a block: 128 x 40 + 256 x 232 needs
   // the block to start with at least 168 a thread, or the consumers wait for ever.
   static bool configured[64] = {};
-  cudaError_t err = tc::configure_once(kernel, C::kSmemBytes, configured,
+  cudaError_t err = tc::configure_once(kernel, kSmemBytes, configured,
                                        [](const cudaFuncAttributes& a) { return (a.numRegs + 7) / 8 * 8 >= 168; });
   if (err != cudaSuccess) return err;
   const int64_t tiles_m = (p.m + kBM - 1) / kBM, tiles_n = (p.n + BN - 1) / BN;
@@ -313,7 +380,7 @@ cudaError_t launch(const GemmParams& p, cudaStream_t stream) {
   attr[0].val.clusterDim.y = 1;
   attr[0].val.clusterDim.z = 1;
   config.blockDim = dim3(kThreads);
-  config.dynamicSmemBytes = C::kSmemBytes;
+  config.dynamicSmemBytes = kSmemBytes;
   config.stream = stream;
   config.attrs = attr;
   config.numAttrs = 1;
@@ -333,9 +400,14 @@ cudaError_t launch(const GemmParams& p, cudaStream_t stream) {
   std::fprintf(stderr, "wgmma %dx%d cluster %d: %d blocks (%d slots), %lld tiles\n", kBM, BN, kCluster,
                config.gridDim.x, slots, static_cast<long long>(units));
 #endif
-  err = cudaLaunchKernelEx(&config, kernel, map_a, map_bt, static_cast<T*>(p.c), static_cast<int>(p.m),
+  err = cudaLaunchKernelEx(&config, kernel, map_a, map_bt, map_c, static_cast<T*>(p.c), static_cast<int>(p.m),
                            static_cast<int>(p.n), static_cast<int>(p.k), static_cast<int>(p.batch), p.c_rs, p.c_bs);
   return err != cudaSuccess ? err : cudaGetLastError();
+}
+
+// Can the epilogue store c with TMA (16-byte aligned base and strides)?
+bool store_by_tma(const GemmParams& p) {
+  return reinterpret_cast<uintptr_t>(p.c) % 16 == 0 && p.c_rs % 8 == 0 && (p.batch == 1 || p.c_bs % 8 == 0);
 }
 
 template <typename T>
@@ -344,12 +416,13 @@ cudaError_t launch_config(const GemmParams& p, cudaStream_t stream, int config) 
     case 0: return launch<T, 128, 1>(p, stream);
     case 1: return launch<T, 256, 1>(p, stream);
     case 2: return launch<T, 256, 2>(p, stream);
+    case 3: return store_by_tma(p) ? launch<T, 256, 1, true>(p, stream) : launch<T, 256, 1>(p, stream);
     default: return cudaErrorInvalidValue;
   }
 }
 
-// The configuration for a call: 128 x 256 tiles in pairs sharing b where they fill the GPU,
-// 128 x 128 tiles where those would leave SMs idle.
+// The configuration for a call: 128 x 256 tiles where there are at least half as many as SMs
+// (measured faster from 2048^3 up), else 128 x 128 tiles.
 int pick_config(const GemmParams& p) {
   static int sms = [] {
     int dev = 0, n = 132;
@@ -358,7 +431,7 @@ int pick_config(const GemmParams& p) {
     return n;
   }();
   const int64_t wide_tiles = (p.m + kBM - 1) / kBM * ((p.n + 255) / 256) * p.batch;
-  return wide_tiles >= sms ? kWideConfig : 0;
+  return 2 * wide_tiles >= sms ? kWideConfig : 0;
 }
 
 }  // namespace
