@@ -93,6 +93,26 @@ def test_cuda_tensor_core_variants(variant, dtype, shape):
     assert_close_to_reference(opforge.matmul(x, w.t(), variant=variant), x, w.t())
 
 
+@pytest.mark.cuda
+@pytest.mark.parametrize("variant", ["warp_tiled", "mma", "wgmma"])
+@pytest.mark.parametrize(
+    "shape",
+    [(1, 2056, 72, 2048), (1, 2049, 64, 2051), (3, 1100, 136, 1032)],
+    ids=["n8", "odd", "batched"],
+)
+def test_cuda_large_tile_paths(variant, shape):
+    """Enough output tiles for the launchers' wide configurations (wgmma: 128 x 256 tiles, stored
+    by TMA when n is a multiple of 8, else by each thread; warp_tiled: tiles inside the matrices
+    read without bounds checks), with partial tiles at the edges."""
+    if variant == "wgmma" and not _has_wgmma():
+        pytest.skip("wgmma needs an sm_90 GPU")
+    batch, m, k, n = shape
+    dtype = torch.float32 if variant == "warp_tiled" else torch.bfloat16
+    a, b = rand((batch, m, k), dtype, "cuda"), rand((batch, k, n), dtype, "cuda")
+    poison_cuda_allocator(2 * batch * m * n, "cuda")
+    assert_close_to_reference(opforge.matmul(a, b, variant=variant), a, b)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float16, torch.bfloat16])
 def test_other_dtypes(device, dtype):

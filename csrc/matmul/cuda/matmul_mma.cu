@@ -208,7 +208,7 @@ cudaError_t launch_config(const GemmParams& p, cudaStream_t stream, int config) 
 }
 
 #ifndef OPFORGE_MMA_CONFIG
-#define OPFORGE_MMA_CONFIG 1
+#define OPFORGE_MMA_CONFIG 2
 #endif
 
 }  // namespace

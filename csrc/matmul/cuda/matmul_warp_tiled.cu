@@ -144,7 +144,7 @@ int launch(const GemmParams& p, cudaStream_t s) {
 }
 
 #ifndef OPFORGE_WARP_TILED_CONFIG
-#define OPFORGE_WARP_TILED_CONFIG 1
+#define OPFORGE_WARP_TILED_CONFIG 0
 #endif
 
 }  // namespace
