@@ -23,7 +23,13 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-RUNGS = {"warp_tiled": (0, [0, 1, 2, 3, 4]), "mma": (1, [0, 1, 2, 3]), "wgmma": (2, [0, 1, 2])}
+# wgmma reads b by rows (a @ b); wgmma_t by the rows of b^T (x @ w.t()).
+RUNGS = {
+    "warp_tiled": (0, [0, 1, 2, 3, 4]),
+    "mma": (1, [0, 1, 2, 3]),
+    "wgmma": (2, [0, 1, 3]),
+    "wgmma_t": (2, [0, 1, 2, 3]),
+}
 DTYPES = {torch.float32: 0, torch.float16: 2, torch.bfloat16: 3}
 
 
@@ -42,7 +48,7 @@ def build(out: pathlib.Path) -> ctypes.CDLL:
         "-DOPFORGE_WITH_CUDA=1",
         "-DOPFORGE_MATMUL_TUNING=1",
     ]
-    srcs = [ROOT / f"csrc/matmul/cuda/matmul_{r}.cu" for r in RUNGS] + [
+    srcs = [ROOT / f"csrc/matmul/cuda/matmul_{r}.cu" for r in ("warp_tiled", "mma", "wgmma")] + [
         ROOT / "benchmarks/micro/matmul_tune_shim.cu"
     ]
     objs = [out / (s.stem + ".o") for s in srcs]
@@ -60,7 +66,7 @@ def build(out: pathlib.Path) -> ctypes.CDLL:
     lib.opforge_tune_matmul.argtypes = (
         [ctypes.c_int, ctypes.c_int]
         + [ctypes.c_void_p] * 3
-        + [ctypes.c_int64] * 10
+        + [ctypes.c_int64] * 11
         + [ctypes.c_int, ctypes.c_void_p]
     )
     return lib
@@ -79,11 +85,11 @@ def runner(lib, rung: str, config: int, a: torch.Tensor, b: torch.Tensor):
     n = b.shape[2]
     c = torch.empty(batch, m, n, dtype=a.dtype, device=a.device)
     code, _ = RUNGS[rung]
-    if rung == "wgmma":
-        b = b.transpose(1, 2).contiguous()  # (batch, n, k)
-        b_rs, b_bs = k, n * k
+    if rung == "wgmma_t":
+        b = b.transpose(1, 2).contiguous()  # (batch, n, k): b^T's rows
+        b_rs, b_cs, b_bs = 1, k, n * k
     else:
-        b_rs, b_bs = n, k * n
+        b_rs, b_cs, b_bs = n, 1, k * n
     stream = torch.cuda.current_stream().cuda_stream
 
     def fn():
@@ -99,6 +105,7 @@ def runner(lib, rung: str, config: int, a: torch.Tensor, b: torch.Tensor):
             k,
             k,
             b_rs,
+            b_cs,
             n,
             m * k,
             b_bs,

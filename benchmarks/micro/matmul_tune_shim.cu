@@ -5,7 +5,7 @@
 #include "matmul/cuda/matmul_kernels.h"
 
 extern "C" int opforge_tune_matmul(int rung, int config, const void* a, const void* b, void* c, int64_t batch,
-                                   int64_t m, int64_t n, int64_t k, int64_t a_rs, int64_t b_rs, int64_t c_rs,
+                                   int64_t m, int64_t n, int64_t k, int64_t a_rs, int64_t b_rs, int64_t b_cs, int64_t c_rs,
                                    int64_t a_bs, int64_t b_bs, int64_t c_bs, int dtype, void* stream) {
   opforge::GemmParams p;
   p.a = a;
@@ -18,7 +18,7 @@ extern "C" int opforge_tune_matmul(int rung, int config, const void* a, const vo
   p.a_rs = a_rs;
   p.a_cs = 1;
   p.b_rs = b_rs;
-  p.b_cs = 1;
+  p.b_cs = b_cs;
   p.c_rs = c_rs;
   p.a_bs = a_bs;
   p.b_bs = b_bs;
@@ -27,7 +27,7 @@ extern "C" int opforge_tune_matmul(int rung, int config, const void* a, const vo
   switch (rung) {
     case 0: return opforge::matmul_warp_tiled_cuda_config(p, stream, config);
     case 1: return opforge::matmul_mma_cuda_config(p, stream, config);
-    case 2: return opforge::matmul_wgmma_cuda_config(p, stream, config);  // b holds b^T
+    case 2: return opforge::matmul_wgmma_cuda_config(p, stream, config);
     default: return -1;
   }
 }

@@ -21,7 +21,7 @@ template<class T> int go(int B,int m,int n,int k,DType dt,int reps){
  T*a,*b,*c;float*rf,*cf; cudaMalloc(&a,na*2);cudaMalloc(&b,nb*2);cudaMalloc(&c,nc*2+2);cudaMalloc(&rf,nc*4);cudaMalloc(&cf,nc*4);
  cudaMemcpy(a,ha.data(),na*2,cudaMemcpyHostToDevice);cudaMemcpy(b,hb.data(),nb*2,cudaMemcpyHostToDevice);
  cudaMemset(c,0xff,nc*2+2);
- GemmParams p; p.a=a;p.b=b;p.c=c;p.batch=B;p.m=m;p.n=n;p.k=k;p.a_bs=(long)m*k;p.a_rs=k;p.a_cs=1;p.b_bs=(long)n*k;p.b_rs=k;p.b_cs=1;p.c_bs=(long)m*n;p.c_rs=n;p.dtype=dt;
+ GemmParams p; p.a=a;p.b=b;p.c=c;p.batch=B;p.m=m;p.n=n;p.k=k;p.a_bs=(long)m*k;p.a_rs=k;p.a_cs=1;p.b_bs=(long)n*k;p.b_rs=1;p.b_cs=k;p.c_bs=(long)m*n;p.c_rs=n;p.dtype=dt;
  int e=matmul_wgmma_cuda(p,0); cudaError_t e2=cudaDeviceSynchronize();
  if(e||e2){printf("B%d m%d n%d k%d: launch %d sync %s\n",B,m,n,k,e,cudaGetErrorString(e2));return 1;}
  ref<T><<<(nc+255)/256,256>>>(a,b,rf,m,n,k,B); cv<T><<<(nc+255)/256,256>>>(c,cf,nc);

@@ -75,26 +75,30 @@ at::Tensor matmul_cuda(const at::Tensor& a, const at::Tensor& b, c10::string_vie
   if (m == 0 || n == 0 || k == 0) return at::zeros(shape, a.options());
   at::Tensor out = at::empty(shape, a.options());
   if (v == MatmulVariant::kWgmma) {
-    // TMA reads k-contiguous rows of a and of b^T (16-byte strides: k a multiple of 8). b^T is a
-    // view, so it costs nothing when b already is a transposed view (x @ w.t()), else one copy.
-    at::Tensor a3 = row_major(as_batched(a)), bt = as_batched(b).transpose(1, 2);
+    // TMA reads rows of a, and rows of b (a @ b) or rows of b^T (x @ w.t(): a view of b): bases
+    // 16-byte aligned, row strides multiples of 8 elements and not 0. Other layouts get a
+    // zero-padded copy (zeros in k add nothing; columns past n are never stored).
+    const int64_t k8 = (k + 7) / 8 * 8, n8 = (n + 7) / 8 * 8;
+    at::Tensor a3 = row_major(as_batched(a)), b3 = as_batched(b);
     if (k % 8 != 0) {
-      const int64_t k8 = (k + 7) / 8 * 8;
-      at::Tensor ap = at::zeros({batch, m, k8}, a.options()), btp = at::zeros({batch, n, k8}, a.options());
+      at::Tensor ap = at::zeros({batch, m, k8}, a.options());
       ap.narrow(2, 0, k).copy_(a3);
-      btp.narrow(2, 0, k).copy_(bt);
       a3 = ap;
-      bt = btp;
+    } else if (!chunk_readable(a3, false) || a3.stride(1) == 0) {
+      a3 = a3.clone(at::MemoryFormat::Contiguous);  // not contiguous(): a (1, 1, k) view "is" with row stride 1
     }
-    // clone, not contiguous(): a (1, 1, k) view is "contiguous" with a row stride of 1.
-    if (!chunk_readable(a3, false)) a3 = a3.clone(at::MemoryFormat::Contiguous);
-    if (!chunk_readable(bt, false)) bt = bt.clone(at::MemoryFormat::Contiguous);
-    TORCH_CHECK(m < (int64_t{1} << 31) && n < (int64_t{1} << 31) && a3.size(2) < (int64_t{1} << 31), op,
+    const at::Tensor bt = b3.transpose(1, 2);
+    const bool by_columns = k % 8 == 0 && chunk_readable(bt, false) && bt.stride(1) > 0;  // b_rs == 1
+    const bool by_rows = k % 8 == 0 && chunk_readable(b3, false) && b3.stride(1) > 0;     // b_cs == 1
+    if (!by_columns && !by_rows) {
+      at::Tensor bp = at::zeros({batch, k8, n8}, a.options());
+      bp.narrow(1, 0, k).narrow(2, 0, n).copy_(b3);
+      b3 = bp;
+    }
+    TORCH_CHECK(m < (int64_t{1} << 31) && n8 < (int64_t{1} << 31) && k8 < (int64_t{1} << 31), op,
                 ": the wgmma variant takes dimensions below 2^31");
-    GemmParams p = gemm_params(a3, bt.transpose(1, 2), as_batched(out));
+    GemmParams p = gemm_params(a3, b3, as_batched(out));
     p.n = n;
-    p.b_rs = bt.stride(1);  // p.b is b^T: (n, k) rows
-    p.b_bs = bt.stride(0);
     const int err = matmul_wgmma_cuda(p, at::cuda::getCurrentCUDAStream().stream());
     TORCH_CHECK(err == cudaSuccess, op, ": CUDA kernel launch failed: ",
                 cudaGetErrorString(static_cast<cudaError_t>(err)));

@@ -21,9 +21,10 @@ int matmul_mma_cuda(const GemmParams& p, void* stream);
 // The same with a fixed configuration (for tuning; -1: the default): block tile 128 x 128 or
 // 128 x 256, cp.async ring of 3 or 4 stages: 0: 128/3; 1: 256/3; 2: 256/4; 3: 128/4.
 int matmul_mma_cuda_config(const GemmParams& p, void* stream, int config);
-// float16/bfloat16, sm_90a (built only when the arch list has 9.0a: OPFORGE_HAS_SM90A). p.b holds
-// b TRANSPOSED, (n, k) rows; k, the row strides and batch strides multiples of 8, bases 16-byte
-// aligned, batch strides not 0 (TMA descriptors).
+// float16/bfloat16, sm_90a (built only when the arch list has 9.0a: OPFORGE_HAS_SM90A). b either
+// by rows (p.b_cs == 1: row stride p.b_rs) or by columns (p.b_rs == 1: the rows of b^T, row stride
+// p.b_cs); a by rows. The row strides and batch strides multiples of 8 elements and not 0, bases
+// 16-byte aligned (TMA descriptors).
 int matmul_wgmma_cuda(const GemmParams& p, void* stream);
 // The same with a fixed tile configuration (for tuning; -1 picks as matmul_wgmma_cuda does):
 // 0: 128 x 128 tiles; 1: 128 x 256; 2: 128 x 256 in clusters of 2 sharing b; 3: 128 x 256 with

@@ -15,8 +15,9 @@
 //    float registers a thread. One stage's wgmmas stay in flight while the next stage's are
 //    issued (wait_group 1); the stage before is released then. After the last k tile they round
 //    the tile to 16 bits and store it.
-// Operands are K-major (rows of a, rows of b^T): the launcher passes b transposed and zero-pads k
-// to a multiple of 8 (TMA needs 16-byte global strides).
+// a is read by rows (K-major). b either by rows too (MN-major: a @ b with b row-major, 64 x 64
+// boxes of b, wgmma told to transpose) or by columns (K-major: rows of b^T, as x @ w.t() gives
+// them). TMA needs 16-byte global strides: the launcher pads what does not have them.
 // Without sm_90a device code (a build for another arch list) the kernel traps and the launcher
 // does not offer the variant (OPFORGE_HAS_SM90A).
 #include <cuda.h>
@@ -121,6 +122,12 @@ __device__ __forceinline__ uint64_t smem_desc(const void* p) {
   const uint64_t addr = smem_addr(p);
   return ((addr & 0x3ffff) >> 4) | (uint64_t{1} << 16) | (uint64_t{1024 >> 4} << 32) | (uint64_t{1} << 62);
 }
+// MN-major, 128-byte swizzle: rows of 64 n-values; groups of 8 k-rows 1024 bytes apart (stride
+// offset), 64-column boxes 8 KB apart (leading offset).
+__device__ __forceinline__ uint64_t smem_desc_mn(const void* p) {
+  const uint64_t addr = smem_addr(p);
+  return ((addr & 0x3ffff) >> 4) | (uint64_t{8192 >> 4} << 16) | (uint64_t{1024 >> 4} << 32) | (uint64_t{1} << 62);
+}
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 template <int N>
@@ -173,13 +180,15 @@ __device__ __forceinline__ void tile_coords(int u, int groups_m, int tiles_n, in
 // 16 KB shared buffer (128-byte swizzle, as TMA reads it) and one thread sends them to c with bulk
 // tensor stores that complete while the next tile's wgmmas run; needs c's strides in multiples
 // of 8 elements and a 16-byte aligned base. Otherwise each thread stores its pairs of columns.
-template <typename T, int BN, int kCluster, bool kTmaStore>
+// kBNMajor: b read by rows (64 x 64 boxes, BN / 64 of them a stage) instead of rows of b^T.
+template <typename T, int BN, int kCluster, bool kTmaStore, bool kBNMajor>
 __global__ void __launch_bounds__(kThreads, 1)
     matmul_wgmma_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_bt,
                         const __grid_constant__ CUtensorMap map_c, T* __restrict__ c, int m, int n, int k, int batch,
                         int64_t ldc, int64_t c_bs) {
 #ifdef OPFORGE_WGMMA_DEVICE
   using C = Config<BN, kCluster>;
+  static_assert(!kBNMajor || kCluster == 1, "b by rows is not multicast");
   constexpr int kStages = C::kStages, kStageBytes = C::kStageBytes;
   extern __shared__ unsigned char smem_raw[];
   unsigned char* smem = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
@@ -216,7 +225,11 @@ __global__ void __launch_bounds__(kThreads, 1)
           unsigned char* stage = smem + s * kStageBytes;
           mbar_arrive_expect_tx(&full[s], kStageBytes);  // a, and all of b (part of it from the other blocks)
           tma_load(stage, &map_a, kt * kBK, m0, b, &full[s]);
-          if constexpr (kCluster == 1) {
+          if constexpr (kBNMajor) {
+#pragma unroll
+            for (int j = 0; j < BN / 64; ++j)  // (64 k x 64 n) boxes of b, 8 KB apart
+              tma_load(stage + C::kTileBytesA + j * 8192, &map_bt, n0 + j * 64, kt * kBK, b, &full[s]);
+          } else if constexpr (kCluster == 1) {
             tma_load(stage + C::kTileBytesA, &map_bt, kt * kBK, n0, b, &full[s]);
           } else {
             tma_load_multicast(stage + C::kTileBytesA + rank * (C::kRowsB * kBK * 2), &map_bt, kt * kBK,
@@ -258,8 +271,12 @@ __global__ void __launch_bounds__(kThreads, 1)
         for (int i = 0; i < BN / 2; ++i) fence_operand(d[i]);
         wgmma_fence();
 #pragma unroll
-        for (int kk = 0; kk < kBK / 16; ++kk)  // 16 deep = 32 bytes along the swizzled 128-byte rows
-          tc::Wgmma<T, BN>::mma(d, smem_desc(a_tile + kk * 32), smem_desc(b_tile + kk * 32), 1);
+        for (int kk = 0; kk < kBK / 16; ++kk) {  // a: 16 deep = 32 bytes along the swizzled 128-byte rows
+          if constexpr (kBNMajor)  // b: 16 rows of 128 bytes
+            tc::Wgmma<T, BN>::template mma<1>(d, smem_desc(a_tile + kk * 32), smem_desc_mn(b_tile + kk * 2048), 1);
+          else
+            tc::Wgmma<T, BN>::template mma<0>(d, smem_desc(a_tile + kk * 32), smem_desc(b_tile + kk * 32), 1);
+        }
         wgmma_commit();
         wgmma_wait<1>();  // this stage's wgmmas may still run; the previous stage's are done
 #pragma unroll
@@ -353,17 +370,18 @@ bool make_map(CUtensorMap* map, const void* base, DType dtype, int64_t rows, int
   return res == CUDA_SUCCESS;
 }
 
-template <typename T, int BN, int kCluster, bool kTmaStore = false>
+template <typename T, int BN, int kCluster, bool kTmaStore, bool kBNMajor>
 cudaError_t launch(const GemmParams& p, cudaStream_t stream) {
   using C = Config<BN, kCluster>;
   CUtensorMap map_a{}, map_bt{}, map_c{};
-  // p.b holds b^T: (n, k) rows, row stride p.b_rs.
-  if (!make_map(&map_a, p.a, p.dtype, p.m, p.k, p.batch, p.a_rs, p.a_bs, kBM) ||
-      !make_map(&map_bt, p.b, p.dtype, p.n, p.k, p.batch, p.b_rs, p.b_bs, C::kRowsB))
+  if (!make_map(&map_a, p.a, p.dtype, p.m, p.k, p.batch, p.a_rs, p.a_bs, kBM)) return cudaErrorInvalidValue;
+  // b by rows: (k, n) with row stride b_rs; else b^T's rows: (n, k) with row stride b_cs.
+  if (kBNMajor ? !make_map(&map_bt, p.b, p.dtype, p.k, p.n, p.batch, p.b_rs, p.b_bs, 64)
+               : !make_map(&map_bt, p.b, p.dtype, p.n, p.k, p.batch, p.b_cs, p.b_bs, C::kRowsB))
     return cudaErrorInvalidValue;
   // c as (n, m, batch) in 64 x 64 boxes (the same shape of map as the operands': columns inner).
   if (kTmaStore && !make_map(&map_c, p.c, p.dtype, p.m, p.n, p.batch, p.c_rs, p.c_bs, 64)) return cudaErrorInvalidValue;
-  const auto kernel = matmul_wgmma_kernel<T, BN, kCluster, kTmaStore>;
+  const auto kernel = matmul_wgmma_kernel<T, BN, kCluster, kTmaStore, kBNMajor>;
   constexpr int kSmemBytes = C::kSmemBytes + (kTmaStore ? C::kStoreBytes : 0);
   // setmaxnreg moves registers between the warpgroups of a block: 128 x 40 + 256 x 232 needs
   // the block to start with at least 168 a thread, or the consumers wait for ever.
@@ -410,15 +428,26 @@ bool store_by_tma(const GemmParams& p) {
   return reinterpret_cast<uintptr_t>(p.c) % 16 == 0 && p.c_rs % 8 == 0 && (p.batch == 1 || p.c_bs % 8 == 0);
 }
 
-template <typename T>
+template <typename T, bool kBNMajor>
 cudaError_t launch_config(const GemmParams& p, cudaStream_t stream, int config) {
   switch (config) {
-    case 0: return launch<T, 128, 1>(p, stream);
-    case 1: return launch<T, 256, 1>(p, stream);
-    case 2: return launch<T, 256, 2>(p, stream);
-    case 3: return store_by_tma(p) ? launch<T, 256, 1, true>(p, stream) : launch<T, 256, 1>(p, stream);
+    case 0: return launch<T, 128, 1, false, kBNMajor>(p, stream);
+    case 1: return launch<T, 256, 1, false, kBNMajor>(p, stream);
+    case 2:
+      if constexpr (kBNMajor) return cudaErrorInvalidValue;  // multicast: b^T's rows only
+      else return launch<T, 256, 2, false, false>(p, stream);
+    case 3:
+      return store_by_tma(p) ? launch<T, 256, 1, true, kBNMajor>(p, stream)
+                             : launch<T, 256, 1, false, kBNMajor>(p, stream);
     default: return cudaErrorInvalidValue;
   }
+}
+
+template <typename T>
+cudaError_t launch_layout(const GemmParams& p, cudaStream_t stream, int config) {
+  if (p.b_cs == 1 && p.b_rs != 1) return launch_config<T, true>(p, stream, config);
+  if (p.b_rs == 1) return launch_config<T, false>(p, stream, config);
+  return cudaErrorInvalidValue;
 }
 
 // The configuration for a call: 128 x 256 tiles where there are at least half as many as SMs
@@ -440,8 +469,8 @@ int matmul_wgmma_cuda_config(const GemmParams& p, void* stream, int config) {
   const auto s = static_cast<cudaStream_t>(stream);
   if (config < 0) config = pick_config(p);
   switch (p.dtype) {
-    case DType::kBFloat16: return launch_config<__nv_bfloat16>(p, s, config);
-    case DType::kFloat16: return launch_config<__half>(p, s, config);
+    case DType::kBFloat16: return launch_layout<__nv_bfloat16>(p, s, config);
+    case DType::kFloat16: return launch_layout<__half>(p, s, config);
     default: return cudaErrorInvalidValue;
   }
 }
