@@ -20,12 +20,13 @@
 namespace opforge {
 namespace {
 
-constexpr int kBM = 128, kBK = 32, kThreads = 256;
+constexpr int kBM = 128, kThreads = 256;
 constexpr int kWM = 64;  // warp tile: 4 x (kBN / 32) mma tiles of 16 x 8
 
 // kBN: 128 (warp tiles 64 x 32) or 256 (64 x 64: twice the mma per fragment loaded, one block
-// of 8 warps per SM); kStages: depth of the cp.async ring.
-template <int kBN, int kStages>
+// of 8 warps per SM); kStages: depth of the cp.async ring; kBK: depth of a tile (32 or 64: half
+// the barriers).
+template <int kBN, int kStages, int kBK>
 struct Config {
   static constexpr int kWN = kBN / 4;
   static constexpr int kATile = kBM * kBK, kBTile = kBK * kBN;  // elements per stage
@@ -57,9 +58,10 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t* r, const void* p) {
 
 template <typename T>
 __device__ __forceinline__ void mma16816(float* d, const uint32_t* a, const uint32_t* b);
+// Not volatile: a pure function of registers, which the compiler may schedule among the loads.
 template <>
 __device__ __forceinline__ void mma16816<__nv_bfloat16>(float* d, const uint32_t* a, const uint32_t* b) {
-  asm volatile(
+  asm(
       "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
       "{%0,%1,%2,%3};\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
@@ -67,25 +69,30 @@ __device__ __forceinline__ void mma16816<__nv_bfloat16>(float* d, const uint32_t
 }
 template <>
 __device__ __forceinline__ void mma16816<__half>(float* d, const uint32_t* a, const uint32_t* b) {
-  asm volatile(
+  asm(
       "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
       "{%0,%1,%2,%3};\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 
-// Element offsets in the swizzled shared tiles. a: [kBM][kBK], 4 chunks of 8 per row, chunk c of
-// row r at c ^ ((r / 2) % 4). b: [kBK][kBN], kBN / 8 chunks per row, chunk c of row r at c ^ (r % 8).
-__device__ __forceinline__ int a_off(int r, int k) { return r * kBK + (((k / 8) ^ ((r >> 1) & 3)) * 8) + k % 8; }
+// Element offsets in the swizzled shared tiles. a: [kBM][kBK], kBK / 8 chunks of 8 per row, chunk
+// c of row r at c ^ ((r / 2) % 4) for 4 chunks, c ^ (r % 8) for 8. b: [kBK][kBN], kBN / 8 chunks
+// per row, chunk c of row r at c ^ (r % 8). The 8 rows an ldmatrix reads hit 8 different chunks.
+template <int kBK>
+__device__ __forceinline__ int a_off(int r, int k) {
+  const int swz = kBK == 32 ? ((r >> 1) & 3) : (r & 7);
+  return r * kBK + (((k / 8) ^ swz) * 8) + k % 8;
+}
 template <int kBN>
 __device__ __forceinline__ int b_off(int r, int n) { return r * kBN + (((n / 8) ^ (r & 7)) * 8) + n % 8; }
 
-template <typename T, int kBN, int kStages>
+template <typename T, int kBN, int kStages, int kBK>
 __global__ void __launch_bounds__(kThreads)
     matmul_mma_kernel(const T* __restrict__ a, const T* __restrict__ b, T* __restrict__ c, int64_t m, int64_t n,
                       int64_t k, int64_t lda, int64_t ldb, int64_t ldc, int64_t a_bs, int64_t b_bs, int64_t c_bs) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  using C = Config<kBN, kStages>;
+  using C = Config<kBN, kStages, kBK>;
   constexpr int kATile = C::kATile, kBTile = C::kBTile, kWN = C::kWN, kNT = kWN / 8;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   T* const as = reinterpret_cast<T*>(smem_raw);  // [kStages][kATile]
@@ -97,18 +104,20 @@ __global__ void __launch_bounds__(kThreads)
   b += blockIdx.z * b_bs;
   c += blockIdx.z * c_bs;
 
-  // Each thread copies two 16-byte chunks of the a tile and kBN / 64 of the b tile per stage.
+  // Each thread copies kBK / 16 16-byte chunks of the a tile and kBK * kBN / 2048 of the b tile
+  // per stage.
+  constexpr int kChunksA = kBK / 8;
   auto load_tile = [&](int stage, int64_t k0) {
 #pragma unroll
-    for (int s = 0; s < 2; ++s) {  // a: 128 rows x 4 chunks
+    for (int s = 0; s < kBM * kChunksA / kThreads; ++s) {  // a: 128 rows x kBK / 8 chunks
       const int idx = tid + s * kThreads;
-      const int r = idx / 4, ch = idx % 4;
+      const int r = idx / kChunksA, ch = idx % kChunksA;
       const int64_t gr = m0 + r, gk = k0 + ch * 8;
       const bool in = gr < m && gk < k;
-      cp_async16(as + stage * kATile + a_off(r, ch * 8), in ? a + gr * lda + gk : a, in ? 16 : 0);
+      cp_async16(as + stage * kATile + a_off<kBK>(r, ch * 8), in ? a + gr * lda + gk : a, in ? 16 : 0);
     }
 #pragma unroll
-    for (int s = 0; s < kBN / 64; ++s) {  // b: 32 rows x kBN / 8 chunks
+    for (int s = 0; s < kBK * kBN / (8 * kThreads); ++s) {  // b: kBK rows x kBN / 8 chunks
       const int idx = tid + s * kThreads;
       const int r = idx / (kBN / 8), ch = idx % (kBN / 8);
       const int64_t gk = k0 + r, gn = n0 + ch * 8;
@@ -132,13 +141,13 @@ __global__ void __launch_bounds__(kThreads)
     cp_async_commit();
     const T* at = as + (t % kStages) * kATile;
     const T* bt = bs + (t % kStages) * kBTile;
-#pragma unroll
-    for (int kk = 0; kk < kBK; kk += 16) {
-      uint32_t af[4][4], bf[kNT][2];
+    // Fragments of 16-deep step q + 1 are loaded while step q's mma run (two register sets).
+    uint32_t af[2][4][4], bf[2][kNT][2];
+    auto load_frags = [&](int kk, uint32_t (&fa)[4][4], uint32_t (&fb)[kNT][2]) {
 #pragma unroll
       for (int mi = 0; mi < 4; ++mi) {  // rows 0-15 of the m16 tile, k 0-7 then 8-15
         const int r = wm * kWM + mi * 16 + (lane % 16);
-        ldmatrix_x4(af[mi], at + a_off(r, kk + (lane / 16) * 8));
+        ldmatrix_x4(fa[mi], at + a_off<kBK>(r, kk + (lane / 16) * 8));
       }
 #pragma unroll
       for (int nj = 0; nj < kNT; nj += 2) {  // two n8 tiles: (k 0-7, k 8-15) x (n, n + 8)
@@ -146,15 +155,20 @@ __global__ void __launch_bounds__(kThreads)
         const int col = wn * kWN + nj * 8 + (lane / 16) * 8;
         uint32_t r4[4];
         ldmatrix_x4_trans(r4, bt + b_off<kBN>(kr, col));
-        bf[nj][0] = r4[0];
-        bf[nj][1] = r4[1];
-        bf[nj + 1][0] = r4[2];
-        bf[nj + 1][1] = r4[3];
+        fb[nj][0] = r4[0];
+        fb[nj][1] = r4[1];
+        fb[nj + 1][0] = r4[2];
+        fb[nj + 1][1] = r4[3];
       }
+    };
+    load_frags(0, af[0], bf[0]);
+#pragma unroll
+    for (int q = 0; q < kBK / 16; ++q) {
+      if (q + 1 < kBK / 16) load_frags((q + 1) * 16, af[(q + 1) & 1], bf[(q + 1) & 1]);
 #pragma unroll
       for (int mi = 0; mi < 4; ++mi)
 #pragma unroll
-        for (int nj = 0; nj < kNT; ++nj) mma16816<T>(acc[mi][nj], af[mi], bf[nj]);
+        for (int nj = 0; nj < kNT; ++nj) mma16816<T>(acc[mi][nj], af[q & 1][mi], bf[q & 1][nj]);
     }
   }
   cp_async_wait<0>();
@@ -180,10 +194,10 @@ __global__ void __launch_bounds__(kThreads)
 #endif  // sm_80+
 }
 
-template <typename T, int kBN, int kStages>
+template <typename T, int kBN, int kStages, int kBK = 32>
 cudaError_t launch(const GemmParams& p, cudaStream_t stream) {
-  using C = Config<kBN, kStages>;
-  const auto kernel = matmul_mma_kernel<T, kBN, kStages>;
+  using C = Config<kBN, kStages, kBK>;
+  const auto kernel = matmul_mma_kernel<T, kBN, kStages, kBK>;
   static bool configured[64] = {};
   const cudaError_t err =
       tc::configure_once(kernel, C::kSmemBytes, configured, [](const cudaFuncAttributes&) { return true; });
@@ -203,6 +217,8 @@ cudaError_t launch_config(const GemmParams& p, cudaStream_t stream, int config) 
     case 1: return launch<T, 256, 3>(p, stream);
     case 2: return launch<T, 256, 4>(p, stream);
     case 3: return launch<T, 128, 4>(p, stream);
+    case 4: return launch<T, 256, 3, 64>(p, stream);
+    case 5: return launch<T, 256, 4, 64>(p, stream);
     default: return cudaErrorInvalidValue;
   }
 }
