@@ -224,7 +224,7 @@ cudaError_t launch_config(const GemmParams& p, cudaStream_t stream, int config) 
 }
 
 #ifndef OPFORGE_MMA_CONFIG
-#define OPFORGE_MMA_CONFIG 2
+#define OPFORGE_MMA_CONFIG 4
 #endif
 
 }  // namespace
