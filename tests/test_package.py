@@ -77,6 +77,37 @@ def test_harness_runs_checks_and_writes(tmp_path):
     assert "FAILED CHECK: planted mismatch" in md and "tiny ok" in md and result["meta"]["torch"] in md
 
 
+def test_matmul_ladder_plot(tmp_path):
+    """write() adds ladder.png for a CUDA run with matmul rows (a synthetic result), not for a CPU one."""
+    pytest.importorskip("matplotlib")
+
+    def row(dtype, variant, ms):
+        params = {"m": 64, "k": 64, "n": 64, "dtype": dtype, "variant": variant}
+        impls = {"opforge": {"ms": ms}, "cuBLAS (torch.matmul)": {"ms": ms / 2}}
+        return {"op": "matmul", "case": f"{dtype} {variant}", "params": params, "error": None, "impls": impls}
+
+    meta = {
+        "device": "GPU",
+        "device_type": "cuda",
+        "torch": "x",
+        "date": "d",
+        "commit": "c",
+        "copy_gbps": 1.0,
+    }
+    rows = [
+        row("torch.float32", "naive", 2.0),
+        row("torch.float32", "warp_tiled", 1.0),
+        row("torch.bfloat16", "wgmma", 0.5),
+    ]
+    paths = harness.write({"meta": meta, "rows": rows}, str(tmp_path / "gpu"))
+    assert (
+        str(tmp_path / "gpu" / "ladder.png") in paths and (tmp_path / "gpu" / "ladder.png").stat().st_size > 0
+    )
+    meta_cpu = dict(meta, device_type="cpu")
+    paths = harness.write({"meta": meta_cpu, "rows": rows}, str(tmp_path / "cpu"))
+    assert not any(p.endswith("ladder.png") for p in paths)
+
+
 def test_cli_bench_cpu(tmp_path, capsys):
     from opforge.cli import main
 

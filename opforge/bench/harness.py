@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from opforge.bench.ladder import plot_ladder
 from opforge.bench.timing import copy_bandwidth_gbps, make_timer
 
 
@@ -294,7 +295,8 @@ def plot(result: dict[str, Any], path: str) -> bool:
 
 
 def write(result: dict[str, Any], out_dir: str, make_plot: bool = True) -> list[str]:
-    """Write results.json, results.md and (with matplotlib) results.png into ``out_dir``."""
+    """Write results.json, results.md and (with matplotlib) results.png into ``out_dir``, and the
+    matmul ladder (ladder.png) when the run has CUDA matmul rows."""
     os.makedirs(out_dir, exist_ok=True)
     paths = [os.path.join(out_dir, "results.json"), os.path.join(out_dir, "results.md")]
     with open(paths[0], "w") as f:
@@ -304,4 +306,7 @@ def write(result: dict[str, Any], out_dir: str, make_plot: bool = True) -> list[
     png = os.path.join(out_dir, "results.png")
     if make_plot and plot(result, png):
         paths.append(png)
+    ladder = os.path.join(out_dir, "ladder.png")
+    if make_plot and plot_ladder(result, ladder):
+        paths.append(ladder)
     return paths
