@@ -83,13 +83,19 @@ def test_matmul_ladder_plot(tmp_path):
 
     def row(dtype, variant, ms):
         params = {"m": 64, "k": 64, "n": 64, "dtype": dtype, "variant": variant}
-        impls = {"opforge": {"ms": ms}, "cuBLAS (torch.matmul)": {"ms": ms / 2}}
+        impls = {
+            "opforge": {"ms": ms, "speedup_of_opforge": 1.0},
+            "cuBLAS (torch.matmul)": {"ms": ms / 2, "speedup_of_opforge": 0.5},
+        }
         return {"op": "matmul", "case": f"{dtype} {variant}", "params": params, "error": None, "impls": impls}
 
     meta = {
         "device": "GPU",
         "device_type": "cuda",
         "torch": "x",
+        "cuda": "13.0",
+        "python": "3",
+        "mode": "full",
         "date": "d",
         "commit": "c",
         "copy_gbps": 1.0,
