@@ -156,6 +156,12 @@ def test_empty_and_k_zero(device):
         0,
         4,
     )
+    for dtype in (torch.float32, torch.bfloat16):  # an empty batch (the tensor-core rungs on CUDA)
+        a, b = (
+            torch.empty(0, 3, 8, device=device, dtype=dtype),
+            torch.empty(0, 8, 16, device=device, dtype=dtype),
+        )
+        assert opforge.matmul(a, b).shape == (0, 3, 16)
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -72,13 +72,17 @@ at::Tensor matmul_cuda(const at::Tensor& a, const at::Tensor& b, c10::string_vie
   const int64_t m = a.size(-2), n = b.size(-1), k = a.size(-1), batch = a.dim() == 3 ? a.size(0) : 1;
   TORCH_CHECK(batch <= 65535 && (m + 15) / 16 <= 65535, op, ": at most 65535 batches and ", 65535 * 16,
               " rows on CUDA, got ", batch, " and ", m);
-  if (m == 0 || n == 0 || k == 0) return at::zeros(shape, a.options());
+  if (batch == 0 || m == 0 || n == 0 || k == 0) return at::zeros(shape, a.options());
   at::Tensor out = at::empty(shape, a.options());
   if (v == MatmulVariant::kWgmma) {
     // TMA reads rows of a, and rows of b (a @ b) or rows of b^T (x @ w.t(): a view of b): bases
     // 16-byte aligned, row strides multiples of 8 elements and not 0. Other layouts get a
     // zero-padded copy (zeros in k add nothing; columns past n are never stored).
     const int64_t k8 = (k + 7) / 8 * 8, n8 = (n + 7) / 8 * 8;
+    // The kernel counts tiles in int: keep m, n, k a tile short of 2^31.
+    constexpr int64_t kMaxDim = (int64_t{1} << 31) - 256;
+    TORCH_CHECK(m < kMaxDim && n8 < kMaxDim && k8 < kMaxDim, op, ": the wgmma variant takes dimensions below ",
+                kMaxDim);
     at::Tensor a3 = row_major(as_batched(a)), b3 = as_batched(b);
     if (k % 8 != 0) {
       at::Tensor ap = at::zeros({batch, m, k8}, a.options());
@@ -95,8 +99,6 @@ at::Tensor matmul_cuda(const at::Tensor& a, const at::Tensor& b, c10::string_vie
       bp.narrow(1, 0, k).narrow(2, 0, n).copy_(b3);
       b3 = bp;
     }
-    TORCH_CHECK(m < (int64_t{1} << 31) && n8 < (int64_t{1} << 31) && k8 < (int64_t{1} << 31), op,
-                ": the wgmma variant takes dimensions below 2^31");
     GemmParams p = gemm_params(a3, b3, as_batched(out));
     p.n = n;
     const int err = matmul_wgmma_cuda(p, at::cuda::getCurrentCUDAStream().stream());
@@ -111,6 +113,10 @@ at::Tensor matmul_cuda(const at::Tensor& a, const at::Tensor& b, c10::string_vie
     // the next multiple of 8: only n % 8 == 0 keeps them inside any storage.
     if (k % 8 != 0 || n % 8 != 0 || !chunk_readable(a3, true) || !chunk_readable(b3, true)) {
       const int64_t k8 = (k + 7) / 8 * 8, n8 = (n + 7) / 8 * 8;
+    // The kernel counts tiles in int: keep m, n, k a tile short of 2^31.
+    constexpr int64_t kMaxDim = (int64_t{1} << 31) - 256;
+    TORCH_CHECK(m < kMaxDim && n8 < kMaxDim && k8 < kMaxDim, op, ": the wgmma variant takes dimensions below ",
+                kMaxDim);
       at::Tensor ap = at::zeros({batch, m, k8}, a.options()), bp = at::zeros({batch, k8, n8}, a.options());
       ap.narrow(2, 0, k).copy_(a3);
       bp.narrow(1, 0, k).narrow(2, 0, n).copy_(b3);

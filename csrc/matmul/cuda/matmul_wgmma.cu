@@ -44,11 +44,11 @@ namespace {
 
 constexpr int kBM = 128, kBK = 64;
 constexpr int kThreads = 384;  // producer warpgroup + 2 consumer warpgroups
-constexpr int kGroupRows = 8;
+constexpr int kGroupRows = 8;  // tile rows (of clusters) per group of the tile order
 #ifndef OPFORGE_WGMMA_WIDE_CONFIG
 #define OPFORGE_WGMMA_WIDE_CONFIG 3
 #endif
-constexpr int kWideConfig = OPFORGE_WGMMA_WIDE_CONFIG;  // see matmul_wgmma_cuda_config; 3 measured fastest  // tile rows (of clusters) per group of the tile order
+constexpr int kWideConfig = OPFORGE_WGMMA_WIDE_CONFIG;  // see matmul_wgmma_cuda_config; 3 measured fastest
 
 template <int BN, int kCluster>
 struct Config {
@@ -420,7 +420,7 @@ cudaError_t launch(const GemmParams& p, cudaStream_t stream) {
 #endif
   err = cudaLaunchKernelEx(&config, kernel, map_a, map_bt, map_c, static_cast<T*>(p.c), static_cast<int>(p.m),
                            static_cast<int>(p.n), static_cast<int>(p.k), static_cast<int>(p.batch), p.c_rs, p.c_bs);
-  return err != cudaSuccess ? err : cudaGetLastError();
+  return err;
 }
 
 // Can the epilogue store c with TMA (16-byte aligned base and strides)?
@@ -467,7 +467,10 @@ int pick_config(const GemmParams& p) {
 
 int matmul_wgmma_cuda_config(const GemmParams& p, void* stream, int config) {
   const auto s = static_cast<cudaStream_t>(stream);
-  if (config < 0) config = pick_config(p);
+  if (config < 0) {
+    config = pick_config(p);
+    if (config == 2 && p.b_cs == 1) config = 1;  // clusters multicast rows of b^T only
+  }
   switch (p.dtype) {
     case DType::kBFloat16: return launch_layout<__nv_bfloat16>(p, s, config);
     case DType::kFloat16: return launch_layout<__half>(p, s, config);
