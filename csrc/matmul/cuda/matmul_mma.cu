@@ -219,6 +219,7 @@ cudaError_t launch_config(const GemmParams& p, cudaStream_t stream, int config) 
     case 3: return launch<T, 128, 4>(p, stream);
     case 4: return launch<T, 256, 3, 64>(p, stream);
     case 5: return launch<T, 256, 4, 64>(p, stream);
+    case 6: return launch<T, 128, 3, 64>(p, stream);  // 96 KB, 124 registers: two blocks per SM
     default: return cudaErrorInvalidValue;
   }
 }
