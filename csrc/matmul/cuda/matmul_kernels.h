@@ -20,7 +20,8 @@ int matmul_warp_tiled_cuda_config(const GemmParams& p, void* stream, int config)
 int matmul_mma_cuda(const GemmParams& p, void* stream);
 // The same with a fixed configuration (for tuning; -1: the default): block tile 128 x 128 or
 // 128 x 256, cp.async ring of 3 or 4 stages, 32 or 64 deep: 0: 128/3/32; 1: 256/3/32;
-// 2: 256/4/32; 3: 128/4/32; 4: 256/3/64; 5: 256/4/64; 6: 128/3/64 (not yet measured).
+// 2: 256/4/32; 3: 128/4/32; 4: 256/3/64; 5: 256/4/64; 6: 128/3/64; 7, 8: 4 and 6 with unchecked
+// copies for tiles inside the matrices (6-8 not yet measured).
 int matmul_mma_cuda_config(const GemmParams& p, void* stream, int config);
 // float16/bfloat16, sm_90a (built only when the arch list has 9.0a: OPFORGE_HAS_SM90A). b either
 // by rows (p.b_cs == 1: row stride p.b_rs) or by columns (p.b_rs == 1: the rows of b^T, row stride

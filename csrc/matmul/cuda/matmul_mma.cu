@@ -87,8 +87,10 @@ __device__ __forceinline__ int a_off(int r, int k) {
 template <int kBN>
 __device__ __forceinline__ int b_off(int r, int n) { return r * kBN + (((n / 8) ^ (r & 7)) * 8) + n % 8; }
 
-template <typename T, int kBN, int kStages, int kBK>
-__global__ void __launch_bounds__(kThreads)
+// kFast: blocks whose tile lies inside c copy whole k tiles from per-thread base pointers, with
+// no bounds checks or per-chunk index math (most of the loop's integer instructions otherwise).
+template <typename T, int kBN, int kStages, int kBK, bool kFast>
+__global__ void __launch_bounds__(kThreads, kBN == 128 ? 2 : 1)  // 128-wide: two blocks per SM
     matmul_mma_kernel(const T* __restrict__ a, const T* __restrict__ b, T* __restrict__ c, int64_t m, int64_t n,
                       int64_t k, int64_t lda, int64_t ldb, int64_t ldc, int64_t a_bs, int64_t b_bs, int64_t c_bs) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
@@ -106,8 +108,24 @@ __global__ void __launch_bounds__(kThreads)
 
   // Each thread copies kBK / 16 16-byte chunks of the a tile and kBK * kBN / 2048 of the b tile
   // per stage.
-  constexpr int kChunksA = kBK / 8;
+  constexpr int kChunksA = kBK / 8, kRowsA = kThreads / kChunksA;  // a rows a pass of the block covers
+  constexpr int kChunksB = kBN / 8, kRowsB = kThreads / kChunksB;
+  static_assert(kRowsA % 8 == 0 && kRowsB % 8 == 0, "passes keep each thread's swizzle");
+  const bool inside = kFast && m0 + kBM <= m && n0 + kBN <= n;
   auto load_tile = [&](int stage, int64_t k0) {
+    if (inside && k0 + kBK <= k) {
+      // Thread tid copies chunk tid % kChunks of rows tid / kChunks + pass * kRows: the same
+      // swizzle in every pass, so shared offsets step by whole rows.
+      const T* a_src = a + (m0 + tid / kChunksA) * lda + (tid % kChunksA) * 8 + k0;
+      const T* b_src = b + (k0 + tid / kChunksB) * ldb + n0 + (tid % kChunksB) * 8;
+      T* const a_dst = as + stage * kATile + a_off<kBK>(tid / kChunksA, (tid % kChunksA) * 8);
+      T* const b_dst = bs + stage * kBTile + b_off<kBN>(tid / kChunksB, (tid % kChunksB) * 8);
+#pragma unroll
+      for (int s = 0; s < kBM / kRowsA; ++s) cp_async16(a_dst + s * kRowsA * kBK, a_src + s * kRowsA * lda, 16);
+#pragma unroll
+      for (int s = 0; s < kBK / kRowsB; ++s) cp_async16(b_dst + s * kRowsB * kBN, b_src + s * kRowsB * ldb, 16);
+      return;
+    }
 #pragma unroll
     for (int s = 0; s < kBM * kChunksA / kThreads; ++s) {  // a: 128 rows x kBK / 8 chunks
       const int idx = tid + s * kThreads;
@@ -194,10 +212,10 @@ __global__ void __launch_bounds__(kThreads)
 #endif  // sm_80+
 }
 
-template <typename T, int kBN, int kStages, int kBK = 32>
+template <typename T, int kBN, int kStages, int kBK = 32, bool kFast = false>
 cudaError_t launch(const GemmParams& p, cudaStream_t stream) {
   using C = Config<kBN, kStages, kBK>;
-  const auto kernel = matmul_mma_kernel<T, kBN, kStages, kBK>;
+  const auto kernel = matmul_mma_kernel<T, kBN, kStages, kBK, kFast>;
   static bool configured[64] = {};
   const cudaError_t err =
       tc::configure_once(kernel, C::kSmemBytes, configured, [](const cudaFuncAttributes&) { return true; });
@@ -220,6 +238,8 @@ cudaError_t launch_config(const GemmParams& p, cudaStream_t stream, int config) 
     case 4: return launch<T, 256, 3, 64>(p, stream);
     case 5: return launch<T, 256, 4, 64>(p, stream);
     case 6: return launch<T, 128, 3, 64>(p, stream);  // 96 KB, 124 registers: two blocks per SM
+    case 7: return launch<T, 256, 3, 64, true>(p, stream);
+    case 8: return launch<T, 128, 3, 64, true>(p, stream);
     default: return cudaErrorInvalidValue;
   }
 }
