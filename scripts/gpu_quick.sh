@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # A short GPU run for when little device time is left: build, the full benchmark of the ops in
-# $OPS (comma-separated, default nms) with one timing round, then the tests of those ops and the
+# $OPS (comma-separated, default nms,matmul) with one timing round, then the tests of those ops and the
 # CUDA tests of the rest, each step bounded so that what finished comes back under $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 export PYTHONUNBUFFERED=1 MAX_JOBS=${MAX_JOBS:-$(nproc)}
 OUT=${OUT:-benchmarks/results/gpu-partial}
+OPS=${OPS:-nms,matmul}  # before its first use: set -u
 mkdir -p "$OUT"
 export OPFORGE_BENCH_FAILURES="$OUT"
 # The wgmma rung alone first (about 20 s to build): a kernel that hangs or faults would otherwise
@@ -23,7 +24,6 @@ if [[ ",$OPS," == *",matmul,"* ]] && "$PYTHON" -c 'import torch, sys; sys.exit(t
 fi
 "$PYTHON" -m pip install -v --no-build-isolation --no-deps -e . > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
 echo "built"
-OPS=${OPS:-nms,matmul}
 timeout ${BENCH_TIMEOUT:-300} "$PYTHON" -m opforge.bench --full --ops "$OPS" --rounds 1 --out "$OUT" > "$OUT/bench.log" 2>&1
 sed -n '/^op /,$p' "$OUT/bench.log"; tail -3 "$OUT/bench.log"
 xdist=$("$PYTHON" -c 'import xdist' 2>/dev/null && echo "-n 8")

@@ -29,6 +29,7 @@
 #include <cstdint>
 #ifdef OPFORGE_MATMUL_TUNING
 #include <cstdio>
+#include <utility>
 #endif
 
 #include "matmul/cuda/matmul_kernels.h"
@@ -415,8 +416,10 @@ cudaError_t launch(const GemmParams& p, cudaStream_t stream) {
   if (slots < 1) return cudaErrorInvalidConfiguration;
   config.gridDim = dim3(static_cast<unsigned>((units < slots ? units : slots) * kCluster));
 #ifdef OPFORGE_MATMUL_TUNING
-  std::fprintf(stderr, "wgmma %dx%d cluster %d: %d blocks (%d slots), %lld tiles\n", kBM, BN, kCluster,
-               config.gridDim.x, slots, static_cast<long long>(units));
+  static bool told = false;  // once per configuration: the timing loops launch it thousands of times
+  if (!std::exchange(told, true))
+    std::fprintf(stderr, "wgmma %dx%d cluster %d: %d blocks (%d slots), %lld tiles\n", kBM, BN, kCluster,
+                 config.gridDim.x, slots, static_cast<long long>(units));
 #endif
   err = cudaLaunchKernelEx(&config, kernel, map_a, map_bt, map_c, static_cast<T*>(p.c), static_cast<int>(p.m),
                            static_cast<int>(p.n), static_cast<int>(p.k), static_cast<int>(p.batch), p.c_rs, p.c_bs);
