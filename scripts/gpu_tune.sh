@@ -7,9 +7,11 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/tune}
 mkdir -p "$OUT"
-nvcc -std=c++17 -O3 -gencode arch=compute_90a,code=sm_90a -I csrc -o "$OUT/peak" benchmarks/micro/tensor_peak.cu &&
-  timeout 60 "$OUT/peak" 2>&1 | tee "$OUT/peak.log"
-rm -f "$OUT/peak"
+if [ -z "${NOPEAK:-}" ]; then
+  nvcc -std=c++17 -O3 -gencode arch=compute_90a,code=sm_90a -I csrc -o "$OUT/peak" benchmarks/micro/tensor_peak.cu &&
+    timeout 60 "$OUT/peak" 2>&1 | tee "$OUT/peak.log"
+  rm -f "$OUT/peak"
+fi
 for spec in ${TUNE:-}; do
   rung=${spec%%:*} configs=${spec#*:}
   timeout ${TUNE_TIMEOUT:-150} python3 benchmarks/micro/matmul_tune.py ${QUICK:+--quick} --only "$rung" --configs "$configs" 2>&1 |
@@ -17,8 +19,8 @@ for spec in ${TUNE:-}; do
 done
 for spec in ${NCU:-}; do
   timeout 120 ncu --clock-control none --kernel-name regex:matmul_ --launch-skip 1 --launch-count 1 \
-    --section SpeedOfLight --section ComputeWorkloadAnalysis --section WarpStateStats --section LaunchStats \
-    --metrics lts__t_bytes.sum.per_second,lts__throughput.avg.pct_of_peak_sustained_elapsed,l1tex__data_pipe_lsu_wavefronts_mem_shared.sum \
+    --section SpeedOfLight --section ComputeWorkloadAnalysis --section WarpStateStats --section LaunchStats --section SchedulerStats --section InstructionStats --section MemoryWorkloadAnalysis_Tables --section Occupancy \
+    --metrics smsp__average_warps_issue_stalled_barrier_per_issue_active.ratio,smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio,smsp__average_warps_issue_stalled_short_scoreboard_per_issue_active.ratio,smsp__average_warps_issue_stalled_mio_throttle_per_issue_active.ratio,smsp__average_warps_issue_stalled_math_pipe_throttle_per_issue_active.ratio,smsp__average_warps_issue_stalled_wait_per_issue_active.ratio,smsp__average_warps_issue_stalled_not_selected_per_issue_active.ratio,smsp__average_warps_issue_stalled_dispatch_stall_per_issue_active.ratio,smsp__average_warps_issue_stalled_lg_throttle_per_issue_active.ratio,smsp__average_warps_issue_stalled_no_instruction_per_issue_active.ratio,smsp__average_warps_issue_stalled_tex_throttle_per_issue_active.ratio,smsp__average_warps_issue_stalled_branch_resolving_per_issue_active.ratio,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active,sm__pipe_fma_cycles_active.avg.pct_of_peak_sustained_active,sm__inst_executed_pipe_fma.sum,l1tex__data_bank_conflicts_pipe_lsu_mem_shared.sum,lts__t_bytes.sum.per_second,lts__throughput.avg.pct_of_peak_sustained_elapsed,l1tex__data_pipe_lsu_wavefronts_mem_shared.sum \
     python3 benchmarks/micro/matmul_tune.py --profile "$spec" > "$OUT/ncu-${spec/:/-}.txt" 2>&1
-  grep -E "Duration|Throughput|Grid Size|Stall|lts__|wavefronts|Issued Ipc|Registers" "$OUT/ncu-${spec/:/-}.txt" | head -40
+  grep -E "Duration|Throughput|Grid Size|stalled|pipe|conflicts|lts__|wavefronts|Issue|Registers" "$OUT/ncu-${spec/:/-}.txt" | head -60
 done

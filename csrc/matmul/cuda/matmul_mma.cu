@@ -39,6 +39,9 @@ using tc::smem_addr;
 __device__ __forceinline__ void cp_async16(void* dst, const void* src, int bytes) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(bytes));
 }
+__device__ __forceinline__ void cp_async16_raw(uint32_t dst, const void* src, int bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes));
+}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {
@@ -49,6 +52,16 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t* r, const void* p) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(smem_addr(p)));
+}
+__device__ __forceinline__ void ldmatrix_x4(uint32_t* r, uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t* r, uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
 }
 __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t* r, const void* p) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
@@ -89,7 +102,7 @@ __device__ __forceinline__ int b_off(int r, int n) { return r * kBN + (((n / 8) 
 
 // kFast: blocks whose tile lies inside c copy whole k tiles from per-thread base pointers, with
 // no bounds checks or per-chunk index math (most of the loop's integer instructions otherwise).
-template <typename T, int kBN, int kStages, int kBK, bool kFast>
+template <typename T, int kBN, int kStages, int kBK, bool kFast, bool kPipe>
 __global__ void __launch_bounds__(kThreads, kBN == 128 ? 2 : 1)  // 128-wide: two blocks per SM
     matmul_mma_kernel(const T* __restrict__ a, const T* __restrict__ b, T* __restrict__ c, int64_t m, int64_t n,
                       int64_t k, int64_t lda, int64_t ldb, int64_t ldc, int64_t a_bs, int64_t b_bs, int64_t c_bs) {
@@ -144,49 +157,141 @@ __global__ void __launch_bounds__(kThreads, kBN == 128 ? 2 : 1)  // 128-wide: tw
     }
   };
 
+  // Fragments of 16-deep step q + 1 are loaded while step q's mma run (two register sets).
+  auto load_frags = [&](const T* at, const T* bt, int kk, uint32_t (&fa)[4][4], uint32_t (&fb)[kNT][2]) {
+#pragma unroll
+    for (int mi = 0; mi < 4; ++mi) {  // rows 0-15 of the m16 tile, k 0-7 then 8-15
+      const int r = wm * kWM + mi * 16 + (lane % 16);
+      ldmatrix_x4(fa[mi], at + a_off<kBK>(r, kk + (lane / 16) * 8));
+    }
+#pragma unroll
+    for (int nj = 0; nj < kNT; nj += 2) {  // two n8 tiles: (k 0-7, k 8-15) x (n, n + 8)
+      const int kr = kk + (lane % 8) + ((lane / 8) % 2) * 8;
+      const int col = wn * kWN + nj * 8 + (lane / 16) * 8;
+      uint32_t r4[4];
+      ldmatrix_x4_trans(r4, bt + b_off<kBN>(kr, col));
+      fb[nj][0] = r4[0];
+      fb[nj][1] = r4[1];
+      fb[nj + 1][0] = r4[2];
+      fb[nj + 1][1] = r4[3];
+    }
+  };
   float acc[4][kNT][4] = {};  // [m16 tile][n8 tile][fragment]
+  uint32_t af[2][4][4], bf[2][kNT][2];
   const int64_t tiles = (k + kBK - 1) / kBK;
+  constexpr int kQ = kBK / 16;  // 16-deep mma steps per tile
 #pragma unroll
   for (int s = 0; s < kStages - 1; ++s) {
     if (s < tiles) load_tile(s, s * kBK);
     cp_async_commit();  // empty groups keep the count uniform
   }
-  for (int64_t t = 0; t < tiles; ++t) {
-    cp_async_wait<kStages - 2>();  // tile t has landed (for this thread)...
-    __syncthreads();               // ...for every thread; and tile t-1's readers are done
-    const int64_t next = t + kStages - 1;
-    if (next < tiles) load_tile(static_cast<int>(next % kStages), next * kBK);
-    cp_async_commit();
-    const T* at = as + (t % kStages) * kATile;
-    const T* bt = bs + (t % kStages) * kBTile;
-    // Fragments of 16-deep step q + 1 are loaded while step q's mma run (two register sets).
-    uint32_t af[2][4][4], bf[2][kNT][2];
-    auto load_frags = [&](int kk, uint32_t (&fa)[4][4], uint32_t (&fb)[kNT][2]) {
+  if constexpr (kPipe) {
+    // Integer work kept off the loop: the shared addresses of every fragment a thread reads are
+    // a few registers plus immediates (the swizzle only XORs chunk bits that the step and pair
+    // indices do not change), and the interior copies walk running pointers. The barrier of
+    // tile t + 1 sits in tile t's last step, before its mma: the first fragments of tile t + 1
+    // are read while those run. A tile's copies are spread over the kQ - 1 steps before.
+    static_assert(kQ % 2 == 0, "fragment buffers alternate within and across tiles");
+    constexpr int kParts = kQ - 1;
+    constexpr uint32_t kAStage = kATile * 2, kBStage = kBTile * 2;  // bytes
+    const uint32_t a_sm = tc::smem_addr(as), b_sm = tc::smem_addr(bs);
+    uint32_t a_frag[kQ], b_frag[kNT / 2];  // step q's a fragment (m16 tile 0); pair p's b fragment (step 0)
 #pragma unroll
-      for (int mi = 0; mi < 4; ++mi) {  // rows 0-15 of the m16 tile, k 0-7 then 8-15
-        const int r = wm * kWM + mi * 16 + (lane % 16);
-        ldmatrix_x4(fa[mi], at + a_off<kBK>(r, kk + (lane / 16) * 8));
-      }
+    for (int q = 0; q < kQ; ++q)
+      a_frag[q] = a_sm + 2 * a_off<kBK>(wm * kWM + lane % 16, q * 16 + (lane / 16) * 8);
 #pragma unroll
-      for (int nj = 0; nj < kNT; nj += 2) {  // two n8 tiles: (k 0-7, k 8-15) x (n, n + 8)
-        const int kr = kk + (lane % 8) + ((lane / 8) % 2) * 8;
-        const int col = wn * kWN + nj * 8 + (lane / 16) * 8;
+    for (int pr = 0; pr < kNT / 2; ++pr)
+      b_frag[pr] = b_sm + 2 * b_off<kBN>(lane % 8 + ((lane / 8) % 2) * 8, wn * kWN + pr * 16 + (lane / 16) * 8);
+    auto frags = [&](uint32_t st_a, uint32_t st_b, int q, uint32_t (&fa)[4][4], uint32_t (&fb)[kNT][2]) {
+#pragma unroll
+      for (int mi = 0; mi < 4; ++mi) ldmatrix_x4(fa[mi], st_a + a_frag[q] + mi * 16 * kBK * 2);
+#pragma unroll
+      for (int pr = 0; pr < kNT / 2; ++pr) {
         uint32_t r4[4];
-        ldmatrix_x4_trans(r4, bt + b_off<kBN>(kr, col));
-        fb[nj][0] = r4[0];
-        fb[nj][1] = r4[1];
-        fb[nj + 1][0] = r4[2];
-        fb[nj + 1][1] = r4[3];
+        ldmatrix_x4_trans(r4, st_b + b_frag[pr] + q * 16 * kBN * 2);
+        fb[2 * pr][0] = r4[0];
+        fb[2 * pr][1] = r4[1];
+        fb[2 * pr + 1][0] = r4[2];
+        fb[2 * pr + 1][1] = r4[3];
       }
     };
-    load_frags(0, af[0], bf[0]);
+    // Interior copies: chunk tid % kChunks of rows tid / kChunks + i * kRows, i < kCopiesA for a,
+    // then the b rows.
+    constexpr int kCopiesA = kBM / kRowsA, kCopies = kCopiesA + kBK / kRowsB;
+    constexpr int kPer = (kCopies + kParts - 1) / kParts;
+    const T* a_g = a + (m0 + tid / kChunksA) * lda + (tid % kChunksA) * 8 + (kStages - 1) * kBK;
+    const T* b_g = b + ((kStages - 1) * kBK + tid / kChunksB) * ldb + n0 + (tid % kChunksB) * 8;
+    const int64_t a_step = kRowsA * lda, b_step = kRowsB * ldb, b_tile = kBK * ldb;
+    const uint32_t a_cp = a_sm + 2 * a_off<kBK>(tid / kChunksA, (tid % kChunksA) * 8);
+    const uint32_t b_cp = b_sm + 2 * b_off<kBN>(tid / kChunksB, (tid % kChunksB) * 8);
+    auto copy_part = [&](int stage, int part) {
+      const T* pa = a_g + (part * kPer) * a_step;
+      const T* pb = b_g + (part * kPer - kCopiesA) * b_step;
 #pragma unroll
-    for (int q = 0; q < kBK / 16; ++q) {
-      if (q + 1 < kBK / 16) load_frags((q + 1) * 16, af[(q + 1) & 1], bf[(q + 1) & 1]);
+      for (int i = part * kPer; i < (part + 1) * kPer && i < kCopies; ++i) {
+        if (i < kCopiesA) {
+          cp_async16_raw(a_cp + stage * kAStage + i * kRowsA * kBK * 2, pa, 16);
+          pa += a_step;
+        } else {
+          if (i == kCopiesA) pb = b_g;
+          cp_async16_raw(b_cp + stage * kBStage + (i - kCopiesA) * kRowsB * kBN * 2, pb, 16);
+          pb += b_step;
+        }
+      }
+    };
+
+    cp_async_wait<kStages - 2>();
+    __syncthreads();
+    if (tiles > 0) frags(0, 0, 0, af[0], bf[0]);
+    int rs = 0, ws = kStages - 1;  // stage read in tile t, and written with tile t + kStages - 1
+    for (int64_t t = 0; t < tiles; ++t) {
+      const uint32_t st_a = rs * kAStage, st_b = rs * kBStage;
+      const int64_t next = t + kStages - 1;
+      const bool fast = inside && (next + 1) * kBK <= k;
 #pragma unroll
-      for (int mi = 0; mi < 4; ++mi)
+      for (int q = 0; q < kQ; ++q) {
+        if (q < kParts) {
+          if (fast) copy_part(ws, q);
+          else if (q == 0 && next < tiles) load_tile(ws, next * kBK);
+          if (q == kParts - 1) {
+            cp_async_commit();
+            a_g += kBK;
+            b_g += b_tile;
+          }
+        }
+        if (q + 1 < kQ) {
+          frags(st_a, st_b, q + 1, af[(q + 1) & 1], bf[(q + 1) & 1]);
+        } else {
+          cp_async_wait<kStages - 2>();  // tile t + 1 has landed (for this thread)...
+          __syncthreads();               // ...for every thread; and tile t's readers are done
+          rs = rs + 1 == kStages ? 0 : rs + 1;
+          ws = ws + 1 == kStages ? 0 : ws + 1;
+          if (t + 1 < tiles) frags(rs * kAStage, rs * kBStage, 0, af[0], bf[0]);
+        }
 #pragma unroll
-        for (int nj = 0; nj < kNT; ++nj) mma16816<T>(acc[mi][nj], af[q & 1][mi], bf[q & 1][nj]);
+        for (int mi = 0; mi < 4; ++mi)
+#pragma unroll
+          for (int nj = 0; nj < kNT; ++nj) mma16816<T>(acc[mi][nj], af[q & 1][mi], bf[q & 1][nj]);
+      }
+    }
+  } else {
+    for (int64_t t = 0; t < tiles; ++t) {
+      cp_async_wait<kStages - 2>();  // tile t has landed (for this thread)...
+      __syncthreads();               // ...for every thread; and tile t-1's readers are done
+      const int64_t next = t + kStages - 1;
+      if (next < tiles) load_tile(static_cast<int>(next % kStages), next * kBK);
+      cp_async_commit();
+      const T* at = as + (t % kStages) * kATile;
+      const T* bt = bs + (t % kStages) * kBTile;
+      load_frags(at, bt, 0, af[0], bf[0]);
+#pragma unroll
+      for (int q = 0; q < kQ; ++q) {
+        if (q + 1 < kQ) load_frags(at, bt, (q + 1) * 16, af[(q + 1) & 1], bf[(q + 1) & 1]);
+#pragma unroll
+        for (int mi = 0; mi < 4; ++mi)
+#pragma unroll
+          for (int nj = 0; nj < kNT; ++nj) mma16816<T>(acc[mi][nj], af[q & 1][mi], bf[q & 1][nj]);
+      }
     }
   }
   cp_async_wait<0>();
@@ -212,10 +317,10 @@ __global__ void __launch_bounds__(kThreads, kBN == 128 ? 2 : 1)  // 128-wide: tw
 #endif  // sm_80+
 }
 
-template <typename T, int kBN, int kStages, int kBK = 32, bool kFast = false>
+template <typename T, int kBN, int kStages, int kBK = 32, bool kFast = false, bool kPipe = false>
 cudaError_t launch(const GemmParams& p, cudaStream_t stream) {
   using C = Config<kBN, kStages, kBK>;
-  const auto kernel = matmul_mma_kernel<T, kBN, kStages, kBK, kFast>;
+  const auto kernel = matmul_mma_kernel<T, kBN, kStages, kBK, kFast, kPipe>;
   static bool configured[64] = {};
   const cudaError_t err =
       tc::configure_once(kernel, C::kSmemBytes, configured, [](const cudaFuncAttributes&) { return true; });
@@ -240,6 +345,9 @@ cudaError_t launch_config(const GemmParams& p, cudaStream_t stream, int config) 
     case 6: return launch<T, 128, 3, 64>(p, stream);  // 96 KB, 124 registers: two blocks per SM
     case 7: return launch<T, 256, 3, 64, true>(p, stream);
     case 8: return launch<T, 128, 3, 64, true>(p, stream);
+    case 9: return launch<T, 256, 3, 64, true, true>(p, stream);   // cfg 7, cross-tile fragment prefetch
+    case 10: return launch<T, 256, 4, 32, true, true>(p, stream);  // 32-deep, 4 stages
+    case 11: return launch<T, 256, 4, 64, true, true>(p, stream);  // cfg 9, 4 stages (192 KB)
     default: return cudaErrorInvalidValue;
   }
 }

@@ -127,6 +127,111 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
   }
 }
 
+
+// The same tiles fed by cp.async (sm_80+): global -> shared copies that need no staging
+// registers, so 16-deep tiles fit in 128 registers and two blocks share an SM (each one's barrier
+// covered by the other's FMAs). a is transposed on the way in with 4-byte copies (8 a thread, 16
+// threads on a row's 64 contiguous bytes); b moves in 16-byte chunks. Edge chunks are zero-filled
+// by the copy itself (a short source size). Serves vectorizable calls (simt::vectorizable).
+__device__ __forceinline__ void cp_async4(float* dst, const float* src, int bytes) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(
+                   static_cast<uint32_t>(__cvta_generic_to_shared(dst))),
+               "l"(src), "r"(bytes));
+}
+__device__ __forceinline__ void cp_async16(float* dst, const float* src, int bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(
+                   static_cast<uint32_t>(__cvta_generic_to_shared(dst))),
+               "l"(src), "r"(bytes));
+}
+
+template <int kBN>
+__global__ void __launch_bounds__(kThreads, 2)
+    matmul_warp_tiled_async_kernel(const float* __restrict__ a, const float* __restrict__ b, float* __restrict__ c,
+                                   int64_t m, int64_t n, int64_t k, int64_t lda, int64_t ldb, int64_t ldc,
+                                   int64_t a_bs, int64_t b_bs, int64_t c_bs) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  constexpr int kBK = 16, kWN = kBN / 4, kSubN = kWN / 32;
+  __shared__ __align__(16) float as[2][kBK][kBM + kPad];
+  __shared__ __align__(16) float bs[2][kBK][kBN + kPad];
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  const int wm = warp / 4, wn = warp % 4;
+  const int tm = lane / 4, tn = lane % 4;
+  const int64_t m0 = static_cast<int64_t>(blockIdx.y) * kBM, n0 = static_cast<int64_t>(blockIdx.x) * kBN;
+  a += blockIdx.z * a_bs;
+  b += blockIdx.z * b_bs;
+  c += blockIdx.z * c_bs;
+
+  constexpr int kCopiesA = kBM * kBK / kThreads, kChunksB = kBN / 4, kRowsB = kThreads / kChunksB;
+  constexpr int kCopiesB = kBK / kRowsB;
+  const int a_r = tid / kBK, a_k = tid % kBK, b_r = tid / kChunksB, b_c = (tid % kChunksB) * 4;
+  const bool inside = m0 + kBM <= m && n0 + kBN <= n;
+  const float* const a_g = a + (m0 + a_r) * lda + a_k;
+  const float* const b_g = b + b_r * ldb + n0 + b_c;
+  auto issue = [&](int buf, int64_t k0) {
+    if (inside && k0 + kBK <= k) {
+#pragma unroll
+      for (int i = 0; i < kCopiesA; ++i)
+        cp_async4(&as[buf][a_k][a_r + i * (kThreads / kBK)], a_g + k0 + i * (kThreads / kBK) * lda, 4);
+#pragma unroll
+      for (int i = 0; i < kCopiesB; ++i) cp_async16(&bs[buf][b_r + i * kRowsB][b_c], b_g + (k0 + i * kRowsB) * ldb, 16);
+      return;
+    }
+#pragma unroll
+    for (int i = 0; i < kCopiesA; ++i) {
+      const int64_t row = m0 + a_r + i * (kThreads / kBK), kk = k0 + a_k;
+      const bool in = row < m && kk < k;
+      cp_async4(&as[buf][a_k][a_r + i * (kThreads / kBK)], in ? a + row * lda + kk : a, in ? 4 : 0);
+    }
+#pragma unroll
+    for (int i = 0; i < kCopiesB; ++i) {
+      const int64_t kk = k0 + b_r + i * kRowsB, col = n0 + b_c;
+      const int bytes = kk < k && col < n ? 4 * static_cast<int>(n - col < 4 ? n - col : 4) : 0;
+      cp_async16(&bs[buf][b_r + i * kRowsB][b_c], bytes ? b + kk * ldb + col : b, bytes);
+    }
+  };
+
+  float acc[8][8 * kSubN] = {};
+  const int64_t tiles = (k + kBK - 1) / kBK;
+  if (tiles > 0) issue(0, 0);
+  asm volatile("cp.async.commit_group;\n" ::);
+  for (int64_t t = 0; t < tiles; ++t) {
+    const int cur = static_cast<int>(t & 1);
+    asm volatile("cp.async.wait_group 0;\n" ::);
+    __syncthreads();  // tile t is in for everyone, and everyone is done with tile t - 1's buffer
+    if (t + 1 < tiles) issue(cur ^ 1, (t + 1) * kBK);
+    asm volatile("cp.async.commit_group;\n" ::);
+#pragma unroll
+    for (int kk = 0; kk < kBK; ++kk) {
+      float rm[8], rn[8 * kSubN];
+      simt::unpack(*reinterpret_cast<const float4*>(&as[cur][kk][wm * kWM + tm * 4]), rm);
+      simt::unpack(*reinterpret_cast<const float4*>(&as[cur][kk][wm * kWM + 32 + tm * 4]), rm + 4);
+#pragma unroll
+      for (int q = 0; q < kSubN; ++q) {
+        simt::unpack(*reinterpret_cast<const float4*>(&bs[cur][kk][wn * kWN + q * 32 + tn * 8]), rn + 8 * q);
+        simt::unpack(*reinterpret_cast<const float4*>(&bs[cur][kk][wn * kWN + q * 32 + tn * 8 + 4]), rn + 8 * q + 4);
+      }
+#pragma unroll
+      for (int i = 0; i < 8; ++i)
+#pragma unroll
+        for (int j = 0; j < 8 * kSubN; ++j) acc[i][j] = fmaf(rm[i], rn[j], acc[i][j]);
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const int64_t row = m0 + wm * kWM + (i / 4) * 32 + tm * 4 + i % 4;
+#pragma unroll
+    for (int q = 0; q < kSubN; ++q) {
+      const int64_t col = n0 + wn * kWN + q * 32 + tn * 8;
+      const float* v = acc[i] + 8 * q;
+      simt::store4<true>(c, row, col, m, n, ldc, make_float4(v[0], v[1], v[2], v[3]));
+      simt::store4<true>(c, row, col + 4, m, n, ldc, make_float4(v[4], v[5], v[6], v[7]));
+    }
+  }
+#else
+  __trap();  // no sm_80 code for this GPU; the launcher only picks this kernel on sm_80+
+#endif
+}
+
 template <int kBK, int kMinBlocks, int kBN = 128>
 int launch(const GemmParams& p, cudaStream_t s) {
   const dim3 grid(static_cast<unsigned>((p.n + kBN - 1) / kBN), static_cast<unsigned>((p.m + kBM - 1) / kBM),
@@ -140,6 +245,21 @@ int launch(const GemmParams& p, cudaStream_t s) {
   else
     matmul_warp_tiled_kernel<false, kBK, kMinBlocks, kBN>
         <<<grid, kThreads, 0, s>>>(a, b, c, p.m, p.n, p.k, p.a_rs, p.b_rs, p.c_rs, p.a_bs, p.b_bs, p.c_bs);
+  return cudaGetLastError();
+}
+
+// cp.async tiles for vectorizable calls on sm_80+, the register-staged ones otherwise.
+int launch_async(const GemmParams& p, cudaStream_t s) {
+  int dev = 0, major = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess)
+    return cudaGetLastError();
+  if (major < 8 || !simt::vectorizable(p)) return launch<16, 1>(p, s);
+  constexpr int kBN = 128;
+  const dim3 grid(static_cast<unsigned>((p.n + kBN - 1) / kBN), static_cast<unsigned>((p.m + kBM - 1) / kBM),
+                  static_cast<unsigned>(p.batch));
+  matmul_warp_tiled_async_kernel<kBN><<<grid, kThreads, 0, s>>>(
+      static_cast<const float*>(p.a), static_cast<const float*>(p.b), static_cast<float*>(p.c), p.m, p.n, p.k,
+      p.a_rs, p.b_rs, p.c_rs, p.a_bs, p.b_bs, p.c_bs);
   return cudaGetLastError();
 }
 
@@ -157,6 +277,7 @@ int matmul_warp_tiled_cuda_config(const GemmParams& p, void* stream, int config)
     case 2: return launch<16, 2>(p, s);
     case 3: return launch<8, 1>(p, s);
     case 4: return launch<8, 1, 256>(p, s);
+    case 5: return launch_async(p, s);
     default: return cudaErrorInvalidValue;
   }
 }
