@@ -24,3 +24,15 @@ for spec in ${NCU:-}; do
     python3 benchmarks/micro/matmul_tune.py --profile "$spec" > "$OUT/ncu-${spec/:/-}.txt" 2>&1
   grep -E "Duration|Throughput|Grid Size|stalled|pipe|conflicts|lts__|wavefronts|Issue|Registers" "$OUT/ncu-${spec/:/-}.txt" | head -60
 done
+# Source-level stall sampling: SRC="mma:9" -> the hottest SASS lines (benchmarks/micro/ncu_hot.py).
+for spec in ${SRC:-}; do
+  rep="$OUT/src-${spec/:/-}"
+  timeout 150 ncu --clock-control none --kernel-name regex:matmul_ --launch-skip 1 --launch-count 1 \
+    --section SourceCounters --section WarpStateStats -o "$rep" -f \
+    python3 benchmarks/micro/matmul_tune.py --profile "$spec" > "$rep.log" 2>&1
+  ncu -i "$rep.ncu-rep" --page source --print-source sass --csv > "$rep.csv" 2>"$rep.err" ||
+    ncu -i "$rep.ncu-rep" --page source --csv > "$rep.csv" 2>>"$rep.err"
+  python3 benchmarks/micro/ncu_hot.py "$rep.csv" 50 > "$rep.txt" 2>&1
+  head -c 6000 "$rep.txt"; tail -3 "$rep.err"
+  rm -f "$rep.ncu-rep"
+done

@@ -144,15 +144,16 @@ __device__ __forceinline__ void cp_async16(float* dst, const float* src, int byt
                "l"(src), "r"(bytes));
 }
 
-template <int kBN>
+template <int kBN, int kBK>
 __global__ void __launch_bounds__(kThreads, 2)
     matmul_warp_tiled_async_kernel(const float* __restrict__ a, const float* __restrict__ b, float* __restrict__ c,
                                    int64_t m, int64_t n, int64_t k, int64_t lda, int64_t ldb, int64_t ldc,
                                    int64_t a_bs, int64_t b_bs, int64_t c_bs) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  constexpr int kBK = 16, kWN = kBN / 4, kSubN = kWN / 32;
-  __shared__ __align__(16) float as[2][kBK][kBM + kPad];
-  __shared__ __align__(16) float bs[2][kBK][kBN + kPad];
+  constexpr int kWN = kBN / 4, kSubN = kWN / 32;
+  extern __shared__ __align__(16) float smem_f[];  // as[2][kBK][kBM + kPad], then bs[2][kBK][kBN + kPad]
+  auto as = reinterpret_cast<float(*)[kBK][kBM + kPad]>(smem_f);
+  auto bs = reinterpret_cast<float(*)[kBK][kBN + kPad]>(smem_f + 2 * kBK * (kBM + kPad));
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int wm = warp / 4, wn = warp % 4;
   const int tm = lane / 4, tn = lane % 4;
@@ -249,15 +250,25 @@ int launch(const GemmParams& p, cudaStream_t s) {
 }
 
 // cp.async tiles for vectorizable calls on sm_80+, the register-staged ones otherwise.
+template <int kBK>
 int launch_async(const GemmParams& p, cudaStream_t s) {
   int dev = 0, major = 0;
   if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess)
     return cudaGetLastError();
   if (major < 8 || !simt::vectorizable(p)) return launch<16, 1>(p, s);
   constexpr int kBN = 128;
+  constexpr int kSmem = 2 * kBK * (kBM + kPad + kBN + kPad) * 4;
+  const auto kernel = matmul_warp_tiled_async_kernel<kBN, kBK>;
+  static bool configured[64] = {};  // the shared-memory limit is per device
+  if (dev < 0 || dev >= 64) return cudaErrorInvalidDevice;
+  if (!configured[dev]) {
+    const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+    if (err != cudaSuccess) return err;
+    configured[dev] = true;
+  }
   const dim3 grid(static_cast<unsigned>((p.n + kBN - 1) / kBN), static_cast<unsigned>((p.m + kBM - 1) / kBM),
                   static_cast<unsigned>(p.batch));
-  matmul_warp_tiled_async_kernel<kBN><<<grid, kThreads, 0, s>>>(
+  kernel<<<grid, kThreads, kSmem, s>>>(
       static_cast<const float*>(p.a), static_cast<const float*>(p.b), static_cast<float*>(p.c), p.m, p.n, p.k,
       p.a_rs, p.b_rs, p.c_rs, p.a_bs, p.b_bs, p.c_bs);
   return cudaGetLastError();
@@ -277,7 +288,8 @@ int matmul_warp_tiled_cuda_config(const GemmParams& p, void* stream, int config)
     case 2: return launch<16, 2>(p, s);
     case 3: return launch<8, 1>(p, s);
     case 4: return launch<8, 1, 256>(p, s);
-    case 5: return launch_async(p, s);
+    case 5: return launch_async<16>(p, s);
+    case 6: return launch_async<32>(p, s);
     default: return cudaErrorInvalidValue;
   }
 }

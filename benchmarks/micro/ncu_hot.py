@@ -1,0 +1,60 @@
+"""Hottest SASS instructions of an Nsight Compute source-page CSV (warp-stall samples).
+
+    ncu --section SourceCounters -o prof python3 ...
+    ncu -i prof.ncu-rep --page source --print-source sass --csv > src.csv
+    python3 benchmarks/micro/ncu_hot.py src.csv [top]
+
+Prints the columns it found, then the `top` instructions by all samples with their stall
+columns, and the samples summed per opcode.
+"""
+
+from __future__ import annotations
+
+import collections
+import csv
+import sys
+
+
+def main() -> None:
+    path, top = sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 40
+    with open(path, newline="") as f:
+        lines = [ln for ln in f if ln.startswith('"')]
+    rows = list(csv.reader(lines))
+    header, body = rows[0], rows[1:]
+    print("columns:", header)
+
+    def col(*keys: str) -> int | None:
+        for i, h in enumerate(header):
+            if all(k.lower() in h.lower() for k in keys):
+                return i
+        return None
+
+    src, allc, notc = col("Source"), col("Sampling", "All"), col("Sampling", "Not")
+    if src is None or allc is None:
+        print("no source / sampling columns")
+        return
+
+    def num(x: str) -> float:
+        try:
+            return float(x.replace(",", ""))
+        except ValueError:
+            return 0.0
+
+    total = sum(num(r[allc]) for r in body if len(r) > allc) or 1.0
+    print(f"instructions {len(body)}, samples {total:.0f}")
+    ranked = sorted((r for r in body if len(r) > allc), key=lambda r: -num(r[allc]))
+    for r in ranked[:top]:
+        nots = f" not-issued {num(r[notc]):6.0f}" if notc is not None else ""
+        print(f"{100 * num(r[allc]) / total:5.1f}% {num(r[allc]):7.0f}{nots}  {r[0]:>6}  {r[src][:90]}")
+    per_op: collections.Counter[str] = collections.Counter()
+    for r in body:
+        if len(r) > allc and r[src].strip():
+            op = r[src].split()[0]
+            if op.startswith("@"):
+                op = r[src].split()[1]
+            per_op[op.split(".")[0]] += num(r[allc])
+    print("per opcode:", ", ".join(f"{op} {100 * v / total:.1f}%" for op, v in per_op.most_common(15)))
+
+
+if __name__ == "__main__":
+    main()
