@@ -19,9 +19,8 @@ def main() -> None:
     path, top = sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 40
     with open(path, newline="") as f:
         lines = [ln for ln in f if ln.startswith('"')]
-    rows = list(csv.reader(lines))
+    rows = [r for r in csv.reader(lines) if r and r[0] != "Kernel Name"]
     header, body = rows[0], rows[1:]
-    print("columns:", header)
 
     def col(*keys: str) -> int | None:
         for i, h in enumerate(header):
@@ -43,9 +42,18 @@ def main() -> None:
     total = sum(num(r[allc]) for r in body if len(r) > allc) or 1.0
     print(f"instructions {len(body)}, samples {total:.0f}")
     ranked = sorted((r for r in body if len(r) > allc), key=lambda r: -num(r[allc]))
+    stalls = [i for i, h in enumerate(header) if h.startswith("stall_") and "Not Issued" not in h]
     for r in ranked[:top]:
         nots = f" not-issued {num(r[notc]):6.0f}" if notc is not None else ""
-        print(f"{100 * num(r[allc]) / total:5.1f}% {num(r[allc]):7.0f}{nots}  {r[0]:>6}  {r[src][:90]}")
+        why = sorted(((num(r[i]), header[i][6:]) for i in stalls), reverse=True)[:3]
+        why_s = " ".join(f"{n}:{v:.0f}" for v, n in why if v > 0)
+        print(
+            f"{100 * num(r[allc]) / total:5.1f}% {num(r[allc]):6.0f}{nots}  {r[0][-5:]}  {r[src].strip()[:60]:60}  {why_s}"
+        )
+    print(
+        "stalls:",
+        ", ".join(f"{header[i][6:]} {100 * sum(num(r[i]) for r in body) / total:.1f}%" for i in stalls),
+    )
     per_op: collections.Counter[str] = collections.Counter()
     for r in body:
         if len(r) > allc and r[src].strip():
