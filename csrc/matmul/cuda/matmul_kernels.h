@@ -11,9 +11,10 @@ int matmul_naive_cuda(const GemmParams& p, void* stream);             // float32
 int matmul_smem_tiled_cuda(const GemmParams& p, void* stream);        // float32
 int matmul_register_blocked_cuda(const GemmParams& p, void* stream);  // float32
 int matmul_warp_tiled_cuda(const GemmParams& p, void* stream);        // float32
-// The same with a fixed configuration (for tuning; -1: the default): 0: 16-deep tiles, one block
-// per SM; 1: 8-deep, two blocks; 2: 16-deep, two blocks (spills); 3: 8-deep, one block;
-// 4: 128 x 256 tiles, 8-deep, one block (16-deep ones would need 49 KB of static shared memory).
+// The same with a fixed configuration (for tuning; -1: the default, 6): 0: 16-deep tiles staged
+// through registers, one block per SM; 1: 8-deep, two blocks; 2: 16-deep, two blocks (spills);
+// 3: 8-deep, one block; 4: 128 x 256 tiles, 8-deep, one block; 5, 6: tiles 16 and 32 deep filled
+// by cp.async, two blocks per SM (sm_80+ and vectorizable calls; else 0).
 int matmul_warp_tiled_cuda_config(const GemmParams& p, void* stream, int config);
 // float16/bfloat16, sm_80+; also needs k, p.a_rs, p.b_rs and the batch strides multiples of 8
 // and a, b 16-byte aligned; b readable to the next multiple of 8 columns (ldb >= that).
@@ -21,7 +22,9 @@ int matmul_mma_cuda(const GemmParams& p, void* stream);
 // The same with a fixed configuration (for tuning; -1: the default): block tile 128 x 128 or
 // 128 x 256, cp.async ring of 3 or 4 stages, 32 or 64 deep: 0: 128/3/32; 1: 256/3/32;
 // 2: 256/4/32; 3: 128/4/32; 4: 256/3/64; 5: 256/4/64; 6: 128/3/64; 7, 8: 4 and 6 with unchecked
-// copies for tiles inside the matrices (6-8 not yet measured).
+// copies for tiles inside the matrices; 9 (the default), 10, 11: 256/3/64, 256/4/32, 256/4/64
+// unchecked, with fragment addresses precomputed, the next tile's first fragments read before
+// the current tile's last mma, and the copies spread over the steps.
 int matmul_mma_cuda_config(const GemmParams& p, void* stream, int config);
 // float16/bfloat16, sm_90a (built only when the arch list has 9.0a: OPFORGE_HAS_SM90A). b either
 // by rows (p.b_cs == 1: row stride p.b_rs) or by columns (p.b_rs == 1: the rows of b^T, row stride

@@ -1,10 +1,11 @@
 // matmul rung 5, "mma" (float16/bfloat16, sm_80+): tensor cores through mma.sync.m16n8k16 with
-// float32 accumulation. A 128 x 128 tile of c per block of 8 warps (2 x 4), 64 x 32 per warp
-// (4 x 4 mma tiles, 64 accumulators a thread). The a and b tiles (32 deep) stream through a
-// 3-stage cp.async pipeline (16-byte copies, zero-filled outside the matrices), so global loads
-// of the next tiles overlap the tensor-core work on the current one; fragments are read with
-// ldmatrix (b transposed on the fly, .trans). Shared tiles are XOR-swizzled by 16-byte chunk so
-// that the 8 rows an ldmatrix reads fall in different banks.
+// float32 accumulation. The default (configuration 9): a 128 x 256 tile of c per block of 8 warps
+// (2 x 4), 64 x 64 per warp (4 x 8 mma tiles, 128 accumulators a thread). The a and b tiles (64
+// deep) stream through a 3-stage cp.async ring (16-byte copies, zero-filled outside the
+// matrices), so global loads of the next tiles overlap the tensor-core work on the current one;
+// fragments are read with ldmatrix (b transposed on the fly, .trans), one 16-deep step ahead of
+// the mma, and across tiles too: the barrier sits before the last step's mma. Shared tiles are
+// XOR-swizzled by 16-byte chunk so that the 8 rows an ldmatrix reads fall in different banks.
 // The launcher guarantees: row-major operands; k, n, the row and batch strides multiples of 8;
 // 16-byte aligned bases. Device code needs sm_80 (cp.async, mma.m16n8k16): for older targets in
 // the arch list the kernel is compiled empty and the launcher refuses the variant.
@@ -215,27 +216,28 @@ __global__ void __launch_bounds__(kThreads, kBN == 128 ? 2 : 1)  // 128-wide: tw
         fb[2 * pr + 1][1] = r4[3];
       }
     };
-    // Interior copies: each thread copies kCA chunks of one row of the a tile and kCB of one row
-    // of the b tile, chunks kTpr apart (the kTpr threads of a row read its chunks side by side,
-    // so a warp's copy reads whole sectors). Sources are one pointer plus immediates; the swizzled
-    // destinations are one offset XOR the chunk step (the swizzle only flips the chunk bits).
-    constexpr int kTprA = kThreads / kBM, kTprB = kThreads / kBK;  // threads on a row
-    constexpr int kCA = kChunksA / kTprA, kCB = kChunksB / kTprB, kCopies = kCA + kCB;
-    static_assert(kThreads % kBM == 0 && kThreads % kBK == 0 && kCA * kTprA == kChunksA && kCB * kTprB == kChunksB,
-                  "whole rows per thread group");
+    // Interior copies: chunk tid % kChunks of rows tid / kChunks + i * kRows, i < kCopiesA for a,
+    // then the b rows.
+    constexpr int kCopiesA = kBM / kRowsA, kCopies = kCopiesA + kBK / kRowsB;
     constexpr int kPer = (kCopies + kParts - 1) / kParts;
-    const T* a_g = a + (m0 + tid / kTprA) * lda + (tid % kTprA) * 8 + (kStages - 1) * kBK;
-    const T* b_g = b + ((kStages - 1) * kBK + tid / kTprB) * ldb + n0 + (tid % kTprB) * 8;
-    const int64_t b_tile = kBK * ldb;
-    const uint32_t a_cp = 2 * a_off<kBK>(tid / kTprA, (tid % kTprA) * 8);
-    const uint32_t b_cp = 2 * b_off<kBN>(tid / kTprB, (tid % kTprB) * 8);
+    const T* a_g = a + (m0 + tid / kChunksA) * lda + (tid % kChunksA) * 8 + (kStages - 1) * kBK;
+    const T* b_g = b + ((kStages - 1) * kBK + tid / kChunksB) * ldb + n0 + (tid % kChunksB) * 8;
+    const int64_t a_step = kRowsA * lda, b_step = kRowsB * ldb, b_tile = kBK * ldb;
+    const uint32_t a_cp = a_sm + 2 * a_off<kBK>(tid / kChunksA, (tid % kChunksA) * 8);
+    const uint32_t b_cp = b_sm + 2 * b_off<kBN>(tid / kChunksB, (tid % kChunksB) * 8);
     auto copy_part = [&](int stage, int part) {
+      const T* pa = a_g + (part * kPer) * a_step;
+      const T* pb = b_g + (part * kPer - kCopiesA) * b_step;
 #pragma unroll
       for (int i = part * kPer; i < (part + 1) * kPer && i < kCopies; ++i) {
-        if (i < kCA)
-          cp_async16_raw(a_sm + stage * kAStage + (a_cp ^ (i * kTprA * 16)), a_g + i * kTprA * 8, 16);
-        else
-          cp_async16_raw(b_sm + stage * kBStage + (b_cp ^ ((i - kCA) * kTprB * 16)), b_g + (i - kCA) * kTprB * 8, 16);
+        if (i < kCopiesA) {
+          cp_async16_raw(a_cp + stage * kAStage + i * kRowsA * kBK * 2, pa, 16);
+          pa += a_step;
+        } else {
+          if (i == kCopiesA) pb = b_g;
+          cp_async16_raw(b_cp + stage * kBStage + (i - kCopiesA) * kRowsB * kBN * 2, pb, 16);
+          pb += b_step;
+        }
       }
     };
 
@@ -352,7 +354,7 @@ cudaError_t launch_config(const GemmParams& p, cudaStream_t stream, int config) 
 }
 
 #ifndef OPFORGE_MMA_CONFIG
-#define OPFORGE_MMA_CONFIG 4
+#define OPFORGE_MMA_CONFIG 9
 #endif
 
 }  // namespace
