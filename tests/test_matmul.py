@@ -113,6 +113,20 @@ def test_cuda_large_tile_paths(variant, shape):
     assert_close_to_reference(opforge.matmul(a, b, variant=variant), a, b)
 
 
+@pytest.mark.cuda
+@pytest.mark.parametrize("shape", [(300, 70, 261), (129, 33, 6), (2, 257, 130, 514)], ids=str)
+def test_cuda_warp_tiled_padded_views(shape):
+    """warp_tiled's cp.async tiles on column slices of wider tensors: row strides multiples of 4
+    floats (16-byte rows) but k and n not, so the copies at the edges read short chunks and
+    zero-fill the rest."""
+    *batch, m, k, n = shape
+    a = rand((*batch, m, (k + 3) // 4 * 4 + 4), torch.float32, "cuda")[..., :k]
+    b = rand((*batch, k, (n + 3) // 4 * 4 + 4), torch.float32, "cuda")[..., :n]
+    assert a.stride(-2) % 4 == 0 and b.stride(-2) % 4 == 0 and k % 4 and n % 4
+    poison_cuda_allocator(4 * m * n * (batch[0] if batch else 1), "cuda")
+    assert_close_to_reference(opforge.matmul(a, b, variant="warp_tiled"), a, b)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float16, torch.bfloat16])
 def test_other_dtypes(device, dtype):
