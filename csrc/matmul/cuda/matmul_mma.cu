@@ -43,6 +43,33 @@ __device__ __forceinline__ void cp_async16(void* dst, const void* src, int bytes
 __device__ __forceinline__ void cp_async16_raw(uint32_t dst, const void* src, int bytes) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes));
 }
+// mbarriers (kMbar): `full` completes when every thread's copies of a stage have landed
+// (cp.async.mbarrier.arrive.noinc: counted as each thread's arrival), `empty` when every warp has
+// read the stage.
+__device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
+  asm volatile("mbarrier.init.shared.b64 [%0], %1;\n" ::"r"(bar), "r"(count));
+}
+__device__ __forceinline__ void mbar_arrive_copies(uint32_t bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared.b64 [%0];\n" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+  uint64_t state;
+  asm volatile("mbarrier.arrive.shared.b64 %0, [%1];\n" : "=l"(state) : "r"(bar) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+  uint32_t done = 0;
+  while (!done) {
+#if __CUDA_ARCH__ >= 900
+    asm volatile(
+        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done) : "r"(bar), "r"(parity) : "memory");
+#else
+    asm volatile(
+        "{\n .reg .pred p;\n mbarrier.test_wait.parity.shared.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done) : "r"(bar), "r"(parity) : "memory");
+#endif
+  }
+}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {
@@ -103,7 +130,7 @@ __device__ __forceinline__ int b_off(int r, int n) { return r * kBN + (((n / 8) 
 
 // kFast: blocks whose tile lies inside c copy whole k tiles from per-thread base pointers, with
 // no bounds checks or per-chunk index math (most of the loop's integer instructions otherwise).
-template <typename T, int kBN, int kStages, int kBK, bool kFast, bool kPipe, bool kU32 = false>
+template <typename T, int kBN, int kStages, int kBK, bool kFast, bool kPipe, bool kU32 = false, bool kMbar = false>
 __global__ void __launch_bounds__(kThreads, kBN == 128 ? 2 : 1)  // 128-wide: two blocks per SM
     matmul_mma_kernel(const T* __restrict__ a, const T* __restrict__ b, T* __restrict__ c, int64_t m, int64_t n,
                       int64_t k, int64_t lda, int64_t ldb, int64_t ldc, int64_t a_bs, int64_t b_bs, int64_t c_bs) {
@@ -181,10 +208,29 @@ __global__ void __launch_bounds__(kThreads, kBN == 128 ? 2 : 1)  // 128-wide: tw
   uint32_t af[2][4][4], bf[2][kNT][2];
   const int64_t tiles = (k + kBK - 1) / kBK;
   constexpr int kQ = kBK / 16;  // 16-deep mma steps per tile
+  // kMbar: per-stage full/empty mbarriers instead of a block-wide barrier per tile, so the warps
+  // drift apart (up to the ring's slack) and one warp's copies and waits overlap another's mma.
+  static_assert(!kMbar || kPipe, "mbarriers only in the pipelined loop");
+  __shared__ __align__(8) uint64_t full_bar[kMbar ? kStages : 1], empty_bar[kMbar ? kStages : 1];
+  const uint32_t full0 = tc::smem_addr(full_bar), empty0 = tc::smem_addr(empty_bar);
+  if constexpr (kMbar) {
+    if (tid == 0) {
+#pragma unroll
+      for (int s = 0; s < kStages; ++s) {
+        mbar_init(full0 + 8 * s, kThreads);
+        mbar_init(empty0 + 8 * s, kThreads / 32);
+      }
+    }
+    __syncthreads();
+  }
 #pragma unroll
   for (int s = 0; s < kStages - 1; ++s) {
     if (s < tiles) load_tile(s, s * kBK);
-    cp_async_commit();  // empty groups keep the count uniform
+    if constexpr (kMbar) {
+      if (s < tiles) mbar_arrive_copies(full0 + 8 * s);
+    } else {
+      cp_async_commit();  // empty groups keep the count uniform
+    }
   }
   if constexpr (kPipe) {
     // Integer work kept off the loop: the shared addresses of every fragment a thread reads are
@@ -263,10 +309,15 @@ __global__ void __launch_bounds__(kThreads, kBN == 128 ? 2 : 1)  // 128-wide: tw
       else copy_part_64(stage, part);
     };
 
-    cp_async_wait<kStages - 2>();
-    __syncthreads();
+    if constexpr (kMbar) {
+      if (tiles > 0) mbar_wait(full0, 0);
+    } else {
+      cp_async_wait<kStages - 2>();
+      __syncthreads();
+    }
     if (tiles > 0) frags(0, 0, 0, af[0], bf[0]);
     int rs = 0, ws = kStages - 1;  // stage read in tile t, and written with tile t + kStages - 1
+    uint32_t rph = 0, wph = 1;     // kMbar: parity of tile t's full phase; of the empty phase ws awaits
     for (int64_t t = 0; t < tiles; ++t) {
       const uint32_t st_a = rs * kAStage, st_b = rs * kBStage;
       const int64_t next = t + kStages - 1;
@@ -274,10 +325,17 @@ __global__ void __launch_bounds__(kThreads, kBN == 128 ? 2 : 1)  // 128-wide: tw
 #pragma unroll
       for (int q = 0; q < kQ; ++q) {
         if (q < kParts) {
+          if constexpr (kMbar) {
+            if (q == 0 && t > 0 && next < tiles) mbar_wait(empty0 + 8 * ws, wph);  // tile t - 1 read
+          }
           if (fast) copy_part(ws, q);
           else if (q == 0 && next < tiles) load_tile(ws, next * kBK);
           if (q == kParts - 1) {
-            cp_async_commit();
+            if constexpr (kMbar) {
+              if (next < tiles) mbar_arrive_copies(full0 + 8 * ws);
+            } else {
+              cp_async_commit();
+            }
             a_g += kBK;
             if constexpr (kU32) b_g = reinterpret_cast<const T*>(reinterpret_cast<const char*>(b_g) + b_tile32);
             else b_g += b_tile;
@@ -286,11 +344,21 @@ __global__ void __launch_bounds__(kThreads, kBN == 128 ? 2 : 1)  // 128-wide: tw
         if (q + 1 < kQ) {
           frags(st_a, st_b, q + 1, af[(q + 1) & 1], bf[(q + 1) & 1]);
         } else {
-          cp_async_wait<kStages - 2>();  // tile t + 1 has landed (for this thread)...
-          __syncthreads();               // ...for every thread; and tile t's readers are done
+          if constexpr (kMbar) {
+            __syncwarp();  // the warp's reads of tile t are done (its last fragments are loaded)
+            if (lane == 0) mbar_arrive(empty0 + 8 * rs);
+          } else {
+            cp_async_wait<kStages - 2>();  // tile t + 1 has landed (for this thread)...
+            __syncthreads();               // ...for every thread; and tile t's readers are done
+          }
           rs = rs + 1 == kStages ? 0 : rs + 1;
           ws = ws + 1 == kStages ? 0 : ws + 1;
-          if (t + 1 < tiles) frags(rs * kAStage, rs * kBStage, 0, af[0], bf[0]);
+          rph ^= rs == 0;
+          wph ^= ws == 0;
+          if (t + 1 < tiles) {
+            if constexpr (kMbar) mbar_wait(full0 + 8 * rs, rph);  // tile t + 1 has landed
+            frags(rs * kAStage, rs * kBStage, 0, af[0], bf[0]);
+          }
         }
 #pragma unroll
         for (int mi = 0; mi < 4; ++mi)
@@ -341,10 +409,11 @@ __global__ void __launch_bounds__(kThreads, kBN == 128 ? 2 : 1)  // 128-wide: tw
 #endif  // sm_80+
 }
 
-template <typename T, int kBN, int kStages, int kBK = 32, bool kFast = false, bool kPipe = false, bool kU32 = false>
+template <typename T, int kBN, int kStages, int kBK = 32, bool kFast = false, bool kPipe = false, bool kU32 = false,
+          bool kMbar = false>
 cudaError_t launch(const GemmParams& p, cudaStream_t stream) {
   using C = Config<kBN, kStages, kBK>;
-  const auto kernel = matmul_mma_kernel<T, kBN, kStages, kBK, kFast, kPipe, kU32>;
+  const auto kernel = matmul_mma_kernel<T, kBN, kStages, kBK, kFast, kPipe, kU32, kMbar>;
   static bool configured[64] = {};
   const cudaError_t err =
       tc::configure_once(kernel, C::kSmemBytes, configured, [](const cudaFuncAttributes&) { return true; });
@@ -373,6 +442,8 @@ cudaError_t launch_config(const GemmParams& p, cudaStream_t stream, int config) 
     case 10: return launch<T, 256, 4, 32, true, true>(p, stream);  // 32-deep, 4 stages
     case 11: return launch<T, 256, 4, 64, true, true>(p, stream);  // cfg 9, 4 stages (192 KB)
     case 12: return launch<T, 256, 3, 64, true, true, true>(p, stream);  // cfg 9, 32-bit copy strides
+    case 13: return launch<T, 256, 3, 64, true, true, false, true>(p, stream);  // cfg 9, mbarriers
+    case 14: return launch<T, 256, 4, 64, true, true, false, true>(p, stream);  // 13, 4 stages
     default: return cudaErrorInvalidValue;
   }
 }
