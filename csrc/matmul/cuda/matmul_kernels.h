@@ -24,7 +24,9 @@ int matmul_mma_cuda(const GemmParams& p, void* stream);
 // 2: 256/4/32; 3: 128/4/32; 4: 256/3/64; 5: 256/4/64; 6: 128/3/64; 7, 8: 4 and 6 with unchecked
 // copies for tiles inside the matrices; 9 (the default), 10, 11: 256/3/64, 256/4/32, 256/4/64
 // unchecked, with fragment addresses precomputed, the next tile's first fragments read before
-// the current tile's last mma, and the copies spread over the steps.
+// the current tile's last mma, and the copies spread over the steps; 12: 9 with 32-bit copy
+// strides; 13, 14: 9 with 3 and 4 stages handed over by per-stage mbarriers instead of a
+// block-wide barrier per tile.
 int matmul_mma_cuda_config(const GemmParams& p, void* stream, int config);
 // float16/bfloat16, sm_90a (built only when the arch list has 9.0a: OPFORGE_HAS_SM90A). b either
 // by rows (p.b_cs == 1: row stride p.b_rs) or by columns (p.b_rs == 1: the rows of b^T, row stride

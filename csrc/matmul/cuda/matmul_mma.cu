@@ -52,9 +52,11 @@ __device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
 __device__ __forceinline__ void mbar_arrive_copies(uint32_t bar) {
   asm volatile("cp.async.mbarrier.arrive.noinc.shared.b64 [%0];\n" ::"r"(bar) : "memory");
 }
-__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+// Returns the phase token (unused: waits go by parity).
+__device__ __forceinline__ uint64_t mbar_arrive(uint32_t bar) {
   uint64_t state;
   asm volatile("mbarrier.arrive.shared.b64 %0, [%1];\n" : "=l"(state) : "r"(bar) : "memory");
+  return state;
 }
 __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
   uint32_t done = 0;
@@ -442,7 +444,7 @@ cudaError_t launch_config(const GemmParams& p, cudaStream_t stream, int config) 
     case 10: return launch<T, 256, 4, 32, true, true>(p, stream);  // 32-deep, 4 stages
     case 11: return launch<T, 256, 4, 64, true, true>(p, stream);  // cfg 9, 4 stages (192 KB)
     case 12: return launch<T, 256, 3, 64, true, true, true>(p, stream);  // cfg 9, 32-bit copy strides
-    case 13: return launch<T, 256, 3, 64, true, true, false, true>(p, stream);  // cfg 9, mbarriers
+    case 13: return launch<T, 256, 3, 64, true, true, false, true>(p, stream);  // cfg 9, mbarriers (0.63x)
     case 14: return launch<T, 256, 4, 64, true, true, false, true>(p, stream);  // 13, 4 stages
     default: return cudaErrorInvalidValue;
   }
