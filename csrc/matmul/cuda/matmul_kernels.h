@@ -1,6 +1,9 @@
 // matmul CUDA: the launch functions of the rungs (one .cu file each, no torch). Every function
 // computes c[b] = a[b] @ b[b] for b < p.batch with a (m, k), b (k, n) and c (m, n) row-major
 // (column stride 1; p.a_cs == p.b_cs == 1), on `stream`, and returns a cudaError_t as int.
+// The *_config functions select a tile configuration for tuning; warp_tiled and mma build every
+// configuration only with OPFORGE_MATMUL_TUNING (benchmarks/micro/matmul_tune.py), else only
+// their default (others return cudaErrorInvalidValue): a sixth of mma's compile time.
 #pragma once
 
 #include "matmul/matmul_params.h"

@@ -428,31 +428,65 @@ cudaError_t launch(const GemmParams& p, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
-template <typename T>
-cudaError_t launch_config(const GemmParams& p, cudaStream_t stream, int config) {
-  switch (config) {
-    case 0: return launch<T, 128, 3>(p, stream);
-    case 1: return launch<T, 256, 3>(p, stream);
-    case 2: return launch<T, 256, 4>(p, stream);
-    case 3: return launch<T, 128, 4>(p, stream);
-    case 4: return launch<T, 256, 3, 64>(p, stream);
-    case 5: return launch<T, 256, 4, 64>(p, stream);
-    case 6: return launch<T, 128, 3, 64>(p, stream);  // 96 KB, 124 registers: two blocks per SM
-    case 7: return launch<T, 256, 3, 64, true>(p, stream);
-    case 8: return launch<T, 128, 3, 64, true>(p, stream);
-    case 9: return launch<T, 256, 3, 64, true, true>(p, stream);   // cfg 7, cross-tile fragment prefetch
-    case 10: return launch<T, 256, 4, 32, true, true>(p, stream);  // 32-deep, 4 stages
-    case 11: return launch<T, 256, 4, 64, true, true>(p, stream);  // cfg 9, 4 stages (192 KB)
-    case 12: return launch<T, 256, 3, 64, true, true, true>(p, stream);  // cfg 9, 32-bit copy strides
-    case 13: return launch<T, 256, 3, 64, true, true, false, true>(p, stream);  // cfg 9, mbarriers (0.63x)
-    case 14: return launch<T, 256, 4, 64, true, true, false, true>(p, stream);  // 13, 4 stages
-    default: return cudaErrorInvalidValue;
+// Configuration kCfg (see matmul_kernels.h). The extension builds only the default; the tuning
+// build (OPFORGE_MATMUL_TUNING) all of them.
+template <typename T, int kCfg>
+cudaError_t launch_cfg(const GemmParams& p, cudaStream_t stream) {
+  if constexpr (kCfg == 0) {
+    return launch<T, 128, 3>(p, stream);
+  } else if constexpr (kCfg == 1) {
+    return launch<T, 256, 3>(p, stream);
+  } else if constexpr (kCfg == 2) {
+    return launch<T, 256, 4>(p, stream);
+  } else if constexpr (kCfg == 3) {
+    return launch<T, 128, 4>(p, stream);
+  } else if constexpr (kCfg == 4) {
+    return launch<T, 256, 3, 64>(p, stream);
+  } else if constexpr (kCfg == 5) {
+    return launch<T, 256, 4, 64>(p, stream);
+  } else if constexpr (kCfg == 6) {  // 96 KB, 124 registers: two blocks per SM
+    return launch<T, 128, 3, 64>(p, stream);
+  } else if constexpr (kCfg == 7) {
+    return launch<T, 256, 3, 64, true>(p, stream);
+  } else if constexpr (kCfg == 8) {
+    return launch<T, 128, 3, 64, true>(p, stream);
+  } else if constexpr (kCfg == 9) {   // cfg 7, cross-tile fragment prefetch
+    return launch<T, 256, 3, 64, true, true>(p, stream);
+  } else if constexpr (kCfg == 10) {  // 32-deep, 4 stages
+    return launch<T, 256, 4, 32, true, true>(p, stream);
+  } else if constexpr (kCfg == 11) {  // cfg 9, 4 stages (192 KB)
+    return launch<T, 256, 4, 64, true, true>(p, stream);
+  } else if constexpr (kCfg == 12) {  // cfg 9, 32-bit copy strides
+    return launch<T, 256, 3, 64, true, true, true>(p, stream);
+  } else if constexpr (kCfg == 13) {  // cfg 9, mbarriers (0.63x)
+    return launch<T, 256, 3, 64, true, true, false, true>(p, stream);
+  } else if constexpr (kCfg == 14) {  // 13, 4 stages
+    return launch<T, 256, 4, 64, true, true, false, true>(p, stream);
+  } else {
+    return cudaErrorInvalidValue;
   }
 }
 
 #ifndef OPFORGE_MMA_CONFIG
 #define OPFORGE_MMA_CONFIG 9
 #endif
+
+template <typename T>
+cudaError_t launch_config(const GemmParams& p, cudaStream_t stream, int config) {
+#ifdef OPFORGE_MATMUL_TUNING
+  switch (config) {
+#define OPFORGE_MMA_CASE(n) \
+  case n: return launch_cfg<T, n>(p, stream);
+    OPFORGE_MMA_CASE(0) OPFORGE_MMA_CASE(1) OPFORGE_MMA_CASE(2) OPFORGE_MMA_CASE(3) OPFORGE_MMA_CASE(4)
+    OPFORGE_MMA_CASE(5) OPFORGE_MMA_CASE(6) OPFORGE_MMA_CASE(7) OPFORGE_MMA_CASE(8) OPFORGE_MMA_CASE(9)
+    OPFORGE_MMA_CASE(10) OPFORGE_MMA_CASE(11) OPFORGE_MMA_CASE(12) OPFORGE_MMA_CASE(13) OPFORGE_MMA_CASE(14)
+#undef OPFORGE_MMA_CASE
+    default: return cudaErrorInvalidValue;
+  }
+#else
+  return config == OPFORGE_MMA_CONFIG ? launch_cfg<T, OPFORGE_MMA_CONFIG>(p, stream) : cudaErrorInvalidValue;
+#endif
+}
 
 }  // namespace
 

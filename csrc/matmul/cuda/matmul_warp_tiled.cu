@@ -280,20 +280,39 @@ int launch_async(const GemmParams& p, cudaStream_t s) {
 #define OPFORGE_WARP_TILED_CONFIG 6
 #endif
 
+// Configuration kCfg (see matmul_kernels.h). The extension builds only the default (and the
+// register-staged kernel it falls back to); the tuning build (OPFORGE_MATMUL_TUNING) all of them.
+template <int kCfg>
+int launch_cfg(const GemmParams& p, cudaStream_t s) {
+  if constexpr (kCfg == 0) return launch<16, 1>(p, s);
+  else if constexpr (kCfg == 1) return launch<8, 2>(p, s);
+  else if constexpr (kCfg == 2) return launch<16, 2>(p, s);
+  else if constexpr (kCfg == 3) return launch<8, 1>(p, s);
+  else if constexpr (kCfg == 4) return launch<8, 1, 256>(p, s);
+  else if constexpr (kCfg == 5) return launch_async<16>(p, s);
+  else if constexpr (kCfg == 6) return launch_async<32>(p, s);
+  else return cudaErrorInvalidValue;
+}
+
 }  // namespace
 
 int matmul_warp_tiled_cuda_config(const GemmParams& p, void* stream, int config) {
   const auto s = static_cast<cudaStream_t>(stream);
-  switch (config < 0 ? OPFORGE_WARP_TILED_CONFIG : config) {
-    case 0: return launch<16, 1>(p, s);
-    case 1: return launch<8, 2>(p, s);
-    case 2: return launch<16, 2>(p, s);
-    case 3: return launch<8, 1>(p, s);
-    case 4: return launch<8, 1, 256>(p, s);
-    case 5: return launch_async<16>(p, s);
-    case 6: return launch_async<32>(p, s);
+  if (config < 0) config = OPFORGE_WARP_TILED_CONFIG;
+#ifdef OPFORGE_MATMUL_TUNING
+  switch (config) {
+    case 0: return launch_cfg<0>(p, s);
+    case 1: return launch_cfg<1>(p, s);
+    case 2: return launch_cfg<2>(p, s);
+    case 3: return launch_cfg<3>(p, s);
+    case 4: return launch_cfg<4>(p, s);
+    case 5: return launch_cfg<5>(p, s);
+    case 6: return launch_cfg<6>(p, s);
     default: return cudaErrorInvalidValue;
   }
+#else
+  return config == OPFORGE_WARP_TILED_CONFIG ? launch_cfg<OPFORGE_WARP_TILED_CONFIG>(p, s) : cudaErrorInvalidValue;
+#endif
 }
 
 int matmul_warp_tiled_cuda(const GemmParams& p, void* stream) { return matmul_warp_tiled_cuda_config(p, stream, -1); }
