@@ -29,7 +29,8 @@ int matmul_mma_cuda(const GemmParams& p, void* stream);
 // unchecked, with fragment addresses precomputed, the next tile's first fragments read before
 // the current tile's last mma, and the copies spread over the steps; 12: 9 with 32-bit copy
 // strides; 13, 14: 9 with 3 and 4 stages handed over by per-stage mbarriers instead of a
-// block-wide barrier per tile.
+// block-wide barrier per tile; 15, 16: a ninth warp does all the copies (3 and 4 stages; not
+// yet measured).
 int matmul_mma_cuda_config(const GemmParams& p, void* stream, int config);
 // float16/bfloat16, sm_90a (built only when the arch list has 9.0a: OPFORGE_HAS_SM90A). b either
 // by rows (p.b_cs == 1: row stride p.b_rs) or by columns (p.b_rs == 1: the rows of b^T, row stride

@@ -130,6 +130,59 @@ __device__ __forceinline__ int a_off(int r, int k) {
 template <int kBN>
 __device__ __forceinline__ int b_off(int r, int n) { return r * kBN + (((n / 8) ^ (r & 7)) * 8) + n % 8; }
 
+// Fragment addresses precomputed for the pipelined loops: a warp's shared addresses for every
+// 16-deep step's a fragments and every pair of b's n8 tiles are a few registers plus immediates
+// (the swizzle only XORs chunk bits that the step and pair indices do not change).
+template <int kBK, int kBN, int kNT>
+struct FragAddrs {
+  static constexpr int kQ = kBK / 16;
+  uint32_t a[kQ], b[kNT / 2];  // step q's a fragment (m16 tile 0); pair p's b fragment (step 0)
+  __device__ __forceinline__ FragAddrs(uint32_t a_sm, uint32_t b_sm, int row0, int col0, int lane) {
+#pragma unroll
+    for (int q = 0; q < kQ; ++q) a[q] = a_sm + 2 * a_off<kBK>(row0 + lane % 16, q * 16 + (lane / 16) * 8);
+#pragma unroll
+    for (int pr = 0; pr < kNT / 2; ++pr)
+      b[pr] = b_sm + 2 * b_off<kBN>(lane % 8 + ((lane / 8) % 2) * 8, col0 + pr * 16 + (lane / 16) * 8);
+  }
+  // Step q's fragments of the stage at byte offsets st_a, st_b.
+  __device__ __forceinline__ void load(uint32_t st_a, uint32_t st_b, int q, uint32_t (&fa)[4][4],
+                                       uint32_t (&fb)[kNT][2]) const {
+#pragma unroll
+    for (int mi = 0; mi < 4; ++mi) ldmatrix_x4(fa[mi], st_a + a[q] + mi * 16 * kBK * 2);
+#pragma unroll
+    for (int pr = 0; pr < kNT / 2; ++pr) {
+      uint32_t r4[4];
+      ldmatrix_x4_trans(r4, st_b + b[pr] + q * 16 * kBN * 2);
+      fb[2 * pr][0] = r4[0];
+      fb[2 * pr][1] = r4[1];
+      fb[2 * pr + 1][0] = r4[2];
+      fb[2 * pr + 1][1] = r4[3];
+    }
+  }
+};
+
+// Stores a warp's 64 x (8 kNT) accumulators (mma m16n8 layout: d0, d1 at row lane / 4, columns
+// 2 (lane % 4) + 0, 1; d2, d3 eight rows below) at rows r0.., columns c0.. of c, rounded to T.
+template <typename T, int kNT>
+__device__ __forceinline__ void store_acc(const float (&acc)[4][kNT][4], T* c, int64_t r0, int64_t c0, int64_t m,
+                                          int64_t n, int64_t ldc, int64_t c_bs, int lane) {
+  const bool pairs = ((ldc | c_bs) & 1) == 0 && reinterpret_cast<uintptr_t>(c) % 4 == 0;
+#pragma unroll
+  for (int mi = 0; mi < 4; ++mi) {
+#pragma unroll
+    for (int nj = 0; nj < kNT; ++nj) {
+      const int64_t col = c0 + nj * 8 + (lane % 4) * 2;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int64_t row = r0 + mi * 16 + lane / 4 + h * 8;
+        if (row < m && col < n)
+          tc::store_pair<T>(c + row * ldc + col, acc[mi][nj][2 * h], acc[mi][nj][2 * h + 1], pairs && col + 1 < n);
+        if (row < m && col + 1 < n && !pairs) tc::store_pair<T>(c + row * ldc + col + 1, acc[mi][nj][2 * h + 1], 0.f, false);
+      }
+    }
+  }
+}
+
 // kFast: blocks whose tile lies inside c copy whole k tiles from per-thread base pointers, with
 // no bounds checks or per-chunk index math (most of the loop's integer instructions otherwise).
 template <typename T, int kBN, int kStages, int kBK, bool kFast, bool kPipe, bool kU32 = false, bool kMbar = false>
@@ -235,34 +288,17 @@ __global__ void __launch_bounds__(kThreads, kBN == 128 ? 2 : 1)  // 128-wide: tw
     }
   }
   if constexpr (kPipe) {
-    // Integer work kept off the loop: the shared addresses of every fragment a thread reads are
-    // a few registers plus immediates (the swizzle only XORs chunk bits that the step and pair
-    // indices do not change), and the interior copies walk running pointers. The barrier of
+    // Integer work kept off the loop: fragment addresses precomputed (FragAddrs), and the
+    // interior copies walk running pointers. The barrier of
     // tile t + 1 sits in tile t's last step, before its mma: the first fragments of tile t + 1
     // are read while those run. A tile's copies are spread over the kQ - 1 steps before.
     static_assert(kQ % 2 == 0, "fragment buffers alternate within and across tiles");
     constexpr int kParts = kQ - 1;
     constexpr uint32_t kAStage = kATile * 2, kBStage = kBTile * 2;  // bytes
     const uint32_t a_sm = tc::smem_addr(as), b_sm = tc::smem_addr(bs);
-    uint32_t a_frag[kQ], b_frag[kNT / 2];  // step q's a fragment (m16 tile 0); pair p's b fragment (step 0)
-#pragma unroll
-    for (int q = 0; q < kQ; ++q)
-      a_frag[q] = a_sm + 2 * a_off<kBK>(wm * kWM + lane % 16, q * 16 + (lane / 16) * 8);
-#pragma unroll
-    for (int pr = 0; pr < kNT / 2; ++pr)
-      b_frag[pr] = b_sm + 2 * b_off<kBN>(lane % 8 + ((lane / 8) % 2) * 8, wn * kWN + pr * 16 + (lane / 16) * 8);
+    const FragAddrs<kBK, kBN, kNT> fr(a_sm, b_sm, wm * kWM, wn * kWN, lane);
     auto frags = [&](uint32_t st_a, uint32_t st_b, int q, uint32_t (&fa)[4][4], uint32_t (&fb)[kNT][2]) {
-#pragma unroll
-      for (int mi = 0; mi < 4; ++mi) ldmatrix_x4(fa[mi], st_a + a_frag[q] + mi * 16 * kBK * 2);
-#pragma unroll
-      for (int pr = 0; pr < kNT / 2; ++pr) {
-        uint32_t r4[4];
-        ldmatrix_x4_trans(r4, st_b + b_frag[pr] + q * 16 * kBN * 2);
-        fb[2 * pr][0] = r4[0];
-        fb[2 * pr][1] = r4[1];
-        fb[2 * pr + 1][0] = r4[2];
-        fb[2 * pr + 1][1] = r4[3];
-      }
+      fr.load(st_a, st_b, q, fa, fb);
     };
     // Interior copies: chunk tid % kChunks of rows tid / kChunks + i * kRows, i < kCopiesA for a,
     // then the b rows.
@@ -390,25 +426,146 @@ __global__ void __launch_bounds__(kThreads, kBN == 128 ? 2 : 1)  // 128-wide: tw
   }
   cp_async_wait<0>();
 
-  // Accumulator layout of m16n8: d0, d1 at (row lane/4, columns 2*(lane%4) + 0, 1); d2, d3 eight rows below.
-  const bool pairs = ((ldc | c_bs) & 1) == 0 && reinterpret_cast<uintptr_t>(c) % 4 == 0;
-#pragma unroll
-  for (int mi = 0; mi < 4; ++mi) {
-#pragma unroll
-    for (int nj = 0; nj < kNT; ++nj) {
-      const int64_t col = n0 + wn * kWN + nj * 8 + (lane % 4) * 2;
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int64_t row = m0 + wm * kWM + mi * 16 + lane / 4 + h * 8;
-        if (row < m && col < n)
-          tc::store_pair<T>(c + row * ldc + col, acc[mi][nj][2 * h], acc[mi][nj][2 * h + 1], pairs && col + 1 < n);
-        if (row < m && col + 1 < n && !pairs) tc::store_pair<T>(c + row * ldc + col + 1, acc[mi][nj][2 * h + 1], 0.f, false);
-      }
-    }
-  }
+  store_acc<T, kNT>(acc, c, m0 + wm * kWM, n0 + wn * kWN, m, n, ldc, c_bs, lane);
 #else
   __trap();  // no sm_80 code for this GPU: never return an unwritten output
 #endif  // sm_80+
+}
+
+// Warp-specialised variant (kProducer): 8 consumer warps as above (128 x 256 tiles, 64 deep) and
+// a ninth warp that does all the copying, handing stages over through full/empty mbarriers. The
+// consumers' loop is then ldmatrix, mma and two mbarrier operations; their registers carry no
+// copy state (288 threads: 224 registers a thread at most).
+constexpr int kWsThreads = kThreads + 32;
+template <typename T, int kStages>
+__global__ void __maxnreg__(224)  // 288 threads x 224 registers fit one SM
+    matmul_mma_ws_kernel(const T* __restrict__ a, const T* __restrict__ b, T* __restrict__ c, int64_t m, int64_t n,
+                         int64_t k, int64_t lda, int64_t ldb, int64_t ldc, int64_t a_bs, int64_t b_bs, int64_t c_bs) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  constexpr int kBN = 256, kBK = 64, kQ = kBK / 16;
+  using C = Config<kBN, kStages, kBK>;
+  constexpr int kATile = C::kATile, kBTile = C::kBTile, kWN = C::kWN, kNT = kWN / 8;
+  constexpr uint32_t kAStage = kATile * 2, kBStage = kBTile * 2;  // bytes
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  __shared__ __align__(8) uint64_t full_bar[kStages], empty_bar[kStages];
+  const uint32_t a_sm = tc::smem_addr(smem_raw), b_sm = a_sm + kStages * kAStage;
+  const uint32_t full0 = tc::smem_addr(full_bar), empty0 = tc::smem_addr(empty_bar);
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  const int64_t m0 = static_cast<int64_t>(blockIdx.y) * kBM, n0 = static_cast<int64_t>(blockIdx.x) * kBN;
+  a += blockIdx.z * a_bs;
+  b += blockIdx.z * b_bs;
+  c += blockIdx.z * c_bs;
+  const int64_t tiles = (k + kBK - 1) / kBK;
+  if (tid == 0) {
+#pragma unroll
+    for (int s = 0; s < kStages; ++s) {
+      mbar_init(full0 + 8 * s, 32);              // the producer warp's copies
+      mbar_init(empty0 + 8 * s, kThreads / 32);  // one arrival per consumer warp
+    }
+  }
+  __syncthreads();
+
+  if (warp == kThreads / 32) {
+    // Producer: lane l copies chunk l % 8 of a's rows l / 8 + 4 i (i < 32) and chunk l of b's
+    // rows i (i < 64). Destinations: a's swizzle (row % 8) takes two values over i, b's eight.
+    const bool inside = m0 + kBM <= m && n0 + kBN <= n;
+    const int ar = lane / 8, ac = lane % 8;
+    uint32_t a_dst[2], b_dst[8];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) a_dst[i] = 2 * a_off<kBK>(ar + 4 * i, ac * 8);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) b_dst[i] = 2 * b_off<kBN>(i, lane * 8);
+    const T* a_row = a + (m0 + ar) * lda + ac * 8;
+    const T* b_col = b + n0 + lane * 8;
+    for (int64_t j = 0; j < tiles; ++j) {
+      const int s = static_cast<int>(j % kStages);
+      if (j >= kStages) mbar_wait(empty0 + 8 * s, static_cast<uint32_t>((j / kStages - 1) & 1));
+      const int64_t k0 = j * kBK;
+      const uint32_t sa = a_sm + s * kAStage, sb = b_sm + s * kBStage;
+      if (inside && k0 + kBK <= k) {
+        const T* pa = a_row + k0;
+#pragma unroll 8
+        for (int i = 0; i < kBM / 4; ++i, pa += 4 * lda)
+          cp_async16_raw(sa + a_dst[i & 1] + (i / 2) * 8 * kBK * 2, pa, 16);
+        const T* pb = b_col + k0 * ldb;
+#pragma unroll 8
+        for (int i = 0; i < kBK; ++i, pb += ldb) cp_async16_raw(sb + b_dst[i & 7] + (i / 8) * 8 * kBN * 2, pb, 16);
+      } else {
+#pragma unroll 2
+        for (int i = 0; i < kBM / 4; ++i) {
+          const int64_t r = m0 + ar + 4 * i, kk = k0 + ac * 8;
+          const bool in = r < m && kk < k;
+          cp_async16_raw(sa + a_dst[i & 1] + (i / 2) * 8 * kBK * 2, in ? a + r * lda + kk : a, in ? 16 : 0);
+        }
+#pragma unroll 8
+        for (int i = 0; i < kBK; ++i) {
+          const int64_t kk = k0 + i, col = n0 + lane * 8;
+          const bool in = kk < k && col < n;
+          cp_async16_raw(sb + b_dst[i & 7] + (i / 8) * 8 * kBN * 2, in ? b + kk * ldb + col : b, in ? 16 : 0);
+        }
+      }
+      mbar_arrive_copies(full0 + 8 * s);
+    }
+    asm volatile("cp.async.wait_all;\n" ::: "memory");  // nothing in flight when the warp exits
+    return;
+  }
+
+  // Consumers.
+  const int wm = warp / 4, wn = warp % 4;
+  const FragAddrs<kBK, kBN, kNT> fr(a_sm, b_sm, wm * kWM, wn * kWN, lane);
+  auto frags = [&](uint32_t st_a, uint32_t st_b, int q, uint32_t (&fa)[4][4], uint32_t (&fb)[kNT][2]) {
+    fr.load(st_a, st_b, q, fa, fb);
+  };
+  float acc[4][kNT][4] = {};
+  uint32_t af[2][4][4], bf[2][kNT][2];
+  if (tiles > 0) {
+    mbar_wait(full0, 0);
+    frags(0, 0, 0, af[0], bf[0]);
+  }
+  int rs = 0;
+  uint32_t rph = 0;
+  for (int64_t t = 0; t < tiles; ++t) {
+    const uint32_t st_a = rs * kAStage, st_b = rs * kBStage;
+#pragma unroll
+    for (int q = 0; q < kQ; ++q) {
+      if (q + 1 < kQ) {
+        frags(st_a, st_b, q + 1, af[(q + 1) & 1], bf[(q + 1) & 1]);
+      } else {
+        __syncwarp();  // the warp's reads of tile t are done (its last fragments are loaded)
+        if (lane == 0) mbar_arrive(empty0 + 8 * rs);
+        rs = rs + 1 == kStages ? 0 : rs + 1;
+        rph ^= rs == 0;
+        if (t + 1 < tiles) {
+          mbar_wait(full0 + 8 * rs, rph);
+          frags(rs * kAStage, rs * kBStage, 0, af[0], bf[0]);
+        }
+      }
+#pragma unroll
+      for (int mi = 0; mi < 4; ++mi)
+#pragma unroll
+        for (int nj = 0; nj < kNT; ++nj) mma16816<T>(acc[mi][nj], af[q & 1][mi], bf[q & 1][nj]);
+    }
+  }
+  store_acc<T, kNT>(acc, c, m0 + wm * kWM, n0 + wn * kWN, m, n, ldc, c_bs, lane);
+#else
+  __trap();
+#endif  // sm_80+
+}
+
+template <typename T, int kStages>
+cudaError_t launch_ws(const GemmParams& p, cudaStream_t stream) {
+  using C = Config<256, kStages, 64>;
+  const auto kernel = matmul_mma_ws_kernel<T, kStages>;
+  static bool configured[64] = {};
+  const cudaError_t err =
+      tc::configure_once(kernel, C::kSmemBytes, configured, [](const cudaFuncAttributes&) { return true; });
+  if (err != cudaSuccess) return err;
+  const dim3 grid(static_cast<unsigned>((p.n + 255) / 256), static_cast<unsigned>((p.m + kBM - 1) / kBM),
+                  static_cast<unsigned>(p.batch));
+  kernel<<<grid, kWsThreads, C::kSmemBytes, stream>>>(static_cast<const T*>(p.a), static_cast<const T*>(p.b),
+                                                      static_cast<T*>(p.c), p.m, p.n, p.k, p.a_rs, p.b_rs, p.c_rs,
+                                                      p.a_bs, p.b_bs, p.c_bs);
+  return cudaGetLastError();
 }
 
 template <typename T, int kBN, int kStages, int kBK = 32, bool kFast = false, bool kPipe = false, bool kU32 = false,
@@ -462,6 +619,10 @@ cudaError_t launch_cfg(const GemmParams& p, cudaStream_t stream) {
     return launch<T, 256, 3, 64, true, true, false, true>(p, stream);
   } else if constexpr (kCfg == 14) {  // 13, 4 stages
     return launch<T, 256, 4, 64, true, true, false, true>(p, stream);
+  } else if constexpr (kCfg == 15) {  // a producer warp does the copies; 3 stages
+    return launch_ws<T, 3>(p, stream);
+  } else if constexpr (kCfg == 16) {  // 15 with 4 stages
+    return launch_ws<T, 4>(p, stream);
   } else {
     return cudaErrorInvalidValue;
   }
@@ -480,6 +641,7 @@ cudaError_t launch_config(const GemmParams& p, cudaStream_t stream, int config) 
     OPFORGE_MMA_CASE(0) OPFORGE_MMA_CASE(1) OPFORGE_MMA_CASE(2) OPFORGE_MMA_CASE(3) OPFORGE_MMA_CASE(4)
     OPFORGE_MMA_CASE(5) OPFORGE_MMA_CASE(6) OPFORGE_MMA_CASE(7) OPFORGE_MMA_CASE(8) OPFORGE_MMA_CASE(9)
     OPFORGE_MMA_CASE(10) OPFORGE_MMA_CASE(11) OPFORGE_MMA_CASE(12) OPFORGE_MMA_CASE(13) OPFORGE_MMA_CASE(14)
+    OPFORGE_MMA_CASE(15) OPFORGE_MMA_CASE(16)
 #undef OPFORGE_MMA_CASE
     default: return cudaErrorInvalidValue;
   }
