@@ -20,6 +20,48 @@ namespace {
 constexpr int kBM = 128, kPad = 4, kThreads = 256;
 constexpr int kWM = 64;  // warp tile rows; 2 x 4 warps
 
+// One k tile of a warp's FMAs: for each of kBK k steps, 8 a values (rows tm*4.. of the warp's
+// two 32-row sub-tiles) and 8 b values per 32-column sub-tile from shared memory, then 8 x 8 kSubN
+// FMAs into acc. at, bt: the tile's shared buffers, a transposed ([k][m]) and b ([k][n]).
+template <int kBK, int kBN>
+__device__ __forceinline__ void warp_tile_fma(const float (*at)[kBM + kPad], const float (*bt)[kBN + kPad],
+                                              float (&acc)[8][8 * (kBN / 128)], int wm, int wn, int tm, int tn) {
+  constexpr int kWN = kBN / 4, kSubN = kWN / 32;
+#pragma unroll
+  for (int kk = 0; kk < kBK; ++kk) {
+    float rm[8], rn[8 * kSubN];
+    simt::unpack(*reinterpret_cast<const float4*>(&at[kk][wm * kWM + tm * 4]), rm);
+    simt::unpack(*reinterpret_cast<const float4*>(&at[kk][wm * kWM + 32 + tm * 4]), rm + 4);
+#pragma unroll
+    for (int q = 0; q < kSubN; ++q) {
+      simt::unpack(*reinterpret_cast<const float4*>(&bt[kk][wn * kWN + q * 32 + tn * 8]), rn + 8 * q);
+      simt::unpack(*reinterpret_cast<const float4*>(&bt[kk][wn * kWN + q * 32 + tn * 8 + 4]), rn + 8 * q + 4);
+    }
+#pragma unroll
+    for (int i = 0; i < 8; ++i)
+#pragma unroll
+      for (int j = 0; j < 8 * kSubN; ++j) acc[i][j] = fmaf(rm[i], rn[j], acc[i][j]);
+  }
+}
+
+// Stores a lane's 8 x 8 kSubN results: row i at r0 + (i / 4) * 32 + i % 4, sub-tile q's 8
+// columns at c0 + q * 32.
+template <bool kVec, int kBN>
+__device__ __forceinline__ void store_warp_tile(float* c, const float (&acc)[8][8 * (kBN / 128)], int64_t r0,
+                                                int64_t c0, int64_t m, int64_t n, int64_t ldc) {
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const int64_t row = r0 + (i / 4) * 32 + i % 4;
+#pragma unroll
+    for (int q = 0; q < kBN / 128; ++q) {
+      const int64_t col = c0 + q * 32;
+      const float* v = acc[i] + 8 * q;
+      simt::store4<kVec>(c, row, col, m, n, ldc, make_float4(v[0], v[1], v[2], v[3]));
+      simt::store4<kVec>(c, row, col + 4, m, n, ldc, make_float4(v[4], v[5], v[6], v[7]));
+    }
+  }
+}
+
 // kBN: tile width, 128 (warp tiles 64 x 32, 8 x 8 a lane) or 256 (64 x 64, 8 x 16 a lane: 24
 // floats read from shared memory per 128 FMAs instead of 16 per 64). kBK: depth of a shared
 // tile. kMinBlocks: blocks per SM the registers must allow. With 16-deep tiles each thread stages
@@ -98,35 +140,11 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
   for (int64_t t = 0; t < tiles; ++t) {
     const int cur = static_cast<int>(t & 1);
     if (t + 1 < tiles) fetch((t + 1) * kBK);  // in flight while this tile is computed
-#pragma unroll
-    for (int kk = 0; kk < kBK; ++kk) {
-      float rm[8], rn[8 * kSubN];
-      simt::unpack(*reinterpret_cast<const float4*>(&as[cur][kk][wm * kWM + tm * 4]), rm);
-      simt::unpack(*reinterpret_cast<const float4*>(&as[cur][kk][wm * kWM + 32 + tm * 4]), rm + 4);
-#pragma unroll
-      for (int q = 0; q < kSubN; ++q) {
-        simt::unpack(*reinterpret_cast<const float4*>(&bs[cur][kk][wn * kWN + q * 32 + tn * 8]), rn + 8 * q);
-        simt::unpack(*reinterpret_cast<const float4*>(&bs[cur][kk][wn * kWN + q * 32 + tn * 8 + 4]), rn + 8 * q + 4);
-      }
-#pragma unroll
-      for (int i = 0; i < 8; ++i)
-#pragma unroll
-        for (int j = 0; j < 8 * kSubN; ++j) acc[i][j] = fmaf(rm[i], rn[j], acc[i][j]);
-    }
+    warp_tile_fma<kBK, kBN>(as[cur], bs[cur], acc, wm, wn, tm, tn);
     if (t + 1 < tiles) stash(cur ^ 1);  // nobody reads that buffer during this tile
     __syncthreads();
   }
-#pragma unroll
-  for (int i = 0; i < 8; ++i) {
-    const int64_t row = m0 + wm * kWM + (i / 4) * 32 + tm * 4 + i % 4;
-#pragma unroll
-    for (int q = 0; q < kSubN; ++q) {
-      const int64_t col = n0 + wn * kWN + q * 32 + tn * 8;
-      const float* v = acc[i] + 8 * q;
-      simt::store4<kVec>(c, row, col, m, n, ldc, make_float4(v[0], v[1], v[2], v[3]));
-      simt::store4<kVec>(c, row, col + 4, m, n, ldc, make_float4(v[4], v[5], v[6], v[7]));
-    }
-  }
+  store_warp_tile<kVec, kBN>(c, acc, m0 + wm * kWM + tm * 4, n0 + wn * kWN + tn * 8, m, n, ldc);
 }
 
 
@@ -203,33 +221,9 @@ __global__ void __launch_bounds__(kThreads, 2)
     __syncthreads();  // tile t is in for everyone, and everyone is done with tile t - 1's buffer
     if (t + 1 < tiles) issue(cur ^ 1, (t + 1) * kBK);
     asm volatile("cp.async.commit_group;\n" ::);
-#pragma unroll
-    for (int kk = 0; kk < kBK; ++kk) {
-      float rm[8], rn[8 * kSubN];
-      simt::unpack(*reinterpret_cast<const float4*>(&as[cur][kk][wm * kWM + tm * 4]), rm);
-      simt::unpack(*reinterpret_cast<const float4*>(&as[cur][kk][wm * kWM + 32 + tm * 4]), rm + 4);
-#pragma unroll
-      for (int q = 0; q < kSubN; ++q) {
-        simt::unpack(*reinterpret_cast<const float4*>(&bs[cur][kk][wn * kWN + q * 32 + tn * 8]), rn + 8 * q);
-        simt::unpack(*reinterpret_cast<const float4*>(&bs[cur][kk][wn * kWN + q * 32 + tn * 8 + 4]), rn + 8 * q + 4);
-      }
-#pragma unroll
-      for (int i = 0; i < 8; ++i)
-#pragma unroll
-        for (int j = 0; j < 8 * kSubN; ++j) acc[i][j] = fmaf(rm[i], rn[j], acc[i][j]);
-    }
+    warp_tile_fma<kBK, kBN>(as[cur], bs[cur], acc, wm, wn, tm, tn);
   }
-#pragma unroll
-  for (int i = 0; i < 8; ++i) {
-    const int64_t row = m0 + wm * kWM + (i / 4) * 32 + tm * 4 + i % 4;
-#pragma unroll
-    for (int q = 0; q < kSubN; ++q) {
-      const int64_t col = n0 + wn * kWN + q * 32 + tn * 8;
-      const float* v = acc[i] + 8 * q;
-      simt::store4<true>(c, row, col, m, n, ldc, make_float4(v[0], v[1], v[2], v[3]));
-      simt::store4<true>(c, row, col + 4, m, n, ldc, make_float4(v[4], v[5], v[6], v[7]));
-    }
-  }
+  store_warp_tile<true, kBN>(c, acc, m0 + wm * kWM + tm * 4, n0 + wn * kWN + tn * 8, m, n, ldc);
 #else
   __trap();  // no sm_80 code for this GPU; the launcher only picks this kernel on sm_80+
 #endif
