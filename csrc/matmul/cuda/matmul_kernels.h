@@ -27,8 +27,8 @@ int matmul_mma_cuda(const GemmParams& p, void* stream);
 // 2: 256/4/32; 3: 128/4/32; 4: 256/3/64; 5: 256/4/64; 6: 128/3/64; 7, 8: 4 and 6 with unchecked
 // copies for tiles inside the matrices; 9 (the default), 10, 11: 256/3/64, 256/4/32, 256/4/64
 // unchecked, with fragment addresses precomputed, the next tile's first fragments read before
-// the current tile's last mma, and the copies spread over the steps; 12: 9 with 32-bit copy
-// strides; 13, 14: 9 with 3 and 4 stages handed over by per-stage mbarriers instead of a
+// the current tile's last mma, and the copies spread over the steps; (12: removed, no gain);
+// 13, 14: 9 with 3 and 4 stages handed over by per-stage mbarriers instead of a
 // block-wide barrier per tile; 15, 16: a ninth warp does all the copies (3 and 4 stages; not
 // yet measured).
 int matmul_mma_cuda_config(const GemmParams& p, void* stream, int config);

@@ -185,7 +185,7 @@ __device__ __forceinline__ void store_acc(const float (&acc)[4][kNT][4], T* c, i
 
 // kFast: blocks whose tile lies inside c copy whole k tiles from per-thread base pointers, with
 // no bounds checks or per-chunk index math (most of the loop's integer instructions otherwise).
-template <typename T, int kBN, int kStages, int kBK, bool kFast, bool kPipe, bool kU32 = false, bool kMbar = false>
+template <typename T, int kBN, int kStages, int kBK, bool kFast, bool kPipe, bool kMbar = false>
 __global__ void __launch_bounds__(kThreads, kBN == 128 ? 2 : 1)  // 128-wide: two blocks per SM
     matmul_mma_kernel(const T* __restrict__ a, const T* __restrict__ b, T* __restrict__ c, int64_t m, int64_t n,
                       int64_t k, int64_t lda, int64_t ldb, int64_t ldc, int64_t a_bs, int64_t b_bs, int64_t c_bs) {
@@ -207,7 +207,7 @@ __global__ void __launch_bounds__(kThreads, kBN == 128 ? 2 : 1)  // 128-wide: tw
   constexpr int kChunksA = kBK / 8, kRowsA = kThreads / kChunksA;  // a rows a pass of the block covers
   constexpr int kChunksB = kBN / 8, kRowsB = kThreads / kChunksB;
   static_assert(kRowsA % 8 == 0 && kRowsB % 8 == 0, "passes keep each thread's swizzle");
-  const bool inside = kFast && m0 + kBM <= m && n0 + kBN <= n && (!kU32 || (lda < (1 << 22) && ldb < (1 << 22)));
+  const bool inside = kFast && m0 + kBM <= m && n0 + kBN <= n;
   auto load_tile = [&](int stage, int64_t k0) {
     if (inside && k0 + kBK <= k) {
       // Thread tid copies chunk tid % kChunks of rows tid / kChunks + pass * kRows: the same
@@ -309,7 +309,7 @@ __global__ void __launch_bounds__(kThreads, kBN == 128 ? 2 : 1)  // 128-wide: tw
     const int64_t a_step = kRowsA * lda, b_step = kRowsB * ldb, b_tile = kBK * ldb;
     const uint32_t a_cp = a_sm + 2 * a_off<kBK>(tid / kChunksA, (tid % kChunksA) * 8);
     const uint32_t b_cp = b_sm + 2 * b_off<kBN>(tid / kChunksB, (tid % kChunksB) * 8);
-    auto copy_part_64 = [&](int stage, int part) {
+    auto copy_part = [&](int stage, int part) {
       const T* pa = a_g + (part * kPer) * a_step;
       const T* pb = b_g + (part * kPer - kCopiesA) * b_step;
 #pragma unroll
@@ -325,27 +325,6 @@ __global__ void __launch_bounds__(kThreads, kBN == 128 ? 2 : 1)  // 128-wide: tw
       }
     };
 
-    // The same with 32-bit byte strides (kU32; `inside` then guarantees they fit): values the
-    // compiler can keep in uniform registers instead of reloading ldb every tile (ncu: the reload
-    // and the address math behind it were a tenth of all stall samples).
-    const uint32_t a_step32 = static_cast<uint32_t>(a_step * 2), b_step32 = static_cast<uint32_t>(b_step * 2);
-    const uint32_t b_tile32 = static_cast<uint32_t>(b_tile * 2);
-    auto copy_part_32 = [&](int stage, int part) {
-      const char* const a_c = reinterpret_cast<const char*>(a_g);
-      const char* const b_c = reinterpret_cast<const char*>(b_g);
-#pragma unroll
-      for (int i = part * kPer; i < (part + 1) * kPer && i < kCopies; ++i) {
-        if (i < kCopiesA)
-          cp_async16_raw(a_cp + stage * kAStage + i * kRowsA * kBK * 2, a_c + static_cast<uint32_t>(i) * a_step32, 16);
-        else
-          cp_async16_raw(b_cp + stage * kBStage + (i - kCopiesA) * kRowsB * kBN * 2,
-                         b_c + static_cast<uint32_t>(i - kCopiesA) * b_step32, 16);
-      }
-    };
-    auto copy_part = [&](int stage, int part) {
-      if constexpr (kU32) copy_part_32(stage, part);
-      else copy_part_64(stage, part);
-    };
 
     if constexpr (kMbar) {
       if (tiles > 0) mbar_wait(full0, 0);
@@ -375,8 +354,7 @@ __global__ void __launch_bounds__(kThreads, kBN == 128 ? 2 : 1)  // 128-wide: tw
               cp_async_commit();
             }
             a_g += kBK;
-            if constexpr (kU32) b_g = reinterpret_cast<const T*>(reinterpret_cast<const char*>(b_g) + b_tile32);
-            else b_g += b_tile;
+            b_g += b_tile;
           }
         }
         if (q + 1 < kQ) {
@@ -436,7 +414,7 @@ __global__ void __launch_bounds__(kThreads, kBN == 128 ? 2 : 1)  // 128-wide: tw
 // a ninth warp that does all the copying, handing stages over through full/empty mbarriers. The
 // consumers' loop is then ldmatrix, mma and two mbarrier operations; their registers carry no
 // copy state (288 threads: 224 registers a thread at most).
-constexpr int kWsThreads = kThreads + 32;
+[[maybe_unused]] constexpr int kWsThreads = kThreads + 32;  // built only for tuning
 template <typename T, int kStages>
 __global__ void __maxnreg__(224)  // 288 threads x 224 registers fit one SM
     matmul_mma_ws_kernel(const T* __restrict__ a, const T* __restrict__ b, T* __restrict__ c, int64_t m, int64_t n,
@@ -568,11 +546,10 @@ cudaError_t launch_ws(const GemmParams& p, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
-template <typename T, int kBN, int kStages, int kBK = 32, bool kFast = false, bool kPipe = false, bool kU32 = false,
-          bool kMbar = false>
+template <typename T, int kBN, int kStages, int kBK = 32, bool kFast = false, bool kPipe = false, bool kMbar = false>
 cudaError_t launch(const GemmParams& p, cudaStream_t stream) {
   using C = Config<kBN, kStages, kBK>;
-  const auto kernel = matmul_mma_kernel<T, kBN, kStages, kBK, kFast, kPipe, kU32, kMbar>;
+  const auto kernel = matmul_mma_kernel<T, kBN, kStages, kBK, kFast, kPipe, kMbar>;
   static bool configured[64] = {};
   const cudaError_t err =
       tc::configure_once(kernel, C::kSmemBytes, configured, [](const cudaFuncAttributes&) { return true; });
@@ -613,12 +590,12 @@ cudaError_t launch_cfg(const GemmParams& p, cudaStream_t stream) {
     return launch<T, 256, 4, 32, true, true>(p, stream);
   } else if constexpr (kCfg == 11) {  // cfg 9, 4 stages (192 KB)
     return launch<T, 256, 4, 64, true, true>(p, stream);
-  } else if constexpr (kCfg == 12) {  // cfg 9, 32-bit copy strides
-    return launch<T, 256, 3, 64, true, true, true>(p, stream);
+  } else if constexpr (kCfg == 12) {  // was cfg 9 with 32-bit copy strides (93e2117): no gain, removed
+    return cudaErrorInvalidValue;
   } else if constexpr (kCfg == 13) {  // cfg 9, mbarriers (0.63x)
-    return launch<T, 256, 3, 64, true, true, false, true>(p, stream);
+    return launch<T, 256, 3, 64, true, true, true>(p, stream);
   } else if constexpr (kCfg == 14) {  // 13, 4 stages
-    return launch<T, 256, 4, 64, true, true, false, true>(p, stream);
+    return launch<T, 256, 4, 64, true, true, true>(p, stream);
   } else if constexpr (kCfg == 15) {  // a producer warp does the copies; 3 stages
     return launch_ws<T, 3>(p, stream);
   } else if constexpr (kCfg == 16) {  // 15 with 4 stages
