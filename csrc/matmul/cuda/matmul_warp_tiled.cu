@@ -149,10 +149,11 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
 
 
 // The same tiles fed by cp.async (sm_80+): global -> shared copies that need no staging
-// registers, so 16-deep tiles fit in 128 registers and two blocks share an SM (each one's barrier
-// covered by the other's FMAs). a is transposed on the way in with 4-byte copies (8 a thread, 16
-// threads on a row's 64 contiguous bytes); b moves in 16-byte chunks. Edge chunks are zero-filled
-// by the copy itself (a short source size). Serves vectorizable calls (simt::vectorizable).
+// registers, so 16- and 32-deep tiles (kBK) fit in 128 registers and two blocks share an SM (each
+// one's barrier covered by the other's FMAs; 32-deep tiles in dynamic shared memory, 66 KB a
+// block). a is transposed on the way in with 4-byte copies (kBK threads on a row's contiguous
+// floats); b moves in 16-byte chunks. Edge chunks are zero-filled by the copy itself (a short
+// source size). Serves vectorizable calls (simt::vectorizable).
 __device__ __forceinline__ void cp_async4(float* dst, const float* src, int bytes) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(
                    static_cast<uint32_t>(__cvta_generic_to_shared(dst))),
