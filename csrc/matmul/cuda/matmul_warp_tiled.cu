@@ -13,6 +13,7 @@
 
 #include "matmul/cuda/matmul_kernels.h"
 #include "matmul/cuda/simt_common.cuh"
+#include "matmul/cuda/tensor_core_common.cuh"  // tc::configure_once
 
 namespace opforge {
 namespace {
@@ -154,6 +155,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
 // block). a is transposed on the way in with 4-byte copies (kBK threads on a row's contiguous
 // floats); b moves in 16-byte chunks. Edge chunks are zero-filled by the copy itself (a short
 // source size). Serves vectorizable calls (simt::vectorizable).
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800  // cp.async
 __device__ __forceinline__ void cp_async4(float* dst, const float* src, int bytes) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(
                    static_cast<uint32_t>(__cvta_generic_to_shared(dst))),
@@ -164,6 +166,7 @@ __device__ __forceinline__ void cp_async16(float* dst, const float* src, int byt
                    static_cast<uint32_t>(__cvta_generic_to_shared(dst))),
                "l"(src), "r"(bytes));
 }
+#endif
 
 template <int kBN, int kBK>
 __global__ void __launch_bounds__(kThreads, 2)
@@ -246,23 +249,20 @@ int launch(const GemmParams& p, cudaStream_t s) {
   return cudaGetLastError();
 }
 
-// cp.async tiles for vectorizable calls on sm_80+, the register-staged ones otherwise.
+// cp.async tiles for vectorizable calls where the kernel has sm_80+ code (its PTX target: an arch
+// list without sm_80 leaves it a trap, even on a newer GPU through JIT), the register-staged ones
+// otherwise.
 template <int kBK>
 int launch_async(const GemmParams& p, cudaStream_t s) {
-  int dev = 0, major = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess)
-    return cudaGetLastError();
-  if (major < 8 || !simt::vectorizable(p)) return launch<16, 1>(p, s);
+  if (!simt::vectorizable(p)) return launch<16, 1>(p, s);
   constexpr int kBN = 128;
   constexpr int kSmem = 2 * kBK * (kBM + kPad + kBN + kPad) * 4;
   const auto kernel = matmul_warp_tiled_async_kernel<kBN, kBK>;
-  static bool configured[64] = {};  // the shared-memory limit is per device
-  if (dev < 0 || dev >= 64) return cudaErrorInvalidDevice;
-  if (!configured[dev]) {
-    const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
-    if (err != cudaSuccess) return err;
-    configured[dev] = true;
-  }
+  static bool configured[64] = {};
+  const cudaError_t err =
+      tc::configure_once(kernel, kSmem, configured, [](const cudaFuncAttributes& f) { return f.ptxVersion >= 80; });
+  if (err == cudaErrorInvalidConfiguration) return launch<16, 1>(p, s);
+  if (err != cudaSuccess) return err;
   const dim3 grid(static_cast<unsigned>((p.n + kBN - 1) / kBN), static_cast<unsigned>((p.m + kBM - 1) / kBM),
                   static_cast<unsigned>(p.batch));
   kernel<<<grid, kThreads, kSmem, s>>>(

@@ -1,4 +1,5 @@
-// matmul tensor-core rungs (mma, wgmma): helpers shared by their device and launch code (no torch).
+// matmul tensor-core rungs (mma, wgmma): helpers shared by their device and launch code (no torch);
+// configure_once serves warp_tiled's launcher too.
 #pragma once
 
 #include <cuda_bf16.h>
