@@ -17,6 +17,7 @@
 
 #include "matmul/cuda/matmul_kernels.h"
 #include "matmul/cuda/tensor_core_common.cuh"
+#include "matmul/cuda/tma_map.cuh"
 
 namespace opforge {
 namespace {
@@ -133,16 +134,24 @@ __device__ __forceinline__ int b_off(int r, int n) { return r * kBN + (((n / 8) 
 // Fragment addresses precomputed for the pipelined loops: a warp's shared addresses for every
 // 16-deep step's a fragments and every pair of b's n8 tiles are a few registers plus immediates
 // (the swizzle only XORs chunk bits that the step and pair indices do not change).
-template <int kBK, int kBN, int kNT>
+// TMA-filled b (kBoxes): kBN / 64 boxes of [kBK][64], each a 128-byte-swizzled 8 KB block (TMA's
+// 128-byte swizzle spans 64 16-bit columns at most): chunk c of row r at c ^ (r % 8) in its box.
+template <int kBK>
+__device__ __forceinline__ int b_box_off(int r, int n) {
+  return (n / 64) * kBK * 64 + r * 64 + ((((n % 64) / 8) ^ (r & 7)) * 8) + n % 8;
+}
+
+template <int kBK, int kBN, int kNT, bool kBoxes = false>
 struct FragAddrs {
-  static constexpr int kQ = kBK / 16;
+  static constexpr int kQ = kBK / 16, kBPitch = kBoxes ? 64 : kBN;  // b's row pitch in shared memory
   uint32_t a[kQ], b[kNT / 2];  // step q's a fragment (m16 tile 0); pair p's b fragment (step 0)
   __device__ __forceinline__ FragAddrs(uint32_t a_sm, uint32_t b_sm, int row0, int col0, int lane) {
 #pragma unroll
     for (int q = 0; q < kQ; ++q) a[q] = a_sm + 2 * a_off<kBK>(row0 + lane % 16, q * 16 + (lane / 16) * 8);
 #pragma unroll
     for (int pr = 0; pr < kNT / 2; ++pr)
-      b[pr] = b_sm + 2 * b_off<kBN>(lane % 8 + ((lane / 8) % 2) * 8, col0 + pr * 16 + (lane / 16) * 8);
+      b[pr] = b_sm + 2 * (kBoxes ? b_box_off<kBK>(lane % 8 + ((lane / 8) % 2) * 8, col0 + pr * 16 + (lane / 16) * 8)
+                                 : b_off<kBN>(lane % 8 + ((lane / 8) % 2) * 8, col0 + pr * 16 + (lane / 16) * 8));
   }
   // Step q's fragments of the stage at byte offsets st_a, st_b.
   __device__ __forceinline__ void load(uint32_t st_a, uint32_t st_b, int q, uint32_t (&fa)[4][4],
@@ -152,7 +161,7 @@ struct FragAddrs {
 #pragma unroll
     for (int pr = 0; pr < kNT / 2; ++pr) {
       uint32_t r4[4];
-      ldmatrix_x4_trans(r4, st_b + b[pr] + q * 16 * kBN * 2);
+      ldmatrix_x4_trans(r4, st_b + b[pr] + q * 16 * kBPitch * 2);
       fb[2 * pr][0] = r4[0];
       fb[2 * pr][1] = r4[1];
       fb[2 * pr + 1][0] = r4[2];
@@ -410,112 +419,100 @@ __global__ void __launch_bounds__(kThreads, kBN == 128 ? 2 : 1)  // 128-wide: tw
 #endif  // sm_80+
 }
 
-// Warp-specialised variant (kProducer): 8 consumer warps as above (128 x 256 tiles, 64 deep) and
-// a ninth warp that does all the copying, handing stages over through full/empty mbarriers. The
-// consumers' loop is then ldmatrix, mma and two mbarrier operations; their registers carry no
-// copy state (288 threads: 224 registers a thread at most).
-[[maybe_unused]] constexpr int kWsThreads = kThreads + 32;  // built only for tuning
+// TMA variant (sm_90: H100/H200), configurations 17 and 18: the default kernel's tiles, warps and
+// ldmatrix/mma loop, but the stages are filled by the tensor memory accelerator instead of
+// cp.async: one thread issues a stage's copies (one 128 x 64 box of a, four 64 x 64 boxes of b,
+// 128-byte swizzle, zeros outside the matrices) and they complete on the stage's "full"
+// mbarrier; each warp releases a stage on its "empty" mbarrier once it has read its last
+// fragments. The warps carry no copy addresses or bounds, wait on no cp.async group and meet at
+// no block-wide barrier: a warp only waits for data that has not landed. Stage s is refilled
+// (tile t - 1 + kStages) in step 1 of tile t, after every warp has released tile t - 1.
+__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+#endif
+}
+// 3-D TMA copy of the box at (x, y, z) of `map` to shared address dst, completing on `bar`.
+__device__ __forceinline__ void tma_load3(uint32_t dst, const CUtensorMap* map, int x, int y, int z, uint32_t bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5}], [%2];\n" ::
+          "r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(x), "r"(y), "r"(z)
+      : "memory");
+#endif
+}
+
 template <typename T, int kStages>
-__global__ void __maxnreg__(224)  // 288 threads x 224 registers fit one SM
-    matmul_mma_ws_kernel(const T* __restrict__ a, const T* __restrict__ b, T* __restrict__ c, int64_t m, int64_t n,
-                         int64_t k, int64_t lda, int64_t ldb, int64_t ldc, int64_t a_bs, int64_t b_bs, int64_t c_bs) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+__global__ void __launch_bounds__(kThreads, 1)
+    matmul_mma_tma_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
+                          T* __restrict__ c, int m, int n, int k, int64_t ldc, int64_t c_bs) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   constexpr int kBN = 256, kBK = 64, kQ = kBK / 16;
   using C = Config<kBN, kStages, kBK>;
-  constexpr int kATile = C::kATile, kBTile = C::kBTile, kWN = C::kWN, kNT = kWN / 8;
-  constexpr uint32_t kAStage = kATile * 2, kBStage = kBTile * 2;  // bytes
-  extern __shared__ __align__(128) unsigned char smem_raw[];
+  constexpr int kWN = C::kWN, kNT = kWN / 8;
+  constexpr uint32_t kAStage = C::kATile * 2, kBStage = C::kBTile * 2;  // bytes
+  extern __shared__ unsigned char smem_raw[];
   __shared__ __align__(8) uint64_t full_bar[kStages], empty_bar[kStages];
-  const uint32_t a_sm = tc::smem_addr(smem_raw), b_sm = a_sm + kStages * kAStage;
+  const uint32_t a_sm = (tc::smem_addr(smem_raw) + 1023) & ~1023u;  // the swizzle's 1024-byte atoms
+  const uint32_t b_sm = a_sm + kStages * kAStage;
   const uint32_t full0 = tc::smem_addr(full_bar), empty0 = tc::smem_addr(empty_bar);
-  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
-  const int64_t m0 = static_cast<int64_t>(blockIdx.y) * kBM, n0 = static_cast<int64_t>(blockIdx.x) * kBN;
-  a += blockIdx.z * a_bs;
-  b += blockIdx.z * b_bs;
-  c += blockIdx.z * c_bs;
-  const int64_t tiles = (k + kBK - 1) / kBK;
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, wm = warp / 4, wn = warp % 4;
+  const int m0 = blockIdx.y * kBM, n0 = blockIdx.x * kBN, bz = blockIdx.z;
+  c += bz * c_bs;
+  const int tiles = (k + kBK - 1) / kBK;
+  auto issue = [&](int s, int j) {  // tile j into stage s (one thread)
+    const uint32_t full = full0 + 8 * s;
+    mbar_expect_tx(full, kAStage + kBStage);
+    tma_load3(a_sm + s * kAStage, &map_a, j * kBK, m0, bz, full);
+#pragma unroll
+    for (int i = 0; i < kBN / 64; ++i) tma_load3(b_sm + s * kBStage + i * kBK * 128, &map_b, n0 + 64 * i, j * kBK, bz, full);
+  };
   if (tid == 0) {
 #pragma unroll
     for (int s = 0; s < kStages; ++s) {
-      mbar_init(full0 + 8 * s, 32);              // the producer warp's copies
-      mbar_init(empty0 + 8 * s, kThreads / 32);  // one arrival per consumer warp
+      mbar_init(full0 + 8 * s, 1);               // the issuing thread's arrival (plus the bytes)
+      mbar_init(empty0 + 8 * s, kThreads / 32);  // one arrival per warp
     }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");  // visible to the TMA unit
   }
   __syncthreads();
+  if (tid == 0)
+    for (int s = 0; s < kStages && s < tiles; ++s) issue(s, s);
 
-  if (warp == kThreads / 32) {
-    // Producer: lane l copies chunk l % 8 of a's rows l / 8 + 4 i (i < 32) and chunk l of b's
-    // rows i (i < 64). Destinations: a's swizzle (row % 8) takes two values over i, b's eight.
-    const bool inside = m0 + kBM <= m && n0 + kBN <= n;
-    const int ar = lane / 8, ac = lane % 8;
-    uint32_t a_dst[2], b_dst[8];
-#pragma unroll
-    for (int i = 0; i < 2; ++i) a_dst[i] = 2 * a_off<kBK>(ar + 4 * i, ac * 8);
-#pragma unroll
-    for (int i = 0; i < 8; ++i) b_dst[i] = 2 * b_off<kBN>(i, lane * 8);
-    const T* a_row = a + (m0 + ar) * lda + ac * 8;
-    const T* b_col = b + n0 + lane * 8;
-    for (int64_t j = 0; j < tiles; ++j) {
-      const int s = static_cast<int>(j % kStages);
-      if (j >= kStages) mbar_wait(empty0 + 8 * s, static_cast<uint32_t>((j / kStages - 1) & 1));
-      const int64_t k0 = j * kBK;
-      const uint32_t sa = a_sm + s * kAStage, sb = b_sm + s * kBStage;
-      if (inside && k0 + kBK <= k) {
-        const T* pa = a_row + k0;
-#pragma unroll 8
-        for (int i = 0; i < kBM / 4; ++i, pa += 4 * lda)
-          cp_async16_raw(sa + a_dst[i & 1] + (i / 2) * 8 * kBK * 2, pa, 16);
-        const T* pb = b_col + k0 * ldb;
-#pragma unroll 8
-        for (int i = 0; i < kBK; ++i, pb += ldb) cp_async16_raw(sb + b_dst[i & 7] + (i / 8) * 8 * kBN * 2, pb, 16);
-      } else {
-#pragma unroll 2
-        for (int i = 0; i < kBM / 4; ++i) {
-          const int64_t r = m0 + ar + 4 * i, kk = k0 + ac * 8;
-          const bool in = r < m && kk < k;
-          cp_async16_raw(sa + a_dst[i & 1] + (i / 2) * 8 * kBK * 2, in ? a + r * lda + kk : a, in ? 16 : 0);
-        }
-#pragma unroll 8
-        for (int i = 0; i < kBK; ++i) {
-          const int64_t kk = k0 + i, col = n0 + lane * 8;
-          const bool in = kk < k && col < n;
-          cp_async16_raw(sb + b_dst[i & 7] + (i / 8) * 8 * kBN * 2, in ? b + kk * ldb + col : b, in ? 16 : 0);
-        }
-      }
-      mbar_arrive_copies(full0 + 8 * s);
-    }
-    asm volatile("cp.async.wait_all;\n" ::: "memory");  // nothing in flight when the warp exits
-    return;
-  }
-
-  // Consumers.
-  const int wm = warp / 4, wn = warp % 4;
-  const FragAddrs<kBK, kBN, kNT> fr(a_sm, b_sm, wm * kWM, wn * kWN, lane);
-  auto frags = [&](uint32_t st_a, uint32_t st_b, int q, uint32_t (&fa)[4][4], uint32_t (&fb)[kNT][2]) {
-    fr.load(st_a, st_b, q, fa, fb);
-  };
+  const FragAddrs<kBK, kBN, kNT, true> fr(a_sm, b_sm, wm * kWM, wn * kWN, lane);
   float acc[4][kNT][4] = {};
   uint32_t af[2][4][4], bf[2][kNT][2];
   if (tiles > 0) {
     mbar_wait(full0, 0);
-    frags(0, 0, 0, af[0], bf[0]);
+    fr.load(0, 0, 0, af[0], bf[0]);
   }
-  int rs = 0;
-  uint32_t rph = 0;
-  for (int64_t t = 0; t < tiles; ++t) {
+  int rs = 0;        // stage of tile t
+  uint32_t rph = 0;  // parity of its full phase
+  int ps = 0;        // stage of tile t - 1 (tid 0 refills it)
+  uint32_t pph = 0;  // parity of its empty phase
+  for (int t = 0; t < tiles; ++t) {
     const uint32_t st_a = rs * kAStage, st_b = rs * kBStage;
 #pragma unroll
     for (int q = 0; q < kQ; ++q) {
+      if (q == 1 && t > 0) {
+        if (tid == 0 && t - 1 + kStages < tiles) {
+          mbar_wait(empty0 + 8 * ps, pph);  // every warp has read tile t - 1
+          issue(ps, t - 1 + kStages);
+        }
+        pph ^= ps == kStages - 1;
+        ps = ps + 1 == kStages ? 0 : ps + 1;
+      }
       if (q + 1 < kQ) {
-        frags(st_a, st_b, q + 1, af[(q + 1) & 1], bf[(q + 1) & 1]);
+        fr.load(st_a, st_b, q + 1, af[(q + 1) & 1], bf[(q + 1) & 1]);
       } else {
         __syncwarp();  // the warp's reads of tile t are done (its last fragments are loaded)
         if (lane == 0) mbar_arrive(empty0 + 8 * rs);
         rs = rs + 1 == kStages ? 0 : rs + 1;
         rph ^= rs == 0;
         if (t + 1 < tiles) {
-          mbar_wait(full0 + 8 * rs, rph);
-          frags(rs * kAStage, rs * kBStage, 0, af[0], bf[0]);
+          mbar_wait(full0 + 8 * rs, rph);  // tile t + 1 has landed
+          fr.load(rs * kAStage, rs * kBStage, 0, af[0], bf[0]);
         }
       }
 #pragma unroll
@@ -526,24 +523,8 @@ __global__ void __maxnreg__(224)  // 288 threads x 224 registers fit one SM
   }
   store_acc<T, kNT>(acc, c, m0 + wm * kWM, n0 + wn * kWN, m, n, ldc, c_bs, lane);
 #else
-  __trap();
-#endif  // sm_80+
-}
-
-template <typename T, int kStages>
-cudaError_t launch_ws(const GemmParams& p, cudaStream_t stream) {
-  using C = Config<256, kStages, 64>;
-  const auto kernel = matmul_mma_ws_kernel<T, kStages>;
-  static bool configured[64] = {};
-  const cudaError_t err =
-      tc::configure_once(kernel, C::kSmemBytes, configured, [](const cudaFuncAttributes&) { return true; });
-  if (err != cudaSuccess) return err;
-  const dim3 grid(static_cast<unsigned>((p.n + 255) / 256), static_cast<unsigned>((p.m + kBM - 1) / kBM),
-                  static_cast<unsigned>(p.batch));
-  kernel<<<grid, kWsThreads, C::kSmemBytes, stream>>>(static_cast<const T*>(p.a), static_cast<const T*>(p.b),
-                                                      static_cast<T*>(p.c), p.m, p.n, p.k, p.a_rs, p.b_rs, p.c_rs,
-                                                      p.a_bs, p.b_bs, p.c_bs);
-  return cudaGetLastError();
+  __trap();  // no sm_90 code for this GPU: the launcher falls back to the cp.async kernel
+#endif  // sm_90+
 }
 
 template <typename T, int kBN, int kStages, int kBK = 32, bool kFast = false, bool kPipe = false, bool kMbar = false>
@@ -559,6 +540,33 @@ cudaError_t launch(const GemmParams& p, cudaStream_t stream) {
   kernel<<<grid, kThreads, C::kSmemBytes, stream>>>(static_cast<const T*>(p.a), static_cast<const T*>(p.b),
                                                     static_cast<T*>(p.c), p.m, p.n, p.k, p.a_rs, p.b_rs, p.c_rs,
                                                     p.a_bs, p.b_bs, p.c_bs);
+  return cudaGetLastError();
+}
+
+// The TMA kernel where it can run: its sm_90 code is in the binary (PTX target 9.0+: the
+// device is then an sm_90 one too), the batch strides are not 0 (TMA strides) and the
+// coordinates fit in int; else the cp.async kernel (configuration 9).
+template <typename T, int kStages>
+cudaError_t launch_tma(const GemmParams& p, cudaStream_t stream) {
+  using C = Config<256, kStages, 64>;
+  constexpr int kSmem = C::kSmemBytes + 1024;  // + alignment to 1024 bytes
+  const auto fallback = [&] { return launch<T, 256, 3, 64, true, true>(p, stream); };
+  constexpr int64_t kMax = (int64_t{1} << 31) - 512;
+  if ((p.batch > 1 && (p.a_bs == 0 || p.b_bs == 0)) || p.m >= kMax || p.n >= kMax || p.k >= kMax) return fallback();
+  const auto kernel = matmul_mma_tma_kernel<T, kStages>;
+  static bool configured[64] = {};
+  const cudaError_t err =
+      tc::configure_once(kernel, kSmem, configured, [](const cudaFuncAttributes& f) { return f.ptxVersion >= 90; });
+  if (err == cudaErrorInvalidConfiguration) return fallback();
+  if (err != cudaSuccess) return err;
+  CUtensorMap map_a{}, map_b{};
+  if (!tc::make_tma_map(&map_a, p.a, p.dtype, p.m, p.k, p.batch, p.a_rs, p.a_bs, 64, kBM) ||
+      !tc::make_tma_map(&map_b, p.b, p.dtype, p.k, p.n, p.batch, p.b_rs, p.b_bs, 64, 64))
+    return fallback();
+  const dim3 grid(static_cast<unsigned>((p.n + 255) / 256), static_cast<unsigned>((p.m + kBM - 1) / kBM),
+                  static_cast<unsigned>(p.batch));
+  kernel<<<grid, kThreads, kSmem, stream>>>(map_a, map_b, static_cast<T*>(p.c), static_cast<int>(p.m),
+                                            static_cast<int>(p.n), static_cast<int>(p.k), p.c_rs, p.c_bs);
   return cudaGetLastError();
 }
 
@@ -596,10 +604,14 @@ cudaError_t launch_cfg(const GemmParams& p, cudaStream_t stream) {
     return launch<T, 256, 3, 64, true, true, true>(p, stream);
   } else if constexpr (kCfg == 14) {  // 13, 4 stages
     return launch<T, 256, 4, 64, true, true, true>(p, stream);
-  } else if constexpr (kCfg == 15) {  // a producer warp does the copies; 3 stages
-    return launch_ws<T, 3>(p, stream);
-  } else if constexpr (kCfg == 16) {  // 15 with 4 stages
-    return launch_ws<T, 4>(p, stream);
+  } else if constexpr (kCfg == 15 || kCfg == 16) {
+    // Were a ninth, producer warp doing all the copies (3 and 4 stages): 288 threads at 224
+    // registers do not fit (a sub-partition's 3 warps need 21504 of its 16384): never launched.
+    return cudaErrorInvalidValue;
+  } else if constexpr (kCfg == 17) {  // stages filled by TMA (sm_90; else cfg 9)
+    return launch_tma<T, 3>(p, stream);
+  } else if constexpr (kCfg == 18) {  // 17, 4 stages
+    return launch_tma<T, 4>(p, stream);
   } else {
     return cudaErrorInvalidValue;
   }
@@ -618,7 +630,7 @@ cudaError_t launch_config(const GemmParams& p, cudaStream_t stream, int config) 
     OPFORGE_MMA_CASE(0) OPFORGE_MMA_CASE(1) OPFORGE_MMA_CASE(2) OPFORGE_MMA_CASE(3) OPFORGE_MMA_CASE(4)
     OPFORGE_MMA_CASE(5) OPFORGE_MMA_CASE(6) OPFORGE_MMA_CASE(7) OPFORGE_MMA_CASE(8) OPFORGE_MMA_CASE(9)
     OPFORGE_MMA_CASE(10) OPFORGE_MMA_CASE(11) OPFORGE_MMA_CASE(12) OPFORGE_MMA_CASE(13) OPFORGE_MMA_CASE(14)
-    OPFORGE_MMA_CASE(15) OPFORGE_MMA_CASE(16)
+    OPFORGE_MMA_CASE(15) OPFORGE_MMA_CASE(16) OPFORGE_MMA_CASE(17) OPFORGE_MMA_CASE(18)
 #undef OPFORGE_MMA_CASE
     default: return cudaErrorInvalidValue;
   }

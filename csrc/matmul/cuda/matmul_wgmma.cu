@@ -34,6 +34,7 @@
 
 #include "matmul/cuda/matmul_kernels.h"
 #include "matmul/cuda/tensor_core_common.cuh"
+#include "matmul/cuda/tma_map.cuh"
 #include "matmul/cuda/wgmma_ops.cuh"
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -342,33 +343,10 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif  // OPFORGE_WGMMA_DEVICE
 }
 
-PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
-  static PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
-    void* p = nullptr;
-    cudaDriverEntryPointQueryResult q{};
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &q) != cudaSuccess ||
-        q != cudaDriverEntryPointSuccess)
-      return static_cast<PFN_cuTensorMapEncodeTiled_v12000>(nullptr);
-    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(p);
-  }();
-  return fn;
-}
-
 // A (rows x k) row-major operand per batch as a 3-D map (k, rows, batch), boxes of 64 x box_rows.
 bool make_map(CUtensorMap* map, const void* base, DType dtype, int64_t rows, int64_t k, int64_t batch, int64_t ld,
               int64_t bs, uint32_t box_rows) {
-  const auto encode = encode_fn();
-  if (!encode) return false;
-  const cuuint64_t dims[3] = {static_cast<cuuint64_t>(k), static_cast<cuuint64_t>(rows),
-                              static_cast<cuuint64_t>(batch)};
-  const cuuint64_t strides[2] = {static_cast<cuuint64_t>(ld * 2), static_cast<cuuint64_t>((batch > 1 ? bs : rows * ld) * 2)};
-  const cuuint32_t box[3] = {kBK, box_rows, 1};
-  const cuuint32_t elem[3] = {1, 1, 1};
-  const CUresult res = encode(map, dtype == DType::kBFloat16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
-                              3, const_cast<void*>(base), dims, strides, box, elem, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                              CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
-                              CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  return res == CUDA_SUCCESS;
+  return tc::make_tma_map(map, base, dtype, rows, k, batch, ld, bs, kBK, box_rows);
 }
 
 template <typename T, int BN, int kCluster, bool kTmaStore, bool kBNMajor>
