@@ -14,6 +14,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "matmul/cuda/matmul_kernels.h"
 #include "matmul/cuda/tensor_core_common.cuh"
@@ -120,6 +121,25 @@ __device__ __forceinline__ void mma16816<__half>(float* d, const uint32_t* a, co
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 
+// The same, volatile: kept in program order among the (volatile) ldmatrix, for a chosen
+// interleaving of the two (the spread configurations).
+template <typename T>
+__device__ __forceinline__ void mma16816_ordered(float* d, const uint32_t* a, const uint32_t* b) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+  } else {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+  }
+}
+
 // Element offsets in the swizzled shared tiles. a: [kBM][kBK], kBK / 8 chunks of 8 per row, chunk
 // c of row r at c ^ ((r / 2) % 4) for 4 chunks, c ^ (r % 8) for 8. b: [kBK][kBN], kBN / 8 chunks
 // per row, chunk c of row r at c ^ (r % 8). The 8 rows an ldmatrix reads hit 8 different chunks.
@@ -152,6 +172,21 @@ struct FragAddrs {
     for (int pr = 0; pr < kNT / 2; ++pr)
       b[pr] = b_sm + 2 * (kBoxes ? b_box_off<kBK>(lane % 8 + ((lane / 8) % 2) * 8, col0 + pr * 16 + (lane / 16) * 8)
                                  : b_off<kBN>(lane % 8 + ((lane / 8) % 2) * 8, col0 + pr * 16 + (lane / 16) * 8));
+  }
+  // One ldmatrix of step q's fragments: j < 4: a's m16 tile j; else b's n8 tiles 2 (j - 4), +1.
+  __device__ __forceinline__ void load_one(uint32_t st_a, uint32_t st_b, int q, int j, uint32_t (&fa)[4][4],
+                                           uint32_t (&fb)[kNT][2]) const {
+    if (j < 4) {
+      ldmatrix_x4(fa[j], st_a + a[q] + j * 16 * kBK * 2);
+    } else {
+      const int pr = j - 4;
+      uint32_t r4[4];
+      ldmatrix_x4_trans(r4, st_b + b[pr] + q * 16 * kBPitch * 2);
+      fb[2 * pr][0] = r4[0];
+      fb[2 * pr][1] = r4[1];
+      fb[2 * pr + 1][0] = r4[2];
+      fb[2 * pr + 1][1] = r4[3];
+    }
   }
   // Step q's fragments of the stage at byte offsets st_a, st_b.
   __device__ __forceinline__ void load(uint32_t st_a, uint32_t st_b, int q, uint32_t (&fa)[4][4],
@@ -443,7 +478,7 @@ __device__ __forceinline__ void tma_load3(uint32_t dst, const CUtensorMap* map, 
 #endif
 }
 
-template <typename T, int kStages>
+template <typename T, int kStages, bool kSpread>
 __global__ void __launch_bounds__(kThreads, 1)
     matmul_mma_tma_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
                           T* __restrict__ c, int m, int n, int k, int64_t ldc, int64_t c_bs) {
@@ -503,22 +538,36 @@ __global__ void __launch_bounds__(kThreads, 1)
         pph ^= ps == kStages - 1;
         ps = ps + 1 == kStages ? 0 : ps + 1;
       }
-      if (q + 1 < kQ) {
-        fr.load(st_a, st_b, q + 1, af[(q + 1) & 1], bf[(q + 1) & 1]);
-      } else {
+      // The next step's fragments: step q + 1 of this tile, or step 0 of the next.
+      uint32_t na = st_a, nb = st_b;
+      int nq = q + 1;
+      bool more = true;
+      if (q + 1 == kQ) {
         __syncwarp();  // the warp's reads of tile t are done (its last fragments are loaded)
         if (lane == 0) mbar_arrive(empty0 + 8 * rs);
         rs = rs + 1 == kStages ? 0 : rs + 1;
         rph ^= rs == 0;
-        if (t + 1 < tiles) {
-          mbar_wait(full0 + 8 * rs, rph);  // tile t + 1 has landed
-          fr.load(rs * kAStage, rs * kBStage, 0, af[0], bf[0]);
-        }
+        more = t + 1 < tiles;
+        if (more) mbar_wait(full0 + 8 * rs, rph);  // tile t + 1 has landed
+        na = rs * kAStage;
+        nb = rs * kBStage;
+        nq = 0;
       }
+      if constexpr (kSpread) {
+        // One ldmatrix after every 4 mma: the shared-memory reads spread over the step instead of
+        // a burst at its start that fills the MIO queue and holds up the warp's next mma.
 #pragma unroll
-      for (int mi = 0; mi < 4; ++mi)
+        for (int i = 0; i < 4 * kNT; ++i) {
+          mma16816_ordered<T>(acc[i / kNT][i % kNT], af[q & 1][i / kNT], bf[q & 1][i % kNT]);
+          if (i % 4 == 3 && more) fr.load_one(na, nb, nq, i / 4, af[(q + 1) & 1], bf[(q + 1) & 1]);
+        }
+      } else {
+        if (more) fr.load(na, nb, nq, af[(q + 1) & 1], bf[(q + 1) & 1]);
 #pragma unroll
-        for (int nj = 0; nj < kNT; ++nj) mma16816<T>(acc[mi][nj], af[q & 1][mi], bf[q & 1][nj]);
+        for (int mi = 0; mi < 4; ++mi)
+#pragma unroll
+          for (int nj = 0; nj < kNT; ++nj) mma16816<T>(acc[mi][nj], af[q & 1][mi], bf[q & 1][nj]);
+      }
     }
   }
   store_acc<T, kNT>(acc, c, m0 + wm * kWM, n0 + wn * kWN, m, n, ldc, c_bs, lane);
@@ -546,14 +595,14 @@ cudaError_t launch(const GemmParams& p, cudaStream_t stream) {
 // The TMA kernel where it can run: its sm_90 code is in the binary (PTX target 9.0+: the
 // device is then an sm_90 one too), the batch strides are not 0 (TMA strides) and the
 // coordinates fit in int; else the cp.async kernel (configuration 9).
-template <typename T, int kStages>
+template <typename T, int kStages, bool kSpread = false>
 cudaError_t launch_tma(const GemmParams& p, cudaStream_t stream) {
   using C = Config<256, kStages, 64>;
   constexpr int kSmem = C::kSmemBytes + 1024;  // + alignment to 1024 bytes
   const auto fallback = [&] { return launch<T, 256, 3, 64, true, true>(p, stream); };
   constexpr int64_t kMax = (int64_t{1} << 31) - 512;
   if ((p.batch > 1 && (p.a_bs == 0 || p.b_bs == 0)) || p.m >= kMax || p.n >= kMax || p.k >= kMax) return fallback();
-  const auto kernel = matmul_mma_tma_kernel<T, kStages>;
+  const auto kernel = matmul_mma_tma_kernel<T, kStages, kSpread>;
   static bool configured[64] = {};
   const cudaError_t err =
       tc::configure_once(kernel, kSmem, configured, [](const cudaFuncAttributes& f) { return f.ptxVersion >= 90; });
@@ -612,6 +661,8 @@ cudaError_t launch_cfg(const GemmParams& p, cudaStream_t stream) {
     return launch_tma<T, 3>(p, stream);
   } else if constexpr (kCfg == 18) {  // 17, 4 stages
     return launch_tma<T, 4>(p, stream);
+  } else if constexpr (kCfg == 19) {  // 17, one ldmatrix after every 4 mma
+    return launch_tma<T, 3, true>(p, stream);
   } else {
     return cudaErrorInvalidValue;
   }
@@ -630,7 +681,7 @@ cudaError_t launch_config(const GemmParams& p, cudaStream_t stream, int config) 
     OPFORGE_MMA_CASE(0) OPFORGE_MMA_CASE(1) OPFORGE_MMA_CASE(2) OPFORGE_MMA_CASE(3) OPFORGE_MMA_CASE(4)
     OPFORGE_MMA_CASE(5) OPFORGE_MMA_CASE(6) OPFORGE_MMA_CASE(7) OPFORGE_MMA_CASE(8) OPFORGE_MMA_CASE(9)
     OPFORGE_MMA_CASE(10) OPFORGE_MMA_CASE(11) OPFORGE_MMA_CASE(12) OPFORGE_MMA_CASE(13) OPFORGE_MMA_CASE(14)
-    OPFORGE_MMA_CASE(15) OPFORGE_MMA_CASE(16) OPFORGE_MMA_CASE(17) OPFORGE_MMA_CASE(18)
+    OPFORGE_MMA_CASE(15) OPFORGE_MMA_CASE(16) OPFORGE_MMA_CASE(17) OPFORGE_MMA_CASE(18) OPFORGE_MMA_CASE(19)
 #undef OPFORGE_MMA_CASE
     default: return cudaErrorInvalidValue;
   }
