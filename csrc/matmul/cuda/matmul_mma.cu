@@ -478,7 +478,9 @@ __device__ __forceinline__ void tma_load3(uint32_t dst, const CUtensorMap* map, 
 #endif
 }
 
-template <typename T, int kStages, bool kSpread>
+// kLast: no empty barriers; each warp counts itself out of a stage (an atomic in shared memory)
+// and the last one to finish reading it refills it at once, so nobody waits to refill.
+template <typename T, int kStages, bool kSpread, bool kLast = false>
 __global__ void __launch_bounds__(kThreads, 1)
     matmul_mma_tma_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
                           T* __restrict__ c, int m, int n, int k, int64_t ldc, int64_t c_bs) {
@@ -489,6 +491,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   constexpr uint32_t kAStage = C::kATile * 2, kBStage = C::kBTile * 2;  // bytes
   extern __shared__ unsigned char smem_raw[];
   __shared__ __align__(8) uint64_t full_bar[kStages], empty_bar[kStages];
+  __shared__ uint32_t readers_done[kStages];  // kLast: warps done with the stage, ever (mod 8)
   const uint32_t a_sm = (tc::smem_addr(smem_raw) + 1023) & ~1023u;  // the swizzle's 1024-byte atoms
   const uint32_t b_sm = a_sm + kStages * kAStage;
   const uint32_t full0 = tc::smem_addr(full_bar), empty0 = tc::smem_addr(empty_bar);
@@ -508,6 +511,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int s = 0; s < kStages; ++s) {
       mbar_init(full0 + 8 * s, 1);               // the issuing thread's arrival (plus the bytes)
       mbar_init(empty0 + 8 * s, kThreads / 32);  // one arrival per warp
+      readers_done[s] = 0;
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");  // visible to the TMA unit
   }
@@ -530,7 +534,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     const uint32_t st_a = rs * kAStage, st_b = rs * kBStage;
 #pragma unroll
     for (int q = 0; q < kQ; ++q) {
-      if (q == 1 && t > 0) {
+      if (!kLast && q == 1 && t > 0) {
         if (tid == 0 && t - 1 + kStages < tiles) {
           mbar_wait(empty0 + 8 * ps, pph);  // every warp has read tile t - 1
           issue(ps, t - 1 + kStages);
@@ -544,7 +548,21 @@ __global__ void __launch_bounds__(kThreads, 1)
       bool more = true;
       if (q + 1 == kQ) {
         __syncwarp();  // the warp's reads of tile t are done (its last fragments are loaded)
-        if (lane == 0) mbar_arrive(empty0 + 8 * rs);
+        if constexpr (kLast) {
+          if (lane == 0) {
+            uint32_t before;
+            asm volatile("atom.acq_rel.cta.shared::cta.add.u32 %0, [%1], 1;\n"
+                         : "=r"(before)
+                         : "r"(tc::smem_addr(&readers_done[rs]))
+                         : "memory");
+            if (before % (kThreads / 32) == kThreads / 32 - 1 && t + kStages < tiles) {
+              asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the reads, before TMA's writes
+              issue(rs, t + kStages);
+            }
+          }
+        } else {
+          if (lane == 0) mbar_arrive(empty0 + 8 * rs);
+        }
         rs = rs + 1 == kStages ? 0 : rs + 1;
         rph ^= rs == 0;
         more = t + 1 < tiles;
@@ -595,14 +613,14 @@ cudaError_t launch(const GemmParams& p, cudaStream_t stream) {
 // The TMA kernel where it can run: its sm_90 code is in the binary (PTX target 9.0+: the
 // device is then an sm_90 one too), the batch strides are not 0 (TMA strides) and the
 // coordinates fit in int; else the cp.async kernel (configuration 9).
-template <typename T, int kStages, bool kSpread = false>
+template <typename T, int kStages, bool kSpread = false, bool kLast = false>
 cudaError_t launch_tma(const GemmParams& p, cudaStream_t stream) {
   using C = Config<256, kStages, 64>;
   constexpr int kSmem = C::kSmemBytes + 1024;  // + alignment to 1024 bytes
   const auto fallback = [&] { return launch<T, 256, 3, 64, true, true>(p, stream); };
   constexpr int64_t kMax = (int64_t{1} << 31) - 512;
   if ((p.batch > 1 && (p.a_bs == 0 || p.b_bs == 0)) || p.m >= kMax || p.n >= kMax || p.k >= kMax) return fallback();
-  const auto kernel = matmul_mma_tma_kernel<T, kStages, kSpread>;
+  const auto kernel = matmul_mma_tma_kernel<T, kStages, kSpread, kLast>;
   static bool configured[64] = {};
   const cudaError_t err =
       tc::configure_once(kernel, kSmem, configured, [](const cudaFuncAttributes& f) { return f.ptxVersion >= 90; });
@@ -663,6 +681,10 @@ cudaError_t launch_cfg(const GemmParams& p, cudaStream_t stream) {
     return launch_tma<T, 4>(p, stream);
   } else if constexpr (kCfg == 19) {  // 17, one ldmatrix after every 4 mma
     return launch_tma<T, 3, true>(p, stream);
+  } else if constexpr (kCfg == 20) {  // 17, the last warp to read a stage refills it
+    return launch_tma<T, 3, false, true>(p, stream);
+  } else if constexpr (kCfg == 21) {  // 20, 4 stages
+    return launch_tma<T, 4, false, true>(p, stream);
   } else {
     return cudaErrorInvalidValue;
   }
@@ -681,7 +703,7 @@ cudaError_t launch_config(const GemmParams& p, cudaStream_t stream, int config) 
     OPFORGE_MMA_CASE(0) OPFORGE_MMA_CASE(1) OPFORGE_MMA_CASE(2) OPFORGE_MMA_CASE(3) OPFORGE_MMA_CASE(4)
     OPFORGE_MMA_CASE(5) OPFORGE_MMA_CASE(6) OPFORGE_MMA_CASE(7) OPFORGE_MMA_CASE(8) OPFORGE_MMA_CASE(9)
     OPFORGE_MMA_CASE(10) OPFORGE_MMA_CASE(11) OPFORGE_MMA_CASE(12) OPFORGE_MMA_CASE(13) OPFORGE_MMA_CASE(14)
-    OPFORGE_MMA_CASE(15) OPFORGE_MMA_CASE(16) OPFORGE_MMA_CASE(17) OPFORGE_MMA_CASE(18) OPFORGE_MMA_CASE(19)
+    OPFORGE_MMA_CASE(15) OPFORGE_MMA_CASE(16) OPFORGE_MMA_CASE(17) OPFORGE_MMA_CASE(18) OPFORGE_MMA_CASE(19) OPFORGE_MMA_CASE(20) OPFORGE_MMA_CASE(21)
 #undef OPFORGE_MMA_CASE
     default: return cudaErrorInvalidValue;
   }
