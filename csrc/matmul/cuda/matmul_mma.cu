@@ -14,7 +14,6 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
-#include <type_traits>
 
 #include "matmul/cuda/matmul_kernels.h"
 #include "matmul/cuda/tensor_core_common.cuh"
@@ -121,25 +120,6 @@ __device__ __forceinline__ void mma16816<__half>(float* d, const uint32_t* a, co
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 
-// The same, volatile: kept in program order among the (volatile) ldmatrix, for a chosen
-// interleaving of the two (the spread configurations).
-template <typename T>
-__device__ __forceinline__ void mma16816_ordered(float* d, const uint32_t* a, const uint32_t* b) {
-  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-  } else {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-  }
-}
-
 // Element offsets in the swizzled shared tiles. a: [kBM][kBK], kBK / 8 chunks of 8 per row, chunk
 // c of row r at c ^ ((r / 2) % 4) for 4 chunks, c ^ (r % 8) for 8. b: [kBK][kBN], kBN / 8 chunks
 // per row, chunk c of row r at c ^ (r % 8). The 8 rows an ldmatrix reads hit 8 different chunks.
@@ -172,21 +152,6 @@ struct FragAddrs {
     for (int pr = 0; pr < kNT / 2; ++pr)
       b[pr] = b_sm + 2 * (kBoxes ? b_box_off<kBK>(lane % 8 + ((lane / 8) % 2) * 8, col0 + pr * 16 + (lane / 16) * 8)
                                  : b_off<kBN>(lane % 8 + ((lane / 8) % 2) * 8, col0 + pr * 16 + (lane / 16) * 8));
-  }
-  // One ldmatrix of step q's fragments: j < 4: a's m16 tile j; else b's n8 tiles 2 (j - 4), +1.
-  __device__ __forceinline__ void load_one(uint32_t st_a, uint32_t st_b, int q, int j, uint32_t (&fa)[4][4],
-                                           uint32_t (&fb)[kNT][2]) const {
-    if (j < 4) {
-      ldmatrix_x4(fa[j], st_a + a[q] + j * 16 * kBK * 2);
-    } else {
-      const int pr = j - 4;
-      uint32_t r4[4];
-      ldmatrix_x4_trans(r4, st_b + b[pr] + q * 16 * kBPitch * 2);
-      fb[2 * pr][0] = r4[0];
-      fb[2 * pr][1] = r4[1];
-      fb[2 * pr + 1][0] = r4[2];
-      fb[2 * pr + 1][1] = r4[3];
-    }
   }
   // Step q's fragments of the stage at byte offsets st_a, st_b.
   __device__ __forceinline__ void load(uint32_t st_a, uint32_t st_b, int q, uint32_t (&fa)[4][4],
@@ -454,14 +419,19 @@ __global__ void __launch_bounds__(kThreads, kBN == 128 ? 2 : 1)  // 128-wide: tw
 #endif  // sm_80+
 }
 
-// TMA variant (sm_90: H100/H200), configurations 17 and 18: the default kernel's tiles, warps and
-// ldmatrix/mma loop, but the stages are filled by the tensor memory accelerator instead of
-// cp.async: one thread issues a stage's copies (one 128 x 64 box of a, four 64 x 64 boxes of b,
-// 128-byte swizzle, zeros outside the matrices) and they complete on the stage's "full"
-// mbarrier; each warp releases a stage on its "empty" mbarrier once it has read its last
-// fragments. The warps carry no copy addresses or bounds, wait on no cp.async group and meet at
-// no block-wide barrier: a warp only waits for data that has not landed. Stage s is refilled
-// (tile t - 1 + kStages) in step 1 of tile t, after every warp has released tile t - 1.
+// TMA variant (sm_90: H100/H200): the default kernel's tiles, warps and ldmatrix/mma loop, but
+// the stages are filled by the tensor memory accelerator instead of cp.async. One thread issues
+// a stage's copies (one 128 x 64 box of a, four 64 x 64 boxes of b, 128-byte swizzle, zeros
+// outside the matrices), which complete on the stage's "full" mbarrier. Each warp counts itself
+// out of a stage (an atomic in shared memory) once it has read its last fragments there, and the
+// last one refills it at once: the warps carry no copy addresses or bounds, wait on no cp.async
+// group, meet at no block-wide barrier and never wait to refill; a warp waits only for data
+// that has not landed. (A fixed thread refilling after waiting on an "empty" mbarrier, and a
+// ninth warp doing it, measured slower or could not launch: tuning/README.md.)
+// The block walks output tiles blockIdx.x, + gridDim.x, ... (kPersistent: one block per SM; else
+// one tile per block), in groups of 8 tile rows so that blocks running at once share panels of
+// a and b in L2; its k tiles run through the ring as one sequence, so the next output tile's
+// first stages load during the current one's last k tiles and its stores.
 __device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
@@ -478,117 +448,111 @@ __device__ __forceinline__ void tma_load3(uint32_t dst, const CUtensorMap* map, 
 #endif
 }
 
-// kLast: no empty barriers; each warp counts itself out of a stage (an atomic in shared memory)
-// and the last one to finish reading it refills it at once, so nobody waits to refill.
-template <typename T, int kStages, bool kSpread, bool kLast = false>
+// Output tile u of the order above: (batch, tile row, tile column).
+struct TileOrder {
+  int tiles_m, tiles_n;
+  __device__ __forceinline__ void decode(int u, int& bz, int& tm, int& tn) const {
+    constexpr int kGroup = 8;
+    const int per_batch = tiles_m * tiles_n;
+    bz = u / per_batch;
+    const int v = u - bz * per_batch, group = v / (kGroup * tiles_n), first = group * kGroup;
+    const int rows = tiles_m - first < kGroup ? tiles_m - first : kGroup, w = v - group * kGroup * tiles_n;
+    tm = first + w % rows;
+    tn = w / rows;
+  }
+};
+
+template <typename T, int kStages>
 __global__ void __launch_bounds__(kThreads, 1)
     matmul_mma_tma_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
-                          T* __restrict__ c, int m, int n, int k, int64_t ldc, int64_t c_bs) {
+                          T* __restrict__ c, int m, int n, int k, int64_t ldc, int64_t c_bs, TileOrder order,
+                          int units) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  constexpr int kBN = 256, kBK = 64, kQ = kBK / 16;
+  constexpr int kBN = 256, kBK = 64, kQ = kBK / 16, kWarps = kThreads / 32;
   using C = Config<kBN, kStages, kBK>;
   constexpr int kWN = C::kWN, kNT = kWN / 8;
   constexpr uint32_t kAStage = C::kATile * 2, kBStage = C::kBTile * 2;  // bytes
   extern __shared__ unsigned char smem_raw[];
-  __shared__ __align__(8) uint64_t full_bar[kStages], empty_bar[kStages];
-  __shared__ uint32_t readers_done[kStages];  // kLast: warps done with the stage, ever (mod 8)
+  __shared__ __align__(8) uint64_t full_bar[kStages];
+  __shared__ uint32_t readers_done[kStages];  // warps done with the stage, ever (mod kWarps)
   const uint32_t a_sm = (tc::smem_addr(smem_raw) + 1023) & ~1023u;  // the swizzle's 1024-byte atoms
   const uint32_t b_sm = a_sm + kStages * kAStage;
-  const uint32_t full0 = tc::smem_addr(full_bar), empty0 = tc::smem_addr(empty_bar);
+  const uint32_t full0 = tc::smem_addr(full_bar), done0 = tc::smem_addr(readers_done);
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, wm = warp / 4, wn = warp % 4;
-  const int m0 = blockIdx.y * kBM, n0 = blockIdx.x * kBN, bz = blockIdx.z;
-  c += bz * c_bs;
-  const int tiles = (k + kBK - 1) / kBK;
-  auto issue = [&](int s, int j) {  // tile j into stage s (one thread)
+  const int tiles_k = (k + kBK - 1) / kBK;
+  const int my_units = blockIdx.x < units ? (units - 1 - blockIdx.x) / gridDim.x + 1 : 0;
+  const int total = my_units * tiles_k;  // this block's k tiles, all output tiles in a row
+  auto issue = [&](int s, int g) {       // the block's k tile g into stage s (one thread)
+    const int ul = g / tiles_k, j = g - ul * tiles_k;
+    int bz, tm, tn;
+    order.decode(blockIdx.x + ul * gridDim.x, bz, tm, tn);
     const uint32_t full = full0 + 8 * s;
     mbar_expect_tx(full, kAStage + kBStage);
-    tma_load3(a_sm + s * kAStage, &map_a, j * kBK, m0, bz, full);
+    tma_load3(a_sm + s * kAStage, &map_a, j * kBK, tm * kBM, bz, full);
 #pragma unroll
-    for (int i = 0; i < kBN / 64; ++i) tma_load3(b_sm + s * kBStage + i * kBK * 128, &map_b, n0 + 64 * i, j * kBK, bz, full);
+    for (int i = 0; i < kBN / 64; ++i)
+      tma_load3(b_sm + s * kBStage + i * kBK * 128, &map_b, tn * kBN + 64 * i, j * kBK, bz, full);
   };
   if (tid == 0) {
 #pragma unroll
     for (int s = 0; s < kStages; ++s) {
-      mbar_init(full0 + 8 * s, 1);               // the issuing thread's arrival (plus the bytes)
-      mbar_init(empty0 + 8 * s, kThreads / 32);  // one arrival per warp
+      mbar_init(full0 + 8 * s, 1);  // the issuing thread's arrival (plus the bytes)
       readers_done[s] = 0;
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");  // visible to the TMA unit
   }
   __syncthreads();
   if (tid == 0)
-    for (int s = 0; s < kStages && s < tiles; ++s) issue(s, s);
+    for (int s = 0; s < kStages && s < total; ++s) issue(s, s);
 
   const FragAddrs<kBK, kBN, kNT, true> fr(a_sm, b_sm, wm * kWM, wn * kWN, lane);
-  float acc[4][kNT][4] = {};
   uint32_t af[2][4][4], bf[2][kNT][2];
-  if (tiles > 0) {
+  if (total > 0) {
     mbar_wait(full0, 0);
     fr.load(0, 0, 0, af[0], bf[0]);
   }
-  int rs = 0;        // stage of tile t
+  int rs = 0;        // stage of k tile g
   uint32_t rph = 0;  // parity of its full phase
-  int ps = 0;        // stage of tile t - 1 (tid 0 refills it)
-  uint32_t pph = 0;  // parity of its empty phase
-  for (int t = 0; t < tiles; ++t) {
-    const uint32_t st_a = rs * kAStage, st_b = rs * kBStage;
+  int g = 0;
+  for (int ul = 0; ul < my_units; ++ul) {
+    float acc[4][kNT][4] = {};
+    for (int t = 0; t < tiles_k; ++t, ++g) {
+      const uint32_t st_a = rs * kAStage, st_b = rs * kBStage;
 #pragma unroll
-    for (int q = 0; q < kQ; ++q) {
-      if (!kLast && q == 1 && t > 0) {
-        if (tid == 0 && t - 1 + kStages < tiles) {
-          mbar_wait(empty0 + 8 * ps, pph);  // every warp has read tile t - 1
-          issue(ps, t - 1 + kStages);
-        }
-        pph ^= ps == kStages - 1;
-        ps = ps + 1 == kStages ? 0 : ps + 1;
-      }
-      // The next step's fragments: step q + 1 of this tile, or step 0 of the next.
-      uint32_t na = st_a, nb = st_b;
-      int nq = q + 1;
-      bool more = true;
-      if (q + 1 == kQ) {
-        __syncwarp();  // the warp's reads of tile t are done (its last fragments are loaded)
-        if constexpr (kLast) {
+      for (int q = 0; q < kQ; ++q) {
+        if (q + 1 < kQ) {
+          fr.load(st_a, st_b, q + 1, af[(q + 1) & 1], bf[(q + 1) & 1]);
+        } else {
+          __syncwarp();  // the warp's reads of k tile g are done (its last fragments are loaded)
           if (lane == 0) {
             uint32_t before;
             asm volatile("atom.acq_rel.cta.shared::cta.add.u32 %0, [%1], 1;\n"
                          : "=r"(before)
-                         : "r"(tc::smem_addr(&readers_done[rs]))
+                         : "r"(done0 + 4 * rs)
                          : "memory");
-            if (before % (kThreads / 32) == kThreads / 32 - 1 && t + kStages < tiles) {
-              asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the reads, before TMA's writes
-              issue(rs, t + kStages);
+            if (before % kWarps == kWarps - 1 && g + kStages < total) {  // the last reader refills
+              asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // reads before TMA's writes
+              issue(rs, g + kStages);
             }
           }
-        } else {
-          if (lane == 0) mbar_arrive(empty0 + 8 * rs);
+          rs = rs + 1 == kStages ? 0 : rs + 1;
+          rph ^= rs == 0;
+          if (g + 1 < total) {
+            mbar_wait(full0 + 8 * rs, rph);  // k tile g + 1 (maybe of the next output tile) has landed
+            fr.load(rs * kAStage, rs * kBStage, 0, af[0], bf[0]);
+          }
         }
-        rs = rs + 1 == kStages ? 0 : rs + 1;
-        rph ^= rs == 0;
-        more = t + 1 < tiles;
-        if (more) mbar_wait(full0 + 8 * rs, rph);  // tile t + 1 has landed
-        na = rs * kAStage;
-        nb = rs * kBStage;
-        nq = 0;
-      }
-      if constexpr (kSpread) {
-        // One ldmatrix after every 4 mma: the shared-memory reads spread over the step instead of
-        // a burst at its start that fills the MIO queue and holds up the warp's next mma.
-#pragma unroll
-        for (int i = 0; i < 4 * kNT; ++i) {
-          mma16816_ordered<T>(acc[i / kNT][i % kNT], af[q & 1][i / kNT], bf[q & 1][i % kNT]);
-          if (i % 4 == 3 && more) fr.load_one(na, nb, nq, i / 4, af[(q + 1) & 1], bf[(q + 1) & 1]);
-        }
-      } else {
-        if (more) fr.load(na, nb, nq, af[(q + 1) & 1], bf[(q + 1) & 1]);
 #pragma unroll
         for (int mi = 0; mi < 4; ++mi)
 #pragma unroll
           for (int nj = 0; nj < kNT; ++nj) mma16816<T>(acc[mi][nj], af[q & 1][mi], bf[q & 1][nj]);
       }
     }
+    int bz, tm, tn;
+    order.decode(blockIdx.x + ul * gridDim.x, bz, tm, tn);
+    store_acc<T, kNT>(acc, c + bz * c_bs, int64_t{tm} * kBM + wm * kWM, int64_t{tn} * kBN + wn * kWN, m, n, ldc,
+                      c_bs, lane);
   }
-  store_acc<T, kNT>(acc, c, m0 + wm * kWM, n0 + wn * kWN, m, n, ldc, c_bs, lane);
 #else
   __trap();  // no sm_90 code for this GPU: the launcher falls back to the cp.async kernel
 #endif  // sm_90+
@@ -611,18 +575,22 @@ cudaError_t launch(const GemmParams& p, cudaStream_t stream) {
 }
 
 // The TMA kernel where it can run: its sm_90 code is in the binary (PTX target 9.0+: the
-// device is then an sm_90 one too), the batch strides are not 0 (TMA strides) and the
-// coordinates fit in int; else the cp.async kernel (configuration 9).
-template <typename T, int kStages, bool kSpread = false, bool kLast = false>
+// device is then an sm_90 one too), the batch strides are not 0 (TMA strides) and tile counts
+// and coordinates fit in int; else the cp.async kernel (configuration 9).
+template <typename T, int kStages, bool kPersistent>
 cudaError_t launch_tma(const GemmParams& p, cudaStream_t stream) {
   using C = Config<256, kStages, 64>;
   constexpr int kSmem = C::kSmemBytes + 1024;  // + alignment to 1024 bytes
   const auto fallback = [&] { return launch<T, 256, 3, 64, true, true>(p, stream); };
   constexpr int64_t kMax = (int64_t{1} << 31) - 512;
-  if ((p.batch > 1 && (p.a_bs == 0 || p.b_bs == 0)) || p.m >= kMax || p.n >= kMax || p.k >= kMax) return fallback();
-  const auto kernel = matmul_mma_tma_kernel<T, kStages, kSpread, kLast>;
+  const int64_t tiles_m = (p.m + kBM - 1) / kBM, tiles_n = (p.n + 255) / 256, tiles_k = (p.k + 63) / 64;
+  const int64_t units = tiles_m * tiles_n * p.batch;
+  if ((p.batch > 1 && (p.a_bs == 0 || p.b_bs == 0)) || p.m >= kMax || p.n >= kMax || p.k >= kMax ||
+      units * tiles_k >= kMax)
+    return fallback();
+  const auto kernel = matmul_mma_tma_kernel<T, kStages>;
   static bool configured[64] = {};
-  const cudaError_t err =
+  cudaError_t err =
       tc::configure_once(kernel, kSmem, configured, [](const cudaFuncAttributes& f) { return f.ptxVersion >= 90; });
   if (err == cudaErrorInvalidConfiguration) return fallback();
   if (err != cudaSuccess) return err;
@@ -630,10 +598,18 @@ cudaError_t launch_tma(const GemmParams& p, cudaStream_t stream) {
   if (!tc::make_tma_map(&map_a, p.a, p.dtype, p.m, p.k, p.batch, p.a_rs, p.a_bs, 64, kBM) ||
       !tc::make_tma_map(&map_b, p.b, p.dtype, p.k, p.n, p.batch, p.b_rs, p.b_bs, 64, 64))
     return fallback();
-  const dim3 grid(static_cast<unsigned>((p.n + 255) / 256), static_cast<unsigned>((p.m + kBM - 1) / kBM),
-                  static_cast<unsigned>(p.batch));
-  kernel<<<grid, kThreads, kSmem, stream>>>(map_a, map_b, static_cast<T*>(p.c), static_cast<int>(p.m),
-                                            static_cast<int>(p.n), static_cast<int>(p.k), p.c_rs, p.c_bs);
+  int64_t blocks = units;
+  if (kPersistent) {
+    int dev = 0, sms = 0;
+    err = cudaGetDevice(&dev);
+    if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+    if (err != cudaSuccess) return err;
+    blocks = units < sms ? units : sms;
+  }
+  const TileOrder order{static_cast<int>(tiles_m), static_cast<int>(tiles_n)};
+  kernel<<<static_cast<unsigned>(blocks), kThreads, kSmem, stream>>>(
+      map_a, map_b, static_cast<T*>(p.c), static_cast<int>(p.m), static_cast<int>(p.n), static_cast<int>(p.k),
+      p.c_rs, p.c_bs, order, static_cast<int>(units));
   return cudaGetLastError();
 }
 
@@ -675,16 +651,19 @@ cudaError_t launch_cfg(const GemmParams& p, cudaStream_t stream) {
     // Were a ninth, producer warp doing all the copies (3 and 4 stages): 288 threads at 224
     // registers do not fit (a sub-partition's 3 warps need 21504 of its 16384): never launched.
     return cudaErrorInvalidValue;
-  } else if constexpr (kCfg == 17) {  // stages filled by TMA (sm_90; else cfg 9)
-    return launch_tma<T, 3>(p, stream);
-  } else if constexpr (kCfg == 18) {  // 17, 4 stages
-    return launch_tma<T, 4>(p, stream);
-  } else if constexpr (kCfg == 19) {  // 17, one ldmatrix after every 4 mma
-    return launch_tma<T, 3, true>(p, stream);
-  } else if constexpr (kCfg == 20) {  // 17, the last warp to read a stage refills it
-    return launch_tma<T, 3, false, true>(p, stream);
+  } else if constexpr (kCfg >= 17 && kCfg <= 19) {
+    // Were: stages filled by TMA but refilled by one thread after an "empty" mbarrier wait (17,
+    // 3 stages: 0.62x; 18, 4 stages), 19: 17 with ldmatrix spread in program order (ptxas
+    // re-bunched them): no gain over cfg 9. Superseded by 20.
+    return cudaErrorInvalidValue;
+  } else if constexpr (kCfg == 20) {  // TMA, the last warp to read a stage refills it; a tile a block
+    return launch_tma<T, 3, false>(p, stream);
   } else if constexpr (kCfg == 21) {  // 20, 4 stages
-    return launch_tma<T, 4, false, true>(p, stream);
+    return launch_tma<T, 4, false>(p, stream);
+  } else if constexpr (kCfg == 22) {  // 20, persistent: one block per SM walks the tiles
+    return launch_tma<T, 3, true>(p, stream);
+  } else if constexpr (kCfg == 23) {  // 22, 4 stages
+    return launch_tma<T, 4, true>(p, stream);
   } else {
     return cudaErrorInvalidValue;
   }
@@ -704,6 +683,7 @@ cudaError_t launch_config(const GemmParams& p, cudaStream_t stream, int config) 
     OPFORGE_MMA_CASE(5) OPFORGE_MMA_CASE(6) OPFORGE_MMA_CASE(7) OPFORGE_MMA_CASE(8) OPFORGE_MMA_CASE(9)
     OPFORGE_MMA_CASE(10) OPFORGE_MMA_CASE(11) OPFORGE_MMA_CASE(12) OPFORGE_MMA_CASE(13) OPFORGE_MMA_CASE(14)
     OPFORGE_MMA_CASE(15) OPFORGE_MMA_CASE(16) OPFORGE_MMA_CASE(17) OPFORGE_MMA_CASE(18) OPFORGE_MMA_CASE(19) OPFORGE_MMA_CASE(20) OPFORGE_MMA_CASE(21)
+    OPFORGE_MMA_CASE(22) OPFORGE_MMA_CASE(23)
 #undef OPFORGE_MMA_CASE
     default: return cudaErrorInvalidValue;
   }
