@@ -482,10 +482,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int tiles_k = (k + kBK - 1) / kBK;
   const int my_units = blockIdx.x < units ? (units - 1 - blockIdx.x) / gridDim.x + 1 : 0;
   const int total = my_units * tiles_k;  // this block's k tiles, all output tiles in a row
-  auto issue = [&](int s, int g) {       // the block's k tile g into stage s (one thread)
-    const int ul = g / tiles_k, j = g - ul * tiles_k;
-    int bz, tm, tn;
-    order.decode(blockIdx.x + ul * gridDim.x, bz, tm, tn);
+  // Stage s <- k tile j of output tile (bz, tm, tn) (one thread).
+  auto issue = [&](int s, int j, int bz, int tm, int tn) {
     const uint32_t full = full0 + 8 * s;
     mbar_expect_tx(full, kAStage + kBStage);
     tma_load3(a_sm + s * kAStage, &map_a, j * kBK, tm * kBM, bz, full);
@@ -493,6 +491,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int i = 0; i < kBN / 64; ++i)
       tma_load3(b_sm + s * kBStage + i * kBK * 128, &map_b, tn * kBN + 64 * i, j * kBK, bz, full);
   };
+  // The k tile kStages ahead of the current one (the next refill): its output tile (local index
+  // nu, coordinates) and k index nj, stepped by one per k tile; division only per output tile.
+  int nu = 0, nj = 0, nbz = 0, ntm = 0, ntn = 0;
+  auto locate = [&](int u) { order.decode(blockIdx.x + u * gridDim.x, nbz, ntm, ntn); };
   if (tid == 0) {
 #pragma unroll
     for (int s = 0; s < kStages; ++s) {
@@ -502,8 +504,12 @@ __global__ void __launch_bounds__(kThreads, 1)
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");  // visible to the TMA unit
   }
   __syncthreads();
-  if (tid == 0)
-    for (int s = 0; s < kStages && s < total; ++s) issue(s, s);
+  for (int s = 0; s < kStages; ++s) {
+    if (s == 0 || nj == 0) locate(nu);
+    if (tid == 0 && s < total) issue(s, nj, nbz, ntm, ntn);
+    if (++nj == tiles_k) nj = 0, ++nu;
+  }
+  if (nj == 0) locate(nu);
 
   const FragAddrs<kBK, kBN, kNT, true> fr(a_sm, b_sm, wm * kWM, wn * kWN, lane);
   uint32_t af[2][4][4], bf[2][kNT][2];
@@ -532,8 +538,12 @@ __global__ void __launch_bounds__(kThreads, 1)
                          : "memory");
             if (before % kWarps == kWarps - 1 && g + kStages < total) {  // the last reader refills
               asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // reads before TMA's writes
-              issue(rs, g + kStages);
+              issue(rs, nj, nbz, ntm, ntn);
             }
+          }
+          if (++nj == tiles_k) {
+            nj = 0;
+            if (++nu < my_units) locate(nu);
           }
           rs = rs + 1 == kStages ? 0 : rs + 1;
           rph ^= rs == 0;
