@@ -419,54 +419,35 @@ __global__ void __launch_bounds__(kThreads, kBN == 128 ? 2 : 1)  // 128-wide: tw
 #endif  // sm_80+
 }
 
-// TMA variant (sm_90: H100/H200): the default kernel's tiles, warps and ldmatrix/mma loop, but
-// the stages are filled by the tensor memory accelerator instead of cp.async. One thread issues
-// a stage's copies (one 128 x 64 box of a, four 64 x 64 boxes of b, 128-byte swizzle, zeros
-// outside the matrices), which complete on the stage's "full" mbarrier. Each warp counts itself
-// out of a stage (an atomic in shared memory) once it has read its last fragments there, and the
-// last one refills it at once: the warps carry no copy addresses or bounds, wait on no cp.async
-// group, meet at no block-wide barrier and never wait to refill; a warp waits only for data
-// that has not landed. (A fixed thread refilling after waiting on an "empty" mbarrier, and a
-// ninth warp doing it, measured slower or could not launch: tuning/README.md.)
-// The block walks output tiles blockIdx.x, + gridDim.x, ... (kPersistent: one block per SM; else
-// one tile per block), in groups of 8 tile rows so that blocks running at once share panels of
-// a and b in L2; its k tiles run through the ring as one sequence, so the next output tile's
-// first stages load during the current one's last k tiles and its stores.
+// TMA variant (sm_90: H100/H200; the default there): the cp.async kernel's tiles, warps and
+// ldmatrix/mma loop, but the stages are filled by the tensor memory accelerator. One thread
+// issues a stage's copies (one 128 x 64 box of a, four 64 x 64 boxes of b, 128-byte swizzle,
+// zeros outside the matrices), which complete on the stage's "full" mbarrier. Each warp counts
+// itself out of a stage (an atomic in shared memory) once it has read its last fragments there,
+// and the last one refills it at once (kStages k tiles ahead). The warps carry no copy
+// addresses or bounds, wait on no cp.async group, meet at no block-wide barrier and never wait
+// to refill: a warp waits only for data that has not landed. Measured against the alternatives
+// (benchmarks/results/h200-matmul/tuning/README.md): a fixed thread refilling after an "empty"
+// mbarrier wait was 4% slower, a ninth copying warp cannot launch (288 threads x 224 registers
+// overflow a sub-partition's register file), a persistent grid gained nothing.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900  // (used only there)
 __device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
-#endif
 }
 // 3-D TMA copy of the box at (x, y, z) of `map` to shared address dst, completing on `bar`.
 __device__ __forceinline__ void tma_load3(uint32_t dst, const CUtensorMap* map, int x, int y, int z, uint32_t bar) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile(
       "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5}], [%2];\n" ::
           "r"(dst),
       "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(x), "r"(y), "r"(z)
       : "memory");
-#endif
 }
-
-// Output tile u of the order above: (batch, tile row, tile column).
-struct TileOrder {
-  int tiles_m, tiles_n;
-  __device__ __forceinline__ void decode(int u, int& bz, int& tm, int& tn) const {
-    constexpr int kGroup = 8;
-    const int per_batch = tiles_m * tiles_n;
-    bz = u / per_batch;
-    const int v = u - bz * per_batch, group = v / (kGroup * tiles_n), first = group * kGroup;
-    const int rows = tiles_m - first < kGroup ? tiles_m - first : kGroup, w = v - group * kGroup * tiles_n;
-    tm = first + w % rows;
-    tn = w / rows;
-  }
-};
+#endif
 
 template <typename T, int kStages>
 __global__ void __launch_bounds__(kThreads, 1)
     matmul_mma_tma_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
-                          T* __restrict__ c, int m, int n, int k, int64_t ldc, int64_t c_bs, TileOrder order,
-                          int units) {
+                          T* __restrict__ c, int m, int n, int k, int64_t ldc, int64_t c_bs) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   constexpr int kBN = 256, kBK = 64, kQ = kBK / 16, kWarps = kThreads / 32;
   using C = Config<kBN, kStages, kBK>;
@@ -479,22 +460,16 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint32_t b_sm = a_sm + kStages * kAStage;
   const uint32_t full0 = tc::smem_addr(full_bar), done0 = tc::smem_addr(readers_done);
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, wm = warp / 4, wn = warp % 4;
-  const int tiles_k = (k + kBK - 1) / kBK;
-  const int my_units = blockIdx.x < units ? (units - 1 - blockIdx.x) / gridDim.x + 1 : 0;
-  const int total = my_units * tiles_k;  // this block's k tiles, all output tiles in a row
-  // Stage s <- k tile j of output tile (bz, tm, tn) (one thread).
-  auto issue = [&](int s, int j, int bz, int tm, int tn) {
+  const int m0 = blockIdx.y * kBM, n0 = blockIdx.x * kBN, bz = blockIdx.z;
+  c += bz * c_bs;
+  const int tiles = (k + kBK - 1) / kBK;
+  auto issue = [&](int s, int j) {  // k tile j into stage s (one thread)
     const uint32_t full = full0 + 8 * s;
     mbar_expect_tx(full, kAStage + kBStage);
-    tma_load3(a_sm + s * kAStage, &map_a, j * kBK, tm * kBM, bz, full);
+    tma_load3(a_sm + s * kAStage, &map_a, j * kBK, m0, bz, full);
 #pragma unroll
-    for (int i = 0; i < kBN / 64; ++i)
-      tma_load3(b_sm + s * kBStage + i * kBK * 128, &map_b, tn * kBN + 64 * i, j * kBK, bz, full);
+    for (int i = 0; i < kBN / 64; ++i) tma_load3(b_sm + s * kBStage + i * kBK * 128, &map_b, n0 + 64 * i, j * kBK, bz, full);
   };
-  // The k tile kStages ahead of the current one (the next refill): its output tile (local index
-  // nu, coordinates) and k index nj, stepped by one per k tile; division only per output tile.
-  int nu = 0, nj = 0, nbz = 0, ntm = 0, ntn = 0;
-  auto locate = [&](int u) { order.decode(blockIdx.x + u * gridDim.x, nbz, ntm, ntn); };
   if (tid == 0) {
 #pragma unroll
     for (int s = 0; s < kStages; ++s) {
@@ -504,65 +479,51 @@ __global__ void __launch_bounds__(kThreads, 1)
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");  // visible to the TMA unit
   }
   __syncthreads();
-  for (int s = 0; s < kStages; ++s) {
-    if (s == 0 || nj == 0) locate(nu);
-    if (tid == 0 && s < total) issue(s, nj, nbz, ntm, ntn);
-    if (++nj == tiles_k) nj = 0, ++nu;
-  }
-  if (nj == 0) locate(nu);
+  if (tid == 0)
+    for (int s = 0; s < kStages && s < tiles; ++s) issue(s, s);
 
   const FragAddrs<kBK, kBN, kNT, true> fr(a_sm, b_sm, wm * kWM, wn * kWN, lane);
+  float acc[4][kNT][4] = {};
   uint32_t af[2][4][4], bf[2][kNT][2];
-  if (total > 0) {
+  if (tiles > 0) {
     mbar_wait(full0, 0);
     fr.load(0, 0, 0, af[0], bf[0]);
   }
-  int rs = 0;        // stage of k tile g
+  int rs = 0;        // stage of k tile t
   uint32_t rph = 0;  // parity of its full phase
-  int g = 0;
-  for (int ul = 0; ul < my_units; ++ul) {
-    float acc[4][kNT][4] = {};
-    for (int t = 0; t < tiles_k; ++t, ++g) {
-      const uint32_t st_a = rs * kAStage, st_b = rs * kBStage;
+  for (int t = 0; t < tiles; ++t) {
+    const uint32_t st_a = rs * kAStage, st_b = rs * kBStage;
 #pragma unroll
-      for (int q = 0; q < kQ; ++q) {
-        if (q + 1 < kQ) {
-          fr.load(st_a, st_b, q + 1, af[(q + 1) & 1], bf[(q + 1) & 1]);
-        } else {
-          __syncwarp();  // the warp's reads of k tile g are done (its last fragments are loaded)
-          if (lane == 0) {
-            uint32_t before;
-            asm volatile("atom.acq_rel.cta.shared::cta.add.u32 %0, [%1], 1;\n"
-                         : "=r"(before)
-                         : "r"(done0 + 4 * rs)
-                         : "memory");
-            if (before % kWarps == kWarps - 1 && g + kStages < total) {  // the last reader refills
-              asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // reads before TMA's writes
-              issue(rs, nj, nbz, ntm, ntn);
-            }
-          }
-          if (++nj == tiles_k) {
-            nj = 0;
-            if (++nu < my_units) locate(nu);
-          }
-          rs = rs + 1 == kStages ? 0 : rs + 1;
-          rph ^= rs == 0;
-          if (g + 1 < total) {
-            mbar_wait(full0 + 8 * rs, rph);  // k tile g + 1 (maybe of the next output tile) has landed
-            fr.load(rs * kAStage, rs * kBStage, 0, af[0], bf[0]);
+    for (int q = 0; q < kQ; ++q) {
+      if (q + 1 < kQ) {
+        fr.load(st_a, st_b, q + 1, af[(q + 1) & 1], bf[(q + 1) & 1]);
+      } else {
+        __syncwarp();  // the warp's reads of k tile t are done (its last fragments are loaded)
+        if (lane == 0) {
+          uint32_t before;
+          asm volatile("atom.acq_rel.cta.shared::cta.add.u32 %0, [%1], 1;\n"
+                       : "=r"(before)
+                       : "r"(done0 + 4 * rs)
+                       : "memory");
+          if (before % kWarps == kWarps - 1 && t + kStages < tiles) {  // the last reader refills
+            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // reads before TMA's writes
+            issue(rs, t + kStages);
           }
         }
-#pragma unroll
-        for (int mi = 0; mi < 4; ++mi)
-#pragma unroll
-          for (int nj = 0; nj < kNT; ++nj) mma16816<T>(acc[mi][nj], af[q & 1][mi], bf[q & 1][nj]);
+        rs = rs + 1 == kStages ? 0 : rs + 1;
+        rph ^= rs == 0;
+        if (t + 1 < tiles) {
+          mbar_wait(full0 + 8 * rs, rph);  // k tile t + 1 has landed
+          fr.load(rs * kAStage, rs * kBStage, 0, af[0], bf[0]);
+        }
       }
+#pragma unroll
+      for (int mi = 0; mi < 4; ++mi)
+#pragma unroll
+        for (int nj = 0; nj < kNT; ++nj) mma16816<T>(acc[mi][nj], af[q & 1][mi], bf[q & 1][nj]);
     }
-    int bz, tm, tn;
-    order.decode(blockIdx.x + ul * gridDim.x, bz, tm, tn);
-    store_acc<T, kNT>(acc, c + bz * c_bs, int64_t{tm} * kBM + wm * kWM, int64_t{tn} * kBN + wn * kWN, m, n, ldc,
-                      c_bs, lane);
   }
+  store_acc<T, kNT>(acc, c, m0 + wm * kWM, n0 + wn * kWN, m, n, ldc, c_bs, lane);
 #else
   __trap();  // no sm_90 code for this GPU: the launcher falls back to the cp.async kernel
 #endif  // sm_90+
@@ -585,22 +546,18 @@ cudaError_t launch(const GemmParams& p, cudaStream_t stream) {
 }
 
 // The TMA kernel where it can run: its sm_90 code is in the binary (PTX target 9.0+: the
-// device is then an sm_90 one too), the batch strides are not 0 (TMA strides) and tile counts
-// and coordinates fit in int; else the cp.async kernel (configuration 9).
-template <typename T, int kStages, bool kPersistent>
+// device is then an sm_90 one too), the batch strides are not 0 (TMA strides) and the
+// coordinates fit in int; else the cp.async kernel (configuration 9).
+template <typename T, int kStages>
 cudaError_t launch_tma(const GemmParams& p, cudaStream_t stream) {
   using C = Config<256, kStages, 64>;
   constexpr int kSmem = C::kSmemBytes + 1024;  // + alignment to 1024 bytes
   const auto fallback = [&] { return launch<T, 256, 3, 64, true, true>(p, stream); };
   constexpr int64_t kMax = (int64_t{1} << 31) - 512;
-  const int64_t tiles_m = (p.m + kBM - 1) / kBM, tiles_n = (p.n + 255) / 256, tiles_k = (p.k + 63) / 64;
-  const int64_t units = tiles_m * tiles_n * p.batch;
-  if ((p.batch > 1 && (p.a_bs == 0 || p.b_bs == 0)) || p.m >= kMax || p.n >= kMax || p.k >= kMax ||
-      units * tiles_k >= kMax)
-    return fallback();
+  if ((p.batch > 1 && (p.a_bs == 0 || p.b_bs == 0)) || p.m >= kMax || p.n >= kMax || p.k >= kMax) return fallback();
   const auto kernel = matmul_mma_tma_kernel<T, kStages>;
   static bool configured[64] = {};
-  cudaError_t err =
+  const cudaError_t err =
       tc::configure_once(kernel, kSmem, configured, [](const cudaFuncAttributes& f) { return f.ptxVersion >= 90; });
   if (err == cudaErrorInvalidConfiguration) return fallback();
   if (err != cudaSuccess) return err;
@@ -608,18 +565,10 @@ cudaError_t launch_tma(const GemmParams& p, cudaStream_t stream) {
   if (!tc::make_tma_map(&map_a, p.a, p.dtype, p.m, p.k, p.batch, p.a_rs, p.a_bs, 64, kBM) ||
       !tc::make_tma_map(&map_b, p.b, p.dtype, p.k, p.n, p.batch, p.b_rs, p.b_bs, 64, 64))
     return fallback();
-  int64_t blocks = units;
-  if (kPersistent) {
-    int dev = 0, sms = 0;
-    err = cudaGetDevice(&dev);
-    if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-    if (err != cudaSuccess) return err;
-    blocks = units < sms ? units : sms;
-  }
-  const TileOrder order{static_cast<int>(tiles_m), static_cast<int>(tiles_n)};
-  kernel<<<static_cast<unsigned>(blocks), kThreads, kSmem, stream>>>(
-      map_a, map_b, static_cast<T*>(p.c), static_cast<int>(p.m), static_cast<int>(p.n), static_cast<int>(p.k),
-      p.c_rs, p.c_bs, order, static_cast<int>(units));
+  const dim3 grid(static_cast<unsigned>((p.n + 255) / 256), static_cast<unsigned>((p.m + kBM - 1) / kBM),
+                  static_cast<unsigned>(p.batch));
+  kernel<<<grid, kThreads, kSmem, stream>>>(map_a, map_b, static_cast<T*>(p.c), static_cast<int>(p.m),
+                                            static_cast<int>(p.n), static_cast<int>(p.k), p.c_rs, p.c_bs);
   return cudaGetLastError();
 }
 
@@ -666,21 +615,21 @@ cudaError_t launch_cfg(const GemmParams& p, cudaStream_t stream) {
     // 3 stages: 0.62x; 18, 4 stages), 19: 17 with ldmatrix spread in program order (ptxas
     // re-bunched them): no gain over cfg 9. Superseded by 20.
     return cudaErrorInvalidValue;
-  } else if constexpr (kCfg == 20) {  // TMA, the last warp to read a stage refills it; a tile a block
-    return launch_tma<T, 3, false>(p, stream);
+  } else if constexpr (kCfg == 20) {  // TMA, the last warp to read a stage refills it (sm_90; else 9)
+    return launch_tma<T, 3>(p, stream);
   } else if constexpr (kCfg == 21) {  // 20, 4 stages
-    return launch_tma<T, 4, false>(p, stream);
-  } else if constexpr (kCfg == 22) {  // 20, persistent: one block per SM walks the tiles
-    return launch_tma<T, 3, true>(p, stream);
-  } else if constexpr (kCfg == 23) {  // 22, 4 stages
-    return launch_tma<T, 4, true>(p, stream);
+    return launch_tma<T, 4>(p, stream);
+  } else if constexpr (kCfg == 22 || kCfg == 23) {
+    // Were 20 and 21 persistent (one block per SM walking grouped tiles, its k tiles one sequence
+    // through the ring): 0.623x against 20's 0.625x in the same run. Removed.
+    return cudaErrorInvalidValue;
   } else {
     return cudaErrorInvalidValue;
   }
 }
 
 #ifndef OPFORGE_MMA_CONFIG
-#define OPFORGE_MMA_CONFIG 9
+#define OPFORGE_MMA_CONFIG 20
 #endif
 
 template <typename T>
