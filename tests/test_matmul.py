@@ -114,6 +114,30 @@ def test_cuda_large_tile_paths(variant, shape):
 
 
 @pytest.mark.cuda
+@pytest.mark.parametrize("variant", ["mma", "wgmma"])
+def test_cuda_tensor_core_layouts(variant):
+    """Layouts the tensor-core rungs read in place: row strides wider than the rows (slices of
+    wider tensors), batch strides that are not rows x row stride (every other batch), and a
+    broadcast operand (batch stride 0, which TMA cannot address: on sm_90 mma falls back to its
+    cp.async kernel for it, wgmma takes a copy)."""
+    if variant == "wgmma" and not _has_wgmma():
+        pytest.skip("wgmma needs an sm_90 GPU")
+    dtype = torch.bfloat16
+    m, k, n = 200, 136, 264
+    a = rand((3, m, k + 24), dtype, "cuda")[..., :k]
+    b = rand((3, k, n + 40), dtype, "cuda")[..., :n]
+    assert a.stride(-2) % 8 == 0 and b.stride(-2) % 8 == 0 and k % 8 == 0 and n % 8 == 0
+    poison_cuda_allocator(2 * 3 * m * n, "cuda")
+    assert_close_to_reference(opforge.matmul(a, b, variant=variant), a, b)
+    a2, b2 = rand((6, m, k), dtype, "cuda")[::2], rand((6, k, n), dtype, "cuda")[::2]
+    assert_close_to_reference(opforge.matmul(a2, b2, variant=variant), a2, b2)
+    shared = rand((1, k, n), dtype, "cuda").expand(3, k, n)
+    assert_close_to_reference(opforge.matmul(a2, shared, variant=variant), a2, shared)
+    shared_a = rand((1, m, k), dtype, "cuda").expand(3, m, k)
+    assert_close_to_reference(opforge.matmul(shared_a, b2, variant=variant), shared_a, b2)
+
+
+@pytest.mark.cuda
 @pytest.mark.parametrize("shape", [(300, 70, 261), (129, 33, 6), (2, 257, 130, 514)], ids=str)
 def test_cuda_warp_tiled_padded_views(shape):
     """warp_tiled's cp.async tiles on column slices of wider tensors: row strides multiples of 4
