@@ -30,8 +30,10 @@ int matmul_mma_cuda(const GemmParams& p, void* stream);
 // tile's last mma, and the copies spread over the steps; 13, 14: 9 with 3 and 4 stages handed
 // over by per-stage mbarriers instead of a block-wide barrier per tile; 20 (the default), 21:
 // 9's tiles and loop with the stages filled by TMA, refilled by the last warp to read them, 3
-// and 4 stages (sm_90 and TMA-able strides: nonzero batch strides; else 9). 12, 15-19, 22, 23:
-// removed (no gain, or could not launch; see the tuning README).
+// and 4 stages (sm_90 and TMA-able strides: nonzero batch strides; else 9); 27, 28: 20 with a
+// producer warpgroup refilling the stages (setmaxnreg; sm_90a builds, else 20), 3 and 4 stages,
+// not yet measured. 12, 15-19, 22-26: removed (no gain, or could not launch; see the tuning
+// README).
 int matmul_mma_cuda_config(const GemmParams& p, void* stream, int config);
 // float16/bfloat16, sm_90a (built only when the arch list has 9.0a: OPFORGE_HAS_SM90A). b either
 // by rows (p.b_cs == 1: row stride p.b_rs) or by columns (p.b_rs == 1: the rows of b^T, row stride

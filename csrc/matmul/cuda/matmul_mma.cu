@@ -529,6 +529,103 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif  // sm_90+
 }
 
+// Warp-specialised TMA variant (sm_90a only: setmaxnreg; tuning): cfg 20's consumers, but a
+// producer warpgroup (its thread 0) refills each stage as soon as all 8 consumer warps have
+// released it on the stage's "empty" mbarrier (an arrive: no fence or atomic in the consumers'
+// loop), so no consumer ever stops to refill. 384 threads start at 168 registers; the producer
+// gives 128 of them back (setmaxnreg.dec to 40) and the consumers take 232. Each scheduler keeps
+// two consumer warps, as before, plus a sleeping producer warp.
+constexpr int kWsThreads = kThreads + 128;
+template <typename T, int kStages>
+__global__ void __launch_bounds__(kWsThreads, 1)
+    matmul_mma_ws_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
+                         T* __restrict__ c, int m, int n, int k, int64_t ldc, int64_t c_bs) {
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  constexpr int kBN = 256, kBK = 64, kQ = kBK / 16, kConsumerWarps = kThreads / 32;
+  using C = Config<kBN, kStages, kBK>;
+  constexpr int kWN = C::kWN, kNT = kWN / 8;
+  constexpr uint32_t kAStage = C::kATile * 2, kBStage = C::kBTile * 2;  // bytes
+  extern __shared__ unsigned char smem_raw[];
+  __shared__ __align__(8) uint64_t full_bar[kStages], empty_bar[kStages];
+  const uint32_t a_sm = (tc::smem_addr(smem_raw) + 1023) & ~1023u;  // the swizzle's 1024-byte atoms
+  const uint32_t b_sm = a_sm + kStages * kAStage;
+  const uint32_t full0 = tc::smem_addr(full_bar), empty0 = tc::smem_addr(empty_bar);
+  // Values live across setmaxnreg get spilled: each side computes its own from the parameters.
+  const auto tile_coords = [&](int& m0, int& n0, int& bz, int& tiles) {
+    m0 = blockIdx.y * kBM, n0 = blockIdx.x * kBN, bz = blockIdx.z, tiles = (k + kBK - 1) / kBK;
+  };
+  if (threadIdx.x == 0) {
+#pragma unroll
+    for (int s = 0; s < kStages; ++s) {
+      mbar_init(full0 + 8 * s, 1);                 // the producer's arrival (plus the bytes)
+      mbar_init(empty0 + 8 * s, kConsumerWarps);  // one arrival per consumer warp
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");  // visible to the TMA unit
+  }
+  __syncthreads();
+  if (threadIdx.x < 128) {  // producer warpgroup
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+    if (threadIdx.x == 0) {
+      int m0, n0, bz, tiles;
+      tile_coords(m0, n0, bz, tiles);
+      int s = 0;
+      uint32_t pass = 0;  // parity of the ring pass: the first finds every stage free
+      for (int j = 0; j < tiles; ++j) {
+        mbar_wait(empty0 + 8 * s, pass ^ 1);
+        const uint32_t full = full0 + 8 * s;
+        mbar_expect_tx(full, kAStage + kBStage);
+        tma_load3(a_sm + s * kAStage, &map_a, j * kBK, m0, bz, full);
+#pragma unroll
+        for (int i = 0; i < kBN / 64; ++i)
+          tma_load3(b_sm + s * kBStage + i * kBK * 128, &map_b, n0 + 64 * i, j * kBK, bz, full);
+        if (++s == kStages) s = 0, pass ^= 1;
+      }
+    }
+    __syncwarp();
+    return;
+  }
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+  int m0, n0, bz, tiles;
+  tile_coords(m0, n0, bz, tiles);
+  const int ct = threadIdx.x - 128, lane = ct % 32, warp = ct / 32, wm = warp / 4, wn = warp % 4;
+  c += bz * c_bs;
+  const FragAddrs<kBK, kBN, kNT, true> fr(a_sm, b_sm, wm * kWM, wn * kWN, lane);
+  float acc[4][kNT][4] = {};
+  uint32_t af[2][4][4], bf[2][kNT][2];
+  if (tiles > 0) {
+    mbar_wait(full0, 0);
+    fr.load(0, 0, 0, af[0], bf[0]);
+  }
+  int rs = 0;        // stage of k tile t
+  uint32_t rph = 0;  // parity of its full phase
+  for (int t = 0; t < tiles; ++t) {
+    const uint32_t st_a = rs * kAStage, st_b = rs * kBStage;
+#pragma unroll
+    for (int q = 0; q < kQ; ++q) {
+      if (q + 1 < kQ) {
+        fr.load(st_a, st_b, q + 1, af[(q + 1) & 1], bf[(q + 1) & 1]);
+      } else {
+        __syncwarp();  // the warp's reads of k tile t are done (its last fragments are loaded)
+        if (lane == 0) mbar_arrive(empty0 + 8 * rs);
+        rs = rs + 1 == kStages ? 0 : rs + 1;
+        rph ^= rs == 0;
+        if (t + 1 < tiles) {
+          mbar_wait(full0 + 8 * rs, rph);  // k tile t + 1 has landed
+          fr.load(rs * kAStage, rs * kBStage, 0, af[0], bf[0]);
+        }
+      }
+#pragma unroll
+      for (int mi = 0; mi < 4; ++mi)
+#pragma unroll
+        for (int nj = 0; nj < kNT; ++nj) mma16816<T>(acc[mi][nj], af[q & 1][mi], bf[q & 1][nj]);
+    }
+  }
+  store_acc<T, kNT>(acc, c, m0 + wm * kWM, n0 + wn * kWN, m, n, ldc, c_bs, lane);
+#else
+  __trap();  // no sm_90a code for this GPU: the launcher does not offer it
+#endif
+}
+
 template <typename T, int kBN, int kStages, int kBK = 32, bool kFast = false, bool kPipe = false, bool kMbar = false>
 cudaError_t launch(const GemmParams& p, cudaStream_t stream) {
   using C = Config<kBN, kStages, kBK>;
@@ -570,6 +667,38 @@ cudaError_t launch_tma(const GemmParams& p, cudaStream_t stream) {
   kernel<<<grid, kThreads, kSmem, stream>>>(map_a, map_b, static_cast<T*>(p.c), static_cast<int>(p.m),
                                             static_cast<int>(p.n), static_cast<int>(p.k), p.c_rs, p.c_bs);
   return cudaGetLastError();
+}
+
+// The warp-specialised TMA kernel (tuning; sm_90a builds: OPFORGE_HAS_SM90A), on the calls the
+// TMA kernel takes; else as launch_tma does. It needs 168 registers a thread at launch for
+// setmaxnreg's exchange (128 x 40 + 256 x 232), as the wgmma rung does.
+template <typename T, int kStages>
+cudaError_t launch_ws(const GemmParams& p, cudaStream_t stream) {
+#ifndef OPFORGE_HAS_SM90A
+  return launch_tma<T, kStages>(p, stream);
+#else
+  using C = Config<256, kStages, 64>;
+  constexpr int kSmem = C::kSmemBytes + 1024;
+  constexpr int64_t kMax = (int64_t{1} << 31) - 512;
+  if ((p.batch > 1 && (p.a_bs == 0 || p.b_bs == 0)) || p.m >= kMax || p.n >= kMax || p.k >= kMax)
+    return launch_tma<T, kStages>(p, stream);
+  const auto kernel = matmul_mma_ws_kernel<T, kStages>;
+  static bool configured[64] = {};
+  const cudaError_t err = tc::configure_once(kernel, kSmem, configured, [](const cudaFuncAttributes& f) {
+    return f.ptxVersion >= 90 && (f.numRegs + 7) / 8 * 8 >= 168;
+  });
+  if (err == cudaErrorInvalidConfiguration) return launch_tma<T, kStages>(p, stream);
+  if (err != cudaSuccess) return err;
+  CUtensorMap map_a{}, map_b{};
+  if (!tc::make_tma_map(&map_a, p.a, p.dtype, p.m, p.k, p.batch, p.a_rs, p.a_bs, 64, kBM) ||
+      !tc::make_tma_map(&map_b, p.b, p.dtype, p.k, p.n, p.batch, p.b_rs, p.b_bs, 64, 64))
+    return launch_tma<T, kStages>(p, stream);
+  const dim3 grid(static_cast<unsigned>((p.n + 255) / 256), static_cast<unsigned>((p.m + kBM - 1) / kBM),
+                  static_cast<unsigned>(p.batch));
+  kernel<<<grid, kWsThreads, kSmem, stream>>>(map_a, map_b, static_cast<T*>(p.c), static_cast<int>(p.m),
+                                              static_cast<int>(p.n), static_cast<int>(p.k), p.c_rs, p.c_bs);
+  return cudaGetLastError();
+#endif
 }
 
 // Configuration kCfg (see matmul_kernels.h). The extension builds only the default; the tuning
@@ -624,6 +753,10 @@ cudaError_t launch_cfg(const GemmParams& p, cudaStream_t stream) {
     // and refilled by thread 0 two tiles late (24: in step 1, 25: step 0; 4 stages) or one tile
     // late in step 3 (26, 3 stages): 0.616x, 0.610x, 0.593x against 20's 0.636x in the same run.
     return cudaErrorInvalidValue;
+  } else if constexpr (kCfg == 27) {  // a producer warpgroup refills (setmaxnreg; sm_90a); 3 stages
+    return launch_ws<T, 3>(p, stream);
+  } else if constexpr (kCfg == 28) {  // 27, 4 stages
+    return launch_ws<T, 4>(p, stream);
   } else if constexpr (kCfg == 22 || kCfg == 23) {
     // Were 20 and 21 persistent (one block per SM walking grouped tiles, its k tiles one sequence
     // through the ring): 0.623x against 20's 0.625x in the same run. Removed.
@@ -647,7 +780,7 @@ cudaError_t launch_config(const GemmParams& p, cudaStream_t stream, int config) 
     OPFORGE_MMA_CASE(5) OPFORGE_MMA_CASE(6) OPFORGE_MMA_CASE(7) OPFORGE_MMA_CASE(8) OPFORGE_MMA_CASE(9)
     OPFORGE_MMA_CASE(10) OPFORGE_MMA_CASE(11) OPFORGE_MMA_CASE(12) OPFORGE_MMA_CASE(13) OPFORGE_MMA_CASE(14)
     OPFORGE_MMA_CASE(15) OPFORGE_MMA_CASE(16) OPFORGE_MMA_CASE(17) OPFORGE_MMA_CASE(18) OPFORGE_MMA_CASE(19) OPFORGE_MMA_CASE(20) OPFORGE_MMA_CASE(21)
-    OPFORGE_MMA_CASE(22) OPFORGE_MMA_CASE(23)
+    OPFORGE_MMA_CASE(22) OPFORGE_MMA_CASE(23) OPFORGE_MMA_CASE(27) OPFORGE_MMA_CASE(28)
 #undef OPFORGE_MMA_CASE
     default: return cudaErrorInvalidValue;
   }
