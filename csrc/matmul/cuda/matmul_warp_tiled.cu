@@ -258,7 +258,7 @@ int launch_async(const GemmParams& p, cudaStream_t s) {
   constexpr int kBN = 128;
   constexpr int kSmem = 2 * kBK * (kBM + kPad + kBN + kPad) * 4;
   const auto kernel = matmul_warp_tiled_async_kernel<kBN, kBK>;
-  static bool configured[64] = {};
+  static signed char configured[64] = {};
   const cudaError_t err =
       tc::configure_once(kernel, kSmem, configured, [](const cudaFuncAttributes& f) { return f.ptxVersion >= 80; });
   if (err == cudaErrorInvalidConfiguration) return launch<16, 1>(p, s);

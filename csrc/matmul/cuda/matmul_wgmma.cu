@@ -46,7 +46,7 @@ namespace {
 
 constexpr int kBM = 128, kBK = 64;
 constexpr int kThreads = 384;  // producer warpgroup + 2 consumer warpgroups
-constexpr int kGroupRows = 8;  // tile rows (of clusters) per group of the tile order
+[[maybe_unused]] constexpr int kGroupRows = 8;  // tile rows (of clusters) per group of the tile order
 #ifndef OPFORGE_WGMMA_WIDE_CONFIG
 #define OPFORGE_WGMMA_WIDE_CONFIG 3
 #endif
@@ -364,7 +364,7 @@ cudaError_t launch(const GemmParams& p, cudaStream_t stream) {
   constexpr int kSmemBytes = C::kSmemBytes + (kTmaStore ? C::kStoreBytes : 0);
   // setmaxnreg moves registers between the warpgroups of a block: 128 x 40 + 256 x 232 needs
   // the block to start with at least 168 a thread, or the consumers wait for ever.
-  static bool configured[64] = {};
+  static signed char configured[64] = {};
   cudaError_t err = tc::configure_once(kernel, kSmemBytes, configured,
                                        [](const cudaFuncAttributes& a) { return (a.numRegs + 7) / 8 * 8 >= 168; });
   if (err != cudaSuccess) return err;

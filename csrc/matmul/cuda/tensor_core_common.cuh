@@ -30,20 +30,27 @@ __device__ __forceinline__ void store_pair<__half>(__half* p, float x, float y, 
 }
 
 // Raises a kernel's dynamic shared-memory limit on the current device, once per device (the
-// attribute is per device). `check` runs first, on the kernel's attributes. Returns a cudaError_t.
+// attribute is per device). `check` runs first, on the kernel's attributes; a kernel it refuses
+// (cudaErrorInvalidConfiguration, which launchers answer with a fallback) stays refused on that
+// device without asking again. state[dev]: 0 not yet asked, 1 configured, -1 refused. Returns a
+// cudaError_t.
 template <typename Kernel, typename Check>
-cudaError_t configure_once(Kernel kernel, int smem_bytes, bool (&done)[64], Check check) {
+cudaError_t configure_once(Kernel kernel, int smem_bytes, signed char (&state)[64], Check check) {
   int dev = 0;
   cudaError_t err = cudaGetDevice(&dev);
   if (err != cudaSuccess) return err;
   if (dev < 0 || dev >= 64) return cudaErrorInvalidDevice;
-  if (done[dev]) return cudaSuccess;  // a race only repeats the calls
+  // (A race only repeats the calls.)
+  if (state[dev] != 0) return state[dev] > 0 ? cudaSuccess : cudaErrorInvalidConfiguration;
   cudaFuncAttributes attr{};
   err = cudaFuncGetAttributes(&attr, kernel);
   if (err != cudaSuccess) return err;
-  if (!check(attr)) return cudaErrorInvalidConfiguration;
+  if (!check(attr)) {
+    state[dev] = -1;
+    return cudaErrorInvalidConfiguration;
+  }
   err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
-  if (err == cudaSuccess) done[dev] = true;
+  if (err == cudaSuccess) state[dev] = 1;
   return err;
 }
 
