@@ -444,12 +444,51 @@ __device__ __forceinline__ void tma_load3(uint32_t dst, const CUtensorMap* map, 
 }
 #endif
 
+// The consumer loop of the TMA kernels: a warp's 64 x 64 piece of the 128 x 256 tile over `tiles`
+// 64-deep k tiles in the ring at stage offsets kAStage, kBStage, each awaited on its "full"
+// mbarrier (full0 + 8 s). release(s, t) runs once per tile, after the warp's last fragments of
+// it are loaded (and a __syncwarp), to hand stage s back.
+template <typename T, int kStages, uint32_t kAStage, uint32_t kBStage, typename Release>
+__device__ __forceinline__ void consume_ring(const FragAddrs<64, 256, 8, true>& fr, uint32_t full0, int tiles,
+                                             float (&acc)[4][8][4], Release release) {
+  constexpr int kQ = 4, kNT = 8;
+  uint32_t af[2][4][4], bf[2][kNT][2];
+  if (tiles > 0) {
+    mbar_wait(full0, 0);
+    fr.load(0, 0, 0, af[0], bf[0]);
+  }
+  int rs = 0;        // stage of k tile t
+  uint32_t rph = 0;  // parity of its full phase
+  for (int t = 0; t < tiles; ++t) {
+    const uint32_t st_a = rs * kAStage, st_b = rs * kBStage;
+#pragma unroll
+    for (int q = 0; q < kQ; ++q) {
+      if (q + 1 < kQ) {
+        fr.load(st_a, st_b, q + 1, af[(q + 1) & 1], bf[(q + 1) & 1]);
+      } else {
+        __syncwarp();  // the warp's reads of k tile t are done (its last fragments are loaded)
+        release(rs, t);
+        rs = rs + 1 == kStages ? 0 : rs + 1;
+        rph ^= rs == 0;
+        if (t + 1 < tiles) {
+          mbar_wait(full0 + 8 * rs, rph);  // k tile t + 1 has landed
+          fr.load(rs * kAStage, rs * kBStage, 0, af[0], bf[0]);
+        }
+      }
+#pragma unroll
+      for (int mi = 0; mi < 4; ++mi)
+#pragma unroll
+        for (int nj = 0; nj < kNT; ++nj) mma16816<T>(acc[mi][nj], af[q & 1][mi], bf[q & 1][nj]);
+    }
+  }
+}
+
 template <typename T, int kStages>
 __global__ void __launch_bounds__(kThreads, 1)
     matmul_mma_tma_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
                           T* __restrict__ c, int m, int n, int k, int64_t ldc, int64_t c_bs) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  constexpr int kBN = 256, kBK = 64, kQ = kBK / 16, kWarps = kThreads / 32;
+  constexpr int kBN = 256, kBK = 64, kWarps = kThreads / 32;
   using C = Config<kBN, kStages, kBK>;
   constexpr int kWN = C::kWN, kNT = kWN / 8;
   constexpr uint32_t kAStage = C::kATile * 2, kBStage = C::kBTile * 2;  // bytes
@@ -485,45 +524,15 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   const FragAddrs<kBK, kBN, kNT, true> fr(a_sm, b_sm, wm * kWM, wn * kWN, lane);
   float acc[4][kNT][4] = {};
-  uint32_t af[2][4][4], bf[2][kNT][2];
-  if (tiles > 0) {
-    mbar_wait(full0, 0);
-    fr.load(0, 0, 0, af[0], bf[0]);
-  }
-  int rs = 0;        // stage of k tile t
-  uint32_t rph = 0;  // parity of its full phase
-  for (int t = 0; t < tiles; ++t) {
-    const uint32_t st_a = rs * kAStage, st_b = rs * kBStage;
-#pragma unroll
-    for (int q = 0; q < kQ; ++q) {
-      if (q + 1 < kQ) {
-        fr.load(st_a, st_b, q + 1, af[(q + 1) & 1], bf[(q + 1) & 1]);
-      } else {
-        __syncwarp();  // the warp's reads of k tile t are done (its last fragments are loaded)
-        if (lane == 0) {
-          uint32_t before;
-          asm volatile("atom.acq_rel.cta.shared::cta.add.u32 %0, [%1], 1;\n"
-                       : "=r"(before)
-                       : "r"(done0 + 4 * rs)
-                       : "memory");
-          if (before % kWarps == kWarps - 1 && t + kStages < tiles) {  // the last reader refills
-            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // reads before TMA's writes
-            issue(rs, t + kStages);
-          }
-        }
-        rs = rs + 1 == kStages ? 0 : rs + 1;
-        rph ^= rs == 0;
-        if (t + 1 < tiles) {
-          mbar_wait(full0 + 8 * rs, rph);  // k tile t + 1 has landed
-          fr.load(rs * kAStage, rs * kBStage, 0, af[0], bf[0]);
-        }
-      }
-#pragma unroll
-      for (int mi = 0; mi < 4; ++mi)
-#pragma unroll
-        for (int nj = 0; nj < kNT; ++nj) mma16816<T>(acc[mi][nj], af[q & 1][mi], bf[q & 1][nj]);
+  consume_ring<T, kStages, kAStage, kBStage>(fr, full0, tiles, acc, [&](int rs, int t) {
+    if (lane != 0) return;
+    uint32_t before;
+    asm volatile("atom.acq_rel.cta.shared::cta.add.u32 %0, [%1], 1;\n" : "=r"(before) : "r"(done0 + 4 * rs) : "memory");
+    if (before % kWarps == kWarps - 1 && t + kStages < tiles) {  // the last reader refills
+      asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // reads before TMA's writes
+      issue(rs, t + kStages);
     }
-  }
+  });
   store_acc<T, kNT>(acc, c, m0 + wm * kWM, n0 + wn * kWN, m, n, ldc, c_bs, lane);
 #else
   __trap();  // no sm_90 code for this GPU: the launcher falls back to the cp.async kernel
@@ -542,7 +551,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
     matmul_mma_ws_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
                          T* __restrict__ c, int m, int n, int k, int64_t ldc, int64_t c_bs) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  constexpr int kBN = 256, kBK = 64, kQ = kBK / 16, kConsumerWarps = kThreads / 32;
+  constexpr int kBN = 256, kBK = 64, kConsumerWarps = kThreads / 32;
   using C = Config<kBN, kStages, kBK>;
   constexpr int kWN = C::kWN, kNT = kWN / 8;
   constexpr uint32_t kAStage = C::kATile * 2, kBStage = C::kBTile * 2;  // bytes
@@ -592,35 +601,9 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   c += bz * c_bs;
   const FragAddrs<kBK, kBN, kNT, true> fr(a_sm, b_sm, wm * kWM, wn * kWN, lane);
   float acc[4][kNT][4] = {};
-  uint32_t af[2][4][4], bf[2][kNT][2];
-  if (tiles > 0) {
-    mbar_wait(full0, 0);
-    fr.load(0, 0, 0, af[0], bf[0]);
-  }
-  int rs = 0;        // stage of k tile t
-  uint32_t rph = 0;  // parity of its full phase
-  for (int t = 0; t < tiles; ++t) {
-    const uint32_t st_a = rs * kAStage, st_b = rs * kBStage;
-#pragma unroll
-    for (int q = 0; q < kQ; ++q) {
-      if (q + 1 < kQ) {
-        fr.load(st_a, st_b, q + 1, af[(q + 1) & 1], bf[(q + 1) & 1]);
-      } else {
-        __syncwarp();  // the warp's reads of k tile t are done (its last fragments are loaded)
-        if (lane == 0) mbar_arrive(empty0 + 8 * rs);
-        rs = rs + 1 == kStages ? 0 : rs + 1;
-        rph ^= rs == 0;
-        if (t + 1 < tiles) {
-          mbar_wait(full0 + 8 * rs, rph);  // k tile t + 1 has landed
-          fr.load(rs * kAStage, rs * kBStage, 0, af[0], bf[0]);
-        }
-      }
-#pragma unroll
-      for (int mi = 0; mi < 4; ++mi)
-#pragma unroll
-        for (int nj = 0; nj < kNT; ++nj) mma16816<T>(acc[mi][nj], af[q & 1][mi], bf[q & 1][nj]);
-    }
-  }
+  consume_ring<T, kStages, kAStage, kBStage>(fr, full0, tiles, acc, [&](int rs, int) {
+    if (lane == 0) mbar_arrive(empty0 + 8 * rs);
+  });
   store_acc<T, kNT>(acc, c, m0 + wm * kWM, n0 + wn * kWN, m, n, ldc, c_bs, lane);
 #else
   __trap();  // no sm_90a code for this GPU: the launcher does not offer it
