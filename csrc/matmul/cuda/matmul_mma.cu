@@ -442,6 +442,19 @@ __device__ __forceinline__ void tma_load3(uint32_t dst, const CUtensorMap* map, 
       "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(x), "r"(y), "r"(z)
       : "memory");
 }
+// Stage s of the TMA kernels' ring (a at a_sm + s kAStage, b at b_sm + s kBStage) <- k tile j of
+// the 128 x 256 output tile at (m0, n0) of batch bz: one 64 x 128 box of a, four 64 x 64 of b,
+// completing on the stage's full mbarrier (full0 + 8 s). One thread.
+template <uint32_t kAStage, uint32_t kBStage>
+__device__ __forceinline__ void tma_fill_stage(const CUtensorMap* map_a, const CUtensorMap* map_b, uint32_t a_sm,
+                                               uint32_t b_sm, uint32_t full0, int s, int j, int m0, int n0, int bz) {
+  constexpr int kBK = 64;
+  const uint32_t full = full0 + 8 * s;
+  mbar_expect_tx(full, kAStage + kBStage);
+  tma_load3(a_sm + s * kAStage, map_a, j * kBK, m0, bz, full);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) tma_load3(b_sm + s * kBStage + i * kBK * 128, map_b, n0 + 64 * i, j * kBK, bz, full);
+}
 #endif
 
 // The consumer loop of the TMA kernels: a warp's 64 x 64 piece of the 128 x 256 tile over `tiles`
@@ -503,12 +516,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   c += bz * c_bs;
   const int tiles = (k + kBK - 1) / kBK;
   auto issue = [&](int s, int j) {  // k tile j into stage s (one thread)
-    const uint32_t full = full0 + 8 * s;
-    mbar_expect_tx(full, kAStage + kBStage);
-    tma_load3(a_sm + s * kAStage, &map_a, j * kBK, m0, bz, full);
-#pragma unroll
-    for (int i = 0; i < kBN / 64; ++i)
-      tma_load3(b_sm + s * kBStage + i * kBK * 128, &map_b, n0 + 64 * i, j * kBK, bz, full);
+    tma_fill_stage<kAStage, kBStage>(&map_a, &map_b, a_sm, b_sm, full0, s, j, m0, n0, bz);
   };
   if (tid == 0) {
 #pragma unroll
@@ -582,12 +590,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
       uint32_t pass = 0;  // parity of the ring pass: the first finds every stage free
       for (int j = 0; j < tiles; ++j) {
         mbar_wait(empty0 + 8 * s, pass ^ 1);
-        const uint32_t full = full0 + 8 * s;
-        mbar_expect_tx(full, kAStage + kBStage);
-        tma_load3(a_sm + s * kAStage, &map_a, j * kBK, m0, bz, full);
-#pragma unroll
-        for (int i = 0; i < kBN / 64; ++i)
-          tma_load3(b_sm + s * kBStage + i * kBK * 128, &map_b, n0 + 64 * i, j * kBK, bz, full);
+        tma_fill_stage<kAStage, kBStage>(&map_a, &map_b, a_sm, b_sm, full0, s, j, m0, n0, bz);
         if (++s == kStages) s = 0, pass ^= 1;
       }
     }
@@ -626,20 +629,31 @@ cudaError_t launch(const GemmParams& p, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
-// The TMA kernel where it can run: its sm_90 code is in the binary (PTX target 9.0+: the
+// The TMA kernels where they can run: their sm_90 code is in the binary (PTX target 9.0+: the
 // device is then an sm_90 one too), the batch strides are not 0 (TMA strides) and the
-// coordinates fit in int; else the cp.async kernel (configuration 9).
-template <typename T, int kStages>
+// coordinates fit in int. Else the cp.async kernel (configuration 9), or for kProducer (the
+// warp-specialised kernel: tuning, sm_90a builds only: OPFORGE_HAS_SM90A) the plain TMA kernel.
+// kProducer needs 168 registers a thread at launch for setmaxnreg's exchange (128 x 40 +
+// 256 x 232), as the wgmma rung does.
+template <typename T, int kStages, bool kProducer = false>
 cudaError_t launch_tma(const GemmParams& p, cudaStream_t stream) {
+  const auto fallback = [&] {
+    if constexpr (kProducer) return launch_tma<T, kStages>(p, stream);
+    else return launch<T, 256, 3, 64, true, true>(p, stream);
+  };
+#ifndef OPFORGE_HAS_SM90A
+  if constexpr (kProducer) return fallback();
+#endif
   using C = Config<256, kStages, 64>;
   constexpr int kSmem = C::kSmemBytes + 1024;  // + alignment to 1024 bytes
-  const auto fallback = [&] { return launch<T, 256, 3, 64, true, true>(p, stream); };
   constexpr int64_t kMax = (int64_t{1} << 31) - 512;
   if ((p.batch > 1 && (p.a_bs == 0 || p.b_bs == 0)) || p.m >= kMax || p.n >= kMax || p.k >= kMax) return fallback();
-  const auto kernel = matmul_mma_tma_kernel<T, kStages>;
+  auto kernel = matmul_mma_tma_kernel<T, kStages>;
+  if constexpr (kProducer) kernel = matmul_mma_ws_kernel<T, kStages>;
   static signed char configured[64] = {};
-  const cudaError_t err =
-      tc::configure_once(kernel, kSmem, configured, [](const cudaFuncAttributes& f) { return f.ptxVersion >= 90; });
+  const cudaError_t err = tc::configure_once(kernel, kSmem, configured, [](const cudaFuncAttributes& f) {
+    return f.ptxVersion >= 90 && (!kProducer || (f.numRegs + 7) / 8 * 8 >= 168);
+  });
   if (err == cudaErrorInvalidConfiguration) return fallback();
   if (err != cudaSuccess) return err;
   CUtensorMap map_a{}, map_b{};
@@ -648,41 +662,10 @@ cudaError_t launch_tma(const GemmParams& p, cudaStream_t stream) {
     return fallback();
   const dim3 grid(static_cast<unsigned>((p.n + 255) / 256), static_cast<unsigned>((p.m + kBM - 1) / kBM),
                   static_cast<unsigned>(p.batch));
-  kernel<<<grid, kThreads, kSmem, stream>>>(map_a, map_b, static_cast<T*>(p.c), static_cast<int>(p.m),
-                                            static_cast<int>(p.n), static_cast<int>(p.k), p.c_rs, p.c_bs);
+  kernel<<<grid, kProducer ? kWsThreads : kThreads, kSmem, stream>>>(
+      map_a, map_b, static_cast<T*>(p.c), static_cast<int>(p.m), static_cast<int>(p.n), static_cast<int>(p.k), p.c_rs,
+      p.c_bs);
   return cudaGetLastError();
-}
-
-// The warp-specialised TMA kernel (tuning; sm_90a builds: OPFORGE_HAS_SM90A), on the calls the
-// TMA kernel takes; else as launch_tma does. It needs 168 registers a thread at launch for
-// setmaxnreg's exchange (128 x 40 + 256 x 232), as the wgmma rung does.
-template <typename T, int kStages>
-cudaError_t launch_ws(const GemmParams& p, cudaStream_t stream) {
-#ifndef OPFORGE_HAS_SM90A
-  return launch_tma<T, kStages>(p, stream);
-#else
-  using C = Config<256, kStages, 64>;
-  constexpr int kSmem = C::kSmemBytes + 1024;
-  constexpr int64_t kMax = (int64_t{1} << 31) - 512;
-  if ((p.batch > 1 && (p.a_bs == 0 || p.b_bs == 0)) || p.m >= kMax || p.n >= kMax || p.k >= kMax)
-    return launch_tma<T, kStages>(p, stream);
-  const auto kernel = matmul_mma_ws_kernel<T, kStages>;
-  static signed char configured[64] = {};
-  const cudaError_t err = tc::configure_once(kernel, kSmem, configured, [](const cudaFuncAttributes& f) {
-    return f.ptxVersion >= 90 && (f.numRegs + 7) / 8 * 8 >= 168;
-  });
-  if (err == cudaErrorInvalidConfiguration) return launch_tma<T, kStages>(p, stream);
-  if (err != cudaSuccess) return err;
-  CUtensorMap map_a{}, map_b{};
-  if (!tc::make_tma_map(&map_a, p.a, p.dtype, p.m, p.k, p.batch, p.a_rs, p.a_bs, 64, kBM) ||
-      !tc::make_tma_map(&map_b, p.b, p.dtype, p.k, p.n, p.batch, p.b_rs, p.b_bs, 64, 64))
-    return launch_tma<T, kStages>(p, stream);
-  const dim3 grid(static_cast<unsigned>((p.n + 255) / 256), static_cast<unsigned>((p.m + kBM - 1) / kBM),
-                  static_cast<unsigned>(p.batch));
-  kernel<<<grid, kWsThreads, kSmem, stream>>>(map_a, map_b, static_cast<T*>(p.c), static_cast<int>(p.m),
-                                              static_cast<int>(p.n), static_cast<int>(p.k), p.c_rs, p.c_bs);
-  return cudaGetLastError();
-#endif
 }
 
 // Configuration kCfg (see matmul_kernels.h). The extension builds only the default; the tuning
@@ -738,9 +721,9 @@ cudaError_t launch_cfg(const GemmParams& p, cudaStream_t stream) {
     // late in step 3 (26, 3 stages): 0.616x, 0.610x, 0.593x against 20's 0.636x in the same run.
     return cudaErrorInvalidValue;
   } else if constexpr (kCfg == 27) {  // a producer warpgroup refills (setmaxnreg; sm_90a); 3 stages
-    return launch_ws<T, 3>(p, stream);
+    return launch_tma<T, 3, true>(p, stream);
   } else if constexpr (kCfg == 28) {  // 27, 4 stages
-    return launch_ws<T, 4>(p, stream);
+    return launch_tma<T, 4, true>(p, stream);
   } else if constexpr (kCfg == 22 || kCfg == 23) {
     // Were 20 and 21 persistent (one block per SM walking grouped tiles, its k tiles one sequence
     // through the ring): 0.623x against 20's 0.625x in the same run. Removed.
