@@ -14,6 +14,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "matmul/cuda/matmul_kernels.h"
 #include "matmul/cuda/tensor_core_common.cuh"
@@ -443,26 +444,56 @@ __device__ __forceinline__ void tma_load3(uint32_t dst, const CUtensorMap* map, 
       : "memory");
 }
 // Stage s of the TMA kernels' ring (a at a_sm + s kAStage, b at b_sm + s kBStage) <- k tile j of
-// the 128 x 256 output tile at (m0, n0) of batch bz: one 64 x 128 box of a, four 64 x 64 of b,
-// completing on the stage's full mbarrier (full0 + 8 s). One thread.
+// the 128 x kBN output tile at (m0, n0) of batch bz: one 64 x 128 box of a, kBN / 64 boxes of
+// 64 x 64 of b, completing on the stage's full mbarrier (full0 + 8 s). One thread.
 template <uint32_t kAStage, uint32_t kBStage>
 __device__ __forceinline__ void tma_fill_stage(const CUtensorMap* map_a, const CUtensorMap* map_b, uint32_t a_sm,
                                                uint32_t b_sm, uint32_t full0, int s, int j, int m0, int n0, int bz) {
-  constexpr int kBK = 64;
+  constexpr int kBK = 64, kBoxesB = kBStage / (kBK * 64 * 2);
   const uint32_t full = full0 + 8 * s;
   mbar_expect_tx(full, kAStage + kBStage);
   tma_load3(a_sm + s * kAStage, map_a, j * kBK, m0, bz, full);
 #pragma unroll
-  for (int i = 0; i < 4; ++i) tma_load3(b_sm + s * kBStage + i * kBK * 128, map_b, n0 + 64 * i, j * kBK, bz, full);
+  for (int i = 0; i < kBoxesB; ++i) tma_load3(b_sm + s * kBStage + i * kBK * 128, map_b, n0 + 64 * i, j * kBK, bz, full);
+}
+// The TMA-store epilogue: a warp's 64 x 64 accumulators, rounded to T, into box `box` (64 columns
+// x 128 rows, 128-byte rows, TMA's 128-byte swizzle: chunk c of row r at c ^ (r % 8), so the 8
+// rows one store instruction writes hit 8 different chunks) of the buffer at c_sm, rows r0...
+template <typename T>
+__device__ __forceinline__ void acc_to_smem(const float (&acc)[4][8][4], uint32_t c_sm, int box, int r0, int lane) {
+#pragma unroll
+  for (int mi = 0; mi < 4; ++mi)
+#pragma unroll
+    for (int nj = 0; nj < 8; ++nj)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int row = r0 + mi * 16 + lane / 4 + h * 8;
+        const uint32_t addr = c_sm + box * 16384 + row * 128 + ((nj ^ (row & 7)) * 16) + (lane % 4) * 4;
+        uint32_t v;
+        if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+          const __nv_bfloat162 x = __floats2bfloat162_rn(acc[mi][nj][2 * h], acc[mi][nj][2 * h + 1]);
+          v = *reinterpret_cast<const uint32_t*>(&x);
+        } else {
+          const __half2 x = __floats2half2_rn(acc[mi][nj][2 * h], acc[mi][nj][2 * h + 1]);
+          v = *reinterpret_cast<const uint32_t*>(&x);
+        }
+        asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
+      }
+}
+__device__ __forceinline__ void tma_store3(const CUtensorMap* map, uint32_t src, int x, int y, int z) {
+  asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {%2, %3, %4}], [%1];\n" ::"l"(
+                   reinterpret_cast<uint64_t>(map)),
+               "r"(src), "r"(x), "r"(y), "r"(z)
+               : "memory");
 }
 #endif
 
-// The consumer loop of the TMA kernels: a warp's 64 x 64 piece of the 128 x 256 tile over `tiles`
+// The consumer loop of the TMA kernels: a warp's 64 x 64 piece of the 128 x kBN tile over `tiles`
 // 64-deep k tiles in the ring at stage offsets kAStage, kBStage, each awaited on its "full"
 // mbarrier (full0 + 8 s). release(s, t) runs once per tile, after the warp's last fragments of
 // it are loaded (and a __syncwarp), to hand stage s back.
-template <typename T, int kStages, uint32_t kAStage, uint32_t kBStage, typename Release>
-__device__ __forceinline__ void consume_ring(const FragAddrs<64, 256, 8, true>& fr, uint32_t full0, int tiles,
+template <typename T, int kStages, uint32_t kAStage, uint32_t kBStage, typename Frags, typename Release>
+__device__ __forceinline__ void consume_ring(const Frags& fr, uint32_t full0, int tiles,
                                              float (&acc)[4][8][4], Release release) {
   constexpr int kQ = 4, kNT = 8;
   uint32_t af[2][4][4], bf[2][kNT][2];
@@ -496,14 +527,18 @@ __device__ __forceinline__ void consume_ring(const FragAddrs<64, 256, 8, true>& 
   }
 }
 
-template <typename T, int kStages>
-__global__ void __launch_bounds__(kThreads, 1)
+// kBN 256: 8 warps (2 x 4), one block per SM; 128: 4 warps (2 x 2) and two blocks per SM, whose
+// epilogues and prologues overlap each other's loop. kTmaStore: the epilogue rounds the tile into
+// the (then idle) ring's shared memory and one thread stores it with bulk tensor copies (no
+// per-element bounds checks: TMA clips at c's edges); map_c unused otherwise.
+template <typename T, int kStages, int kBN = 256, bool kTmaStore = false>
+__global__ void __launch_bounds__(kBN / 2, kBN == 128 ? 2 : 1)
     matmul_mma_tma_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
-                          T* __restrict__ c, int m, int n, int k, int64_t ldc, int64_t c_bs) {
+                          const __grid_constant__ CUtensorMap map_c, T* __restrict__ c, int m, int n, int k,
+                          int64_t ldc, int64_t c_bs) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  constexpr int kBN = 256, kBK = 64, kWarps = kThreads / 32;
+  constexpr int kBK = 64, kWarpsN = kBN / 64, kWarps = 2 * kWarpsN, kWN = 64, kNT = 8;
   using C = Config<kBN, kStages, kBK>;
-  constexpr int kWN = C::kWN, kNT = kWN / 8;
   constexpr uint32_t kAStage = C::kATile * 2, kBStage = C::kBTile * 2;  // bytes
   extern __shared__ unsigned char smem_raw[];
   __shared__ __align__(8) uint64_t full_bar[kStages];
@@ -511,9 +546,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint32_t a_sm = (tc::smem_addr(smem_raw) + 1023) & ~1023u;  // the swizzle's 1024-byte atoms
   const uint32_t b_sm = a_sm + kStages * kAStage;
   const uint32_t full0 = tc::smem_addr(full_bar), done0 = tc::smem_addr(readers_done);
-  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, wm = warp / 4, wn = warp % 4;
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, wm = warp / kWarpsN, wn = warp % kWarpsN;
   const int m0 = blockIdx.y * kBM, n0 = blockIdx.x * kBN, bz = blockIdx.z;
-  c += bz * c_bs;
   const int tiles = (k + kBK - 1) / kBK;
   auto issue = [&](int s, int j) {  // k tile j into stage s (one thread)
     tma_fill_stage<kAStage, kBStage>(&map_a, &map_b, a_sm, b_sm, full0, s, j, m0, n0, bz);
@@ -530,7 +564,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (tid == 0)
     for (int s = 0; s < kStages && s < tiles; ++s) issue(s, s);
 
-  const FragAddrs<kBK, kBN, kNT, true> fr(a_sm, b_sm, wm * kWM, wn * kWN, lane);
+  const FragAddrs<kBK, kBN, kNT, true> fr(a_sm, b_sm, wm * 64, wn * kWN, lane);
   float acc[4][kNT][4] = {};
   consume_ring<T, kStages, kAStage, kBStage>(fr, full0, tiles, acc, [&](int rs, int t) {
     if (lane != 0) return;
@@ -541,7 +575,21 @@ __global__ void __launch_bounds__(kThreads, 1)
       issue(rs, t + kStages);
     }
   });
-  store_acc<T, kNT>(acc, c, m0 + wm * kWM, n0 + wn * kWN, m, n, ldc, c_bs, lane);
+  if constexpr (kTmaStore) {
+    static_assert(128 * kBN * 2 <= kStages * (kAStage + kBStage), "the tile fits in the ring");
+    __syncthreads();  // every warp is done with the ring (and every copy into it has landed)
+    acc_to_smem<T>(acc, a_sm, wn, wm * 64, lane);
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the writes, to the bulk copies
+    __syncthreads();
+    if (tid == 0) {
+#pragma unroll
+      for (int i = 0; i < kWarpsN; ++i) tma_store3(&map_c, a_sm + i * 16384, n0 + 64 * i, m0, bz);
+      asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+      asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");  // before the block's memory goes
+    }
+  } else {
+    store_acc<T, kNT>(acc, c + bz * c_bs, m0 + wm * 64, n0 + wn * kWN, m, n, ldc, c_bs, lane);
+  }
 #else
   __trap();  // no sm_90 code for this GPU: the launcher falls back to the cp.async kernel
 #endif  // sm_90+
@@ -557,7 +605,8 @@ constexpr int kWsThreads = kThreads + 128;
 template <typename T, int kStages>
 __global__ void __launch_bounds__(kWsThreads, 1)
     matmul_mma_ws_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
-                         T* __restrict__ c, int m, int n, int k, int64_t ldc, int64_t c_bs) {
+                         const __grid_constant__ CUtensorMap, T* __restrict__ c, int m, int n, int k, int64_t ldc,
+                         int64_t c_bs) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int kBN = 256, kBK = 64, kConsumerWarps = kThreads / 32;
   using C = Config<kBN, kStages, kBK>;
@@ -634,9 +683,11 @@ cudaError_t launch(const GemmParams& p, cudaStream_t stream) {
 // coordinates fit in int. Else the cp.async kernel (configuration 9), or for kProducer (the
 // warp-specialised kernel: tuning, sm_90a builds only: OPFORGE_HAS_SM90A) the plain TMA kernel.
 // kProducer needs 168 registers a thread at launch for setmaxnreg's exchange (128 x 40 +
-// 256 x 232), as the wgmma rung does.
-template <typename T, int kStages, bool kProducer = false>
+// 256 x 232), as the wgmma rung does. kTmaStore (the bulk-store epilogue) needs c's base and
+// strides in multiples of 16 bytes; else the same kernel stores pairs from registers.
+template <typename T, int kStages, bool kProducer = false, int kBN = 256, bool kTmaStore = false>
 cudaError_t launch_tma(const GemmParams& p, cudaStream_t stream) {
+  static_assert(!kProducer || (kBN == 256 && !kTmaStore), "the producer kernel: 128 x 256 tiles, stores pairs");
   const auto fallback = [&] {
     if constexpr (kProducer) return launch_tma<T, kStages>(p, stream);
     else return launch<T, 256, 3, 64, true, true>(p, stream);
@@ -644,11 +695,15 @@ cudaError_t launch_tma(const GemmParams& p, cudaStream_t stream) {
 #ifndef OPFORGE_HAS_SM90A
   if constexpr (kProducer) return fallback();
 #endif
-  using C = Config<256, kStages, 64>;
+  if constexpr (kTmaStore) {
+    if (!tc::tma_storable(p)) return launch_tma<T, kStages, false, kBN, false>(p, stream);
+  }
+  using C = Config<kBN, kStages, 64>;
   constexpr int kSmem = C::kSmemBytes + 1024;  // + alignment to 1024 bytes
+  constexpr int kBlock = kProducer ? kWsThreads : kBN / 2;
   constexpr int64_t kMax = (int64_t{1} << 31) - 512;
   if ((p.batch > 1 && (p.a_bs == 0 || p.b_bs == 0)) || p.m >= kMax || p.n >= kMax || p.k >= kMax) return fallback();
-  auto kernel = matmul_mma_tma_kernel<T, kStages>;
+  auto kernel = matmul_mma_tma_kernel<T, kStages, kBN, kTmaStore>;
   if constexpr (kProducer) kernel = matmul_mma_ws_kernel<T, kStages>;
   static signed char configured[64] = {};
   const cudaError_t err = tc::configure_once(kernel, kSmem, configured, [](const cudaFuncAttributes& f) {
@@ -656,15 +711,15 @@ cudaError_t launch_tma(const GemmParams& p, cudaStream_t stream) {
   });
   if (err == cudaErrorInvalidConfiguration) return fallback();
   if (err != cudaSuccess) return err;
-  CUtensorMap map_a{}, map_b{};
+  CUtensorMap map_a{}, map_b{}, map_c{};
   if (!tc::make_tma_map(&map_a, p.a, p.dtype, p.m, p.k, p.batch, p.a_rs, p.a_bs, 64, kBM) ||
-      !tc::make_tma_map(&map_b, p.b, p.dtype, p.k, p.n, p.batch, p.b_rs, p.b_bs, 64, 64))
+      !tc::make_tma_map(&map_b, p.b, p.dtype, p.k, p.n, p.batch, p.b_rs, p.b_bs, 64, 64) ||
+      (kTmaStore && !tc::make_tma_map(&map_c, p.c, p.dtype, p.m, p.n, p.batch, p.c_rs, p.c_bs, 64, kBM)))
     return fallback();
-  const dim3 grid(static_cast<unsigned>((p.n + 255) / 256), static_cast<unsigned>((p.m + kBM - 1) / kBM),
+  const dim3 grid(static_cast<unsigned>((p.n + kBN - 1) / kBN), static_cast<unsigned>((p.m + kBM - 1) / kBM),
                   static_cast<unsigned>(p.batch));
-  kernel<<<grid, kProducer ? kWsThreads : kThreads, kSmem, stream>>>(
-      map_a, map_b, static_cast<T*>(p.c), static_cast<int>(p.m), static_cast<int>(p.n), static_cast<int>(p.k), p.c_rs,
-      p.c_bs);
+  kernel<<<grid, kBlock, kSmem, stream>>>(map_a, map_b, map_c, static_cast<T*>(p.c), static_cast<int>(p.m),
+                                          static_cast<int>(p.n), static_cast<int>(p.k), p.c_rs, p.c_bs);
   return cudaGetLastError();
 }
 
@@ -724,6 +779,12 @@ cudaError_t launch_cfg(const GemmParams& p, cudaStream_t stream) {
     return launch_tma<T, 3, true>(p, stream);
   } else if constexpr (kCfg == 28) {  // 27, 4 stages
     return launch_tma<T, 4, true>(p, stream);
+  } else if constexpr (kCfg == 29) {  // 20 with 128 x 128 tiles of 4 warps, two blocks per SM
+    return launch_tma<T, 3, false, 128>(p, stream);
+  } else if constexpr (kCfg == 30) {  // 20, the TMA-store epilogue
+    return launch_tma<T, 3, false, 256, true>(p, stream);
+  } else if constexpr (kCfg == 31) {  // 29, the TMA-store epilogue
+    return launch_tma<T, 3, false, 128, true>(p, stream);
   } else if constexpr (kCfg == 22 || kCfg == 23) {
     // Were 20 and 21 persistent (one block per SM walking grouped tiles, its k tiles one sequence
     // through the ring): 0.623x against 20's 0.625x in the same run. Removed.
@@ -747,7 +808,8 @@ cudaError_t launch_config(const GemmParams& p, cudaStream_t stream, int config) 
     OPFORGE_MMA_CASE(0) OPFORGE_MMA_CASE(1) OPFORGE_MMA_CASE(2) OPFORGE_MMA_CASE(3) OPFORGE_MMA_CASE(4)
     OPFORGE_MMA_CASE(5) OPFORGE_MMA_CASE(6) OPFORGE_MMA_CASE(7) OPFORGE_MMA_CASE(8) OPFORGE_MMA_CASE(9)
     OPFORGE_MMA_CASE(10) OPFORGE_MMA_CASE(11) OPFORGE_MMA_CASE(13) OPFORGE_MMA_CASE(14) OPFORGE_MMA_CASE(20)
-    OPFORGE_MMA_CASE(21) OPFORGE_MMA_CASE(27) OPFORGE_MMA_CASE(28)
+    OPFORGE_MMA_CASE(21) OPFORGE_MMA_CASE(27) OPFORGE_MMA_CASE(28) OPFORGE_MMA_CASE(29)
+    OPFORGE_MMA_CASE(30) OPFORGE_MMA_CASE(31)
 #undef OPFORGE_MMA_CASE
     default: return cudaErrorInvalidValue;
   }

@@ -404,11 +404,6 @@ cudaError_t launch(const GemmParams& p, cudaStream_t stream) {
   return err;
 }
 
-// Can the epilogue store c with TMA (16-byte aligned base and strides)?
-bool store_by_tma(const GemmParams& p) {
-  return reinterpret_cast<uintptr_t>(p.c) % 16 == 0 && p.c_rs % 8 == 0 && (p.batch == 1 || p.c_bs % 8 == 0);
-}
-
 template <typename T, bool kBNMajor>
 cudaError_t launch_config(const GemmParams& p, cudaStream_t stream, int config) {
   switch (config) {
@@ -418,7 +413,7 @@ cudaError_t launch_config(const GemmParams& p, cudaStream_t stream, int config) 
       if constexpr (kBNMajor) return cudaErrorInvalidValue;  // multicast: b^T's rows only
       else return launch<T, 256, 2, false, false>(p, stream);
     case 3:
-      return store_by_tma(p) ? launch<T, 256, 1, true, kBNMajor>(p, stream)
+      return tc::tma_storable(p) ? launch<T, 256, 1, true, kBNMajor>(p, stream)
                              : launch<T, 256, 1, false, kBNMajor>(p, stream);
     default: return cudaErrorInvalidValue;
   }

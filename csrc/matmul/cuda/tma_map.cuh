@@ -45,5 +45,10 @@ inline bool make_tma_map(CUtensorMap* map, const void* base, DType dtype, int64_
   return res == CUDA_SUCCESS;
 }
 
+// Can bulk tensor copies store c (16-byte aligned base, strides in multiples of 16 bytes)?
+inline bool tma_storable(const GemmParams& p) {
+  return reinterpret_cast<uintptr_t>(p.c) % 16 == 0 && p.c_rs % 8 == 0 && (p.batch == 1 || p.c_bs % 8 == 0);
+}
+
 }  // namespace tc
 }  // namespace opforge
