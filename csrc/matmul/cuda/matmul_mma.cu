@@ -532,12 +532,13 @@ __device__ __forceinline__ void consume_ring(const Frags& fr, uint32_t full0, in
 // the (then idle) ring's shared memory and one thread stores it with bulk tensor copies (no
 // per-element bounds checks: TMA clips at c's edges); map_c unused otherwise.
 template <typename T, int kStages, int kBN = 256, bool kTmaStore = false>
-__global__ void __launch_bounds__(kBN / 2, kBN == 128 ? 2 : 1)
+__global__ void __launch_bounds__(kBN, kBN == 128 ? 2 : 1)  // kBN / 32 warps
     matmul_mma_tma_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
                           const __grid_constant__ CUtensorMap map_c, T* __restrict__ c, int m, int n, int k,
                           int64_t ldc, int64_t c_bs) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   constexpr int kBK = 64, kWarpsN = kBN / 64, kWarps = 2 * kWarpsN, kWN = 64, kNT = 8;
+  static_assert(kWarps * 32 == kBN, "the launch's block size");
   using C = Config<kBN, kStages, kBK>;
   constexpr uint32_t kAStage = C::kATile * 2, kBStage = C::kBTile * 2;  // bytes
   extern __shared__ unsigned char smem_raw[];
@@ -700,7 +701,7 @@ cudaError_t launch_tma(const GemmParams& p, cudaStream_t stream) {
   }
   using C = Config<kBN, kStages, 64>;
   constexpr int kSmem = C::kSmemBytes + 1024;  // + alignment to 1024 bytes
-  constexpr int kBlock = kProducer ? kWsThreads : kBN / 2;
+  constexpr int kBlock = kProducer ? kWsThreads : kBN;  // threads: 2 x kBN / 64 warps
   constexpr int64_t kMax = (int64_t{1} << 31) - 512;
   if ((p.batch > 1 && (p.a_bs == 0 || p.b_bs == 0)) || p.m >= kMax || p.n >= kMax || p.k >= kMax) return fallback();
   auto kernel = matmul_mma_tma_kernel<T, kStages, kBN, kTmaStore>;
