@@ -490,11 +490,14 @@ __device__ __forceinline__ void tma_store3(const CUtensorMap* map, uint32_t src,
 
 // The consumer loop of the TMA kernels: a warp's 64 x 64 piece of the 128 x kBN tile over `tiles`
 // 64-deep k tiles in the ring at stage offsets kAStage, kBStage, each awaited on its "full"
-// mbarrier (full0 + 8 s). release(s, t) runs once per tile, after the warp's last fragments of
-// it are loaded (and a __syncwarp), to hand stage s back.
-template <typename T, int kStages, uint32_t kAStage, uint32_t kBStage, typename Frags, typename Release>
-__device__ __forceinline__ void consume_ring(const Frags& fr, uint32_t full0, int tiles,
-                                             float (&acc)[4][8][4], Release release) {
+// mbarrier (full0 + 8 s). Once per tile, after the warp's last fragments of it are loaded (and a
+// __syncwarp), token = release(s, t) hands stage s back and finish(token, s, t) follows: at once,
+// or with kDefer after the tile's last 32 mma are issued (an atomic's round trip then hides
+// behind them instead of stalling the warp).
+template <typename T, int kStages, uint32_t kAStage, uint32_t kBStage, bool kDefer = false, typename Frags,
+          typename Release, typename Finish>
+__device__ __forceinline__ void consume_ring(const Frags& fr, uint32_t full0, int tiles, float (&acc)[4][8][4],
+                                             Release release, Finish finish) {
   constexpr int kQ = 4, kNT = 8;
   uint32_t af[2][4][4], bf[2][kNT][2];
   if (tiles > 0) {
@@ -505,13 +508,16 @@ __device__ __forceinline__ void consume_ring(const Frags& fr, uint32_t full0, in
   uint32_t rph = 0;  // parity of its full phase
   for (int t = 0; t < tiles; ++t) {
     const uint32_t st_a = rs * kAStage, st_b = rs * kBStage;
+    const int done_stage = rs;
+    uint32_t token = 0;
 #pragma unroll
     for (int q = 0; q < kQ; ++q) {
       if (q + 1 < kQ) {
         fr.load(st_a, st_b, q + 1, af[(q + 1) & 1], bf[(q + 1) & 1]);
       } else {
         __syncwarp();  // the warp's reads of k tile t are done (its last fragments are loaded)
-        release(rs, t);
+        token = release(rs, t);
+        if constexpr (!kDefer) finish(token, done_stage, t);
         rs = rs + 1 == kStages ? 0 : rs + 1;
         rph ^= rs == 0;
         if (t + 1 < tiles) {
@@ -524,14 +530,16 @@ __device__ __forceinline__ void consume_ring(const Frags& fr, uint32_t full0, in
 #pragma unroll
         for (int nj = 0; nj < kNT; ++nj) mma16816<T>(acc[mi][nj], af[q & 1][mi], bf[q & 1][nj]);
     }
+    if constexpr (kDefer) finish(token, done_stage, t);
   }
 }
 
 // kBN 256: 8 warps (2 x 4), one block per SM; 128: 4 warps (2 x 2) and two blocks per SM, whose
 // epilogues and prologues overlap each other's loop. kTmaStore: the epilogue rounds the tile into
 // the (then idle) ring's shared memory and one thread stores it with bulk tensor copies (no
-// per-element bounds checks: TMA clips at c's edges); map_c unused otherwise.
-template <typename T, int kStages, int kBN = 256, bool kTmaStore = false>
+// per-element bounds checks: TMA clips at c's edges); map_c unused otherwise. kDefer: see
+// consume_ring.
+template <typename T, int kStages, int kBN = 256, bool kTmaStore = false, bool kDefer = false>
 __global__ void __launch_bounds__(kBN, kBN == 128 ? 2 : 1)  // kBN / 32 warps
     matmul_mma_tma_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
                           const __grid_constant__ CUtensorMap map_c, T* __restrict__ c, int m, int n, int k,
@@ -567,15 +575,23 @@ __global__ void __launch_bounds__(kBN, kBN == 128 ? 2 : 1)  // kBN / 32 warps
 
   const FragAddrs<kBK, kBN, kNT, true> fr(a_sm, b_sm, wm * 64, wn * kWN, lane);
   float acc[4][kNT][4] = {};
-  consume_ring<T, kStages, kAStage, kBStage>(fr, full0, tiles, acc, [&](int rs, int t) {
-    if (lane != 0) return;
-    uint32_t before;
-    asm volatile("atom.acq_rel.cta.shared::cta.add.u32 %0, [%1], 1;\n" : "=r"(before) : "r"(done0 + 4 * rs) : "memory");
-    if (before % kWarps == kWarps - 1 && t + kStages < tiles) {  // the last reader refills
-      asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // reads before TMA's writes
-      issue(rs, t + kStages);
-    }
-  });
+  consume_ring<T, kStages, kAStage, kBStage, kDefer>(
+      fr, full0, tiles, acc,
+      [&](int rs, int) {
+        uint32_t before = 0;
+        if (lane == 0)
+          asm volatile("atom.acq_rel.cta.shared::cta.add.u32 %0, [%1], 1;\n"
+                       : "=r"(before)
+                       : "r"(done0 + 4 * rs)
+                       : "memory");
+        return before;
+      },
+      [&](uint32_t before, int rs, int t) {
+        if (lane == 0 && before % kWarps == kWarps - 1 && t + kStages < tiles) {  // the last reader refills
+          asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // reads before TMA's writes
+          issue(rs, t + kStages);
+        }
+      });
   if constexpr (kTmaStore) {
     static_assert(128 * kBN * 2 <= kStages * (kAStage + kBStage), "the tile fits in the ring");
     __syncthreads();  // every warp is done with the ring (and every copy into it has landed)
@@ -654,9 +670,13 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   c += bz * c_bs;
   const FragAddrs<kBK, kBN, kNT, true> fr(a_sm, b_sm, wm * kWM, wn * kWN, lane);
   float acc[4][kNT][4] = {};
-  consume_ring<T, kStages, kAStage, kBStage>(fr, full0, tiles, acc, [&](int rs, int) {
-    if (lane == 0) mbar_arrive(empty0 + 8 * rs);
-  });
+  consume_ring<T, kStages, kAStage, kBStage>(
+      fr, full0, tiles, acc,
+      [&](int rs, int) {
+        if (lane == 0) mbar_arrive(empty0 + 8 * rs);
+        return 0u;
+      },
+      [](uint32_t, int, int) {});
   store_acc<T, kNT>(acc, c, m0 + wm * kWM, n0 + wn * kWN, m, n, ldc, c_bs, lane);
 #else
   __trap();  // no sm_90a code for this GPU: the launcher does not offer it
@@ -686,7 +706,7 @@ cudaError_t launch(const GemmParams& p, cudaStream_t stream) {
 // kProducer needs 168 registers a thread at launch for setmaxnreg's exchange (128 x 40 +
 // 256 x 232), as the wgmma rung does. kTmaStore (the bulk-store epilogue) needs c's base and
 // strides in multiples of 16 bytes; else the same kernel stores pairs from registers.
-template <typename T, int kStages, bool kProducer = false, int kBN = 256, bool kTmaStore = false>
+template <typename T, int kStages, bool kProducer = false, int kBN = 256, bool kTmaStore = false, bool kDefer = false>
 cudaError_t launch_tma(const GemmParams& p, cudaStream_t stream) {
   static_assert(!kProducer || (kBN == 256 && !kTmaStore), "the producer kernel: 128 x 256 tiles, stores pairs");
   const auto fallback = [&] {
@@ -697,14 +717,14 @@ cudaError_t launch_tma(const GemmParams& p, cudaStream_t stream) {
   if constexpr (kProducer) return fallback();
 #endif
   if constexpr (kTmaStore) {
-    if (!tc::tma_storable(p)) return launch_tma<T, kStages, false, kBN, false>(p, stream);
+    if (!tc::tma_storable(p)) return launch_tma<T, kStages, false, kBN, false, kDefer>(p, stream);
   }
   using C = Config<kBN, kStages, 64>;
   constexpr int kSmem = C::kSmemBytes + 1024;  // + alignment to 1024 bytes
   constexpr int kBlock = kProducer ? kWsThreads : kBN;  // threads: 2 x kBN / 64 warps
   constexpr int64_t kMax = (int64_t{1} << 31) - 512;
   if ((p.batch > 1 && (p.a_bs == 0 || p.b_bs == 0)) || p.m >= kMax || p.n >= kMax || p.k >= kMax) return fallback();
-  auto kernel = matmul_mma_tma_kernel<T, kStages, kBN, kTmaStore>;
+  auto kernel = matmul_mma_tma_kernel<T, kStages, kBN, kTmaStore, kDefer>;
   if constexpr (kProducer) kernel = matmul_mma_ws_kernel<T, kStages>;
   static signed char configured[64] = {};
   const cudaError_t err = tc::configure_once(kernel, kSmem, configured, [](const cudaFuncAttributes& f) {
@@ -786,6 +806,10 @@ cudaError_t launch_cfg(const GemmParams& p, cudaStream_t stream) {
     return launch_tma<T, 3, false, 256, true>(p, stream);
   } else if constexpr (kCfg == 31) {  // 29, the TMA-store epilogue
     return launch_tma<T, 3, false, 128, true>(p, stream);
+  } else if constexpr (kCfg == 32) {  // 30, the refill decision after the tile's last mma
+    return launch_tma<T, 3, false, 256, true, true>(p, stream);
+  } else if constexpr (kCfg == 33) {  // 32, 4 stages
+    return launch_tma<T, 4, false, 256, true, true>(p, stream);
   } else if constexpr (kCfg == 22 || kCfg == 23) {
     // Were 20 and 21 persistent (one block per SM walking grouped tiles, its k tiles one sequence
     // through the ring): 0.623x against 20's 0.625x in the same run. Removed.
@@ -810,7 +834,7 @@ cudaError_t launch_config(const GemmParams& p, cudaStream_t stream, int config) 
     OPFORGE_MMA_CASE(5) OPFORGE_MMA_CASE(6) OPFORGE_MMA_CASE(7) OPFORGE_MMA_CASE(8) OPFORGE_MMA_CASE(9)
     OPFORGE_MMA_CASE(10) OPFORGE_MMA_CASE(11) OPFORGE_MMA_CASE(13) OPFORGE_MMA_CASE(14) OPFORGE_MMA_CASE(20)
     OPFORGE_MMA_CASE(21) OPFORGE_MMA_CASE(27) OPFORGE_MMA_CASE(28) OPFORGE_MMA_CASE(29)
-    OPFORGE_MMA_CASE(30) OPFORGE_MMA_CASE(31)
+    OPFORGE_MMA_CASE(30) OPFORGE_MMA_CASE(31) OPFORGE_MMA_CASE(32) OPFORGE_MMA_CASE(33)
 #undef OPFORGE_MMA_CASE
     default: return cudaErrorInvalidValue;
   }
