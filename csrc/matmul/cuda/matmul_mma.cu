@@ -432,7 +432,8 @@ __global__ void __launch_bounds__(kThreads, kBN == 128 ? 2 : 1)  // 128-wide: tw
 // to refill: a warp waits only for data that has not landed. Measured against the alternatives
 // (benchmarks/results/h200-matmul/tuning/README.md): a fixed thread refilling after an "empty"
 // mbarrier wait was 4% slower, a ninth copying warp cannot launch (288 threads x 224 registers
-// overflow a sub-partition's register file), a persistent grid gained nothing. The default
+// overflow a sub-partition's register file), a persistent grid, a producer warpgroup and two
+// blocks of 128 x 128 tiles per SM gained nothing. The default
 // (configuration 30) also stores the tile by TMA (kTmaStore): 2-3% faster at 4096^3 and 8192^3
 // than the per-thread stores (configuration 20), 10% at 8192 x 1024 x 8192.
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900  // (used only there)
@@ -492,16 +493,13 @@ __device__ __forceinline__ void tma_store3(const CUtensorMap* map, uint32_t src,
 }
 #endif
 
-// The consumer loop of the TMA kernels: a warp's 64 x 64 piece of the 128 x kBN tile over `tiles`
+// The consumer loop of the TMA kernel: a warp's 64 x 64 piece of the 128 x 256 tile over `tiles`
 // 64-deep k tiles in the ring at stage offsets kAStage, kBStage, each awaited on its "full"
 // mbarrier (full0 + 8 s). Once per tile, after the warp's last fragments of it are loaded (and a
-// __syncwarp), token = release(s, t) hands stage s back and finish(token, s, t) follows: at once,
-// or with kDefer after the tile's last 32 mma are issued (an atomic's round trip then hides
-// behind them instead of stalling the warp).
-template <typename T, int kStages, uint32_t kAStage, uint32_t kBStage, bool kDefer = false, typename Frags,
-          typename Release, typename Finish>
-__device__ __forceinline__ void consume_ring(const Frags& fr, uint32_t full0, int tiles, float (&acc)[4][8][4],
-                                             Release release, Finish finish) {
+// __syncwarp), token = release(s, t) hands stage s back and finish(token, s, t) follows.
+template <typename T, int kStages, uint32_t kAStage, uint32_t kBStage, typename Release, typename Finish>
+__device__ __forceinline__ void consume_ring(const FragAddrs<64, 256, 8, true>& fr, uint32_t full0, int tiles,
+                                             float (&acc)[4][8][4], Release release, Finish finish) {
   constexpr int kQ = 4, kNT = 8;
   uint32_t af[2][4][4], bf[2][kNT][2];
   if (tiles > 0) {
@@ -512,16 +510,13 @@ __device__ __forceinline__ void consume_ring(const Frags& fr, uint32_t full0, in
   uint32_t rph = 0;  // parity of its full phase
   for (int t = 0; t < tiles; ++t) {
     const uint32_t st_a = rs * kAStage, st_b = rs * kBStage;
-    const int done_stage = rs;
-    uint32_t token = 0;
 #pragma unroll
     for (int q = 0; q < kQ; ++q) {
       if (q + 1 < kQ) {
         fr.load(st_a, st_b, q + 1, af[(q + 1) & 1], bf[(q + 1) & 1]);
       } else {
         __syncwarp();  // the warp's reads of k tile t are done (its last fragments are loaded)
-        token = release(rs, t);
-        if constexpr (!kDefer) finish(token, done_stage, t);
+        finish(release(rs, t), rs, t);
         rs = rs + 1 == kStages ? 0 : rs + 1;
         rph ^= rs == 0;
         if (t + 1 < tiles) {
@@ -534,24 +529,21 @@ __device__ __forceinline__ void consume_ring(const Frags& fr, uint32_t full0, in
 #pragma unroll
         for (int nj = 0; nj < kNT; ++nj) mma16816<T>(acc[mi][nj], af[q & 1][mi], bf[q & 1][nj]);
     }
-    if constexpr (kDefer) finish(token, done_stage, t);
   }
 }
 
-// kBN 256: 8 warps (2 x 4), one block per SM; 128: 4 warps (2 x 2) and two blocks per SM, whose
-// epilogues and prologues overlap each other's loop. kTmaStore: the epilogue rounds the tile into
-// the (then idle) ring's shared memory and one thread stores it with bulk tensor copies (no
-// per-element bounds checks: TMA clips at c's edges); map_c unused otherwise. kDefer: see
-// consume_ring.
-template <typename T, int kStages, int kBN = 256, bool kTmaStore = false, bool kDefer = false>
-__global__ void __launch_bounds__(kBN, kBN == 128 ? 2 : 1)  // kBN / 32 warps
+// kTmaStore: the epilogue rounds the tile into the (then idle) ring's shared memory and one
+// thread stores it with bulk tensor copies (no per-element bounds checks: TMA clips at c's
+// edges); map_c is unused otherwise.
+template <typename T, int kStages, bool kTmaStore = false>
+__global__ void __launch_bounds__(kThreads, 1)
     matmul_mma_tma_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
                           const __grid_constant__ CUtensorMap map_c, T* __restrict__ c, int m, int n, int k,
                           int64_t ldc, int64_t c_bs) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  constexpr int kBK = 64, kWarpsN = kBN / 64, kWarps = 2 * kWarpsN, kWN = 64, kNT = 8;
-  static_assert(kWarps * 32 == kBN, "the launch's block size");
+  constexpr int kBN = 256, kBK = 64, kWarps = kThreads / 32;
   using C = Config<kBN, kStages, kBK>;
+  constexpr int kWN = C::kWN, kNT = kWN / 8;
   constexpr uint32_t kAStage = C::kATile * 2, kBStage = C::kBTile * 2;  // bytes
   extern __shared__ unsigned char smem_raw[];
   __shared__ __align__(8) uint64_t full_bar[kStages];
@@ -559,7 +551,7 @@ __global__ void __launch_bounds__(kBN, kBN == 128 ? 2 : 1)  // kBN / 32 warps
   const uint32_t a_sm = (tc::smem_addr(smem_raw) + 1023) & ~1023u;  // the swizzle's 1024-byte atoms
   const uint32_t b_sm = a_sm + kStages * kAStage;
   const uint32_t full0 = tc::smem_addr(full_bar), done0 = tc::smem_addr(readers_done);
-  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, wm = warp / kWarpsN, wn = warp % kWarpsN;
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, wm = warp / 4, wn = warp % 4;
   const int m0 = blockIdx.y * kBM, n0 = blockIdx.x * kBN, bz = blockIdx.z;
   const int tiles = (k + kBK - 1) / kBK;
   auto issue = [&](int s, int j) {  // k tile j into stage s (one thread)
@@ -577,11 +569,11 @@ __global__ void __launch_bounds__(kBN, kBN == 128 ? 2 : 1)  // kBN / 32 warps
   if (tid == 0)
     for (int s = 0; s < kStages && s < tiles; ++s) issue(s, s);
 
-  const FragAddrs<kBK, kBN, kNT, true> fr(a_sm, b_sm, wm * 64, wn * kWN, lane);
+  const FragAddrs<kBK, kBN, kNT, true> fr(a_sm, b_sm, wm * kWM, wn * kWN, lane);
   float acc[4][kNT][4] = {};
-  consume_ring<T, kStages, kAStage, kBStage, kDefer>(
+  consume_ring<T, kStages, kAStage, kBStage>(
       fr, full0, tiles, acc,
-      [&](int rs, int) {
+      [&](int rs, int) {  // the warp counts itself out of stage rs
         uint32_t before = 0;
         if (lane == 0)
           asm volatile("atom.acq_rel.cta.shared::cta.add.u32 %0, [%1], 1;\n"
@@ -599,92 +591,21 @@ __global__ void __launch_bounds__(kBN, kBN == 128 ? 2 : 1)  // kBN / 32 warps
   if constexpr (kTmaStore) {
     static_assert(128 * kBN * 2 <= kStages * (kAStage + kBStage), "the tile fits in the ring");
     __syncthreads();  // every warp is done with the ring (and every copy into it has landed)
-    acc_to_smem<T>(acc, a_sm, wn, wm * 64, lane);
+    acc_to_smem<T>(acc, a_sm, wn, wm * kWM, lane);
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the writes, to the bulk copies
     __syncthreads();
     if (tid == 0) {
 #pragma unroll
-      for (int i = 0; i < kWarpsN; ++i) tma_store3(&map_c, a_sm + i * 16384, n0 + 64 * i, m0, bz);
+      for (int i = 0; i < kBN / 64; ++i) tma_store3(&map_c, a_sm + i * 16384, n0 + 64 * i, m0, bz);
       asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
       asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");  // before the block's memory goes
     }
   } else {
-    store_acc<T, kNT>(acc, c + bz * c_bs, m0 + wm * 64, n0 + wn * kWN, m, n, ldc, c_bs, lane);
+    store_acc<T, kNT>(acc, c + bz * c_bs, m0 + wm * kWM, n0 + wn * kWN, m, n, ldc, c_bs, lane);
   }
 #else
   __trap();  // no sm_90 code for this GPU: the launcher falls back to the cp.async kernel
 #endif  // sm_90+
-}
-
-// Warp-specialised TMA variant (sm_90a only: setmaxnreg; tuning): cfg 20's consumers, but a
-// producer warpgroup (its thread 0) refills each stage as soon as all 8 consumer warps have
-// released it on the stage's "empty" mbarrier (an arrive: no fence or atomic in the consumers'
-// loop), so no consumer ever stops to refill. 384 threads start at 168 registers; the producer
-// gives 128 of them back (setmaxnreg.dec to 40) and the consumers take 232. Each scheduler keeps
-// two consumer warps, as before, plus a sleeping producer warp.
-constexpr int kWsThreads = kThreads + 128;
-template <typename T, int kStages>
-__global__ void __launch_bounds__(kWsThreads, 1)
-    matmul_mma_ws_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
-                         const __grid_constant__ CUtensorMap, T* __restrict__ c, int m, int n, int k, int64_t ldc,
-                         int64_t c_bs) {
-#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  constexpr int kBN = 256, kBK = 64, kConsumerWarps = kThreads / 32;
-  using C = Config<kBN, kStages, kBK>;
-  constexpr int kWN = C::kWN, kNT = kWN / 8;
-  constexpr uint32_t kAStage = C::kATile * 2, kBStage = C::kBTile * 2;  // bytes
-  extern __shared__ unsigned char smem_raw[];
-  __shared__ __align__(8) uint64_t full_bar[kStages], empty_bar[kStages];
-  const uint32_t a_sm = (tc::smem_addr(smem_raw) + 1023) & ~1023u;  // the swizzle's 1024-byte atoms
-  const uint32_t b_sm = a_sm + kStages * kAStage;
-  const uint32_t full0 = tc::smem_addr(full_bar), empty0 = tc::smem_addr(empty_bar);
-  // Values live across setmaxnreg get spilled: each side computes its own from the parameters.
-  const auto tile_coords = [&](int& m0, int& n0, int& bz, int& tiles) {
-    m0 = blockIdx.y * kBM, n0 = blockIdx.x * kBN, bz = blockIdx.z, tiles = (k + kBK - 1) / kBK;
-  };
-  if (threadIdx.x == 0) {
-#pragma unroll
-    for (int s = 0; s < kStages; ++s) {
-      mbar_init(full0 + 8 * s, 1);                 // the producer's arrival (plus the bytes)
-      mbar_init(empty0 + 8 * s, kConsumerWarps);  // one arrival per consumer warp
-    }
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");  // visible to the TMA unit
-  }
-  __syncthreads();
-  if (threadIdx.x < 128) {  // producer warpgroup
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
-    if (threadIdx.x == 0) {
-      int m0, n0, bz, tiles;
-      tile_coords(m0, n0, bz, tiles);
-      int s = 0;
-      uint32_t pass = 0;  // parity of the ring pass: the first finds every stage free
-      for (int j = 0; j < tiles; ++j) {
-        mbar_wait(empty0 + 8 * s, pass ^ 1);
-        tma_fill_stage<kAStage, kBStage>(&map_a, &map_b, a_sm, b_sm, full0, s, j, m0, n0, bz);
-        if (++s == kStages) s = 0, pass ^= 1;
-      }
-    }
-    __syncwarp();
-    return;
-  }
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
-  int m0, n0, bz, tiles;
-  tile_coords(m0, n0, bz, tiles);
-  const int ct = threadIdx.x - 128, lane = ct % 32, warp = ct / 32, wm = warp / 4, wn = warp % 4;
-  c += bz * c_bs;
-  const FragAddrs<kBK, kBN, kNT, true> fr(a_sm, b_sm, wm * kWM, wn * kWN, lane);
-  float acc[4][kNT][4] = {};
-  consume_ring<T, kStages, kAStage, kBStage>(
-      fr, full0, tiles, acc,
-      [&](int rs, int) {
-        if (lane == 0) mbar_arrive(empty0 + 8 * rs);
-        return 0u;
-      },
-      [](uint32_t, int, int) {});
-  store_acc<T, kNT>(acc, c, m0 + wm * kWM, n0 + wn * kWN, m, n, ldc, c_bs, lane);
-#else
-  __trap();  // no sm_90a code for this GPU: the launcher does not offer it
-#endif
 }
 
 template <typename T, int kBN, int kStages, int kBK = 32, bool kFast = false, bool kPipe = false, bool kMbar = false>
@@ -703,37 +624,24 @@ cudaError_t launch(const GemmParams& p, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
-// The TMA kernels where they can run: their sm_90 code is in the binary (PTX target 9.0+: the
-// device is then an sm_90 one too), the batch strides are not 0 (TMA strides) and the
-// coordinates fit in int. Else the cp.async kernel (configuration 9), or for kProducer (the
-// warp-specialised kernel: tuning, sm_90a builds only: OPFORGE_HAS_SM90A) the plain TMA kernel.
-// kProducer needs 168 registers a thread at launch for setmaxnreg's exchange (128 x 40 +
-// 256 x 232), as the wgmma rung does. kTmaStore (the bulk-store epilogue) needs c's base and
-// strides in multiples of 16 bytes; else the same kernel stores pairs from registers.
-template <typename T, int kStages, bool kProducer = false, int kBN = 256, bool kTmaStore = false, bool kDefer = false>
+// The TMA kernel where it can run: its sm_90 code is in the binary (PTX target 9.0+: the device
+// is then an sm_90 one too), the batch strides are not 0 (TMA strides) and the coordinates fit
+// in int. Else the cp.async kernel (configuration 9). kTmaStore (the bulk-store epilogue) needs
+// c's base and strides in multiples of 16 bytes; else the same kernel stores pairs from registers.
+template <typename T, int kStages, bool kTmaStore = false>
 cudaError_t launch_tma(const GemmParams& p, cudaStream_t stream) {
-  static_assert(!kProducer || (kBN == 256 && !kTmaStore), "the producer kernel: 128 x 256 tiles, stores pairs");
-  const auto fallback = [&] {
-    if constexpr (kProducer) return launch_tma<T, kStages>(p, stream);
-    else return launch<T, 256, 3, 64, true, true>(p, stream);
-  };
-#ifndef OPFORGE_HAS_SM90A
-  if constexpr (kProducer) return fallback();
-#endif
   if constexpr (kTmaStore) {
-    if (!tc::tma_storable(p)) return launch_tma<T, kStages, false, kBN, false, kDefer>(p, stream);
+    if (!tc::tma_storable(p)) return launch_tma<T, kStages, false>(p, stream);
   }
-  using C = Config<kBN, kStages, 64>;
+  const auto fallback = [&] { return launch<T, 256, 3, 64, true, true>(p, stream); };
+  using C = Config<256, kStages, 64>;
   constexpr int kSmem = C::kSmemBytes + 1024;  // + alignment to 1024 bytes
-  constexpr int kBlock = kProducer ? kWsThreads : kBN;  // threads: 2 x kBN / 64 warps
   constexpr int64_t kMax = (int64_t{1} << 31) - 512;
   if ((p.batch > 1 && (p.a_bs == 0 || p.b_bs == 0)) || p.m >= kMax || p.n >= kMax || p.k >= kMax) return fallback();
-  auto kernel = matmul_mma_tma_kernel<T, kStages, kBN, kTmaStore, kDefer>;
-  if constexpr (kProducer) kernel = matmul_mma_ws_kernel<T, kStages>;
+  const auto kernel = matmul_mma_tma_kernel<T, kStages, kTmaStore>;
   static signed char configured[64] = {};
-  const cudaError_t err = tc::configure_once(kernel, kSmem, configured, [](const cudaFuncAttributes& f) {
-    return f.ptxVersion >= 90 && (!kProducer || (f.numRegs + 7) / 8 * 8 >= 168);
-  });
+  const cudaError_t err = tc::configure_once(kernel, kSmem, configured,
+                                             [](const cudaFuncAttributes& f) { return f.ptxVersion >= 90; });
   if (err == cudaErrorInvalidConfiguration) return fallback();
   if (err != cudaSuccess) return err;
   CUtensorMap map_a{}, map_b{}, map_c{};
@@ -741,10 +649,10 @@ cudaError_t launch_tma(const GemmParams& p, cudaStream_t stream) {
       !tc::make_tma_map(&map_b, p.b, p.dtype, p.k, p.n, p.batch, p.b_rs, p.b_bs, 64, 64) ||
       (kTmaStore && !tc::make_tma_map(&map_c, p.c, p.dtype, p.m, p.n, p.batch, p.c_rs, p.c_bs, 64, kBM)))
     return fallback();
-  const dim3 grid(static_cast<unsigned>((p.n + kBN - 1) / kBN), static_cast<unsigned>((p.m + kBM - 1) / kBM),
+  const dim3 grid(static_cast<unsigned>((p.n + 255) / 256), static_cast<unsigned>((p.m + kBM - 1) / kBM),
                   static_cast<unsigned>(p.batch));
-  kernel<<<grid, kBlock, kSmem, stream>>>(map_a, map_b, map_c, static_cast<T*>(p.c), static_cast<int>(p.m),
-                                          static_cast<int>(p.n), static_cast<int>(p.k), p.c_rs, p.c_bs);
+  kernel<<<grid, kThreads, kSmem, stream>>>(map_a, map_b, map_c, static_cast<T*>(p.c), static_cast<int>(p.m),
+                                            static_cast<int>(p.n), static_cast<int>(p.k), p.c_rs, p.c_bs);
   return cudaGetLastError();
 }
 
@@ -800,20 +708,15 @@ cudaError_t launch_cfg(const GemmParams& p, cudaStream_t stream) {
     // and refilled by thread 0 two tiles late (24: in step 1, 25: step 0; 4 stages) or one tile
     // late in step 3 (26, 3 stages): 0.616x, 0.610x, 0.593x against 20's 0.636x in the same run.
     return cudaErrorInvalidValue;
-  } else if constexpr (kCfg == 27) {  // a producer warpgroup refills (setmaxnreg; sm_90a); 3 stages
+  } else if constexpr (kCfg == 27 || kCfg == 28 || kCfg == 29 || kCfg == 31 || kCfg == 32 || kCfg == 33) {
+    // Were (all measured in the same runs as 20 or 30, tuning/README.md): a producer warpgroup
+    // refilling on "empty" mbarriers, setmaxnreg 40/232 (27, 3 stages; 28, 4): 0.648x / 0.640x
+    // against 20's 0.634x; 128 x 128 tiles of 4 warps, two blocks per SM (29; 31 with the TMA
+    // store): 0.592x / 0.654x, L2 traffic up by a third; 30 with the refill decision deferred
+    // past the tile's last mma (32; 33, 4 stages): 0.651x / 0.654x against 30's 0.697x. Removed.
+    return cudaErrorInvalidValue;
+  } else if constexpr (kCfg == 30) {  // 20, the tile stored by TMA (the default on sm_90)
     return launch_tma<T, 3, true>(p, stream);
-  } else if constexpr (kCfg == 28) {  // 27, 4 stages
-    return launch_tma<T, 4, true>(p, stream);
-  } else if constexpr (kCfg == 29) {  // 20 with 128 x 128 tiles of 4 warps, two blocks per SM
-    return launch_tma<T, 3, false, 128>(p, stream);
-  } else if constexpr (kCfg == 30) {  // 20, the TMA-store epilogue
-    return launch_tma<T, 3, false, 256, true>(p, stream);
-  } else if constexpr (kCfg == 31) {  // 29, the TMA-store epilogue
-    return launch_tma<T, 3, false, 128, true>(p, stream);
-  } else if constexpr (kCfg == 32) {  // 30, the refill decision after the tile's last mma
-    return launch_tma<T, 3, false, 256, true, true>(p, stream);
-  } else if constexpr (kCfg == 33) {  // 32, 4 stages
-    return launch_tma<T, 4, false, 256, true, true>(p, stream);
   } else if constexpr (kCfg == 22 || kCfg == 23) {
     // Were 20 and 21 persistent (one block per SM walking grouped tiles, its k tiles one sequence
     // through the ring): 0.623x against 20's 0.625x in the same run. Removed.
@@ -837,8 +740,7 @@ cudaError_t launch_config(const GemmParams& p, cudaStream_t stream, int config) 
     OPFORGE_MMA_CASE(0) OPFORGE_MMA_CASE(1) OPFORGE_MMA_CASE(2) OPFORGE_MMA_CASE(3) OPFORGE_MMA_CASE(4)
     OPFORGE_MMA_CASE(5) OPFORGE_MMA_CASE(6) OPFORGE_MMA_CASE(7) OPFORGE_MMA_CASE(8) OPFORGE_MMA_CASE(9)
     OPFORGE_MMA_CASE(10) OPFORGE_MMA_CASE(11) OPFORGE_MMA_CASE(13) OPFORGE_MMA_CASE(14) OPFORGE_MMA_CASE(20)
-    OPFORGE_MMA_CASE(21) OPFORGE_MMA_CASE(27) OPFORGE_MMA_CASE(28) OPFORGE_MMA_CASE(29)
-    OPFORGE_MMA_CASE(30) OPFORGE_MMA_CASE(31) OPFORGE_MMA_CASE(32) OPFORGE_MMA_CASE(33)
+    OPFORGE_MMA_CASE(21) OPFORGE_MMA_CASE(30)
 #undef OPFORGE_MMA_CASE
     default: return cudaErrorInvalidValue;
   }
