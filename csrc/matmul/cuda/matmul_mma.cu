@@ -459,7 +459,8 @@ __device__ __forceinline__ void tma_fill_stage(const CUtensorMap* map_a, const C
   mbar_expect_tx(full, kAStage + kBStage);
   tma_load3(a_sm + s * kAStage, map_a, j * kBK, m0, bz, full);
 #pragma unroll
-  for (int i = 0; i < kBoxesB; ++i) tma_load3(b_sm + s * kBStage + i * kBK * 128, map_b, n0 + 64 * i, j * kBK, bz, full);
+  for (int i = 0; i < kBoxesB; ++i)
+    tma_load3(b_sm + s * kBStage + i * kBK * 128, map_b, n0 + 64 * i, j * kBK, bz, full);
 }
 // The TMA-store epilogue: a warp's 64 x 64 accumulators, rounded to T, into box `box` (64 columns
 // x 128 rows, 128-byte rows, TMA's 128-byte swizzle: chunk c of row r at c ^ (r % 8), so the 8
