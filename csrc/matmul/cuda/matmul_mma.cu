@@ -497,21 +497,14 @@ __device__ __forceinline__ void tma_store3(const CUtensorMap* map, uint32_t src,
 // The consumer loop of the TMA kernel: a warp's 64 x 64 piece of the 128 x 256 tile over `tiles`
 // 64-deep k tiles in the ring at stage offsets kAStage, kBStage, each awaited on its "full"
 // mbarrier (full0 + 8 s). Once per tile, after the warp's last fragments of it are loaded (and a
-// __syncwarp), token = release(s, t) hands stage s back and finish(token, s, t) follows. A warp
-// given `skew` (cycles) starts that much after its data has landed (see the kernel).
+// __syncwarp), token = release(s, t) hands stage s back and finish(token, s, t) follows.
 template <typename T, int kStages, uint32_t kAStage, uint32_t kBStage, typename Release, typename Finish>
 __device__ __forceinline__ void consume_ring(const FragAddrs<64, 256, 8, true>& fr, uint32_t full0, int tiles,
-                                             float (&acc)[4][8][4], Release release, Finish finish,
-                                             int skew = 0) {
+                                             float (&acc)[4][8][4], Release release, Finish finish) {
   constexpr int kQ = 4, kNT = 8;
   uint32_t af[2][4][4], bf[2][kNT][2];
   if (tiles > 0) {
     mbar_wait(full0, 0);
-    if (skew > 0) {
-      const long long t0 = clock64();
-      while (clock64() - t0 < skew) {
-      }
-    }
     fr.load(0, 0, 0, af[0], bf[0]);
   }
   int rs = 0;        // stage of k tile t
@@ -543,7 +536,7 @@ __device__ __forceinline__ void consume_ring(const FragAddrs<64, 256, 8, true>& 
 // kTmaStore: the epilogue rounds the tile into the (then idle) ring's shared memory and one
 // thread stores it with bulk tensor copies (no per-element bounds checks: TMA clips at c's
 // edges); map_c is unused otherwise.
-template <typename T, int kStages, bool kTmaStore = false, int kSkew = 0>
+template <typename T, int kStages, bool kTmaStore = false>
 __global__ void __launch_bounds__(kThreads, 1)
     matmul_mma_tma_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
                           const __grid_constant__ CUtensorMap map_c, T* __restrict__ c, int m, int n, int k,
@@ -595,8 +588,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // reads before TMA's writes
           issue(rs, t + kStages);
         }
-      },
-      wm == 1 ? kSkew : 0);
+      });
   if constexpr (kTmaStore) {
     static_assert(128 * kBN * 2 <= kStages * (kAStage + kBStage), "the tile fits in the ring");
     __syncthreads();  // every warp is done with the ring (and every copy into it has landed)
@@ -637,17 +629,17 @@ cudaError_t launch(const GemmParams& p, cudaStream_t stream) {
 // is then an sm_90 one too), the batch strides are not 0 (TMA strides) and the coordinates fit
 // in int. Else the cp.async kernel (configuration 9). kTmaStore (the bulk-store epilogue) needs
 // c's base and strides in multiples of 16 bytes; else the same kernel stores pairs from registers.
-template <typename T, int kStages, bool kTmaStore = false, int kSkew = 0>
+template <typename T, int kStages, bool kTmaStore = false>
 cudaError_t launch_tma(const GemmParams& p, cudaStream_t stream) {
   if constexpr (kTmaStore) {
-    if (!tc::tma_storable(p)) return launch_tma<T, kStages, false, kSkew>(p, stream);
+    if (!tc::tma_storable(p)) return launch_tma<T, kStages, false>(p, stream);
   }
   const auto fallback = [&] { return launch<T, 256, 3, 64, true, true>(p, stream); };
   using C = Config<256, kStages, 64>;
   constexpr int kSmem = C::kSmemBytes + 1024;  // + alignment to 1024 bytes
   constexpr int64_t kMax = (int64_t{1} << 31) - 512;
   if ((p.batch > 1 && (p.a_bs == 0 || p.b_bs == 0)) || p.m >= kMax || p.n >= kMax || p.k >= kMax) return fallback();
-  const auto kernel = matmul_mma_tma_kernel<T, kStages, kTmaStore, kSkew>;
+  const auto kernel = matmul_mma_tma_kernel<T, kStages, kTmaStore>;
   static signed char configured[64] = {};
   const cudaError_t err = tc::configure_once(kernel, kSmem, configured,
                                              [](const cudaFuncAttributes& f) { return f.ptxVersion >= 90; });
@@ -726,14 +718,11 @@ cudaError_t launch_cfg(const GemmParams& p, cudaStream_t stream) {
     return cudaErrorInvalidValue;
   } else if constexpr (kCfg == 30) {  // 20, the tile stored by TMA (the default on sm_90)
     return launch_tma<T, 3, true>(p, stream);
-  } else if constexpr (kCfg == 34) {  // 30, warps 4-7 (each scheduler's second warp) start 400 cycles late
-    return launch_tma<T, 3, true, 400>(p, stream);
-  } else if constexpr (kCfg == 35) {  // 34, 200 cycles
-    return launch_tma<T, 3, true, 200>(p, stream);
-  } else if constexpr (kCfg == 36) {  // 34, 800 cycles
-    return launch_tma<T, 3, true, 800>(p, stream);
-  } else if constexpr (kCfg == 37) {  // 34, 4 stages
-    return launch_tma<T, 4, true, 400>(p, stream);
+  } else if constexpr (kCfg >= 34 && kCfg <= 37) {
+    // Were 30 with warps 4-7 (each scheduler's second warp) starting 400, 200, 800 cycles late
+    // (37: 400, 4 stages), so that the two warps' tile-boundary gaps would not coincide: 469,
+    // 468, 467, 464 TFLOP/s at 4096^3 against 30's 467 in the same run. Removed.
+    return cudaErrorInvalidValue;
   } else if constexpr (kCfg == 22 || kCfg == 23) {
     // Were 20 and 21 persistent (one block per SM walking grouped tiles, its k tiles one sequence
     // through the ring): 0.623x against 20's 0.625x in the same run. Removed.
@@ -757,8 +746,7 @@ cudaError_t launch_config(const GemmParams& p, cudaStream_t stream, int config) 
     OPFORGE_MMA_CASE(0) OPFORGE_MMA_CASE(1) OPFORGE_MMA_CASE(2) OPFORGE_MMA_CASE(3) OPFORGE_MMA_CASE(4)
     OPFORGE_MMA_CASE(5) OPFORGE_MMA_CASE(6) OPFORGE_MMA_CASE(7) OPFORGE_MMA_CASE(8) OPFORGE_MMA_CASE(9)
     OPFORGE_MMA_CASE(10) OPFORGE_MMA_CASE(11) OPFORGE_MMA_CASE(13) OPFORGE_MMA_CASE(14) OPFORGE_MMA_CASE(20)
-    OPFORGE_MMA_CASE(21) OPFORGE_MMA_CASE(30) OPFORGE_MMA_CASE(34) OPFORGE_MMA_CASE(35) OPFORGE_MMA_CASE(36)
-    OPFORGE_MMA_CASE(37)
+    OPFORGE_MMA_CASE(21) OPFORGE_MMA_CASE(30)
 #undef OPFORGE_MMA_CASE
     default: return cudaErrorInvalidValue;
   }
