@@ -621,7 +621,6 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif  // sm_90+
 }
 
-#ifdef OPFORGE_MATMUL_TUNING
 // Persistent variant of the TMA kernel (tuning): one block per SM walks output tiles blockIdx.x,
 // + gridDim.x, ... in groups of 8 tile rows (blocks running at once share panels of a and b in
 // L2). Its k tiles run through the ring as one sequence, so the next output tile's first stages
@@ -729,7 +728,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   __trap();  // no sm_90 code for this GPU: the launcher falls back to the cp.async kernel
 #endif  // sm_90+
 }
-#endif  // OPFORGE_MATMUL_TUNING
 
 template <typename T, int kBN, int kStages, int kBK = 32, bool kFast = false, bool kPipe = false, bool kMbar = false>
 cudaError_t launch(const GemmParams& p, cudaStream_t stream) {
@@ -779,7 +777,6 @@ cudaError_t launch_tma(const GemmParams& p, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
-#ifdef OPFORGE_MATMUL_TUNING
 // The persistent kernel where it can run (as launch_tma, and c storable by TMA); else launch_tma.
 template <typename T, int kStages>
 cudaError_t launch_persistent(const GemmParams& p, cudaStream_t stream) {
@@ -813,7 +810,6 @@ cudaError_t launch_persistent(const GemmParams& p, cudaStream_t stream) {
                                                                       order, static_cast<int>(units));
   return cudaGetLastError();
 }
-#endif  // OPFORGE_MATMUL_TUNING
 
 // Configuration kCfg (see matmul_kernels.h). The extension builds only the default; the tuning
 // build (OPFORGE_MATMUL_TUNING) all of them.
@@ -882,11 +878,7 @@ cudaError_t launch_cfg(const GemmParams& p, cudaStream_t stream) {
     // 468, 467, 464 TFLOP/s at 4096^3 against 30's 467 in the same run. Removed.
     return cudaErrorInvalidValue;
   } else if constexpr (kCfg == 38) {  // 30, persistent, the stores overlapping the next tile
-#ifdef OPFORGE_MATMUL_TUNING
     return launch_persistent<T, 3>(p, stream);
-#else
-    return cudaErrorInvalidValue;
-#endif
   } else if constexpr (kCfg == 22 || kCfg == 23) {
     // Were 20 and 21 persistent (one block per SM walking grouped tiles, its k tiles one sequence
     // through the ring): 0.623x against 20's 0.625x in the same run. Removed.
