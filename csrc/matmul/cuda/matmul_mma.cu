@@ -494,29 +494,21 @@ __device__ __forceinline__ void tma_store3(const CUtensorMap* map, uint32_t src,
 }
 #endif
 
-// The consumer loop of the TMA kernels: a warp's 64 x 64 piece of a 128 x 256 tile over `tiles`
+// The consumer loop of the TMA kernel: a warp's 64 x 64 piece of the 128 x 256 tile over `tiles`
 // 64-deep k tiles in the ring at stage offsets kAStage, kBStage, each awaited on its "full"
-// mbarrier (full0 + 8 s). Once per k tile, after the warp's last fragments of it are loaded (and
-// a __syncwarp), token = release(s, t) hands stage s back and finish(token, s, t) follows. The
-// ring position (pos) and the fragment registers (af, bf) belong to the caller: the persistent
-// kernel runs one sequence of k tiles through the ring across its output tiles, so `first` says
-// whether the first fragments are still to be loaded and `more` whether to load the next
-// output tile's at the end.
-struct RingPos {
-  int rs = 0;        // stage of the next k tile
-  uint32_t rph = 0;  // parity of its full phase
-};
+// mbarrier (full0 + 8 s). Once per tile, after the warp's last fragments of it are loaded (and a
+// __syncwarp), token = release(s, t) hands stage s back and finish(token, s, t) follows.
 template <typename T, int kStages, uint32_t kAStage, uint32_t kBStage, typename Release, typename Finish>
 __device__ __forceinline__ void consume_ring(const FragAddrs<64, 256, 8, true>& fr, uint32_t full0, int tiles,
-                                             float (&acc)[4][8][4], uint32_t (&af)[2][4][4], uint32_t (&bf)[2][8][2],
-                                             RingPos& pos, bool first, bool more, Release release, Finish finish) {
+                                             float (&acc)[4][8][4], Release release, Finish finish) {
   constexpr int kQ = 4, kNT = 8;
-  int rs = pos.rs;
-  uint32_t rph = pos.rph;
-  if (first && tiles > 0) {
-    mbar_wait(full0 + 8 * rs, rph);
-    fr.load(rs * kAStage, rs * kBStage, 0, af[0], bf[0]);
+  uint32_t af[2][4][4], bf[2][kNT][2];
+  if (tiles > 0) {
+    mbar_wait(full0, 0);
+    fr.load(0, 0, 0, af[0], bf[0]);
   }
+  int rs = 0;        // stage of k tile t
+  uint32_t rph = 0;  // parity of its full phase
   for (int t = 0; t < tiles; ++t) {
     const uint32_t st_a = rs * kAStage, st_b = rs * kBStage;
 #pragma unroll
@@ -528,8 +520,8 @@ __device__ __forceinline__ void consume_ring(const FragAddrs<64, 256, 8, true>& 
         finish(release(rs, t), rs, t);
         rs = rs + 1 == kStages ? 0 : rs + 1;
         rph ^= rs == 0;
-        if (t + 1 < tiles || more) {
-          mbar_wait(full0 + 8 * rs, rph);  // the next k tile has landed
+        if (t + 1 < tiles) {
+          mbar_wait(full0 + 8 * rs, rph);  // k tile t + 1 has landed
           fr.load(rs * kAStage, rs * kBStage, 0, af[0], bf[0]);
         }
       }
@@ -539,8 +531,6 @@ __device__ __forceinline__ void consume_ring(const FragAddrs<64, 256, 8, true>& 
         for (int nj = 0; nj < kNT; ++nj) mma16816<T>(acc[mi][nj], af[q & 1][mi], bf[q & 1][nj]);
     }
   }
-  pos.rs = rs;
-  pos.rph = rph;
 }
 
 // kTmaStore: the epilogue rounds the tile into the (then idle) ring's shared memory and one
@@ -582,10 +572,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   const FragAddrs<kBK, kBN, kNT, true> fr(a_sm, b_sm, wm * kWM, wn * kWN, lane);
   float acc[4][kNT][4] = {};
-  uint32_t af[2][4][4], bf[2][kNT][2];
-  RingPos pos;
   consume_ring<T, kStages, kAStage, kBStage>(
-      fr, full0, tiles, acc, af, bf, pos, true, false,
+      fr, full0, tiles, acc,
       [&](int rs, int) {  // the warp counts itself out of stage rs
         uint32_t before = 0;
         if (lane == 0)
@@ -616,114 +604,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   } else {
     store_acc<T, kNT>(acc, c + bz * c_bs, m0 + wm * kWM, n0 + wn * kWN, m, n, ldc, c_bs, lane);
   }
-#else
-  __trap();  // no sm_90 code for this GPU: the launcher falls back to the cp.async kernel
-#endif  // sm_90+
-}
-
-// Persistent variant of the TMA kernel (tuning): one block per SM walks output tiles blockIdx.x,
-// + gridDim.x, ... in groups of 8 tile rows (blocks running at once share panels of a and b in
-// L2). Its k tiles run through the ring as one sequence, so the next output tile's first stages
-// load during the current one's last k tiles and epilogue, and each tile leaves by TMA stores
-// from a buffer of its own, which complete while the next tile's mma run.
-struct TileOrder {
-  int tiles_m, tiles_n;
-  // Output tile u: (batch, tile row, tile column).
-  __device__ __forceinline__ void decode(int u, int& bz, int& tm, int& tn) const {
-    constexpr int kGroup = 8;
-    const int per_batch = tiles_m * tiles_n;
-    bz = u / per_batch;
-    const int v = u - bz * per_batch, group = v / (kGroup * tiles_n), first = group * kGroup;
-    const int rows = tiles_m - first < kGroup ? tiles_m - first : kGroup, w = v - group * kGroup * tiles_n;
-    tm = first + w % rows;
-    tn = w / rows;
-  }
-};
-
-template <typename T, int kStages>
-__global__ void __launch_bounds__(kThreads, 1)
-    matmul_mma_persistent_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
-                                 const __grid_constant__ CUtensorMap map_c, int k, TileOrder order, int units) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  constexpr int kBN = 256, kBK = 64, kWarps = kThreads / 32;
-  using C = Config<kBN, kStages, kBK>;
-  constexpr int kWN = C::kWN, kNT = kWN / 8;
-  constexpr uint32_t kAStage = C::kATile * 2, kBStage = C::kBTile * 2;  // bytes
-  extern __shared__ unsigned char smem_raw[];
-  __shared__ __align__(8) uint64_t full_bar[kStages];
-  __shared__ uint32_t readers_done[kStages];  // warps done with the stage, ever (mod kWarps)
-  const uint32_t a_sm = (tc::smem_addr(smem_raw) + 1023) & ~1023u;  // the swizzle's 1024-byte atoms
-  const uint32_t b_sm = a_sm + kStages * kAStage, c_sm = b_sm + kStages * kBStage;  // c: 128 x 256
-  const uint32_t full0 = tc::smem_addr(full_bar), done0 = tc::smem_addr(readers_done);
-  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, wm = warp / 4, wn = warp % 4;
-  const int tiles_k = (k + kBK - 1) / kBK;
-  const int my_units = static_cast<int>(blockIdx.x) < units ? (units - 1 - blockIdx.x) / gridDim.x + 1 : 0;
-  const int total = my_units * tiles_k;  // this block's k tiles, all output tiles in a row
-  // The refill cursor: the k tile kStages ahead of the one being read, as output tile (local
-  // index nu, coordinates) and k index nj; every thread steps it once per k tile (any warp's lane
-  // 0 may refill), dividing only per output tile.
-  int nu = 0, nj = 0, nbz = 0, ntm = 0, ntn = 0;
-  const auto locate = [&](int u) { order.decode(blockIdx.x + u * gridDim.x, nbz, ntm, ntn); };
-  const auto step = [&] {
-    if (++nj == tiles_k) {
-      nj = 0;
-      if (++nu < my_units) locate(nu);
-    }
-  };
-  if (tid == 0) {
-#pragma unroll
-    for (int s = 0; s < kStages; ++s) {
-      mbar_init(full0 + 8 * s, 1);  // the issuing thread's arrival (plus the bytes)
-      readers_done[s] = 0;
-    }
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");  // visible to the TMA unit
-  }
-  __syncthreads();
-  if (my_units > 0) locate(0);
-  for (int s = 0; s < kStages; ++s) {
-    if (tid == 0 && s < total)
-      tma_fill_stage<kAStage, kBStage>(&map_a, &map_b, a_sm, b_sm, full0, s, nj, ntm * kBM, ntn * kBN, nbz);
-    step();
-  }
-
-  const FragAddrs<kBK, kBN, kNT, true> fr(a_sm, b_sm, wm * kWM, wn * kWN, lane);
-  uint32_t af[2][4][4], bf[2][kNT][2];
-  RingPos pos;
-  for (int ul = 0; ul < my_units; ++ul) {
-    float acc[4][kNT][4] = {};
-    const int g0 = ul * tiles_k;
-    consume_ring<T, kStages, kAStage, kBStage>(
-        fr, full0, tiles_k, acc, af, bf, pos, ul == 0, ul + 1 < my_units,
-        [&](int rs, int) {  // the warp counts itself out of stage rs
-          uint32_t before = 0;
-          if (lane == 0)
-            asm volatile("atom.acq_rel.cta.shared::cta.add.u32 %0, [%1], 1;\n"
-                         : "=r"(before)
-                         : "r"(done0 + 4 * rs)
-                         : "memory");
-          return before;
-        },
-        [&](uint32_t before, int rs, int t) {
-          if (lane == 0 && before % kWarps == kWarps - 1 && g0 + t + kStages < total) {  // the last reader refills
-            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // reads before TMA's writes
-            tma_fill_stage<kAStage, kBStage>(&map_a, &map_b, a_sm, b_sm, full0, rs, nj, ntm * kBM, ntn * kBN, nbz);
-          }
-          step();
-        });
-    int bz, tm, tn;
-    order.decode(blockIdx.x + ul * gridDim.x, bz, tm, tn);
-    if (tid == 0) asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");  // the last tile's stores
-    __syncthreads();                                                                // have read the buffer
-    acc_to_smem<T>(acc, c_sm, wn, wm * kWM, lane);
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the writes, to the bulk copies
-    __syncthreads();
-    if (tid == 0) {
-#pragma unroll
-      for (int i = 0; i < kBN / 64; ++i) tma_store3(&map_c, c_sm + i * 16384, tn * kBN + 64 * i, tm * kBM, bz);
-      asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
-    }
-  }
-  if (tid == 0) asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");  // before the memory goes
 #else
   __trap();  // no sm_90 code for this GPU: the launcher falls back to the cp.async kernel
 #endif  // sm_90+
@@ -774,40 +654,6 @@ cudaError_t launch_tma(const GemmParams& p, cudaStream_t stream) {
                   static_cast<unsigned>(p.batch));
   kernel<<<grid, kThreads, kSmem, stream>>>(map_a, map_b, map_c, static_cast<T*>(p.c), static_cast<int>(p.m),
                                             static_cast<int>(p.n), static_cast<int>(p.k), p.c_rs, p.c_bs);
-  return cudaGetLastError();
-}
-
-// The persistent kernel where it can run (as launch_tma, and c storable by TMA); else launch_tma.
-template <typename T, int kStages>
-cudaError_t launch_persistent(const GemmParams& p, cudaStream_t stream) {
-  const auto fallback = [&] { return launch_tma<T, 3, true>(p, stream); };
-  using C = Config<256, kStages, 64>;
-  constexpr int kSmem = C::kSmemBytes + kBM * 256 * 2 + 1024;  // ring, c buffer, alignment
-  constexpr int64_t kMax = (int64_t{1} << 31) - 512;
-  const int64_t tiles_m = (p.m + kBM - 1) / kBM, tiles_n = (p.n + 255) / 256, tiles_k = (p.k + 63) / 64;
-  const int64_t units = tiles_m * tiles_n * p.batch;
-  if (!tc::tma_storable(p) || (p.batch > 1 && (p.a_bs == 0 || p.b_bs == 0)) || p.m >= kMax || p.n >= kMax ||
-      p.k >= kMax || units * tiles_k >= kMax)
-    return fallback();
-  const auto kernel = matmul_mma_persistent_kernel<T, kStages>;
-  static signed char configured[64] = {};
-  cudaError_t err = tc::configure_once(kernel, kSmem, configured,
-                                       [](const cudaFuncAttributes& f) { return f.ptxVersion >= 90; });
-  if (err == cudaErrorInvalidConfiguration) return fallback();
-  if (err != cudaSuccess) return err;
-  CUtensorMap map_a{}, map_b{}, map_c{};
-  if (!tc::make_tma_map(&map_a, p.a, p.dtype, p.m, p.k, p.batch, p.a_rs, p.a_bs, 64, kBM) ||
-      !tc::make_tma_map(&map_b, p.b, p.dtype, p.k, p.n, p.batch, p.b_rs, p.b_bs, 64, 64) ||
-      !tc::make_tma_map(&map_c, p.c, p.dtype, p.m, p.n, p.batch, p.c_rs, p.c_bs, 64, kBM))
-    return fallback();
-  int dev = 0, sms = 0;
-  err = cudaGetDevice(&dev);
-  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-  if (err != cudaSuccess) return err;
-  const int64_t blocks = units < sms ? units : sms;
-  const TileOrder order{static_cast<int>(tiles_m), static_cast<int>(tiles_n)};
-  kernel<<<static_cast<unsigned>(blocks), kThreads, kSmem, stream>>>(map_a, map_b, map_c, static_cast<int>(p.k),
-                                                                      order, static_cast<int>(units));
   return cudaGetLastError();
 }
 
@@ -877,8 +723,6 @@ cudaError_t launch_cfg(const GemmParams& p, cudaStream_t stream) {
     // (37: 400, 4 stages), so that the two warps' tile-boundary gaps would not coincide: 469,
     // 468, 467, 464 TFLOP/s at 4096^3 against 30's 467 in the same run. Removed.
     return cudaErrorInvalidValue;
-  } else if constexpr (kCfg == 38) {  // 30, persistent, the stores overlapping the next tile
-    return launch_persistent<T, 3>(p, stream);
   } else if constexpr (kCfg == 22 || kCfg == 23) {
     // Were 20 and 21 persistent (one block per SM walking grouped tiles, its k tiles one sequence
     // through the ring): 0.623x against 20's 0.625x in the same run. Removed.
@@ -902,7 +746,7 @@ cudaError_t launch_config(const GemmParams& p, cudaStream_t stream, int config) 
     OPFORGE_MMA_CASE(0) OPFORGE_MMA_CASE(1) OPFORGE_MMA_CASE(2) OPFORGE_MMA_CASE(3) OPFORGE_MMA_CASE(4)
     OPFORGE_MMA_CASE(5) OPFORGE_MMA_CASE(6) OPFORGE_MMA_CASE(7) OPFORGE_MMA_CASE(8) OPFORGE_MMA_CASE(9)
     OPFORGE_MMA_CASE(10) OPFORGE_MMA_CASE(11) OPFORGE_MMA_CASE(13) OPFORGE_MMA_CASE(14) OPFORGE_MMA_CASE(20)
-    OPFORGE_MMA_CASE(21) OPFORGE_MMA_CASE(30) OPFORGE_MMA_CASE(38)
+    OPFORGE_MMA_CASE(21) OPFORGE_MMA_CASE(30)
 #undef OPFORGE_MMA_CASE
     default: return cudaErrorInvalidValue;
   }
