@@ -718,6 +718,11 @@ cudaError_t launch_cfg(const GemmParams& p, cudaStream_t stream) {
     return cudaErrorInvalidValue;
   } else if constexpr (kCfg == 30) {  // 20, the tile stored by TMA (the default on sm_90)
     return launch_tma<T, 3, true>(p, stream);
+  } else if constexpr (kCfg == 38) {
+    // Was 30 persistent (one k-tile sequence through the ring across the block's output tiles,
+    // grouped by 8 tile rows; each tile stored from a buffer of its own while the next one's mma
+    // run): 470 TFLOP/s at 4096^3 against 30's 472 in the same run, 451 vs 448 at 8192^3. Removed.
+    return cudaErrorInvalidValue;
   } else if constexpr (kCfg >= 34 && kCfg <= 37) {
     // Were 30 with warps 4-7 (each scheduler's second warp) starting 400, 200, 800 cycles late
     // (37: 400, 4 stages), so that the two warps' tile-boundary gaps would not coincide: 469,
