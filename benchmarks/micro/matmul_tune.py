@@ -6,6 +6,7 @@ float64 reference on odd and batched shapes and times it next to torch.matmul (c
 same process, with the benchmark's timer (L2 flushed before every run). Prints one line per run.
 
     python benchmarks/micro/matmul_tune.py [--quick] [--only warp_tiled,mma,wgmma]
+    python benchmarks/micro/matmul_tune.py --trace   # mma's timeline at 4096^3 (configuration 39)
 """
 
 from __future__ import annotations
@@ -130,16 +131,72 @@ def check(lib, rung, config, dtype, shape) -> float:
     return ((out - ref).abs().max() / ref.abs().max()).item()
 
 
+def trace_report(lib) -> None:
+    """Runs mma configuration 39 (the default kernel, stamping the SM clock) at 4096^3 and prints
+    where its warps' time goes between k tiles, from the first 16 blocks' timelines."""
+    import numpy as np
+
+    a = torch.randn(1, 4096, 4096, device="cuda").to(torch.bfloat16)
+    b = torch.randn(1, 4096, 4096, device="cuda").to(torch.bfloat16)
+    fn = runner(lib, "mma", 39, a, b)
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    buf = np.zeros((16, 8, 64, 3), dtype=np.uint64)
+    err = lib.opforge_tune_mma_trace(ctypes.c_void_p(buf.ctypes.data), ctypes.c_size_t(buf.nbytes))
+    if err:
+        raise RuntimeError(f"trace copy: CUDA error {err}")
+    analyse_trace(buf)
+
+
+def analyse_trace(buf) -> None:
+    import numpy as np
+
+    blocks, warps, tiles, _ = buf.shape
+    t = buf.astype(np.float64)
+    rel, landed, fill = t[..., 0], t[..., 1], t[:, 0, :, 2]  # fill[blk, j]: stage fill of k tile j issued
+    start = fill[:, 0]
+    period = (rel[:, :, -1] - rel[:, :, 0]) / (tiles - 1)  # cycles per k tile, per warp
+    # Between a warp's release of tile j and the data of tile j + 1 landing for it: the atomic,
+    # the (maybe) refill, the full-barrier wait. landed[..., j] is tile j's landing (j >= 1).
+    gap = landed[:, :, 1:] - rel[:, :, :-1]
+    skew = rel.max(axis=1) - rel.min(axis=1)  # per block and tile: first to last warp releasing it
+    # Tile j's fill (j >= 3) is issued by the last warp releasing tile j - 3; it lands for the
+    # first warp to need it no earlier than landed.min over warps.
+    lat = landed[:, :, 3:].min(axis=1) - fill[:, 3:]
+    pct = lambda x: " / ".join(f"{np.percentile(x, q):.0f}" for q in (10, 50, 90, 99))  # noqa: E731
+    print(f"blocks traced {blocks}, warps {warps}, k tiles {tiles} (4096^3, 128 x 256 tiles)")
+    print(f"cycles per k tile per warp (10/50/90/99th pct): {pct(period)}")
+    print(f"release -> next tile landed, per warp and tile: {pct(gap)}")
+    print(
+        f"  share of the block's time: {gap.sum(axis=2).mean() / (rel[:, :, -1] - rel[:, :, 0]).mean():.1%}"
+    )
+    print(
+        f"  mean over the first 4 k tiles: {gap[:, :, :4].mean():.0f}, over the rest: {gap[:, :, 4:].mean():.0f}"
+    )
+    print(f"warps' skew at a tile's release (last - first): {pct(skew)}")
+    print(f"fill issued -> first warp past its wait: {pct(lat)}")
+    print(f"first release after the block's first fill: {pct(rel[:, :, 0].min(axis=1) - start)}")
+    late = gap > np.percentile(gap, 50) * 3
+    print(
+        f"gaps over 3x the median: {late.mean():.1%}, at k tiles {np.bincount(np.nonzero(late)[2], minlength=tiles - 1)[:12]}..."
+    )
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="4096^3 only")
     ap.add_argument("--only", default=",".join(RUNGS))
     ap.add_argument("--configs", default="", help="comma-separated configurations (default: all)")
     ap.add_argument("--profile", default="", help="rung:config: three calls at 4096^3 (for ncu), no timing")
+    ap.add_argument("--trace", action="store_true", help="mma's timeline at 4096^3 (configuration 39)")
     args = ap.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
     with tempfile.TemporaryDirectory() as tmp:
         lib = build(pathlib.Path(tmp))
+        if args.trace:
+            trace_report(lib)
+            return 0
         if args.profile:
             rung, config = args.profile.split(":")
             dtype = torch.float32 if rung == "warp_tiled" else torch.bfloat16

@@ -498,9 +498,11 @@ __device__ __forceinline__ void tma_store3(const CUtensorMap* map, uint32_t src,
 // 64-deep k tiles in the ring at stage offsets kAStage, kBStage, each awaited on its "full"
 // mbarrier (full0 + 8 s). Once per tile, after the warp's last fragments of it are loaded (and a
 // __syncwarp), token = release(s, t) hands stage s back and finish(token, s, t) follows.
-template <typename T, int kStages, uint32_t kAStage, uint32_t kBStage, typename Release, typename Finish>
+template <typename T, int kStages, uint32_t kAStage, uint32_t kBStage, typename Release, typename Finish,
+          typename Landed = void (*)(int)>
 __device__ __forceinline__ void consume_ring(const FragAddrs<64, 256, 8, true>& fr, uint32_t full0, int tiles,
-                                             float (&acc)[4][8][4], Release release, Finish finish) {
+                                             float (&acc)[4][8][4], Release release, Finish finish,
+                                             Landed landed = [](int) {}) {
   constexpr int kQ = 4, kNT = 8;
   uint32_t af[2][4][4], bf[2][kNT][2];
   if (tiles > 0) {
@@ -522,6 +524,7 @@ __device__ __forceinline__ void consume_ring(const FragAddrs<64, 256, 8, true>& 
         rph ^= rs == 0;
         if (t + 1 < tiles) {
           mbar_wait(full0 + 8 * rs, rph);  // k tile t + 1 has landed
+          landed(t + 1);
           fr.load(rs * kAStage, rs * kBStage, 0, af[0], bf[0]);
         }
       }
@@ -533,10 +536,22 @@ __device__ __forceinline__ void consume_ring(const FragAddrs<64, 256, 8, true>& 
   }
 }
 
+#ifdef OPFORGE_MATMUL_TUNING
+// Timeline of the TMA kernel's first kTraceBlocks blocks (kTrace, tuning): per warp and k tile,
+// the SM clock when the warp released the tile's stage ([0]) and when the next tile's data had
+// landed for it ([1]); per k tile, when its stage fill was issued ([2], by warp 0's slot).
+constexpr int kTraceBlocks = 16, kTraceTiles = 64;
+__device__ unsigned long long g_mma_trace[kTraceBlocks][8][kTraceTiles][3];
+extern "C" int opforge_tune_mma_trace(void* dst, size_t bytes) {
+  if (bytes > sizeof(g_mma_trace)) return cudaErrorInvalidValue;
+  return cudaMemcpyFromSymbol(dst, g_mma_trace, bytes);
+}
+#endif
+
 // kTmaStore: the epilogue rounds the tile into the (then idle) ring's shared memory and one
 // thread stores it with bulk tensor copies (no per-element bounds checks: TMA clips at c's
 // edges); map_c is unused otherwise.
-template <typename T, int kStages, bool kTmaStore = false>
+template <typename T, int kStages, bool kTmaStore = false, bool kTrace = false>
 __global__ void __launch_bounds__(kThreads, 1)
     matmul_mma_tma_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
                           const __grid_constant__ CUtensorMap map_c, T* __restrict__ c, int m, int n, int k,
@@ -555,7 +570,18 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, wm = warp / 4, wn = warp % 4;
   const int m0 = blockIdx.y * kBM, n0 = blockIdx.x * kBN, bz = blockIdx.z;
   const int tiles = (k + kBK - 1) / kBK;
+#ifdef OPFORGE_MATMUL_TUNING
+  const int trace_block = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+  const auto stamp = [&](int w, int t, int e) {
+    if constexpr (kTrace) {
+      if (trace_block < kTraceBlocks && t < kTraceTiles) g_mma_trace[trace_block][w][t][e] = clock64();
+    }
+  };
+#else
+  const auto stamp = [](int, int, int) {};
+#endif
   auto issue = [&](int s, int j) {  // k tile j into stage s (one thread)
+    stamp(0, j, 2);
     tma_fill_stage<kAStage, kBStage>(&map_a, &map_b, a_sm, b_sm, full0, s, j, m0, n0, bz);
   };
   if (tid == 0) {
@@ -574,7 +600,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   float acc[4][kNT][4] = {};
   consume_ring<T, kStages, kAStage, kBStage>(
       fr, full0, tiles, acc,
-      [&](int rs, int) {  // the warp counts itself out of stage rs
+      [&](int rs, int t) {  // the warp counts itself out of stage rs
+        if (lane == 0) stamp(warp, t, 0);
         uint32_t before = 0;
         if (lane == 0)
           asm volatile("atom.acq_rel.cta.shared::cta.add.u32 %0, [%1], 1;\n"
@@ -588,6 +615,9 @@ __global__ void __launch_bounds__(kThreads, 1)
           asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // reads before TMA's writes
           issue(rs, t + kStages);
         }
+      },
+      [&](int t) {
+        if (lane == 0) stamp(warp, t, 1);
       });
   if constexpr (kTmaStore) {
     static_assert(128 * kBN * 2 <= kStages * (kAStage + kBStage), "the tile fits in the ring");
@@ -629,17 +659,17 @@ cudaError_t launch(const GemmParams& p, cudaStream_t stream) {
 // is then an sm_90 one too), the batch strides are not 0 (TMA strides) and the coordinates fit
 // in int. Else the cp.async kernel (configuration 9). kTmaStore (the bulk-store epilogue) needs
 // c's base and strides in multiples of 16 bytes; else the same kernel stores pairs from registers.
-template <typename T, int kStages, bool kTmaStore = false>
+template <typename T, int kStages, bool kTmaStore = false, bool kTrace = false>
 cudaError_t launch_tma(const GemmParams& p, cudaStream_t stream) {
   if constexpr (kTmaStore) {
-    if (!tc::tma_storable(p)) return launch_tma<T, kStages, false>(p, stream);
+    if (!tc::tma_storable(p)) return launch_tma<T, kStages, false, kTrace>(p, stream);
   }
   const auto fallback = [&] { return launch<T, 256, 3, 64, true, true>(p, stream); };
   using C = Config<256, kStages, 64>;
   constexpr int kSmem = C::kSmemBytes + 1024;  // + alignment to 1024 bytes
   constexpr int64_t kMax = (int64_t{1} << 31) - 512;
   if ((p.batch > 1 && (p.a_bs == 0 || p.b_bs == 0)) || p.m >= kMax || p.n >= kMax || p.k >= kMax) return fallback();
-  const auto kernel = matmul_mma_tma_kernel<T, kStages, kTmaStore>;
+  const auto kernel = matmul_mma_tma_kernel<T, kStages, kTmaStore, kTrace>;
   static signed char configured[64] = {};
   const cudaError_t err = tc::configure_once(kernel, kSmem, configured,
                                              [](const cudaFuncAttributes& f) { return f.ptxVersion >= 90; });
@@ -718,6 +748,8 @@ cudaError_t launch_cfg(const GemmParams& p, cudaStream_t stream) {
     return cudaErrorInvalidValue;
   } else if constexpr (kCfg == 30) {  // 20, the tile stored by TMA (the default on sm_90)
     return launch_tma<T, 3, true>(p, stream);
+  } else if constexpr (kCfg == 39) {  // 30 with its timeline recorded (tuning: matmul_tune.py --trace)
+    return launch_tma<T, 3, true, true>(p, stream);
   } else if constexpr (kCfg == 38) {
     // Was 30 persistent (one k-tile sequence through the ring across the block's output tiles,
     // grouped by 8 tile rows; each tile stored from a buffer of its own while the next one's mma
@@ -751,7 +783,7 @@ cudaError_t launch_config(const GemmParams& p, cudaStream_t stream, int config) 
     OPFORGE_MMA_CASE(0) OPFORGE_MMA_CASE(1) OPFORGE_MMA_CASE(2) OPFORGE_MMA_CASE(3) OPFORGE_MMA_CASE(4)
     OPFORGE_MMA_CASE(5) OPFORGE_MMA_CASE(6) OPFORGE_MMA_CASE(7) OPFORGE_MMA_CASE(8) OPFORGE_MMA_CASE(9)
     OPFORGE_MMA_CASE(10) OPFORGE_MMA_CASE(11) OPFORGE_MMA_CASE(13) OPFORGE_MMA_CASE(14) OPFORGE_MMA_CASE(20)
-    OPFORGE_MMA_CASE(21) OPFORGE_MMA_CASE(30)
+    OPFORGE_MMA_CASE(21) OPFORGE_MMA_CASE(30) OPFORGE_MMA_CASE(39)
 #undef OPFORGE_MMA_CASE
     default: return cudaErrorInvalidValue;
   }
