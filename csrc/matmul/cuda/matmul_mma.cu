@@ -542,10 +542,6 @@ __device__ __forceinline__ void consume_ring(const FragAddrs<64, 256, 8, true>& 
 // landed for it ([1]); per k tile, when its stage fill was issued ([2], by warp 0's slot).
 constexpr int kTraceBlocks = 16, kTraceTiles = 64;
 __device__ unsigned long long g_mma_trace[kTraceBlocks][8][kTraceTiles][3];
-extern "C" int opforge_tune_mma_trace(void* dst, size_t bytes) {
-  if (bytes > sizeof(g_mma_trace)) return cudaErrorInvalidValue;
-  return cudaMemcpyFromSymbol(dst, g_mma_trace, bytes);
-}
 #endif
 
 // kTmaStore: the epilogue rounds the tile into the (then idle) ring's shared memory and one
@@ -805,5 +801,13 @@ int matmul_mma_cuda_config(const GemmParams& p, void* stream, int config) {
 }
 
 int matmul_mma_cuda(const GemmParams& p, void* stream) { return matmul_mma_cuda_config(p, stream, -1); }
+
+#ifdef OPFORGE_MATMUL_TUNING
+// Copies configuration 39's timeline (the last run's) to host memory (matmul_tune.py --trace).
+extern "C" int opforge_tune_mma_trace(void* dst, size_t bytes) {
+  if (bytes > sizeof(g_mma_trace)) return cudaErrorInvalidValue;
+  return cudaMemcpyFromSymbol(dst, g_mma_trace, bytes);
+}
+#endif
 
 }  // namespace opforge
