@@ -547,7 +547,7 @@ __device__ unsigned long long g_mma_trace[kTraceBlocks][8][kTraceTiles][3];
 // kTmaStore: the epilogue rounds the tile into the (then idle) ring's shared memory and one
 // thread stores it with bulk tensor copies (no per-element bounds checks: TMA clips at c's
 // edges); map_c is unused otherwise.
-template <typename T, int kStages, bool kTmaStore = false, bool kTrace = false>
+template <typename T, int kStages, bool kTmaStore = false, bool kTrace = false, int kGroupRows = 0>
 __global__ void __launch_bounds__(kThreads, 1)
     matmul_mma_tma_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
                           const __grid_constant__ CUtensorMap map_c, T* __restrict__ c, int m, int n, int k,
@@ -564,7 +564,18 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint32_t b_sm = a_sm + kStages * kAStage;
   const uint32_t full0 = tc::smem_addr(full_bar), done0 = tc::smem_addr(readers_done);
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, wm = warp / 4, wn = warp % 4;
-  const int m0 = blockIdx.y * kBM, n0 = blockIdx.x * kBN, bz = blockIdx.z;
+  int m0 = blockIdx.y * kBM, n0 = blockIdx.x * kBN;
+  const int bz = blockIdx.z;
+  if constexpr (kGroupRows > 0) {
+    // Blocks in launch order take the tiles of kGroupRows tile rows column by column (tuning):
+    // a wave of 132 blocks then shares fewer panels of a and b than whole tile rows would.
+    const int tiles_n = gridDim.x, tiles_m = gridDim.y, lin = blockIdx.x + tiles_n * blockIdx.y;
+    const int group = lin / (kGroupRows * tiles_n), first = group * kGroupRows;
+    const int rows = tiles_m - first < kGroupRows ? tiles_m - first : kGroupRows;
+    const int w = lin - group * kGroupRows * tiles_n;
+    m0 = (first + w % rows) * kBM;
+    n0 = (w / rows) * kBN;
+  }
   const int tiles = (k + kBK - 1) / kBK;
 #ifdef OPFORGE_MATMUL_TUNING
   const int trace_block = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
@@ -655,17 +666,17 @@ cudaError_t launch(const GemmParams& p, cudaStream_t stream) {
 // is then an sm_90 one too), the batch strides are not 0 (TMA strides) and the coordinates fit
 // in int. Else the cp.async kernel (configuration 9). kTmaStore (the bulk-store epilogue) needs
 // c's base and strides in multiples of 16 bytes; else the same kernel stores pairs from registers.
-template <typename T, int kStages, bool kTmaStore = false, bool kTrace = false>
+template <typename T, int kStages, bool kTmaStore = false, bool kTrace = false, int kGroupRows = 0>
 cudaError_t launch_tma(const GemmParams& p, cudaStream_t stream) {
   if constexpr (kTmaStore) {
-    if (!tc::tma_storable(p)) return launch_tma<T, kStages, false, kTrace>(p, stream);
+    if (!tc::tma_storable(p)) return launch_tma<T, kStages, false, kTrace, kGroupRows>(p, stream);
   }
   const auto fallback = [&] { return launch<T, 256, 3, 64, true, true>(p, stream); };
   using C = Config<256, kStages, 64>;
   constexpr int kSmem = C::kSmemBytes + 1024;  // + alignment to 1024 bytes
   constexpr int64_t kMax = (int64_t{1} << 31) - 512;
   if ((p.batch > 1 && (p.a_bs == 0 || p.b_bs == 0)) || p.m >= kMax || p.n >= kMax || p.k >= kMax) return fallback();
-  const auto kernel = matmul_mma_tma_kernel<T, kStages, kTmaStore, kTrace>;
+  const auto kernel = matmul_mma_tma_kernel<T, kStages, kTmaStore, kTrace, kGroupRows>;
   static signed char configured[64] = {};
   const cudaError_t err = tc::configure_once(kernel, kSmem, configured,
                                              [](const cudaFuncAttributes& f) { return f.ptxVersion >= 90; });
@@ -746,6 +757,10 @@ cudaError_t launch_cfg(const GemmParams& p, cudaStream_t stream) {
     return launch_tma<T, 3, true>(p, stream);
   } else if constexpr (kCfg == 39) {  // 30 with its timeline recorded (tuning: matmul_tune.py --trace)
     return launch_tma<T, 3, true, true>(p, stream);
+  } else if constexpr (kCfg == 40) {  // 30, blocks over groups of 16 tile rows (not yet measured)
+    return launch_tma<T, 3, true, false, 16>(p, stream);
+  } else if constexpr (kCfg == 41) {  // 30, 4 stages (not yet measured)
+    return launch_tma<T, 4, true>(p, stream);
   } else if constexpr (kCfg == 38) {
     // Was 30 persistent (one k-tile sequence through the ring across the block's output tiles,
     // grouped by 8 tile rows; each tile stored from a buffer of its own while the next one's mma
@@ -779,7 +794,8 @@ cudaError_t launch_config(const GemmParams& p, cudaStream_t stream, int config) 
     OPFORGE_MMA_CASE(0) OPFORGE_MMA_CASE(1) OPFORGE_MMA_CASE(2) OPFORGE_MMA_CASE(3) OPFORGE_MMA_CASE(4)
     OPFORGE_MMA_CASE(5) OPFORGE_MMA_CASE(6) OPFORGE_MMA_CASE(7) OPFORGE_MMA_CASE(8) OPFORGE_MMA_CASE(9)
     OPFORGE_MMA_CASE(10) OPFORGE_MMA_CASE(11) OPFORGE_MMA_CASE(13) OPFORGE_MMA_CASE(14) OPFORGE_MMA_CASE(20)
-    OPFORGE_MMA_CASE(21) OPFORGE_MMA_CASE(30) OPFORGE_MMA_CASE(39)
+    OPFORGE_MMA_CASE(21) OPFORGE_MMA_CASE(30) OPFORGE_MMA_CASE(39) OPFORGE_MMA_CASE(40)
+    OPFORGE_MMA_CASE(41)
 #undef OPFORGE_MMA_CASE
     default: return cudaErrorInvalidValue;
   }
