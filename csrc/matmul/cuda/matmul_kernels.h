@@ -33,7 +33,8 @@ int matmul_mma_cuda(const GemmParams& p, void* stream);
 // (sm_90 and TMA-able strides: nonzero batch strides; else 9); 30 (the default): 20 with the
 // tile stored by TMA (where c's base and strides are 16-byte multiples; else as 20); 39: 30
 // stamping a timeline (tuning builds: matmul_tune.py --trace); 40: 30 with blocks walking groups
-// of 16 tile rows; 41: 30 with 4 stages (40, 41 not yet measured). 12, 15-19, 22-29, 31-38: removed (no gain, or could not launch; see the tuning README).
+// of 16 tile rows; 41: 30 with 4 stages (40, 41 not yet measured). 12, 15-19, 22-29, 31-38:
+// removed (no gain, or could not launch; see the tuning README).
 int matmul_mma_cuda_config(const GemmParams& p, void* stream, int config);
 // float16/bfloat16, sm_90a (built only when the arch list has 9.0a: OPFORGE_HAS_SM90A). b either
 // by rows (p.b_cs == 1: row stride p.b_rs) or by columns (p.b_rs == 1: the rows of b^T, row stride
