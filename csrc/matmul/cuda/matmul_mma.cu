@@ -16,7 +16,6 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
-#include <type_traits>
 
 #include "matmul/cuda/matmul_kernels.h"
 #include "matmul/cuda/tensor_core_common.cuh"
@@ -475,22 +474,9 @@ __device__ __forceinline__ void acc_to_smem(const float (&acc)[4][8][4], uint32_
       for (int h = 0; h < 2; ++h) {
         const int row = r0 + mi * 16 + lane / 4 + h * 8;
         const uint32_t addr = c_sm + box * 16384 + row * 128 + ((nj ^ (row & 7)) * 16) + (lane % 4) * 4;
-        uint32_t v;
-        if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-          const __nv_bfloat162 x = __floats2bfloat162_rn(acc[mi][nj][2 * h], acc[mi][nj][2 * h + 1]);
-          v = *reinterpret_cast<const uint32_t*>(&x);
-        } else {
-          const __half2 x = __floats2half2_rn(acc[mi][nj][2 * h], acc[mi][nj][2 * h + 1]);
-          v = *reinterpret_cast<const uint32_t*>(&x);
-        }
+        const uint32_t v = tc::pack2<T>(acc[mi][nj][2 * h], acc[mi][nj][2 * h + 1]);
         asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
       }
-}
-__device__ __forceinline__ void tma_store3(const CUtensorMap* map, uint32_t src, int x, int y, int z) {
-  asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {%2, %3, %4}], [%1];\n" ::"l"(
-                   reinterpret_cast<uint64_t>(map)),
-               "r"(src), "r"(x), "r"(y), "r"(z)
-               : "memory");
 }
 #endif
 
@@ -634,7 +620,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     __syncthreads();
     if (tid == 0) {
 #pragma unroll
-      for (int i = 0; i < kBN / 64; ++i) tma_store3(&map_c, a_sm + i * 16384, n0 + 64 * i, m0, bz);
+      for (int i = 0; i < kBN / 64; ++i) tc::tma_store3(&map_c, a_sm + i * 16384, n0 + 64 * i, m0, bz);
       asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
       asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");  // before the block's memory goes
     }

@@ -138,10 +138,7 @@ __device__ __forceinline__ void wgmma_wait() {
 }
 // Bulk tensor store of one box from shared memory (the output epilogue), and its completion.
 __device__ __forceinline__ void tma_store(const CUtensorMap* map, const void* src, int col, int row, int batch) {
-  asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {%2, %3, %4}], [%1];\n" ::"l"(
-                   reinterpret_cast<uint64_t>(map)),
-               "r"(smem_addr(src)), "r"(col), "r"(row), "r"(batch)
-               : "memory");
+  tc::tma_store3(map, smem_addr(src), col, row, batch);
 }
 __device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
 __device__ __forceinline__ void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
@@ -150,18 +147,6 @@ __device__ __forceinline__ void bulk_wait_all() { asm volatile("cp.async.bulk.wa
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 __device__ __forceinline__ void named_barrier(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
-template <typename T>
-__device__ __forceinline__ uint32_t pack2(float x, float y);
-template <>
-__device__ __forceinline__ uint32_t pack2<__nv_bfloat16>(float x, float y) {
-  const __nv_bfloat162 v = __floats2bfloat162_rn(x, y);
-  return *reinterpret_cast<const uint32_t*>(&v);
-}
-template <>
-__device__ __forceinline__ uint32_t pack2<__half>(float x, float y) {
-  const __half2 v = __floats2half2_rn(x, y);
-  return *reinterpret_cast<const uint32_t*>(&v);
 }
 // Keeps the compiler from moving accumulators that an asynchronous wgmma still owns.
 __device__ __forceinline__ void fence_operand(float& x) { asm volatile("" : "+f"(x)::"memory"); }
@@ -302,7 +287,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
               const int row = warp * 16 + lane / 4 + h * 8;
-              const uint32_t v = pack2<T>(d[4 * j + 2 * h], d[4 * j + 2 * h + 1]);
+              const uint32_t v = tc::pack2<T>(d[4 * j + 2 * h], d[4 * j + 2 * h + 1]);
               const uint32_t addr = smem_addr(buf + box * 8192 + row * 128 + ((chunk ^ (row & 7)) * 16) + (lane % 4) * 4);
               asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
             }

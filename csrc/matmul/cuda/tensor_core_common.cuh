@@ -2,6 +2,7 @@
 // configure_once serves warp_tiled's launcher too.
 #pragma once
 
+#include <cuda.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -27,6 +28,29 @@ template <>
 __device__ __forceinline__ void store_pair<__half>(__half* p, float x, float y, bool both) {
   if (both) *reinterpret_cast<__half2*>(p) = __floats2half2_rn(x, y);
   else p[0] = __float2half_rn(x);
+}
+
+// (x, y) rounded to T and packed into one 32-bit word (x in the low half), for shared-memory staging.
+template <typename T>
+__device__ __forceinline__ uint32_t pack2(float x, float y);
+template <>
+__device__ __forceinline__ uint32_t pack2<__nv_bfloat16>(float x, float y) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(x, y);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+template <>
+__device__ __forceinline__ uint32_t pack2<__half>(float x, float y) {
+  const __half2 v = __floats2half2_rn(x, y);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+// Bulk tensor store (sm_90) of the box at shared address src to (x, y, z) of `map`, in the
+// thread's current bulk group.
+__device__ __forceinline__ void tma_store3(const CUtensorMap* map, uint32_t src, int x, int y, int z) {
+  asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {%2, %3, %4}], [%1];\n" ::"l"(
+                   reinterpret_cast<uint64_t>(map)),
+               "r"(src), "r"(x), "r"(y), "r"(z)
+               : "memory");
 }
 
 // Raises a kernel's dynamic shared-memory limit on the current device, once per device (the
