@@ -36,6 +36,9 @@ int matmul_mma_cuda(const GemmParams& p, void* stream);
 // of 16 tile rows; 41: 30 with 4 stages (40, 41 not yet measured). 12, 15-19, 22-29, 31-38:
 // removed (no gain, or could not launch; see the tuning README).
 int matmul_mma_cuda_config(const GemmParams& p, void* stream, int config);
+// Bytes of p.workspace the mma rung's stream-K kernel wants for p on the current GPU (0: none; it
+// then runs a kernel that needs none, as it does when given less).
+int64_t matmul_mma_workspace_bytes(const GemmParams& p);
 // float16/bfloat16, sm_90a (built only when the arch list has 9.0a: OPFORGE_HAS_SM90A). b either
 // by rows (p.b_cs == 1: row stride p.b_rs) or by columns (p.b_rs == 1: the rows of b^T, row stride
 // p.b_cs); a by rows. The row strides and batch strides multiples of 8 elements and not 0, bases

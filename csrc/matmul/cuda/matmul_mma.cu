@@ -16,6 +16,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "matmul/cuda/matmul_kernels.h"
 #include "matmul/cuda/tensor_core_common.cuh"
@@ -120,6 +121,24 @@ __device__ __forceinline__ void mma16816<__half>(float* d, const uint32_t* a, co
       "{%0,%1,%2,%3};\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+// The same as volatile asm (tuning): kept in program order relative to the loads, waits and
+// atomics, where the compiler would otherwise schedule it.
+template <typename T>
+__device__ __forceinline__ void mma16816_ordered(float* d, const uint32_t* a, const uint32_t* b) {
+  if constexpr (std::is_same<T, __nv_bfloat16>::value)
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+  else
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 
 // Element offsets in the swizzled shared tiles. a: [kBM][kBK], kBK / 8 chunks of 8 per row, chunk
@@ -480,36 +499,75 @@ __device__ __forceinline__ void acc_to_smem(const float (&acc)[4][8][4], uint32_
 }
 #endif
 
-// The consumer loop of the TMA kernel: a warp's 64 x 64 piece of the 128 x 256 tile over `tiles`
+// The consumer loop of the TMA kernels: a warp's 64 x 64 piece of a 128 x 256 tile over `tiles`
 // 64-deep k tiles in the ring at stage offsets kAStage, kBStage, each awaited on its "full"
-// mbarrier (full0 + 8 s). Once per tile, after the warp's last fragments of it are loaded (and a
-// __syncwarp), token = release(s, t) hands stage s back and finish(token, s, t) follows.
-template <typename T, int kStages, uint32_t kAStage, uint32_t kBStage, typename Release, typename Finish,
-          typename Landed = void (*)(int)>
-__device__ __forceinline__ void consume_ring(const FragAddrs<64, 256, 8, true>& fr, uint32_t full0, int tiles,
-                                             float (&acc)[4][8][4], Release release, Finish finish,
-                                             Landed landed = [](int) {}) {
-  constexpr int kQ = 4, kNT = 8;
-  uint32_t af[2][4][4], bf[2][kNT][2];
-  if (tiles > 0) {
-    mbar_wait(full0, 0);
-    fr.load(0, 0, 0, af[0], bf[0]);
-  }
-  int rs = 0;        // stage of k tile t
+// mbarrier (full0 + 8 s). Once per k tile, after the warp's last fragments of it are loaded (and
+// a __syncwarp), token = release(s, t) hands stage s back and finish(token, s, t) follows. The
+// ring position (pos) and the fragment registers (af, bf) belong to the caller: the stream-K
+// kernel runs one sequence of k tiles through the ring across its output tiles, so `first` says
+// whether the first fragments are still to be loaded and `more` whether to load the next
+// output tile's at the end.
+struct RingPos {
+  int rs = 0;        // stage of the next k tile
   uint32_t rph = 0;  // parity of its full phase
+};
+// kDiag (diagnostics, wrong results): bit 0: steps 0-1 share one set of fragments and 2-3
+// another, so the warps read half as much shared memory for the same mma; bit 1: the ring is
+// never refilled (the caller skips the refills) and the waits after its first round pass at
+// once: the loop without waiting on memory.
+template <typename T, int kStages, uint32_t kAStage, uint32_t kBStage, typename Release, typename Finish,
+          typename Landed, int kDiag = 0>
+__device__ __forceinline__ void consume_ring_at(const FragAddrs<64, 256, 8, true>& fr, uint32_t full0, int tiles,
+                                                float (&acc)[4][8][4], uint32_t (&af)[2][4][4],
+                                                uint32_t (&bf)[2][8][2], RingPos& pos, bool first, bool more,
+                                                Release release, Finish finish, Landed landed) {
+  constexpr int kQ = 4, kNT = 8;
+  constexpr bool kHalfLoads = kDiag & 1, kNoWait = kDiag & 2, kSplit = kDiag & 4;
+  int rs = pos.rs;
+  uint32_t rph = pos.rph;
+  if (first && tiles > 0) {
+    mbar_wait(full0 + 8 * rs, rph);
+    fr.load(rs * kAStage, rs * kBStage, 0, af[0], bf[0]);
+  }
   for (int t = 0; t < tiles; ++t) {
     const uint32_t st_a = rs * kAStage, st_b = rs * kBStage;
 #pragma unroll
     for (int q = 0; q < kQ; ++q) {
       if (q + 1 < kQ) {
-        fr.load(st_a, st_b, q + 1, af[(q + 1) & 1], bf[(q + 1) & 1]);
+        if (!kHalfLoads)
+          fr.load(st_a, st_b, q + 1, af[(q + 1) & 1], bf[(q + 1) & 1]);
+        else if (q == 0)
+          fr.load(st_a, st_b, 2, af[1], bf[1]);
+      } else if (kSplit) {
+        // The tile boundary amid the last step's mma (tuning): the release's fence and atomic
+        // issued first, half the mma while its result comes back, then the refill decision, the
+        // wait and the next tile's first fragments, then the other half.
+        __syncwarp();
+        const auto token = release(rs, t);
+#pragma unroll
+        for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+          for (int nj = 0; nj < kNT; ++nj) mma16816_ordered<T>(acc[mi][nj], af[1][mi], bf[1][nj]);
+        finish(token, rs, t);
+        rs = rs + 1 == kStages ? 0 : rs + 1;
+        rph ^= rs == 0;
+        if (t + 1 < tiles || more) {
+          mbar_wait(full0 + 8 * rs, rph);
+          landed(t + 1);
+          fr.load(rs * kAStage, rs * kBStage, 0, af[0], bf[0]);
+        }
+#pragma unroll
+        for (int mi = 2; mi < 4; ++mi)
+#pragma unroll
+          for (int nj = 0; nj < kNT; ++nj) mma16816_ordered<T>(acc[mi][nj], af[1][mi], bf[1][nj]);
+        continue;
       } else {
         __syncwarp();  // the warp's reads of k tile t are done (its last fragments are loaded)
         finish(release(rs, t), rs, t);
         rs = rs + 1 == kStages ? 0 : rs + 1;
         rph ^= rs == 0;
-        if (t + 1 < tiles) {
-          mbar_wait(full0 + 8 * rs, rph);  // k tile t + 1 has landed
+        if (t + 1 < tiles || more) {
+          mbar_wait(full0 + 8 * rs, kNoWait ? 0 : rph);  // the next k tile has landed
           landed(t + 1);
           fr.load(rs * kAStage, rs * kBStage, 0, af[0], bf[0]);
         }
@@ -517,9 +575,28 @@ __device__ __forceinline__ void consume_ring(const FragAddrs<64, 256, 8, true>& 
 #pragma unroll
       for (int mi = 0; mi < 4; ++mi)
 #pragma unroll
-        for (int nj = 0; nj < kNT; ++nj) mma16816<T>(acc[mi][nj], af[q & 1][mi], bf[q & 1][nj]);
+        for (int nj = 0; nj < kNT; ++nj) {
+          const int buf = kHalfLoads ? q >> 1 : q & 1;
+          if (kSplit)
+            mma16816_ordered<T>(acc[mi][nj], af[buf][mi], bf[buf][nj]);
+          else
+            mma16816<T>(acc[mi][nj], af[buf][mi], bf[buf][nj]);
+        }
     }
   }
+  pos.rs = rs;
+  pos.rph = rph;
+}
+// One output tile's k tiles, the ring starting at stage 0 (the kernels a block per tile).
+template <typename T, int kStages, uint32_t kAStage, uint32_t kBStage, int kDiag = 0, typename Release,
+          typename Finish, typename Landed = void (*)(int)>
+__device__ __forceinline__ void consume_ring(const FragAddrs<64, 256, 8, true>& fr, uint32_t full0, int tiles,
+                                             float (&acc)[4][8][4], Release release, Finish finish,
+                                             Landed landed = [](int) {}) {
+  uint32_t af[2][4][4], bf[2][8][2];
+  RingPos pos;
+  consume_ring_at<T, kStages, kAStage, kBStage, Release, Finish, Landed, kDiag>(
+      fr, full0, tiles, acc, af, bf, pos, true, false, release, finish, landed);
 }
 
 #ifdef OPFORGE_MATMUL_TUNING
@@ -533,7 +610,7 @@ __device__ unsigned long long g_mma_trace[kTraceBlocks][8][kTraceTiles][3];
 // kTmaStore: the epilogue rounds the tile into the (then idle) ring's shared memory and one
 // thread stores it with bulk tensor copies (no per-element bounds checks: TMA clips at c's
 // edges); map_c is unused otherwise.
-template <typename T, int kStages, bool kTmaStore = false, bool kTrace = false, int kGroupRows = 0>
+template <typename T, int kStages, bool kTmaStore = false, bool kTrace = false, int kGroupRows = 0, int kDiag = 0>
 __global__ void __launch_bounds__(kThreads, 1)
     matmul_mma_tma_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
                           const __grid_constant__ CUtensorMap map_c, T* __restrict__ c, int m, int n, int k,
@@ -591,7 +668,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   const FragAddrs<kBK, kBN, kNT, true> fr(a_sm, b_sm, wm * kWM, wn * kWN, lane);
   float acc[4][kNT][4] = {};
-  consume_ring<T, kStages, kAStage, kBStage>(
+  consume_ring<T, kStages, kAStage, kBStage, kDiag>(
       fr, full0, tiles, acc,
       [&](int rs, int t) {  // the warp counts itself out of stage rs
         if (lane == 0) stamp(warp, t, 0);
@@ -604,7 +681,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         return before;
       },
       [&](uint32_t before, int rs, int t) {
-        if (lane == 0 && before % kWarps == kWarps - 1 && t + kStages < tiles) {  // the last reader refills
+        if (lane == 0 && before % kWarps == kWarps - 1 && t + kStages < tiles && !(kDiag & 2)) {  // the last reader refills
           asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // reads before TMA's writes
           issue(rs, t + kStages);
         }
@@ -632,6 +709,197 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif  // sm_90+
 }
 
+// The stream-K kernel (one block per SM, persistent): output tiles in groups of kGroupRows tile
+// rows; when their count is not a multiple of the grid, the first sk_tiles of them (the partial
+// wave plus one full one) are shared out by k tiles: block b takes the k-tile range of rank
+// P - 1 - b (P blocks) of the sk_tiles x tiles_k in a row, then whole tiles sk_tiles + b, + P, ...
+// So every block does the same number of k tiles, where a grid of one tile a block would leave
+// the last wave's SMs idle (4096^3: 512 tiles on 132 SMs, 3.88 waves run as 4). A range that
+// starts inside a tile leaves its partial sums in the block's workspace slot and raises the
+// block's flag; the block whose range holds the tile's first k tiles (a higher block index: it
+// reaches them at the end of its range, the others at the start of theirs) waits for those
+// flags, adds the slots and stores the tile. It waits only on lower block indices, which the GPU
+// starts first, so a grid larger than the GPU can hold at once cannot deadlock.
+struct StreamKPlan {
+  int tiles_m, tiles_n, tiles_k;  // output tiles per batch along m and n; k tiles per output tile
+  int tiles;                      // output tiles, batches included
+  int sk_tiles;                   // the first sk_tiles of them shared out by k tiles
+  // First k tile (of the sk_tiles x tiles_k in a row) of the range of rank r.
+  __device__ __forceinline__ int sk_begin(int r) const {
+    return static_cast<int>(static_cast<int64_t>(sk_tiles) * tiles_k * r / gridDim.x);
+  }
+  // Output tile u: (batch, tile row, tile column), kGroupRows tile rows at a time column by column.
+  template <int kGroupRows>
+  __device__ __forceinline__ void decode(int u, int& bz, int& tm, int& tn) const {
+    const int per_batch = tiles_m * tiles_n;
+    bz = u / per_batch;
+    const int v = u - bz * per_batch, group = v / (kGroupRows * tiles_n), first = group * kGroupRows;
+    const int rows = tiles_m - first < kGroupRows ? tiles_m - first : kGroupRows, w = v - group * kGroupRows * tiles_n;
+    tm = first + w % rows;
+    tn = w / rows;
+  }
+};
+
+template <typename T, int kStages, int kGroupRows>
+__global__ void __launch_bounds__(kThreads, 1)
+    matmul_mma_streamk_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
+                              const __grid_constant__ CUtensorMap map_c, StreamKPlan plan, float4* __restrict__ ws,
+                              unsigned* __restrict__ flags) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  constexpr int kBN = 256, kBK = 64, kWarps = kThreads / 32;
+  using C = Config<kBN, kStages, kBK>;
+  constexpr int kWN = C::kWN, kNT = kWN / 8;
+  constexpr uint32_t kAStage = C::kATile * 2, kBStage = C::kBTile * 2;  // bytes
+  extern __shared__ unsigned char smem_raw[];
+  __shared__ __align__(8) uint64_t full_bar[kStages];
+  __shared__ uint32_t readers_done[kStages];  // warps done with the stage, ever (mod kWarps)
+  const uint32_t a_sm = (tc::smem_addr(smem_raw) + 1023) & ~1023u;  // the swizzle's 1024-byte atoms
+  const uint32_t b_sm = a_sm + kStages * kAStage, c_sm = b_sm + kStages * kBStage;  // c: 128 x 256
+  const uint32_t full0 = tc::smem_addr(full_bar), done0 = tc::smem_addr(readers_done);
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, wm = warp / 4, wn = warp % 4;
+  const int blocks = gridDim.x, blk = blockIdx.x, tk = plan.tiles_k;
+  // This block's work: k tiles [s, e) of the stream-K tiles (segments: the pieces in each tile),
+  // then ndp whole tiles.
+  const int s = plan.sk_begin(blocks - 1 - blk), e = plan.sk_begin(blocks - blk);
+  const int sk_first = s / tk, nsk = s < e ? (e - 1) / tk - sk_first + 1 : 0;
+  const int dp = plan.tiles - plan.sk_tiles, ndp = dp > blk ? (dp - 1 - blk) / blocks + 1 : 0;
+  const int nseg = nsk + ndp;
+  const auto segment = [&](int i, int& tile, int& k0, int& k1) {
+    if (i < nsk) {
+      tile = sk_first + i;
+      const int base = tile * tk;
+      k0 = s > base ? s - base : 0;
+      k1 = e - base < tk ? e - base : tk;
+    } else {
+      tile = plan.sk_tiles + blk + (i - nsk) * blocks;
+      k0 = 0;
+      k1 = tk;
+    }
+  };
+  // The refill cursor, in shared memory (registers are short): the next k tile to load, as
+  // segment ni, k index nj of nk1, output tile coordinates. Only the thread refilling reads and
+  // steps it; refills follow each other through the stage counters' acq_rel atomics.
+  __shared__ int cursor[6];  // ni, nj, nk1, bz, tm, tn
+  const auto enter = [&](int i, int* cur) {
+    int tile, k0;
+    segment(i, tile, k0, cur[2]);
+    cur[0] = i;
+    cur[1] = k0;
+    plan.decode<kGroupRows>(tile, cur[3], cur[4], cur[5]);
+  };
+  // Loads the cursor's k tile into stage st and steps the cursor (nothing once the block has none left).
+  const auto refill = [&](int st) {
+    int cur[6];
+#pragma unroll
+    for (int x = 0; x < 6; ++x) cur[x] = cursor[x];
+    if (cur[0] >= nseg) return;
+    tma_fill_stage<kAStage, kBStage>(&map_a, &map_b, a_sm, b_sm, full0, st, cur[1], cur[4] * kBM, cur[5] * kBN,
+                                     cur[3]);
+    if (++cur[1] == cur[2]) {
+      if (++cur[0] < nseg) enter(cur[0], cur);
+    }
+#pragma unroll
+    for (int x = 0; x < 6; ++x) cursor[x] = cur[x];
+  };
+  if (tid == 0) {
+#pragma unroll
+    for (int st = 0; st < kStages; ++st) {
+      mbar_init(full0 + 8 * st, 1);  // the issuing thread's arrival (plus the bytes)
+      readers_done[st] = 0;
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");  // visible to the TMA unit
+    int cur[6] = {nseg, 0, 0, 0, 0, 0};
+    if (nseg > 0) enter(0, cur);
+#pragma unroll
+    for (int x = 0; x < 6; ++x) cursor[x] = cur[x];
+    for (int st = 0; st < kStages; ++st) refill(st);
+  }
+  __syncthreads();
+
+  const FragAddrs<kBK, kBN, kNT, true> fr(a_sm, b_sm, wm * kWM, wn * kWN, lane);
+  uint32_t af[2][4][4], bf[2][kNT][2];
+  RingPos pos;
+  for (int i = 0; i < nseg; ++i) {
+    int tile, k0, k1;
+    segment(i, tile, k0, k1);
+    float acc[4][kNT][4] = {};
+    consume_ring_at<T, kStages, kAStage, kBStage>(
+        fr, full0, k1 - k0, acc, af, bf, pos, i == 0, i + 1 < nseg,
+        [&](int rs, int) {  // the warp counts itself out of stage rs
+          uint32_t before = 0;
+          if (lane == 0)
+            asm volatile("atom.acq_rel.cta.shared::cta.add.u32 %0, [%1], 1;\n"
+                         : "=r"(before)
+                         : "r"(done0 + 4 * rs)
+                         : "memory");
+          return before;
+        },
+        [&](uint32_t before, int rs, int) {
+          if (lane == 0 && before % kWarps == kWarps - 1) {  // the last reader refills
+            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // reads before TMA's writes
+            refill(rs);
+          }
+        },
+        [](int) {});
+    float4* slot = ws + static_cast<int64_t>(blk) * (32 * kThreads) + tid;  // [32][kThreads] float4
+    if (k0 > 0) {  // a tile's later k tiles: the partial sums to this block's slot, then its flag
+#pragma unroll
+      for (int mi = 0; mi < 4; ++mi)
+#pragma unroll
+        for (int nj2 = 0; nj2 < kNT; ++nj2)
+          slot[(mi * kNT + nj2) * kThreads] =
+              make_float4(acc[mi][nj2][0], acc[mi][nj2][1], acc[mi][nj2][2], acc[mi][nj2][3]);
+      __syncthreads();
+      if (tid == 0) {
+        __threadfence();
+        asm volatile("st.release.gpu.global.u32 [%0], %1;\n" ::"l"(flags + blk), "r"(1u) : "memory");
+      }
+      continue;
+    }
+    if (k1 < tk) {  // the tile's other k tiles: blocks blk - 1, blk - 2, ... whose ranges start in it
+      const int tile_end = (tile + 1) * tk;
+      for (int o = blk - 1; o >= 0 && plan.sk_begin(blocks - 1 - o) < tile_end; --o) {
+        if (tid == 0) {
+          unsigned ready = 0;
+          while (true) {
+            asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(ready) : "l"(flags + o) : "memory");
+            if (ready) break;
+            __nanosleep(64);
+          }
+        }
+        __syncthreads();
+        const float4* other = ws + static_cast<int64_t>(o) * (32 * kThreads) + tid;
+#pragma unroll
+        for (int mi = 0; mi < 4; ++mi)
+#pragma unroll
+          for (int nj2 = 0; nj2 < kNT; ++nj2) {
+            const float4 v = __ldcg(other + (mi * kNT + nj2) * kThreads);
+            acc[mi][nj2][0] += v.x;
+            acc[mi][nj2][1] += v.y;
+            acc[mi][nj2][2] += v.z;
+            acc[mi][nj2][3] += v.w;
+          }
+      }
+    }
+    int bz, tm, tn;
+    plan.decode<kGroupRows>(tile, bz, tm, tn);
+    if (tid == 0) asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");  // the last tile's stores
+    __syncthreads();                                                                // have read the buffer
+    acc_to_smem<T>(acc, c_sm, wn, wm * kWM, lane);
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the writes, to the bulk copies
+    __syncthreads();
+    if (tid == 0) {
+#pragma unroll
+      for (int b = 0; b < kBN / 64; ++b) tc::tma_store3(&map_c, c_sm + b * 16384, tn * kBN + 64 * b, tm * kBM, bz);
+      asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+    }
+  }
+  if (tid == 0) asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");  // before the memory goes
+#else
+  __trap();  // no sm_90 code for this GPU: the launcher falls back
+#endif  // sm_90+
+}
+
 template <typename T, int kBN, int kStages, int kBK = 32, bool kFast = false, bool kPipe = false, bool kMbar = false>
 cudaError_t launch(const GemmParams& p, cudaStream_t stream) {
   using C = Config<kBN, kStages, kBK>;
@@ -652,17 +920,17 @@ cudaError_t launch(const GemmParams& p, cudaStream_t stream) {
 // is then an sm_90 one too), the batch strides are not 0 (TMA strides) and the coordinates fit
 // in int. Else the cp.async kernel (configuration 9). kTmaStore (the bulk-store epilogue) needs
 // c's base and strides in multiples of 16 bytes; else the same kernel stores pairs from registers.
-template <typename T, int kStages, bool kTmaStore = false, bool kTrace = false, int kGroupRows = 0>
+template <typename T, int kStages, bool kTmaStore = false, bool kTrace = false, int kGroupRows = 0, int kDiag = 0>
 cudaError_t launch_tma(const GemmParams& p, cudaStream_t stream) {
   if constexpr (kTmaStore) {
-    if (!tc::tma_storable(p)) return launch_tma<T, kStages, false, kTrace, kGroupRows>(p, stream);
+    if (!tc::tma_storable(p)) return launch_tma<T, kStages, false, kTrace, kGroupRows, kDiag>(p, stream);
   }
   const auto fallback = [&] { return launch<T, 256, 3, 64, true, true>(p, stream); };
   using C = Config<256, kStages, 64>;
   constexpr int kSmem = C::kSmemBytes + 1024;  // + alignment to 1024 bytes
   constexpr int64_t kMax = (int64_t{1} << 31) - 512;
   if ((p.batch > 1 && (p.a_bs == 0 || p.b_bs == 0)) || p.m >= kMax || p.n >= kMax || p.k >= kMax) return fallback();
-  const auto kernel = matmul_mma_tma_kernel<T, kStages, kTmaStore, kTrace, kGroupRows>;
+  const auto kernel = matmul_mma_tma_kernel<T, kStages, kTmaStore, kTrace, kGroupRows, kDiag>;
   static signed char configured[64] = {};
   const cudaError_t err = tc::configure_once(kernel, kSmem, configured,
                                              [](const cudaFuncAttributes& f) { return f.ptxVersion >= 90; });
@@ -677,6 +945,61 @@ cudaError_t launch_tma(const GemmParams& p, cudaStream_t stream) {
                   static_cast<unsigned>(p.batch));
   kernel<<<grid, kThreads, kSmem, stream>>>(map_a, map_b, map_c, static_cast<T*>(p.c), static_cast<int>(p.m),
                                             static_cast<int>(p.n), static_cast<int>(p.k), p.c_rs, p.c_bs);
+  return cudaGetLastError();
+}
+
+// The stream-K kernel's plan for p on this GPU, if it has one: T > P output tiles (a tile a
+// block would leave a partial last wave) and TMA-able operands; false otherwise.
+constexpr int kSkGroupRows = 16;
+bool streamk_plan(const GemmParams& p, StreamKPlan& plan, int& blocks) {
+  constexpr int64_t kMax = (int64_t{1} << 31) - 512;
+  if (!tc::tma_storable(p) || (p.batch > 1 && (p.a_bs == 0 || p.b_bs == 0)) || p.m >= kMax || p.n >= kMax ||
+      p.k >= kMax)
+    return false;
+  const int64_t tiles_m = (p.m + kBM - 1) / kBM, tiles_n = (p.n + 255) / 256, tiles_k = (p.k + 63) / 64;
+  const int64_t tiles = tiles_m * tiles_n * p.batch;
+  int dev = 0, sms = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
+    return false;
+  if (tiles <= sms || tiles % sms == 0 || tiles_k < 8 || tiles * tiles_k >= kMax) return false;
+  blocks = sms;
+  plan = StreamKPlan{static_cast<int>(tiles_m), static_cast<int>(tiles_n), static_cast<int>(tiles_k),
+                     static_cast<int>(tiles), static_cast<int>(tiles % sms + sms)};
+  return true;
+}
+// Workspace of the stream-K kernel for `blocks` blocks: a flag each (256-byte aligned), then a
+// 128 x 256 float32 slot each.
+constexpr int64_t kSkFlagBytes = 1024;  // up to 256 blocks
+int64_t streamk_workspace_bytes(int blocks) { return blocks > 256 ? 0 : kSkFlagBytes + int64_t{blocks} * kBM * 256 * 4; }
+
+// The stream-K kernel where it has a plan and workspace (p.workspace, matmul_mma_workspace_bytes);
+// else configuration 30 (a block per tile).
+template <typename T, int kStages>
+cudaError_t launch_streamk(const GemmParams& p, cudaStream_t stream) {
+  const auto fallback = [&] { return launch_tma<T, 3, true>(p, stream); };
+  StreamKPlan plan{};
+  int blocks = 0;
+  if (!streamk_plan(p, plan, blocks) || streamk_workspace_bytes(blocks) == 0 ||
+      p.workspace_bytes < streamk_workspace_bytes(blocks) || reinterpret_cast<uintptr_t>(p.workspace) % 256 != 0)
+    return fallback();
+  using C = Config<256, kStages, 64>;
+  constexpr int kSmem = C::kSmemBytes + kBM * 256 * 2 + 1024;  // ring, c buffer, alignment
+  const auto kernel = matmul_mma_streamk_kernel<T, kStages, kSkGroupRows>;
+  static signed char configured[64] = {};
+  cudaError_t err = tc::configure_once(kernel, kSmem, configured,
+                                       [](const cudaFuncAttributes& f) { return f.ptxVersion >= 90; });
+  if (err == cudaErrorInvalidConfiguration) return fallback();
+  if (err != cudaSuccess) return err;
+  CUtensorMap map_a{}, map_b{}, map_c{};
+  if (!tc::make_tma_map(&map_a, p.a, p.dtype, p.m, p.k, p.batch, p.a_rs, p.a_bs, 64, kBM) ||
+      !tc::make_tma_map(&map_b, p.b, p.dtype, p.k, p.n, p.batch, p.b_rs, p.b_bs, 64, 64) ||
+      !tc::make_tma_map(&map_c, p.c, p.dtype, p.m, p.n, p.batch, p.c_rs, p.c_bs, 64, kBM))
+    return fallback();
+  auto* ws_bytes = static_cast<unsigned char*>(p.workspace);
+  err = cudaMemsetAsync(ws_bytes, 0, static_cast<size_t>(blocks) * 4, stream);  // the flags
+  if (err != cudaSuccess) return err;
+  kernel<<<static_cast<unsigned>(blocks), kThreads, kSmem, stream>>>(
+      map_a, map_b, map_c, plan, reinterpret_cast<float4*>(ws_bytes + kSkFlagBytes), reinterpret_cast<unsigned*>(ws_bytes));
   return cudaGetLastError();
 }
 
@@ -747,6 +1070,12 @@ cudaError_t launch_cfg(const GemmParams& p, cudaStream_t stream) {
     return launch_tma<T, 3, true, false, 16>(p, stream);
   } else if constexpr (kCfg == 41) {  // 30, 4 stages (not yet measured)
     return launch_tma<T, 4, true>(p, stream);
+  } else if constexpr (kCfg == 42) {  // stream-K over the last two waves, tiles in groups of 16 rows
+    return launch_streamk<T, 3>(p, stream);
+  } else if constexpr (kCfg >= 43 && kCfg <= 45) {  // diagnostics (wrong results): 40 with kDiag 1-3
+    return launch_tma<T, 3, true, false, 16, kCfg - 42>(p, stream);
+  } else if constexpr (kCfg == 46) {  // 40 with the tile boundary amid the last step's mma
+    return launch_tma<T, 3, true, false, 16, 4>(p, stream);
   } else if constexpr (kCfg == 38) {
     // Was 30 persistent (one k-tile sequence through the ring across the block's output tiles,
     // grouped by 8 tile rows; each tile stored from a buffer of its own while the next one's mma
@@ -781,7 +1110,8 @@ cudaError_t launch_config(const GemmParams& p, cudaStream_t stream, int config) 
     OPFORGE_MMA_CASE(5) OPFORGE_MMA_CASE(6) OPFORGE_MMA_CASE(7) OPFORGE_MMA_CASE(8) OPFORGE_MMA_CASE(9)
     OPFORGE_MMA_CASE(10) OPFORGE_MMA_CASE(11) OPFORGE_MMA_CASE(13) OPFORGE_MMA_CASE(14) OPFORGE_MMA_CASE(20)
     OPFORGE_MMA_CASE(21) OPFORGE_MMA_CASE(30) OPFORGE_MMA_CASE(39) OPFORGE_MMA_CASE(40)
-    OPFORGE_MMA_CASE(41)
+    OPFORGE_MMA_CASE(41) OPFORGE_MMA_CASE(42) OPFORGE_MMA_CASE(43)
+    OPFORGE_MMA_CASE(44) OPFORGE_MMA_CASE(45) OPFORGE_MMA_CASE(46)
 #undef OPFORGE_MMA_CASE
     default: return cudaErrorInvalidValue;
   }
@@ -803,6 +1133,12 @@ int matmul_mma_cuda_config(const GemmParams& p, void* stream, int config) {
 }
 
 int matmul_mma_cuda(const GemmParams& p, void* stream) { return matmul_mma_cuda_config(p, stream, -1); }
+
+int64_t matmul_mma_workspace_bytes(const GemmParams& p) {
+  StreamKPlan plan{};
+  int blocks = 0;
+  return streamk_plan(p, plan, blocks) ? streamk_workspace_bytes(blocks) : 0;
+}
 
 #ifdef OPFORGE_MATMUL_TUNING
 // Copies configuration 39's timeline (the last run's) to host memory (matmul_tune.py --trace).
