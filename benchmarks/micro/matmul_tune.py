@@ -131,14 +131,15 @@ def check(lib, rung, config, dtype, shape) -> float:
     return ((out - ref).abs().max() / ref.abs().max()).item()
 
 
-def trace_report(lib) -> None:
-    """Runs mma configuration 39 (the default kernel, stamping the SM clock) at 4096^3 and prints
-    where its warps' time goes between k tiles, from the first 16 blocks' timelines."""
+def trace_report(lib, config: int = 39) -> None:
+    """Runs a tracing mma configuration (39: the default kernel stamping the SM clock; 49, 50) at
+    4096^3 and prints where its warps' time goes between k tiles, from the first 16 blocks'
+    timelines."""
     import numpy as np
 
     a = torch.randn(1, 4096, 4096, device="cuda").to(torch.bfloat16)
     b = torch.randn(1, 4096, 4096, device="cuda").to(torch.bfloat16)
-    fn = runner(lib, "mma", 39, a, b)
+    fn = runner(lib, "mma", config, a, b)
     for _ in range(3):
         fn()
     torch.cuda.synchronize()
@@ -147,6 +148,22 @@ def trace_report(lib) -> None:
     if err:
         raise RuntimeError(f"trace copy: CUDA error {err}")
     analyse_trace(buf)
+    # The SM clock the blocks ran at: a block's cycles (first fill to last release) times the
+    # blocks each SM runs in turn (512 tiles on the GPU's SMs), over the kernel's time.
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(20):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    ms = start.elapsed_time(end) / 20
+    t = buf.astype(np.float64)
+    cycles = (t[:, :, -1, 0].max(axis=1) - t[:, 0, 0, 2]).mean()
+    waves = 512 / torch.cuda.get_device_properties(0).multi_processor_count
+    print(
+        f"kernel {ms:.3f} ms (back to back, L2 warm); a block {cycles:.0f} cycles; x {waves:.2f} waves -> "
+        f"about {cycles * np.ceil(waves) / (ms * 1e6):.2f} GHz (a lower bound: launch, prologue and epilogue count as time)"
+    )
 
 
 def analyse_trace(buf) -> None:
@@ -189,13 +206,19 @@ def main() -> int:
     ap.add_argument("--only", default=",".join(RUNGS))
     ap.add_argument("--configs", default="", help="comma-separated configurations (default: all)")
     ap.add_argument("--profile", default="", help="rung:config: three calls at 4096^3 (for ncu), no timing")
-    ap.add_argument("--trace", action="store_true", help="mma's timeline at 4096^3 (configuration 39)")
+    ap.add_argument(
+        "--trace",
+        nargs="?",
+        const=39,
+        type=int,
+        help="mma's timeline at 4096^3 (configuration 39, or one given)",
+    )
     args = ap.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
     with tempfile.TemporaryDirectory() as tmp:
         lib = build(pathlib.Path(tmp))
         if args.trace:
-            trace_report(lib)
+            trace_report(lib, args.trace)
             return 0
         if args.profile:
             rung, config = args.profile.split(":")

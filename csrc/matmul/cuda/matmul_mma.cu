@@ -514,7 +514,9 @@ struct RingPos {
 // kDiag (diagnostics, wrong results): bit 0: steps 0-1 share one set of fragments and 2-3
 // another, so the warps read half as much shared memory for the same mma; bit 1: the ring is
 // never refilled (the caller skips the refills) and the waits after its first round pass at
-// once: the loop without waiting on memory.
+// once: the loop without waiting on memory; bit 2 (correct results): the tile boundary amid the
+// last step's mma; bit 3: the waits skipped but the ring refilled, except in the first and last
+// kStages tiles (hangs: see configuration 47).
 template <typename T, int kStages, uint32_t kAStage, uint32_t kBStage, typename Release, typename Finish,
           typename Landed, int kDiag = 0>
 __device__ __forceinline__ void consume_ring_at(const FragAddrs<64, 256, 8, true>& fr, uint32_t full0, int tiles,
@@ -522,7 +524,7 @@ __device__ __forceinline__ void consume_ring_at(const FragAddrs<64, 256, 8, true
                                                 uint32_t (&bf)[2][8][2], RingPos& pos, bool first, bool more,
                                                 Release release, Finish finish, Landed landed) {
   constexpr int kQ = 4, kNT = 8;
-  constexpr bool kHalfLoads = kDiag & 1, kNoWait = kDiag & 2, kSplit = kDiag & 4;
+  constexpr bool kHalfLoads = kDiag & 1, kNoWait = kDiag & 2, kSplit = kDiag & 4, kSkipWaits = kDiag & 8;
   int rs = pos.rs;
   uint32_t rph = pos.rph;
   if (first && tiles > 0) {
@@ -567,7 +569,8 @@ __device__ __forceinline__ void consume_ring_at(const FragAddrs<64, 256, 8, true
         rs = rs + 1 == kStages ? 0 : rs + 1;
         rph ^= rs == 0;
         if (t + 1 < tiles || more) {
-          mbar_wait(full0 + 8 * rs, kNoWait ? 0 : rph);  // the next k tile has landed
+          if (!kSkipWaits || t + 1 < kStages || t + 1 >= tiles - kStages)
+            mbar_wait(full0 + 8 * rs, kNoWait ? 0 : rph);  // the next k tile has landed
           landed(t + 1);
           fr.load(rs * kAStage, rs * kBStage, 0, af[0], bf[0]);
         }
@@ -1076,6 +1079,18 @@ cudaError_t launch_cfg(const GemmParams& p, cudaStream_t stream) {
     return launch_tma<T, 3, true, false, 16, kCfg - 42>(p, stream);
   } else if constexpr (kCfg == 46) {  // 40 with the tile boundary amid the last step's mma
     return launch_tma<T, 3, true, false, 16, 4>(p, stream);
+  } else if constexpr (kCfg == 47) {
+    // Was a diagnostic, 40 not waiting for its refills: it hangs (a stage refilled before its
+    // previous fill landed mixes two phases' byte counts on the full barrier). Removed.
+    return cudaErrorInvalidValue;
+  } else if constexpr (kCfg == 48) {  // 40 with 4 stages
+    return launch_tma<T, 4, true, false, 16>(p, stream);
+  } else if constexpr (kCfg == 49) {  // 48 with its timeline recorded (matmul_tune.py --trace 49)
+    return launch_tma<T, 4, true, true, 16>(p, stream);
+  } else if constexpr (kCfg == 50) {  // 40 with its timeline recorded (matmul_tune.py --trace 50)
+    return launch_tma<T, 3, true, true, 16>(p, stream);
+  } else if constexpr (kCfg == 51) {  // 44 (no memory waits, wrong results) with its timeline
+    return launch_tma<T, 3, true, true, 16, 2>(p, stream);
   } else if constexpr (kCfg == 38) {
     // Was 30 persistent (one k-tile sequence through the ring across the block's output tiles,
     // grouped by 8 tile rows; each tile stored from a buffer of its own while the next one's mma
@@ -1112,6 +1127,7 @@ cudaError_t launch_config(const GemmParams& p, cudaStream_t stream, int config) 
     OPFORGE_MMA_CASE(21) OPFORGE_MMA_CASE(30) OPFORGE_MMA_CASE(39) OPFORGE_MMA_CASE(40)
     OPFORGE_MMA_CASE(41) OPFORGE_MMA_CASE(42) OPFORGE_MMA_CASE(43)
     OPFORGE_MMA_CASE(44) OPFORGE_MMA_CASE(45) OPFORGE_MMA_CASE(46)
+    OPFORGE_MMA_CASE(48) OPFORGE_MMA_CASE(49) OPFORGE_MMA_CASE(50) OPFORGE_MMA_CASE(51)
 #undef OPFORGE_MMA_CASE
     default: return cudaErrorInvalidValue;
   }
