@@ -1,7 +1,5 @@
 // C entry point of the matmul tuning library (benchmarks/micro/matmul_tune.py builds it with the
 // CUDA rungs' files; no torch): runs one rung in one of its configurations.
-#include <cuda_runtime.h>
-
 #include <cstdint>
 
 #include "matmul/cuda/matmul_kernels.h"
@@ -26,22 +24,6 @@ extern "C" int opforge_tune_matmul(int rung, int config, const void* a, const vo
   p.b_bs = b_bs;
   p.c_bs = c_bs;
   p.dtype = static_cast<opforge::DType>(dtype);
-  // The mma rung's workspace (stream-K), kept across calls and grown as needed (as the extension's
-  // caching allocator would hand it out).
-  static void* workspace = nullptr;
-  static int64_t workspace_bytes = 0;
-  if (rung == 1) {
-    const int64_t want = opforge::matmul_mma_workspace_bytes(p);
-    if (want > workspace_bytes) {
-      if (workspace) cudaFree(workspace);
-      workspace = nullptr;
-      workspace_bytes = 0;
-      if (cudaMalloc(&workspace, want) != cudaSuccess) return -2;
-      workspace_bytes = want;
-    }
-    p.workspace = workspace;
-    p.workspace_bytes = workspace_bytes;
-  }
   switch (rung) {
     case 0: return opforge::matmul_warp_tiled_cuda_config(p, stream, config);
     case 1: return opforge::matmul_mma_cuda_config(p, stream, config);

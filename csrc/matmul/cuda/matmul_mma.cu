@@ -1,6 +1,6 @@
 // matmul rung 5, "mma" (float16/bfloat16, sm_80+): tensor cores through mma.sync.m16n8k16 with
-// float32 accumulation. On sm_90 the default is configuration 30 (the TMA kernel below, its tile
-// stored by TMA too); elsewhere, and where TMA cannot serve a call, configuration 9, the cp.async
+// float32 accumulation. On sm_90 the default is configuration 40 (the TMA kernel below, its tile
+// stored by TMA too, blocks walking the tiles in groups of 16 tile rows); elsewhere, and where TMA cannot serve a call, configuration 9, the cp.async
 // kernel described here: a 128 x 256 tile of c per block of 8 warps
 // (2 x 4), 64 x 64 per warp (4 x 8 mma tiles, 128 accumulators a thread). The a and b tiles (64
 // deep) stream through a 3-stage cp.async ring (16-byte copies, zero-filled outside the
@@ -16,7 +16,6 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
-#include <type_traits>
 
 #include "matmul/cuda/matmul_kernels.h"
 #include "matmul/cuda/tensor_core_common.cuh"
@@ -121,24 +120,6 @@ __device__ __forceinline__ void mma16816<__half>(float* d, const uint32_t* a, co
       "{%0,%1,%2,%3};\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
-
-// The same as volatile asm (tuning): kept in program order relative to the loads, waits and
-// atomics, where the compiler would otherwise schedule it.
-template <typename T>
-__device__ __forceinline__ void mma16816_ordered(float* d, const uint32_t* a, const uint32_t* b) {
-  if constexpr (std::is_same<T, __nv_bfloat16>::value)
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-  else
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 
 // Element offsets in the swizzled shared tiles. a: [kBM][kBK], kBK / 8 chunks of 8 per row, chunk
@@ -451,9 +432,10 @@ __global__ void __launch_bounds__(kThreads, kBN == 128 ? 2 : 1)  // 128-wide: tw
 // (benchmarks/results/h200-matmul/tuning/README.md): a fixed thread refilling after an "empty"
 // mbarrier wait was 4% slower, a ninth copying warp cannot launch (288 threads x 224 registers
 // overflow a sub-partition's register file), a persistent grid, a producer warpgroup and two
-// blocks of 128 x 128 tiles per SM gained nothing. The default
-// (configuration 30) also stores the tile by TMA (kTmaStore): 2-3% faster at 4096^3 and 8192^3
-// than the per-thread stores (configuration 20), 10% at 8192 x 1024 x 8192.
+// blocks of 128 x 128 tiles per SM gained nothing, nor did stream-K over the last two waves. The
+// default (configuration 40) also stores the tile by TMA (kTmaStore): 2-3% faster at 4096^3 and
+// 8192^3 than the per-thread stores (configuration 20), 10% at 8192 x 1024 x 8192; and it takes
+// the tiles in groups of 16 tile rows (kGroupRows), 1-3% faster than row by row (30).
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900  // (used only there)
 __device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
@@ -499,78 +481,36 @@ __device__ __forceinline__ void acc_to_smem(const float (&acc)[4][8][4], uint32_
 }
 #endif
 
-// The consumer loop of the TMA kernels: a warp's 64 x 64 piece of a 128 x 256 tile over `tiles`
+// The consumer loop of the TMA kernel: a warp's 64 x 64 piece of the 128 x 256 tile over `tiles`
 // 64-deep k tiles in the ring at stage offsets kAStage, kBStage, each awaited on its "full"
-// mbarrier (full0 + 8 s). Once per k tile, after the warp's last fragments of it are loaded (and
-// a __syncwarp), token = release(s, t) hands stage s back and finish(token, s, t) follows. The
-// ring position (pos) and the fragment registers (af, bf) belong to the caller: the stream-K
-// kernel runs one sequence of k tiles through the ring across its output tiles, so `first` says
-// whether the first fragments are still to be loaded and `more` whether to load the next
-// output tile's at the end.
-struct RingPos {
-  int rs = 0;        // stage of the next k tile
-  uint32_t rph = 0;  // parity of its full phase
-};
-// kDiag (diagnostics, wrong results): bit 0: steps 0-1 share one set of fragments and 2-3
-// another, so the warps read half as much shared memory for the same mma; bit 1: the ring is
-// never refilled (the caller skips the refills) and the waits after its first round pass at
-// once: the loop without waiting on memory; bit 2 (correct results): the tile boundary amid the
-// last step's mma; bit 3: the waits skipped but the ring refilled, except in the first and last
-// kStages tiles (hangs: see configuration 47).
+// mbarrier (full0 + 8 s). Once per tile, after the warp's last fragments of it are loaded (and a
+// __syncwarp), token = release(s, t) hands stage s back and finish(token, s, t) follows.
 template <typename T, int kStages, uint32_t kAStage, uint32_t kBStage, typename Release, typename Finish,
-          typename Landed, int kDiag = 0>
-__device__ __forceinline__ void consume_ring_at(const FragAddrs<64, 256, 8, true>& fr, uint32_t full0, int tiles,
-                                                float (&acc)[4][8][4], uint32_t (&af)[2][4][4],
-                                                uint32_t (&bf)[2][8][2], RingPos& pos, bool first, bool more,
-                                                Release release, Finish finish, Landed landed) {
+          typename Landed = void (*)(int)>
+__device__ __forceinline__ void consume_ring(const FragAddrs<64, 256, 8, true>& fr, uint32_t full0, int tiles,
+                                             float (&acc)[4][8][4], Release release, Finish finish,
+                                             Landed landed = [](int) {}) {
   constexpr int kQ = 4, kNT = 8;
-  constexpr bool kHalfLoads = kDiag & 1, kNoWait = kDiag & 2, kSplit = kDiag & 4, kSkipWaits = kDiag & 8;
-  int rs = pos.rs;
-  uint32_t rph = pos.rph;
-  if (first && tiles > 0) {
-    mbar_wait(full0 + 8 * rs, rph);
-    fr.load(rs * kAStage, rs * kBStage, 0, af[0], bf[0]);
+  uint32_t af[2][4][4], bf[2][kNT][2];
+  if (tiles > 0) {
+    mbar_wait(full0, 0);
+    fr.load(0, 0, 0, af[0], bf[0]);
   }
+  int rs = 0;        // stage of k tile t
+  uint32_t rph = 0;  // parity of its full phase
   for (int t = 0; t < tiles; ++t) {
     const uint32_t st_a = rs * kAStage, st_b = rs * kBStage;
 #pragma unroll
     for (int q = 0; q < kQ; ++q) {
       if (q + 1 < kQ) {
-        if (!kHalfLoads)
-          fr.load(st_a, st_b, q + 1, af[(q + 1) & 1], bf[(q + 1) & 1]);
-        else if (q == 0)
-          fr.load(st_a, st_b, 2, af[1], bf[1]);
-      } else if (kSplit) {
-        // The tile boundary amid the last step's mma (tuning): the release's fence and atomic
-        // issued first, half the mma while its result comes back, then the refill decision, the
-        // wait and the next tile's first fragments, then the other half.
-        __syncwarp();
-        const auto token = release(rs, t);
-#pragma unroll
-        for (int mi = 0; mi < 2; ++mi)
-#pragma unroll
-          for (int nj = 0; nj < kNT; ++nj) mma16816_ordered<T>(acc[mi][nj], af[1][mi], bf[1][nj]);
-        finish(token, rs, t);
-        rs = rs + 1 == kStages ? 0 : rs + 1;
-        rph ^= rs == 0;
-        if (t + 1 < tiles || more) {
-          mbar_wait(full0 + 8 * rs, rph);
-          landed(t + 1);
-          fr.load(rs * kAStage, rs * kBStage, 0, af[0], bf[0]);
-        }
-#pragma unroll
-        for (int mi = 2; mi < 4; ++mi)
-#pragma unroll
-          for (int nj = 0; nj < kNT; ++nj) mma16816_ordered<T>(acc[mi][nj], af[1][mi], bf[1][nj]);
-        continue;
+        fr.load(st_a, st_b, q + 1, af[(q + 1) & 1], bf[(q + 1) & 1]);
       } else {
         __syncwarp();  // the warp's reads of k tile t are done (its last fragments are loaded)
         finish(release(rs, t), rs, t);
         rs = rs + 1 == kStages ? 0 : rs + 1;
         rph ^= rs == 0;
-        if (t + 1 < tiles || more) {
-          if (!kSkipWaits || t + 1 < kStages || t + 1 >= tiles - kStages)
-            mbar_wait(full0 + 8 * rs, kNoWait ? 0 : rph);  // the next k tile has landed
+        if (t + 1 < tiles) {
+          mbar_wait(full0 + 8 * rs, rph);  // k tile t + 1 has landed
           landed(t + 1);
           fr.load(rs * kAStage, rs * kBStage, 0, af[0], bf[0]);
         }
@@ -578,28 +518,9 @@ __device__ __forceinline__ void consume_ring_at(const FragAddrs<64, 256, 8, true
 #pragma unroll
       for (int mi = 0; mi < 4; ++mi)
 #pragma unroll
-        for (int nj = 0; nj < kNT; ++nj) {
-          const int buf = kHalfLoads ? q >> 1 : q & 1;
-          if (kSplit)
-            mma16816_ordered<T>(acc[mi][nj], af[buf][mi], bf[buf][nj]);
-          else
-            mma16816<T>(acc[mi][nj], af[buf][mi], bf[buf][nj]);
-        }
+        for (int nj = 0; nj < kNT; ++nj) mma16816<T>(acc[mi][nj], af[q & 1][mi], bf[q & 1][nj]);
     }
   }
-  pos.rs = rs;
-  pos.rph = rph;
-}
-// One output tile's k tiles, the ring starting at stage 0 (the kernels a block per tile).
-template <typename T, int kStages, uint32_t kAStage, uint32_t kBStage, int kDiag = 0, typename Release,
-          typename Finish, typename Landed = void (*)(int)>
-__device__ __forceinline__ void consume_ring(const FragAddrs<64, 256, 8, true>& fr, uint32_t full0, int tiles,
-                                             float (&acc)[4][8][4], Release release, Finish finish,
-                                             Landed landed = [](int) {}) {
-  uint32_t af[2][4][4], bf[2][8][2];
-  RingPos pos;
-  consume_ring_at<T, kStages, kAStage, kBStage, Release, Finish, Landed, kDiag>(
-      fr, full0, tiles, acc, af, bf, pos, true, false, release, finish, landed);
 }
 
 #ifdef OPFORGE_MATMUL_TUNING
@@ -613,7 +534,7 @@ __device__ unsigned long long g_mma_trace[kTraceBlocks][8][kTraceTiles][3];
 // kTmaStore: the epilogue rounds the tile into the (then idle) ring's shared memory and one
 // thread stores it with bulk tensor copies (no per-element bounds checks: TMA clips at c's
 // edges); map_c is unused otherwise.
-template <typename T, int kStages, bool kTmaStore = false, bool kTrace = false, int kGroupRows = 0, int kDiag = 0>
+template <typename T, int kStages, bool kTmaStore = false, bool kTrace = false, int kGroupRows = 0>
 __global__ void __launch_bounds__(kThreads, 1)
     matmul_mma_tma_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
                           const __grid_constant__ CUtensorMap map_c, T* __restrict__ c, int m, int n, int k,
@@ -633,8 +554,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   int m0 = blockIdx.y * kBM, n0 = blockIdx.x * kBN;
   const int bz = blockIdx.z;
   if constexpr (kGroupRows > 0) {
-    // Blocks in launch order take the tiles of kGroupRows tile rows column by column (tuning):
-    // a wave of 132 blocks then shares fewer panels of a and b than whole tile rows would.
+    // Blocks in launch order take the tiles of kGroupRows tile rows column by column: a wave of
+    // 132 blocks then shares fewer panels of a and b than whole tile rows would (4096^3, 16 x 16
+    // tiles: a wave spans 16 rows by 8-9 columns, against 8-9 whole rows of 16 columns).
     const int tiles_n = gridDim.x, tiles_m = gridDim.y, lin = blockIdx.x + tiles_n * blockIdx.y;
     const int group = lin / (kGroupRows * tiles_n), first = group * kGroupRows;
     const int rows = tiles_m - first < kGroupRows ? tiles_m - first : kGroupRows;
@@ -671,7 +593,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   const FragAddrs<kBK, kBN, kNT, true> fr(a_sm, b_sm, wm * kWM, wn * kWN, lane);
   float acc[4][kNT][4] = {};
-  consume_ring<T, kStages, kAStage, kBStage, kDiag>(
+  consume_ring<T, kStages, kAStage, kBStage>(
       fr, full0, tiles, acc,
       [&](int rs, int t) {  // the warp counts itself out of stage rs
         if (lane == 0) stamp(warp, t, 0);
@@ -684,7 +606,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         return before;
       },
       [&](uint32_t before, int rs, int t) {
-        if (lane == 0 && before % kWarps == kWarps - 1 && t + kStages < tiles && !(kDiag & 2)) {  // the last reader refills
+        if (lane == 0 && before % kWarps == kWarps - 1 && t + kStages < tiles) {  // the last reader refills
           asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // reads before TMA's writes
           issue(rs, t + kStages);
         }
@@ -712,197 +634,6 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif  // sm_90+
 }
 
-// The stream-K kernel (one block per SM, persistent): output tiles in groups of kGroupRows tile
-// rows; when their count is not a multiple of the grid, the first sk_tiles of them (the partial
-// wave plus one full one) are shared out by k tiles: block b takes the k-tile range of rank
-// P - 1 - b (P blocks) of the sk_tiles x tiles_k in a row, then whole tiles sk_tiles + b, + P, ...
-// So every block does the same number of k tiles, where a grid of one tile a block would leave
-// the last wave's SMs idle (4096^3: 512 tiles on 132 SMs, 3.88 waves run as 4). A range that
-// starts inside a tile leaves its partial sums in the block's workspace slot and raises the
-// block's flag; the block whose range holds the tile's first k tiles (a higher block index: it
-// reaches them at the end of its range, the others at the start of theirs) waits for those
-// flags, adds the slots and stores the tile. It waits only on lower block indices, which the GPU
-// starts first, so a grid larger than the GPU can hold at once cannot deadlock.
-struct StreamKPlan {
-  int tiles_m, tiles_n, tiles_k;  // output tiles per batch along m and n; k tiles per output tile
-  int tiles;                      // output tiles, batches included
-  int sk_tiles;                   // the first sk_tiles of them shared out by k tiles
-  // First k tile (of the sk_tiles x tiles_k in a row) of the range of rank r.
-  __device__ __forceinline__ int sk_begin(int r) const {
-    return static_cast<int>(static_cast<int64_t>(sk_tiles) * tiles_k * r / gridDim.x);
-  }
-  // Output tile u: (batch, tile row, tile column), kGroupRows tile rows at a time column by column.
-  template <int kGroupRows>
-  __device__ __forceinline__ void decode(int u, int& bz, int& tm, int& tn) const {
-    const int per_batch = tiles_m * tiles_n;
-    bz = u / per_batch;
-    const int v = u - bz * per_batch, group = v / (kGroupRows * tiles_n), first = group * kGroupRows;
-    const int rows = tiles_m - first < kGroupRows ? tiles_m - first : kGroupRows, w = v - group * kGroupRows * tiles_n;
-    tm = first + w % rows;
-    tn = w / rows;
-  }
-};
-
-template <typename T, int kStages, int kGroupRows>
-__global__ void __launch_bounds__(kThreads, 1)
-    matmul_mma_streamk_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
-                              const __grid_constant__ CUtensorMap map_c, StreamKPlan plan, float4* __restrict__ ws,
-                              unsigned* __restrict__ flags) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  constexpr int kBN = 256, kBK = 64, kWarps = kThreads / 32;
-  using C = Config<kBN, kStages, kBK>;
-  constexpr int kWN = C::kWN, kNT = kWN / 8;
-  constexpr uint32_t kAStage = C::kATile * 2, kBStage = C::kBTile * 2;  // bytes
-  extern __shared__ unsigned char smem_raw[];
-  __shared__ __align__(8) uint64_t full_bar[kStages];
-  __shared__ uint32_t readers_done[kStages];  // warps done with the stage, ever (mod kWarps)
-  const uint32_t a_sm = (tc::smem_addr(smem_raw) + 1023) & ~1023u;  // the swizzle's 1024-byte atoms
-  const uint32_t b_sm = a_sm + kStages * kAStage, c_sm = b_sm + kStages * kBStage;  // c: 128 x 256
-  const uint32_t full0 = tc::smem_addr(full_bar), done0 = tc::smem_addr(readers_done);
-  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, wm = warp / 4, wn = warp % 4;
-  const int blocks = gridDim.x, blk = blockIdx.x, tk = plan.tiles_k;
-  // This block's work: k tiles [s, e) of the stream-K tiles (segments: the pieces in each tile),
-  // then ndp whole tiles.
-  const int s = plan.sk_begin(blocks - 1 - blk), e = plan.sk_begin(blocks - blk);
-  const int sk_first = s / tk, nsk = s < e ? (e - 1) / tk - sk_first + 1 : 0;
-  const int dp = plan.tiles - plan.sk_tiles, ndp = dp > blk ? (dp - 1 - blk) / blocks + 1 : 0;
-  const int nseg = nsk + ndp;
-  const auto segment = [&](int i, int& tile, int& k0, int& k1) {
-    if (i < nsk) {
-      tile = sk_first + i;
-      const int base = tile * tk;
-      k0 = s > base ? s - base : 0;
-      k1 = e - base < tk ? e - base : tk;
-    } else {
-      tile = plan.sk_tiles + blk + (i - nsk) * blocks;
-      k0 = 0;
-      k1 = tk;
-    }
-  };
-  // The refill cursor, in shared memory (registers are short): the next k tile to load, as
-  // segment ni, k index nj of nk1, output tile coordinates. Only the thread refilling reads and
-  // steps it; refills follow each other through the stage counters' acq_rel atomics.
-  __shared__ int cursor[6];  // ni, nj, nk1, bz, tm, tn
-  const auto enter = [&](int i, int* cur) {
-    int tile, k0;
-    segment(i, tile, k0, cur[2]);
-    cur[0] = i;
-    cur[1] = k0;
-    plan.decode<kGroupRows>(tile, cur[3], cur[4], cur[5]);
-  };
-  // Loads the cursor's k tile into stage st and steps the cursor (nothing once the block has none left).
-  const auto refill = [&](int st) {
-    int cur[6];
-#pragma unroll
-    for (int x = 0; x < 6; ++x) cur[x] = cursor[x];
-    if (cur[0] >= nseg) return;
-    tma_fill_stage<kAStage, kBStage>(&map_a, &map_b, a_sm, b_sm, full0, st, cur[1], cur[4] * kBM, cur[5] * kBN,
-                                     cur[3]);
-    if (++cur[1] == cur[2]) {
-      if (++cur[0] < nseg) enter(cur[0], cur);
-    }
-#pragma unroll
-    for (int x = 0; x < 6; ++x) cursor[x] = cur[x];
-  };
-  if (tid == 0) {
-#pragma unroll
-    for (int st = 0; st < kStages; ++st) {
-      mbar_init(full0 + 8 * st, 1);  // the issuing thread's arrival (plus the bytes)
-      readers_done[st] = 0;
-    }
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");  // visible to the TMA unit
-    int cur[6] = {nseg, 0, 0, 0, 0, 0};
-    if (nseg > 0) enter(0, cur);
-#pragma unroll
-    for (int x = 0; x < 6; ++x) cursor[x] = cur[x];
-    for (int st = 0; st < kStages; ++st) refill(st);
-  }
-  __syncthreads();
-
-  const FragAddrs<kBK, kBN, kNT, true> fr(a_sm, b_sm, wm * kWM, wn * kWN, lane);
-  uint32_t af[2][4][4], bf[2][kNT][2];
-  RingPos pos;
-  for (int i = 0; i < nseg; ++i) {
-    int tile, k0, k1;
-    segment(i, tile, k0, k1);
-    float acc[4][kNT][4] = {};
-    consume_ring_at<T, kStages, kAStage, kBStage>(
-        fr, full0, k1 - k0, acc, af, bf, pos, i == 0, i + 1 < nseg,
-        [&](int rs, int) {  // the warp counts itself out of stage rs
-          uint32_t before = 0;
-          if (lane == 0)
-            asm volatile("atom.acq_rel.cta.shared::cta.add.u32 %0, [%1], 1;\n"
-                         : "=r"(before)
-                         : "r"(done0 + 4 * rs)
-                         : "memory");
-          return before;
-        },
-        [&](uint32_t before, int rs, int) {
-          if (lane == 0 && before % kWarps == kWarps - 1) {  // the last reader refills
-            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // reads before TMA's writes
-            refill(rs);
-          }
-        },
-        [](int) {});
-    float4* slot = ws + static_cast<int64_t>(blk) * (32 * kThreads) + tid;  // [32][kThreads] float4
-    if (k0 > 0) {  // a tile's later k tiles: the partial sums to this block's slot, then its flag
-#pragma unroll
-      for (int mi = 0; mi < 4; ++mi)
-#pragma unroll
-        for (int nj2 = 0; nj2 < kNT; ++nj2)
-          slot[(mi * kNT + nj2) * kThreads] =
-              make_float4(acc[mi][nj2][0], acc[mi][nj2][1], acc[mi][nj2][2], acc[mi][nj2][3]);
-      __syncthreads();
-      if (tid == 0) {
-        __threadfence();
-        asm volatile("st.release.gpu.global.u32 [%0], %1;\n" ::"l"(flags + blk), "r"(1u) : "memory");
-      }
-      continue;
-    }
-    if (k1 < tk) {  // the tile's other k tiles: blocks blk - 1, blk - 2, ... whose ranges start in it
-      const int tile_end = (tile + 1) * tk;
-      for (int o = blk - 1; o >= 0 && plan.sk_begin(blocks - 1 - o) < tile_end; --o) {
-        if (tid == 0) {
-          unsigned ready = 0;
-          while (true) {
-            asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(ready) : "l"(flags + o) : "memory");
-            if (ready) break;
-            __nanosleep(64);
-          }
-        }
-        __syncthreads();
-        const float4* other = ws + static_cast<int64_t>(o) * (32 * kThreads) + tid;
-#pragma unroll
-        for (int mi = 0; mi < 4; ++mi)
-#pragma unroll
-          for (int nj2 = 0; nj2 < kNT; ++nj2) {
-            const float4 v = __ldcg(other + (mi * kNT + nj2) * kThreads);
-            acc[mi][nj2][0] += v.x;
-            acc[mi][nj2][1] += v.y;
-            acc[mi][nj2][2] += v.z;
-            acc[mi][nj2][3] += v.w;
-          }
-      }
-    }
-    int bz, tm, tn;
-    plan.decode<kGroupRows>(tile, bz, tm, tn);
-    if (tid == 0) asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");  // the last tile's stores
-    __syncthreads();                                                                // have read the buffer
-    acc_to_smem<T>(acc, c_sm, wn, wm * kWM, lane);
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the writes, to the bulk copies
-    __syncthreads();
-    if (tid == 0) {
-#pragma unroll
-      for (int b = 0; b < kBN / 64; ++b) tc::tma_store3(&map_c, c_sm + b * 16384, tn * kBN + 64 * b, tm * kBM, bz);
-      asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
-    }
-  }
-  if (tid == 0) asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");  // before the memory goes
-#else
-  __trap();  // no sm_90 code for this GPU: the launcher falls back
-#endif  // sm_90+
-}
-
 template <typename T, int kBN, int kStages, int kBK = 32, bool kFast = false, bool kPipe = false, bool kMbar = false>
 cudaError_t launch(const GemmParams& p, cudaStream_t stream) {
   using C = Config<kBN, kStages, kBK>;
@@ -923,17 +654,17 @@ cudaError_t launch(const GemmParams& p, cudaStream_t stream) {
 // is then an sm_90 one too), the batch strides are not 0 (TMA strides) and the coordinates fit
 // in int. Else the cp.async kernel (configuration 9). kTmaStore (the bulk-store epilogue) needs
 // c's base and strides in multiples of 16 bytes; else the same kernel stores pairs from registers.
-template <typename T, int kStages, bool kTmaStore = false, bool kTrace = false, int kGroupRows = 0, int kDiag = 0>
+template <typename T, int kStages, bool kTmaStore = false, bool kTrace = false, int kGroupRows = 0>
 cudaError_t launch_tma(const GemmParams& p, cudaStream_t stream) {
   if constexpr (kTmaStore) {
-    if (!tc::tma_storable(p)) return launch_tma<T, kStages, false, kTrace, kGroupRows, kDiag>(p, stream);
+    if (!tc::tma_storable(p)) return launch_tma<T, kStages, false, kTrace, kGroupRows>(p, stream);
   }
   const auto fallback = [&] { return launch<T, 256, 3, 64, true, true>(p, stream); };
   using C = Config<256, kStages, 64>;
   constexpr int kSmem = C::kSmemBytes + 1024;  // + alignment to 1024 bytes
   constexpr int64_t kMax = (int64_t{1} << 31) - 512;
   if ((p.batch > 1 && (p.a_bs == 0 || p.b_bs == 0)) || p.m >= kMax || p.n >= kMax || p.k >= kMax) return fallback();
-  const auto kernel = matmul_mma_tma_kernel<T, kStages, kTmaStore, kTrace, kGroupRows, kDiag>;
+  const auto kernel = matmul_mma_tma_kernel<T, kStages, kTmaStore, kTrace, kGroupRows>;
   static signed char configured[64] = {};
   const cudaError_t err = tc::configure_once(kernel, kSmem, configured,
                                              [](const cudaFuncAttributes& f) { return f.ptxVersion >= 90; });
@@ -948,61 +679,6 @@ cudaError_t launch_tma(const GemmParams& p, cudaStream_t stream) {
                   static_cast<unsigned>(p.batch));
   kernel<<<grid, kThreads, kSmem, stream>>>(map_a, map_b, map_c, static_cast<T*>(p.c), static_cast<int>(p.m),
                                             static_cast<int>(p.n), static_cast<int>(p.k), p.c_rs, p.c_bs);
-  return cudaGetLastError();
-}
-
-// The stream-K kernel's plan for p on this GPU, if it has one: T > P output tiles (a tile a
-// block would leave a partial last wave) and TMA-able operands; false otherwise.
-constexpr int kSkGroupRows = 16;
-bool streamk_plan(const GemmParams& p, StreamKPlan& plan, int& blocks) {
-  constexpr int64_t kMax = (int64_t{1} << 31) - 512;
-  if (!tc::tma_storable(p) || (p.batch > 1 && (p.a_bs == 0 || p.b_bs == 0)) || p.m >= kMax || p.n >= kMax ||
-      p.k >= kMax)
-    return false;
-  const int64_t tiles_m = (p.m + kBM - 1) / kBM, tiles_n = (p.n + 255) / 256, tiles_k = (p.k + 63) / 64;
-  const int64_t tiles = tiles_m * tiles_n * p.batch;
-  int dev = 0, sms = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
-    return false;
-  if (tiles <= sms || tiles % sms == 0 || tiles_k < 8 || tiles * tiles_k >= kMax) return false;
-  blocks = sms;
-  plan = StreamKPlan{static_cast<int>(tiles_m), static_cast<int>(tiles_n), static_cast<int>(tiles_k),
-                     static_cast<int>(tiles), static_cast<int>(tiles % sms + sms)};
-  return true;
-}
-// Workspace of the stream-K kernel for `blocks` blocks: a flag each (256-byte aligned), then a
-// 128 x 256 float32 slot each.
-constexpr int64_t kSkFlagBytes = 1024;  // up to 256 blocks
-int64_t streamk_workspace_bytes(int blocks) { return blocks > 256 ? 0 : kSkFlagBytes + int64_t{blocks} * kBM * 256 * 4; }
-
-// The stream-K kernel where it has a plan and workspace (p.workspace, matmul_mma_workspace_bytes);
-// else configuration 30 (a block per tile).
-template <typename T, int kStages>
-cudaError_t launch_streamk(const GemmParams& p, cudaStream_t stream) {
-  const auto fallback = [&] { return launch_tma<T, 3, true>(p, stream); };
-  StreamKPlan plan{};
-  int blocks = 0;
-  if (!streamk_plan(p, plan, blocks) || streamk_workspace_bytes(blocks) == 0 ||
-      p.workspace_bytes < streamk_workspace_bytes(blocks) || reinterpret_cast<uintptr_t>(p.workspace) % 256 != 0)
-    return fallback();
-  using C = Config<256, kStages, 64>;
-  constexpr int kSmem = C::kSmemBytes + kBM * 256 * 2 + 1024;  // ring, c buffer, alignment
-  const auto kernel = matmul_mma_streamk_kernel<T, kStages, kSkGroupRows>;
-  static signed char configured[64] = {};
-  cudaError_t err = tc::configure_once(kernel, kSmem, configured,
-                                       [](const cudaFuncAttributes& f) { return f.ptxVersion >= 90; });
-  if (err == cudaErrorInvalidConfiguration) return fallback();
-  if (err != cudaSuccess) return err;
-  CUtensorMap map_a{}, map_b{}, map_c{};
-  if (!tc::make_tma_map(&map_a, p.a, p.dtype, p.m, p.k, p.batch, p.a_rs, p.a_bs, 64, kBM) ||
-      !tc::make_tma_map(&map_b, p.b, p.dtype, p.k, p.n, p.batch, p.b_rs, p.b_bs, 64, 64) ||
-      !tc::make_tma_map(&map_c, p.c, p.dtype, p.m, p.n, p.batch, p.c_rs, p.c_bs, 64, kBM))
-    return fallback();
-  auto* ws_bytes = static_cast<unsigned char*>(p.workspace);
-  err = cudaMemsetAsync(ws_bytes, 0, static_cast<size_t>(blocks) * 4, stream);  // the flags
-  if (err != cudaSuccess) return err;
-  kernel<<<static_cast<unsigned>(blocks), kThreads, kSmem, stream>>>(
-      map_a, map_b, map_c, plan, reinterpret_cast<float4*>(ws_bytes + kSkFlagBytes), reinterpret_cast<unsigned*>(ws_bytes));
   return cudaGetLastError();
 }
 
@@ -1065,32 +741,22 @@ cudaError_t launch_cfg(const GemmParams& p, cudaStream_t stream) {
     // store): 0.592x / 0.654x, L2 traffic up by a third; 30 with the refill decision deferred
     // past the tile's last mma (32; 33, 4 stages): 0.651x / 0.654x against 30's 0.697x. Removed.
     return cudaErrorInvalidValue;
-  } else if constexpr (kCfg == 30) {  // 20, the tile stored by TMA (the default on sm_90)
+  } else if constexpr (kCfg == 30) {  // 20, the tile stored by TMA
     return launch_tma<T, 3, true>(p, stream);
-  } else if constexpr (kCfg == 39) {  // 30 with its timeline recorded (tuning: matmul_tune.py --trace)
-    return launch_tma<T, 3, true, true>(p, stream);
-  } else if constexpr (kCfg == 40) {  // 30, blocks over groups of 16 tile rows (not yet measured)
-    return launch_tma<T, 3, true, false, 16>(p, stream);
-  } else if constexpr (kCfg == 41) {  // 30, 4 stages (not yet measured)
-    return launch_tma<T, 4, true>(p, stream);
-  } else if constexpr (kCfg == 42) {  // stream-K over the last two waves, tiles in groups of 16 rows
-    return launch_streamk<T, 3>(p, stream);
-  } else if constexpr (kCfg >= 43 && kCfg <= 45) {  // diagnostics (wrong results): 40 with kDiag 1-3
-    return launch_tma<T, 3, true, false, 16, kCfg - 42>(p, stream);
-  } else if constexpr (kCfg == 46) {  // 40 with the tile boundary amid the last step's mma
-    return launch_tma<T, 3, true, false, 16, 4>(p, stream);
-  } else if constexpr (kCfg == 47) {
-    // Was a diagnostic, 40 not waiting for its refills: it hangs (a stage refilled before its
-    // previous fill landed mixes two phases' byte counts on the full barrier). Removed.
-    return cudaErrorInvalidValue;
-  } else if constexpr (kCfg == 48) {  // 40 with 4 stages
-    return launch_tma<T, 4, true, false, 16>(p, stream);
-  } else if constexpr (kCfg == 49) {  // 48 with its timeline recorded (matmul_tune.py --trace 49)
-    return launch_tma<T, 4, true, true, 16>(p, stream);
-  } else if constexpr (kCfg == 50) {  // 40 with its timeline recorded (matmul_tune.py --trace 50)
+  } else if constexpr (kCfg == 39) {  // 40 with its timeline recorded (tuning: matmul_tune.py --trace)
     return launch_tma<T, 3, true, true, 16>(p, stream);
-  } else if constexpr (kCfg == 51) {  // 44 (no memory waits, wrong results) with its timeline
-    return launch_tma<T, 3, true, true, 16, 2>(p, stream);
+  } else if constexpr (kCfg == 40) {  // 30, blocks over groups of 16 tile rows (the default on sm_90)
+    return launch_tma<T, 3, true, false, 16>(p, stream);
+  } else if constexpr (kCfg >= 41 && kCfg <= 51) {
+    // Were (tuning/README.md, measured next to 30 or 40): 41, 48: 30 and 40 with 4 stages: 467.7
+    // vs 469.3 TFLOP/s at 4096^3, and the same cycles per k tile as 40 in its trace (the leading
+    // warps' lead grows by the extra stage and they still wait); 42: 40 persistent with stream-K
+    // over the last two waves (partial tiles summed through a workspace): 437 vs 30's 476 TFLOP/s
+    // at 4096^3, 439 vs 452 at 8192^3 (the stream-K blocks work at staggered k offsets, so the
+    // panels they read no longer share L2); 46: the tile boundary's atomic, wait and loads amid
+    // the last step's mma: 485 vs 40's 487; 43-45, 47, 49-51: diagnostics (half the fragment reads:
+    // +1.5% at 4096^3; no refills and no waits: +10%, 6% fewer cycles per k tile; 47 hung).
+    return cudaErrorInvalidValue;
   } else if constexpr (kCfg == 38) {
     // Was 30 persistent (one k-tile sequence through the ring across the block's output tiles,
     // grouped by 8 tile rows; each tile stored from a buffer of its own while the next one's mma
@@ -1111,7 +777,7 @@ cudaError_t launch_cfg(const GemmParams& p, cudaStream_t stream) {
 }
 
 #ifndef OPFORGE_MMA_CONFIG
-#define OPFORGE_MMA_CONFIG 30
+#define OPFORGE_MMA_CONFIG 40
 #endif
 
 template <typename T>
@@ -1125,9 +791,6 @@ cudaError_t launch_config(const GemmParams& p, cudaStream_t stream, int config) 
     OPFORGE_MMA_CASE(5) OPFORGE_MMA_CASE(6) OPFORGE_MMA_CASE(7) OPFORGE_MMA_CASE(8) OPFORGE_MMA_CASE(9)
     OPFORGE_MMA_CASE(10) OPFORGE_MMA_CASE(11) OPFORGE_MMA_CASE(13) OPFORGE_MMA_CASE(14) OPFORGE_MMA_CASE(20)
     OPFORGE_MMA_CASE(21) OPFORGE_MMA_CASE(30) OPFORGE_MMA_CASE(39) OPFORGE_MMA_CASE(40)
-    OPFORGE_MMA_CASE(41) OPFORGE_MMA_CASE(42) OPFORGE_MMA_CASE(43)
-    OPFORGE_MMA_CASE(44) OPFORGE_MMA_CASE(45) OPFORGE_MMA_CASE(46)
-    OPFORGE_MMA_CASE(48) OPFORGE_MMA_CASE(49) OPFORGE_MMA_CASE(50) OPFORGE_MMA_CASE(51)
 #undef OPFORGE_MMA_CASE
     default: return cudaErrorInvalidValue;
   }
@@ -1149,12 +812,6 @@ int matmul_mma_cuda_config(const GemmParams& p, void* stream, int config) {
 }
 
 int matmul_mma_cuda(const GemmParams& p, void* stream) { return matmul_mma_cuda_config(p, stream, -1); }
-
-int64_t matmul_mma_workspace_bytes(const GemmParams& p) {
-  StreamKPlan plan{};
-  int blocks = 0;
-  return streamk_plan(p, plan, blocks) ? streamk_workspace_bytes(blocks) : 0;
-}
 
 #ifdef OPFORGE_MATMUL_TUNING
 // Copies configuration 39's timeline (the last run's) to host memory (matmul_tune.py --trace).
