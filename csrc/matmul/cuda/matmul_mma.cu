@@ -482,18 +482,17 @@ __device__ __forceinline__ void acc_to_smem(const float (&acc)[4][8][4], uint32_
 #endif
 
 // The consumer loop of the TMA kernel: a warp's 64 x 64 piece of the 128 x 256 tile over `tiles`
-// 64-deep k tiles in the ring at stage offsets kAStage, kBStage, each awaited on its "full"
-// mbarrier (full0 + 8 s). Once per tile, after the warp's last fragments of it are loaded (and a
+// 64-deep k tiles in the ring at stage offsets kAStage, kBStage, each awaited by wait(s, parity)
+// (the stage's "full" mbarrier, or its pieces' ones). Once per tile, after the warp's last fragments of it are loaded (and a
 // __syncwarp), token = release(s, t) hands stage s back and finish(token, s, t) follows.
-template <typename T, int kStages, uint32_t kAStage, uint32_t kBStage, typename Release, typename Finish,
-          typename Landed = void (*)(int)>
-__device__ __forceinline__ void consume_ring(const FragAddrs<64, 256, 8, true>& fr, uint32_t full0, int tiles,
-                                             float (&acc)[4][8][4], Release release, Finish finish,
-                                             Landed landed = [](int) {}) {
+template <typename T, int kStages, uint32_t kAStage, uint32_t kBStage, typename Wait, typename Release,
+          typename Finish, typename Landed>
+__device__ __forceinline__ void consume_ring(const FragAddrs<64, 256, 8, true>& fr, Wait wait, int tiles,
+                                             float (&acc)[4][8][4], Release release, Finish finish, Landed landed) {
   constexpr int kQ = 4, kNT = 8;
   uint32_t af[2][4][4], bf[2][kNT][2];
   if (tiles > 0) {
-    mbar_wait(full0, 0);
+    wait(0, 0);
     fr.load(0, 0, 0, af[0], bf[0]);
   }
   int rs = 0;        // stage of k tile t
@@ -510,7 +509,7 @@ __device__ __forceinline__ void consume_ring(const FragAddrs<64, 256, 8, true>& 
         rs = rs + 1 == kStages ? 0 : rs + 1;
         rph ^= rs == 0;
         if (t + 1 < tiles) {
-          mbar_wait(full0 + 8 * rs, rph);  // k tile t + 1 has landed
+          wait(rs, rph);  // k tile t + 1 has landed
           landed(t + 1);
           fr.load(rs * kAStage, rs * kBStage, 0, af[0], bf[0]);
         }
@@ -533,8 +532,13 @@ __device__ unsigned long long g_mma_trace[kTraceBlocks][8][kTraceTiles][3];
 
 // kTmaStore: the epilogue rounds the tile into the (then idle) ring's shared memory and one
 // thread stores it with bulk tensor copies (no per-element bounds checks: TMA clips at c's
-// edges); map_c is unused otherwise.
-template <typename T, int kStages, bool kTmaStore = false, bool kTrace = false, int kGroupRows = 0>
+// edges); map_c is unused otherwise. kPieces (tuning): a stage is six pieces, each with its own
+// full mbarrier and reader count: a's two 64-row halves (map_a's boxes 64 rows high), each read
+// by the 4 warps of its row and refilled by the last of them, and b's four 64-column boxes, each
+// read by the 2 warps of its column (one scheduler's pair) and refilled by the second. A warp
+// waits for its two pieces only, and no piece waits for the slowest of all 8 warps.
+template <typename T, int kStages, bool kTmaStore = false, bool kTrace = false, int kGroupRows = 0,
+          bool kPieces = false>
 __global__ void __launch_bounds__(kThreads, 1)
     matmul_mma_tma_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
                           const __grid_constant__ CUtensorMap map_c, T* __restrict__ c, int m, int n, int k,
@@ -544,9 +548,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   using C = Config<kBN, kStages, kBK>;
   constexpr int kWN = C::kWN, kNT = kWN / 8;
   constexpr uint32_t kAStage = C::kATile * 2, kBStage = C::kBTile * 2;  // bytes
+  constexpr int kBars = kPieces ? 6 : 1;  // full mbarriers (and reader counts) per stage
   extern __shared__ unsigned char smem_raw[];
-  __shared__ __align__(8) uint64_t full_bar[kStages];
-  __shared__ uint32_t readers_done[kStages];  // warps done with the stage, ever (mod kWarps)
+  __shared__ __align__(8) uint64_t full_bar[kStages * kBars];
+  __shared__ uint32_t readers_done[kStages * kBars];  // warps done with the stage (piece), ever
   const uint32_t a_sm = (tc::smem_addr(smem_raw) + 1023) & ~1023u;  // the swizzle's 1024-byte atoms
   const uint32_t b_sm = a_sm + kStages * kAStage;
   const uint32_t full0 = tc::smem_addr(full_bar), done0 = tc::smem_addr(readers_done);
@@ -579,9 +584,19 @@ __global__ void __launch_bounds__(kThreads, 1)
     stamp(0, j, 2);
     tma_fill_stage<kAStage, kBStage>(&map_a, &map_b, a_sm, b_sm, full0, s, j, m0, n0, bz);
   };
+  // kPieces: piece x (0, 1: a's halves; 2-5: b's boxes) of k tile j into stage s.
+  auto issue_piece = [&](int s, int j, int x) {
+    constexpr uint32_t kPiece = 64 * 64 * 2;
+    const uint32_t bar = full0 + 8 * (s * kBars + x);
+    mbar_expect_tx(bar, kPiece);
+    if (x < 2)
+      tma_load3(a_sm + s * kAStage + x * kPiece, &map_a, j * kBK, m0 + 64 * x, bz, bar);
+    else
+      tma_load3(b_sm + s * kBStage + (x - 2) * kPiece, &map_b, n0 + 64 * (x - 2), j * kBK, bz, bar);
+  };
   if (tid == 0) {
 #pragma unroll
-    for (int s = 0; s < kStages; ++s) {
+    for (int s = 0; s < kStages * kBars; ++s) {
       mbar_init(full0 + 8 * s, 1);  // the issuing thread's arrival (plus the bytes)
       readers_done[s] = 0;
     }
@@ -589,31 +604,61 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   __syncthreads();
   if (tid == 0)
-    for (int s = 0; s < kStages && s < tiles; ++s) issue(s, s);
+    for (int s = 0; s < kStages && s < tiles; ++s) {
+      if constexpr (kPieces) {
+        for (int x = 0; x < kBars; ++x) issue_piece(s, s, x);
+      } else {
+        issue(s, s);
+      }
+    }
 
   const FragAddrs<kBK, kBN, kNT, true> fr(a_sm, b_sm, wm * kWM, wn * kWN, lane);
   float acc[4][kNT][4] = {};
-  consume_ring<T, kStages, kAStage, kBStage>(
-      fr, full0, tiles, acc,
-      [&](int rs, int t) {  // the warp counts itself out of stage rs
-        if (lane == 0) stamp(warp, t, 0);
-        uint32_t before = 0;
-        if (lane == 0)
-          asm volatile("atom.acq_rel.cta.shared::cta.add.u32 %0, [%1], 1;\n"
-                       : "=r"(before)
-                       : "r"(done0 + 4 * rs)
-                       : "memory");
-        return before;
-      },
-      [&](uint32_t before, int rs, int t) {
-        if (lane == 0 && before % kWarps == kWarps - 1 && t + kStages < tiles) {  // the last reader refills
-          asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // reads before TMA's writes
-          issue(rs, t + kStages);
-        }
-      },
-      [&](int t) {
-        if (lane == 0) stamp(warp, t, 1);
-      });
+  const auto count_out = [&](uint32_t counter) {  // lane 0: one more reader done; the count before
+    uint32_t before = 0;
+    if (lane == 0)
+      asm volatile("atom.acq_rel.cta.shared::cta.add.u32 %0, [%1], 1;\n" : "=r"(before) : "r"(counter) : "memory");
+    return before;
+  };
+  const auto stamp_landed = [&](int t) {
+    if (lane == 0) stamp(warp, t, 1);
+  };
+  if constexpr (kPieces) {
+    const int xa = wm, xb = 2 + wn;  // this warp's pieces
+    consume_ring<T, kStages, kAStage, kBStage>(
+        fr,
+        [&](int rs, uint32_t parity) {
+          mbar_wait(full0 + 8 * (rs * kBars + xa), parity);
+          mbar_wait(full0 + 8 * (rs * kBars + xb), parity);
+        },
+        tiles, acc,
+        [&](int rs, int) {  // the warp counts itself out of its two pieces of stage rs
+          return make_uint2(count_out(done0 + 4 * (rs * kBars + xa)), count_out(done0 + 4 * (rs * kBars + xb)));
+        },
+        [&](uint2 before, int rs, int t) {
+          const bool a_last = before.x % 4 == 3, b_last = before.y % 2 == 1;  // 4 readers of a half, 2 of b's box
+          if (lane == 0 && (a_last || b_last) && t + kStages < tiles) {
+            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // reads before TMA's writes
+            if (a_last) issue_piece(rs, t + kStages, xa);
+            if (b_last) issue_piece(rs, t + kStages, xb);
+          }
+        },
+        stamp_landed);
+  } else {
+    consume_ring<T, kStages, kAStage, kBStage>(
+        fr, [&](int rs, uint32_t parity) { mbar_wait(full0 + 8 * rs, parity); }, tiles, acc,
+        [&](int rs, int t) {  // the warp counts itself out of stage rs
+          if (lane == 0) stamp(warp, t, 0);
+          return count_out(done0 + 4 * rs);
+        },
+        [&](uint32_t before, int rs, int t) {
+          if (lane == 0 && before % kWarps == kWarps - 1 && t + kStages < tiles) {  // the last reader refills
+            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // reads before TMA's writes
+            issue(rs, t + kStages);
+          }
+        },
+        stamp_landed);
+  }
   if constexpr (kTmaStore) {
     static_assert(128 * kBN * 2 <= kStages * (kAStage + kBStage), "the tile fits in the ring");
     __syncthreads();  // every warp is done with the ring (and every copy into it has landed)
@@ -654,24 +699,25 @@ cudaError_t launch(const GemmParams& p, cudaStream_t stream) {
 // is then an sm_90 one too), the batch strides are not 0 (TMA strides) and the coordinates fit
 // in int. Else the cp.async kernel (configuration 9). kTmaStore (the bulk-store epilogue) needs
 // c's base and strides in multiples of 16 bytes; else the same kernel stores pairs from registers.
-template <typename T, int kStages, bool kTmaStore = false, bool kTrace = false, int kGroupRows = 0>
+template <typename T, int kStages, bool kTmaStore = false, bool kTrace = false, int kGroupRows = 0,
+          bool kPieces = false>
 cudaError_t launch_tma(const GemmParams& p, cudaStream_t stream) {
   if constexpr (kTmaStore) {
-    if (!tc::tma_storable(p)) return launch_tma<T, kStages, false, kTrace, kGroupRows>(p, stream);
+    if (!tc::tma_storable(p)) return launch_tma<T, kStages, false, kTrace, kGroupRows, kPieces>(p, stream);
   }
   const auto fallback = [&] { return launch<T, 256, 3, 64, true, true>(p, stream); };
   using C = Config<256, kStages, 64>;
   constexpr int kSmem = C::kSmemBytes + 1024;  // + alignment to 1024 bytes
   constexpr int64_t kMax = (int64_t{1} << 31) - 512;
   if ((p.batch > 1 && (p.a_bs == 0 || p.b_bs == 0)) || p.m >= kMax || p.n >= kMax || p.k >= kMax) return fallback();
-  const auto kernel = matmul_mma_tma_kernel<T, kStages, kTmaStore, kTrace, kGroupRows>;
+  const auto kernel = matmul_mma_tma_kernel<T, kStages, kTmaStore, kTrace, kGroupRows, kPieces>;
   static signed char configured[64] = {};
   const cudaError_t err = tc::configure_once(kernel, kSmem, configured,
                                              [](const cudaFuncAttributes& f) { return f.ptxVersion >= 90; });
   if (err == cudaErrorInvalidConfiguration) return fallback();
   if (err != cudaSuccess) return err;
   CUtensorMap map_a{}, map_b{}, map_c{};
-  if (!tc::make_tma_map(&map_a, p.a, p.dtype, p.m, p.k, p.batch, p.a_rs, p.a_bs, 64, kBM) ||
+  if (!tc::make_tma_map(&map_a, p.a, p.dtype, p.m, p.k, p.batch, p.a_rs, p.a_bs, 64, kPieces ? 64 : kBM) ||
       !tc::make_tma_map(&map_b, p.b, p.dtype, p.k, p.n, p.batch, p.b_rs, p.b_bs, 64, 64) ||
       (kTmaStore && !tc::make_tma_map(&map_c, p.c, p.dtype, p.m, p.n, p.batch, p.c_rs, p.c_bs, 64, kBM)))
     return fallback();
@@ -747,6 +793,10 @@ cudaError_t launch_cfg(const GemmParams& p, cudaStream_t stream) {
     return launch_tma<T, 3, true, true, 16>(p, stream);
   } else if constexpr (kCfg == 40) {  // 30, blocks over groups of 16 tile rows (the default on sm_90)
     return launch_tma<T, 3, true, false, 16>(p, stream);
+  } else if constexpr (kCfg == 52) {  // 40 with each stage in six pieces (kPieces; not yet measured)
+    return launch_tma<T, 3, true, false, 16, true>(p, stream);
+  } else if constexpr (kCfg == 53) {  // 52 with 4 stages (not yet measured)
+    return launch_tma<T, 4, true, false, 16, true>(p, stream);
   } else if constexpr (kCfg >= 41 && kCfg <= 51) {
     // Were (tuning/README.md, measured next to 30 or 40): 41, 48: 30 and 40 with 4 stages: 467.7
     // vs 469.3 TFLOP/s at 4096^3, and the same cycles per k tile as 40 in its trace (the leading
@@ -791,6 +841,7 @@ cudaError_t launch_config(const GemmParams& p, cudaStream_t stream, int config) 
     OPFORGE_MMA_CASE(5) OPFORGE_MMA_CASE(6) OPFORGE_MMA_CASE(7) OPFORGE_MMA_CASE(8) OPFORGE_MMA_CASE(9)
     OPFORGE_MMA_CASE(10) OPFORGE_MMA_CASE(11) OPFORGE_MMA_CASE(13) OPFORGE_MMA_CASE(14) OPFORGE_MMA_CASE(20)
     OPFORGE_MMA_CASE(21) OPFORGE_MMA_CASE(30) OPFORGE_MMA_CASE(39) OPFORGE_MMA_CASE(40)
+    OPFORGE_MMA_CASE(52) OPFORGE_MMA_CASE(53)
 #undef OPFORGE_MMA_CASE
     default: return cudaErrorInvalidValue;
   }
