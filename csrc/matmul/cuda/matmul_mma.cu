@@ -587,6 +587,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   // kPieces: piece x (0, 1: a's halves; 2-5: b's boxes) of k tile j into stage s.
   auto issue_piece = [&](int s, int j, int x) {
     constexpr uint32_t kPiece = 64 * 64 * 2;
+    if (x == 0) stamp(0, j, 2);  // (the trace's fill time: a's first half)
     const uint32_t bar = full0 + 8 * (s * kBars + x);
     mbar_expect_tx(bar, kPiece);
     if (x < 2)
@@ -632,7 +633,8 @@ __global__ void __launch_bounds__(kThreads, 1)
           mbar_wait(full0 + 8 * (rs * kBars + xb), parity);
         },
         tiles, acc,
-        [&](int rs, int) {  // the warp counts itself out of its two pieces of stage rs
+        [&](int rs, int t) {  // the warp counts itself out of its two pieces of stage rs
+          if (lane == 0) stamp(warp, t, 0);
           return make_uint2(count_out(done0 + 4 * (rs * kBars + xa)), count_out(done0 + 4 * (rs * kBars + xb)));
         },
         [&](uint2 before, int rs, int t) {
@@ -797,6 +799,8 @@ cudaError_t launch_cfg(const GemmParams& p, cudaStream_t stream) {
     return launch_tma<T, 3, true, false, 16, true>(p, stream);
   } else if constexpr (kCfg == 53) {  // 52 with 4 stages (not yet measured)
     return launch_tma<T, 4, true, false, 16, true>(p, stream);
+  } else if constexpr (kCfg == 54) {  // 52 with its timeline recorded (matmul_tune.py --trace 54)
+    return launch_tma<T, 3, true, true, 16, true>(p, stream);
   } else if constexpr (kCfg >= 41 && kCfg <= 51) {
     // Were (tuning/README.md, measured next to 30 or 40): 41, 48: 30 and 40 with 4 stages: 467.7
     // vs 469.3 TFLOP/s at 4096^3, and the same cycles per k tile as 40 in its trace (the leading
@@ -841,7 +845,7 @@ cudaError_t launch_config(const GemmParams& p, cudaStream_t stream, int config) 
     OPFORGE_MMA_CASE(5) OPFORGE_MMA_CASE(6) OPFORGE_MMA_CASE(7) OPFORGE_MMA_CASE(8) OPFORGE_MMA_CASE(9)
     OPFORGE_MMA_CASE(10) OPFORGE_MMA_CASE(11) OPFORGE_MMA_CASE(13) OPFORGE_MMA_CASE(14) OPFORGE_MMA_CASE(20)
     OPFORGE_MMA_CASE(21) OPFORGE_MMA_CASE(30) OPFORGE_MMA_CASE(39) OPFORGE_MMA_CASE(40)
-    OPFORGE_MMA_CASE(52) OPFORGE_MMA_CASE(53)
+    OPFORGE_MMA_CASE(52) OPFORGE_MMA_CASE(53) OPFORGE_MMA_CASE(54)
 #undef OPFORGE_MMA_CASE
     default: return cudaErrorInvalidValue;
   }
