@@ -35,7 +35,8 @@ int matmul_mma_cuda(const GemmParams& p, void* stream);
 // blocks walking the tiles in groups of 16 tile rows; 39: 40 stamping a timeline (tuning
 // builds: matmul_tune.py --trace); 52, 53: 40 with each stage in six pieces (a's two halves,
 // b's four boxes) refilled by the last of their own readers, 3 and 4 stages, 54: 52 stamping a
-// timeline (52-54 not yet measured).
+// timeline; 55-57: 52 with a scheduler's two warps sharing a's half instead of b's box, with one
+// release fence per warp and tile, with both (52-57 not yet measured).
 // 12, 15-19, 22-29, 31-38, 41-51: removed (no gain, could not launch, or diagnostics; see the
 // tuning README).
 int matmul_mma_cuda_config(const GemmParams& p, void* stream, int config);

@@ -536,9 +536,12 @@ __device__ unsigned long long g_mma_trace[kTraceBlocks][8][kTraceTiles][3];
 // full mbarrier and reader count: a's two 64-row halves (map_a's boxes 64 rows high), each read
 // by the 4 warps of its row and refilled by the last of them, and b's four 64-column boxes, each
 // read by the 2 warps of its column (one scheduler's pair) and refilled by the second. A warp
-// waits for its two pieces only, and no piece waits for the slowest of all 8 warps.
+// waits for its two pieces only, and no piece waits for the slowest of all 8 warps. kPieces is
+// a set of bits: 1 the pieces; 2 warps placed so that a scheduler's pair shares a's half rather
+// than b's box (wm = warp % 2, wn = warp / 2); 4 one release fence before both counts (relaxed
+// atomics) and an acquire fence only where a piece is refilled, instead of two acq_rel atomics.
 template <typename T, int kStages, bool kTmaStore = false, bool kTrace = false, int kGroupRows = 0,
-          bool kPieces = false>
+          int kPieces = 0>
 __global__ void __launch_bounds__(kThreads, 1)
     matmul_mma_tma_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
                           const __grid_constant__ CUtensorMap map_c, T* __restrict__ c, int m, int n, int k,
@@ -555,7 +558,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint32_t a_sm = (tc::smem_addr(smem_raw) + 1023) & ~1023u;  // the swizzle's 1024-byte atoms
   const uint32_t b_sm = a_sm + kStages * kAStage;
   const uint32_t full0 = tc::smem_addr(full_bar), done0 = tc::smem_addr(readers_done);
-  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, wm = warp / 4, wn = warp % 4;
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  const int wm = kPieces & 2 ? warp % 2 : warp / 4, wn = kPieces & 2 ? warp / 2 : warp % 4;
   int m0 = blockIdx.y * kBM, n0 = blockIdx.x * kBN;
   const int bz = blockIdx.z;
   if constexpr (kGroupRows > 0) {
@@ -635,11 +639,29 @@ __global__ void __launch_bounds__(kThreads, 1)
         tiles, acc,
         [&](int rs, int t) {  // the warp counts itself out of its two pieces of stage rs
           if (lane == 0) stamp(warp, t, 0);
-          return make_uint2(count_out(done0 + 4 * (rs * kBars + xa)), count_out(done0 + 4 * (rs * kBars + xb)));
+          const uint32_t ca = done0 + 4 * (rs * kBars + xa), cb = done0 + 4 * (rs * kBars + xb);
+          if constexpr (kPieces & 4) {
+            uint2 before = make_uint2(0, 0);
+            if (lane == 0) {
+              asm volatile("fence.acq_rel.cta;\n" ::: "memory");  // the warp's reads, released
+              asm volatile("atom.relaxed.cta.shared::cta.add.u32 %0, [%1], 1;\n"
+                           : "=r"(before.x)
+                           : "r"(ca)
+                           : "memory");
+              asm volatile("atom.relaxed.cta.shared::cta.add.u32 %0, [%1], 1;\n"
+                           : "=r"(before.y)
+                           : "r"(cb)
+                           : "memory");
+            }
+            return before;
+          } else {
+            return make_uint2(count_out(ca), count_out(cb));
+          }
         },
         [&](uint2 before, int rs, int t) {
           const bool a_last = before.x % 4 == 3, b_last = before.y % 2 == 1;  // 4 readers of a half, 2 of b's box
           if (lane == 0 && (a_last || b_last) && t + kStages < tiles) {
+            if constexpr (kPieces & 4) asm volatile("fence.acq_rel.cta;\n" ::: "memory");  // the others' reads
             asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // reads before TMA's writes
             if (a_last) issue_piece(rs, t + kStages, xa);
             if (b_last) issue_piece(rs, t + kStages, xb);
@@ -702,7 +724,7 @@ cudaError_t launch(const GemmParams& p, cudaStream_t stream) {
 // in int. Else the cp.async kernel (configuration 9). kTmaStore (the bulk-store epilogue) needs
 // c's base and strides in multiples of 16 bytes; else the same kernel stores pairs from registers.
 template <typename T, int kStages, bool kTmaStore = false, bool kTrace = false, int kGroupRows = 0,
-          bool kPieces = false>
+          int kPieces = 0>
 cudaError_t launch_tma(const GemmParams& p, cudaStream_t stream) {
   if constexpr (kTmaStore) {
     if (!tc::tma_storable(p)) return launch_tma<T, kStages, false, kTrace, kGroupRows, kPieces>(p, stream);
@@ -796,11 +818,15 @@ cudaError_t launch_cfg(const GemmParams& p, cudaStream_t stream) {
   } else if constexpr (kCfg == 40) {  // 30, blocks over groups of 16 tile rows (the default on sm_90)
     return launch_tma<T, 3, true, false, 16>(p, stream);
   } else if constexpr (kCfg == 52) {  // 40 with each stage in six pieces (kPieces; not yet measured)
-    return launch_tma<T, 3, true, false, 16, true>(p, stream);
+    return launch_tma<T, 3, true, false, 16, 1>(p, stream);
   } else if constexpr (kCfg == 53) {  // 52 with 4 stages (not yet measured)
-    return launch_tma<T, 4, true, false, 16, true>(p, stream);
+    return launch_tma<T, 4, true, false, 16, 1>(p, stream);
   } else if constexpr (kCfg == 54) {  // 52 with its timeline recorded (matmul_tune.py --trace 54)
-    return launch_tma<T, 3, true, true, 16, true>(p, stream);
+    return launch_tma<T, 3, true, true, 16, 1>(p, stream);
+  } else if constexpr (kCfg >= 55 && kCfg <= 57) {
+    // 52 with a scheduler's pair sharing a's half (55), one release fence per warp and tile (56),
+    // both (57) (not yet measured)
+    return launch_tma<T, 3, true, false, 16, kCfg == 55 ? 3 : kCfg == 56 ? 5 : 7>(p, stream);
   } else if constexpr (kCfg >= 41 && kCfg <= 51) {
     // Were (tuning/README.md, measured next to 30 or 40): 41, 48: 30 and 40 with 4 stages: 467.7
     // vs 469.3 TFLOP/s at 4096^3, and the same cycles per k tile as 40 in its trace (the leading
@@ -845,7 +871,8 @@ cudaError_t launch_config(const GemmParams& p, cudaStream_t stream, int config) 
     OPFORGE_MMA_CASE(5) OPFORGE_MMA_CASE(6) OPFORGE_MMA_CASE(7) OPFORGE_MMA_CASE(8) OPFORGE_MMA_CASE(9)
     OPFORGE_MMA_CASE(10) OPFORGE_MMA_CASE(11) OPFORGE_MMA_CASE(13) OPFORGE_MMA_CASE(14) OPFORGE_MMA_CASE(20)
     OPFORGE_MMA_CASE(21) OPFORGE_MMA_CASE(30) OPFORGE_MMA_CASE(39) OPFORGE_MMA_CASE(40)
-    OPFORGE_MMA_CASE(52) OPFORGE_MMA_CASE(53) OPFORGE_MMA_CASE(54)
+    OPFORGE_MMA_CASE(52) OPFORGE_MMA_CASE(53) OPFORGE_MMA_CASE(54) OPFORGE_MMA_CASE(55)
+    OPFORGE_MMA_CASE(56) OPFORGE_MMA_CASE(57)
 #undef OPFORGE_MMA_CASE
     default: return cudaErrorInvalidValue;
   }
