@@ -1,12 +1,13 @@
 // matmul rung 5, "mma" (float16/bfloat16, sm_80+): tensor cores through mma.sync.m16n8k16 with
 // float32 accumulation. On sm_90 the default is configuration 40 (the TMA kernel below, its tile
-// stored by TMA too, blocks walking the tiles in groups of 16 tile rows); elsewhere, and where TMA cannot serve a call, configuration 9, the cp.async
-// kernel described here: a 128 x 256 tile of c per block of 8 warps
-// (2 x 4), 64 x 64 per warp (4 x 8 mma tiles, 128 accumulators a thread). The a and b tiles (64
-// deep) stream through a 3-stage cp.async ring (16-byte copies, zero-filled outside the
-// matrices), so global loads of the next tiles overlap the tensor-core work on the current one;
-// fragments are read with ldmatrix (b transposed on the fly, .trans), one 16-deep step ahead of
-// the mma, and across tiles too: the barrier sits before the last step's mma. Shared tiles are
+// stored by TMA too, blocks walking the tiles in groups of 16 tile rows); elsewhere, and where
+// TMA cannot serve a call, configuration 9, the cp.async kernel described here: a 128 x 256 tile
+// of c per block of 8 warps (2 x 4), 64 x 64 per warp (4 x 8 mma tiles, 128 accumulators a
+// thread). The a and b tiles (64 deep) stream through a 3-stage cp.async ring (16-byte copies,
+// zero-filled outside the matrices), so global loads of the next tiles overlap the tensor-core
+// work on the current one; fragments are read with ldmatrix (b transposed on the fly, .trans),
+// one 16-deep step ahead of the mma, and across tiles too: the barrier sits before the last
+// step's mma. Shared tiles are
 // XOR-swizzled by 16-byte chunk so that the 8 rows an ldmatrix reads fall in different banks.
 // The launcher guarantees: row-major operands; k, n, the row and batch strides multiples of 8;
 // 16-byte aligned bases. Device code needs sm_80 (cp.async, mma.m16n8k16): for older targets in
@@ -483,8 +484,9 @@ __device__ __forceinline__ void acc_to_smem(const float (&acc)[4][8][4], uint32_
 
 // The consumer loop of the TMA kernel: a warp's 64 x 64 piece of the 128 x 256 tile over `tiles`
 // 64-deep k tiles in the ring at stage offsets kAStage, kBStage, each awaited by wait(s, parity)
-// (the stage's "full" mbarrier, or its pieces' ones). Once per tile, after the warp's last fragments of it are loaded (and a
-// __syncwarp), token = release(s, t) hands stage s back and finish(token, s, t) follows.
+// (the stage's "full" mbarrier, or its pieces' ones). Once per tile, after the warp's last
+// fragments of it are loaded (and a __syncwarp), token = release(s, t) hands stage s back and
+// finish(token, s, t) follows.
 template <typename T, int kStages, uint32_t kAStage, uint32_t kBStage, typename Wait, typename Release,
           typename Finish, typename Landed>
 __device__ __forceinline__ void consume_ring(const FragAddrs<64, 256, 8, true>& fr, Wait wait, int tiles,
