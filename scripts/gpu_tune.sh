@@ -4,6 +4,7 @@
 # (benchmarks/micro/matmul_tune.py), and Nsight Compute on chosen configurations. Logs under $OUT.
 #   TUNE="warp_tiled:1,4 wgmma:1,2" NCU="wgmma:1 wgmma:2" bash scripts/gpu_tune.sh
 #   TRACE=1: the mma default's timeline (matmul_tune.py --trace); TRACE="39 N": tracing configurations
+#   MIX=1: the mma rung's inner-loop ceilings, ingredient by ingredient (benchmarks/micro/mma_mix.cu)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/tune}
@@ -12,6 +13,11 @@ if [ -z "${NOPEAK:-}" ]; then
   nvcc -std=c++17 -O3 -gencode arch=compute_90a,code=sm_90a -I csrc -o "$OUT/peak" benchmarks/micro/tensor_peak.cu &&
     timeout 60 "$OUT/peak" 2>&1 | tee "$OUT/peak.log"
   rm -f "$OUT/peak"
+fi
+if [ -n "${MIX:-}" ]; then
+  nvcc -std=c++17 -O3 -gencode arch=compute_90a,code=sm_90a -o "$OUT/mix" benchmarks/micro/mma_mix.cu &&
+    timeout 60 "$OUT/mix" 2>&1 | tee "$OUT/mix.log"
+  rm -f "$OUT/mix"
 fi
 for spec in ${TUNE:-}; do
   rung=${spec%%:*} configs=${spec#*:}

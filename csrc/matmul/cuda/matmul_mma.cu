@@ -524,6 +524,49 @@ __device__ __forceinline__ void consume_ring(const FragAddrs<64, 256, 8, true>& 
   }
 }
 
+// consume_ring with the hand-over every other k tile (kPairs, tuning; a ring of 4 stages, tile t
+// in stage t % 4): after odd tile t, token = release(t % 4, t) counts the warp out of stages
+// t - 1 and t, finish(token, t % 4, t) may refill both, and the warp waits for tiles t + 1 and
+// t + 2 (after an even tile it goes straight on: the next tile was awaited with it).
+template <typename T, uint32_t kAStage, uint32_t kBStage, typename Wait, typename Release, typename Finish,
+          typename Landed>
+__device__ __forceinline__ void consume_ring_pairs(const FragAddrs<64, 256, 8, true>& fr, Wait wait, int tiles,
+                                                   float (&acc)[4][8][4], Release release, Finish finish,
+                                                   Landed landed) {
+  constexpr int kQ = 4, kNT = 8;
+  uint32_t af[2][4][4], bf[2][kNT][2];
+  if (tiles > 0) {
+    wait(0, 0);
+    if (tiles > 1) wait(1, 0);
+    fr.load(0, 0, 0, af[0], bf[0]);
+  }
+  for (int t = 0; t < tiles; ++t) {
+    const int rs = t & 3;
+    const uint32_t st_a = rs * kAStage, st_b = rs * kBStage;
+#pragma unroll
+    for (int q = 0; q < kQ; ++q) {
+      if (q + 1 < kQ) {
+        fr.load(st_a, st_b, q + 1, af[(q + 1) & 1], bf[(q + 1) & 1]);
+      } else {
+        __syncwarp();  // the warp's reads of k tile t are done (its last fragments are loaded)
+        if (t & 1) {
+          finish(release(rs, t), rs, t);
+          if (t + 1 < tiles) wait((t + 1) & 3, ((t + 1) >> 2) & 1);
+          if (t + 2 < tiles) wait((t + 2) & 3, ((t + 2) >> 2) & 1);
+        }
+        if (t + 1 < tiles) {
+          landed(t + 1);
+          fr.load(((t + 1) & 3) * kAStage, ((t + 1) & 3) * kBStage, 0, af[0], bf[0]);
+        }
+      }
+#pragma unroll
+      for (int mi = 0; mi < 4; ++mi)
+#pragma unroll
+        for (int nj = 0; nj < kNT; ++nj) mma16816<T>(acc[mi][nj], af[q & 1][mi], bf[q & 1][nj]);
+    }
+  }
+}
+
 #ifdef OPFORGE_MATMUL_TUNING
 // Timeline of the TMA kernel's first kTraceBlocks blocks (kTrace, tuning): per warp and k tile,
 // the SM clock when the warp released the tile's stage ([0]) and when the next tile's data had
@@ -534,16 +577,12 @@ __device__ unsigned long long g_mma_trace[kTraceBlocks][8][kTraceTiles][3];
 
 // kTmaStore: the epilogue rounds the tile into the (then idle) ring's shared memory and one
 // thread stores it with bulk tensor copies (no per-element bounds checks: TMA clips at c's
-// edges); map_c is unused otherwise. kPieces (tuning): a stage is six pieces, each with its own
-// full mbarrier and reader count: a's two 64-row halves (map_a's boxes 64 rows high), each read
-// by the 4 warps of its row and refilled by the last of them, and b's four 64-column boxes, each
-// read by the 2 warps of its column (one scheduler's pair) and refilled by the second. A warp
-// waits for its two pieces only, and no piece waits for the slowest of all 8 warps. kPieces is
-// a set of bits: 1 the pieces; 2 warps placed so that a scheduler's pair shares a's half rather
-// than b's box (wm = warp % 2, wn = warp / 2); 4 one release fence before both counts (relaxed
-// atomics) and an acquire fence only where a piece is refilled, instead of two acq_rel atomics.
+// edges); map_c is unused otherwise. kPairs (tuning): the hand-over every other k tile: a warp
+// counts itself out of two stages at once after the second (odd) tile, the last one refills
+// both, and a warp waits for the next two tiles at once, so that the count, its fence and the
+// wait come half as often (a ring of 4 stages: 2 in use, 2 in flight).
 template <typename T, int kStages, bool kTmaStore = false, bool kTrace = false, int kGroupRows = 0,
-          int kPieces = 0>
+          bool kPairs = false>
 __global__ void __launch_bounds__(kThreads, 1)
     matmul_mma_tma_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
                           const __grid_constant__ CUtensorMap map_c, T* __restrict__ c, int m, int n, int k,
@@ -553,15 +592,15 @@ __global__ void __launch_bounds__(kThreads, 1)
   using C = Config<kBN, kStages, kBK>;
   constexpr int kWN = C::kWN, kNT = kWN / 8;
   constexpr uint32_t kAStage = C::kATile * 2, kBStage = C::kBTile * 2;  // bytes
-  constexpr int kBars = kPieces ? 6 : 1;  // full mbarriers (and reader counts) per stage
+  static_assert(!kPairs || kStages == 4, "pairs of stages: a ring of 4");
   extern __shared__ unsigned char smem_raw[];
-  __shared__ __align__(8) uint64_t full_bar[kStages * kBars];
-  __shared__ uint32_t readers_done[kStages * kBars];  // warps done with the stage (piece), ever
+  __shared__ __align__(8) uint64_t full_bar[kStages];
+  __shared__ uint32_t readers_done[kStages];  // warps done with the stage, ever
   const uint32_t a_sm = (tc::smem_addr(smem_raw) + 1023) & ~1023u;  // the swizzle's 1024-byte atoms
   const uint32_t b_sm = a_sm + kStages * kAStage;
   const uint32_t full0 = tc::smem_addr(full_bar), done0 = tc::smem_addr(readers_done);
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
-  const int wm = kPieces & 2 ? warp % 2 : warp / 4, wn = kPieces & 2 ? warp / 2 : warp % 4;
+  const int wm = warp / 4, wn = warp % 4;
   int m0 = blockIdx.y * kBM, n0 = blockIdx.x * kBN;
   const int bz = blockIdx.z;
   if constexpr (kGroupRows > 0) {
@@ -590,20 +629,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     stamp(0, j, 2);
     tma_fill_stage<kAStage, kBStage>(&map_a, &map_b, a_sm, b_sm, full0, s, j, m0, n0, bz);
   };
-  // kPieces: piece x (0, 1: a's halves; 2-5: b's boxes) of k tile j into stage s.
-  auto issue_piece = [&](int s, int j, int x) {
-    constexpr uint32_t kPiece = 64 * 64 * 2;
-    if (x == 0) stamp(0, j, 2);  // (the trace's fill time: a's first half)
-    const uint32_t bar = full0 + 8 * (s * kBars + x);
-    mbar_expect_tx(bar, kPiece);
-    if (x < 2)
-      tma_load3(a_sm + s * kAStage + x * kPiece, &map_a, j * kBK, m0 + 64 * x, bz, bar);
-    else
-      tma_load3(b_sm + s * kBStage + (x - 2) * kPiece, &map_b, n0 + 64 * (x - 2), j * kBK, bz, bar);
-  };
   if (tid == 0) {
 #pragma unroll
-    for (int s = 0; s < kStages * kBars; ++s) {
+    for (int s = 0; s < kStages; ++s) {
       mbar_init(full0 + 8 * s, 1);  // the issuing thread's arrival (plus the bytes)
       readers_done[s] = 0;
     }
@@ -611,13 +639,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   __syncthreads();
   if (tid == 0)
-    for (int s = 0; s < kStages && s < tiles; ++s) {
-      if constexpr (kPieces) {
-        for (int x = 0; x < kBars; ++x) issue_piece(s, s, x);
-      } else {
-        issue(s, s);
-      }
-    }
+    for (int s = 0; s < kStages && s < tiles; ++s) issue(s, s);
 
   const FragAddrs<kBK, kBN, kNT, true> fr(a_sm, b_sm, wm * kWM, wn * kWN, lane);
   float acc[4][kNT][4] = {};
@@ -630,43 +652,18 @@ __global__ void __launch_bounds__(kThreads, 1)
   const auto stamp_landed = [&](int t) {
     if (lane == 0) stamp(warp, t, 1);
   };
-  if constexpr (kPieces) {
-    const int xa = wm, xb = 2 + wn;  // this warp's pieces
-    consume_ring<T, kStages, kAStage, kBStage>(
-        fr,
-        [&](int rs, uint32_t parity) {
-          mbar_wait(full0 + 8 * (rs * kBars + xa), parity);
-          mbar_wait(full0 + 8 * (rs * kBars + xb), parity);
-        },
-        tiles, acc,
-        [&](int rs, int t) {  // the warp counts itself out of its two pieces of stage rs
+  if constexpr (kPairs) {
+    consume_ring_pairs<T, kAStage, kBStage>(
+        fr, [&](int rs, uint32_t parity) { mbar_wait(full0 + 8 * rs, parity); }, tiles, acc,
+        [&](int rs, int t) {  // after odd tile t (stage rs): the warp counts itself out of t - 1 and t
           if (lane == 0) stamp(warp, t, 0);
-          const uint32_t ca = done0 + 4 * (rs * kBars + xa), cb = done0 + 4 * (rs * kBars + xb);
-          if constexpr (kPieces & 4) {
-            uint2 before = make_uint2(0, 0);
-            if (lane == 0) {
-              asm volatile("fence.acq_rel.cta;\n" ::: "memory");  // the warp's reads, released
-              asm volatile("atom.relaxed.cta.shared::cta.add.u32 %0, [%1], 1;\n"
-                           : "=r"(before.x)
-                           : "r"(ca)
-                           : "memory");
-              asm volatile("atom.relaxed.cta.shared::cta.add.u32 %0, [%1], 1;\n"
-                           : "=r"(before.y)
-                           : "r"(cb)
-                           : "memory");
-            }
-            return before;
-          } else {
-            return make_uint2(count_out(ca), count_out(cb));
-          }
+          return count_out(done0 + 4 * rs);
         },
-        [&](uint2 before, int rs, int t) {
-          const bool a_last = before.x % 4 == 3, b_last = before.y % 2 == 1;  // 4 readers of a half, 2 of b's box
-          if (lane == 0 && (a_last || b_last) && t + kStages < tiles) {
-            if constexpr (kPieces & 4) asm volatile("fence.acq_rel.cta;\n" ::: "memory");  // the others' reads
+        [&](uint32_t before, int rs, int t) {
+          if (lane == 0 && before % kWarps == kWarps - 1 && t + 3 < tiles) {  // the last reader refills
             asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // reads before TMA's writes
-            if (a_last) issue_piece(rs, t + kStages, xa);
-            if (b_last) issue_piece(rs, t + kStages, xb);
+            issue(rs ^ 1, t + 3);  // the stage of t - 1 (rs is odd)
+            if (t + 4 < tiles) issue(rs, t + 4);
           }
         },
         stamp_landed);
@@ -726,24 +723,24 @@ cudaError_t launch(const GemmParams& p, cudaStream_t stream) {
 // in int. Else the cp.async kernel (configuration 9). kTmaStore (the bulk-store epilogue) needs
 // c's base and strides in multiples of 16 bytes; else the same kernel stores pairs from registers.
 template <typename T, int kStages, bool kTmaStore = false, bool kTrace = false, int kGroupRows = 0,
-          int kPieces = 0>
+          bool kPairs = false>
 cudaError_t launch_tma(const GemmParams& p, cudaStream_t stream) {
   if constexpr (kTmaStore) {
-    if (!tc::tma_storable(p)) return launch_tma<T, kStages, false, kTrace, kGroupRows, kPieces>(p, stream);
+    if (!tc::tma_storable(p)) return launch_tma<T, kStages, false, kTrace, kGroupRows, kPairs>(p, stream);
   }
   const auto fallback = [&] { return launch<T, 256, 3, 64, true, true>(p, stream); };
   using C = Config<256, kStages, 64>;
   constexpr int kSmem = C::kSmemBytes + 1024;  // + alignment to 1024 bytes
   constexpr int64_t kMax = (int64_t{1} << 31) - 512;
   if ((p.batch > 1 && (p.a_bs == 0 || p.b_bs == 0)) || p.m >= kMax || p.n >= kMax || p.k >= kMax) return fallback();
-  const auto kernel = matmul_mma_tma_kernel<T, kStages, kTmaStore, kTrace, kGroupRows, kPieces>;
+  const auto kernel = matmul_mma_tma_kernel<T, kStages, kTmaStore, kTrace, kGroupRows, kPairs>;
   static signed char configured[64] = {};
   const cudaError_t err = tc::configure_once(kernel, kSmem, configured,
                                              [](const cudaFuncAttributes& f) { return f.ptxVersion >= 90; });
   if (err == cudaErrorInvalidConfiguration) return fallback();
   if (err != cudaSuccess) return err;
   CUtensorMap map_a{}, map_b{}, map_c{};
-  if (!tc::make_tma_map(&map_a, p.a, p.dtype, p.m, p.k, p.batch, p.a_rs, p.a_bs, 64, kPieces ? 64 : kBM) ||
+  if (!tc::make_tma_map(&map_a, p.a, p.dtype, p.m, p.k, p.batch, p.a_rs, p.a_bs, 64, kBM) ||
       !tc::make_tma_map(&map_b, p.b, p.dtype, p.k, p.n, p.batch, p.b_rs, p.b_bs, 64, 64) ||
       (kTmaStore && !tc::make_tma_map(&map_c, p.c, p.dtype, p.m, p.n, p.batch, p.c_rs, p.c_bs, 64, kBM)))
     return fallback();
@@ -819,16 +816,18 @@ cudaError_t launch_cfg(const GemmParams& p, cudaStream_t stream) {
     return launch_tma<T, 3, true, true, 16>(p, stream);
   } else if constexpr (kCfg == 40) {  // 30, blocks over groups of 16 tile rows (the default on sm_90)
     return launch_tma<T, 3, true, false, 16>(p, stream);
-  } else if constexpr (kCfg == 52) {  // 40 with each stage in six pieces (kPieces; not yet measured)
-    return launch_tma<T, 3, true, false, 16, 1>(p, stream);
-  } else if constexpr (kCfg == 53) {  // 52 with 4 stages (not yet measured)
-    return launch_tma<T, 4, true, false, 16, 1>(p, stream);
-  } else if constexpr (kCfg == 54) {  // 52 with its timeline recorded (matmul_tune.py --trace 54)
-    return launch_tma<T, 3, true, true, 16, 1>(p, stream);
-  } else if constexpr (kCfg >= 55 && kCfg <= 57) {
-    // 52 with a scheduler's pair sharing a's half (55), one release fence per warp and tile (56),
-    // both (57) (not yet measured)
-    return launch_tma<T, 3, true, false, 16, kCfg == 55 ? 3 : kCfg == 56 ? 5 : 7>(p, stream);
+  } else if constexpr (kCfg == 58) {  // 40 with the hand-over every other k tile, 4 stages (not yet measured)
+    return launch_tma<T, 4, true, false, 16, true>(p, stream);
+  } else if constexpr (kCfg >= 52 && kCfg <= 57) {
+    // Were (tuning/README.md, measured next to 40 in one run): each stage in six pieces with their
+    // own full mbarriers and reader counts (a's two 64-row halves, refilled by the last of their
+    // 4 readers; b's four 64-column boxes, by the second of their 2), so that no piece waits for
+    // the slowest of 8 warps: 419 TFLOP/s at 4096^3 against 40's 489 (52; 53, 4 stages: 421;
+    // 55, a scheduler's pair sharing a's half: 420; 56, one release fence per warp and tile:
+    // 431; 57, both: 426). Its timeline (54): 2274 cycles per k tile per warp against 1773, the
+    // warps 6668 cycles apart against 2562, 812 cycles from release to the next tile's landing
+    // against 276: the two waits and counts a tile cost more than the finer refills gained. Removed.
+    return cudaErrorInvalidValue;
   } else if constexpr (kCfg >= 41 && kCfg <= 51) {
     // Were (tuning/README.md, measured next to 30 or 40): 41, 48: 30 and 40 with 4 stages: 467.7
     // vs 469.3 TFLOP/s at 4096^3, and the same cycles per k tile as 40 in its trace (the leading
@@ -873,8 +872,7 @@ cudaError_t launch_config(const GemmParams& p, cudaStream_t stream, int config) 
     OPFORGE_MMA_CASE(5) OPFORGE_MMA_CASE(6) OPFORGE_MMA_CASE(7) OPFORGE_MMA_CASE(8) OPFORGE_MMA_CASE(9)
     OPFORGE_MMA_CASE(10) OPFORGE_MMA_CASE(11) OPFORGE_MMA_CASE(13) OPFORGE_MMA_CASE(14) OPFORGE_MMA_CASE(20)
     OPFORGE_MMA_CASE(21) OPFORGE_MMA_CASE(30) OPFORGE_MMA_CASE(39) OPFORGE_MMA_CASE(40)
-    OPFORGE_MMA_CASE(52) OPFORGE_MMA_CASE(53) OPFORGE_MMA_CASE(54) OPFORGE_MMA_CASE(55)
-    OPFORGE_MMA_CASE(56) OPFORGE_MMA_CASE(57)
+    OPFORGE_MMA_CASE(58)
 #undef OPFORGE_MMA_CASE
     default: return cudaErrorInvalidValue;
   }
