@@ -8,7 +8,8 @@
 //   3 boundary: 2 plus, every 4 steps (a 64-deep k tile), the rung's hand-over without its
 //     waiting: __syncwarp, lane 0's acq_rel count in shared memory, an mbarrier try_wait on a
 //     phase that has completed;
-//   4 the same hand-over every other k tile; 5 with a relaxed count (no fence); 6 without the wait.
+//   4 the same hand-over every other k tile; 5 with a relaxed count (no fence); 6 without the wait;
+//   7 the wait replaced by a non-blocking test in step 1 (its result used at the boundary).
 // The rung's own kernel, traced (matmul_tune.py --trace), takes ~1800 cycles per k tile per warp,
 // 7.0 per HMMA per scheduler; its diagnostic without refills or waits ~1684 (6.58). This says
 // which ingredient costs what. 6.00 is the ceiling (tensor_peak.cu, two warps per scheduler).
@@ -92,11 +93,17 @@ __global__ void __launch_bounds__(128) mix_kernel(float* out, long long* cycles,
   __syncthreads();
   const long long t0 = clock64();
   for (int t = 0; t < tiles; ++t) {
+    uint32_t ready = 0;
 #pragma unroll
     for (int q = 0; q < 4; ++q) {
       if constexpr (kMix >= 2) {
         if (q + 1 < 4) {
           fr.load(q + 1, fa[(q + 1) & 1], fb[(q + 1) & 1]);
+          if (kMix == 7 && q == 1)
+            asm volatile("{\n .reg .pred p;\n mbarrier.test_wait.parity.shared.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
+                         : "=r"(ready)
+                         : "r"(bar_a), "r"(0u)
+                         : "memory");
         } else {
           if (kMix >= 3 && (kMix != 4 || t % 2 == 1)) {
             __syncwarp();
@@ -108,7 +115,7 @@ __global__ void __launch_bounds__(128) mix_kernel(float* out, long long* cycles,
                 asm volatile("atom.acq_rel.cta.shared::cta.add.u32 %0, [%1], 1;\n" : "=r"(before) : "r"(cnt_a) : "memory");
             }
             if (lane == 0 && before == 0xffffffffu) out[0] = 1.f;  // (never: keeps the count)
-            uint32_t done = kMix == 6;
+            uint32_t done = kMix == 6 || (kMix == 7 && ready);
             while (!done)
               asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
                            : "=r"(done)
@@ -188,6 +195,7 @@ int main() {
   run<4>("bnd/2", sms, out, cycles, host);
   run<5>("relaxed", sms, out, cycles, host);
   run<6>("no-wait", sms, out, cycles, host);
+  run<7>("early", sms, out, cycles, host);
   delete[] host;
   return 0;
 }

@@ -76,6 +76,14 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
 #endif
   }
 }
+// Whether the phase of parity `parity` of the mbarrier at bar has completed (non-blocking; acquire).
+__device__ __forceinline__ uint32_t mbar_test(uint32_t bar, uint32_t parity) {
+  uint32_t done;
+  asm volatile(
+      "{\n .reg .pred p;\n mbarrier.test_wait.parity.shared.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
+      : "=r"(done) : "r"(bar), "r"(parity) : "memory");
+  return done;
+}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {
@@ -486,11 +494,14 @@ __device__ __forceinline__ void acc_to_smem(const float (&acc)[4][8][4], uint32_
 // 64-deep k tiles in the ring at stage offsets kAStage, kBStage, each awaited by wait(s, parity)
 // (the stage's "full" mbarrier, or its pieces' ones). Once per tile, after the warp's last
 // fragments of it are loaded (and a __syncwarp), token = release(s, t) hands stage s back and
-// finish(token, s, t) follows.
-template <typename T, int kStages, uint32_t kAStage, uint32_t kBStage, typename Wait, typename Release,
-          typename Finish, typename Landed>
+// finish(token, s, t) follows. kEarlyStep >= 0 (tuning): in that step of tile t the warp already
+// tests (test(s, parity), non-blocking) whether tile t + 1 has landed, and at the boundary waits
+// only if it had not: the test's latency passes under the step's mma instead of at the boundary.
+template <typename T, int kStages, uint32_t kAStage, uint32_t kBStage, int kEarlyStep = -1, typename Wait,
+          typename Release, typename Finish, typename Landed, typename Test>
 __device__ __forceinline__ void consume_ring(const FragAddrs<64, 256, 8, true>& fr, Wait wait, int tiles,
-                                             float (&acc)[4][8][4], Release release, Finish finish, Landed landed) {
+                                             float (&acc)[4][8][4], Release release, Finish finish, Landed landed,
+                                             Test test) {
   constexpr int kQ = 4, kNT = 8;
   uint32_t af[2][4][4], bf[2][kNT][2];
   if (tiles > 0) {
@@ -501,17 +512,24 @@ __device__ __forceinline__ void consume_ring(const FragAddrs<64, 256, 8, true>& 
   uint32_t rph = 0;  // parity of its full phase
   for (int t = 0; t < tiles; ++t) {
     const uint32_t st_a = rs * kAStage, st_b = rs * kBStage;
+    [[maybe_unused]] uint32_t ready = 0;  // kEarlyStep: tile t + 1 had landed at the test
 #pragma unroll
     for (int q = 0; q < kQ; ++q) {
       if (q + 1 < kQ) {
         fr.load(st_a, st_b, q + 1, af[(q + 1) & 1], bf[(q + 1) & 1]);
+        if constexpr (kEarlyStep >= 0) {
+          if (q == kEarlyStep && t + 1 < tiles) {
+            const int ns = rs + 1 == kStages ? 0 : rs + 1;
+            ready = test(ns, rph ^ (ns == 0));
+          }
+        }
       } else {
         __syncwarp();  // the warp's reads of k tile t are done (its last fragments are loaded)
         finish(release(rs, t), rs, t);
         rs = rs + 1 == kStages ? 0 : rs + 1;
         rph ^= rs == 0;
         if (t + 1 < tiles) {
-          wait(rs, rph);  // k tile t + 1 has landed
+          if (kEarlyStep < 0 || !ready) wait(rs, rph);  // k tile t + 1 has landed
           landed(t + 1);
           fr.load(rs * kAStage, rs * kBStage, 0, af[0], bf[0]);
         }
@@ -580,9 +598,9 @@ __device__ unsigned long long g_mma_trace[kTraceBlocks][8][kTraceTiles][3];
 // edges); map_c is unused otherwise. kPairs (tuning): the hand-over every other k tile: a warp
 // counts itself out of two stages at once after the second (odd) tile, the last one refills
 // both, and a warp waits for the next two tiles at once, so that the count, its fence and the
-// wait come half as often (a ring of 4 stages: 2 in use, 2 in flight).
+// wait come half as often (a ring of 4 stages: 2 in use, 2 in flight). kEarlyStep: consume_ring's.
 template <typename T, int kStages, bool kTmaStore = false, bool kTrace = false, int kGroupRows = 0,
-          bool kPairs = false>
+          bool kPairs = false, int kEarlyStep = -1>
 __global__ void __launch_bounds__(kThreads, 1)
     matmul_mma_tma_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
                           const __grid_constant__ CUtensorMap map_c, T* __restrict__ c, int m, int n, int k,
@@ -668,7 +686,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         },
         stamp_landed);
   } else {
-    consume_ring<T, kStages, kAStage, kBStage>(
+    consume_ring<T, kStages, kAStage, kBStage, kEarlyStep>(
         fr, [&](int rs, uint32_t parity) { mbar_wait(full0 + 8 * rs, parity); }, tiles, acc,
         [&](int rs, int t) {  // the warp counts itself out of stage rs
           if (lane == 0) stamp(warp, t, 0);
@@ -680,7 +698,7 @@ __global__ void __launch_bounds__(kThreads, 1)
             issue(rs, t + kStages);
           }
         },
-        stamp_landed);
+        stamp_landed, [&](int rs, uint32_t parity) { return mbar_test(full0 + 8 * rs, parity); });
   }
   if constexpr (kTmaStore) {
     static_assert(128 * kBN * 2 <= kStages * (kAStage + kBStage), "the tile fits in the ring");
@@ -723,17 +741,17 @@ cudaError_t launch(const GemmParams& p, cudaStream_t stream) {
 // in int. Else the cp.async kernel (configuration 9). kTmaStore (the bulk-store epilogue) needs
 // c's base and strides in multiples of 16 bytes; else the same kernel stores pairs from registers.
 template <typename T, int kStages, bool kTmaStore = false, bool kTrace = false, int kGroupRows = 0,
-          bool kPairs = false>
+          bool kPairs = false, int kEarlyStep = -1>
 cudaError_t launch_tma(const GemmParams& p, cudaStream_t stream) {
   if constexpr (kTmaStore) {
-    if (!tc::tma_storable(p)) return launch_tma<T, kStages, false, kTrace, kGroupRows, kPairs>(p, stream);
+    if (!tc::tma_storable(p)) return launch_tma<T, kStages, false, kTrace, kGroupRows, kPairs, kEarlyStep>(p, stream);
   }
   const auto fallback = [&] { return launch<T, 256, 3, 64, true, true>(p, stream); };
   using C = Config<256, kStages, 64>;
   constexpr int kSmem = C::kSmemBytes + 1024;  // + alignment to 1024 bytes
   constexpr int64_t kMax = (int64_t{1} << 31) - 512;
   if ((p.batch > 1 && (p.a_bs == 0 || p.b_bs == 0)) || p.m >= kMax || p.n >= kMax || p.k >= kMax) return fallback();
-  const auto kernel = matmul_mma_tma_kernel<T, kStages, kTmaStore, kTrace, kGroupRows, kPairs>;
+  const auto kernel = matmul_mma_tma_kernel<T, kStages, kTmaStore, kTrace, kGroupRows, kPairs, kEarlyStep>;
   static signed char configured[64] = {};
   const cudaError_t err = tc::configure_once(kernel, kSmem, configured,
                                              [](const cudaFuncAttributes& f) { return f.ptxVersion >= 90; });
@@ -818,6 +836,10 @@ cudaError_t launch_cfg(const GemmParams& p, cudaStream_t stream) {
     return launch_tma<T, 3, true, false, 16>(p, stream);
   } else if constexpr (kCfg == 58) {  // 40 with the hand-over every other k tile, 4 stages (not yet measured)
     return launch_tma<T, 4, true, false, 16, true>(p, stream);
+  } else if constexpr (kCfg == 60 || kCfg == 61) {  // 40 testing for the next tile in step 1 / 2 (not yet measured)
+    return launch_tma<T, 3, true, false, 16, false, kCfg == 60 ? 1 : 2>(p, stream);
+  } else if constexpr (kCfg == 62) {  // 60 with its timeline recorded (not yet measured)
+    return launch_tma<T, 3, true, true, 16, false, 1>(p, stream);
   } else if constexpr (kCfg >= 52 && kCfg <= 57) {
     // Were (tuning/README.md, measured next to 40 in one run): each stage in six pieces with their
     // own full mbarriers and reader counts (a's two 64-row halves, refilled by the last of their
@@ -872,7 +894,7 @@ cudaError_t launch_config(const GemmParams& p, cudaStream_t stream, int config) 
     OPFORGE_MMA_CASE(5) OPFORGE_MMA_CASE(6) OPFORGE_MMA_CASE(7) OPFORGE_MMA_CASE(8) OPFORGE_MMA_CASE(9)
     OPFORGE_MMA_CASE(10) OPFORGE_MMA_CASE(11) OPFORGE_MMA_CASE(13) OPFORGE_MMA_CASE(14) OPFORGE_MMA_CASE(20)
     OPFORGE_MMA_CASE(21) OPFORGE_MMA_CASE(30) OPFORGE_MMA_CASE(39) OPFORGE_MMA_CASE(40)
-    OPFORGE_MMA_CASE(58)
+    OPFORGE_MMA_CASE(58) OPFORGE_MMA_CASE(60) OPFORGE_MMA_CASE(61) OPFORGE_MMA_CASE(62)
 #undef OPFORGE_MMA_CASE
     default: return cudaErrorInvalidValue;
   }
