@@ -545,9 +545,10 @@ __device__ __forceinline__ void consume_ring(const FragAddrs<64, 256, 8, true>& 
 // consume_ring with the hand-over every other k tile (kPairs, tuning; a ring of 4 stages, tile t
 // in stage t % 4): after odd tile t, token = release(t % 4, t) counts the warp out of stages
 // t - 1 and t, finish(token, t % 4, t) may refill both, and the warp waits for tiles t + 1 and
-// t + 2 (after an even tile it goes straight on: the next tile was awaited with it).
-template <typename T, uint32_t kAStage, uint32_t kBStage, typename Wait, typename Release, typename Finish,
-          typename Landed>
+// t + 2 (after an even tile it goes straight on: the next tile was awaited with it); kWaitEach:
+// the warp waits for tile t + 1 after every tile t instead (only the count comes half as often).
+template <typename T, uint32_t kAStage, uint32_t kBStage, bool kWaitEach, typename Wait, typename Release,
+          typename Finish, typename Landed>
 __device__ __forceinline__ void consume_ring_pairs(const FragAddrs<64, 256, 8, true>& fr, Wait wait, int tiles,
                                                    float (&acc)[4][8][4], Release release, Finish finish,
                                                    Landed landed) {
@@ -555,7 +556,7 @@ __device__ __forceinline__ void consume_ring_pairs(const FragAddrs<64, 256, 8, t
   uint32_t af[2][4][4], bf[2][kNT][2];
   if (tiles > 0) {
     wait(0, 0);
-    if (tiles > 1) wait(1, 0);
+    if (!kWaitEach && tiles > 1) wait(1, 0);
     fr.load(0, 0, 0, af[0], bf[0]);
   }
   for (int t = 0; t < tiles; ++t) {
@@ -567,10 +568,10 @@ __device__ __forceinline__ void consume_ring_pairs(const FragAddrs<64, 256, 8, t
         fr.load(st_a, st_b, q + 1, af[(q + 1) & 1], bf[(q + 1) & 1]);
       } else {
         __syncwarp();  // the warp's reads of k tile t are done (its last fragments are loaded)
-        if (t & 1) {
-          finish(release(rs, t), rs, t);
+        if (t & 1) finish(release(rs, t), rs, t);
+        if (kWaitEach || (t & 1)) {
           if (t + 1 < tiles) wait((t + 1) & 3, ((t + 1) >> 2) & 1);
-          if (t + 2 < tiles) wait((t + 2) & 3, ((t + 2) >> 2) & 1);
+          if (!kWaitEach && t + 2 < tiles) wait((t + 2) & 3, ((t + 2) >> 2) & 1);
         }
         if (t + 1 < tiles) {
           landed(t + 1);
@@ -598,9 +599,10 @@ __device__ unsigned long long g_mma_trace[kTraceBlocks][8][kTraceTiles][3];
 // edges); map_c is unused otherwise. kPairs (tuning): the hand-over every other k tile: a warp
 // counts itself out of two stages at once after the second (odd) tile, the last one refills
 // both, and a warp waits for the next two tiles at once, so that the count, its fence and the
-// wait come half as often (a ring of 4 stages: 2 in use, 2 in flight). kEarlyStep: consume_ring's.
+// wait come half as often (a ring of 4 stages: 2 in use, 2 in flight); kPairs 2: the wait still
+// after every tile (consume_ring_pairs's kWaitEach). kEarlyStep: consume_ring's.
 template <typename T, int kStages, bool kTmaStore = false, bool kTrace = false, int kGroupRows = 0,
-          bool kPairs = false, int kEarlyStep = -1>
+          int kPairs = 0, int kEarlyStep = -1>
 __global__ void __launch_bounds__(kThreads, 1)
     matmul_mma_tma_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
                           const __grid_constant__ CUtensorMap map_c, T* __restrict__ c, int m, int n, int k,
@@ -671,7 +673,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (lane == 0) stamp(warp, t, 1);
   };
   if constexpr (kPairs) {
-    consume_ring_pairs<T, kAStage, kBStage>(
+    consume_ring_pairs<T, kAStage, kBStage, kPairs == 2>(
         fr, [&](int rs, uint32_t parity) { mbar_wait(full0 + 8 * rs, parity); }, tiles, acc,
         [&](int rs, int t) {  // after odd tile t (stage rs): the warp counts itself out of t - 1 and t
           if (lane == 0) stamp(warp, t, 0);
@@ -741,7 +743,7 @@ cudaError_t launch(const GemmParams& p, cudaStream_t stream) {
 // in int. Else the cp.async kernel (configuration 9). kTmaStore (the bulk-store epilogue) needs
 // c's base and strides in multiples of 16 bytes; else the same kernel stores pairs from registers.
 template <typename T, int kStages, bool kTmaStore = false, bool kTrace = false, int kGroupRows = 0,
-          bool kPairs = false, int kEarlyStep = -1>
+          int kPairs = 0, int kEarlyStep = -1>
 cudaError_t launch_tma(const GemmParams& p, cudaStream_t stream) {
   if constexpr (kTmaStore) {
     if (!tc::tma_storable(p)) return launch_tma<T, kStages, false, kTrace, kGroupRows, kPairs, kEarlyStep>(p, stream);
@@ -835,7 +837,9 @@ cudaError_t launch_cfg(const GemmParams& p, cudaStream_t stream) {
   } else if constexpr (kCfg == 40) {  // 30, blocks over groups of 16 tile rows (the default on sm_90)
     return launch_tma<T, 3, true, false, 16>(p, stream);
   } else if constexpr (kCfg == 58) {  // 40 with the hand-over every other k tile, 4 stages (not yet measured)
-    return launch_tma<T, 4, true, false, 16, true>(p, stream);
+    return launch_tma<T, 4, true, false, 16, 1>(p, stream);
+  } else if constexpr (kCfg == 63) {  // 58 waiting for the next tile after every tile (not yet measured)
+    return launch_tma<T, 4, true, false, 16, 2>(p, stream);
   } else if constexpr (kCfg == 60 || kCfg == 61) {  // 40 testing for the next tile in step 1 / 2 (not yet measured)
     return launch_tma<T, 3, true, false, 16, false, kCfg == 60 ? 1 : 2>(p, stream);
   } else if constexpr (kCfg == 62) {  // 60 with its timeline recorded (not yet measured)
@@ -894,7 +898,7 @@ cudaError_t launch_config(const GemmParams& p, cudaStream_t stream, int config) 
     OPFORGE_MMA_CASE(5) OPFORGE_MMA_CASE(6) OPFORGE_MMA_CASE(7) OPFORGE_MMA_CASE(8) OPFORGE_MMA_CASE(9)
     OPFORGE_MMA_CASE(10) OPFORGE_MMA_CASE(11) OPFORGE_MMA_CASE(13) OPFORGE_MMA_CASE(14) OPFORGE_MMA_CASE(20)
     OPFORGE_MMA_CASE(21) OPFORGE_MMA_CASE(30) OPFORGE_MMA_CASE(39) OPFORGE_MMA_CASE(40)
-    OPFORGE_MMA_CASE(58) OPFORGE_MMA_CASE(60) OPFORGE_MMA_CASE(61) OPFORGE_MMA_CASE(62)
+    OPFORGE_MMA_CASE(58) OPFORGE_MMA_CASE(60) OPFORGE_MMA_CASE(61) OPFORGE_MMA_CASE(62) OPFORGE_MMA_CASE(63)
 #undef OPFORGE_MMA_CASE
     default: return cudaErrorInvalidValue;
   }
