@@ -76,14 +76,6 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
 #endif
   }
 }
-// Whether the phase of parity `parity` of the mbarrier at bar has completed (non-blocking; acquire).
-__device__ __forceinline__ uint32_t mbar_test(uint32_t bar, uint32_t parity) {
-  uint32_t done;
-  asm volatile(
-      "{\n .reg .pred p;\n mbarrier.test_wait.parity.shared.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
-      : "=r"(done) : "r"(bar), "r"(parity) : "memory");
-  return done;
-}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {
@@ -492,16 +484,13 @@ __device__ __forceinline__ void acc_to_smem(const float (&acc)[4][8][4], uint32_
 
 // The consumer loop of the TMA kernel: a warp's 64 x 64 piece of the 128 x 256 tile over `tiles`
 // 64-deep k tiles in the ring at stage offsets kAStage, kBStage, each awaited by wait(s, parity)
-// (the stage's "full" mbarrier, or its pieces' ones). Once per tile, after the warp's last
+// (the stage's "full" mbarrier). Once per tile, after the warp's last
 // fragments of it are loaded (and a __syncwarp), token = release(s, t) hands stage s back and
-// finish(token, s, t) follows. kEarlyStep >= 0 (tuning): in that step of tile t the warp already
-// tests (test(s, parity), non-blocking) whether tile t + 1 has landed, and at the boundary waits
-// only if it had not: the test's latency passes under the step's mma instead of at the boundary.
-template <typename T, int kStages, uint32_t kAStage, uint32_t kBStage, int kEarlyStep = -1, typename Wait,
-          typename Release, typename Finish, typename Landed, typename Test>
+// finish(token, s, t) follows.
+template <typename T, int kStages, uint32_t kAStage, uint32_t kBStage, typename Wait, typename Release,
+          typename Finish, typename Landed>
 __device__ __forceinline__ void consume_ring(const FragAddrs<64, 256, 8, true>& fr, Wait wait, int tiles,
-                                             float (&acc)[4][8][4], Release release, Finish finish, Landed landed,
-                                             Test test) {
+                                             float (&acc)[4][8][4], Release release, Finish finish, Landed landed) {
   constexpr int kQ = 4, kNT = 8;
   uint32_t af[2][4][4], bf[2][kNT][2];
   if (tiles > 0) {
@@ -512,70 +501,19 @@ __device__ __forceinline__ void consume_ring(const FragAddrs<64, 256, 8, true>& 
   uint32_t rph = 0;  // parity of its full phase
   for (int t = 0; t < tiles; ++t) {
     const uint32_t st_a = rs * kAStage, st_b = rs * kBStage;
-    [[maybe_unused]] uint32_t ready = 0;  // kEarlyStep: tile t + 1 had landed at the test
 #pragma unroll
     for (int q = 0; q < kQ; ++q) {
       if (q + 1 < kQ) {
         fr.load(st_a, st_b, q + 1, af[(q + 1) & 1], bf[(q + 1) & 1]);
-        if constexpr (kEarlyStep >= 0) {
-          if (q == kEarlyStep && t + 1 < tiles) {
-            const int ns = rs + 1 == kStages ? 0 : rs + 1;
-            ready = test(ns, rph ^ (ns == 0));
-          }
-        }
       } else {
         __syncwarp();  // the warp's reads of k tile t are done (its last fragments are loaded)
         finish(release(rs, t), rs, t);
         rs = rs + 1 == kStages ? 0 : rs + 1;
         rph ^= rs == 0;
         if (t + 1 < tiles) {
-          if (kEarlyStep < 0 || !ready) wait(rs, rph);  // k tile t + 1 has landed
+          wait(rs, rph);  // k tile t + 1 has landed
           landed(t + 1);
           fr.load(rs * kAStage, rs * kBStage, 0, af[0], bf[0]);
-        }
-      }
-#pragma unroll
-      for (int mi = 0; mi < 4; ++mi)
-#pragma unroll
-        for (int nj = 0; nj < kNT; ++nj) mma16816<T>(acc[mi][nj], af[q & 1][mi], bf[q & 1][nj]);
-    }
-  }
-}
-
-// consume_ring with the hand-over every other k tile (kPairs, tuning; a ring of 4 stages, tile t
-// in stage t % 4): after odd tile t, token = release(t % 4, t) counts the warp out of stages
-// t - 1 and t, finish(token, t % 4, t) may refill both, and the warp waits for tiles t + 1 and
-// t + 2 (after an even tile it goes straight on: the next tile was awaited with it); kWaitEach:
-// the warp waits for tile t + 1 after every tile t instead (only the count comes half as often).
-template <typename T, uint32_t kAStage, uint32_t kBStage, bool kWaitEach, typename Wait, typename Release,
-          typename Finish, typename Landed>
-__device__ __forceinline__ void consume_ring_pairs(const FragAddrs<64, 256, 8, true>& fr, Wait wait, int tiles,
-                                                   float (&acc)[4][8][4], Release release, Finish finish,
-                                                   Landed landed) {
-  constexpr int kQ = 4, kNT = 8;
-  uint32_t af[2][4][4], bf[2][kNT][2];
-  if (tiles > 0) {
-    wait(0, 0);
-    if (!kWaitEach && tiles > 1) wait(1, 0);
-    fr.load(0, 0, 0, af[0], bf[0]);
-  }
-  for (int t = 0; t < tiles; ++t) {
-    const int rs = t & 3;
-    const uint32_t st_a = rs * kAStage, st_b = rs * kBStage;
-#pragma unroll
-    for (int q = 0; q < kQ; ++q) {
-      if (q + 1 < kQ) {
-        fr.load(st_a, st_b, q + 1, af[(q + 1) & 1], bf[(q + 1) & 1]);
-      } else {
-        __syncwarp();  // the warp's reads of k tile t are done (its last fragments are loaded)
-        if (t & 1) finish(release(rs, t), rs, t);
-        if (kWaitEach || (t & 1)) {
-          if (t + 1 < tiles) wait((t + 1) & 3, ((t + 1) >> 2) & 1);
-          if (!kWaitEach && t + 2 < tiles) wait((t + 2) & 3, ((t + 2) >> 2) & 1);
-        }
-        if (t + 1 < tiles) {
-          landed(t + 1);
-          fr.load(((t + 1) & 3) * kAStage, ((t + 1) & 3) * kBStage, 0, af[0], bf[0]);
         }
       }
 #pragma unroll
@@ -596,13 +534,8 @@ __device__ unsigned long long g_mma_trace[kTraceBlocks][8][kTraceTiles][3];
 
 // kTmaStore: the epilogue rounds the tile into the (then idle) ring's shared memory and one
 // thread stores it with bulk tensor copies (no per-element bounds checks: TMA clips at c's
-// edges); map_c is unused otherwise. kPairs (tuning): the hand-over every other k tile: a warp
-// counts itself out of two stages at once after the second (odd) tile, the last one refills
-// both, and a warp waits for the next two tiles at once, so that the count, its fence and the
-// wait come half as often (a ring of 4 stages: 2 in use, 2 in flight); kPairs 2: the wait still
-// after every tile (consume_ring_pairs's kWaitEach). kEarlyStep: consume_ring's.
-template <typename T, int kStages, bool kTmaStore = false, bool kTrace = false, int kGroupRows = 0,
-          int kPairs = 0, int kEarlyStep = -1>
+// edges); map_c is unused otherwise.
+template <typename T, int kStages, bool kTmaStore = false, bool kTrace = false, int kGroupRows = 0>
 __global__ void __launch_bounds__(kThreads, 1)
     matmul_mma_tma_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
                           const __grid_constant__ CUtensorMap map_c, T* __restrict__ c, int m, int n, int k,
@@ -612,7 +545,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   using C = Config<kBN, kStages, kBK>;
   constexpr int kWN = C::kWN, kNT = kWN / 8;
   constexpr uint32_t kAStage = C::kATile * 2, kBStage = C::kBTile * 2;  // bytes
-  static_assert(!kPairs || kStages == 4, "pairs of stages: a ring of 4");
   extern __shared__ unsigned char smem_raw[];
   __shared__ __align__(8) uint64_t full_bar[kStages];
   __shared__ uint32_t readers_done[kStages];  // warps done with the stage, ever
@@ -672,36 +604,19 @@ __global__ void __launch_bounds__(kThreads, 1)
   const auto stamp_landed = [&](int t) {
     if (lane == 0) stamp(warp, t, 1);
   };
-  if constexpr (kPairs) {
-    consume_ring_pairs<T, kAStage, kBStage, kPairs == 2>(
-        fr, [&](int rs, uint32_t parity) { mbar_wait(full0 + 8 * rs, parity); }, tiles, acc,
-        [&](int rs, int t) {  // after odd tile t (stage rs): the warp counts itself out of t - 1 and t
-          if (lane == 0) stamp(warp, t, 0);
-          return count_out(done0 + 4 * rs);
-        },
-        [&](uint32_t before, int rs, int t) {
-          if (lane == 0 && before % kWarps == kWarps - 1 && t + 3 < tiles) {  // the last reader refills
-            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // reads before TMA's writes
-            issue(rs ^ 1, t + 3);  // the stage of t - 1 (rs is odd)
-            if (t + 4 < tiles) issue(rs, t + 4);
-          }
-        },
-        stamp_landed);
-  } else {
-    consume_ring<T, kStages, kAStage, kBStage, kEarlyStep>(
-        fr, [&](int rs, uint32_t parity) { mbar_wait(full0 + 8 * rs, parity); }, tiles, acc,
-        [&](int rs, int t) {  // the warp counts itself out of stage rs
-          if (lane == 0) stamp(warp, t, 0);
-          return count_out(done0 + 4 * rs);
-        },
-        [&](uint32_t before, int rs, int t) {
-          if (lane == 0 && before % kWarps == kWarps - 1 && t + kStages < tiles) {  // the last reader refills
-            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // reads before TMA's writes
-            issue(rs, t + kStages);
-          }
-        },
-        stamp_landed, [&](int rs, uint32_t parity) { return mbar_test(full0 + 8 * rs, parity); });
-  }
+  consume_ring<T, kStages, kAStage, kBStage>(
+      fr, [&](int rs, uint32_t parity) { mbar_wait(full0 + 8 * rs, parity); }, tiles, acc,
+      [&](int rs, int t) {  // the warp counts itself out of stage rs
+        if (lane == 0) stamp(warp, t, 0);
+        return count_out(done0 + 4 * rs);
+      },
+      [&](uint32_t before, int rs, int t) {
+        if (lane == 0 && before % kWarps == kWarps - 1 && t + kStages < tiles) {  // the last reader refills
+          asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // reads before TMA's writes
+          issue(rs, t + kStages);
+        }
+      },
+      stamp_landed);
   if constexpr (kTmaStore) {
     static_assert(128 * kBN * 2 <= kStages * (kAStage + kBStage), "the tile fits in the ring");
     __syncthreads();  // every warp is done with the ring (and every copy into it has landed)
@@ -742,18 +657,17 @@ cudaError_t launch(const GemmParams& p, cudaStream_t stream) {
 // is then an sm_90 one too), the batch strides are not 0 (TMA strides) and the coordinates fit
 // in int. Else the cp.async kernel (configuration 9). kTmaStore (the bulk-store epilogue) needs
 // c's base and strides in multiples of 16 bytes; else the same kernel stores pairs from registers.
-template <typename T, int kStages, bool kTmaStore = false, bool kTrace = false, int kGroupRows = 0,
-          int kPairs = 0, int kEarlyStep = -1>
+template <typename T, int kStages, bool kTmaStore = false, bool kTrace = false, int kGroupRows = 0>
 cudaError_t launch_tma(const GemmParams& p, cudaStream_t stream) {
   if constexpr (kTmaStore) {
-    if (!tc::tma_storable(p)) return launch_tma<T, kStages, false, kTrace, kGroupRows, kPairs, kEarlyStep>(p, stream);
+    if (!tc::tma_storable(p)) return launch_tma<T, kStages, false, kTrace, kGroupRows>(p, stream);
   }
   const auto fallback = [&] { return launch<T, 256, 3, 64, true, true>(p, stream); };
   using C = Config<256, kStages, 64>;
   constexpr int kSmem = C::kSmemBytes + 1024;  // + alignment to 1024 bytes
   constexpr int64_t kMax = (int64_t{1} << 31) - 512;
   if ((p.batch > 1 && (p.a_bs == 0 || p.b_bs == 0)) || p.m >= kMax || p.n >= kMax || p.k >= kMax) return fallback();
-  const auto kernel = matmul_mma_tma_kernel<T, kStages, kTmaStore, kTrace, kGroupRows, kPairs, kEarlyStep>;
+  const auto kernel = matmul_mma_tma_kernel<T, kStages, kTmaStore, kTrace, kGroupRows>;
   static signed char configured[64] = {};
   const cudaError_t err = tc::configure_once(kernel, kSmem, configured,
                                              [](const cudaFuncAttributes& f) { return f.ptxVersion >= 90; });
@@ -836,14 +750,15 @@ cudaError_t launch_cfg(const GemmParams& p, cudaStream_t stream) {
     return launch_tma<T, 3, true, true, 16>(p, stream);
   } else if constexpr (kCfg == 40) {  // 30, blocks over groups of 16 tile rows (the default on sm_90)
     return launch_tma<T, 3, true, false, 16>(p, stream);
-  } else if constexpr (kCfg == 58) {  // 40 with the hand-over every other k tile, 4 stages (not yet measured)
-    return launch_tma<T, 4, true, false, 16, 1>(p, stream);
-  } else if constexpr (kCfg == 63) {  // 58 waiting for the next tile after every tile (not yet measured)
-    return launch_tma<T, 4, true, false, 16, 2>(p, stream);
-  } else if constexpr (kCfg == 60 || kCfg == 61) {  // 40 testing for the next tile in step 1 / 2 (not yet measured)
-    return launch_tma<T, 3, true, false, 16, false, kCfg == 60 ? 1 : 2>(p, stream);
-  } else if constexpr (kCfg == 62) {  // 60 with its timeline recorded (not yet measured)
-    return launch_tma<T, 3, true, true, 16, false, 1>(p, stream);
+  } else if constexpr (kCfg == 58 || (kCfg >= 60 && kCfg <= 63)) {
+    // Were (tuning/README.md, each next to 40 in the same run; benchmarks/micro/mma_mix.cu had put
+    // 7.6% of the loop's own ceiling on the per-tile hand-over, a count and a wait, even with the
+    // data there): the hand-over every other k tile over a ring of 4 (58: 469 vs 481.5 TFLOP/s at
+    // 4096^3; a warp then waits for two tiles at once, one of them a tile early); the count every
+    // other tile, the wait after each (63: 477 vs 482 / 500); the next tile's landing tested in
+    // step 1 or 2, waited for at the boundary only if it had not (60, 61: 478 vs 478; 62 traced:
+    // 1837 cycles per k tile against 1785). Removed.
+    return cudaErrorInvalidValue;
   } else if constexpr (kCfg >= 52 && kCfg <= 57) {
     // Were (tuning/README.md, measured next to 40 in one run): each stage in six pieces with their
     // own full mbarriers and reader counts (a's two 64-row halves, refilled by the last of their
@@ -898,7 +813,6 @@ cudaError_t launch_config(const GemmParams& p, cudaStream_t stream, int config) 
     OPFORGE_MMA_CASE(5) OPFORGE_MMA_CASE(6) OPFORGE_MMA_CASE(7) OPFORGE_MMA_CASE(8) OPFORGE_MMA_CASE(9)
     OPFORGE_MMA_CASE(10) OPFORGE_MMA_CASE(11) OPFORGE_MMA_CASE(13) OPFORGE_MMA_CASE(14) OPFORGE_MMA_CASE(20)
     OPFORGE_MMA_CASE(21) OPFORGE_MMA_CASE(30) OPFORGE_MMA_CASE(39) OPFORGE_MMA_CASE(40)
-    OPFORGE_MMA_CASE(58) OPFORGE_MMA_CASE(60) OPFORGE_MMA_CASE(61) OPFORGE_MMA_CASE(62) OPFORGE_MMA_CASE(63)
 #undef OPFORGE_MMA_CASE
     default: return cudaErrorInvalidValue;
   }
