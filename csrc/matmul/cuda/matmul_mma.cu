@@ -435,8 +435,9 @@ __global__ void __launch_bounds__(kThreads, kBN == 128 ? 2 : 1)  // 128-wide: tw
 // overflow a sub-partition's register file), a persistent grid, a producer warpgroup and two
 // blocks of 128 x 128 tiles per SM gained nothing, nor did stream-K over the last two waves,
 // stages refilled by piece, the hand-over (or its count) every other tile, or an early test for
-// the next tile's landing (benchmarks/micro/mma_mix.cu puts the loop with its per-tile hand-over
-// at 573 TFLOP/s without L2 traffic, against 648 for the mma alone). The
+// the next tile's landing, or clusters of 2 sharing b by multicast (benchmarks/micro/mma_mix.cu
+// puts the loop with its per-tile hand-over at 573 TFLOP/s without L2 traffic, against 648 for
+// the mma alone). The
 // default (configuration 40) also stores the tile by TMA (kTmaStore): 2-3% faster at 4096^3 and
 // 8192^3 than the per-thread stores (configuration 20), 10% at 8192 x 1024 x 8192; and it takes
 // the tiles in groups of 16 tile rows (kGroupRows), 1-3% faster than row by row (30).
@@ -450,14 +451,6 @@ __device__ __forceinline__ void tma_load3(uint32_t dst, const CUtensorMap* map, 
       "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5}], [%2];\n" ::
           "r"(dst),
       "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(x), "r"(y), "r"(z)
-      : "memory");
-}
-// tma_load3 into the same place in both blocks of a cluster of 2, completing on each one's `bar`.
-__device__ __forceinline__ void tma_load3_pair(uint32_t dst, const CUtensorMap* map, int x, int y, int z, uint32_t bar) {
-  asm volatile(
-      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster"
-      " [%0], [%1, {%3, %4, %5}], [%2], %6;\n" ::"r"(dst),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(x), "r"(y), "r"(z), "h"(static_cast<uint16_t>(3))
       : "memory");
 }
 // Stage s of the TMA kernels' ring (a at a_sm + s kAStage, b at b_sm + s kBStage) <- k tile j of
@@ -545,16 +538,8 @@ __device__ unsigned long long g_mma_trace[kTraceBlocks][8][kTraceTiles][3];
 
 // kTmaStore: the epilogue rounds the tile into the (then idle) ring's shared memory and one
 // thread stores it with bulk tensor copies (no per-element bounds checks: TMA clips at c's
-// edges); map_c is unused otherwise. kPair (tuning): clusters of 2 blocks on tile rows 2i, 2i + 1
-// of one column share b: each stage's b is loaded once for both, by TMA multicast (a third less
-// traffic from L2 per block). Each block still refills its own a when its 8 warps have left a
-// stage; it then counts itself into a per-stage count of the cluster (in block 0), and the
-// second block of the two to get there loads both halves of b into both blocks. kPair 2: that
-// count relaxed and the proxy fence at block scope (the cluster-scope ones compile to a
-// MEMBAR.ALL.GPU each; the block's reads of the stage have completed before its count anyway,
-// its 8 warps' block-scope release counts having waited for them): timing only, to see the cost.
-template <typename T, int kStages, bool kTmaStore = false, bool kTrace = false, int kGroupRows = 0,
-          int kPair = 0>
+// edges); map_c is unused otherwise.
+template <typename T, int kStages, bool kTmaStore = false, bool kTrace = false, int kGroupRows = 0>
 __global__ void __launch_bounds__(kThreads, 1)
     matmul_mma_tma_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
                           const __grid_constant__ CUtensorMap map_c, T* __restrict__ c, int m, int n, int k,
@@ -567,7 +552,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   extern __shared__ unsigned char smem_raw[];
   __shared__ __align__(8) uint64_t full_bar[kStages];
   __shared__ uint32_t readers_done[kStages];  // warps done with the stage, ever
-  __shared__ uint32_t blocks_done[kStages];   // kPair, block 0's: blocks done with the stage, ever
   const uint32_t a_sm = (tc::smem_addr(smem_raw) + 1023) & ~1023u;  // the swizzle's 1024-byte atoms
   const uint32_t b_sm = a_sm + kStages * kAStage;
   const uint32_t full0 = tc::smem_addr(full_bar), done0 = tc::smem_addr(readers_done);
@@ -575,19 +559,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int wm = warp / 4, wn = warp % 4;
   int m0 = blockIdx.y * kBM, n0 = blockIdx.x * kBN;
   const int bz = blockIdx.z;
-  [[maybe_unused]] uint32_t rank = 0;  // kPair: the block's place in its cluster
-  if constexpr (kPair) {
-    // The grouped order over pairs of tile rows (blockIdx.y / 2 the pair, the rank the row in it).
-    static_assert(kGroupRows % 2 == 0, "groups of whole pairs");
-    asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(rank));
-    constexpr int kG = kGroupRows / 2;
-    const int tiles_n = gridDim.x, pairs_m = gridDim.y / 2, lin = blockIdx.x + tiles_n * (blockIdx.y / 2);
-    const int group = lin / (kG * tiles_n), first = group * kG;
-    const int rows = pairs_m - first < kG ? pairs_m - first : kG;
-    const int w = lin - group * kG * tiles_n;
-    m0 = ((first + w % rows) * 2 + static_cast<int>(rank)) * kBM;
-    n0 = (w / rows) * kBN;
-  } else if constexpr (kGroupRows > 0) {
+  if constexpr (kGroupRows > 0) {
     // Blocks in launch order take the tiles of kGroupRows tile rows column by column: a wave of
     // 132 blocks then shares fewer panels of a and b than whole tile rows would (4096^3, 16 x 16
     // tiles: a wave spans 16 rows by 8-9 columns, against 8-9 whole rows of 16 columns).
@@ -613,42 +585,17 @@ __global__ void __launch_bounds__(kThreads, 1)
     stamp(0, j, 2);
     tma_fill_stage<kAStage, kBStage>(&map_a, &map_b, a_sm, b_sm, full0, s, j, m0, n0, bz);
   };
-  // kPair: k tile j of a into stage s, the stage's bytes (a's and b's) expected (one thread).
-  [[maybe_unused]] auto issue_a = [&](int s, int j) {
-    const uint32_t full = full0 + 8 * s;
-    mbar_expect_tx(full, kAStage + kBStage);
-    tma_load3(a_sm + s * kAStage, &map_a, j * kBK, m0, bz, full);
-  };
-  // kPair: half h (two 64-column boxes) of k tile j of b into stage s of both blocks.
-  [[maybe_unused]] auto issue_b_half = [&](int s, int j, int h) {
-#pragma unroll
-    for (int i = 2 * h; i < 2 * h + 2; ++i)
-      tma_load3_pair(b_sm + s * kBStage + i * kBK * 128, &map_b, n0 + 64 * i, j * kBK, bz, full0 + 8 * s);
-  };
   if (tid == 0) {
 #pragma unroll
     for (int s = 0; s < kStages; ++s) {
       mbar_init(full0 + 8 * s, 1);  // the issuing thread's arrival (plus the bytes)
       readers_done[s] = 0;
-      blocks_done[s] = 0;
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");  // visible to the TMA unit
   }
-  if constexpr (kPair) {
-    // Neither block multicasts into the other's barriers before they are set up.
-    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
-  } else {
-    __syncthreads();
-  }
+  __syncthreads();
   if (tid == 0)
-    for (int s = 0; s < kStages && s < tiles; ++s) {
-      if constexpr (kPair) {
-        issue_a(s, s);
-        issue_b_half(s, s, static_cast<int>(rank));  // each block loads its half of b into both
-      } else {
-        issue(s, s);
-      }
-    }
+    for (int s = 0; s < kStages && s < tiles; ++s) issue(s, s);
 
   const FragAddrs<kBK, kBN, kNT, true> fr(a_sm, b_sm, wm * kWM, wn * kWN, lane);
   float acc[4][kNT][4] = {};
@@ -670,32 +617,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       [&](uint32_t before, int rs, int t) {
         if (lane == 0 && before % kWarps == kWarps - 1 && t + kStages < tiles) {  // the last reader refills
           asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // reads before TMA's writes
-          if constexpr (kPair) {
-            issue_a(rs, t + kStages);
-            uint32_t blocks_before;  // the cluster's count of blocks done with stage rs (in block 0)
-            if constexpr (kPair == 2) {
-              asm volatile(
-                  "{\n.reg .b32 ra;\nmapa.shared::cluster.u32 ra, %1, 0;\n"
-                  "atom.relaxed.cluster.shared::cluster.add.u32 %0, [ra], 1;\n}\n"
-                  : "=r"(blocks_before)
-                  : "r"(tc::smem_addr(&blocks_done[rs]))
-                  : "memory");
-            } else {
-              asm volatile(
-                  "{\n.reg .b32 ra;\nmapa.shared::cluster.u32 ra, %1, 0;\n"
-                  "atom.acq_rel.cluster.shared::cluster.add.u32 %0, [ra], 1;\n}\n"
-                  : "=r"(blocks_before)
-                  : "r"(tc::smem_addr(&blocks_done[rs]))
-                  : "memory");
-            }
-            if (blocks_before % 2 == 1) {  // both blocks are done with it: b into both
-              if constexpr (kPair != 2) asm volatile("fence.proxy.async.shared::cluster;\n" ::: "memory");
-              issue_b_half(rs, t + kStages, 0);
-              issue_b_half(rs, t + kStages, 1);
-            }
-          } else {
-            issue(rs, t + kStages);
-          }
+          issue(rs, t + kStages);
         }
       },
       stamp_landed);
@@ -713,10 +635,6 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
   } else {
     store_acc<T, kNT>(acc, c + bz * c_bs, m0 + wm * kWM, n0 + wn * kWN, m, n, ldc, c_bs, lane);
-  }
-  if constexpr (kPair) {
-    // Neither block leaves while the other may still count into its shared memory.
-    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
   }
 #else
   __trap();  // no sm_90 code for this GPU: the launcher falls back to the cp.async kernel
@@ -743,21 +661,17 @@ cudaError_t launch(const GemmParams& p, cudaStream_t stream) {
 // is then an sm_90 one too), the batch strides are not 0 (TMA strides) and the coordinates fit
 // in int. Else the cp.async kernel (configuration 9). kTmaStore (the bulk-store epilogue) needs
 // c's base and strides in multiples of 16 bytes; else the same kernel stores pairs from registers.
-template <typename T, int kStages, bool kTmaStore = false, bool kTrace = false, int kGroupRows = 0,
-          int kPair = 0>
+template <typename T, int kStages, bool kTmaStore = false, bool kTrace = false, int kGroupRows = 0>
 cudaError_t launch_tma(const GemmParams& p, cudaStream_t stream) {
   if constexpr (kTmaStore) {
-    if (!tc::tma_storable(p)) return launch_tma<T, kStages, false, kTrace, kGroupRows, kPair>(p, stream);
-  }
-  if constexpr (kPair) {  // pairs of tile rows: an even number of them
-    if (((p.m + kBM - 1) / kBM) % 2 != 0) return launch_tma<T, kStages, kTmaStore, kTrace, kGroupRows>(p, stream);
+    if (!tc::tma_storable(p)) return launch_tma<T, kStages, false, kTrace, kGroupRows>(p, stream);
   }
   const auto fallback = [&] { return launch<T, 256, 3, 64, true, true>(p, stream); };
   using C = Config<256, kStages, 64>;
   constexpr int kSmem = C::kSmemBytes + 1024;  // + alignment to 1024 bytes
   constexpr int64_t kMax = (int64_t{1} << 31) - 512;
   if ((p.batch > 1 && (p.a_bs == 0 || p.b_bs == 0)) || p.m >= kMax || p.n >= kMax || p.k >= kMax) return fallback();
-  const auto kernel = matmul_mma_tma_kernel<T, kStages, kTmaStore, kTrace, kGroupRows, kPair>;
+  const auto kernel = matmul_mma_tma_kernel<T, kStages, kTmaStore, kTrace, kGroupRows>;
   static signed char configured[64] = {};
   const cudaError_t err = tc::configure_once(kernel, kSmem, configured,
                                              [](const cudaFuncAttributes& f) { return f.ptxVersion >= 90; });
@@ -770,22 +684,6 @@ cudaError_t launch_tma(const GemmParams& p, cudaStream_t stream) {
     return fallback();
   const dim3 grid(static_cast<unsigned>((p.n + 255) / 256), static_cast<unsigned>((p.m + kBM - 1) / kBM),
                   static_cast<unsigned>(p.batch));
-  if constexpr (kPair) {
-    cudaLaunchConfig_t config{};
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = 1;
-    attr[0].val.clusterDim.y = 2;
-    attr[0].val.clusterDim.z = 1;
-    config.gridDim = grid;
-    config.blockDim = dim3(kThreads);
-    config.dynamicSmemBytes = kSmem;
-    config.stream = stream;
-    config.attrs = attr;
-    config.numAttrs = 1;
-    return cudaLaunchKernelEx(&config, kernel, map_a, map_b, map_c, static_cast<T*>(p.c), static_cast<int>(p.m),
-                              static_cast<int>(p.n), static_cast<int>(p.k), p.c_rs, p.c_bs);
-  }
   kernel<<<grid, kThreads, kSmem, stream>>>(map_a, map_b, map_c, static_cast<T*>(p.c), static_cast<int>(p.m),
                                             static_cast<int>(p.n), static_cast<int>(p.k), p.c_rs, p.c_bs);
   return cudaGetLastError();
@@ -856,12 +754,16 @@ cudaError_t launch_cfg(const GemmParams& p, cudaStream_t stream) {
     return launch_tma<T, 3, true, true, 16>(p, stream);
   } else if constexpr (kCfg == 40) {  // 30, blocks over groups of 16 tile rows (the default on sm_90)
     return launch_tma<T, 3, true, false, 16>(p, stream);
-  } else if constexpr (kCfg == 64) {  // 40 in clusters of 2 sharing b by multicast (not yet measured)
-    return launch_tma<T, 3, true, false, 16, 1>(p, stream);
-  } else if constexpr (kCfg == 65) {  // 64 with 4 stages (not yet measured)
-    return launch_tma<T, 4, true, false, 16, 1>(p, stream);
-  } else if constexpr (kCfg == 66) {  // 64 with the cluster count relaxed (timing only; not yet measured)
-    return launch_tma<T, 3, true, false, 16, 2>(p, stream);
+  } else if constexpr (kCfg >= 64 && kCfg <= 66) {
+    // Were 40 in clusters of 2 blocks on tile rows 2i, 2i + 1 sharing b by TMA multicast: each
+    // block refilled its own a when its 8 warps had left a stage, then counted itself into the
+    // cluster's count of that stage (in block 0), and the second of the two loaded both halves of
+    // b into both (a third less L2 traffic per block). Correct on its check shapes, but 303 / 305
+    // TFLOP/s at 4096^3 (64: 3 stages; 65: 4) against 40's 487.6 in the same run: the
+    // cluster-scope release count and proxy fence compile to a MEMBAR.ALL.GPU each, in the
+    // refilling warp's path; with the count relaxed and the fence at block scope (66, timing
+    // only) still 423: a refill of b now waits for the slower of 16 warps in two SMs. Removed.
+    return cudaErrorInvalidValue;
   } else if constexpr (kCfg == 58 || (kCfg >= 60 && kCfg <= 63)) {
     // Were (tuning/README.md, each next to 40 in the same run; benchmarks/micro/mma_mix.cu had put
     // 7.6% of the loop's own ceiling on the per-tile hand-over, a count and a wait, even with the
@@ -924,7 +826,7 @@ cudaError_t launch_config(const GemmParams& p, cudaStream_t stream, int config) 
     OPFORGE_MMA_CASE(0) OPFORGE_MMA_CASE(1) OPFORGE_MMA_CASE(2) OPFORGE_MMA_CASE(3) OPFORGE_MMA_CASE(4)
     OPFORGE_MMA_CASE(5) OPFORGE_MMA_CASE(6) OPFORGE_MMA_CASE(7) OPFORGE_MMA_CASE(8) OPFORGE_MMA_CASE(9)
     OPFORGE_MMA_CASE(10) OPFORGE_MMA_CASE(11) OPFORGE_MMA_CASE(13) OPFORGE_MMA_CASE(14) OPFORGE_MMA_CASE(20)
-    OPFORGE_MMA_CASE(21) OPFORGE_MMA_CASE(30) OPFORGE_MMA_CASE(39) OPFORGE_MMA_CASE(40) OPFORGE_MMA_CASE(64) OPFORGE_MMA_CASE(65) OPFORGE_MMA_CASE(66)
+    OPFORGE_MMA_CASE(21) OPFORGE_MMA_CASE(30) OPFORGE_MMA_CASE(39) OPFORGE_MMA_CASE(40)
 #undef OPFORGE_MMA_CASE
     default: return cudaErrorInvalidValue;
   }
