@@ -15,7 +15,7 @@ if [ -z "${NOPEAK:-}" ]; then
   rm -f "$OUT/peak"
 fi
 if [ -n "${MIX:-}" ]; then
-  nvcc -std=c++17 -O3 -gencode arch=compute_90a,code=sm_90a -o "$OUT/mix" benchmarks/micro/mma_mix.cu &&
+  nvcc -std=c++17 -O3 -gencode arch=compute_90a,code=sm_90a -I csrc -o "$OUT/mix" benchmarks/micro/mma_mix.cu &&
     timeout 60 "$OUT/mix" 2>&1 | tee "$OUT/mix.log"
   rm -f "$OUT/mix"
 fi

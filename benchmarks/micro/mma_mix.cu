@@ -13,28 +13,22 @@
 // The rung's own kernel, traced (matmul_tune.py --trace), takes ~1800 cycles per k tile per warp,
 // 7.0 per HMMA per scheduler; its diagnostic without refills or waits ~1684 (6.58). This says
 // which ingredient costs what. 6.00 is the ceiling (tensor_peak.cu, two warps per scheduler).
-//   nvcc -std=c++17 -O3 -gencode arch=compute_90a,code=sm_90a -o /tmp/mix benchmarks/micro/mma_mix.cu && /tmp/mix
+//   nvcc -std=c++17 -O3 -gencode arch=compute_90a,code=sm_90a -I csrc -o /tmp/mix benchmarks/micro/mma_mix.cu && /tmp/mix
 #include <cuda_runtime.h>
 
 #include <cstdint>
 #include <cstdio>
 
+#include "matmul/cuda/tensor_core_common.cuh"
+
 namespace {
 
+using opforge::tc::ldmatrix_x4;
+using opforge::tc::ldmatrix_x4_trans;
+
+// The rung's mma (bf16 inputs, float32 accumulation).
 __device__ __forceinline__ void mma(float* d, const uint32_t* a, const uint32_t* b) {
-  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
-__device__ __forceinline__ void ldsm_x4(uint32_t* r, uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-__device__ __forceinline__ void ldsm_x4_t(uint32_t* r, uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
+  opforge::tc::mma16816<__nv_bfloat16>(d, a, b);
 }
 
 // The rung's fragment addresses in one 128 x 64 (a) + 64 x 256 (b, four 64-column boxes) stage,
@@ -53,11 +47,11 @@ struct Frags {
   }
   __device__ __forceinline__ void load(int q, uint32_t (&fa)[4][4], uint32_t (&fb)[8][2]) const {
 #pragma unroll
-    for (int mi = 0; mi < 4; ++mi) ldsm_x4(fa[mi], a[q] + mi * 16 * 64 * 2);
+    for (int mi = 0; mi < 4; ++mi) ldmatrix_x4(fa[mi], a[q] + mi * 16 * 64 * 2);
 #pragma unroll
     for (int p = 0; p < 4; ++p) {
       uint32_t r4[4];
-      ldsm_x4_t(r4, b[p] + q * 16 * 64 * 2);
+      ldmatrix_x4_trans(r4, b[p] + q * 16 * 64 * 2);
       fb[2 * p][0] = r4[0];
       fb[2 * p][1] = r4[1];
       fb[2 * p + 1][0] = r4[2];

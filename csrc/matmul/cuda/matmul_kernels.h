@@ -33,12 +33,9 @@ int matmul_mma_cuda(const GemmParams& p, void* stream);
 // (sm_90 and TMA-able strides: nonzero batch strides; else 9); 30: 20 with the tile stored by
 // TMA (where c's base and strides are 16-byte multiples; else as 20); 40 (the default): 30 with
 // blocks walking the tiles in groups of 16 tile rows; 39: 40 stamping a timeline (tuning
-// builds: matmul_tune.py --trace); 52, 53: 40 with each stage in six pieces (a's two halves,
-// b's four boxes) refilled by the last of their own readers, 3 and 4 stages, 54: 52 stamping a
-// timeline; 55-57: 52 with a scheduler's two warps sharing a's half instead of b's box, with one
-// release fence per warp and tile, with both (52-57 not yet measured).
-// 12, 15-19, 22-29, 31-38, 41-51: removed (no gain, could not launch, or diagnostics; see the
-// tuning README).
+// builds: matmul_tune.py --trace). The other numbers up to 66: removed (no gain, could not
+// launch, or diagnostics; launch_cfg's comment in matmul_mma.cu and the tuning README say what
+// they were).
 int matmul_mma_cuda_config(const GemmParams& p, void* stream, int config);
 // float16/bfloat16, sm_90a (built only when the arch list has 9.0a: OPFORGE_HAS_SM90A). b either
 // by rows (p.b_cs == 1: row stride p.b_rs) or by columns (p.b_rs == 1: the rows of b^T, row stride

@@ -7,8 +7,8 @@
 // zero-filled outside the matrices), so global loads of the next tiles overlap the tensor-core
 // work on the current one; fragments are read with ldmatrix (b transposed on the fly, .trans),
 // one 16-deep step ahead of the mma, and across tiles too: the barrier sits before the last
-// step's mma. Shared tiles are
-// XOR-swizzled by 16-byte chunk so that the 8 rows an ldmatrix reads fall in different banks.
+// step's mma. Shared tiles are XOR-swizzled by 16-byte chunk so that the 8 rows an ldmatrix
+// reads fall in different banks.
 // The launcher guarantees: row-major operands; k, n, the row and batch strides multiples of 8;
 // 16-byte aligned bases. Device code needs sm_80 (cp.async, mma.m16n8k16): for older targets in
 // the arch list the kernel is compiled empty and the launcher refuses the variant.
@@ -82,46 +82,9 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
 
-__device__ __forceinline__ void ldmatrix_x4(uint32_t* r, const void* p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_addr(p)));
-}
-__device__ __forceinline__ void ldmatrix_x4(uint32_t* r, uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t* r, uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t* r, const void* p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_addr(p)));
-}
-
-template <typename T>
-__device__ __forceinline__ void mma16816(float* d, const uint32_t* a, const uint32_t* b);
-// Not volatile: a pure function of registers, which the compiler may schedule among the loads.
-template <>
-__device__ __forceinline__ void mma16816<__nv_bfloat16>(float* d, const uint32_t* a, const uint32_t* b) {
-  asm(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
-template <>
-__device__ __forceinline__ void mma16816<__half>(float* d, const uint32_t* a, const uint32_t* b) {
-  asm(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
+using tc::ldmatrix_x4;
+using tc::ldmatrix_x4_trans;
+using tc::mma16816;
 
 // Element offsets in the swizzled shared tiles. a: [kBM][kBK], kBK / 8 chunks of 8 per row, chunk
 // c of row r at c ^ ((r / 2) % 4) for 4 chunks, c ^ (r % 8) for 8. b: [kBK][kBN], kBN / 8 chunks
@@ -437,10 +400,10 @@ __global__ void __launch_bounds__(kThreads, kBN == 128 ? 2 : 1)  // 128-wide: tw
 // stages refilled by piece, the hand-over (or its count) every other tile, or an early test for
 // the next tile's landing, or clusters of 2 sharing b by multicast (benchmarks/micro/mma_mix.cu
 // puts the loop with its per-tile hand-over at 573 TFLOP/s without L2 traffic, against 648 for
-// the mma alone). The
-// default (configuration 40) also stores the tile by TMA (kTmaStore): 2-3% faster at 4096^3 and
-// 8192^3 than the per-thread stores (configuration 20), 10% at 8192 x 1024 x 8192; and it takes
-// the tiles in groups of 16 tile rows (kGroupRows), 1-3% faster than row by row (30).
+// the mma alone). The default (configuration 40) also stores the tile by TMA (kTmaStore): 2-3%
+// faster at 4096^3 and 8192^3 than the per-thread stores (configuration 20), 10% at 8192 x 1024
+// x 8192; and it takes the tiles in groups of 16 tile rows (kGroupRows), 1-3% faster than row by
+// row (30).
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900  // (used only there)
 __device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
@@ -488,9 +451,9 @@ __device__ __forceinline__ void acc_to_smem(const float (&acc)[4][8][4], uint32_
 
 // The consumer loop of the TMA kernel: a warp's 64 x 64 piece of the 128 x 256 tile over `tiles`
 // 64-deep k tiles in the ring at stage offsets kAStage, kBStage, each awaited by wait(s, parity)
-// (the stage's "full" mbarrier). Once per tile, after the warp's last
-// fragments of it are loaded (and a __syncwarp), token = release(s, t) hands stage s back and
-// finish(token, s, t) follows.
+// (the stage's "full" mbarrier). Once per tile, after the warp's last fragments of it are loaded
+// (and a __syncwarp), token = release(s, t) hands stage s back and finish(token, s, t) follows
+// (the split keeps the kernel's code as measured: merging the two changed ptxas's schedule).
 template <typename T, int kStages, uint32_t kAStage, uint32_t kBStage, typename Wait, typename Release,
           typename Finish, typename Landed>
 __device__ __forceinline__ void consume_ring(const FragAddrs<64, 256, 8, true>& fr, Wait wait, int tiles,
@@ -690,7 +653,61 @@ cudaError_t launch_tma(const GemmParams& p, cudaStream_t stream) {
 }
 
 // Configuration kCfg (see matmul_kernels.h). The extension builds only the default; the tuning
-// build (OPFORGE_MATMUL_TUNING) all of them.
+// build (OPFORGE_MATMUL_TUNING) all of them. Configurations that no longer exist (they return
+// cudaErrorInvalidValue; measured next to the default of the time, logs and numbers in
+// benchmarks/results/h200-matmul/tuning/README.md) were:
+// - 12: 9 with 32-bit copy strides in uniform registers: 0.600x against 9's 0.604x.
+// - 15, 16: A ninth, producer warp doing all the copies (3 and 4 stages): 288 threads at 224
+//   registers do not fit (a sub-partition's 3 warps need 21504 of its 16384): never launched.
+// - 17-19: Stages filled by TMA but refilled by one thread after an "empty" mbarrier wait (17, 3
+//   stages: 0.62x; 18, 4 stages), 19: 17 with ldmatrix spread in program order (ptxas re-bunched
+//   them): no gain over cfg 9. Superseded by 20.
+// - 22, 23: 20 and 21 persistent (one block per SM walking grouped tiles, its k tiles one sequence
+//   through the ring): 0.623x against 20's 0.625x in the same run. Removed.
+// - 24-26: 20 released by "empty" mbarrier arrives instead of the atomic (no fence round trip) and
+//   refilled by thread 0 two tiles late (24: in step 1, 25: step 0; 4 stages) or one tile late in
+//   step 3 (26, 3 stages): 0.616x, 0.610x, 0.593x against 20's 0.636x in the same run.
+// - 27-29, 31-33: a producer
+//   warpgroup refilling on "empty" mbarriers, setmaxnreg 40/232 (27, 3 stages; 28, 4): 0.648x /
+//   0.640x against 20's 0.634x; 128 x 128 tiles of 4 warps, two blocks per SM (29; 31 with the TMA
+//   store): 0.592x / 0.654x, L2 traffic up by a third; 30 with the refill decision deferred past
+//   the tile's last mma (32; 33, 4 stages): 0.651x / 0.654x against 30's 0.697x. Removed.
+// - 34-37: 30 with warps 4-7 (each scheduler's second warp) starting 400, 200, 800 cycles late
+//   (37: 400, 4 stages), so that the two warps' tile-boundary gaps would not coincide: 469, 468,
+//   467, 464 TFLOP/s at 4096^3 against 30's 467 in the same run. Removed.
+// - 38: 30 persistent (one k-tile sequence through the ring across the block's output tiles,
+//   grouped by 8 tile rows; each tile stored from a buffer of its own while the next one's mma
+//   run): 470 TFLOP/s at 4096^3 against 30's 472 in the same run, 451 vs 448 at 8192^3. Removed.
+// - 41-51: 41, 48: 30 and 40 with 4 stages: 467.7
+//   vs 469.3 TFLOP/s at 4096^3, and the same cycles per k tile as 40 in its trace (the leading
+//   warps' lead grows by the extra stage and they still wait); 42: 40 persistent with stream-K
+//   over the last two waves (partial tiles summed through a workspace): 437 vs 30's 476 TFLOP/s at
+//   4096^3, 439 vs 452 at 8192^3 (the stream-K blocks work at staggered k offsets, so the panels
+//   they read no longer share L2); 46: the tile boundary's atomic, wait and loads amid the last
+//   step's mma: 485 vs 40's 487; 43-45, 47, 49-51: diagnostics (half the fragment reads: +1.5% at
+//   4096^3; no refills and no waits: +10%, 6% fewer cycles per k tile; 47 hung).
+// - 52-57: each stage in six pieces with their
+//   own full mbarriers and reader counts (a's two 64-row halves, refilled by the last of their 4
+//   readers; b's four 64-column boxes, by the second of their 2), so that no piece waits for the
+//   slowest of 8 warps: 419 TFLOP/s at 4096^3 against 40's 489 (52; 53, 4 stages: 421; 55, a
+//   scheduler's pair sharing a's half: 420; 56, one release fence per warp and tile: 431; 57,
+//   both: 426). Its timeline (54): 2274 cycles per k tile per warp against 1773, the warps 6668
+//   cycles apart against 2562, 812 cycles from release to the next tile's landing against 276: the
+//   two waits and counts a tile cost more than the finer refills gained. Removed.
+// - 58, 60-63 (benchmarks/micro/mma_mix.cu had put 7.6% of the loop's own ceiling on the
+//   per-tile hand-over, a count and a wait, even with the data there): the hand-over every other k tile over a ring of 4 (58: 469 vs 481.5 TFLOP/s
+//   at 4096^3; a warp then waits for two tiles at once, one of them a tile early); the count every
+//   other tile, the wait after each (63: 477 vs 482 / 500); the next tile's landing tested in step
+//   1 or 2, waited for at the boundary only if it had not (60, 61: 478 vs 478; 62 traced: 1837
+//   cycles per k tile against 1785). Removed.
+// - 64-66: 40 in clusters of 2 blocks on tile rows 2i, 2i + 1 sharing b by TMA multicast: each
+//   block refilled its own a when its 8 warps had left a stage, then counted itself into the
+//   cluster's count of that stage (in block 0), and the second of the two loaded both halves of b
+//   into both (a third less L2 traffic per block). Correct on its check shapes, but 303 / 305
+//   TFLOP/s at 4096^3 (64: 3 stages; 65: 4) against 40's 487.6 in the same run: the cluster-scope
+//   release count and proxy fence compile to a MEMBAR.ALL.GPU each, in the refilling warp's path;
+//   with the count relaxed and the fence at block scope (66, timing only) still 423: a refill of b
+//   now waits for the slower of 16 warps in two SMs. Removed.
 template <typename T, int kCfg>
 cudaError_t launch_cfg(const GemmParams& p, cudaStream_t stream) {
   if constexpr (kCfg == 0) {
@@ -717,96 +734,20 @@ cudaError_t launch_cfg(const GemmParams& p, cudaStream_t stream) {
     return launch<T, 256, 4, 32, true, true>(p, stream);
   } else if constexpr (kCfg == 11) {  // cfg 9, 4 stages (192 KB)
     return launch<T, 256, 4, 64, true, true>(p, stream);
-  } else if constexpr (kCfg == 12) {  // was cfg 9 with 32-bit copy strides (93e2117): no gain, removed
-    return cudaErrorInvalidValue;
   } else if constexpr (kCfg == 13) {  // cfg 9, mbarriers (0.63x)
     return launch<T, 256, 3, 64, true, true, true>(p, stream);
   } else if constexpr (kCfg == 14) {  // 13, 4 stages
     return launch<T, 256, 4, 64, true, true, true>(p, stream);
-  } else if constexpr (kCfg == 15 || kCfg == 16) {
-    // Were a ninth, producer warp doing all the copies (3 and 4 stages): 288 threads at 224
-    // registers do not fit (a sub-partition's 3 warps need 21504 of its 16384): never launched.
-    return cudaErrorInvalidValue;
-  } else if constexpr (kCfg >= 17 && kCfg <= 19) {
-    // Were: stages filled by TMA but refilled by one thread after an "empty" mbarrier wait (17,
-    // 3 stages: 0.62x; 18, 4 stages), 19: 17 with ldmatrix spread in program order (ptxas
-    // re-bunched them): no gain over cfg 9. Superseded by 20.
-    return cudaErrorInvalidValue;
   } else if constexpr (kCfg == 20) {  // TMA, the last warp to read a stage refills it (sm_90; else 9)
     return launch_tma<T, 3>(p, stream);
   } else if constexpr (kCfg == 21) {  // 20, 4 stages
     return launch_tma<T, 4>(p, stream);
-  } else if constexpr (kCfg >= 24 && kCfg <= 26) {
-    // Were 20 released by "empty" mbarrier arrives instead of the atomic (no fence round trip)
-    // and refilled by thread 0 two tiles late (24: in step 1, 25: step 0; 4 stages) or one tile
-    // late in step 3 (26, 3 stages): 0.616x, 0.610x, 0.593x against 20's 0.636x in the same run.
-    return cudaErrorInvalidValue;
-  } else if constexpr (kCfg == 27 || kCfg == 28 || kCfg == 29 || kCfg == 31 || kCfg == 32 || kCfg == 33) {
-    // Were (all measured in the same runs as 20 or 30, tuning/README.md): a producer warpgroup
-    // refilling on "empty" mbarriers, setmaxnreg 40/232 (27, 3 stages; 28, 4): 0.648x / 0.640x
-    // against 20's 0.634x; 128 x 128 tiles of 4 warps, two blocks per SM (29; 31 with the TMA
-    // store): 0.592x / 0.654x, L2 traffic up by a third; 30 with the refill decision deferred
-    // past the tile's last mma (32; 33, 4 stages): 0.651x / 0.654x against 30's 0.697x. Removed.
-    return cudaErrorInvalidValue;
   } else if constexpr (kCfg == 30) {  // 20, the tile stored by TMA
     return launch_tma<T, 3, true>(p, stream);
   } else if constexpr (kCfg == 39) {  // 40 with its timeline recorded (tuning: matmul_tune.py --trace)
     return launch_tma<T, 3, true, true, 16>(p, stream);
   } else if constexpr (kCfg == 40) {  // 30, blocks over groups of 16 tile rows (the default on sm_90)
     return launch_tma<T, 3, true, false, 16>(p, stream);
-  } else if constexpr (kCfg >= 64 && kCfg <= 66) {
-    // Were 40 in clusters of 2 blocks on tile rows 2i, 2i + 1 sharing b by TMA multicast: each
-    // block refilled its own a when its 8 warps had left a stage, then counted itself into the
-    // cluster's count of that stage (in block 0), and the second of the two loaded both halves of
-    // b into both (a third less L2 traffic per block). Correct on its check shapes, but 303 / 305
-    // TFLOP/s at 4096^3 (64: 3 stages; 65: 4) against 40's 487.6 in the same run: the
-    // cluster-scope release count and proxy fence compile to a MEMBAR.ALL.GPU each, in the
-    // refilling warp's path; with the count relaxed and the fence at block scope (66, timing
-    // only) still 423: a refill of b now waits for the slower of 16 warps in two SMs. Removed.
-    return cudaErrorInvalidValue;
-  } else if constexpr (kCfg == 58 || (kCfg >= 60 && kCfg <= 63)) {
-    // Were (tuning/README.md, each next to 40 in the same run; benchmarks/micro/mma_mix.cu had put
-    // 7.6% of the loop's own ceiling on the per-tile hand-over, a count and a wait, even with the
-    // data there): the hand-over every other k tile over a ring of 4 (58: 469 vs 481.5 TFLOP/s at
-    // 4096^3; a warp then waits for two tiles at once, one of them a tile early); the count every
-    // other tile, the wait after each (63: 477 vs 482 / 500); the next tile's landing tested in
-    // step 1 or 2, waited for at the boundary only if it had not (60, 61: 478 vs 478; 62 traced:
-    // 1837 cycles per k tile against 1785). Removed.
-    return cudaErrorInvalidValue;
-  } else if constexpr (kCfg >= 52 && kCfg <= 57) {
-    // Were (tuning/README.md, measured next to 40 in one run): each stage in six pieces with their
-    // own full mbarriers and reader counts (a's two 64-row halves, refilled by the last of their
-    // 4 readers; b's four 64-column boxes, by the second of their 2), so that no piece waits for
-    // the slowest of 8 warps: 419 TFLOP/s at 4096^3 against 40's 489 (52; 53, 4 stages: 421;
-    // 55, a scheduler's pair sharing a's half: 420; 56, one release fence per warp and tile:
-    // 431; 57, both: 426). Its timeline (54): 2274 cycles per k tile per warp against 1773, the
-    // warps 6668 cycles apart against 2562, 812 cycles from release to the next tile's landing
-    // against 276: the two waits and counts a tile cost more than the finer refills gained. Removed.
-    return cudaErrorInvalidValue;
-  } else if constexpr (kCfg >= 41 && kCfg <= 51) {
-    // Were (tuning/README.md, measured next to 30 or 40): 41, 48: 30 and 40 with 4 stages: 467.7
-    // vs 469.3 TFLOP/s at 4096^3, and the same cycles per k tile as 40 in its trace (the leading
-    // warps' lead grows by the extra stage and they still wait); 42: 40 persistent with stream-K
-    // over the last two waves (partial tiles summed through a workspace): 437 vs 30's 476 TFLOP/s
-    // at 4096^3, 439 vs 452 at 8192^3 (the stream-K blocks work at staggered k offsets, so the
-    // panels they read no longer share L2); 46: the tile boundary's atomic, wait and loads amid
-    // the last step's mma: 485 vs 40's 487; 43-45, 47, 49-51: diagnostics (half the fragment reads:
-    // +1.5% at 4096^3; no refills and no waits: +10%, 6% fewer cycles per k tile; 47 hung).
-    return cudaErrorInvalidValue;
-  } else if constexpr (kCfg == 38) {
-    // Was 30 persistent (one k-tile sequence through the ring across the block's output tiles,
-    // grouped by 8 tile rows; each tile stored from a buffer of its own while the next one's mma
-    // run): 470 TFLOP/s at 4096^3 against 30's 472 in the same run, 451 vs 448 at 8192^3. Removed.
-    return cudaErrorInvalidValue;
-  } else if constexpr (kCfg >= 34 && kCfg <= 37) {
-    // Were 30 with warps 4-7 (each scheduler's second warp) starting 400, 200, 800 cycles late
-    // (37: 400, 4 stages), so that the two warps' tile-boundary gaps would not coincide: 469,
-    // 468, 467, 464 TFLOP/s at 4096^3 against 30's 467 in the same run. Removed.
-    return cudaErrorInvalidValue;
-  } else if constexpr (kCfg == 22 || kCfg == 23) {
-    // Were 20 and 21 persistent (one block per SM walking grouped tiles, its k tiles one sequence
-    // through the ring): 0.623x against 20's 0.625x in the same run. Removed.
-    return cudaErrorInvalidValue;
   } else {
     return cudaErrorInvalidValue;
   }
