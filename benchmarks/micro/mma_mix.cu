@@ -9,7 +9,10 @@
 //     waiting: __syncwarp, lane 0's acq_rel count in shared memory, an mbarrier try_wait on a
 //     phase that has completed;
 //   4 the same hand-over every other k tile; 5 with a relaxed count (no fence); 6 without the wait;
-//   7 the wait replaced by a non-blocking test in step 1 (its result used at the boundary).
+//   7 the wait replaced by a non-blocking test in step 1 (its result used at the boundary);
+//   8 3 with the count issued in step 2, right after the last fragments of the tile are loaded
+//     (its result used at the boundary); 9 the count amid step 2's mma (after half of them);
+//   10 9 without the wait; 11 3 with 96-deep k tiles (the hand-over every 6 steps).
 // The rung's own kernel, traced (matmul_tune.py --trace), takes ~1800 cycles per k tile per warp,
 // 7.0 per HMMA per scheduler; its diagnostic without refills or waits ~1684 (6.58). This says
 // which ingredient costs what. 6.00 is the ceiling (tensor_peak.cu, two warps per scheduler).
@@ -86,13 +89,26 @@ __global__ void __launch_bounds__(128) mix_kernel(float* out, long long* cycles,
   fr.load(1, fa[1], fb[1]);
   __syncthreads();
   const long long t0 = clock64();
-  for (int t = 0; t < tiles; ++t) {
-    uint32_t ready = 0;
+  const auto count = [&] {  // the warp's count: lane 0's acq_rel add, after the warp's reads
+    __syncwarp();
+    uint32_t before = 0;
+    if (lane == 0) {
+      if constexpr (kMix == 5)
+        asm volatile("atom.relaxed.cta.shared::cta.add.u32 %0, [%1], 1;\n" : "=r"(before) : "r"(cnt_a) : "memory");
+      else
+        asm volatile("atom.acq_rel.cta.shared::cta.add.u32 %0, [%1], 1;\n" : "=r"(before) : "r"(cnt_a) : "memory");
+    }
+    return before;
+  };
+  constexpr int kSteps = kMix == 11 ? 6 : 4;  // 16-deep steps per k tile
+  for (int t = 0; t < tiles * 4 / kSteps; ++t) {
+    uint32_t ready = 0, before = 0;
 #pragma unroll
-    for (int q = 0; q < 4; ++q) {
+    for (int q = 0; q < kSteps; ++q) {
       if constexpr (kMix >= 2) {
-        if (q + 1 < 4) {
-          fr.load(q + 1, fa[(q + 1) & 1], fb[(q + 1) & 1]);
+        if (q + 1 < kSteps) {
+          fr.load((q + 1) % 4, fa[(q + 1) & 1], fb[(q + 1) & 1]);
+          if (kMix == 8 && q == 2) before = count();
           if (kMix == 7 && q == 1)
             asm volatile("{\n .reg .pred p;\n mbarrier.test_wait.parity.shared.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
                          : "=r"(ready)
@@ -100,16 +116,9 @@ __global__ void __launch_bounds__(128) mix_kernel(float* out, long long* cycles,
                          : "memory");
         } else {
           if (kMix >= 3 && (kMix != 4 || t % 2 == 1)) {
-            __syncwarp();
-            uint32_t before = 0;
-            if (lane == 0) {
-              if constexpr (kMix == 5)
-                asm volatile("atom.relaxed.cta.shared::cta.add.u32 %0, [%1], 1;\n" : "=r"(before) : "r"(cnt_a) : "memory");
-              else
-                asm volatile("atom.acq_rel.cta.shared::cta.add.u32 %0, [%1], 1;\n" : "=r"(before) : "r"(cnt_a) : "memory");
-            }
+            if (kMix < 8) before = count();
             if (lane == 0 && before == 0xffffffffu) out[0] = 1.f;  // (never: keeps the count)
-            uint32_t done = kMix == 6 || (kMix == 7 && ready);
+            uint32_t done = kMix == 6 || kMix == 10 || (kMix == 7 && ready);
             while (!done)
               asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
                            : "=r"(done)
@@ -120,7 +129,8 @@ __global__ void __launch_bounds__(128) mix_kernel(float* out, long long* cycles,
         }
       }
 #pragma unroll
-      for (int mi = 0; mi < 4; ++mi)
+      for (int mi = 0; mi < 4; ++mi) {
+        if (kMix >= 9 && q == 2 && mi == 2) before = count();
 #pragma unroll
         for (int nj = 0; nj < 8; ++nj) {
           if constexpr (kMix == 0)
@@ -128,6 +138,7 @@ __global__ void __launch_bounds__(128) mix_kernel(float* out, long long* cycles,
           else
             mma(acc[mi][nj], fa[q & 1][mi], fb[q & 1][nj]);
         }
+      }
     }
   }
   const long long t1 = clock64();
@@ -190,6 +201,10 @@ int main() {
   run<5>("relaxed", sms, out, cycles, host);
   run<6>("no-wait", sms, out, cycles, host);
   run<7>("early", sms, out, cycles, host);
+  run<8>("cnt-step2", sms, out, cycles, host);
+  run<9>("cnt-mid2", sms, out, cycles, host);
+  run<10>("mid2-nowait", sms, out, cycles, host);
+  run<11>("bk96", sms, out, cycles, host);
   delete[] host;
   return 0;
 }

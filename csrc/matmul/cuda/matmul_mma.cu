@@ -107,13 +107,23 @@ __device__ __forceinline__ int b_box_off(int r, int n) {
   return (n / 64) * kBK * 64 + r * 64 + ((((n % 64) / 8) ^ (r & 7)) * 8) + n % 8;
 }
 
+// TMA-filled a 96 deep (tuning): three boxes of [kBM][32], 64-byte swizzle (TMA's: chunk c of
+// row r at c ^ ((r / 2) % 4)), so a step's addresses are those of the step two before plus a box.
+__device__ __forceinline__ int a_box32_off(int r, int k) {
+  return (k / 32) * kBM * 32 + r * 32 + ((((k % 32) / 8) ^ ((r >> 1) & 3)) * 8) + k % 8;
+}
+
 template <int kBK, int kBN, int kNT, bool kBoxes = false>
 struct FragAddrs {
+  static constexpr bool kABoxes = kBoxes && kBK == 96;  // a in 32-wide boxes
   static constexpr int kQ = kBK / 16, kBPitch = kBoxes ? 64 : kBN;  // b's row pitch in shared memory
-  uint32_t a[kQ], b[kNT / 2];  // step q's a fragment (m16 tile 0); pair p's b fragment (step 0)
+  static constexpr int kAPitch = kABoxes ? 32 : kBK, kQA = kABoxes ? 2 : kQ;
+  uint32_t a[kQA], b[kNT / 2];  // step q's a fragment (m16 tile 0); pair p's b fragment (step 0)
   __device__ __forceinline__ FragAddrs(uint32_t a_sm, uint32_t b_sm, int row0, int col0, int lane) {
 #pragma unroll
-    for (int q = 0; q < kQ; ++q) a[q] = a_sm + 2 * a_off<kBK>(row0 + lane % 16, q * 16 + (lane / 16) * 8);
+    for (int q = 0; q < kQA; ++q)
+      a[q] = a_sm + 2 * (kABoxes ? a_box32_off(row0 + lane % 16, q * 16 + (lane / 16) * 8)
+                                 : a_off<kBK>(row0 + lane % 16, q * 16 + (lane / 16) * 8));
 #pragma unroll
     for (int pr = 0; pr < kNT / 2; ++pr)
       b[pr] = b_sm + 2 * (kBoxes ? b_box_off<kBK>(lane % 8 + ((lane / 8) % 2) * 8, col0 + pr * 16 + (lane / 16) * 8)
@@ -123,7 +133,10 @@ struct FragAddrs {
   __device__ __forceinline__ void load(uint32_t st_a, uint32_t st_b, int q, uint32_t (&fa)[4][4],
                                        uint32_t (&fb)[kNT][2]) const {
 #pragma unroll
-    for (int mi = 0; mi < 4; ++mi) ldmatrix_x4(fa[mi], st_a + a[q] + mi * 16 * kBK * 2);
+    for (int mi = 0; mi < 4; ++mi) {
+      const uint32_t aq = kABoxes ? a[q % 2] + (q / 2) * kBM * 32 * 2 : a[q];
+      ldmatrix_x4(fa[mi], st_a + aq + mi * 16 * kAPitch * 2);
+    }
 #pragma unroll
     for (int pr = 0; pr < kNT / 2; ++pr) {
       uint32_t r4[4];
@@ -417,15 +430,21 @@ __device__ __forceinline__ void tma_load3(uint32_t dst, const CUtensorMap* map, 
       : "memory");
 }
 // Stage s of the TMA kernels' ring (a at a_sm + s kAStage, b at b_sm + s kBStage) <- k tile j of
-// the 128 x kBN output tile at (m0, n0) of batch bz: one 64 x 128 box of a, kBN / 64 boxes of
-// 64 x 64 of b, completing on the stage's full mbarrier (full0 + 8 s). One thread.
-template <uint32_t kAStage, uint32_t kBStage>
+// the 128 x kBN output tile at (m0, n0) of batch bz: one kBK x 128 box of a (kBK 64; 96: three
+// 32-wide boxes), kBN / 64 boxes of kBK x 64 of b, completing on the stage's full mbarrier
+// (full0 + 8 s). One thread.
+template <uint32_t kAStage, uint32_t kBStage, int kBK = 64>
 __device__ __forceinline__ void tma_fill_stage(const CUtensorMap* map_a, const CUtensorMap* map_b, uint32_t a_sm,
                                                uint32_t b_sm, uint32_t full0, int s, int j, int m0, int n0, int bz) {
-  constexpr int kBK = 64, kBoxesB = kBStage / (kBK * 64 * 2);
+  constexpr int kBoxesB = kBStage / (kBK * 64 * 2);
   const uint32_t full = full0 + 8 * s;
   mbar_expect_tx(full, kAStage + kBStage);
-  tma_load3(a_sm + s * kAStage, map_a, j * kBK, m0, bz, full);
+  if constexpr (kBK == 96) {
+#pragma unroll
+    for (int i = 0; i < 3; ++i) tma_load3(a_sm + s * kAStage + i * kBM * 64, map_a, j * kBK + 32 * i, m0, bz, full);
+  } else {
+    tma_load3(a_sm + s * kAStage, map_a, j * kBK, m0, bz, full);
+  }
 #pragma unroll
   for (int i = 0; i < kBoxesB; ++i)
     tma_load3(b_sm + s * kBStage + i * kBK * 128, map_b, n0 + 64 * i, j * kBK, bz, full);
@@ -454,11 +473,15 @@ __device__ __forceinline__ void acc_to_smem(const float (&acc)[4][8][4], uint32_
 // (the stage's "full" mbarrier). Once per tile, after the warp's last fragments of it are loaded
 // (and a __syncwarp), token = release(s, t) hands stage s back and finish(token, s, t) follows
 // (the split keeps the kernel's code as measured: merging the two changed ptxas's schedule).
-template <typename T, int kStages, uint32_t kAStage, uint32_t kBStage, typename Wait, typename Release,
-          typename Finish, typename Landed>
-__device__ __forceinline__ void consume_ring(const FragAddrs<64, 256, 8, true>& fr, Wait wait, int tiles,
+// kRelease (tuning): where the warp counts itself out of the stage: 0 at the boundary (the
+// default), 1 in step kQ - 2 right after the tile's last fragments are loaded, 2 amid step kQ - 2's
+// mma; in 1 and 2 the count's result (the refill decision) is still used at the boundary.
+template <typename T, int kStages, uint32_t kAStage, uint32_t kBStage, int kRelease = 0, int kBK = 64,
+          typename Wait, typename Release, typename Finish, typename Landed>
+__device__ __forceinline__ void consume_ring(const FragAddrs<kBK, 256, 8, true>& fr, Wait wait, int tiles,
                                              float (&acc)[4][8][4], Release release, Finish finish, Landed landed) {
-  constexpr int kQ = 4, kNT = 8;
+  constexpr int kQ = kBK / 16, kNT = 8;
+  static_assert(kQ % 2 == 0, "the next tile's first fragments go where step kQ - 1's did not");
   uint32_t af[2][4][4], bf[2][kNT][2];
   if (tiles > 0) {
     wait(0, 0);
@@ -468,10 +491,26 @@ __device__ __forceinline__ void consume_ring(const FragAddrs<64, 256, 8, true>& 
   uint32_t rph = 0;  // parity of its full phase
   for (int t = 0; t < tiles; ++t) {
     const uint32_t st_a = rs * kAStage, st_b = rs * kBStage;
+    [[maybe_unused]] uint32_t token = 0;
 #pragma unroll
     for (int q = 0; q < kQ; ++q) {
       if (q + 1 < kQ) {
         fr.load(st_a, st_b, q + 1, af[(q + 1) & 1], bf[(q + 1) & 1]);
+        if constexpr (kRelease == 1) {
+          if (q + 2 == kQ) {
+            __syncwarp();  // the warp's reads of k tile t are done
+            token = release(rs, t);
+          }
+        }
+      } else if constexpr (kRelease != 0) {
+        finish(token, rs, t);
+        rs = rs + 1 == kStages ? 0 : rs + 1;
+        rph ^= rs == 0;
+        if (t + 1 < tiles) {
+          wait(rs, rph);  // k tile t + 1 has landed
+          landed(t + 1);
+          fr.load(rs * kAStage, rs * kBStage, 0, af[0], bf[0]);
+        }
       } else {
         __syncwarp();  // the warp's reads of k tile t are done (its last fragments are loaded)
         finish(release(rs, t), rs, t);
@@ -484,9 +523,16 @@ __device__ __forceinline__ void consume_ring(const FragAddrs<64, 256, 8, true>& 
         }
       }
 #pragma unroll
-      for (int mi = 0; mi < 4; ++mi)
+      for (int mi = 0; mi < 4; ++mi) {
+        if constexpr (kRelease == 2) {
+          if (q + 2 == kQ && mi == 2) {
+            __syncwarp();
+            token = release(rs, t);
+          }
+        }
 #pragma unroll
         for (int nj = 0; nj < kNT; ++nj) mma16816<T>(acc[mi][nj], af[q & 1][mi], bf[q & 1][nj]);
+      }
     }
   }
 }
@@ -502,13 +548,14 @@ __device__ unsigned long long g_mma_trace[kTraceBlocks][8][kTraceTiles][3];
 // kTmaStore: the epilogue rounds the tile into the (then idle) ring's shared memory and one
 // thread stores it with bulk tensor copies (no per-element bounds checks: TMA clips at c's
 // edges); map_c is unused otherwise.
-template <typename T, int kStages, bool kTmaStore = false, bool kTrace = false, int kGroupRows = 0>
+template <typename T, int kStages, bool kTmaStore = false, bool kTrace = false, int kGroupRows = 0, int kRelease = 0,
+          int kBK = 64>
 __global__ void __launch_bounds__(kThreads, 1)
     matmul_mma_tma_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
                           const __grid_constant__ CUtensorMap map_c, T* __restrict__ c, int m, int n, int k,
                           int64_t ldc, int64_t c_bs) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  constexpr int kBN = 256, kBK = 64, kWarps = kThreads / 32;
+  constexpr int kBN = 256, kWarps = kThreads / 32;
   using C = Config<kBN, kStages, kBK>;
   constexpr int kWN = C::kWN, kNT = kWN / 8;
   constexpr uint32_t kAStage = C::kATile * 2, kBStage = C::kBTile * 2;  // bytes
@@ -546,7 +593,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif
   auto issue = [&](int s, int j) {  // k tile j into stage s (one thread)
     stamp(0, j, 2);
-    tma_fill_stage<kAStage, kBStage>(&map_a, &map_b, a_sm, b_sm, full0, s, j, m0, n0, bz);
+    tma_fill_stage<kAStage, kBStage, kBK>(&map_a, &map_b, a_sm, b_sm, full0, s, j, m0, n0, bz);
   };
   if (tid == 0) {
 #pragma unroll
@@ -571,7 +618,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const auto stamp_landed = [&](int t) {
     if (lane == 0) stamp(warp, t, 1);
   };
-  consume_ring<T, kStages, kAStage, kBStage>(
+  consume_ring<T, kStages, kAStage, kBStage, kRelease, kBK>(
       fr, [&](int rs, uint32_t parity) { mbar_wait(full0 + 8 * rs, parity); }, tiles, acc,
       [&](int rs, int t) {  // the warp counts itself out of stage rs
         if (lane == 0) stamp(warp, t, 0);
@@ -624,25 +671,28 @@ cudaError_t launch(const GemmParams& p, cudaStream_t stream) {
 // is then an sm_90 one too), the batch strides are not 0 (TMA strides) and the coordinates fit
 // in int. Else the cp.async kernel (configuration 9). kTmaStore (the bulk-store epilogue) needs
 // c's base and strides in multiples of 16 bytes; else the same kernel stores pairs from registers.
-template <typename T, int kStages, bool kTmaStore = false, bool kTrace = false, int kGroupRows = 0>
+template <typename T, int kStages, bool kTmaStore = false, bool kTrace = false, int kGroupRows = 0, int kRelease = 0,
+          int kBK = 64>
 cudaError_t launch_tma(const GemmParams& p, cudaStream_t stream) {
   if constexpr (kTmaStore) {
-    if (!tc::tma_storable(p)) return launch_tma<T, kStages, false, kTrace, kGroupRows>(p, stream);
+    if (!tc::tma_storable(p)) return launch_tma<T, kStages, false, kTrace, kGroupRows, kRelease, kBK>(p, stream);
   }
   const auto fallback = [&] { return launch<T, 256, 3, 64, true, true>(p, stream); };
-  using C = Config<256, kStages, 64>;
+  using C = Config<256, kStages, kBK>;
   constexpr int kSmem = C::kSmemBytes + 1024;  // + alignment to 1024 bytes
   constexpr int64_t kMax = (int64_t{1} << 31) - 512;
   if ((p.batch > 1 && (p.a_bs == 0 || p.b_bs == 0)) || p.m >= kMax || p.n >= kMax || p.k >= kMax) return fallback();
-  const auto kernel = matmul_mma_tma_kernel<T, kStages, kTmaStore, kTrace, kGroupRows>;
+  const auto kernel = matmul_mma_tma_kernel<T, kStages, kTmaStore, kTrace, kGroupRows, kRelease, kBK>;
   static signed char configured[64] = {};
   const cudaError_t err = tc::configure_once(kernel, kSmem, configured,
                                              [](const cudaFuncAttributes& f) { return f.ptxVersion >= 90; });
   if (err == cudaErrorInvalidConfiguration) return fallback();
   if (err != cudaSuccess) return err;
   CUtensorMap map_a{}, map_b{}, map_c{};
-  if (!tc::make_tma_map(&map_a, p.a, p.dtype, p.m, p.k, p.batch, p.a_rs, p.a_bs, 64, kBM) ||
-      !tc::make_tma_map(&map_b, p.b, p.dtype, p.k, p.n, p.batch, p.b_rs, p.b_bs, 64, 64) ||
+  constexpr uint32_t kABox = kBK == 96 ? 32 : 64;  // a's box width: 96 deep takes three of 32
+  constexpr CUtensorMapSwizzle kASwizzle = kBK == 96 ? CU_TENSOR_MAP_SWIZZLE_64B : CU_TENSOR_MAP_SWIZZLE_128B;
+  if (!tc::make_tma_map(&map_a, p.a, p.dtype, p.m, p.k, p.batch, p.a_rs, p.a_bs, kABox, kBM, kASwizzle) ||
+      !tc::make_tma_map(&map_b, p.b, p.dtype, p.k, p.n, p.batch, p.b_rs, p.b_bs, 64, kBK) ||
       (kTmaStore && !tc::make_tma_map(&map_c, p.c, p.dtype, p.m, p.n, p.batch, p.c_rs, p.c_bs, 64, kBM)))
     return fallback();
   const dim3 grid(static_cast<unsigned>((p.n + 255) / 256), static_cast<unsigned>((p.m + kBM - 1) / kBM),
@@ -748,6 +798,16 @@ cudaError_t launch_cfg(const GemmParams& p, cudaStream_t stream) {
     return launch_tma<T, 3, true, true, 16>(p, stream);
   } else if constexpr (kCfg == 40) {  // 30, blocks over groups of 16 tile rows (the default on sm_90)
     return launch_tma<T, 3, true, false, 16>(p, stream);
+  } else if constexpr (kCfg == 67) {  // 40, each warp's count right after its last loads of the tile
+    return launch_tma<T, 3, true, false, 16, 1>(p, stream);
+  } else if constexpr (kCfg == 68) {  // 40, the count amid the tile's next-to-last step of mma
+    return launch_tma<T, 3, true, false, 16, 2>(p, stream);
+  } else if constexpr (kCfg == 69) {  // 68 traced
+    return launch_tma<T, 3, true, true, 16, 2>(p, stream);
+  } else if constexpr (kCfg == 70) {  // 40 with 96-deep k tiles (216 KB): a hand-over every 6 steps
+    return launch_tma<T, 3, true, false, 16, 0, 96>(p, stream);
+  } else if constexpr (kCfg == 71) {  // 70 traced
+    return launch_tma<T, 3, true, true, 16, 0, 96>(p, stream);
   } else {
     return cudaErrorInvalidValue;
   }
@@ -768,6 +828,7 @@ cudaError_t launch_config(const GemmParams& p, cudaStream_t stream, int config) 
     OPFORGE_MMA_CASE(5) OPFORGE_MMA_CASE(6) OPFORGE_MMA_CASE(7) OPFORGE_MMA_CASE(8) OPFORGE_MMA_CASE(9)
     OPFORGE_MMA_CASE(10) OPFORGE_MMA_CASE(11) OPFORGE_MMA_CASE(13) OPFORGE_MMA_CASE(14) OPFORGE_MMA_CASE(20)
     OPFORGE_MMA_CASE(21) OPFORGE_MMA_CASE(30) OPFORGE_MMA_CASE(39) OPFORGE_MMA_CASE(40)
+    OPFORGE_MMA_CASE(67) OPFORGE_MMA_CASE(68) OPFORGE_MMA_CASE(69) OPFORGE_MMA_CASE(70) OPFORGE_MMA_CASE(71)
 #undef OPFORGE_MMA_CASE
     default: return cudaErrorInvalidValue;
   }
