@@ -449,21 +449,6 @@ __device__ __forceinline__ void tma_fill_stage(const CUtensorMap* map_a, const C
   for (int i = 0; i < kBoxesB; ++i)
     tma_load3(b_sm + s * kBStage + i * kBK * 128, map_b, n0 + 64 * i, j * kBK, bz, full);
 }
-// k tile j's boxes (tma_fill_stage's) prefetched from device memory into L2, no destination.
-template <int kBK, int kBoxesB>
-__device__ __forceinline__ void tma_prefetch_tile(const CUtensorMap* map_a, const CUtensorMap* map_b, int j, int m0,
-                                                  int n0, int bz) {
-  const auto prefetch = [](const CUtensorMap* map, int x, int y, int z) {
-    asm volatile("cp.async.bulk.prefetch.tensor.3d.L2.global.tile [%0, {%1, %2, %3}];\n" ::"l"(
-                     reinterpret_cast<uint64_t>(map)),
-                 "r"(x), "r"(y), "r"(z)
-                 : "memory");
-  };
-#pragma unroll
-  for (int i = 0; i < (kBK == 96 ? 3 : 1); ++i) prefetch(map_a, j * kBK + (kBK == 96 ? 32 : 64) * i, m0, bz);
-#pragma unroll
-  for (int i = 0; i < kBoxesB; ++i) prefetch(map_b, n0 + 64 * i, j * kBK, bz);
-}
 // The TMA-store epilogue: a warp's 64 x 64 accumulators, rounded to T, into box `box` (64 columns
 // x 128 rows, 128-byte rows, TMA's 128-byte swizzle: chunk c of row r at c ^ (r % 8), so the 8
 // rows one store instruction writes hit 8 different chunks) of the buffer at c_sm, rows r0...
@@ -491,10 +476,12 @@ __device__ __forceinline__ void acc_to_smem(const float (&acc)[4][8][4], uint32_
 // kRelease (tuning): where the warp counts itself out of the stage: 0 at the boundary (the
 // default), 1 in step kQ - 2 right after the tile's last fragments are loaded, 2 amid step kQ - 2's
 // mma; in 1 and 2 the count's result (the refill decision) is still used at the boundary.
+// last_steps (kTrim): the last tile's 16-deep steps that hold data (even; kQ: all).
 template <typename T, int kStages, uint32_t kAStage, uint32_t kBStage, int kRelease = 0, int kBK = 64,
-          typename Wait, typename Release, typename Finish, typename Landed>
+          bool kTrim = false, typename Wait, typename Release, typename Finish, typename Landed>
 __device__ __forceinline__ void consume_ring(const FragAddrs<kBK, 256, 8, true>& fr, Wait wait, int tiles,
-                                             float (&acc)[4][8][4], Release release, Finish finish, Landed landed) {
+                                             float (&acc)[4][8][4], Release release, Finish finish, Landed landed,
+                                             int last_steps = 0) {
   constexpr int kQ = kBK / 16, kNT = 8;
   static_assert(kQ % 2 == 0, "the next tile's first fragments go where step kQ - 1's did not");
   uint32_t af[2][4][4], bf[2][kNT][2];
@@ -509,6 +496,9 @@ __device__ __forceinline__ void consume_ring(const FragAddrs<kBK, 256, 8, true>&
     [[maybe_unused]] uint32_t token = 0;
 #pragma unroll
     for (int q = 0; q < kQ; ++q) {
+      if constexpr (kTrim) {
+        if (q > 0 && q % 2 == 0 && q == last_steps && t + 1 == tiles) break;  // the rest is zeros
+      }
       if (q + 1 < kQ) {
         fr.load(st_a, st_b, q + 1, af[(q + 1) & 1], bf[(q + 1) & 1]);
         if constexpr (kRelease == 1) {
@@ -563,9 +553,10 @@ __device__ unsigned long long g_mma_trace[kTraceBlocks][8][kTraceTiles][3];
 // kTmaStore: the epilogue rounds the tile into the (then idle) ring's shared memory and one
 // thread stores it with bulk tensor copies (no per-element bounds checks: TMA clips at c's
 // edges); map_c is unused otherwise.
-// kPrefetch (tuning): each fill of k tile j also prefetches tile j + kPrefetch into L2.
+// kTrim (tuning): the last k tile's mma stop after the steps that hold data (k's remainder,
+// rounded up to 32); the rest would multiply TMA's zeros.
 template <typename T, int kStages, bool kTmaStore = false, bool kTrace = false, int kGroupRows = 0, int kRelease = 0,
-          int kBK = 64, int kPrefetch = 0>
+          int kBK = 64, bool kTrim = false>
 __global__ void __launch_bounds__(kThreads, 1)
     matmul_mma_tma_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
                           const __grid_constant__ CUtensorMap map_c, T* __restrict__ c, int m, int n, int k,
@@ -610,9 +601,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   auto issue = [&](int s, int j) {  // k tile j into stage s (one thread)
     stamp(0, j, 2);
     tma_fill_stage<kAStage, kBStage, kBK>(&map_a, &map_b, a_sm, b_sm, full0, s, j, m0, n0, bz);
-    if constexpr (kPrefetch > 0) {
-      if (j + kPrefetch < tiles) tma_prefetch_tile<kBK, kBN / 64>(&map_a, &map_b, j + kPrefetch, m0, n0, bz);
-    }
   };
   if (tid == 0) {
 #pragma unroll
@@ -637,7 +625,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   const auto stamp_landed = [&](int t) {
     if (lane == 0) stamp(warp, t, 1);
   };
-  consume_ring<T, kStages, kAStage, kBStage, kRelease, kBK>(
+  const int rem = k - (tiles - 1) * kBK;  // the last tile's depth holding data
+  consume_ring<T, kStages, kAStage, kBStage, kRelease, kBK, kTrim>(
       fr, [&](int rs, uint32_t parity) { mbar_wait(full0 + 8 * rs, parity); }, tiles, acc,
       [&](int rs, int t) {  // the warp counts itself out of stage rs
         if (lane == 0) stamp(warp, t, 0);
@@ -649,7 +638,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           issue(rs, t + kStages);
         }
       },
-      stamp_landed);
+      stamp_landed, 2 * ((rem + 31) / 32));
   if constexpr (kTmaStore) {
     static_assert(128 * kBN * 2 <= kStages * (kAStage + kBStage), "the tile fits in the ring");
     __syncthreads();  // every warp is done with the ring (and every copy into it has landed)
@@ -691,18 +680,17 @@ cudaError_t launch(const GemmParams& p, cudaStream_t stream) {
 // in int. Else the cp.async kernel (configuration 9). kTmaStore (the bulk-store epilogue) needs
 // c's base and strides in multiples of 16 bytes; else the same kernel stores pairs from registers.
 template <typename T, int kStages, bool kTmaStore = false, bool kTrace = false, int kGroupRows = 0, int kRelease = 0,
-          int kBK = 64, int kPrefetch = 0>
+          int kBK = 64, bool kTrim = false>
 cudaError_t launch_tma(const GemmParams& p, cudaStream_t stream) {
   if constexpr (kTmaStore) {
-    if (!tc::tma_storable(p))
-      return launch_tma<T, kStages, false, kTrace, kGroupRows, kRelease, kBK, kPrefetch>(p, stream);
+    if (!tc::tma_storable(p)) return launch_tma<T, kStages, false, kTrace, kGroupRows, kRelease, kBK, kTrim>(p, stream);
   }
   const auto fallback = [&] { return launch<T, 256, 3, 64, true, true>(p, stream); };
   using C = Config<256, kStages, kBK>;
   constexpr int kSmem = C::kSmemBytes + 1024;  // + alignment to 1024 bytes
   constexpr int64_t kMax = (int64_t{1} << 31) - 512;
   if ((p.batch > 1 && (p.a_bs == 0 || p.b_bs == 0)) || p.m >= kMax || p.n >= kMax || p.k >= kMax) return fallback();
-  const auto kernel = matmul_mma_tma_kernel<T, kStages, kTmaStore, kTrace, kGroupRows, kRelease, kBK, kPrefetch>;
+  const auto kernel = matmul_mma_tma_kernel<T, kStages, kTmaStore, kTrace, kGroupRows, kRelease, kBK, kTrim>;
   static signed char configured[64] = {};
   const cudaError_t err = tc::configure_once(kernel, kSmem, configured,
                                              [](const cudaFuncAttributes& f) { return f.ptxVersion >= 90; });
@@ -828,10 +816,10 @@ cudaError_t launch_cfg(const GemmParams& p, cudaStream_t stream) {
     return launch_tma<T, 3, true, false, 16, 0, 96>(p, stream);
   } else if constexpr (kCfg == 71) {  // 70 traced
     return launch_tma<T, 3, true, true, 16, 0, 96>(p, stream);
-  } else if constexpr (kCfg == 72) {  // 40, each fill prefetching the tile two after it into L2
-    return launch_tma<T, 3, true, false, 16, 0, 64, 2>(p, stream);
-  } else if constexpr (kCfg == 73) {  // 70, the same prefetch
-    return launch_tma<T, 3, true, false, 16, 0, 96, 2>(p, stream);
+  } else if constexpr (kCfg == 74) {  // 70, the last k tile's mma only over its data
+    return launch_tma<T, 3, true, false, 16, 0, 96, true>(p, stream);
+  } else if constexpr (kCfg == 75) {  // 74 traced
+    return launch_tma<T, 3, true, true, 16, 0, 96, true>(p, stream);
   } else {
     return cudaErrorInvalidValue;
   }
@@ -853,7 +841,7 @@ cudaError_t launch_config(const GemmParams& p, cudaStream_t stream, int config) 
     OPFORGE_MMA_CASE(10) OPFORGE_MMA_CASE(11) OPFORGE_MMA_CASE(13) OPFORGE_MMA_CASE(14) OPFORGE_MMA_CASE(20)
     OPFORGE_MMA_CASE(21) OPFORGE_MMA_CASE(30) OPFORGE_MMA_CASE(39) OPFORGE_MMA_CASE(40)
     OPFORGE_MMA_CASE(67) OPFORGE_MMA_CASE(68) OPFORGE_MMA_CASE(69) OPFORGE_MMA_CASE(70) OPFORGE_MMA_CASE(71)
-    OPFORGE_MMA_CASE(72) OPFORGE_MMA_CASE(73)
+    OPFORGE_MMA_CASE(74) OPFORGE_MMA_CASE(75)
 #undef OPFORGE_MMA_CASE
     default: return cudaErrorInvalidValue;
   }
