@@ -3,7 +3,7 @@
 # (benchmarks/micro/tensor_peak.cu), the rungs' configurations against cuBLAS
 # (benchmarks/micro/matmul_tune.py), and Nsight Compute on chosen configurations. Logs under $OUT.
 #   TUNE="warp_tiled:1,4 wgmma:1,2" NCU="wgmma:1 wgmma:2" bash scripts/gpu_tune.sh
-#   TRACE=1: the mma default's timeline (matmul_tune.py --trace); TRACE="39 N": tracing configurations
+#   TRACE=1: the mma default's timeline (matmul_tune.py --trace); TRACE="39 75": tracing configurations
 #   MIX=1: the mma rung's inner-loop ceilings, ingredient by ingredient (benchmarks/micro/mma_mix.cu)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -24,9 +24,9 @@ for spec in ${TUNE:-}; do
   timeout ${TUNE_TIMEOUT:-150} python3 benchmarks/micro/matmul_tune.py ${QUICK:+--quick} --only "$rung" --configs "$configs" 2>&1 |
     grep -v Warning | tee -a "$OUT/tune.log"
 done
-# TRACE=1: configuration 39; TRACE="39 N": those tracing configurations, one log each.
+# TRACE=1: configuration 75 (the default, traced); TRACE="39 75": those tracing configurations, one log each.
 for cfg in ${TRACE:-}; do
-  [ "$cfg" = 1 ] && cfg=39
+  [ "$cfg" = 1 ] && cfg=75
   timeout 150 python3 benchmarks/micro/matmul_tune.py --trace "$cfg" 2>&1 | grep -v Warning | tee "$OUT/trace-$cfg.log"
 done
 for spec in ${NCU:-}; do

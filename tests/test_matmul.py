@@ -115,6 +115,20 @@ def test_cuda_large_tile_paths(variant, shape):
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("variant", ["mma", "wgmma"])
+@pytest.mark.parametrize("k", [8, 32, 40, 64, 88, 96, 104, 128, 160, 192, 200, 1000, 4096])
+def test_cuda_tensor_core_k_remainders(variant, k):
+    """Every remainder of k against the k tiles (mma on sm_90: 96 deep, the last tile's mma
+    stopping after the 32-deep pieces that hold data; wgmma: 64 deep), on a tile-edged output."""
+    if variant == "wgmma" and not _has_wgmma():
+        pytest.skip("wgmma needs an sm_90 GPU")
+    m, n = 136, 264
+    a, b = rand((2, m, k), torch.bfloat16, "cuda"), rand((2, k, n), torch.bfloat16, "cuda")
+    poison_cuda_allocator(2 * 2 * m * n, "cuda")
+    assert_close_to_reference(opforge.matmul(a, b, variant=variant), a, b)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("variant", ["mma", "wgmma"])
 def test_cuda_tensor_core_layouts(variant):
     """Layouts the tensor-core rungs read in place: row strides wider than the rows (slices of
     wider tensors), batch strides that are not rows x row stride (every other batch), and a

@@ -1,6 +1,6 @@
 // matmul rung 5, "mma" (float16/bfloat16, sm_80+): tensor cores through mma.sync.m16n8k16 with
-// float32 accumulation. On sm_90 the default is configuration 40 (the TMA kernel below, its tile
-// stored by TMA too, blocks walking the tiles in groups of 16 tile rows); elsewhere, and where
+// float32 accumulation. On sm_90 the default is configuration 74 (the TMA kernel below, 96-deep
+// k tiles, its tile stored by TMA too, blocks walking the tiles in groups of 16 tile rows); elsewhere, and where
 // TMA cannot serve a call, configuration 9, the cp.async kernel described here: a 128 x 256 tile
 // of c per block of 8 warps (2 x 4), 64 x 64 per warp (4 x 8 mma tiles, 128 accumulators a
 // thread). The a and b tiles (64 deep) stream through a 3-stage cp.async ring (16-byte copies,
@@ -413,10 +413,15 @@ __global__ void __launch_bounds__(kThreads, kBN == 128 ? 2 : 1)  // 128-wide: tw
 // stages refilled by piece, the hand-over (or its count) every other tile, or an early test for
 // the next tile's landing, or clusters of 2 sharing b by multicast (benchmarks/micro/mma_mix.cu
 // puts the loop with its per-tile hand-over at 573 TFLOP/s without L2 traffic, against 648 for
-// the mma alone). The default (configuration 40) also stores the tile by TMA (kTmaStore): 2-3%
+// the mma alone). The default (configuration 74) also stores the tile by TMA (kTmaStore): 2-3%
 // faster at 4096^3 and 8192^3 than the per-thread stores (configuration 20), 10% at 8192 x 1024
-// x 8192; and it takes the tiles in groups of 16 tile rows (kGroupRows), 1-3% faster than row by
-// row (30).
+// x 8192; it takes the tiles in groups of 16 tile rows (kGroupRows), 1-3% faster than row by
+// row (30); and its k tiles are 96 deep (kBK; a in three 32-wide boxes with TMA's 64-byte
+// swizzle, 216 KB for the 3 stages), so the per-tile hand-over comes every 6 steps instead of 4:
+// mma_mix's loop ceiling 597 TFLOP/s against 571, the kernel's traced cycles per 64 of k 1701
+// against 1776, 481-484 TFLOP/s at 4096^3 against 64-deep tiles' (40) 452-472 once the GPU is
+// warm in the same run (both reach ~500 on a cool GPU). The last k tile's mma stop where its data
+// does (kTrim: 4096 = 42 x 96 + 64).
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900  // (used only there)
 __device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
@@ -473,12 +478,10 @@ __device__ __forceinline__ void acc_to_smem(const float (&acc)[4][8][4], uint32_
 // (the stage's "full" mbarrier). Once per tile, after the warp's last fragments of it are loaded
 // (and a __syncwarp), token = release(s, t) hands stage s back and finish(token, s, t) follows
 // (the split keeps the kernel's code as measured: merging the two changed ptxas's schedule).
-// kRelease (tuning): where the warp counts itself out of the stage: 0 at the boundary (the
-// default), 1 in step kQ - 2 right after the tile's last fragments are loaded, 2 amid step kQ - 2's
-// mma; in 1 and 2 the count's result (the refill decision) is still used at the boundary.
-// last_steps (kTrim): the last tile's 16-deep steps that hold data (even; kQ: all).
-template <typename T, int kStages, uint32_t kAStage, uint32_t kBStage, int kRelease = 0, int kBK = 64,
-          bool kTrim = false, typename Wait, typename Release, typename Finish, typename Landed>
+// kBK: 64 or 96 (kQ = kBK / 16 steps a tile). kTrim: the last tile's steps stop at last_steps
+// (even), those that hold data.
+template <typename T, int kStages, uint32_t kAStage, uint32_t kBStage, int kBK = 64, bool kTrim = false,
+          typename Wait, typename Release, typename Finish, typename Landed>
 __device__ __forceinline__ void consume_ring(const FragAddrs<kBK, 256, 8, true>& fr, Wait wait, int tiles,
                                              float (&acc)[4][8][4], Release release, Finish finish, Landed landed,
                                              int last_steps = 0) {
@@ -493,7 +496,6 @@ __device__ __forceinline__ void consume_ring(const FragAddrs<kBK, 256, 8, true>&
   uint32_t rph = 0;  // parity of its full phase
   for (int t = 0; t < tiles; ++t) {
     const uint32_t st_a = rs * kAStage, st_b = rs * kBStage;
-    [[maybe_unused]] uint32_t token = 0;
 #pragma unroll
     for (int q = 0; q < kQ; ++q) {
       if constexpr (kTrim) {
@@ -501,21 +503,6 @@ __device__ __forceinline__ void consume_ring(const FragAddrs<kBK, 256, 8, true>&
       }
       if (q + 1 < kQ) {
         fr.load(st_a, st_b, q + 1, af[(q + 1) & 1], bf[(q + 1) & 1]);
-        if constexpr (kRelease == 1) {
-          if (q + 2 == kQ) {
-            __syncwarp();  // the warp's reads of k tile t are done
-            token = release(rs, t);
-          }
-        }
-      } else if constexpr (kRelease != 0) {
-        finish(token, rs, t);
-        rs = rs + 1 == kStages ? 0 : rs + 1;
-        rph ^= rs == 0;
-        if (t + 1 < tiles) {
-          wait(rs, rph);  // k tile t + 1 has landed
-          landed(t + 1);
-          fr.load(rs * kAStage, rs * kBStage, 0, af[0], bf[0]);
-        }
       } else {
         __syncwarp();  // the warp's reads of k tile t are done (its last fragments are loaded)
         finish(release(rs, t), rs, t);
@@ -528,16 +515,9 @@ __device__ __forceinline__ void consume_ring(const FragAddrs<kBK, 256, 8, true>&
         }
       }
 #pragma unroll
-      for (int mi = 0; mi < 4; ++mi) {
-        if constexpr (kRelease == 2) {
-          if (q + 2 == kQ && mi == 2) {
-            __syncwarp();
-            token = release(rs, t);
-          }
-        }
+      for (int mi = 0; mi < 4; ++mi)
 #pragma unroll
         for (int nj = 0; nj < kNT; ++nj) mma16816<T>(acc[mi][nj], af[q & 1][mi], bf[q & 1][nj]);
-      }
     }
   }
 }
@@ -555,8 +535,8 @@ __device__ unsigned long long g_mma_trace[kTraceBlocks][8][kTraceTiles][3];
 // edges); map_c is unused otherwise.
 // kTrim (tuning): the last k tile's mma stop after the steps that hold data (k's remainder,
 // rounded up to 32); the rest would multiply TMA's zeros.
-template <typename T, int kStages, bool kTmaStore = false, bool kTrace = false, int kGroupRows = 0, int kRelease = 0,
-          int kBK = 64, bool kTrim = false>
+template <typename T, int kStages, bool kTmaStore = false, bool kTrace = false, int kGroupRows = 0, int kBK = 64,
+          bool kTrim = false>
 __global__ void __launch_bounds__(kThreads, 1)
     matmul_mma_tma_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
                           const __grid_constant__ CUtensorMap map_c, T* __restrict__ c, int m, int n, int k,
@@ -626,7 +606,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (lane == 0) stamp(warp, t, 1);
   };
   const int rem = k - (tiles - 1) * kBK;  // the last tile's depth holding data
-  consume_ring<T, kStages, kAStage, kBStage, kRelease, kBK, kTrim>(
+  consume_ring<T, kStages, kAStage, kBStage, kBK, kTrim>(
       fr, [&](int rs, uint32_t parity) { mbar_wait(full0 + 8 * rs, parity); }, tiles, acc,
       [&](int rs, int t) {  // the warp counts itself out of stage rs
         if (lane == 0) stamp(warp, t, 0);
@@ -679,18 +659,18 @@ cudaError_t launch(const GemmParams& p, cudaStream_t stream) {
 // is then an sm_90 one too), the batch strides are not 0 (TMA strides) and the coordinates fit
 // in int. Else the cp.async kernel (configuration 9). kTmaStore (the bulk-store epilogue) needs
 // c's base and strides in multiples of 16 bytes; else the same kernel stores pairs from registers.
-template <typename T, int kStages, bool kTmaStore = false, bool kTrace = false, int kGroupRows = 0, int kRelease = 0,
-          int kBK = 64, bool kTrim = false>
+template <typename T, int kStages, bool kTmaStore = false, bool kTrace = false, int kGroupRows = 0, int kBK = 64,
+          bool kTrim = false>
 cudaError_t launch_tma(const GemmParams& p, cudaStream_t stream) {
   if constexpr (kTmaStore) {
-    if (!tc::tma_storable(p)) return launch_tma<T, kStages, false, kTrace, kGroupRows, kRelease, kBK, kTrim>(p, stream);
+    if (!tc::tma_storable(p)) return launch_tma<T, kStages, false, kTrace, kGroupRows, kBK, kTrim>(p, stream);
   }
   const auto fallback = [&] { return launch<T, 256, 3, 64, true, true>(p, stream); };
   using C = Config<256, kStages, kBK>;
   constexpr int kSmem = C::kSmemBytes + 1024;  // + alignment to 1024 bytes
   constexpr int64_t kMax = (int64_t{1} << 31) - 512;
   if ((p.batch > 1 && (p.a_bs == 0 || p.b_bs == 0)) || p.m >= kMax || p.n >= kMax || p.k >= kMax) return fallback();
-  const auto kernel = matmul_mma_tma_kernel<T, kStages, kTmaStore, kTrace, kGroupRows, kRelease, kBK, kTrim>;
+  const auto kernel = matmul_mma_tma_kernel<T, kStages, kTmaStore, kTrace, kGroupRows, kBK, kTrim>;
   static signed char configured[64] = {};
   const cudaError_t err = tc::configure_once(kernel, kSmem, configured,
                                              [](const cudaFuncAttributes& f) { return f.ptxVersion >= 90; });
@@ -766,6 +746,14 @@ cudaError_t launch_tma(const GemmParams& p, cudaStream_t stream) {
 //   release count and proxy fence compile to a MEMBAR.ALL.GPU each, in the refilling warp's path;
 //   with the count relaxed and the fence at block scope (66, timing only) still 423: a refill of b
 //   now waits for the slower of 16 warps in two SMs. Removed.
+// - 67-69: 40 with each warp's count moved into the tile's next-to-last step (67: right after its
+//   last fragment loads; 68: amid that step's mma; 69: 68 traced), the refill decision still at the
+//   boundary: 471.9 / 476.5 against 40's 487.0 / 481.8 TFLOP/s at 4096^3 in the same run
+//   (mma_mix: 566.5 / 571.0 against 571.3: the count's cost is its MEMBAR and ATOMS, not their
+//   latency). Removed.
+// - 70-73: 70 was 74 without kTrim (481-486 TFLOP/s at 4096^3 against 40's 452-500 in the same
+//   runs), 71 it traced; 72, 73: 40 and 70 with each fill prefetching the tile two after it into
+//   L2 (cp.async.bulk.prefetch.tensor): 445-449 and 403-434 TFLOP/s. Removed.
 template <typename T, int kCfg>
 cudaError_t launch_cfg(const GemmParams& p, cudaStream_t stream) {
   if constexpr (kCfg == 0) {
@@ -804,29 +792,19 @@ cudaError_t launch_cfg(const GemmParams& p, cudaStream_t stream) {
     return launch_tma<T, 3, true>(p, stream);
   } else if constexpr (kCfg == 39) {  // 40 with its timeline recorded (tuning: matmul_tune.py --trace)
     return launch_tma<T, 3, true, true, 16>(p, stream);
-  } else if constexpr (kCfg == 40) {  // 30, blocks over groups of 16 tile rows (the default on sm_90)
+  } else if constexpr (kCfg == 40) {  // 30, blocks over groups of 16 tile rows (74 with 64-deep k tiles)
     return launch_tma<T, 3, true, false, 16>(p, stream);
-  } else if constexpr (kCfg == 67) {  // 40, each warp's count right after its last loads of the tile
-    return launch_tma<T, 3, true, false, 16, 1>(p, stream);
-  } else if constexpr (kCfg == 68) {  // 40, the count amid the tile's next-to-last step of mma
-    return launch_tma<T, 3, true, false, 16, 2>(p, stream);
-  } else if constexpr (kCfg == 69) {  // 68 traced
-    return launch_tma<T, 3, true, true, 16, 2>(p, stream);
-  } else if constexpr (kCfg == 70) {  // 40 with 96-deep k tiles (216 KB): a hand-over every 6 steps
-    return launch_tma<T, 3, true, false, 16, 0, 96>(p, stream);
-  } else if constexpr (kCfg == 71) {  // 70 traced
-    return launch_tma<T, 3, true, true, 16, 0, 96>(p, stream);
-  } else if constexpr (kCfg == 74) {  // 70, the last k tile's mma only over its data
-    return launch_tma<T, 3, true, false, 16, 0, 96, true>(p, stream);
+  } else if constexpr (kCfg == 74) {  // 96-deep k tiles, the last one's mma only over its data (the default on sm_90)
+    return launch_tma<T, 3, true, false, 16, 96, true>(p, stream);
   } else if constexpr (kCfg == 75) {  // 74 traced
-    return launch_tma<T, 3, true, true, 16, 0, 96, true>(p, stream);
+    return launch_tma<T, 3, true, true, 16, 96, true>(p, stream);
   } else {
     return cudaErrorInvalidValue;
   }
 }
 
 #ifndef OPFORGE_MMA_CONFIG
-#define OPFORGE_MMA_CONFIG 40
+#define OPFORGE_MMA_CONFIG 74
 #endif
 
 template <typename T>
@@ -840,7 +818,6 @@ cudaError_t launch_config(const GemmParams& p, cudaStream_t stream, int config) 
     OPFORGE_MMA_CASE(5) OPFORGE_MMA_CASE(6) OPFORGE_MMA_CASE(7) OPFORGE_MMA_CASE(8) OPFORGE_MMA_CASE(9)
     OPFORGE_MMA_CASE(10) OPFORGE_MMA_CASE(11) OPFORGE_MMA_CASE(13) OPFORGE_MMA_CASE(14) OPFORGE_MMA_CASE(20)
     OPFORGE_MMA_CASE(21) OPFORGE_MMA_CASE(30) OPFORGE_MMA_CASE(39) OPFORGE_MMA_CASE(40)
-    OPFORGE_MMA_CASE(67) OPFORGE_MMA_CASE(68) OPFORGE_MMA_CASE(69) OPFORGE_MMA_CASE(70) OPFORGE_MMA_CASE(71)
     OPFORGE_MMA_CASE(74) OPFORGE_MMA_CASE(75)
 #undef OPFORGE_MMA_CASE
     default: return cudaErrorInvalidValue;
