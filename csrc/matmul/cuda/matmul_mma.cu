@@ -535,8 +535,9 @@ __device__ unsigned long long g_mma_trace[kTraceBlocks][8][kTraceTiles][3];
 // edges); map_c is unused otherwise.
 // kTrim (tuning): the last k tile's mma stop after the steps that hold data (k's remainder,
 // rounded up to 32); the rest would multiply TMA's zeros.
+// kStaged (tuning): stage 0 is filled alone, the others once it has landed.
 template <typename T, int kStages, bool kTmaStore = false, bool kTrace = false, int kGroupRows = 0, int kBK = 64,
-          bool kTrim = false>
+          bool kTrim = false, bool kStaged = false>
 __global__ void __launch_bounds__(kThreads, 1)
     matmul_mma_tma_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
                           const __grid_constant__ CUtensorMap map_c, T* __restrict__ c, int m, int n, int k,
@@ -592,7 +593,14 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   __syncthreads();
   if (tid == 0)
-    for (int s = 0; s < kStages && s < tiles; ++s) issue(s, s);
+    for (int s = 0; s < (kStaged ? 1 : kStages) && s < tiles; ++s) issue(s, s);
+  if constexpr (kStaged) {
+    if (tiles > 0) {
+      mbar_wait(full0, 0);
+      if (tid == 0)
+        for (int s = 1; s < kStages && s < tiles; ++s) issue(s, s);
+    }
+  }
 
   const FragAddrs<kBK, kBN, kNT, true> fr(a_sm, b_sm, wm * kWM, wn * kWN, lane);
   float acc[4][kNT][4] = {};
@@ -660,17 +668,18 @@ cudaError_t launch(const GemmParams& p, cudaStream_t stream) {
 // in int. Else the cp.async kernel (configuration 9). kTmaStore (the bulk-store epilogue) needs
 // c's base and strides in multiples of 16 bytes; else the same kernel stores pairs from registers.
 template <typename T, int kStages, bool kTmaStore = false, bool kTrace = false, int kGroupRows = 0, int kBK = 64,
-          bool kTrim = false>
+          bool kTrim = false, bool kStaged = false>
 cudaError_t launch_tma(const GemmParams& p, cudaStream_t stream) {
   if constexpr (kTmaStore) {
-    if (!tc::tma_storable(p)) return launch_tma<T, kStages, false, kTrace, kGroupRows, kBK, kTrim>(p, stream);
+    if (!tc::tma_storable(p))
+      return launch_tma<T, kStages, false, kTrace, kGroupRows, kBK, kTrim, kStaged>(p, stream);
   }
   const auto fallback = [&] { return launch<T, 256, 3, 64, true, true>(p, stream); };
   using C = Config<256, kStages, kBK>;
   constexpr int kSmem = C::kSmemBytes + 1024;  // + alignment to 1024 bytes
   constexpr int64_t kMax = (int64_t{1} << 31) - 512;
   if ((p.batch > 1 && (p.a_bs == 0 || p.b_bs == 0)) || p.m >= kMax || p.n >= kMax || p.k >= kMax) return fallback();
-  const auto kernel = matmul_mma_tma_kernel<T, kStages, kTmaStore, kTrace, kGroupRows, kBK, kTrim>;
+  const auto kernel = matmul_mma_tma_kernel<T, kStages, kTmaStore, kTrace, kGroupRows, kBK, kTrim, kStaged>;
   static signed char configured[64] = {};
   const cudaError_t err = tc::configure_once(kernel, kSmem, configured,
                                              [](const cudaFuncAttributes& f) { return f.ptxVersion >= 90; });
@@ -798,6 +807,12 @@ cudaError_t launch_cfg(const GemmParams& p, cudaStream_t stream) {
     return launch_tma<T, 3, true, false, 16, 96, true>(p, stream);
   } else if constexpr (kCfg == 75) {  // 74 traced
     return launch_tma<T, 3, true, true, 16, 96, true>(p, stream);
+  } else if constexpr (kCfg == 76) {  // 74, stage 0 filled alone first
+    return launch_tma<T, 3, true, false, 16, 96, true, true>(p, stream);
+  } else if constexpr (kCfg == 77) {  // 74 over groups of 8 tile rows
+    return launch_tma<T, 3, true, false, 8, 96, true>(p, stream);
+  } else if constexpr (kCfg == 78) {  // 74 over groups of 32 tile rows
+    return launch_tma<T, 3, true, false, 32, 96, true>(p, stream);
   } else {
     return cudaErrorInvalidValue;
   }
@@ -818,7 +833,7 @@ cudaError_t launch_config(const GemmParams& p, cudaStream_t stream, int config) 
     OPFORGE_MMA_CASE(5) OPFORGE_MMA_CASE(6) OPFORGE_MMA_CASE(7) OPFORGE_MMA_CASE(8) OPFORGE_MMA_CASE(9)
     OPFORGE_MMA_CASE(10) OPFORGE_MMA_CASE(11) OPFORGE_MMA_CASE(13) OPFORGE_MMA_CASE(14) OPFORGE_MMA_CASE(20)
     OPFORGE_MMA_CASE(21) OPFORGE_MMA_CASE(30) OPFORGE_MMA_CASE(39) OPFORGE_MMA_CASE(40)
-    OPFORGE_MMA_CASE(74) OPFORGE_MMA_CASE(75)
+    OPFORGE_MMA_CASE(74) OPFORGE_MMA_CASE(75) OPFORGE_MMA_CASE(76) OPFORGE_MMA_CASE(77) OPFORGE_MMA_CASE(78)
 #undef OPFORGE_MMA_CASE
     default: return cudaErrorInvalidValue;
   }
