@@ -34,7 +34,7 @@ int matmul_mma_cuda(const GemmParams& p, void* stream);
 // TMA (where c's base and strides are 16-byte multiples; else as 20); 40: 30 with blocks walking
 // the tiles in groups of 16 tile rows; 39: 40 stamping a timeline (tuning builds:
 // matmul_tune.py --trace); 74 (the default): 40 with 96-deep k tiles, the last one's mma only
-// over its data; 75: 74 traced. The other numbers up to 73: removed (no gain, could not
+// over its data; 75: 74 traced. The other numbers up to 78: removed (no gain, could not
 // launch, or diagnostics; launch_cfg's comment in matmul_mma.cu and the tuning README say what
 // they were).
 int matmul_mma_cuda_config(const GemmParams& p, void* stream, int config);

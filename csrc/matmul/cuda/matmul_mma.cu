@@ -419,9 +419,9 @@ __global__ void __launch_bounds__(kThreads, kBN == 128 ? 2 : 1)  // 128-wide: tw
 // row (30); and its k tiles are 96 deep (kBK; a in three 32-wide boxes with TMA's 64-byte
 // swizzle, 216 KB for the 3 stages), so the per-tile hand-over comes every 6 steps instead of 4:
 // mma_mix's loop ceiling 597 TFLOP/s against 571, the kernel's traced cycles per 64 of k 1701
-// against 1776, 481-484 TFLOP/s at 4096^3 against 64-deep tiles' (40) 452-472 once the GPU is
-// warm in the same run (both reach ~500 on a cool GPU). The last k tile's mma stop where its data
-// does (kTrim: 4096 = 42 x 96 + 64).
+// against 1776, and at 4096^3 0.683x the cuBLAS call timed next to it on average (seven timings)
+// against 0.666x (nine) for 64-deep tiles (40) in the same runs. The last k tile's mma stop where
+// its data does (kTrim: 4096 = 42 x 96 + 64).
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900  // (used only there)
 __device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
@@ -535,9 +535,8 @@ __device__ unsigned long long g_mma_trace[kTraceBlocks][8][kTraceTiles][3];
 // edges); map_c is unused otherwise.
 // kTrim (tuning): the last k tile's mma stop after the steps that hold data (k's remainder,
 // rounded up to 32); the rest would multiply TMA's zeros.
-// kStaged (tuning): stage 0 is filled alone, the others once it has landed.
 template <typename T, int kStages, bool kTmaStore = false, bool kTrace = false, int kGroupRows = 0, int kBK = 64,
-          bool kTrim = false, bool kStaged = false>
+          bool kTrim = false>
 __global__ void __launch_bounds__(kThreads, 1)
     matmul_mma_tma_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
                           const __grid_constant__ CUtensorMap map_c, T* __restrict__ c, int m, int n, int k,
@@ -593,14 +592,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   __syncthreads();
   if (tid == 0)
-    for (int s = 0; s < (kStaged ? 1 : kStages) && s < tiles; ++s) issue(s, s);
-  if constexpr (kStaged) {
-    if (tiles > 0) {
-      mbar_wait(full0, 0);
-      if (tid == 0)
-        for (int s = 1; s < kStages && s < tiles; ++s) issue(s, s);
-    }
-  }
+    for (int s = 0; s < kStages && s < tiles; ++s) issue(s, s);
 
   const FragAddrs<kBK, kBN, kNT, true> fr(a_sm, b_sm, wm * kWM, wn * kWN, lane);
   float acc[4][kNT][4] = {};
@@ -668,18 +660,17 @@ cudaError_t launch(const GemmParams& p, cudaStream_t stream) {
 // in int. Else the cp.async kernel (configuration 9). kTmaStore (the bulk-store epilogue) needs
 // c's base and strides in multiples of 16 bytes; else the same kernel stores pairs from registers.
 template <typename T, int kStages, bool kTmaStore = false, bool kTrace = false, int kGroupRows = 0, int kBK = 64,
-          bool kTrim = false, bool kStaged = false>
+          bool kTrim = false>
 cudaError_t launch_tma(const GemmParams& p, cudaStream_t stream) {
   if constexpr (kTmaStore) {
-    if (!tc::tma_storable(p))
-      return launch_tma<T, kStages, false, kTrace, kGroupRows, kBK, kTrim, kStaged>(p, stream);
+    if (!tc::tma_storable(p)) return launch_tma<T, kStages, false, kTrace, kGroupRows, kBK, kTrim>(p, stream);
   }
   const auto fallback = [&] { return launch<T, 256, 3, 64, true, true>(p, stream); };
   using C = Config<256, kStages, kBK>;
   constexpr int kSmem = C::kSmemBytes + 1024;  // + alignment to 1024 bytes
   constexpr int64_t kMax = (int64_t{1} << 31) - 512;
   if ((p.batch > 1 && (p.a_bs == 0 || p.b_bs == 0)) || p.m >= kMax || p.n >= kMax || p.k >= kMax) return fallback();
-  const auto kernel = matmul_mma_tma_kernel<T, kStages, kTmaStore, kTrace, kGroupRows, kBK, kTrim, kStaged>;
+  const auto kernel = matmul_mma_tma_kernel<T, kStages, kTmaStore, kTrace, kGroupRows, kBK, kTrim>;
   static signed char configured[64] = {};
   const cudaError_t err = tc::configure_once(kernel, kSmem, configured,
                                              [](const cudaFuncAttributes& f) { return f.ptxVersion >= 90; });
@@ -760,9 +751,12 @@ cudaError_t launch_tma(const GemmParams& p, cudaStream_t stream) {
 //   boundary: 471.9 / 476.5 against 40's 487.0 / 481.8 TFLOP/s at 4096^3 in the same run
 //   (mma_mix: 566.5 / 571.0 against 571.3: the count's cost is its MEMBAR and ATOMS, not their
 //   latency). Removed.
-// - 70-73: 70 was 74 without kTrim (481-486 TFLOP/s at 4096^3 against 40's 452-500 in the same
-//   runs), 71 it traced; 72, 73: 40 and 70 with each fill prefetching the tile two after it into
+// - 70-73: 70 was 74 without kTrim (0.663-0.694x cuBLAS at 4096^3, mean 0.678, against 40's
+//   0.638-0.707x, mean 0.666, in the same runs), 71 it traced; 72, 73: 40 and 70 with each fill prefetching the tile two after it into
 //   L2 (cp.async.bulk.prefetch.tensor): 445-449 and 403-434 TFLOP/s. Removed.
+// - 76-78: 74 with stage 0 filled alone and the other two once it had landed (76), over groups of
+//   8 or 32 tile rows (77, 78): 473-481, 469-474, 473-474 TFLOP/s at 4096^3 against 74's 444-510
+//   in the same run (cuBLAS 644-755 next to them): no gain above the run's noise. Removed.
 template <typename T, int kCfg>
 cudaError_t launch_cfg(const GemmParams& p, cudaStream_t stream) {
   if constexpr (kCfg == 0) {
@@ -807,12 +801,6 @@ cudaError_t launch_cfg(const GemmParams& p, cudaStream_t stream) {
     return launch_tma<T, 3, true, false, 16, 96, true>(p, stream);
   } else if constexpr (kCfg == 75) {  // 74 traced
     return launch_tma<T, 3, true, true, 16, 96, true>(p, stream);
-  } else if constexpr (kCfg == 76) {  // 74, stage 0 filled alone first
-    return launch_tma<T, 3, true, false, 16, 96, true, true>(p, stream);
-  } else if constexpr (kCfg == 77) {  // 74 over groups of 8 tile rows
-    return launch_tma<T, 3, true, false, 8, 96, true>(p, stream);
-  } else if constexpr (kCfg == 78) {  // 74 over groups of 32 tile rows
-    return launch_tma<T, 3, true, false, 32, 96, true>(p, stream);
   } else {
     return cudaErrorInvalidValue;
   }
@@ -833,7 +821,7 @@ cudaError_t launch_config(const GemmParams& p, cudaStream_t stream, int config) 
     OPFORGE_MMA_CASE(5) OPFORGE_MMA_CASE(6) OPFORGE_MMA_CASE(7) OPFORGE_MMA_CASE(8) OPFORGE_MMA_CASE(9)
     OPFORGE_MMA_CASE(10) OPFORGE_MMA_CASE(11) OPFORGE_MMA_CASE(13) OPFORGE_MMA_CASE(14) OPFORGE_MMA_CASE(20)
     OPFORGE_MMA_CASE(21) OPFORGE_MMA_CASE(30) OPFORGE_MMA_CASE(39) OPFORGE_MMA_CASE(40)
-    OPFORGE_MMA_CASE(74) OPFORGE_MMA_CASE(75) OPFORGE_MMA_CASE(76) OPFORGE_MMA_CASE(77) OPFORGE_MMA_CASE(78)
+    OPFORGE_MMA_CASE(74) OPFORGE_MMA_CASE(75)
 #undef OPFORGE_MMA_CASE
     default: return cudaErrorInvalidValue;
   }
