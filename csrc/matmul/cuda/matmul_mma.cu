@@ -1,14 +1,14 @@
 // matmul rung 5, "mma" (float16/bfloat16, sm_80+): tensor cores through mma.sync.m16n8k16 with
-// float32 accumulation. On sm_90 the default is configuration 74 (the TMA kernel below, 96-deep
-// k tiles, its tile stored by TMA too, blocks walking the tiles in groups of 16 tile rows); elsewhere, and where
-// TMA cannot serve a call, configuration 9, the cp.async kernel described here: a 128 x 256 tile
-// of c per block of 8 warps (2 x 4), 64 x 64 per warp (4 x 8 mma tiles, 128 accumulators a
-// thread). The a and b tiles (64 deep) stream through a 3-stage cp.async ring (16-byte copies,
-// zero-filled outside the matrices), so global loads of the next tiles overlap the tensor-core
-// work on the current one; fragments are read with ldmatrix (b transposed on the fly, .trans),
-// one 16-deep step ahead of the mma, and across tiles too: the barrier sits before the last
-// step's mma. Shared tiles are XOR-swizzled by 16-byte chunk so that the 8 rows an ldmatrix
-// reads fall in different banks.
+// float32 accumulation. On sm_90 the default is configuration 74 (the TMA kernel below: 96-deep
+// k tiles, its tile stored by TMA too, blocks walking the tiles in groups of 16 tile rows);
+// elsewhere, and where TMA cannot serve a call, configuration 9, the cp.async kernel described
+// here: a 128 x 256 tile of c per block of 8 warps (2 x 4), 64 x 64 per warp (4 x 8 mma tiles,
+// 128 accumulators a thread). The a and b tiles (64 deep) stream through a 3-stage cp.async
+// ring (16-byte copies, zero-filled outside the matrices), so global loads of the next tiles
+// overlap the tensor-core work on the current one; fragments are read with ldmatrix (b
+// transposed on the fly, .trans), one 16-deep step ahead of the mma, and across tiles too: the
+// barrier sits before the last step's mma. Shared tiles are XOR-swizzled by 16-byte chunk so
+// that the 8 rows an ldmatrix reads fall in different banks.
 // The launcher guarantees: row-major operands; k, n, the row and batch strides multiples of 8;
 // 16-byte aligned bases. Device code needs sm_80 (cp.async, mma.m16n8k16): for older targets in
 // the arch list the kernel is compiled empty and the launcher refuses the variant.
@@ -107,7 +107,7 @@ __device__ __forceinline__ int b_box_off(int r, int n) {
   return (n / 64) * kBK * 64 + r * 64 + ((((n % 64) / 8) ^ (r & 7)) * 8) + n % 8;
 }
 
-// TMA-filled a 96 deep (tuning): three boxes of [kBM][32], 64-byte swizzle (TMA's: chunk c of
+// TMA-filled a 96 deep (the sm_90 default): three boxes of [kBM][32], 64-byte swizzle (TMA's: chunk c of
 // row r at c ^ ((r / 2) % 4)), so a step's addresses are those of the step two before plus a box.
 __device__ __forceinline__ int a_box32_off(int r, int k) {
   return (k / 32) * kBM * 32 + r * 32 + ((((k % 32) / 8) ^ ((r >> 1) & 3)) * 8) + k % 8;
@@ -533,8 +533,8 @@ __device__ unsigned long long g_mma_trace[kTraceBlocks][8][kTraceTiles][3];
 // kTmaStore: the epilogue rounds the tile into the (then idle) ring's shared memory and one
 // thread stores it with bulk tensor copies (no per-element bounds checks: TMA clips at c's
 // edges); map_c is unused otherwise.
-// kTrim (tuning): the last k tile's mma stop after the steps that hold data (k's remainder,
-// rounded up to 32); the rest would multiply TMA's zeros.
+// kBK: 64 or 96 (a in three 32-wide boxes). kTrim: the last k tile's mma stop after the steps
+// that hold data (k's remainder, rounded up to 32); the rest would multiply TMA's zeros.
 template <typename T, int kStages, bool kTmaStore = false, bool kTrace = false, int kGroupRows = 0, int kBK = 64,
           bool kTrim = false>
 __global__ void __launch_bounds__(kThreads, 1)
@@ -733,8 +733,9 @@ cudaError_t launch_tma(const GemmParams& p, cudaStream_t stream) {
 //   cycles apart against 2562, 812 cycles from release to the next tile's landing against 276: the
 //   two waits and counts a tile cost more than the finer refills gained. Removed.
 // - 58, 60-63 (benchmarks/micro/mma_mix.cu had put 7.6% of the loop's own ceiling on the
-//   per-tile hand-over, a count and a wait, even with the data there): the hand-over every other k tile over a ring of 4 (58: 469 vs 481.5 TFLOP/s
-//   at 4096^3; a warp then waits for two tiles at once, one of them a tile early); the count every
+//   per-tile hand-over, a count and a wait, even with the data there): the hand-over every
+//   other k tile over a ring of 4 (58: 469 vs 481.5 TFLOP/s at 4096^3; a warp then waits for two
+//   tiles at once, one of them a tile early); the count every
 //   other tile, the wait after each (63: 477 vs 482 / 500); the next tile's landing tested in step
 //   1 or 2, waited for at the boundary only if it had not (60, 61: 478 vs 478; 62 traced: 1837
 //   cycles per k tile against 1785). Removed.
@@ -752,8 +753,9 @@ cudaError_t launch_tma(const GemmParams& p, cudaStream_t stream) {
 //   (mma_mix: 566.5 / 571.0 against 571.3: the count's cost is its MEMBAR and ATOMS, not their
 //   latency). Removed.
 // - 70-73: 70 was 74 without kTrim (0.663-0.694x cuBLAS at 4096^3, mean 0.678, against 40's
-//   0.638-0.707x, mean 0.666, in the same runs), 71 it traced; 72, 73: 40 and 70 with each fill prefetching the tile two after it into
-//   L2 (cp.async.bulk.prefetch.tensor): 445-449 and 403-434 TFLOP/s. Removed.
+//   0.638-0.707x, mean 0.666, in the same runs), 71 it traced; 72, 73: 40 and 70 with each fill
+//   prefetching the tile two after it into L2 (cp.async.bulk.prefetch.tensor): 445-449 and
+//   403-434 TFLOP/s. Removed.
 // - 76-78: 74 with stage 0 filled alone and the other two once it had landed (76), over groups of
 //   8 or 32 tile rows (77, 78): 473-481, 469-474, 473-474 TFLOP/s at 4096^3 against 74's 444-510
 //   in the same run (cuBLAS 644-755 next to them): no gain above the run's noise. Removed.
@@ -797,7 +799,7 @@ cudaError_t launch_cfg(const GemmParams& p, cudaStream_t stream) {
     return launch_tma<T, 3, true, true, 16>(p, stream);
   } else if constexpr (kCfg == 40) {  // 30, blocks over groups of 16 tile rows (74 with 64-deep k tiles)
     return launch_tma<T, 3, true, false, 16>(p, stream);
-  } else if constexpr (kCfg == 74) {  // 96-deep k tiles, the last one's mma only over its data (the default on sm_90)
+  } else if constexpr (kCfg == 74) {  // 40, 96-deep k tiles, the last one's mma only over its data (default)
     return launch_tma<T, 3, true, false, 16, 96, true>(p, stream);
   } else if constexpr (kCfg == 75) {  // 74 traced
     return launch_tma<T, 3, true, true, 16, 96, true>(p, stream);
