@@ -5,6 +5,7 @@
 #   TUNE="warp_tiled:1,4 wgmma:1,2" NCU="wgmma:1 wgmma:2" bash scripts/gpu_tune.sh
 #   TRACE=1: the mma default's timeline (matmul_tune.py --trace); TRACE="39 75": tracing configurations
 #   MIX=1: the mma rung's inner-loop ceilings, ingredient by ingredient (benchmarks/micro/mma_mix.cu)
+#   POWER="cublas,mma:74,mix:bk96": sustained rates, clock and board power (work per joule at the cap)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/tune}
@@ -23,6 +24,10 @@ for spec in ${TUNE:-}; do
   rung=${spec%%:*} configs=${spec#*:}
   timeout ${TUNE_TIMEOUT:-150} python3 benchmarks/micro/matmul_tune.py ${QUICK:+--quick} --only "$rung" --configs "$configs" 2>&1 |
     grep -v Warning | tee -a "$OUT/tune.log"
+done
+# POWER="cublas,mma:74,mix:bk96": each sustained 4 s at bf16 4096^3 with nvidia-smi sampling (work per joule at the cap).
+for items in ${POWER:-}; do
+  timeout 240 python3 benchmarks/micro/matmul_tune.py --power "$items" 2>&1 | grep -v Warning | tee -a "$OUT/power.log"
 done
 # TRACE=1: configuration 75 (the default, traced); TRACE="39 75": those tracing configurations, one log each.
 for cfg in ${TRACE:-}; do

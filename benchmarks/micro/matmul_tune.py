@@ -7,6 +7,7 @@ same process, with the benchmark's timer (L2 flushed before every run). Prints o
 
     python benchmarks/micro/matmul_tune.py [--quick] [--only warp_tiled,mma,wgmma]
     python benchmarks/micro/matmul_tune.py --trace   # mma's timeline at 4096^3 (configuration 75)
+    python benchmarks/micro/matmul_tune.py --power cublas,mma:74,mix:bk96   # work per joule at the cap
 """
 
 from __future__ import annotations
@@ -16,9 +17,11 @@ import ctypes
 import importlib.util
 import os
 import pathlib
+import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
@@ -27,7 +30,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 # wgmma reads b by rows (a @ b); wgmma_t by the rows of b^T (x @ w.t()).
 RUNGS = {
     "warp_tiled": (0, [0, 1, 2, 3, 4, 5, 6]),
-    "mma": (1, [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 13, 14, 20, 21, 30, 40, 74]),
+    "mma": (1, [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 13, 14, 20, 21, 30, 40, 74, 85, 88]),
     "wgmma": (2, [0, 1, 3]),
     "wgmma_t": (2, [0, 1, 2, 3]),
 }
@@ -48,6 +51,7 @@ def build(out: pathlib.Path) -> ctypes.CDLL:
         str(ROOT / "csrc"),
         "-DOPFORGE_WITH_CUDA=1",
         "-DOPFORGE_MATMUL_TUNING=1",
+        "-DOPFORGE_HAS_SM90A=1",  # as the extension's 9.0a build: mma's default is then 88
     ]
     srcs = [ROOT / f"csrc/matmul/cuda/matmul_{r}.cu" for r in ("warp_tiled", "mma", "wgmma")] + [
         ROOT / "benchmarks/micro/matmul_tune_shim.cu"
@@ -202,6 +206,82 @@ def analyse_trace(buf) -> None:
     )
 
 
+SMI_QUERY = "clocks.sm,power.draw,clocks_throttle_reasons.sw_power_cap"
+
+
+def sustained(run, seconds: float = 4.0) -> tuple[float, list[str]]:
+    """Runs run(seconds) (which returns its TFLOP/s) with nvidia-smi sampling the SM clock, board
+    power and the power-cap throttle every 200 ms; returns the rate and the samples taken after
+    the first second."""
+    smi = subprocess.Popen(
+        ["nvidia-smi", f"--query-gpu={SMI_QUERY}", "--format=csv,noheader,nounits", "-lms", "200"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        rate = run(seconds)
+    finally:
+        smi.terminate()
+    samples = smi.communicate()[0].strip().splitlines()
+    return rate, samples[5:-1]
+
+
+def power_report(lib, items: list[str], mix_bin: pathlib.Path | None) -> None:
+    """Each item (cublas, mma:CFG, mix:NAME) at bf16 4096^3 (mix: mma_mix.cu's loop, no memory
+    traffic) back to back for 4 s, L2 warm: its TFLOP/s, SM clock and board power at the cap, and
+    its work per joule (GFLOP/J = TFLOP/s per kW)."""
+    n = 4096
+    a = torch.randn(1, n, n, device="cuda").to(torch.bfloat16)
+    b = torch.randn(1, n, n, device="cuda").to(torch.bfloat16)
+    flop = 2 * n**3
+
+    def timed(fn):
+        def run(seconds):
+            for _ in range(10):
+                fn()
+            torch.cuda.synchronize()
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            t0, calls = time.time(), 0
+            start.record()
+            while time.time() - t0 < seconds:
+                for _ in range(20):
+                    fn()
+                calls += 20
+                torch.cuda.synchronize()
+            end.record()
+            torch.cuda.synchronize()
+            return flop * calls / (start.elapsed_time(end) * 1e-3) / 1e12
+
+        return run
+
+    print("bf16 4096^3 back to back, 4 s each (L2 warm); clock and power: mean of the samples after 1 s")
+    for item in items:
+        if item == "cublas":
+            run = timed(lambda: torch.matmul(a[0], b[0]))
+        elif item.startswith("mma:"):
+            run = timed(runner(lib, "mma", int(item[4:]), a, b))
+        elif item.startswith("mix:") and mix_bin is not None:
+            name = item[4:]
+
+            def run(seconds, name=name):
+                res = subprocess.run(
+                    [str(mix_bin), "sustain", name, str(seconds * 1e3)], capture_output=True, text=True
+                )
+                return float(res.stdout.split(":")[1].split()[0])
+        else:
+            raise ValueError(f"--power: unknown item {item}")
+        rate, samples = sustained(run)
+        rows = [r.split(",") for r in samples]
+        clock = statistics.mean(float(r[0]) for r in rows) if rows else float("nan")
+        watts = statistics.mean(float(r[1]) for r in rows) if rows else float("nan")
+        capped = sum("Active" in r[2] for r in rows)
+        print(
+            f"  {item:12s} {rate:7.1f} TFLOP/s  {clock:6.0f} MHz  {watts:5.0f} W  power-capped {capped}/{len(rows)} "
+            f"samples  {rate / watts * 1e3:6.1f} GFLOP/J",
+            flush=True,
+        )
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="4096^3 only")
@@ -215,10 +295,35 @@ def main() -> int:
         type=int,
         help="mma's timeline at 4096^3 (configuration 75, or one given)",
     )
+    ap.add_argument(
+        "--power",
+        default="",
+        help="comma-separated items (cublas, mma:CFG, mix:peak|ldmatrix|bk96), each sustained 4 s at bf16 "
+        "4096^3 with nvidia-smi power sampling",
+    )
     args = ap.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
     with tempfile.TemporaryDirectory() as tmp:
         lib = build(pathlib.Path(tmp))
+        if args.power:
+            items = args.power.split(",")
+            mix_bin = None
+            if any(i.startswith("mix:") for i in items):
+                mix_bin = pathlib.Path(tmp) / "mma_mix"
+                nvcc = os.environ.get("NVCC", "nvcc")
+                src = ROOT / "benchmarks/micro/mma_mix.cu"
+                cmd = [
+                    nvcc,
+                    "-std=c++17",
+                    "-O3",
+                    "-gencode",
+                    "arch=compute_90a,code=sm_90a",
+                    "-I",
+                    str(ROOT / "csrc"),
+                ]
+                subprocess.run([*cmd, "-o", str(mix_bin), str(src)], check=True)
+            power_report(lib, items, mix_bin)
+            return 0
         if args.trace:
             trace_report(lib, args.trace)
             return 0

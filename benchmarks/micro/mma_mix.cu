@@ -21,6 +21,8 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
+#include <string>
 
 #include "matmul/cuda/tensor_core_common.cuh"
 
@@ -183,15 +185,49 @@ void run(const char* name, int sms, float* out, long long* cycles, long long* ho
   }
 }
 
+// Mix kMix with two warps per scheduler, launched back to back for `ms` milliseconds (for power
+// sampling at the board's cap: matmul_tune.py --power): prints the sustained TFLOP/s.
+template <int kMix>
+void sustain(const char* name, int sms, float* out, long long* cycles, double ms) {
+  cudaFuncSetAttribute(mix_kernel<kMix>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+  const int blocks = sms * 2, tiles = 4096;
+  const double flop_per_launch = double(blocks) * 4 * tiles * 128 * 16 * 8 * 16 * 2;
+  cudaEvent_t e0, e1;
+  cudaEventCreate(&e0);
+  cudaEventCreate(&e1);
+  mix_kernel<kMix><<<blocks, 128, kSmem>>>(out, cycles, tiles);
+  cudaEventRecord(e0);
+  int launches = 0;
+  for (float done = 0; done < ms; launches += 10) {
+    for (int i = 0; i < 10; ++i) mix_kernel<kMix><<<blocks, 128, kSmem>>>(out, cycles, tiles);
+    cudaEventRecord(e1);
+    cudaEventSynchronize(e1);
+    cudaEventElapsedTime(&done, e0, e1);
+  }
+  float total = 0;
+  cudaEventElapsedTime(&total, e0, e1);
+  std::printf("mix %s: %.1f TFLOP/s sustained over %.0f ms (%s)\n", name, flop_per_launch * launches / total / 1e9,
+              total, cudaGetErrorString(cudaGetLastError()));
+}
+
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
   int sms = 0;
   cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
   float* out;
   long long* cycles;
   cudaMalloc(&out, sizeof(float) * sms * 2 * 128);
   cudaMalloc(&cycles, sizeof(long long) * sms * 2);
+  if (argc == 4 && std::string(argv[1]) == "sustain") {  // mma_mix sustain {peak,ldmatrix,bk96} MS
+    const std::string mix = argv[2];
+    const double ms = std::atof(argv[3]);
+    if (mix == "peak") sustain<0>("peak", sms, out, cycles, ms);
+    else if (mix == "ldmatrix") sustain<2>("ldmatrix", sms, out, cycles, ms);
+    else if (mix == "bk96") sustain<11>("bk96", sms, out, cycles, ms);
+    else return 2;
+    return 0;
+  }
   long long* host = new long long[sms * 2];
   run<0>("peak", sms, out, cycles, host);
   run<1>("operands", sms, out, cycles, host);

@@ -1,7 +1,9 @@
 // matmul rung 5, "mma" (float16/bfloat16, sm_80+): tensor cores through mma.sync.m16n8k16 with
-// float32 accumulation. On sm_90 the default is configuration 74 (the TMA kernel below: 96-deep
-// k tiles, its tile stored by TMA too, blocks walking the tiles in groups of 16 tile rows);
-// elsewhere, and where TMA cannot serve a call, configuration 9, the cp.async kernel described
+// float32 accumulation. On sm_90 the default is configuration 88 (the warp-specialised kernel
+// below: a producer warpgroup fills the stages by TMA, 96-deep k tiles, the tile stored by TMA,
+// blocks walking the tiles in groups of 16 tile rows) in builds with sm_90a code, else 74 (the
+// TMA kernel: the same, its warps refilling the stages themselves); elsewhere, and where TMA
+// cannot serve a call, configuration 9, the cp.async kernel described
 // here: a 128 x 256 tile of c per block of 8 warps (2 x 4), 64 x 64 per warp (4 x 8 mma tiles,
 // 128 accumulators a thread). The a and b tiles (64 deep) stream through a 3-stage cp.async
 // ring (16-byte copies, zero-filled outside the matrices), so global loads of the next tiles
@@ -113,17 +115,21 @@ __device__ __forceinline__ int a_box32_off(int r, int k) {
   return (k / 32) * kBM * 32 + r * 32 + ((((k % 32) / 8) ^ ((r >> 1) & 3)) * 8) + k % 8;
 }
 
-template <int kBK, int kBN, int kNT, bool kBoxes = false>
+// kA64 (96 deep): a in a [kBM][64] box (128-byte swizzle) then a [kBM][32] one (64-byte).
+template <int kBK, int kBN, int kNT, bool kBoxes = false, bool kA64 = false>
 struct FragAddrs {
-  static constexpr bool kABoxes = kBoxes && kBK == 96;  // a in 32-wide boxes
+  static constexpr bool kAMixed = kBoxes && kBK == 96 && kA64;    // a in a 64- and a 32-wide box
+  static constexpr bool kABoxes = kBoxes && kBK == 96 && !kA64;  // a in 32-wide boxes
   static constexpr int kQ = kBK / 16, kBPitch = kBoxes ? 64 : kBN;  // b's row pitch in shared memory
   static constexpr int kAPitch = kABoxes ? 32 : kBK, kQA = kABoxes ? 2 : kQ;
   uint32_t a[kQA], b[kNT / 2];  // step q's a fragment (m16 tile 0); pair p's b fragment (step 0)
   __device__ __forceinline__ FragAddrs(uint32_t a_sm, uint32_t b_sm, int row0, int col0, int lane) {
 #pragma unroll
     for (int q = 0; q < kQA; ++q)
-      a[q] = a_sm + 2 * (kABoxes ? a_box32_off(row0 + lane % 16, q * 16 + (lane / 16) * 8)
-                                 : a_off<kBK>(row0 + lane % 16, q * 16 + (lane / 16) * 8));
+      a[q] = a_sm + 2 * (kAMixed ? (q < 4 ? a_off<64>(row0 + lane % 16, q * 16 + (lane / 16) * 8)
+                                          : kBM * 64 + a_box32_off(row0 + lane % 16, (q - 4) * 16 + (lane / 16) * 8))
+                         : kABoxes ? a_box32_off(row0 + lane % 16, q * 16 + (lane / 16) * 8)
+                                   : a_off<kBK>(row0 + lane % 16, q * 16 + (lane / 16) * 8));
 #pragma unroll
     for (int pr = 0; pr < kNT / 2; ++pr)
       b[pr] = b_sm + 2 * (kBoxes ? b_box_off<kBK>(lane % 8 + ((lane / 8) % 2) * 8, col0 + pr * 16 + (lane / 16) * 8)
@@ -135,7 +141,8 @@ struct FragAddrs {
 #pragma unroll
     for (int mi = 0; mi < 4; ++mi) {
       const uint32_t aq = kABoxes ? a[q % 2] + (q / 2) * kBM * 32 * 2 : a[q];
-      ldmatrix_x4(fa[mi], st_a + aq + mi * 16 * kAPitch * 2);
+      const int pitch = kAMixed ? (q < 4 ? 64 : 32) : kAPitch;
+      ldmatrix_x4(fa[mi], st_a + aq + mi * 16 * pitch * 2);
     }
 #pragma unroll
     for (int pr = 0; pr < kNT / 2; ++pr) {
@@ -413,7 +420,8 @@ __global__ void __launch_bounds__(kThreads, kBN == 128 ? 2 : 1)  // 128-wide: tw
 // stages refilled by piece, the hand-over (or its count) every other tile, or an early test for
 // the next tile's landing, or clusters of 2 sharing b by multicast (benchmarks/micro/mma_mix.cu
 // puts the loop with its per-tile hand-over at 573 TFLOP/s without L2 traffic, against 648 for
-// the mma alone). The default (configuration 74) also stores the tile by TMA (kTmaStore): 2-3%
+// the mma alone). Configuration 74 (the default where the build has no sm_90a code; the
+// warp-specialised kernel below, 88, replaces its refills elsewhere) also stores the tile by TMA (kTmaStore): 2-3%
 // faster at 4096^3 and 8192^3 than the per-thread stores (configuration 20), 10% at 8192 x 1024
 // x 8192; it takes the tiles in groups of 16 tile rows (kGroupRows), 1-3% faster than row by
 // row (30); and its k tiles are 96 deep (kBK; a in three 32-wide boxes with TMA's 64-byte
@@ -438,13 +446,18 @@ __device__ __forceinline__ void tma_load3(uint32_t dst, const CUtensorMap* map, 
 // the 128 x kBN output tile at (m0, n0) of batch bz: one kBK x 128 box of a (kBK 64; 96: three
 // 32-wide boxes), kBN / 64 boxes of kBK x 64 of b, completing on the stage's full mbarrier
 // (full0 + 8 s). One thread.
-template <uint32_t kAStage, uint32_t kBStage, int kBK = 64>
+// kA64 (96 deep): a as a 64-wide box of map_a (128-byte swizzle) and a 32-wide one of map_a2.
+template <uint32_t kAStage, uint32_t kBStage, int kBK = 64, bool kA64 = false>
 __device__ __forceinline__ void tma_fill_stage(const CUtensorMap* map_a, const CUtensorMap* map_b, uint32_t a_sm,
-                                               uint32_t b_sm, uint32_t full0, int s, int j, int m0, int n0, int bz) {
+                                               uint32_t b_sm, uint32_t full0, int s, int j, int m0, int n0, int bz,
+                                               const CUtensorMap* map_a2 = nullptr) {
   constexpr int kBoxesB = kBStage / (kBK * 64 * 2);
   const uint32_t full = full0 + 8 * s;
   mbar_expect_tx(full, kAStage + kBStage);
-  if constexpr (kBK == 96) {
+  if constexpr (kBK == 96 && kA64) {
+    tma_load3(a_sm + s * kAStage, map_a, j * kBK, m0, bz, full);
+    tma_load3(a_sm + s * kAStage + kBM * 64 * 2, map_a2, j * kBK + 64, m0, bz, full);
+  } else if constexpr (kBK == 96) {
 #pragma unroll
     for (int i = 0; i < 3; ++i) tma_load3(a_sm + s * kAStage + i * kBM * 64, map_a, j * kBK + 32 * i, m0, bz, full);
   } else {
@@ -481,8 +494,8 @@ __device__ __forceinline__ void acc_to_smem(const float (&acc)[4][8][4], uint32_
 // kBK: 64 or 96 (kQ = kBK / 16 steps a tile). kTrim: the last tile's steps stop at last_steps
 // (even), those that hold data.
 template <typename T, int kStages, uint32_t kAStage, uint32_t kBStage, int kBK = 64, bool kTrim = false,
-          typename Wait, typename Release, typename Finish, typename Landed>
-__device__ __forceinline__ void consume_ring(const FragAddrs<kBK, 256, 8, true>& fr, Wait wait, int tiles,
+          typename Frags, typename Wait, typename Release, typename Finish, typename Landed>
+__device__ __forceinline__ void consume_ring(const Frags& fr, Wait wait, int tiles,
                                              float (&acc)[4][8][4], Release release, Finish finish, Landed landed,
                                              int last_steps = 0) {
   constexpr int kQ = kBK / 16, kNT = 8;
@@ -535,8 +548,10 @@ __device__ unsigned long long g_mma_trace[kTraceBlocks][8][kTraceTiles][3];
 // edges); map_c is unused otherwise.
 // kBK: 64 or 96 (a in three 32-wide boxes). kTrim: the last k tile's mma stop after the steps
 // that hold data (k's remainder, rounded up to 32); the rest would multiply TMA's zeros.
+// kNoRefill (a tuning diagnostic, wrong results): each stage is filled once, at the start, and
+// the loop re-reads that data, with no traffic from L2 and no waits (the counts still run).
 template <typename T, int kStages, bool kTmaStore = false, bool kTrace = false, int kGroupRows = 0, int kBK = 64,
-          bool kTrim = false>
+          bool kTrim = false, bool kNoRefill = false>
 __global__ void __launch_bounds__(kThreads, 1)
     matmul_mma_tma_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
                           const __grid_constant__ CUtensorMap map_c, T* __restrict__ c, int m, int n, int k,
@@ -607,13 +622,17 @@ __global__ void __launch_bounds__(kThreads, 1)
   };
   const int rem = k - (tiles - 1) * kBK;  // the last tile's depth holding data
   consume_ring<T, kStages, kAStage, kBStage, kBK, kTrim>(
-      fr, [&](int rs, uint32_t parity) { mbar_wait(full0 + 8 * rs, parity); }, tiles, acc,
+      fr,
+      [&, waits = 0](int rs, uint32_t parity) mutable {
+        if (!kNoRefill || waits++ < kStages) mbar_wait(full0 + 8 * rs, parity);
+      },
+      tiles, acc,
       [&](int rs, int t) {  // the warp counts itself out of stage rs
         if (lane == 0) stamp(warp, t, 0);
         return count_out(done0 + 4 * rs);
       },
       [&](uint32_t before, int rs, int t) {
-        if (lane == 0 && before % kWarps == kWarps - 1 && t + kStages < tiles) {  // the last reader refills
+        if (!kNoRefill && lane == 0 && before % kWarps == kWarps - 1 && t + kStages < tiles) {  // the last reader refills
           asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // reads before TMA's writes
           issue(rs, t + kStages);
         }
@@ -639,6 +658,99 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif  // sm_90+
 }
 
+// The warp-specialised TMA kernel (sm_90a: setmaxnreg; the default where the build has 9.0a code,
+// configuration 88): the TMA kernel's consumers (8 warps, the same tiles, 96-deep k tiles, trim,
+// grouped order and TMA-store epilogue), but a producer warpgroup's thread 0 refills each stage as
+// soon as every consumer warp has released it on the stage's "empty" mbarrier: a warp's hand-over
+// is one mbarrier arrive (no fence, atomic or refill in its loop) and its wait for the next stage.
+// 384 threads start at 168 registers; the producers give theirs back (setmaxnreg.dec to 40) and
+// the consumers take 232 (each scheduler: two consumer warps and a sleeping producer warp).
+// kA64: a as a 64-wide box (128-byte swizzle) and a 32-wide one (map_a2) instead of three 32-wide.
+// Measured at the H200's power cap (matmul_tune.py --power: 4 s each back to back): 469 TFLOP/s
+// against the TMA kernel's 454-458, cuBLAS 658-670, the a boxes and L2 promotion +0.6%.
+constexpr int kWsThreads = kThreads + 128;
+template <typename T, int kStages, int kBK, bool kA64 = false>
+__global__ void __launch_bounds__(kWsThreads, 1)
+    matmul_mma_ws_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
+                         const __grid_constant__ CUtensorMap map_c, int k, const __grid_constant__ CUtensorMap map_a2) {
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  constexpr int kBN = 256, kGroupRows = 16, kWarps = kThreads / 32;
+  using C = Config<kBN, kStages, kBK>;
+  constexpr int kWN = C::kWN, kNT = kWN / 8;
+  constexpr uint32_t kAStage = C::kATile * 2, kBStage = C::kBTile * 2;  // bytes
+  extern __shared__ unsigned char smem_raw[];
+  __shared__ __align__(8) uint64_t full_bar[kStages], empty_bar[kStages];
+  const uint32_t a_sm = (tc::smem_addr(smem_raw) + 1023) & ~1023u;  // the swizzle's 1024-byte atoms
+  const uint32_t b_sm = a_sm + kStages * kAStage;
+  const uint32_t full0 = tc::smem_addr(full_bar), empty0 = tc::smem_addr(empty_bar);
+  // The tile (the TMA kernel's grouped order), computed on each side of setmaxnreg: values live
+  // across it get spilled.
+  const auto coords = [&](int& m0, int& n0) {
+    const int tiles_n = gridDim.x, tiles_m = gridDim.y, lin = blockIdx.x + tiles_n * blockIdx.y;
+    const int group = lin / (kGroupRows * tiles_n), first = group * kGroupRows;
+    const int rows = tiles_m - first < kGroupRows ? tiles_m - first : kGroupRows;
+    const int w = lin - group * kGroupRows * tiles_n;
+    m0 = (first + w % rows) * kBM;
+    n0 = (w / rows) * kBN;
+  };
+  if (threadIdx.x == 0) {
+#pragma unroll
+    for (int s = 0; s < kStages; ++s) {
+      mbar_init(full0 + 8 * s, 1);        // the producer's arrival (plus the bytes)
+      mbar_init(empty0 + 8 * s, kWarps);  // one arrival per consumer warp
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");  // visible to the TMA unit
+  }
+  __syncthreads();
+  if (threadIdx.x < 128) {  // the producer warpgroup
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+    if (threadIdx.x == 0) {
+      int m0, n0;
+      coords(m0, n0);
+      const int tiles = (k + kBK - 1) / kBK;
+      int s = 0;
+      uint32_t pass = 0;  // parity of the ring pass: the first finds every stage free
+      for (int j = 0; j < tiles; ++j) {
+        mbar_wait(empty0 + 8 * s, pass ^ 1);
+        tma_fill_stage<kAStage, kBStage, kBK, kA64>(&map_a, &map_b, a_sm, b_sm, full0, s, j, m0, n0, blockIdx.z,
+                                                    &map_a2);
+        if (++s == kStages) s = 0, pass ^= 1;
+      }
+    }
+    return;
+  }
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+  int m0, n0;
+  coords(m0, n0);
+  const int tiles = (k + kBK - 1) / kBK;
+  const int ct = threadIdx.x - 128, lane = ct % 32, warp = ct / 32, wm = warp / 4, wn = warp % 4;
+  const FragAddrs<kBK, kBN, kNT, true, kA64> fr(a_sm, b_sm, wm * kWM, wn * kWN, lane);
+  float acc[4][kNT][4] = {};
+  const int rem = k - (tiles - 1) * kBK;  // the last tile's depth holding data
+  consume_ring<T, kStages, kAStage, kBStage, kBK, true>(
+      fr, [&](int rs, uint32_t parity) { mbar_wait(full0 + 8 * rs, parity); }, tiles, acc,
+      [&](int rs, int) {  // the warp's reads of the stage are done: release it
+        if (lane == 0) asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(empty0 + 8 * rs) : "memory");
+        return 0u;
+      },
+      [](uint32_t, int, int) {}, [](int) {}, 2 * ((rem + 31) / 32));
+  // The epilogue: every copy into the ring has landed (each was awaited) and no more are issued.
+  asm volatile("bar.sync 1, %0;\n" ::"n"(kThreads) : "memory");  // the consumers are done with the ring
+  acc_to_smem<T>(acc, a_sm, wn, wm * kWM, lane);
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the writes, to the bulk copies
+  asm volatile("bar.sync 1, %0;\n" ::"n"(kThreads) : "memory");
+  if (ct == 0) {
+#pragma unroll
+    for (int i = 0; i < kBN / 64; ++i) tc::tma_store3(&map_c, a_sm + i * 16384, n0 + 64 * i, m0, blockIdx.z);
+    asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+    asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");  // before the block's memory goes
+  }
+#else
+  __trap();  // no sm_90a code for this GPU: the launcher falls back to the TMA kernel
+#endif
+}
+
+
 template <typename T, int kBN, int kStages, int kBK = 32, bool kFast = false, bool kPipe = false, bool kMbar = false>
 cudaError_t launch(const GemmParams& p, cudaStream_t stream) {
   using C = Config<kBN, kStages, kBK>;
@@ -660,17 +772,17 @@ cudaError_t launch(const GemmParams& p, cudaStream_t stream) {
 // in int. Else the cp.async kernel (configuration 9). kTmaStore (the bulk-store epilogue) needs
 // c's base and strides in multiples of 16 bytes; else the same kernel stores pairs from registers.
 template <typename T, int kStages, bool kTmaStore = false, bool kTrace = false, int kGroupRows = 0, int kBK = 64,
-          bool kTrim = false>
+          bool kTrim = false, bool kNoRefill = false>
 cudaError_t launch_tma(const GemmParams& p, cudaStream_t stream) {
   if constexpr (kTmaStore) {
-    if (!tc::tma_storable(p)) return launch_tma<T, kStages, false, kTrace, kGroupRows, kBK, kTrim>(p, stream);
+    if (!tc::tma_storable(p)) return launch_tma<T, kStages, false, kTrace, kGroupRows, kBK, kTrim, kNoRefill>(p, stream);
   }
   const auto fallback = [&] { return launch<T, 256, 3, 64, true, true>(p, stream); };
   using C = Config<256, kStages, kBK>;
   constexpr int kSmem = C::kSmemBytes + 1024;  // + alignment to 1024 bytes
   constexpr int64_t kMax = (int64_t{1} << 31) - 512;
   if ((p.batch > 1 && (p.a_bs == 0 || p.b_bs == 0)) || p.m >= kMax || p.n >= kMax || p.k >= kMax) return fallback();
-  const auto kernel = matmul_mma_tma_kernel<T, kStages, kTmaStore, kTrace, kGroupRows, kBK, kTrim>;
+  const auto kernel = matmul_mma_tma_kernel<T, kStages, kTmaStore, kTrace, kGroupRows, kBK, kTrim, kNoRefill>;
   static signed char configured[64] = {};
   const cudaError_t err = tc::configure_once(kernel, kSmem, configured,
                                              [](const cudaFuncAttributes& f) { return f.ptxVersion >= 90; });
@@ -687,6 +799,45 @@ cudaError_t launch_tma(const GemmParams& p, cudaStream_t stream) {
                   static_cast<unsigned>(p.batch));
   kernel<<<grid, kThreads, kSmem, stream>>>(map_a, map_b, map_c, static_cast<T*>(p.c), static_cast<int>(p.m),
                                             static_cast<int>(p.n), static_cast<int>(p.k), p.c_rs, p.c_bs);
+  return cudaGetLastError();
+}
+
+// The warp-specialised kernel where it can run: the calls the TMA kernel takes whose c TMA can
+// store, and a binary with its sm_90a code (a build without 9.0a has only its trap: fewer than
+// the 168 registers setmaxnreg's exchange needs). Else the TMA kernel (configuration 74).
+// kOpts: 1, a in a 64- and a 32-wide box (96 deep); 2, L2 fetches of a and b promoted to 256 bytes.
+template <typename T, int kStages, int kBK, int kOpts = 0>
+cudaError_t launch_ws(const GemmParams& p, cudaStream_t stream) {
+  const auto fallback = [&] { return launch_tma<T, 3, true, false, 16, 96, true>(p, stream); };
+  using C = Config<256, kStages, kBK>;
+  constexpr int kSmem = C::kSmemBytes + 1024;  // + alignment to 1024 bytes
+  constexpr int64_t kMax = (int64_t{1} << 31) - 512;
+  if ((p.batch > 1 && (p.a_bs == 0 || p.b_bs == 0)) || p.m >= kMax || p.n >= kMax || p.k >= kMax ||
+      !tc::tma_storable(p))
+    return fallback();
+  constexpr bool kA64 = (kOpts & 1) && kBK == 96;
+  const auto kernel = matmul_mma_ws_kernel<T, kStages, kBK, kA64>;
+  static signed char configured[64] = {};
+  const cudaError_t err = tc::configure_once(kernel, kSmem, configured, [](const cudaFuncAttributes& f) {
+    return f.ptxVersion >= 90 && (f.numRegs + 7) / 8 * 8 >= 168;
+  });
+  if (err == cudaErrorInvalidConfiguration) return fallback();
+  if (err != cudaSuccess) return err;
+  CUtensorMap map_a{}, map_b{}, map_c{}, map_a2{};
+  constexpr uint32_t kABox = kBK == 96 && !kA64 ? 32 : 64;
+  constexpr CUtensorMapSwizzle kASwizzle = kABox == 32 ? CU_TENSOR_MAP_SWIZZLE_64B : CU_TENSOR_MAP_SWIZZLE_128B;
+  constexpr CUtensorMapL2promotion kPromo =
+      kOpts & 2 ? CU_TENSOR_MAP_L2_PROMOTION_L2_256B : CU_TENSOR_MAP_L2_PROMOTION_L2_128B;
+  if (!tc::make_tma_map(&map_a, p.a, p.dtype, p.m, p.k, p.batch, p.a_rs, p.a_bs, kABox, kBM, kASwizzle, kPromo) ||
+      !tc::make_tma_map(&map_b, p.b, p.dtype, p.k, p.n, p.batch, p.b_rs, p.b_bs, 64, kBK, CU_TENSOR_MAP_SWIZZLE_128B,
+                        kPromo) ||
+      (kA64 && !tc::make_tma_map(&map_a2, p.a, p.dtype, p.m, p.k, p.batch, p.a_rs, p.a_bs, 32, kBM,
+                                 CU_TENSOR_MAP_SWIZZLE_64B, kPromo)) ||
+      !tc::make_tma_map(&map_c, p.c, p.dtype, p.m, p.n, p.batch, p.c_rs, p.c_bs, 64, kBM))
+    return fallback();
+  const dim3 grid(static_cast<unsigned>((p.n + 255) / 256), static_cast<unsigned>((p.m + kBM - 1) / kBM),
+                  static_cast<unsigned>(p.batch));
+  kernel<<<grid, kWsThreads, kSmem, stream>>>(map_a, map_b, map_c, static_cast<int>(p.k), map_a2);
   return cudaGetLastError();
 }
 
@@ -759,6 +910,16 @@ cudaError_t launch_tma(const GemmParams& p, cudaStream_t stream) {
 // - 76-78: 74 with stage 0 filled alone and the other two once it had landed (76), over groups of
 //   8 or 32 tile rows (77, 78): 473-481, 469-474, 473-474 TFLOP/s at 4096^3 against 74's 444-510
 //   in the same run (cuBLAS 644-755 next to them): no gain above the run's noise. Removed.
+// - 80-84: 74 refilling a and half of b (80, diagnostic: a pair's multicast traffic), b only
+//   (81, diagnostic), a in a 64- and a 32-wide box (82), L2 fetches of 256 bytes (83), both (84):
+//   at the power cap (matmul_tune.py --power) 459, 469, 459, 459, 460 TFLOP/s against 74's
+//   457-458 and 79's (no refills at all) 512-525. 84's boxes and promotion are in 88. Removed.
+// - 86, 87, 89, 90: 85 in clusters of 2 blocks on tile rows 2i, 2i + 1 sharing b by TMA multicast
+//   (each block's producer loading its a and one half of b into both; every consumer warp
+//   arriving on both blocks' empty barriers, no fence: correct), 96 deep (86) or 64 deep with 4
+//   stages (87), and with 88's a boxes (90); 89: 85 64 deep with 4 stages. At the power cap 466.6,
+//   467.9, 464.9, 466.2 TFLOP/s against 85's 466.4-469.8 in the same runs: the third less L2
+//   traffic does not pay for a refill waiting on 16 warps in two SMs. Removed.
 template <typename T, int kCfg>
 cudaError_t launch_cfg(const GemmParams& p, cudaStream_t stream) {
   if constexpr (kCfg == 0) {
@@ -803,13 +964,25 @@ cudaError_t launch_cfg(const GemmParams& p, cudaStream_t stream) {
     return launch_tma<T, 3, true, false, 16, 96, true>(p, stream);
   } else if constexpr (kCfg == 75) {  // 74 traced
     return launch_tma<T, 3, true, true, 16, 96, true>(p, stream);
+  } else if constexpr (kCfg == 79) {  // diagnostic (wrong results): 74 with no refills and no waits
+    return launch_tma<T, 3, true, false, 16, 96, true, true>(p, stream);
+  } else if constexpr (kCfg == 85) {  // 74's consumers, a producer warpgroup refilling (sm_90a)
+    return launch_ws<T, 3, 96>(p, stream);
+  } else if constexpr (kCfg == 88) {  // 85, a in a 64- and a 32-wide box, L2 fetches of 256 bytes (default)
+    return launch_ws<T, 3, 96, 3>(p, stream);
   } else {
     return cudaErrorInvalidValue;
   }
 }
 
+// The default: the warp-specialised kernel where the build has sm_90a code (it falls back to the
+// TMA kernel, 74, on GPUs or calls it cannot serve), else 74 (which falls back to the cp.async one).
 #ifndef OPFORGE_MMA_CONFIG
+#if defined(OPFORGE_HAS_SM90A) && OPFORGE_HAS_SM90A
+#define OPFORGE_MMA_CONFIG 88
+#else
 #define OPFORGE_MMA_CONFIG 74
+#endif
 #endif
 
 template <typename T>
@@ -823,7 +996,8 @@ cudaError_t launch_config(const GemmParams& p, cudaStream_t stream, int config) 
     OPFORGE_MMA_CASE(5) OPFORGE_MMA_CASE(6) OPFORGE_MMA_CASE(7) OPFORGE_MMA_CASE(8) OPFORGE_MMA_CASE(9)
     OPFORGE_MMA_CASE(10) OPFORGE_MMA_CASE(11) OPFORGE_MMA_CASE(13) OPFORGE_MMA_CASE(14) OPFORGE_MMA_CASE(20)
     OPFORGE_MMA_CASE(21) OPFORGE_MMA_CASE(30) OPFORGE_MMA_CASE(39) OPFORGE_MMA_CASE(40)
-    OPFORGE_MMA_CASE(74) OPFORGE_MMA_CASE(75)
+    OPFORGE_MMA_CASE(74) OPFORGE_MMA_CASE(75) OPFORGE_MMA_CASE(79)
+    OPFORGE_MMA_CASE(85) OPFORGE_MMA_CASE(88)
 #undef OPFORGE_MMA_CASE
     default: return cudaErrorInvalidValue;
   }

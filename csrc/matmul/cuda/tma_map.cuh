@@ -27,11 +27,13 @@ inline PFN_cuTensorMapEncodeTiled_v12000 tma_encode_fn() {
 
 // A 16-bit (rows x cols) row-major operand per batch as a 3-D map (cols, rows, batch) with row
 // stride ld and batch stride bs (elements), boxes of box_cols x box_rows x 1, 128-byte swizzle
-// (box_cols * 2 must be 128 at most; `swizzle` another), zeros outside. False if the driver
+// (box_cols * 2 must be 128 at most; `swizzle` another), L2 fetches of 128 bytes (`promotion`
+// another), zeros outside. False if the driver
 // refuses it.
 inline bool make_tma_map(CUtensorMap* map, const void* base, DType dtype, int64_t rows, int64_t cols, int64_t batch,
                          int64_t ld, int64_t bs, uint32_t box_cols, uint32_t box_rows,
-                         CUtensorMapSwizzle swizzle = CU_TENSOR_MAP_SWIZZLE_128B) {
+                         CUtensorMapSwizzle swizzle = CU_TENSOR_MAP_SWIZZLE_128B,
+                         CUtensorMapL2promotion promotion = CU_TENSOR_MAP_L2_PROMOTION_L2_128B) {
   const auto encode = tma_encode_fn();
   if (!encode) return false;
   const cuuint64_t dims[3] = {static_cast<cuuint64_t>(cols), static_cast<cuuint64_t>(rows),
@@ -42,7 +44,7 @@ inline bool make_tma_map(CUtensorMap* map, const void* base, DType dtype, int64_
   const cuuint32_t elem[3] = {1, 1, 1};
   const CUresult res =
       encode(map, dtype == DType::kBFloat16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 3,
-             const_cast<void*>(base), dims, strides, box, elem, CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+             const_cast<void*>(base), dims, strides, box, elem, CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle, promotion, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   return res == CUDA_SUCCESS;
 }
 
