@@ -535,6 +535,20 @@ __device__ __forceinline__ void consume_ring(const Frags& fr, Wait wait, int til
   }
 }
 
+// The block's output tile (m0, n0) when blocks in launch order take the tiles of kGroupRows tile
+// rows column by column: a wave of 132 blocks then shares fewer panels of a and b than whole tile
+// rows would (4096^3, 32 x 16 tiles: a wave spans 16 rows by 8-9 columns, against 8-9 whole rows
+// of 16 columns).
+template <int kGroupRows, int kBN>
+__device__ __forceinline__ void grouped_tile(int& m0, int& n0) {
+  const int tiles_n = gridDim.x, tiles_m = gridDim.y, lin = blockIdx.x + tiles_n * blockIdx.y;
+  const int group = lin / (kGroupRows * tiles_n), first = group * kGroupRows;
+  const int rows = tiles_m - first < kGroupRows ? tiles_m - first : kGroupRows;
+  const int w = lin - group * kGroupRows * tiles_n;
+  m0 = (first + w % rows) * kBM;
+  n0 = (w / rows) * kBN;
+}
+
 #ifdef OPFORGE_MATMUL_TUNING
 // Timeline of the TMA kernel's first kTraceBlocks blocks (kTrace, tuning): per warp and k tile,
 // the SM clock when the warp released the tile's stage ([0]) and when the next tile's data had
@@ -571,17 +585,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int wm = warp / 4, wn = warp % 4;
   int m0 = blockIdx.y * kBM, n0 = blockIdx.x * kBN;
   const int bz = blockIdx.z;
-  if constexpr (kGroupRows > 0) {
-    // Blocks in launch order take the tiles of kGroupRows tile rows column by column: a wave of
-    // 132 blocks then shares fewer panels of a and b than whole tile rows would (4096^3, 16 x 16
-    // tiles: a wave spans 16 rows by 8-9 columns, against 8-9 whole rows of 16 columns).
-    const int tiles_n = gridDim.x, tiles_m = gridDim.y, lin = blockIdx.x + tiles_n * blockIdx.y;
-    const int group = lin / (kGroupRows * tiles_n), first = group * kGroupRows;
-    const int rows = tiles_m - first < kGroupRows ? tiles_m - first : kGroupRows;
-    const int w = lin - group * kGroupRows * tiles_n;
-    m0 = (first + w % rows) * kBM;
-    n0 = (w / rows) * kBN;
-  }
+  if constexpr (kGroupRows > 0) grouped_tile<kGroupRows, kBN>(m0, n0);
   const int tiles = (k + kBK - 1) / kBK;
 #ifdef OPFORGE_MATMUL_TUNING
   const int trace_block = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
@@ -683,16 +687,8 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   const uint32_t a_sm = (tc::smem_addr(smem_raw) + 1023) & ~1023u;  // the swizzle's 1024-byte atoms
   const uint32_t b_sm = a_sm + kStages * kAStage;
   const uint32_t full0 = tc::smem_addr(full_bar), empty0 = tc::smem_addr(empty_bar);
-  // The tile (the TMA kernel's grouped order), computed on each side of setmaxnreg: values live
-  // across it get spilled.
-  const auto coords = [&](int& m0, int& n0) {
-    const int tiles_n = gridDim.x, tiles_m = gridDim.y, lin = blockIdx.x + tiles_n * blockIdx.y;
-    const int group = lin / (kGroupRows * tiles_n), first = group * kGroupRows;
-    const int rows = tiles_m - first < kGroupRows ? tiles_m - first : kGroupRows;
-    const int w = lin - group * kGroupRows * tiles_n;
-    m0 = (first + w % rows) * kBM;
-    n0 = (w / rows) * kBN;
-  };
+  // The tile, computed on each side of setmaxnreg: values live across it get spilled.
+  const auto coords = [](int& m0, int& n0) { grouped_tile<kGroupRows, kBN>(m0, n0); };
   if (threadIdx.x == 0) {
 #pragma unroll
     for (int s = 0; s < kStages; ++s) {
