@@ -492,21 +492,21 @@ __device__ __forceinline__ void acc_to_smem(const float (&acc)[4][8][4], uint32_
 // (and a __syncwarp), token = release(s, t) hands stage s back and finish(token, s, t) follows
 // (the split keeps the kernel's code as measured: merging the two changed ptxas's schedule).
 // kBK: 64 or 96 (kQ = kBK / 16 steps a tile). kTrim: the last tile's steps stop at last_steps
-// (even), those that hold data.
+// (even), those that hold data (and that tile's stage is not released). rs, rph: the stage of the
+// first k tile and the parity of its full phase (a persistent kernel's ring runs on across its
+// output tiles); returns those of the k tile after the last, as rs | rph << 8.
 template <typename T, int kStages, uint32_t kAStage, uint32_t kBStage, int kBK = 64, bool kTrim = false,
           typename Frags, typename Wait, typename Release, typename Finish, typename Landed>
-__device__ __forceinline__ void consume_ring(const Frags& fr, Wait wait, int tiles,
-                                             float (&acc)[4][8][4], Release release, Finish finish, Landed landed,
-                                             int last_steps = 0) {
+__device__ __forceinline__ uint32_t consume_ring(const Frags& fr, Wait wait, int tiles, float (&acc)[4][8][4],
+                                                 Release release, Finish finish, Landed landed, int last_steps = 0,
+                                                 int rs = 0, uint32_t rph = 0) {
   constexpr int kQ = kBK / 16, kNT = 8;
   static_assert(kQ % 2 == 0, "the next tile's first fragments go where step kQ - 1's did not");
   uint32_t af[2][4][4], bf[2][kNT][2];
   if (tiles > 0) {
-    wait(0, 0);
-    fr.load(0, 0, 0, af[0], bf[0]);
+    wait(rs, rph);
+    fr.load(rs * kAStage, rs * kBStage, 0, af[0], bf[0]);
   }
-  int rs = 0;        // stage of k tile t
-  uint32_t rph = 0;  // parity of its full phase
   for (int t = 0; t < tiles; ++t) {
     const uint32_t st_a = rs * kAStage, st_b = rs * kBStage;
 #pragma unroll
@@ -533,12 +533,22 @@ __device__ __forceinline__ void consume_ring(const Frags& fr, Wait wait, int til
         for (int nj = 0; nj < kNT; ++nj) mma16816<T>(acc[mi][nj], af[q & 1][mi], bf[q & 1][nj]);
     }
   }
+  return static_cast<uint32_t>(rs) | rph << 8;
 }
 
 // The block's output tile (m0, n0) when blocks in launch order take the tiles of kGroupRows tile
 // rows column by column: a wave of 132 blocks then shares fewer panels of a and b than whole tile
 // rows would (4096^3, 32 x 16 tiles: a wave spans 16 rows by 8-9 columns, against 8-9 whole rows
 // of 16 columns).
+// grouped_tile_of: the same for output tile lin of a tiles_m x tiles_n grid.
+template <int kGroupRows, int kBN>
+__device__ __forceinline__ void grouped_tile_of(int lin, int tiles_m, int tiles_n, int& m0, int& n0) {
+  const int group = lin / (kGroupRows * tiles_n), first = group * kGroupRows;
+  const int rows = tiles_m - first < kGroupRows ? tiles_m - first : kGroupRows;
+  const int w = lin - group * kGroupRows * tiles_n;
+  m0 = (first + w % rows) * kBM;
+  n0 = (w / rows) * kBN;
+}
 template <int kGroupRows, int kBN>
 __device__ __forceinline__ void grouped_tile(int& m0, int& n0) {
   const int tiles_n = gridDim.x, tiles_m = gridDim.y, lin = blockIdx.x + tiles_n * blockIdx.y;
@@ -673,10 +683,16 @@ __global__ void __launch_bounds__(kThreads, 1)
 // Measured at the H200's power cap (matmul_tune.py --power: 4 s each back to back): 469 TFLOP/s
 // against the TMA kernel's 454-458, cuBLAS 658-670, the a boxes and L2 promotion +0.6%.
 constexpr int kWsThreads = kThreads + 128;
-template <typename T, int kStages, int kBK, bool kA64 = false>
+// kPersistent (tuning builds, configuration 91): one block per SM walks the output tiles (grouped
+// order, batch outermost; tiles_m x tiles_n x batch of them) with one k-tile sequence through the
+// ring, so the producer fills the next tile's stages while the consumers store the last tile, from
+// a staging buffer of its own after the ring (64 KB: 64-deep k tiles, 3 stages). No trim then (a
+// trimmed k tile's stage would never be released).
+template <typename T, int kStages, int kBK, bool kA64 = false, bool kPersistent = false>
 __global__ void __launch_bounds__(kWsThreads, 1)
     matmul_mma_ws_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
-                         const __grid_constant__ CUtensorMap map_c, int k, const __grid_constant__ CUtensorMap map_a2) {
+                         const __grid_constant__ CUtensorMap map_c, int k, const __grid_constant__ CUtensorMap map_a2,
+                         int tiles_m, int tiles_n, int batch) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int kBN = 256, kGroupRows = 16, kWarps = kThreads / 32;
   using C = Config<kBN, kStages, kBK>;
@@ -686,9 +702,22 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   __shared__ __align__(8) uint64_t full_bar[kStages], empty_bar[kStages];
   const uint32_t a_sm = (tc::smem_addr(smem_raw) + 1023) & ~1023u;  // the swizzle's 1024-byte atoms
   const uint32_t b_sm = a_sm + kStages * kAStage;
+  const uint32_t c_sm = kPersistent ? b_sm + kStages * kBStage : a_sm;  // the tile staged for its stores
   const uint32_t full0 = tc::smem_addr(full_bar), empty0 = tc::smem_addr(empty_bar);
-  // The tile, computed on each side of setmaxnreg: values live across it get spilled.
-  const auto coords = [](int& m0, int& n0) { grouped_tile<kGroupRows, kBN>(m0, n0); };
+  // The blocks' tiles: lin = blockIdx.x, + gridDim.x, ... (kPersistent), else the grid's one. Computed
+  // on each side of setmaxnreg: values live across it get spilled.
+  const auto first = [] { return kPersistent ? static_cast<int>(blockIdx.x) : 0; };
+  const auto step = [] { return kPersistent ? static_cast<int>(gridDim.x) : 1; };
+  const auto count = [&] { return kPersistent ? tiles_m * tiles_n * batch : 1; };
+  const auto coords = [&](int lin, int& m0, int& n0, int& bz) {
+    if constexpr (kPersistent) {
+      bz = lin / (tiles_m * tiles_n);
+      grouped_tile_of<kGroupRows, kBN>(lin - bz * tiles_m * tiles_n, tiles_m, tiles_n, m0, n0);
+    } else {
+      grouped_tile<kGroupRows, kBN>(m0, n0);
+      bz = blockIdx.z;
+    }
+  };
   if (threadIdx.x == 0) {
 #pragma unroll
     for (int s = 0; s < kStages; ++s) {
@@ -701,46 +730,54 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   if (threadIdx.x < 128) {  // the producer warpgroup
     asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
     if (threadIdx.x == 0) {
-      int m0, n0;
-      coords(m0, n0);
-      const int tiles = (k + kBK - 1) / kBK;
+      const int tiles = (k + kBK - 1) / kBK, total = count();
       int s = 0;
       uint32_t pass = 0;  // parity of the ring pass: the first finds every stage free
-      for (int j = 0; j < tiles; ++j) {
-        mbar_wait(empty0 + 8 * s, pass ^ 1);
-        tma_fill_stage<kAStage, kBStage, kBK, kA64>(&map_a, &map_b, a_sm, b_sm, full0, s, j, m0, n0, blockIdx.z,
-                                                    &map_a2);
-        if (++s == kStages) s = 0, pass ^= 1;
+      for (int lin = first(); lin < total; lin += step()) {
+        int m0, n0, bz;
+        coords(lin, m0, n0, bz);
+        for (int j = 0; j < tiles; ++j) {
+          mbar_wait(empty0 + 8 * s, pass ^ 1);
+          tma_fill_stage<kAStage, kBStage, kBK, kA64>(&map_a, &map_b, a_sm, b_sm, full0, s, j, m0, n0, bz, &map_a2);
+          if (++s == kStages) s = 0, pass ^= 1;
+        }
       }
     }
     return;
   }
   asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
-  int m0, n0;
-  coords(m0, n0);
-  const int tiles = (k + kBK - 1) / kBK;
+  const int tiles = (k + kBK - 1) / kBK, total = count();
   const int ct = threadIdx.x - 128, lane = ct % 32, warp = ct / 32, wm = warp / 4, wn = warp % 4;
   const FragAddrs<kBK, kBN, kNT, true, kA64> fr(a_sm, b_sm, wm * kWM, wn * kWN, lane);
-  float acc[4][kNT][4] = {};
   const int rem = k - (tiles - 1) * kBK;  // the last tile's depth holding data
-  consume_ring<T, kStages, kAStage, kBStage, kBK, true>(
-      fr, [&](int rs, uint32_t parity) { mbar_wait(full0 + 8 * rs, parity); }, tiles, acc,
-      [&](int rs, int) {  // the warp's reads of the stage are done: release it
-        if (lane == 0) asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(empty0 + 8 * rs) : "memory");
-        return 0u;
-      },
-      [](uint32_t, int, int) {}, [](int) {}, 2 * ((rem + 31) / 32));
-  // The epilogue: every copy into the ring has landed (each was awaited) and no more are issued.
-  asm volatile("bar.sync 1, %0;\n" ::"n"(kThreads) : "memory");  // the consumers are done with the ring
-  acc_to_smem<T>(acc, a_sm, wn, wm * kWM, lane);
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the writes, to the bulk copies
-  asm volatile("bar.sync 1, %0;\n" ::"n"(kThreads) : "memory");
-  if (ct == 0) {
+  int rs = 0;        // the ring's stage for the next k tile
+  uint32_t rph = 0;  // and the parity of its full phase
+  for (int lin = first(); lin < total; lin += step()) {
+    int m0, n0, bz;
+    coords(lin, m0, n0, bz);
+    float acc[4][kNT][4] = {};
+    const uint32_t next = consume_ring<T, kStages, kAStage, kBStage, kBK, !kPersistent>(
+        fr, [&](int st, uint32_t parity) { mbar_wait(full0 + 8 * st, parity); }, tiles, acc,
+        [&](int st, int) {  // the warp's reads of the stage are done: release it
+          if (lane == 0) asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(empty0 + 8 * st) : "memory");
+          return 0u;
+        },
+        [](uint32_t, int, int) {}, [](int) {}, 2 * ((rem + 31) / 32), rs, rph);
+    rs = static_cast<int>(next & 0xff), rph = next >> 8;
+    // The epilogue: every copy into the ring this tile needed has landed (each was awaited); the
+    // staging buffer is the ring itself unless kPersistent (whose last stores must have read it).
+    if (kPersistent && ct == 0) asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+    asm volatile("bar.sync 1, %0;\n" ::"n"(kThreads) : "memory");  // the consumers are done with it
+    acc_to_smem<T>(acc, c_sm, wn, wm * kWM, lane);
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the writes, to the bulk copies
+    asm volatile("bar.sync 1, %0;\n" ::"n"(kThreads) : "memory");
+    if (ct == 0) {
 #pragma unroll
-    for (int i = 0; i < kBN / 64; ++i) tc::tma_store3(&map_c, a_sm + i * 16384, n0 + 64 * i, m0, blockIdx.z);
-    asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
-    asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");  // before the block's memory goes
+      for (int i = 0; i < kBN / 64; ++i) tc::tma_store3(&map_c, c_sm + i * 16384, n0 + 64 * i, m0, bz);
+      asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+    }
   }
+  if (ct == 0) asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");  // before the block's memory goes
 #else
   __trap();  // no sm_90a code for this GPU: the launcher falls back to the TMA kernel
 #endif
@@ -833,9 +870,48 @@ cudaError_t launch_ws(const GemmParams& p, cudaStream_t stream) {
     return fallback();
   const dim3 grid(static_cast<unsigned>((p.n + 255) / 256), static_cast<unsigned>((p.m + kBM - 1) / kBM),
                   static_cast<unsigned>(p.batch));
-  kernel<<<grid, kWsThreads, kSmem, stream>>>(map_a, map_b, map_c, static_cast<int>(p.k), map_a2);
+  kernel<<<grid, kWsThreads, kSmem, stream>>>(map_a, map_b, map_c, static_cast<int>(p.k), map_a2, 0, 0, 0);
   return cudaGetLastError();
 }
+
+#ifdef OPFORGE_MATMUL_TUNING
+// The persistent warp-specialised kernel (tuning) where it can run; else the TMA kernel.
+template <typename T, int kStages, int kBK>
+cudaError_t launch_ws_persistent(const GemmParams& p, cudaStream_t stream) {
+  const auto fallback = [&] { return launch_tma<T, 3, true, false, 16, 96, true>(p, stream); };
+  using C = Config<256, kStages, kBK>;
+  constexpr int kSmem = C::kSmemBytes + 128 * 256 * 2 + 1024;  // the ring, the staging buffer, alignment
+  constexpr int64_t kMax = (int64_t{1} << 31) - 512;
+  if ((p.batch > 1 && (p.a_bs == 0 || p.b_bs == 0)) || p.m >= kMax || p.n >= kMax || p.k >= kMax ||
+      !tc::tma_storable(p))
+    return fallback();
+  const auto kernel = matmul_mma_ws_kernel<T, kStages, kBK, false, true>;
+  static signed char configured[64] = {};
+  const cudaError_t err = tc::configure_once(kernel, kSmem, configured, [](const cudaFuncAttributes& f) {
+    return f.ptxVersion >= 90 && (f.numRegs + 7) / 8 * 8 >= 168;
+  });
+  if (err == cudaErrorInvalidConfiguration) return fallback();
+  if (err != cudaSuccess) return err;
+  CUtensorMap map_a{}, map_b{}, map_c{}, map_a2{};
+  constexpr auto kPromo = CU_TENSOR_MAP_L2_PROMOTION_L2_256B;
+  if (!tc::make_tma_map(&map_a, p.a, p.dtype, p.m, p.k, p.batch, p.a_rs, p.a_bs, 64, kBM, CU_TENSOR_MAP_SWIZZLE_128B,
+                        kPromo) ||
+      !tc::make_tma_map(&map_b, p.b, p.dtype, p.k, p.n, p.batch, p.b_rs, p.b_bs, 64, kBK, CU_TENSOR_MAP_SWIZZLE_128B,
+                        kPromo) ||
+      !tc::make_tma_map(&map_c, p.c, p.dtype, p.m, p.n, p.batch, p.c_rs, p.c_bs, 64, kBM))
+    return fallback();
+  int dev = 0, sms = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
+    return cudaGetLastError();
+  const int tiles_m = static_cast<int>((p.m + kBM - 1) / kBM), tiles_n = static_cast<int>((p.n + 255) / 256);
+  const int64_t total = static_cast<int64_t>(tiles_m) * tiles_n * p.batch;
+  if (total == 0) return cudaSuccess;
+  const unsigned blocks = static_cast<unsigned>(total < sms ? total : sms);
+  kernel<<<blocks, kWsThreads, kSmem, stream>>>(map_a, map_b, map_c, static_cast<int>(p.k), map_a2, tiles_m, tiles_n,
+                                                static_cast<int>(p.batch));
+  return cudaGetLastError();
+}
+#endif
 
 // Configuration kCfg (see matmul_kernels.h). The extension builds only the default; the tuning
 // build (OPFORGE_MATMUL_TUNING) all of them. Configurations that no longer exist (they return
@@ -966,6 +1042,12 @@ cudaError_t launch_cfg(const GemmParams& p, cudaStream_t stream) {
     return launch_ws<T, 3, 96>(p, stream);
   } else if constexpr (kCfg == 88) {  // 85, a in a 64- and a 32-wide box, L2 fetches of 256 bytes (default)
     return launch_ws<T, 3, 96, 3>(p, stream);
+#ifdef OPFORGE_MATMUL_TUNING
+  } else if constexpr (kCfg == 91) {  // the warp-specialised kernel persistent (64 deep, 3 stages, tuning)
+    return launch_ws_persistent<T, 3, 64>(p, stream);
+  } else if constexpr (kCfg == 92) {  // 91 not persistent: 85 64 deep, L2 fetches of 256 bytes
+    return launch_ws<T, 3, 64, 2>(p, stream);
+#endif
   } else {
     return cudaErrorInvalidValue;
   }
@@ -993,7 +1075,7 @@ cudaError_t launch_config(const GemmParams& p, cudaStream_t stream, int config) 
     OPFORGE_MMA_CASE(10) OPFORGE_MMA_CASE(11) OPFORGE_MMA_CASE(13) OPFORGE_MMA_CASE(14) OPFORGE_MMA_CASE(20)
     OPFORGE_MMA_CASE(21) OPFORGE_MMA_CASE(30) OPFORGE_MMA_CASE(39) OPFORGE_MMA_CASE(40)
     OPFORGE_MMA_CASE(74) OPFORGE_MMA_CASE(75) OPFORGE_MMA_CASE(79)
-    OPFORGE_MMA_CASE(85) OPFORGE_MMA_CASE(88)
+    OPFORGE_MMA_CASE(85) OPFORGE_MMA_CASE(88) OPFORGE_MMA_CASE(91) OPFORGE_MMA_CASE(92)
 #undef OPFORGE_MMA_CASE
     default: return cudaErrorInvalidValue;
   }
