@@ -839,17 +839,18 @@ cudaError_t launch_tma(const GemmParams& p, cudaStream_t stream) {
 // store, and a binary with its sm_90a code (a build without 9.0a has only its trap: fewer than
 // the 168 registers setmaxnreg's exchange needs). Else the TMA kernel (configuration 74).
 // kOpts: 1, a in a 64- and a 32-wide box (96 deep); 2, L2 fetches of a and b promoted to 256 bytes.
-template <typename T, int kStages, int kBK, int kOpts = 0>
+// kPersistent (tuning): one block per SM (or per tile, if fewer), a staging buffer after the ring.
+template <typename T, int kStages, int kBK, int kOpts = 0, bool kPersistent = false>
 cudaError_t launch_ws(const GemmParams& p, cudaStream_t stream) {
   const auto fallback = [&] { return launch_tma<T, 3, true, false, 16, 96, true>(p, stream); };
   using C = Config<256, kStages, kBK>;
-  constexpr int kSmem = C::kSmemBytes + 1024;  // + alignment to 1024 bytes
+  constexpr int kSmem = C::kSmemBytes + (kPersistent ? kBM * 256 * 2 : 0) + 1024;  // + alignment to 1024 bytes
   constexpr int64_t kMax = (int64_t{1} << 31) - 512;
   if ((p.batch > 1 && (p.a_bs == 0 || p.b_bs == 0)) || p.m >= kMax || p.n >= kMax || p.k >= kMax ||
       !tc::tma_storable(p))
     return fallback();
   constexpr bool kA64 = (kOpts & 1) && kBK == 96;
-  const auto kernel = matmul_mma_ws_kernel<T, kStages, kBK, kA64>;
+  const auto kernel = matmul_mma_ws_kernel<T, kStages, kBK, kA64, kPersistent>;
   static signed char configured[64] = {};
   const cudaError_t err = tc::configure_once(kernel, kSmem, configured, [](const cudaFuncAttributes& f) {
     return f.ptxVersion >= 90 && (f.numRegs + 7) / 8 * 8 >= 168;
@@ -868,50 +869,20 @@ cudaError_t launch_ws(const GemmParams& p, cudaStream_t stream) {
                                  CU_TENSOR_MAP_SWIZZLE_64B, kPromo)) ||
       !tc::make_tma_map(&map_c, p.c, p.dtype, p.m, p.n, p.batch, p.c_rs, p.c_bs, 64, kBM))
     return fallback();
-  const dim3 grid(static_cast<unsigned>((p.n + 255) / 256), static_cast<unsigned>((p.m + kBM - 1) / kBM),
-                  static_cast<unsigned>(p.batch));
-  kernel<<<grid, kWsThreads, kSmem, stream>>>(map_a, map_b, map_c, static_cast<int>(p.k), map_a2, 0, 0, 0);
-  return cudaGetLastError();
-}
-
-#ifdef OPFORGE_MATMUL_TUNING
-// The persistent warp-specialised kernel (tuning) where it can run; else the TMA kernel.
-template <typename T, int kStages, int kBK>
-cudaError_t launch_ws_persistent(const GemmParams& p, cudaStream_t stream) {
-  const auto fallback = [&] { return launch_tma<T, 3, true, false, 16, 96, true>(p, stream); };
-  using C = Config<256, kStages, kBK>;
-  constexpr int kSmem = C::kSmemBytes + 128 * 256 * 2 + 1024;  // the ring, the staging buffer, alignment
-  constexpr int64_t kMax = (int64_t{1} << 31) - 512;
-  if ((p.batch > 1 && (p.a_bs == 0 || p.b_bs == 0)) || p.m >= kMax || p.n >= kMax || p.k >= kMax ||
-      !tc::tma_storable(p))
-    return fallback();
-  const auto kernel = matmul_mma_ws_kernel<T, kStages, kBK, false, true>;
-  static signed char configured[64] = {};
-  const cudaError_t err = tc::configure_once(kernel, kSmem, configured, [](const cudaFuncAttributes& f) {
-    return f.ptxVersion >= 90 && (f.numRegs + 7) / 8 * 8 >= 168;
-  });
-  if (err == cudaErrorInvalidConfiguration) return fallback();
-  if (err != cudaSuccess) return err;
-  CUtensorMap map_a{}, map_b{}, map_c{}, map_a2{};
-  constexpr auto kPromo = CU_TENSOR_MAP_L2_PROMOTION_L2_256B;
-  if (!tc::make_tma_map(&map_a, p.a, p.dtype, p.m, p.k, p.batch, p.a_rs, p.a_bs, 64, kBM, CU_TENSOR_MAP_SWIZZLE_128B,
-                        kPromo) ||
-      !tc::make_tma_map(&map_b, p.b, p.dtype, p.k, p.n, p.batch, p.b_rs, p.b_bs, 64, kBK, CU_TENSOR_MAP_SWIZZLE_128B,
-                        kPromo) ||
-      !tc::make_tma_map(&map_c, p.c, p.dtype, p.m, p.n, p.batch, p.c_rs, p.c_bs, 64, kBM))
-    return fallback();
-  int dev = 0, sms = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
-    return cudaGetLastError();
   const int tiles_m = static_cast<int>((p.m + kBM - 1) / kBM), tiles_n = static_cast<int>((p.n + 255) / 256);
-  const int64_t total = static_cast<int64_t>(tiles_m) * tiles_n * p.batch;
-  if (total == 0) return cudaSuccess;
-  const unsigned blocks = static_cast<unsigned>(total < sms ? total : sms);
-  kernel<<<blocks, kWsThreads, kSmem, stream>>>(map_a, map_b, map_c, static_cast<int>(p.k), map_a2, tiles_m, tiles_n,
-                                                static_cast<int>(p.batch));
+  dim3 grid(static_cast<unsigned>(tiles_n), static_cast<unsigned>(tiles_m), static_cast<unsigned>(p.batch));
+  if constexpr (kPersistent) {
+    int dev = 0, sms = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev))
+      return cudaGetLastError();
+    const int64_t total = static_cast<int64_t>(tiles_m) * tiles_n * p.batch;
+    if (total == 0) return cudaSuccess;
+    grid = dim3(static_cast<unsigned>(total < sms ? total : sms));
+  }
+  kernel<<<grid, kWsThreads, kSmem, stream>>>(map_a, map_b, map_c, static_cast<int>(p.k), map_a2, tiles_m, tiles_n,
+                                              static_cast<int>(p.batch));
   return cudaGetLastError();
 }
-#endif
 
 // Configuration kCfg (see matmul_kernels.h). The extension builds only the default; the tuning
 // build (OPFORGE_MATMUL_TUNING) all of them. Configurations that no longer exist (they return
@@ -1044,7 +1015,7 @@ cudaError_t launch_cfg(const GemmParams& p, cudaStream_t stream) {
     return launch_ws<T, 3, 96, 3>(p, stream);
 #ifdef OPFORGE_MATMUL_TUNING
   } else if constexpr (kCfg == 91) {  // the warp-specialised kernel persistent (64 deep, 3 stages, tuning)
-    return launch_ws_persistent<T, 3, 64>(p, stream);
+    return launch_ws<T, 3, 64, 2, true>(p, stream);
   } else if constexpr (kCfg == 92) {  // 91 not persistent: 85 64 deep, L2 fetches of 256 bytes
     return launch_ws<T, 3, 64, 2>(p, stream);
 #endif
