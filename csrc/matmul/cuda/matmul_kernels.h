@@ -38,10 +38,10 @@ int matmul_mma_cuda(const GemmParams& p, void* stream);
 // last one's mma only over its data; 75: 74 traced; 79: 74 without refills (a diagnostic: wrong
 // results); 85: 74's loop fed by a producer warpgroup (sm_90a: setmaxnreg), the warps releasing
 // stages by mbarrier arrives; 88 (the default with 9.0a code): 85 with a in a 64- and a 32-wide
-// box and L2 fetches of 256 bytes; 91 (tuning builds): 85 persistent, 64 deep, the next tile's
-// stages filled while the last one is stored; 92: 91 not persistent. The other numbers up to 90:
-// removed (no gain, could not launch, or diagnostics; launch_cfg's comment in matmul_mma.cu and
-// the tuning README say what they were).
+// box and L2 fetches of 256 bytes; 91: 85 persistent, 64 deep, the next tile's stages filled
+// while the last one is stored; 92: 91 not persistent. The other numbers up to 90: removed (no
+// gain, could not launch, or diagnostics; launch_cfg's comment in matmul_mma.cu and the tuning
+// README say what they were).
 int matmul_mma_cuda_config(const GemmParams& p, void* stream, int config);
 // float16/bfloat16, sm_90a (built only when the arch list has 9.0a: OPFORGE_HAS_SM90A). b either
 // by rows (p.b_cs == 1: row stride p.b_rs) or by columns (p.b_rs == 1: the rows of b^T, row stride

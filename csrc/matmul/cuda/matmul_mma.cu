@@ -683,11 +683,11 @@ __global__ void __launch_bounds__(kThreads, 1)
 // Measured at the H200's power cap (matmul_tune.py --power: 4 s each back to back): 469 TFLOP/s
 // against the TMA kernel's 454-458, cuBLAS 658-670, the a boxes and L2 promotion +0.6%.
 constexpr int kWsThreads = kThreads + 128;
-// kPersistent (tuning builds, configuration 91): one block per SM walks the output tiles (grouped
-// order, batch outermost; tiles_m x tiles_n x batch of them) with one k-tile sequence through the
-// ring, so the producer fills the next tile's stages while the consumers store the last tile, from
-// a staging buffer of its own after the ring (64 KB: 64-deep k tiles, 3 stages). No trim then (a
-// trimmed k tile's stage would never be released).
+// kPersistent (configuration 91; a build selects it with -DOPFORGE_MMA_CONFIG=91): one block per
+// SM walks the output tiles (grouped order, batch outermost; tiles_m x tiles_n x batch of them)
+// with one k-tile sequence through the ring, so the producer fills the next tile's stages while
+// the consumers store the last tile, from a staging buffer of its own after the ring (64 KB:
+// 64-deep k tiles, 3 stages). No trim then (a trimmed k tile's stage would never be released).
 template <typename T, int kStages, int kBK, bool kA64 = false, bool kPersistent = false>
 __global__ void __launch_bounds__(kWsThreads, 1)
     matmul_mma_ws_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
@@ -839,7 +839,7 @@ cudaError_t launch_tma(const GemmParams& p, cudaStream_t stream) {
 // store, and a binary with its sm_90a code (a build without 9.0a has only its trap: fewer than
 // the 168 registers setmaxnreg's exchange needs). Else the TMA kernel (configuration 74).
 // kOpts: 1, a in a 64- and a 32-wide box (96 deep); 2, L2 fetches of a and b promoted to 256 bytes.
-// kPersistent (tuning): one block per SM (or per tile, if fewer), a staging buffer after the ring.
+// kPersistent: one block per SM (or per tile, if fewer), a staging buffer after the ring.
 template <typename T, int kStages, int kBK, int kOpts = 0, bool kPersistent = false>
 cudaError_t launch_ws(const GemmParams& p, cudaStream_t stream) {
   const auto fallback = [&] { return launch_tma<T, 3, true, false, 16, 96, true>(p, stream); };
@@ -1013,12 +1013,10 @@ cudaError_t launch_cfg(const GemmParams& p, cudaStream_t stream) {
     return launch_ws<T, 3, 96>(p, stream);
   } else if constexpr (kCfg == 88) {  // 85, a in a 64- and a 32-wide box, L2 fetches of 256 bytes (default)
     return launch_ws<T, 3, 96, 3>(p, stream);
-#ifdef OPFORGE_MATMUL_TUNING
-  } else if constexpr (kCfg == 91) {  // the warp-specialised kernel persistent (64 deep, 3 stages, tuning)
+  } else if constexpr (kCfg == 91) {  // the warp-specialised kernel persistent (64 deep, 3 stages)
     return launch_ws<T, 3, 64, 2, true>(p, stream);
   } else if constexpr (kCfg == 92) {  // 91 not persistent: 85 64 deep, L2 fetches of 256 bytes
     return launch_ws<T, 3, 64, 2>(p, stream);
-#endif
   } else {
     return cudaErrorInvalidValue;
   }
