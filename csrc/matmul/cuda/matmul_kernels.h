@@ -23,8 +23,8 @@ int matmul_warp_tiled_cuda_config(const GemmParams& p, void* stream, int config)
 // and a, b 16-byte aligned; b readable to the next multiple of 8 columns (ldb >= that).
 int matmul_mma_cuda(const GemmParams& p, void* stream);
 // The same with a fixed configuration (for tuning; -1: the default, 88 in builds with 9.0a code,
-// else 74): block tile 128 x 128 or
-// 128 x 256, cp.async ring of 3 or 4 stages, 32 or 64 deep: 0: 128/3/32; 1: 256/3/32;
+// else 74): block tile 128 x 128 or 128 x 256, cp.async ring of 3 or 4 stages, 32 or 64 deep:
+// 0: 128/3/32; 1: 256/3/32;
 // 2: 256/4/32; 3: 128/4/32; 4: 256/3/64; 5: 256/4/64; 6: 128/3/64; 7, 8: 4 and 6 with unchecked
 // copies for tiles inside the matrices; 9, 10, 11: 256/3/64, 256/4/32, 256/4/64 unchecked, with
 // fragment addresses precomputed, the next tile's first fragments read before the current

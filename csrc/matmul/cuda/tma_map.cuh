@@ -28,8 +28,7 @@ inline PFN_cuTensorMapEncodeTiled_v12000 tma_encode_fn() {
 // A 16-bit (rows x cols) row-major operand per batch as a 3-D map (cols, rows, batch) with row
 // stride ld and batch stride bs (elements), boxes of box_cols x box_rows x 1, 128-byte swizzle
 // (box_cols * 2 must be 128 at most; `swizzle` another), L2 fetches of 128 bytes (`promotion`
-// another), zeros outside. False if the driver
-// refuses it.
+// another), zeros outside. False if the driver refuses it.
 inline bool make_tma_map(CUtensorMap* map, const void* base, DType dtype, int64_t rows, int64_t cols, int64_t batch,
                          int64_t ld, int64_t bs, uint32_t box_cols, uint32_t box_rows,
                          CUtensorMapSwizzle swizzle = CU_TENSOR_MAP_SWIZZLE_128B,
