@@ -551,12 +551,7 @@ __device__ __forceinline__ void grouped_tile_of(int lin, int tiles_m, int tiles_
 }
 template <int kGroupRows, int kBN>
 __device__ __forceinline__ void grouped_tile(int& m0, int& n0) {
-  const int tiles_n = gridDim.x, tiles_m = gridDim.y, lin = blockIdx.x + tiles_n * blockIdx.y;
-  const int group = lin / (kGroupRows * tiles_n), first = group * kGroupRows;
-  const int rows = tiles_m - first < kGroupRows ? tiles_m - first : kGroupRows;
-  const int w = lin - group * kGroupRows * tiles_n;
-  m0 = (first + w % rows) * kBM;
-  n0 = (w / rows) * kBN;
+  grouped_tile_of<kGroupRows, kBN>(blockIdx.x + gridDim.x * blockIdx.y, gridDim.y, gridDim.x, m0, n0);
 }
 
 #ifdef OPFORGE_MATMUL_TUNING
