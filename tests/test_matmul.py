@@ -97,13 +97,14 @@ def test_cuda_tensor_core_variants(variant, dtype, shape):
 @pytest.mark.parametrize("variant", ["warp_tiled", "mma", "wgmma"])
 @pytest.mark.parametrize(
     "shape",
-    [(1, 2056, 72, 2048), (1, 2049, 64, 2051), (3, 1100, 136, 1032)],
-    ids=["n8", "odd", "batched"],
+    [(1, 2056, 72, 2048), (1, 2049, 64, 2051), (3, 1100, 136, 1032), (9, 1000, 200, 1000)],
+    ids=["n8", "odd", "batched", "rounds"],
 )
 def test_cuda_large_tile_paths(variant, shape):
     """Enough output tiles for the launchers' wide configurations (wgmma: 128 x 256 tiles, stored
     by TMA when n is a multiple of 8, else by each thread; warp_tiled: tiles inside the matrices
-    read without bounds checks), with partial tiles at the edges."""
+    read without bounds checks), with partial tiles at the edges; "rounds": 288 tiles of 128 x 256,
+    so that the persistent kernels' blocks (one per SM) each walk 2-3 tiles across batches."""
     if variant == "wgmma" and not _has_wgmma():
         pytest.skip("wgmma needs an sm_90 GPU")
     batch, m, k, n = shape
@@ -117,8 +118,9 @@ def test_cuda_large_tile_paths(variant, shape):
 @pytest.mark.parametrize("variant", ["mma", "wgmma"])
 @pytest.mark.parametrize("k", [8, 32, 40, 64, 88, 96, 104, 128, 160, 192, 200, 1000, 4096])
 def test_cuda_tensor_core_k_remainders(variant, k):
-    """Every remainder of k against the k tiles (mma on sm_90: 96 deep, the last tile's mma
-    stopping after the 32-deep pieces that hold data; wgmma: 64 deep), on a tile-edged output."""
+    """Every remainder of k against the k tiles (mma on sm_90: 64 deep, or 96 deep with the last
+    tile's mma stopping after the 32-deep pieces that hold data where the build has no 9.0a code;
+    wgmma: 64 deep), on a tile-edged output."""
     if variant == "wgmma" and not _has_wgmma():
         pytest.skip("wgmma needs an sm_90 GPU")
     m, n = 136, 264

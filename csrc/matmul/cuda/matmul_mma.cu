@@ -1,8 +1,9 @@
 // matmul rung 5, "mma" (float16/bfloat16, sm_80+): tensor cores through mma.sync.m16n8k16 with
-// float32 accumulation. On sm_90 the default is configuration 88 (the warp-specialised kernel
-// below: a producer warpgroup fills the stages by TMA, 96-deep k tiles, the tile stored by TMA,
-// blocks walking the tiles in groups of 16 tile rows) in builds with sm_90a code, else 74 (the
-// TMA kernel: the same, its warps refilling the stages themselves); elsewhere, and where TMA
+// float32 accumulation. On sm_90 the default is configuration 91 (the warp-specialised kernel
+// below, persistent: one block per SM walking the tiles in groups of 16 tile rows, a producer
+// warpgroup filling the stages by TMA, 64-deep k tiles, each tile stored by TMA from a buffer of
+// its own while the next one's stages fill) in builds with sm_90a code, else 74 (the TMA kernel:
+// 96-deep k tiles, its warps refilling the stages themselves); elsewhere, and where TMA
 // cannot serve a call, configuration 9, the cp.async kernel described
 // here: a 128 x 256 tile of c per block of 8 warps (2 x 4), 64 x 64 per warp (4 x 8 mma tiles,
 // 128 accumulators a thread). The a and b tiles (64 deep) stream through a 3-stage cp.async
@@ -495,10 +496,8 @@ __device__ __forceinline__ void acc_to_smem(const float (&acc)[4][8][4], uint32_
 // (even), those that hold data (and that tile's stage is not released). rs, rph: the stage of the
 // first k tile and the parity of its full phase (a persistent kernel's ring runs on across its
 // output tiles); returns those of the k tile after the last, as rs | rph << 8.
-// kTrimRelease: a trimmed last tile's stage is released too (a persistent ring runs on past it).
 template <typename T, int kStages, uint32_t kAStage, uint32_t kBStage, int kBK = 64, bool kTrim = false,
-          bool kTrimRelease = false, typename Frags, typename Wait, typename Release, typename Finish,
-          typename Landed>
+          typename Frags, typename Wait, typename Release, typename Finish, typename Landed>
 __device__ __forceinline__ uint32_t consume_ring(const Frags& fr, Wait wait, int tiles, float (&acc)[4][8][4],
                                                  Release release, Finish finish, Landed landed, int last_steps = 0,
                                                  int rs = 0, uint32_t rph = 0) {
@@ -514,15 +513,7 @@ __device__ __forceinline__ uint32_t consume_ring(const Frags& fr, Wait wait, int
 #pragma unroll
     for (int q = 0; q < kQ; ++q) {
       if constexpr (kTrim) {
-        if (q > 0 && q % 2 == 0 && q == last_steps && t + 1 == tiles) {  // the rest is zeros
-          if constexpr (kTrimRelease) {
-            __syncwarp();
-            finish(release(rs, t), rs, t);
-            rs = rs + 1 == kStages ? 0 : rs + 1;
-            rph ^= rs == 0;
-          }
-          break;
-        }
+        if (q > 0 && q % 2 == 0 && q == last_steps && t + 1 == tiles) break;  // the rest is zeros
       }
       if (q + 1 < kQ) {
         fr.load(st_a, st_b, q + 1, af[(q + 1) & 1], bf[(q + 1) & 1]);
@@ -677,8 +668,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif  // sm_90+
 }
 
-// The warp-specialised TMA kernel (sm_90a: setmaxnreg; the default where the build has 9.0a code,
-// configuration 88): the TMA kernel's consumers (8 warps, the same tiles, 96-deep k tiles, trim,
+// The warp-specialised TMA kernel (sm_90a: setmaxnreg; configuration 88, and persistent (below) the
+// default where the build has 9.0a code): the TMA kernel's consumers (8 warps, the same tiles, 96-deep k tiles, trim,
 // grouped order and TMA-store epilogue), but a producer warpgroup's thread 0 refills each stage as
 // soon as every consumer warp has released it on the stage's "empty" mbarrier: a warp's hand-over
 // is one mbarrier arrive (no fence, atomic or refill in its loop) and its wait for the next stage.
@@ -688,18 +679,12 @@ __global__ void __launch_bounds__(kThreads, 1)
 // Measured at the H200's power cap (matmul_tune.py --power: 4 s each back to back): 469 TFLOP/s
 // against the TMA kernel's 454-458, cuBLAS 658-670, the a boxes and L2 promotion +0.6%.
 constexpr int kWsThreads = kThreads + 128;
-// kPersistent (configuration 91; a build selects it with -DOPFORGE_MMA_CONFIG=91): one block per
+// kPersistent (configuration 91, the default with 9.0a code; at the cap 481.5-481.8 TFLOP/s against
+// 88's 472.9-473.4, power-0a6d185-ring-staging.log in the tuning results): one block per
 // SM walks the output tiles (grouped order, batch outermost; tiles_m x tiles_n x batch of them)
 // with one k-tile sequence through the ring, so the producer fills the next tile's stages while
 // the consumers store the last tile, from a staging buffer of its own after the ring (64 KB:
 // 64-deep k tiles, 3 stages). No trim then (a trimmed k tile's stage would never be released).
-// kPersistent with 96-deep k tiles (configuration 93): the 216 KB ring leaves no room for that
-// buffer, so the tile is staged in the ring itself: after each output tile's k tiles the producer
-// claims the next stage without filling it (its empty wait, then a plain arrive on its full
-// barrier: every warp is then done with it) and the consumers stage the tile there (box 0 in the
-// stage's a part, boxes 1-3 in its b part); the storing thread hands the stage back (8 arrivals)
-// once the stores have read it, which it checks after its first k tile of the next output tile.
-// The ring then holds 2 of the next tile's k tiles during the epilogue. Trimmed, releasing.
 template <typename T, int kStages, int kBK, bool kA64 = false, bool kPersistent = false>
 __global__ void __launch_bounds__(kWsThreads, 1)
     matmul_mma_ws_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
@@ -714,8 +699,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   __shared__ __align__(8) uint64_t full_bar[kStages], empty_bar[kStages];
   const uint32_t a_sm = (tc::smem_addr(smem_raw) + 1023) & ~1023u;  // the swizzle's 1024-byte atoms
   const uint32_t b_sm = a_sm + kStages * kAStage;
-  constexpr bool kRingStage = kPersistent && kBK == 96;
-  const uint32_t c_sm = kPersistent && !kRingStage ? b_sm + kStages * kBStage : a_sm;  // the staged tile
+  const uint32_t c_sm = kPersistent ? b_sm + kStages * kBStage : a_sm;  // the tile staged for its stores
   const uint32_t full0 = tc::smem_addr(full_bar), empty0 = tc::smem_addr(empty_bar);
   // The blocks' tiles: lin = blockIdx.x, + gridDim.x, ... (kPersistent), else the grid's one. Computed
   // on each side of setmaxnreg: values live across it get spilled.
@@ -754,11 +738,6 @@ __global__ void __launch_bounds__(kWsThreads, 1)
           tma_fill_stage<kAStage, kBStage, kBK, kA64>(&map_a, &map_b, a_sm, b_sm, full0, s, j, m0, n0, bz, &map_a2);
           if (++s == kStages) s = 0, pass ^= 1;
         }
-        if constexpr (kRingStage) {  // the staging stage: claimed, not filled
-          mbar_wait(empty0 + 8 * s, pass ^ 1);
-          asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(full0 + 8 * s) : "memory");
-          if (++s == kStages) s = 0, pass ^= 1;
-        }
       }
     }
     return;
@@ -770,43 +749,18 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   const int rem = k - (tiles - 1) * kBK;  // the last tile's depth holding data
   int rs = 0;        // the ring's stage for the next k tile
   uint32_t rph = 0;  // and the parity of its full phase
-  int staged = -1;   // kRingStage: the stage the last tile's stores read (thread ct 0 releases it)
   for (int lin = first(); lin < total; lin += step()) {
     int m0, n0, bz;
     coords(lin, m0, n0, bz);
     float acc[4][kNT][4] = {};
-    const uint32_t next = consume_ring<T, kStages, kAStage, kBStage, kBK, !kPersistent || kRingStage, kRingStage>(
+    const uint32_t next = consume_ring<T, kStages, kAStage, kBStage, kBK, !kPersistent>(
         fr, [&](int st, uint32_t parity) { mbar_wait(full0 + 8 * st, parity); }, tiles, acc,
         [&](int st, int) {  // the warp's reads of the stage are done: release it
           if (lane == 0) asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(empty0 + 8 * st) : "memory");
           return 0u;
         },
-        [&](uint32_t, int, int t) {
-          if (kRingStage && t == 0 && ct == 0 && staged >= 0) {  // the last tile's stores have read their stage
-            asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
-            asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0], %1;\n" ::"r"(empty0 + 8 * staged), "n"(kWarps)
-                         : "memory");
-          }
-        },
-        [](int) {}, 2 * ((rem + 31) / 32), rs, rph);
+        [](uint32_t, int, int) {}, [](int) {}, 2 * ((rem + 31) / 32), rs, rph);
     rs = static_cast<int>(next & 0xff), rph = next >> 8;
-    if constexpr (kRingStage) {
-      mbar_wait(full0 + 8 * rs, rph);  // the producer has claimed stage rs: every warp is done with it
-      const uint32_t a_part = a_sm + rs * kAStage, b_part = b_sm + rs * kBStage - 16384;  // box i at b_part + i 16 KB
-      acc_to_smem<T>(acc, wn == 0 ? a_part : b_part, wn, wm * kWM, lane);  // box wn
-      asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the writes, to the bulk copies
-      asm volatile("bar.sync 1, %0;\n" ::"n"(kThreads) : "memory");
-      if (ct == 0) {
-#pragma unroll
-        for (int i = 0; i < kBN / 64; ++i)
-          tc::tma_store3(&map_c, i == 0 ? a_part : b_part + i * 16384, n0 + 64 * i, m0, bz);
-        asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
-      }
-      staged = rs;
-      rs = rs + 1 == kStages ? 0 : rs + 1;
-      rph ^= rs == 0;
-      continue;
-    }
     // The epilogue: every copy into the ring this tile needed has landed (each was awaited); the
     // staging buffer is the ring itself unless kPersistent (whose last stores must have read it).
     if (kPersistent && ct == 0) asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
@@ -887,8 +841,7 @@ template <typename T, int kStages, int kBK, int kOpts = 0, bool kPersistent = fa
 cudaError_t launch_ws(const GemmParams& p, cudaStream_t stream) {
   const auto fallback = [&] { return launch_tma<T, 3, true, false, 16, 96, true>(p, stream); };
   using C = Config<256, kStages, kBK>;
-  constexpr bool kSeparateStaging = kPersistent && kBK != 96;  // (96 deep: staged in the ring)
-  constexpr int kSmem = C::kSmemBytes + (kSeparateStaging ? kBM * 256 * 2 : 0) + 1024;  // + alignment to 1024 bytes
+  constexpr int kSmem = C::kSmemBytes + (kPersistent ? kBM * 256 * 2 : 0) + 1024;  // + alignment to 1024 bytes
   constexpr int64_t kMax = (int64_t{1} << 31) - 512;
   if ((p.batch > 1 && (p.a_bs == 0 || p.b_bs == 0)) || p.m >= kMax || p.n >= kMax || p.k >= kMax ||
       !tc::tma_storable(p))
@@ -1007,6 +960,12 @@ cudaError_t launch_ws(const GemmParams& p, cudaStream_t stream) {
 //   stages (87), and with 88's a boxes (90); 89: 85 64 deep with 4 stages. At the power cap 466.6,
 //   467.9, 464.9, 466.2 TFLOP/s against 85's 466.4-469.8 in the same runs: the third less L2
 //   traffic does not pay for a refill waiting on 16 warps in two SMs. Removed.
+// - 93: 91 with 88's 96-deep k tiles and a boxes; the 216 KB ring leaving no room for a staging
+//   buffer, each tile was staged in the ring (the producer claimed one stage after a tile's k
+//   tiles without filling it; the storing thread handed it back once the stores had read it, and
+//   a trimmed last k tile released its stage): correct on the check shapes, at the power cap 478.3
+//   / 477.3 TFLOP/s against 91's 481.8 / 481.5 and 88's 472.9 / 473.4 in the same run, at a lower
+//   clock (1691-1697 MHz against 1709-1712). Removed.
 template <typename T, int kCfg>
 cudaError_t launch_cfg(const GemmParams& p, cudaStream_t stream) {
   if constexpr (kCfg == 0) {
@@ -1055,12 +1014,10 @@ cudaError_t launch_cfg(const GemmParams& p, cudaStream_t stream) {
     return launch_tma<T, 3, true, false, 16, 96, true, true>(p, stream);
   } else if constexpr (kCfg == 85) {  // 74's consumers, a producer warpgroup refilling (sm_90a)
     return launch_ws<T, 3, 96>(p, stream);
-  } else if constexpr (kCfg == 88) {  // 85, a in a 64- and a 32-wide box, L2 fetches of 256 bytes (default)
+  } else if constexpr (kCfg == 88) {  // 85, a in a 64- and a 32-wide box, L2 fetches of 256 bytes
     return launch_ws<T, 3, 96, 3>(p, stream);
-  } else if constexpr (kCfg == 91) {  // the warp-specialised kernel persistent (64 deep, 3 stages)
+  } else if constexpr (kCfg == 91) {  // the warp-specialised kernel persistent (64 deep, 3 stages; default)
     return launch_ws<T, 3, 64, 2, true>(p, stream);
-  } else if constexpr (kCfg == 93) {  // 88 persistent: 96 deep, the tile staged in the ring
-    return launch_ws<T, 3, 96, 3, true>(p, stream);
   } else if constexpr (kCfg == 92) {  // 91 not persistent: 85 64 deep, L2 fetches of 256 bytes
     return launch_ws<T, 3, 64, 2>(p, stream);
   } else {
@@ -1072,7 +1029,7 @@ cudaError_t launch_cfg(const GemmParams& p, cudaStream_t stream) {
 // TMA kernel, 74, on GPUs or calls it cannot serve), else 74 (which falls back to the cp.async one).
 #ifndef OPFORGE_MMA_CONFIG
 #if defined(OPFORGE_HAS_SM90A) && OPFORGE_HAS_SM90A
-#define OPFORGE_MMA_CONFIG 88
+#define OPFORGE_MMA_CONFIG 91
 #else
 #define OPFORGE_MMA_CONFIG 74
 #endif
@@ -1090,7 +1047,7 @@ cudaError_t launch_config(const GemmParams& p, cudaStream_t stream, int config) 
     OPFORGE_MMA_CASE(10) OPFORGE_MMA_CASE(11) OPFORGE_MMA_CASE(13) OPFORGE_MMA_CASE(14) OPFORGE_MMA_CASE(20)
     OPFORGE_MMA_CASE(21) OPFORGE_MMA_CASE(30) OPFORGE_MMA_CASE(39) OPFORGE_MMA_CASE(40)
     OPFORGE_MMA_CASE(74) OPFORGE_MMA_CASE(75) OPFORGE_MMA_CASE(79)
-    OPFORGE_MMA_CASE(85) OPFORGE_MMA_CASE(88) OPFORGE_MMA_CASE(91) OPFORGE_MMA_CASE(92) OPFORGE_MMA_CASE(93)
+    OPFORGE_MMA_CASE(85) OPFORGE_MMA_CASE(88) OPFORGE_MMA_CASE(91) OPFORGE_MMA_CASE(92)
 #undef OPFORGE_MMA_CASE
     default: return cudaErrorInvalidValue;
   }
