@@ -19,7 +19,6 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
-#include <atomic>
 #include <cstdint>
 
 #include "matmul/cuda/matmul_kernels.h"
@@ -680,63 +679,24 @@ __global__ void __launch_bounds__(kThreads, 1)
 // Measured at the H200's power cap (matmul_tune.py --power: 4 s each back to back): 469 TFLOP/s
 // against the TMA kernel's 454-458, cuBLAS 658-670, the a boxes and L2 promotion +0.6%.
 constexpr int kWsThreads = kThreads + 128;
-// Stream-K (kStreamK, configuration 94): the persistent grid takes the output tiles whole except
-// the last `tiles` of them, whose k tiles are shared out evenly: block i takes k-tile indices
-// [S i / P, S (i + 1) / P) of those tiles' S in a row (P blocks). A block whose range starts
-// inside a tile leaves its partial sums in its slot of `slots` (128 x 256 floats) and publishes
-// them by writing `nonce` to its flag; the block holding the tile's first k tiles (the end of its
-// own range) adds the partials of the blocks after it that cover the rest, then stores the tile.
-// `nonce` is new for every launch (stale flags from earlier calls never match), and each flag is
-// reset once read (graph replays launch with the same nonce).
-struct StreamK {
-  float* slots = nullptr;
-  unsigned long long* flags = nullptr;
-  unsigned long long nonce = 0;
-  int tiles = 0;  // 0: every tile whole
-};
-constexpr int64_t kSkSlotBytes = int64_t{kBM} * 256 * 4;
-// A block's work, in order: whole tiles lin, lin + step, ... below dp; then, if any, the pieces of
-// its k-tile range [a, b) over the stream-K tiles (dp on), split where tiles end.
-struct WorkUnits {
-  int lin, step, dp, iters;
-  long long a, b;
-  __device__ __forceinline__ WorkUnits(int first, int step_, int total, int sk_tiles, int iters_)
-      : lin(first), step(step_), dp(total - sk_tiles), iters(iters_) {
-    const long long s = static_cast<long long>(sk_tiles) * iters;
-    a = s * blockIdx.x / gridDim.x;
-    b = s * (blockIdx.x + 1) / gridDim.x;
-  }
-  // The next piece: output tile t, its k tiles [kb, ke).
-  __device__ __forceinline__ bool next(int& t, int& kb, int& ke) {
-    if (lin < dp) {
-      t = lin, kb = 0, ke = iters;
-      lin += step;
-      return true;
-    }
-    if (a >= b) return false;
-    const int u = static_cast<int>(a / iters);
-    const long long u0 = static_cast<long long>(u) * iters;
-    kb = static_cast<int>(a - u0);
-    ke = b - u0 < iters ? static_cast<int>(b - u0) : iters;
-    t = dp + u;
-    a = u0 + ke;
-    return true;
-  }
-};
 // kPersistent (configuration 91, the default with 9.0a code; at the cap 481.5-481.8 TFLOP/s against
 // 88's 472.9-473.4, power-0a6d185-ring-staging.log in the tuning results): one block per
 // SM walks the output tiles (grouped order, batch outermost; tiles_m x tiles_n x batch of them)
 // with one k-tile sequence through the ring, so the producer fills the next tile's stages while
 // the consumers store the last tile, from a staging buffer of its own after the ring (64 KB:
 // 64-deep k tiles, 3 stages). No trim then (a trimmed k tile's stage would never be released).
-template <typename T, int kStages, int kBK, bool kA64 = false, bool kPersistent = false, bool kStreamK = false>
+// kWarpStore (with kPersistent; configuration 95): each consumer warp stores its own 64 x 64 piece
+// (a 64-row box of map_c) once it has staged it, no block barrier: its lane 0 waits only for its
+// own last store to have read the piece's staging area. kGroupRows: the tile order's group height.
+template <typename T, int kStages, int kBK, bool kA64 = false, bool kPersistent = false, bool kWarpStore = false,
+          int kGroupRows = 16>
 __global__ void __launch_bounds__(kWsThreads, 1)
     matmul_mma_ws_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
                          const __grid_constant__ CUtensorMap map_c, int k, const __grid_constant__ CUtensorMap map_a2,
-                         int tiles_m, int tiles_n, int batch, const StreamK sk) {
-  static_assert(!kStreamK || kPersistent, "stream-K runs on the persistent grid");
+                         int tiles_m, int tiles_n, int batch) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  constexpr int kBN = 256, kGroupRows = 16, kWarps = kThreads / 32;
+  constexpr int kBN = 256, kWarps = kThreads / 32;
+  static_assert(!kWarpStore || kPersistent, "per-warp stores need the staging buffer of the persistent kernel");
   using C = Config<kBN, kStages, kBK>;
   constexpr int kWN = C::kWN, kNT = kWN / 8;
   constexpr uint32_t kAStage = C::kATile * 2, kBStage = C::kBTile * 2;  // bytes
@@ -775,12 +735,10 @@ __global__ void __launch_bounds__(kWsThreads, 1)
       const int tiles = (k + kBK - 1) / kBK, total = count();
       int s = 0;
       uint32_t pass = 0;  // parity of the ring pass: the first finds every stage free
-      WorkUnits units(first(), step(), total, kStreamK ? sk.tiles : 0, tiles);
-      int lin, kb, ke;
-      while (units.next(lin, kb, ke)) {
+      for (int lin = first(); lin < total; lin += step()) {
         int m0, n0, bz;
         coords(lin, m0, n0, bz);
-        for (int j = kb; j < ke; ++j) {
+        for (int j = 0; j < tiles; ++j) {
           mbar_wait(empty0 + 8 * s, pass ^ 1);
           tma_fill_stage<kAStage, kBStage, kBK, kA64>(&map_a, &map_b, a_sm, b_sm, full0, s, j, m0, n0, bz, &map_a2);
           if (++s == kStages) s = 0, pass ^= 1;
@@ -796,56 +754,29 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   const int rem = k - (tiles - 1) * kBK;  // the last tile's depth holding data
   int rs = 0;        // the ring's stage for the next k tile
   uint32_t rph = 0;  // and the parity of its full phase
-  WorkUnits units(first(), step(), total, kStreamK ? sk.tiles : 0, tiles);
-  int lin, kb, ke;
-  while (units.next(lin, kb, ke)) {
+  for (int lin = first(); lin < total; lin += step()) {
     int m0, n0, bz;
     coords(lin, m0, n0, bz);
     float acc[4][kNT][4] = {};
     const uint32_t next = consume_ring<T, kStages, kAStage, kBStage, kBK, !kPersistent>(
-        fr, [&](int st, uint32_t parity) { mbar_wait(full0 + 8 * st, parity); }, ke - kb, acc,
+        fr, [&](int st, uint32_t parity) { mbar_wait(full0 + 8 * st, parity); }, tiles, acc,
         [&](int st, int) {  // the warp's reads of the stage are done: release it
           if (lane == 0) asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(empty0 + 8 * st) : "memory");
           return 0u;
         },
         [](uint32_t, int, int) {}, [](int) {}, 2 * ((rem + 31) / 32), rs, rph);
     rs = static_cast<int>(next & 0xff), rph = next >> 8;
-    if constexpr (kStreamK) {
-      float4* const mine = reinterpret_cast<float4*>(sk.slots) + blockIdx.x * (kThreads * 32) + ct;
-      if (kb > 0) {  // the rest of a tile begun by an earlier block: leave the partial sums to it
-#pragma unroll
-        for (int q = 0; q < 32; ++q)
-          __stcg(mine + q * kThreads,
-                 make_float4(acc[q / 8][q % 8][0], acc[q / 8][q % 8][1], acc[q / 8][q % 8][2], acc[q / 8][q % 8][3]));
-        __threadfence();
-        asm volatile("bar.sync 1, %0;\n" ::"n"(kThreads) : "memory");
-        if (ct == 0)
-          asm volatile("st.release.gpu.global.u64 [%0], %1;\n" ::"l"(sk.flags + blockIdx.x), "l"(sk.nonce) : "memory");
-        continue;
+    if constexpr (kWarpStore) {
+      if (lane == 0) asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");  // its last piece is read
+      __syncwarp();
+      acc_to_smem<T>(acc, c_sm, wn, wm * kWM, lane);
+      asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the writes, to the bulk copy
+      __syncwarp();
+      if (lane == 0) {
+        tc::tma_store3(&map_c, c_sm + wn * 16384 + wm * 8192, n0 + 64 * wn, m0 + kWM * wm, bz);
+        asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
       }
-      if (ke < tiles) {  // the tile's first k tiles: add the partials of the blocks holding the rest
-        const long long s = static_cast<long long>(sk.tiles) * tiles;
-        const long long end = static_cast<long long>(lin - (total - sk.tiles) + 1) * tiles;
-        for (int j = blockIdx.x + 1; j < static_cast<int>(gridDim.x) && s * j / gridDim.x < end; ++j) {
-          if (ct == 0) {
-            unsigned long long f = 0;
-            do {
-              asm volatile("ld.acquire.gpu.global.u64 %0, [%1];\n" : "=l"(f) : "l"(sk.flags + j) : "memory");
-            } while (f != sk.nonce);
-            asm volatile("st.relaxed.gpu.global.u64 [%0], 0;\n" ::"l"(sk.flags + j) : "memory");
-          }
-          asm volatile("bar.sync 1, %0;\n" ::"n"(kThreads) : "memory");
-          const float4* const theirs = mine + (j - static_cast<int>(blockIdx.x)) * (kThreads * 32);
-#pragma unroll
-          for (int q = 0; q < 32; ++q) {
-            const float4 v = __ldcg(theirs + q * kThreads);
-            acc[q / 8][q % 8][0] += v.x;
-            acc[q / 8][q % 8][1] += v.y;
-            acc[q / 8][q % 8][2] += v.z;
-            acc[q / 8][q % 8][3] += v.w;
-          }
-        }
-      }
+      continue;
     }
     // The epilogue: every copy into the ring this tile needed has landed (each was awaited); the
     // staging buffer is the ring itself unless kPersistent (whose last stores must have read it).
@@ -860,7 +791,8 @@ __global__ void __launch_bounds__(kWsThreads, 1)
       asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
     }
   }
-  if (ct == 0) asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");  // before the block's memory goes
+  if (kWarpStore ? lane == 0 : ct == 0)
+    asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");  // before the block's memory goes
 #else
   __trap();  // no sm_90a code for this GPU: the launcher falls back to the TMA kernel
 #endif
@@ -923,30 +855,8 @@ cudaError_t launch_tma(const GemmParams& p, cudaStream_t stream) {
 // the 168 registers setmaxnreg's exchange needs). Else the TMA kernel (configuration 74).
 // kOpts: 1, a in a 64- and a 32-wide box (96 deep); 2, L2 fetches of a and b promoted to 256 bytes.
 // kPersistent: one block per SM (or per tile, if fewer), a staging buffer after the ring.
-// The stream-K share for a persistent grid of `sms` blocks over `total` tiles of `iters` k tiles:
-// none if the last wave is full (or there is one wave); the last wave if it is at least half
-// full; else that and the wave before it (so that each block's range spans at least half a tile
-// and a tile at most 3 blocks).
-inline int stream_k_tiles(int64_t total, int sms, int iters) {
-  const int64_t rem = total % sms;
-  if (total <= sms || rem == 0 || iters < 8) return 0;
-  return static_cast<int>(2 * rem >= sms ? rem : rem + sms);
-}
-inline unsigned long long next_nonce() {  // splitmix64 of a process-wide count: never 0
-  static std::atomic<unsigned long long> count{0};
-  unsigned long long z = (count.fetch_add(1, std::memory_order_relaxed) + 1) * 0x9E3779B97F4A7C15ull;
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return (z ^ (z >> 31)) | 1;
-}
-inline int sm_count() {
-  int dev = 0, sms = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev))
-    return 0;
-  return sms;
-}
-
-template <typename T, int kStages, int kBK, int kOpts = 0, bool kPersistent = false, bool kStreamK = false>
+// kOpts 4: per-warp stores (kWarpStore, persistent only). kGroupRows: the tile order's group height.
+template <typename T, int kStages, int kBK, int kOpts = 0, bool kPersistent = false, int kGroupRows = 16>
 cudaError_t launch_ws(const GemmParams& p, cudaStream_t stream) {
   const auto fallback = [&] { return launch_tma<T, 3, true, false, 16, 96, true>(p, stream); };
   using C = Config<256, kStages, kBK>;
@@ -956,7 +866,8 @@ cudaError_t launch_ws(const GemmParams& p, cudaStream_t stream) {
       !tc::tma_storable(p))
     return fallback();
   constexpr bool kA64 = (kOpts & 1) && kBK == 96;
-  const auto kernel = matmul_mma_ws_kernel<T, kStages, kBK, kA64, kPersistent, kStreamK>;
+  constexpr bool kWarpStore = (kOpts & 4) && kPersistent;
+  const auto kernel = matmul_mma_ws_kernel<T, kStages, kBK, kA64, kPersistent, kWarpStore, kGroupRows>;
   static signed char configured[64] = {};
   const cudaError_t err = tc::configure_once(kernel, kSmem, configured, [](const cudaFuncAttributes& f) {
     return f.ptxVersion >= 90 && (f.numRegs + 7) / 8 * 8 >= 168;
@@ -973,30 +884,20 @@ cudaError_t launch_ws(const GemmParams& p, cudaStream_t stream) {
                         kPromo) ||
       (kA64 && !tc::make_tma_map(&map_a2, p.a, p.dtype, p.m, p.k, p.batch, p.a_rs, p.a_bs, 32, kBM,
                                  CU_TENSOR_MAP_SWIZZLE_64B, kPromo)) ||
-      !tc::make_tma_map(&map_c, p.c, p.dtype, p.m, p.n, p.batch, p.c_rs, p.c_bs, 64, kBM))
+      !tc::make_tma_map(&map_c, p.c, p.dtype, p.m, p.n, p.batch, p.c_rs, p.c_bs, 64, kWarpStore ? kWM : kBM))
     return fallback();
   const int tiles_m = static_cast<int>((p.m + kBM - 1) / kBM), tiles_n = static_cast<int>((p.n + 255) / 256);
   dim3 grid(static_cast<unsigned>(tiles_n), static_cast<unsigned>(tiles_m), static_cast<unsigned>(p.batch));
-  StreamK sk;
   if constexpr (kPersistent) {
-    const int sms = sm_count();
-    if (sms == 0) return cudaGetLastError();
+    int dev = 0, sms = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev))
+      return cudaGetLastError();
     const int64_t total = static_cast<int64_t>(tiles_m) * tiles_n * p.batch;
     if (total == 0) return cudaSuccess;
     grid = dim3(static_cast<unsigned>(total < sms ? total : sms));
-    if constexpr (kStreamK) {
-      sk.tiles = stream_k_tiles(total, sms, static_cast<int>((p.k + kBK - 1) / kBK));
-      if (sk.tiles > 0 && p.workspace && p.workspace_bytes >= sms * (kSkSlotBytes + 8)) {
-        sk.slots = static_cast<float*>(p.workspace);
-        sk.flags = reinterpret_cast<unsigned long long*>(static_cast<char*>(p.workspace) + sms * kSkSlotBytes);
-        sk.nonce = next_nonce();
-      } else {
-        sk.tiles = 0;  // no scratch memory: every tile whole
-      }
-    }
   }
   kernel<<<grid, kWsThreads, kSmem, stream>>>(map_a, map_b, map_c, static_cast<int>(p.k), map_a2, tiles_m, tiles_n,
-                                              static_cast<int>(p.batch), sk);
+                                              static_cast<int>(p.batch));
   return cudaGetLastError();
 }
 
@@ -1085,6 +986,12 @@ cudaError_t launch_ws(const GemmParams& p, cudaStream_t stream) {
 //   a trimmed last k tile released its stage): correct on the check shapes, at the power cap 478.3
 //   / 477.3 TFLOP/s against 91's 481.8 / 481.5 and 88's 472.9 / 473.4 in the same run, at a lower
 //   clock (1691-1697 MHz against 1709-1712). Removed.
+// - 94: 91 with a stream-K tail (the last wave's k tiles, or the last two waves' if the last is
+//   under half full, shared out evenly over the SMs; partial tiles through scratch memory and
+//   per-launch nonce flags to the block holding each tile's first k tiles): correct on the check
+//   shapes, but at the power cap 465.8 / 465.7 TFLOP/s against 91's 490.6 / 488.9, and in the
+//   timer 0.691x / 0.697x / 0.637x cuBLAS at 4096^3 / 8192^3 / 8192 x 1024 x 8192 against 91's
+//   0.706x / 0.733x / 0.719x in the same run (as 42 before it). Removed.
 template <typename T, int kCfg>
 cudaError_t launch_cfg(const GemmParams& p, cudaStream_t stream) {
   if constexpr (kCfg == 0) {
@@ -1137,8 +1044,12 @@ cudaError_t launch_cfg(const GemmParams& p, cudaStream_t stream) {
     return launch_ws<T, 3, 96, 3>(p, stream);
   } else if constexpr (kCfg == 91) {  // the warp-specialised kernel persistent (64 deep, 3 stages; default)
     return launch_ws<T, 3, 64, 2, true>(p, stream);
-  } else if constexpr (kCfg == 94) {  // 91 with a stream-K tail (scratch memory: p.workspace)
-    return launch_ws<T, 3, 64, 2, true, true>(p, stream);
+  } else if constexpr (kCfg == 95) {  // 91, each warp storing its own piece (no block barrier)
+    return launch_ws<T, 3, 64, 6, true>(p, stream);
+  } else if constexpr (kCfg == 96) {  // 91 over groups of 8 tile rows
+    return launch_ws<T, 3, 64, 2, true, 8>(p, stream);
+  } else if constexpr (kCfg == 97) {  // 91 over groups of 32 tile rows
+    return launch_ws<T, 3, 64, 2, true, 32>(p, stream);
   } else if constexpr (kCfg == 92) {  // 91 not persistent: 85 64 deep, L2 fetches of 256 bytes
     return launch_ws<T, 3, 64, 2>(p, stream);
   } else {
@@ -1168,7 +1079,8 @@ cudaError_t launch_config(const GemmParams& p, cudaStream_t stream, int config) 
     OPFORGE_MMA_CASE(10) OPFORGE_MMA_CASE(11) OPFORGE_MMA_CASE(13) OPFORGE_MMA_CASE(14) OPFORGE_MMA_CASE(20)
     OPFORGE_MMA_CASE(21) OPFORGE_MMA_CASE(30) OPFORGE_MMA_CASE(39) OPFORGE_MMA_CASE(40)
     OPFORGE_MMA_CASE(74) OPFORGE_MMA_CASE(75) OPFORGE_MMA_CASE(79)
-    OPFORGE_MMA_CASE(85) OPFORGE_MMA_CASE(88) OPFORGE_MMA_CASE(91) OPFORGE_MMA_CASE(92) OPFORGE_MMA_CASE(94)
+    OPFORGE_MMA_CASE(85) OPFORGE_MMA_CASE(88) OPFORGE_MMA_CASE(91) OPFORGE_MMA_CASE(92) OPFORGE_MMA_CASE(95)
+    OPFORGE_MMA_CASE(96) OPFORGE_MMA_CASE(97)
 #undef OPFORGE_MMA_CASE
     default: return cudaErrorInvalidValue;
   }
@@ -1190,15 +1102,6 @@ int matmul_mma_cuda_config(const GemmParams& p, void* stream, int config) {
 }
 
 int matmul_mma_cuda(const GemmParams& p, void* stream) { return matmul_mma_cuda_config(p, stream, -1); }
-
-int64_t matmul_mma_workspace_bytes(const GemmParams& p, int config) {
-  if (config < 0) config = OPFORGE_MMA_CONFIG;
-  if (config != 94 || p.batch < 1 || p.m < 1 || p.n < 1 || p.k < 1) return 0;  // the stream-K configuration
-  const int sms = sm_count();
-  const int64_t total = (p.m + kBM - 1) / kBM * ((p.n + 255) / 256) * p.batch;
-  if (sms == 0 || stream_k_tiles(total, sms, static_cast<int>((p.k + 63) / 64)) == 0) return 0;
-  return sms * (kSkSlotBytes + 8);
-}
 
 #ifdef OPFORGE_MATMUL_TUNING
 // Copies configuration 39's timeline (the last run's) to host memory (matmul_tune.py --trace).
