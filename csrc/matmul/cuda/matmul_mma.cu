@@ -685,18 +685,13 @@ constexpr int kWsThreads = kThreads + 128;
 // with one k-tile sequence through the ring, so the producer fills the next tile's stages while
 // the consumers store the last tile, from a staging buffer of its own after the ring (64 KB:
 // 64-deep k tiles, 3 stages). No trim then (a trimmed k tile's stage would never be released).
-// kWarpStore (with kPersistent; configuration 95): each consumer warp stores its own 64 x 64 piece
-// (a 64-row box of map_c) once it has staged it, no block barrier: its lane 0 waits only for its
-// own last store to have read the piece's staging area. kGroupRows: the tile order's group height.
-template <typename T, int kStages, int kBK, bool kA64 = false, bool kPersistent = false, bool kWarpStore = false,
-          int kGroupRows = 16>
+template <typename T, int kStages, int kBK, bool kA64 = false, bool kPersistent = false>
 __global__ void __launch_bounds__(kWsThreads, 1)
     matmul_mma_ws_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
                          const __grid_constant__ CUtensorMap map_c, int k, const __grid_constant__ CUtensorMap map_a2,
                          int tiles_m, int tiles_n, int batch) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  constexpr int kBN = 256, kWarps = kThreads / 32;
-  static_assert(!kWarpStore || kPersistent, "per-warp stores need the staging buffer of the persistent kernel");
+  constexpr int kBN = 256, kGroupRows = 16, kWarps = kThreads / 32;
   using C = Config<kBN, kStages, kBK>;
   constexpr int kWN = C::kWN, kNT = kWN / 8;
   constexpr uint32_t kAStage = C::kATile * 2, kBStage = C::kBTile * 2;  // bytes
@@ -766,18 +761,6 @@ __global__ void __launch_bounds__(kWsThreads, 1)
         },
         [](uint32_t, int, int) {}, [](int) {}, 2 * ((rem + 31) / 32), rs, rph);
     rs = static_cast<int>(next & 0xff), rph = next >> 8;
-    if constexpr (kWarpStore) {
-      if (lane == 0) asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");  // its last piece is read
-      __syncwarp();
-      acc_to_smem<T>(acc, c_sm, wn, wm * kWM, lane);
-      asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the writes, to the bulk copy
-      __syncwarp();
-      if (lane == 0) {
-        tc::tma_store3(&map_c, c_sm + wn * 16384 + wm * 8192, n0 + 64 * wn, m0 + kWM * wm, bz);
-        asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
-      }
-      continue;
-    }
     // The epilogue: every copy into the ring this tile needed has landed (each was awaited); the
     // staging buffer is the ring itself unless kPersistent (whose last stores must have read it).
     if (kPersistent && ct == 0) asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
@@ -791,8 +774,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
       asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
     }
   }
-  if (kWarpStore ? lane == 0 : ct == 0)
-    asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");  // before the block's memory goes
+  if (ct == 0) asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");  // before the block's memory goes
 #else
   __trap();  // no sm_90a code for this GPU: the launcher falls back to the TMA kernel
 #endif
@@ -855,8 +837,7 @@ cudaError_t launch_tma(const GemmParams& p, cudaStream_t stream) {
 // the 168 registers setmaxnreg's exchange needs). Else the TMA kernel (configuration 74).
 // kOpts: 1, a in a 64- and a 32-wide box (96 deep); 2, L2 fetches of a and b promoted to 256 bytes.
 // kPersistent: one block per SM (or per tile, if fewer), a staging buffer after the ring.
-// kOpts 4: per-warp stores (kWarpStore, persistent only). kGroupRows: the tile order's group height.
-template <typename T, int kStages, int kBK, int kOpts = 0, bool kPersistent = false, int kGroupRows = 16>
+template <typename T, int kStages, int kBK, int kOpts = 0, bool kPersistent = false>
 cudaError_t launch_ws(const GemmParams& p, cudaStream_t stream) {
   const auto fallback = [&] { return launch_tma<T, 3, true, false, 16, 96, true>(p, stream); };
   using C = Config<256, kStages, kBK>;
@@ -866,8 +847,7 @@ cudaError_t launch_ws(const GemmParams& p, cudaStream_t stream) {
       !tc::tma_storable(p))
     return fallback();
   constexpr bool kA64 = (kOpts & 1) && kBK == 96;
-  constexpr bool kWarpStore = (kOpts & 4) && kPersistent;
-  const auto kernel = matmul_mma_ws_kernel<T, kStages, kBK, kA64, kPersistent, kWarpStore, kGroupRows>;
+  const auto kernel = matmul_mma_ws_kernel<T, kStages, kBK, kA64, kPersistent>;
   static signed char configured[64] = {};
   const cudaError_t err = tc::configure_once(kernel, kSmem, configured, [](const cudaFuncAttributes& f) {
     return f.ptxVersion >= 90 && (f.numRegs + 7) / 8 * 8 >= 168;
@@ -884,7 +864,7 @@ cudaError_t launch_ws(const GemmParams& p, cudaStream_t stream) {
                         kPromo) ||
       (kA64 && !tc::make_tma_map(&map_a2, p.a, p.dtype, p.m, p.k, p.batch, p.a_rs, p.a_bs, 32, kBM,
                                  CU_TENSOR_MAP_SWIZZLE_64B, kPromo)) ||
-      !tc::make_tma_map(&map_c, p.c, p.dtype, p.m, p.n, p.batch, p.c_rs, p.c_bs, 64, kWarpStore ? kWM : kBM))
+      !tc::make_tma_map(&map_c, p.c, p.dtype, p.m, p.n, p.batch, p.c_rs, p.c_bs, 64, kBM))
     return fallback();
   const int tiles_m = static_cast<int>((p.m + kBM - 1) / kBM), tiles_n = static_cast<int>((p.n + 255) / 256);
   dim3 grid(static_cast<unsigned>(tiles_n), static_cast<unsigned>(tiles_m), static_cast<unsigned>(p.batch));
@@ -992,6 +972,10 @@ cudaError_t launch_ws(const GemmParams& p, cudaStream_t stream) {
 //   shapes, but at the power cap 465.8 / 465.7 TFLOP/s against 91's 490.6 / 488.9, and in the
 //   timer 0.691x / 0.697x / 0.637x cuBLAS at 4096^3 / 8192^3 / 8192 x 1024 x 8192 against 91's
 //   0.706x / 0.733x / 0.719x in the same run (as 42 before it). Removed.
+// - 95-97: 91 with each consumer warp storing its own 64 x 64 piece by TMA (a 64-row box; no block
+//   barrier in the epilogue, each warp waiting only for its own last store's read), and 91 over
+//   groups of 8 and 32 tile rows: at the power cap 465.0 / 466.6, 463.2 / 463.5 and 464.9 / 465.0
+//   TFLOP/s against 91's 467.2 / 469.8 in the same run (cuBLAS 641.8 / 646.4). Removed.
 template <typename T, int kCfg>
 cudaError_t launch_cfg(const GemmParams& p, cudaStream_t stream) {
   if constexpr (kCfg == 0) {
@@ -1044,12 +1028,6 @@ cudaError_t launch_cfg(const GemmParams& p, cudaStream_t stream) {
     return launch_ws<T, 3, 96, 3>(p, stream);
   } else if constexpr (kCfg == 91) {  // the warp-specialised kernel persistent (64 deep, 3 stages; default)
     return launch_ws<T, 3, 64, 2, true>(p, stream);
-  } else if constexpr (kCfg == 95) {  // 91, each warp storing its own piece (no block barrier)
-    return launch_ws<T, 3, 64, 6, true>(p, stream);
-  } else if constexpr (kCfg == 96) {  // 91 over groups of 8 tile rows
-    return launch_ws<T, 3, 64, 2, true, 8>(p, stream);
-  } else if constexpr (kCfg == 97) {  // 91 over groups of 32 tile rows
-    return launch_ws<T, 3, 64, 2, true, 32>(p, stream);
   } else if constexpr (kCfg == 92) {  // 91 not persistent: 85 64 deep, L2 fetches of 256 bytes
     return launch_ws<T, 3, 64, 2>(p, stream);
   } else {
@@ -1079,8 +1057,7 @@ cudaError_t launch_config(const GemmParams& p, cudaStream_t stream, int config) 
     OPFORGE_MMA_CASE(10) OPFORGE_MMA_CASE(11) OPFORGE_MMA_CASE(13) OPFORGE_MMA_CASE(14) OPFORGE_MMA_CASE(20)
     OPFORGE_MMA_CASE(21) OPFORGE_MMA_CASE(30) OPFORGE_MMA_CASE(39) OPFORGE_MMA_CASE(40)
     OPFORGE_MMA_CASE(74) OPFORGE_MMA_CASE(75) OPFORGE_MMA_CASE(79)
-    OPFORGE_MMA_CASE(85) OPFORGE_MMA_CASE(88) OPFORGE_MMA_CASE(91) OPFORGE_MMA_CASE(92) OPFORGE_MMA_CASE(95)
-    OPFORGE_MMA_CASE(96) OPFORGE_MMA_CASE(97)
+    OPFORGE_MMA_CASE(85) OPFORGE_MMA_CASE(88) OPFORGE_MMA_CASE(91) OPFORGE_MMA_CASE(92)
 #undef OPFORGE_MMA_CASE
     default: return cudaErrorInvalidValue;
   }
