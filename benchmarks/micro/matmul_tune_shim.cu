@@ -1,7 +1,5 @@
 // C entry point of the matmul tuning library (benchmarks/micro/matmul_tune.py builds it with the
 // CUDA rungs' files; no torch): runs one rung in one of its configurations.
-#include <cuda_runtime.h>
-
 #include <cstdint>
 
 #include "matmul/cuda/matmul_kernels.h"
@@ -26,18 +24,6 @@ extern "C" int opforge_tune_matmul(int rung, int config, const void* a, const vo
   p.b_bs = b_bs;
   p.c_bs = c_bs;
   p.dtype = static_cast<opforge::DType>(dtype);
-  if (rung == 1) {  // scratch for the configurations that use it, kept and grown (tuning: one stream)
-    static void* ws = nullptr;
-    static int64_t ws_bytes = 0;
-    const int64_t need = opforge::matmul_mma_workspace_bytes(p, config);
-    if (need > ws_bytes) {
-      if (ws) cudaFree(ws);
-      if (cudaMalloc(&ws, need) != cudaSuccess) return -2;
-      ws_bytes = need;
-    }
-    p.workspace = ws;
-    p.workspace_bytes = ws_bytes;
-  }
   switch (rung) {
     case 0: return opforge::matmul_warp_tiled_cuda_config(p, stream, config);
     case 1: return opforge::matmul_mma_cuda_config(p, stream, config);

@@ -18,10 +18,6 @@ struct GemmParams {
   int64_t b_bs = 0, b_rs = 0, b_cs = 0;  // batch, row (k), column (n) strides of b
   int64_t c_bs = 0, c_rs = 0;            // batch and row strides of c (columns are contiguous)
   DType dtype = DType::kFloat32;
-  // Scratch device memory a launcher may use (matmul_mma_workspace_bytes says how much it can),
-  // stream-ordered with the call; none: the launcher does without.
-  void* workspace = nullptr;
-  int64_t workspace_bytes = 0;
 };
 
 // The kernels a caller can ask for by name; kAuto picks the fastest valid one.

@@ -124,14 +124,6 @@ at::Tensor matmul_cuda(const at::Tensor& a, const at::Tensor& b, c10::string_vie
   GemmParams p = gemm_params(a3, b3, c3);
   p.n = n;
   void* stream = at::cuda::getCurrentCUDAStream().stream();
-  at::Tensor workspace;  // freed after the launch: stream-ordered, like the kernel's use of it
-  if (v == MatmulVariant::kMma) {
-    if (const int64_t bytes = matmul_mma_workspace_bytes(p)) {
-      workspace = at::empty({bytes}, a.options().dtype(at::kByte));
-      p.workspace = workspace.data_ptr();
-      p.workspace_bytes = bytes;
-    }
-  }
   int err = 0;
   switch (v) {
     case MatmulVariant::kNaive: err = matmul_naive_cuda(p, stream); break;

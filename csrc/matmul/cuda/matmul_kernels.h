@@ -43,10 +43,6 @@ int matmul_mma_cuda(const GemmParams& p, void* stream);
 // gain, could not launch, or diagnostics; launch_cfg's comment in matmul_mma.cu and the tuning
 // README say what they were).
 int matmul_mma_cuda_config(const GemmParams& p, void* stream, int config);
-// The scratch memory (p.workspace) the mma launcher can use for this call in `config` (-1: the
-// default); 0 if none. Configuration 94 shares the k tiles of the last output tiles out evenly
-// over the SMs (stream-K), partial tiles passing through it.
-int64_t matmul_mma_workspace_bytes(const GemmParams& p, int config = -1);
 // float16/bfloat16, sm_90a (built only when the arch list has 9.0a: OPFORGE_HAS_SM90A). b either
 // by rows (p.b_cs == 1: row stride p.b_rs) or by columns (p.b_rs == 1: the rows of b^T, row stride
 // p.b_cs); a by rows. The row strides and batch strides multiples of 8 elements and not 0, bases

@@ -19,7 +19,6 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
-#include <atomic>
 #include <cstdint>
 
 #include "matmul/cuda/matmul_kernels.h"
@@ -680,54 +679,17 @@ __global__ void __launch_bounds__(kThreads, 1)
 // Measured at the H200's power cap (matmul_tune.py --power: 4 s each back to back): 469 TFLOP/s
 // against the TMA kernel's 454-458, cuBLAS 658-670, the a boxes and L2 promotion +0.6%.
 constexpr int kWsThreads = kThreads + 128;
-// Stream-K (kStreamK, configuration 94): the persistent grid takes the output tiles whole except
-// the last `tiles` of them, whose k tiles are shared out evenly: block i takes k-tile indices
-// [S i / P, S (i + 1) / P) of those tiles' S in a row (P blocks). A block whose range starts
-// inside a tile leaves its partial sums in its slot of `slots` (128 x 256 floats) and publishes
-// them by writing `nonce` to its flag; the block holding the tile's first k tiles (the end of its
-// own range) adds the partials of the blocks after it that cover the rest, then stores the tile.
-// `nonce` is new for every launch (stale flags from earlier calls never match), and each flag is
-// reset once read (graph replays launch with the same nonce).
-constexpr int kSkMaxBlocks = 160;  // (more SMs: no stream-K)
-struct StreamK {
-  float* slots = nullptr;
-  unsigned long long* flags = nullptr;
-  unsigned long long nonce = 0;
-  int tiles = 0;  // 0: every tile whole
-  // Block i's range starts at k tile k0[i] of stream-K tile tile[i] (entry P: the end), computed
-  // by the launcher, so that the kernel divides nothing and its loop bounds stay uniform.
-  int tile[kSkMaxBlocks + 1] = {};
-  int k0[kSkMaxBlocks + 1] = {};
-};
-constexpr int64_t kSkSlotBytes = int64_t{kBM} * 256 * 4;
-// A block's work, in order: whole tiles first(), + step(), ... below dp = total - sk.tiles; then,
-// if any, the pieces of its k-tile range over the stream-K tiles (dp on), split where tiles end:
-// for_each_piece calls f(tile, kb, ke) for each (k tiles [kb, ke)), the whole tiles in a loop of
-// their own, so that their pieces' bounds are known to be uniform (the mma loop keeps its code).
-template <bool kStreamK, typename F>
-__device__ __forceinline__ void for_each_piece(const StreamK& sk, int first, int step, int total, int iters, F f) {
-  const int dp = total - (kStreamK ? sk.tiles : 0);
-  for (int lin = first; lin < dp; lin += step) f(lin, 0, iters);
-  if constexpr (kStreamK) {
-    if (sk.tiles > 0) {
-      int t = sk.tile[blockIdx.x], kt = sk.k0[blockIdx.x];
-      const int t_end = sk.tile[blockIdx.x + 1], k_end = sk.k0[blockIdx.x + 1];
-      for (; t < t_end || (t == t_end && kt < k_end); ++t, kt = 0) f(dp + t, kt, t < t_end ? iters : k_end);
-    }
-  }
-}
 // kPersistent (configuration 91, the default with 9.0a code; at the cap 481.5-481.8 TFLOP/s against
 // 88's 472.9-473.4, power-0a6d185-ring-staging.log in the tuning results): one block per
 // SM walks the output tiles (grouped order, batch outermost; tiles_m x tiles_n x batch of them)
 // with one k-tile sequence through the ring, so the producer fills the next tile's stages while
 // the consumers store the last tile, from a staging buffer of its own after the ring (64 KB:
 // 64-deep k tiles, 3 stages). No trim then (a trimmed k tile's stage would never be released).
-template <typename T, int kStages, int kBK, bool kA64 = false, bool kPersistent = false, bool kStreamK = false>
+template <typename T, int kStages, int kBK, bool kA64 = false, bool kPersistent = false>
 __global__ void __launch_bounds__(kWsThreads, 1)
     matmul_mma_ws_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
                          const __grid_constant__ CUtensorMap map_c, int k, const __grid_constant__ CUtensorMap map_a2,
-                         int tiles_m, int tiles_n, int batch, const __grid_constant__ StreamK sk) {
-  static_assert(!kStreamK || kPersistent, "stream-K runs on the persistent grid");
+                         int tiles_m, int tiles_n, int batch) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int kBN = 256, kGroupRows = 16, kWarps = kThreads / 32;
   using C = Config<kBN, kStages, kBK>;
@@ -768,15 +730,15 @@ __global__ void __launch_bounds__(kWsThreads, 1)
       const int tiles = (k + kBK - 1) / kBK, total = count();
       int s = 0;
       uint32_t pass = 0;  // parity of the ring pass: the first finds every stage free
-      for_each_piece<kStreamK>(sk, first(), step(), total, tiles, [&](int lin, int kb, int ke) {
+      for (int lin = first(); lin < total; lin += step()) {
         int m0, n0, bz;
         coords(lin, m0, n0, bz);
-        for (int j = kb; j < ke; ++j) {
+        for (int j = 0; j < tiles; ++j) {
           mbar_wait(empty0 + 8 * s, pass ^ 1);
           tma_fill_stage<kAStage, kBStage, kBK, kA64>(&map_a, &map_b, a_sm, b_sm, full0, s, j, m0, n0, bz, &map_a2);
           if (++s == kStages) s = 0, pass ^= 1;
         }
-      });
+      }
     }
     return;
   }
@@ -787,54 +749,18 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   const int rem = k - (tiles - 1) * kBK;  // the last tile's depth holding data
   int rs = 0;        // the ring's stage for the next k tile
   uint32_t rph = 0;  // and the parity of its full phase
-  for_each_piece<kStreamK>(sk, first(), step(), total, tiles, [&](int lin, int kb, int ke) {
+  for (int lin = first(); lin < total; lin += step()) {
     int m0, n0, bz;
     coords(lin, m0, n0, bz);
     float acc[4][kNT][4] = {};
     const uint32_t next = consume_ring<T, kStages, kAStage, kBStage, kBK, !kPersistent>(
-        fr, [&](int st, uint32_t parity) { mbar_wait(full0 + 8 * st, parity); }, ke - kb, acc,
+        fr, [&](int st, uint32_t parity) { mbar_wait(full0 + 8 * st, parity); }, tiles, acc,
         [&](int st, int) {  // the warp's reads of the stage are done: release it
           if (lane == 0) asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(empty0 + 8 * st) : "memory");
           return 0u;
         },
         [](uint32_t, int, int) {}, [](int) {}, 2 * ((rem + 31) / 32), rs, rph);
     rs = static_cast<int>(next & 0xff), rph = next >> 8;
-    if constexpr (kStreamK) {
-      float4* const mine = reinterpret_cast<float4*>(sk.slots) + blockIdx.x * (kThreads * 32) + ct;
-      if (kb > 0) {  // the rest of a tile begun by an earlier block: leave the partial sums to it
-#pragma unroll
-        for (int q = 0; q < 32; ++q)
-          __stcg(mine + q * kThreads,
-                 make_float4(acc[q / 8][q % 8][0], acc[q / 8][q % 8][1], acc[q / 8][q % 8][2], acc[q / 8][q % 8][3]));
-        __threadfence();
-        asm volatile("bar.sync 1, %0;\n" ::"n"(kThreads) : "memory");
-        if (ct == 0)
-          asm volatile("st.release.gpu.global.u64 [%0], %1;\n" ::"l"(sk.flags + blockIdx.x), "l"(sk.nonce) : "memory");
-        return;
-      }
-      if (ke < tiles) {  // the tile's first k tiles: add the partials of the blocks holding the rest
-        const int mine_t = lin - (total - sk.tiles);  // the blocks whose ranges start inside this tile
-        for (int j = blockIdx.x + 1; j < static_cast<int>(gridDim.x) && sk.tile[j] == mine_t && sk.k0[j] > 0; ++j) {
-          if (warp == 0) {  // the whole warp polls (one request), so its control flow stays uniform
-            unsigned long long f = 0;
-            do {
-              asm volatile("ld.acquire.gpu.global.u64 %0, [%1];\n" : "=l"(f) : "l"(sk.flags + j) : "memory");
-            } while (!__all_sync(0xffffffffu, f == sk.nonce));
-          }
-          asm volatile("bar.sync 1, %0;\n" ::"n"(kThreads) : "memory");
-          if (ct == 0) asm volatile("st.relaxed.gpu.global.u64 [%0], 0;\n" ::"l"(sk.flags + j) : "memory");
-          const float4* const theirs = mine + (j - static_cast<int>(blockIdx.x)) * (kThreads * 32);
-#pragma unroll
-          for (int q = 0; q < 32; ++q) {
-            const float4 v = __ldcg(theirs + q * kThreads);
-            acc[q / 8][q % 8][0] += v.x;
-            acc[q / 8][q % 8][1] += v.y;
-            acc[q / 8][q % 8][2] += v.z;
-            acc[q / 8][q % 8][3] += v.w;
-          }
-        }
-      }
-    }
     // The epilogue: every copy into the ring this tile needed has landed (each was awaited); the
     // staging buffer is the ring itself unless kPersistent (whose last stores must have read it).
     if (kPersistent && ct == 0) asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
@@ -847,7 +773,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
       for (int i = 0; i < kBN / 64; ++i) tc::tma_store3(&map_c, c_sm + i * 16384, n0 + 64 * i, m0, bz);
       asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
     }
-  });
+  }
   if (ct == 0) asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");  // before the block's memory goes
 #else
   __trap();  // no sm_90a code for this GPU: the launcher falls back to the TMA kernel
@@ -911,30 +837,7 @@ cudaError_t launch_tma(const GemmParams& p, cudaStream_t stream) {
 // the 168 registers setmaxnreg's exchange needs). Else the TMA kernel (configuration 74).
 // kOpts: 1, a in a 64- and a 32-wide box (96 deep); 2, L2 fetches of a and b promoted to 256 bytes.
 // kPersistent: one block per SM (or per tile, if fewer), a staging buffer after the ring.
-// The stream-K share for a persistent grid of `sms` blocks over `total` tiles of `iters` k tiles:
-// none if the last wave is full (or there is one wave); the last wave if it is at least half
-// full; else that and the wave before it (so that each block's range spans at least half a tile
-// and a tile at most 3 blocks).
-inline int stream_k_tiles(int64_t total, int sms, int iters) {
-  const int64_t rem = total % sms;
-  if (total <= sms || rem == 0 || iters < 8 || sms > kSkMaxBlocks) return 0;
-  return static_cast<int>(2 * rem >= sms ? rem : rem + sms);
-}
-inline unsigned long long next_nonce() {  // splitmix64 of a process-wide count: never 0
-  static std::atomic<unsigned long long> count{0};
-  unsigned long long z = (count.fetch_add(1, std::memory_order_relaxed) + 1) * 0x9E3779B97F4A7C15ull;
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return (z ^ (z >> 31)) | 1;
-}
-inline int sm_count() {
-  int dev = 0, sms = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev))
-    return 0;
-  return sms;
-}
-
-template <typename T, int kStages, int kBK, int kOpts = 0, bool kPersistent = false, bool kStreamK = false>
+template <typename T, int kStages, int kBK, int kOpts = 0, bool kPersistent = false>
 cudaError_t launch_ws(const GemmParams& p, cudaStream_t stream) {
   const auto fallback = [&] { return launch_tma<T, 3, true, false, 16, 96, true>(p, stream); };
   using C = Config<256, kStages, kBK>;
@@ -944,7 +847,7 @@ cudaError_t launch_ws(const GemmParams& p, cudaStream_t stream) {
       !tc::tma_storable(p))
     return fallback();
   constexpr bool kA64 = (kOpts & 1) && kBK == 96;
-  const auto kernel = matmul_mma_ws_kernel<T, kStages, kBK, kA64, kPersistent, kStreamK>;
+  const auto kernel = matmul_mma_ws_kernel<T, kStages, kBK, kA64, kPersistent>;
   static signed char configured[64] = {};
   const cudaError_t err = tc::configure_once(kernel, kSmem, configured, [](const cudaFuncAttributes& f) {
     return f.ptxVersion >= 90 && (f.numRegs + 7) / 8 * 8 >= 168;
@@ -965,32 +868,16 @@ cudaError_t launch_ws(const GemmParams& p, cudaStream_t stream) {
     return fallback();
   const int tiles_m = static_cast<int>((p.m + kBM - 1) / kBM), tiles_n = static_cast<int>((p.n + 255) / 256);
   dim3 grid(static_cast<unsigned>(tiles_n), static_cast<unsigned>(tiles_m), static_cast<unsigned>(p.batch));
-  StreamK sk{};
   if constexpr (kPersistent) {
-    const int sms = sm_count();
-    if (sms == 0) return cudaGetLastError();
+    int dev = 0, sms = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev))
+      return cudaGetLastError();
     const int64_t total = static_cast<int64_t>(tiles_m) * tiles_n * p.batch;
     if (total == 0) return cudaSuccess;
     grid = dim3(static_cast<unsigned>(total < sms ? total : sms));
-    if constexpr (kStreamK) {
-      sk.tiles = stream_k_tiles(total, sms, static_cast<int>((p.k + kBK - 1) / kBK));
-      if (sk.tiles > 0 && p.workspace && p.workspace_bytes >= sms * (kSkSlotBytes + 8)) {
-        sk.slots = static_cast<float*>(p.workspace);
-        sk.flags = reinterpret_cast<unsigned long long*>(static_cast<char*>(p.workspace) + sms * kSkSlotBytes);
-        sk.nonce = next_nonce();
-        const int iters = static_cast<int>((p.k + kBK - 1) / kBK);
-        const int64_t s = int64_t{sk.tiles} * iters;
-        for (int i = 0; i <= sms; ++i) {
-          const int64_t start = s * i / sms;
-          sk.tile[i] = static_cast<int>(start / iters), sk.k0[i] = static_cast<int>(start % iters);
-        }
-      } else {
-        sk.tiles = 0;  // no scratch memory: every tile whole
-      }
-    }
   }
   kernel<<<grid, kWsThreads, kSmem, stream>>>(map_a, map_b, map_c, static_cast<int>(p.k), map_a2, tiles_m, tiles_n,
-                                              static_cast<int>(p.batch), sk);
+                                              static_cast<int>(p.batch));
   return cudaGetLastError();
 }
 
@@ -1084,7 +971,11 @@ cudaError_t launch_ws(const GemmParams& p, cudaStream_t stream) {
 //   per-launch nonce flags to the block holding each tile's first k tiles): correct on the check
 //   shapes, but at the power cap 465.8 / 465.7 TFLOP/s against 91's 490.6 / 488.9, and in the
 //   timer 0.691x / 0.697x / 0.637x cuBLAS at 4096^3 / 8192^3 / 8192 x 1024 x 8192 against 91's
-//   0.706x / 0.733x / 0.719x in the same run (as 42 before it). Removed.
+//   0.706x / 0.733x / 0.719x in the same run (as 42 before it). Its mma loop had lost the uniform
+//   bounds of 91's (the pieces' k ranges from 64-bit divisions: WARPSYNC, S2R in the loop); again
+//   with the whole tiles and the pieces in loops of their own and the ranges computed by the
+//   launcher (both loops as 91's in SASS): 461.8 / 460.6 against 91's 470.7 / 470.3 at the cap,
+//   0.693x / 0.705x / 0.754x against 0.717x / 0.731x / 0.718x in the timer. Removed.
 // - 95-97: 91 with each consumer warp storing its own 64 x 64 piece by TMA (a 64-row box; no block
 //   barrier in the epilogue, each warp waiting only for its own last store's read), and 91 over
 //   groups of 8 and 32 tile rows: at the power cap 465.0 / 466.6, 463.2 / 463.5 and 464.9 / 465.0
@@ -1141,8 +1032,6 @@ cudaError_t launch_cfg(const GemmParams& p, cudaStream_t stream) {
     return launch_ws<T, 3, 96, 3>(p, stream);
   } else if constexpr (kCfg == 91) {  // the warp-specialised kernel persistent (64 deep, 3 stages; default)
     return launch_ws<T, 3, 64, 2, true>(p, stream);
-  } else if constexpr (kCfg == 94) {  // 91 with a stream-K tail (scratch memory: p.workspace)
-    return launch_ws<T, 3, 64, 2, true, true>(p, stream);
   } else if constexpr (kCfg == 92) {  // 91 not persistent: 85 64 deep, L2 fetches of 256 bytes
     return launch_ws<T, 3, 64, 2>(p, stream);
   } else {
@@ -1172,7 +1061,7 @@ cudaError_t launch_config(const GemmParams& p, cudaStream_t stream, int config) 
     OPFORGE_MMA_CASE(10) OPFORGE_MMA_CASE(11) OPFORGE_MMA_CASE(13) OPFORGE_MMA_CASE(14) OPFORGE_MMA_CASE(20)
     OPFORGE_MMA_CASE(21) OPFORGE_MMA_CASE(30) OPFORGE_MMA_CASE(39) OPFORGE_MMA_CASE(40)
     OPFORGE_MMA_CASE(74) OPFORGE_MMA_CASE(75) OPFORGE_MMA_CASE(79)
-    OPFORGE_MMA_CASE(85) OPFORGE_MMA_CASE(88) OPFORGE_MMA_CASE(91) OPFORGE_MMA_CASE(92) OPFORGE_MMA_CASE(94)
+    OPFORGE_MMA_CASE(85) OPFORGE_MMA_CASE(88) OPFORGE_MMA_CASE(91) OPFORGE_MMA_CASE(92)
 #undef OPFORGE_MMA_CASE
     default: return cudaErrorInvalidValue;
   }
@@ -1194,15 +1083,6 @@ int matmul_mma_cuda_config(const GemmParams& p, void* stream, int config) {
 }
 
 int matmul_mma_cuda(const GemmParams& p, void* stream) { return matmul_mma_cuda_config(p, stream, -1); }
-
-int64_t matmul_mma_workspace_bytes(const GemmParams& p, int config) {
-  if (config < 0) config = OPFORGE_MMA_CONFIG;
-  if (config != 94 || p.batch < 1 || p.m < 1 || p.n < 1 || p.k < 1) return 0;  // the stream-K configuration
-  const int sms = sm_count();
-  const int64_t total = (p.m + kBM - 1) / kBM * ((p.n + 255) / 256) * p.batch;
-  if (sms == 0 || stream_k_tiles(total, sms, static_cast<int>((p.k + 63) / 64)) == 0) return 0;
-  return sms * (kSkSlotBytes + 8);
-}
 
 #ifdef OPFORGE_MATMUL_TUNING
 // Copies configuration 39's timeline (the last run's) to host memory (matmul_tune.py --trace).
