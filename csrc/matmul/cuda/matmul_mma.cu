@@ -496,8 +496,9 @@ __device__ __forceinline__ void acc_to_smem(const float (&acc)[4][8][4], uint32_
 // (even), those that hold data (and that tile's stage is not released). rs, rph: the stage of the
 // first k tile and the parity of its full phase (a persistent kernel's ring runs on across its
 // output tiles); returns those of the k tile after the last, as rs | rph << 8.
+// kSnakeMma: odd m16 rows take their n8 tiles in reverse (the b fragment at the turn is reused).
 template <typename T, int kStages, uint32_t kAStage, uint32_t kBStage, int kBK = 64, bool kTrim = false,
-          typename Frags, typename Wait, typename Release, typename Finish, typename Landed>
+          bool kSnakeMma = false, typename Frags, typename Wait, typename Release, typename Finish, typename Landed>
 __device__ __forceinline__ uint32_t consume_ring(const Frags& fr, Wait wait, int tiles, float (&acc)[4][8][4],
                                                  Release release, Finish finish, Landed landed, int last_steps = 0,
                                                  int rs = 0, uint32_t rph = 0) {
@@ -531,7 +532,10 @@ __device__ __forceinline__ uint32_t consume_ring(const Frags& fr, Wait wait, int
 #pragma unroll
       for (int mi = 0; mi < 4; ++mi)
 #pragma unroll
-        for (int nj = 0; nj < kNT; ++nj) mma16816<T>(acc[mi][nj], af[q & 1][mi], bf[q & 1][nj]);
+        for (int j = 0; j < kNT; ++j) {
+          const int nj = kSnakeMma && (mi & 1) ? kNT - 1 - j : j;
+          mma16816<T>(acc[mi][nj], af[q & 1][mi], bf[q & 1][nj]);
+        }
     }
   }
   return static_cast<uint32_t>(rs) | rph << 8;
@@ -542,13 +546,14 @@ __device__ __forceinline__ uint32_t consume_ring(const Frags& fr, Wait wait, int
 // rows would (4096^3, 32 x 16 tiles: a wave spans 16 rows by 8-9 columns, against 8-9 whole rows
 // of 16 columns).
 // grouped_tile_of: the same for output tile lin of a tiles_m x tiles_n grid.
-template <int kGroupRows, int kBN>
+// kSnake: odd groups walk their columns right to left (the b panels the last group read last).
+template <int kGroupRows, int kBN, bool kSnake = false>
 __device__ __forceinline__ void grouped_tile_of(int lin, int tiles_m, int tiles_n, int& m0, int& n0) {
   const int group = lin / (kGroupRows * tiles_n), first = group * kGroupRows;
   const int rows = tiles_m - first < kGroupRows ? tiles_m - first : kGroupRows;
   const int w = lin - group * kGroupRows * tiles_n;
   m0 = (first + w % rows) * kBM;
-  n0 = (w / rows) * kBN;
+  n0 = (kSnake && (group & 1) ? tiles_n - 1 - w / rows : w / rows) * kBN;
 }
 template <int kGroupRows, int kBN>
 __device__ __forceinline__ void grouped_tile(int& m0, int& n0) {
@@ -685,7 +690,8 @@ constexpr int kWsThreads = kThreads + 128;
 // with one k-tile sequence through the ring, so the producer fills the next tile's stages while
 // the consumers store the last tile, from a staging buffer of its own after the ring (64 KB:
 // 64-deep k tiles, 3 stages). No trim then (a trimmed k tile's stage would never be released).
-template <typename T, int kStages, int kBK, bool kA64 = false, bool kPersistent = false>
+template <typename T, int kStages, int kBK, bool kA64 = false, bool kPersistent = false, bool kSnake = false,
+          bool kSnakeMma = false>
 __global__ void __launch_bounds__(kWsThreads, 1)
     matmul_mma_ws_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
                          const __grid_constant__ CUtensorMap map_c, int k, const __grid_constant__ CUtensorMap map_a2,
@@ -709,7 +715,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   const auto coords = [&](int lin, int& m0, int& n0, int& bz) {
     if constexpr (kPersistent) {
       bz = lin / (tiles_m * tiles_n);
-      grouped_tile_of<kGroupRows, kBN>(lin - bz * tiles_m * tiles_n, tiles_m, tiles_n, m0, n0);
+      grouped_tile_of<kGroupRows, kBN, kSnake>(lin - bz * tiles_m * tiles_n, tiles_m, tiles_n, m0, n0);
     } else {
       grouped_tile<kGroupRows, kBN>(m0, n0);
       bz = blockIdx.z;
@@ -753,7 +759,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
     int m0, n0, bz;
     coords(lin, m0, n0, bz);
     float acc[4][kNT][4] = {};
-    const uint32_t next = consume_ring<T, kStages, kAStage, kBStage, kBK, !kPersistent>(
+    const uint32_t next = consume_ring<T, kStages, kAStage, kBStage, kBK, !kPersistent, kSnakeMma>(
         fr, [&](int st, uint32_t parity) { mbar_wait(full0 + 8 * st, parity); }, tiles, acc,
         [&](int st, int) {  // the warp's reads of the stage are done: release it
           if (lane == 0) asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(empty0 + 8 * st) : "memory");
@@ -836,6 +842,7 @@ cudaError_t launch_tma(const GemmParams& p, cudaStream_t stream) {
 // store, and a binary with its sm_90a code (a build without 9.0a has only its trap: fewer than
 // the 168 registers setmaxnreg's exchange needs). Else the TMA kernel (configuration 74).
 // kOpts: 1, a in a 64- and a 32-wide box (96 deep); 2, L2 fetches of a and b promoted to 256 bytes.
+// 8: odd tile-row groups right to left (kSnake); 16: odd m16 rows' n8 tiles in reverse (kSnakeMma).
 // kPersistent: one block per SM (or per tile, if fewer), a staging buffer after the ring.
 template <typename T, int kStages, int kBK, int kOpts = 0, bool kPersistent = false>
 cudaError_t launch_ws(const GemmParams& p, cudaStream_t stream) {
@@ -847,7 +854,7 @@ cudaError_t launch_ws(const GemmParams& p, cudaStream_t stream) {
       !tc::tma_storable(p))
     return fallback();
   constexpr bool kA64 = (kOpts & 1) && kBK == 96;
-  const auto kernel = matmul_mma_ws_kernel<T, kStages, kBK, kA64, kPersistent>;
+  const auto kernel = matmul_mma_ws_kernel<T, kStages, kBK, kA64, kPersistent, (kOpts & 8) != 0, (kOpts & 16) != 0>;
   static signed char configured[64] = {};
   const cudaError_t err = tc::configure_once(kernel, kSmem, configured, [](const cudaFuncAttributes& f) {
     return f.ptxVersion >= 90 && (f.numRegs + 7) / 8 * 8 >= 168;
@@ -1032,6 +1039,10 @@ cudaError_t launch_cfg(const GemmParams& p, cudaStream_t stream) {
     return launch_ws<T, 3, 96, 3>(p, stream);
   } else if constexpr (kCfg == 91) {  // the warp-specialised kernel persistent (64 deep, 3 stages; default)
     return launch_ws<T, 3, 64, 2, true>(p, stream);
+  } else if constexpr (kCfg == 98) {  // 91, odd tile-row groups walking their columns right to left
+    return launch_ws<T, 3, 64, 2 | 8, true>(p, stream);
+  } else if constexpr (kCfg == 99) {  // 98, odd m16 rows taking their n8 tiles in reverse
+    return launch_ws<T, 3, 64, 2 | 8 | 16, true>(p, stream);
   } else if constexpr (kCfg == 92) {  // 91 not persistent: 85 64 deep, L2 fetches of 256 bytes
     return launch_ws<T, 3, 64, 2>(p, stream);
   } else {
@@ -1061,7 +1072,8 @@ cudaError_t launch_config(const GemmParams& p, cudaStream_t stream, int config) 
     OPFORGE_MMA_CASE(10) OPFORGE_MMA_CASE(11) OPFORGE_MMA_CASE(13) OPFORGE_MMA_CASE(14) OPFORGE_MMA_CASE(20)
     OPFORGE_MMA_CASE(21) OPFORGE_MMA_CASE(30) OPFORGE_MMA_CASE(39) OPFORGE_MMA_CASE(40)
     OPFORGE_MMA_CASE(74) OPFORGE_MMA_CASE(75) OPFORGE_MMA_CASE(79)
-    OPFORGE_MMA_CASE(85) OPFORGE_MMA_CASE(88) OPFORGE_MMA_CASE(91) OPFORGE_MMA_CASE(92)
+    OPFORGE_MMA_CASE(85) OPFORGE_MMA_CASE(88) OPFORGE_MMA_CASE(91) OPFORGE_MMA_CASE(92) OPFORGE_MMA_CASE(98)
+    OPFORGE_MMA_CASE(99)
 #undef OPFORGE_MMA_CASE
     default: return cudaErrorInvalidValue;
   }
