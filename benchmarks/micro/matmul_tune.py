@@ -51,7 +51,7 @@ def build(out: pathlib.Path) -> ctypes.CDLL:
         str(ROOT / "csrc"),
         "-DOPFORGE_WITH_CUDA=1",
         "-DOPFORGE_MATMUL_TUNING=1",
-        "-DOPFORGE_HAS_SM90A=1",  # as the extension's 9.0a build: mma's default is then 91
+        "-DOPFORGE_HAS_SM90A=1",  # as the extension's 9.0a build: mma's default is then 99
     ]
     srcs = [ROOT / f"csrc/matmul/cuda/matmul_{r}.cu" for r in ("warp_tiled", "mma", "wgmma")] + [
         ROOT / "benchmarks/micro/matmul_tune_shim.cu"

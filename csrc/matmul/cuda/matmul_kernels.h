@@ -22,7 +22,7 @@ int matmul_warp_tiled_cuda_config(const GemmParams& p, void* stream, int config)
 // float16/bfloat16, sm_80+; also needs k, p.a_rs, p.b_rs and the batch strides multiples of 8
 // and a, b 16-byte aligned; b readable to the next multiple of 8 columns (ldb >= that).
 int matmul_mma_cuda(const GemmParams& p, void* stream);
-// The same with a fixed configuration (for tuning; -1: the default, 91 in builds with 9.0a code,
+// The same with a fixed configuration (for tuning; -1: the default, 99 in builds with 9.0a code,
 // else 74): block tile 128 x 128 or 128 x 256, cp.async ring of 3 or 4 stages, 32 or 64 deep:
 // 0: 128/3/32; 1: 256/3/32;
 // 2: 256/4/32; 3: 128/4/32; 4: 256/3/64; 5: 256/4/64; 6: 128/3/64; 7, 8: 4 and 6 with unchecked
@@ -38,10 +38,11 @@ int matmul_mma_cuda(const GemmParams& p, void* stream);
 // last one's mma only over its data; 75: 74 traced; 79: 74 without refills (a diagnostic: wrong
 // results); 85: 74's loop fed by a producer warpgroup (sm_90a: setmaxnreg), the warps releasing
 // stages by mbarrier arrives; 88: 85 with a in a 64- and a 32-wide box and L2 fetches of 256
-// bytes; 91 (the default with 9.0a code): 85 persistent, 64 deep, the next tile's stages filled
-// while the last one is stored; 92: 91 not persistent. The other numbers up to 93: removed (no
-// gain, could not launch, or diagnostics; launch_cfg's comment in matmul_mma.cu and the tuning
-// README say what they were).
+// bytes; 91: 85 persistent, 64 deep, the next tile's stages filled while the last one is
+// stored; 92: 91 not persistent; 98: 91 with odd tile-row groups walking their columns right to
+// left; 99 (the default with 9.0a code): 98 with odd m16 rows taking their n8 tiles in reverse.
+// The other numbers up to 97: removed (no gain, could not launch, or diagnostics; launch_cfg's
+// comment in matmul_mma.cu and the tuning README say what they were).
 int matmul_mma_cuda_config(const GemmParams& p, void* stream, int config);
 // float16/bfloat16, sm_90a (built only when the arch list has 9.0a: OPFORGE_HAS_SM90A). b either
 // by rows (p.b_cs == 1: row stride p.b_rs) or by columns (p.b_rs == 1: the rows of b^T, row stride

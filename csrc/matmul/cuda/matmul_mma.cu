@@ -1,6 +1,7 @@
 // matmul rung 5, "mma" (float16/bfloat16, sm_80+): tensor cores through mma.sync.m16n8k16 with
-// float32 accumulation. On sm_90 the default is configuration 91 (the warp-specialised kernel
-// below, persistent: one block per SM walking the tiles in groups of 16 tile rows, a producer
+// float32 accumulation. On sm_90 the default is configuration 99 (the warp-specialised kernel
+// below, persistent: one block per SM walking the tiles in groups of 16 tile rows (odd groups
+// right to left, odd m16 rows' mma over their n8 tiles in reverse), a producer
 // warpgroup filling the stages by TMA, 64-deep k tiles, each tile stored by TMA from a buffer of
 // its own while the next one's stages fill) in builds with sm_90a code, else 74 (the TMA kernel:
 // 96-deep k tiles, its warps refilling the stages themselves); elsewhere, and where TMA
@@ -684,7 +685,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 // Measured at the H200's power cap (matmul_tune.py --power: 4 s each back to back): 469 TFLOP/s
 // against the TMA kernel's 454-458, cuBLAS 658-670, the a boxes and L2 promotion +0.6%.
 constexpr int kWsThreads = kThreads + 128;
-// kPersistent (configuration 91, the default with 9.0a code; at the cap 481.5-481.8 TFLOP/s against
+// kPersistent (configuration 91; with kSnake and kSnakeMma, 99, the default with 9.0a code; at the cap 481.5-481.8 TFLOP/s against
 // 88's 472.9-473.4, power-0a6d185-ring-staging.log in the tuning results): one block per
 // SM walks the output tiles (grouped order, batch outermost; tiles_m x tiles_n x batch of them)
 // with one k-tile sequence through the ring, so the producer fills the next tile's stages while
@@ -1037,11 +1038,11 @@ cudaError_t launch_cfg(const GemmParams& p, cudaStream_t stream) {
     return launch_ws<T, 3, 96>(p, stream);
   } else if constexpr (kCfg == 88) {  // 85, a in a 64- and a 32-wide box, L2 fetches of 256 bytes
     return launch_ws<T, 3, 96, 3>(p, stream);
-  } else if constexpr (kCfg == 91) {  // the warp-specialised kernel persistent (64 deep, 3 stages; default)
+  } else if constexpr (kCfg == 91) {  // the warp-specialised kernel persistent (64 deep, 3 stages)
     return launch_ws<T, 3, 64, 2, true>(p, stream);
   } else if constexpr (kCfg == 98) {  // 91, odd tile-row groups walking their columns right to left
     return launch_ws<T, 3, 64, 2 | 8, true>(p, stream);
-  } else if constexpr (kCfg == 99) {  // 98, odd m16 rows taking their n8 tiles in reverse
+  } else if constexpr (kCfg == 99) {  // 98, odd m16 rows taking their n8 tiles in reverse (default)
     return launch_ws<T, 3, 64, 2 | 8 | 16, true>(p, stream);
   } else if constexpr (kCfg == 92) {  // 91 not persistent: 85 64 deep, L2 fetches of 256 bytes
     return launch_ws<T, 3, 64, 2>(p, stream);
@@ -1054,7 +1055,7 @@ cudaError_t launch_cfg(const GemmParams& p, cudaStream_t stream) {
 // TMA kernel, 74, on GPUs or calls it cannot serve), else 74 (which falls back to the cp.async one).
 #ifndef OPFORGE_MMA_CONFIG
 #if defined(OPFORGE_HAS_SM90A) && OPFORGE_HAS_SM90A
-#define OPFORGE_MMA_CONFIG 91
+#define OPFORGE_MMA_CONFIG 99
 #else
 #define OPFORGE_MMA_CONFIG 74
 #endif
