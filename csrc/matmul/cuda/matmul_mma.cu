@@ -408,27 +408,27 @@ __global__ void __launch_bounds__(kThreads, kBN == 128 ? 2 : 1)  // 128-wide: tw
 }
 
 // TMA variant (sm_90: H100/H200; the default there): the cp.async kernel's tiles, warps and
-// ldmatrix/mma loop, but the stages are filled by the tensor memory accelerator. One thread
-// issues a stage's copies (one 128 x 64 box of a, four 64 x 64 boxes of b, 128-byte swizzle,
-// zeros outside the matrices), which complete on the stage's "full" mbarrier. Each warp counts
-// itself out of a stage (an atomic in shared memory) once it has read its last fragments there,
-// and the last one refills it at once (kStages k tiles ahead). The warps carry no copy
-// addresses or bounds, wait on no cp.async group, meet at no block-wide barrier and never wait
-// to refill: a warp waits only for data that has not landed. Measured against the alternatives
+// ldmatrix/mma loop, but the stages are filled by the tensor memory accelerator. One thread issues
+// a stage's copies (one 128 x 64 box of a, four 64 x 64 boxes of b, 128-byte swizzle, zeros outside
+// the matrices), which complete on the stage's "full" mbarrier. Each warp counts itself out of a
+// stage (an atomic in shared memory) once it has read its last fragments there, and the last one
+// refills it at once (kStages k tiles ahead). The warps carry no copy addresses or bounds, wait on
+// no cp.async group, meet at no block-wide barrier and never wait to refill: a warp waits only for
+// data that has not landed. Measured against the alternatives
 // (benchmarks/results/h200-matmul/tuning/README.md): a fixed thread refilling after an "empty"
 // mbarrier wait was 4% slower, a ninth copying warp cannot launch (288 threads x 224 registers
-// overflow a sub-partition's register file), a persistent grid, a producer warpgroup and two
-// blocks of 128 x 128 tiles per SM gained nothing, nor did stream-K over the last two waves,
-// stages refilled by piece, the hand-over (or its count) every other tile, or an early test for
-// the next tile's landing, or clusters of 2 sharing b by multicast (benchmarks/micro/mma_mix.cu
-// puts the loop with its per-tile hand-over at 573 TFLOP/s without L2 traffic, against 648 for
-// the mma alone). Configuration 74 (the default where the build has no sm_90a code; the
-// warp-specialised kernel below, 88, replaces its refills elsewhere) also stores the tile by TMA (kTmaStore): 2-3%
-// faster at 4096^3 and 8192^3 than the per-thread stores (configuration 20), 10% at 8192 x 1024
-// x 8192; it takes the tiles in groups of 16 tile rows (kGroupRows), 1-3% faster than row by
-// row (30); and its k tiles are 96 deep (kBK; a in three 32-wide boxes with TMA's 64-byte
-// swizzle, 216 KB for the 3 stages), so the per-tile hand-over comes every 6 steps instead of 4:
-// mma_mix's loop ceiling 597 TFLOP/s against 571, the kernel's traced cycles per 64 of k 1701
+// overflow a sub-partition's register file), a persistent grid, a producer warpgroup and two blocks
+// of 128 x 128 tiles per SM gained nothing, nor did stream-K over the last two waves, stages
+// refilled by piece, the hand-over (or its count) every other tile, or an early test for the next
+// tile's landing, or clusters of 2 sharing b by multicast (benchmarks/micro/mma_mix.cu puts the
+// loop with its per-tile hand-over at 573 TFLOP/s without L2 traffic, against 648 for the mma
+// alone). Configuration 74 (the default where the build has no sm_90a code; the warp-specialised
+// kernel below, 99 by default, replaces its refills elsewhere) also stores the tile by TMA
+// (kTmaStore): 2-3% faster at 4096^3 and 8192^3 than the per-thread stores (configuration 20), 10%
+// at 8192 x 1024 x 8192; it takes the tiles in groups of 16 tile rows (kGroupRows), 1-3% faster
+// than row by row (30); and its k tiles are 96 deep (kBK; a in three 32-wide boxes with TMA's
+// 64-byte swizzle, 216 KB for the 3 stages), so the per-tile hand-over comes every 6 steps instead
+// of 4: mma_mix's loop ceiling 597 TFLOP/s against 571, the kernel's traced cycles per 64 of k 1701
 // against 1776, and at 4096^3 0.683x the cuBLAS call timed next to it on average (seven timings)
 // against 0.666x (nine) for 64-deep tiles (40) in the same runs. The last k tile's mma stop where
 // its data does (kTrim: 4096 = 42 x 96 + 64).
@@ -675,22 +675,24 @@ __global__ void __launch_bounds__(kThreads, 1)
 }
 
 // The warp-specialised TMA kernel (sm_90a: setmaxnreg; configuration 88, and persistent (below) the
-// default where the build has 9.0a code): the TMA kernel's consumers (8 warps, the same tiles, 96-deep k tiles, trim,
-// grouped order and TMA-store epilogue), but a producer warpgroup's thread 0 refills each stage as
-// soon as every consumer warp has released it on the stage's "empty" mbarrier: a warp's hand-over
-// is one mbarrier arrive (no fence, atomic or refill in its loop) and its wait for the next stage.
-// 384 threads start at 168 registers; the producers give theirs back (setmaxnreg.dec to 40) and
-// the consumers take 232 (each scheduler: two consumer warps and a sleeping producer warp).
+// default where the build has 9.0a code): the TMA kernel's consumers (8 warps, the same tiles,
+// 96-deep k tiles, trim, grouped order and TMA-store epilogue), but a producer warpgroup's thread 0
+// refills each stage as soon as every consumer warp has released it on the stage's "empty"
+// mbarrier: a warp's hand-over is one mbarrier arrive (no fence, atomic or refill in its loop) and
+// its wait for the next stage. 384 threads start at 168 registers; the producers give theirs back
+// (setmaxnreg.dec to 40) and the consumers take 232 (each scheduler: two consumer warps and a
+// sleeping producer warp).
 // kA64: a as a 64-wide box (128-byte swizzle) and a 32-wide one (map_a2) instead of three 32-wide.
 // Measured at the H200's power cap (matmul_tune.py --power: 4 s each back to back): 469 TFLOP/s
 // against the TMA kernel's 454-458, cuBLAS 658-670, the a boxes and L2 promotion +0.6%.
 constexpr int kWsThreads = kThreads + 128;
-// kPersistent (configuration 91; with kSnake and kSnakeMma, 99, the default with 9.0a code; at the cap 481.5-481.8 TFLOP/s against
-// 88's 472.9-473.4, power-0a6d185-ring-staging.log in the tuning results): one block per
-// SM walks the output tiles (grouped order, batch outermost; tiles_m x tiles_n x batch of them)
-// with one k-tile sequence through the ring, so the producer fills the next tile's stages while
-// the consumers store the last tile, from a staging buffer of its own after the ring (64 KB:
-// 64-deep k tiles, 3 stages). No trim then (a trimmed k tile's stage would never be released).
+// kPersistent (configuration 91; with kSnake and kSnakeMma, 99, the default with 9.0a code; at the
+// cap 481.5-481.8 TFLOP/s against 88's 472.9-473.4, power-0a6d185-ring-staging.log in the tuning
+// results): one block per SM walks the output tiles (grouped order, batch outermost; tiles_m x
+// tiles_n x batch of them) with one k-tile sequence through the ring, so the producer fills the
+// next tile's stages while the consumers store the last tile, from a staging buffer of its own
+// after the ring (64 KB: 64-deep k tiles, 3 stages). No trim then (a trimmed k tile's stage would
+// never be released).
 template <typename T, int kStages, int kBK, bool kA64 = false, bool kPersistent = false, bool kSnake = false,
           bool kSnakeMma = false>
 __global__ void __launch_bounds__(kWsThreads, 1)
