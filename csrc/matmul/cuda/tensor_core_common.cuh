@@ -18,11 +18,6 @@ __device__ __forceinline__ uint32_t smem_addr(const void* p) {
 
 // ldmatrix of four 8 x 8 b16 matrices (x4), or of their transposes (x4_trans), at a generic
 // pointer into shared memory or a shared-memory address.
-__device__ __forceinline__ void ldmatrix_x4(uint32_t* r, const void* p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_addr(p)));
-}
 __device__ __forceinline__ void ldmatrix_x4(uint32_t* r, uint32_t addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
@@ -33,11 +28,8 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t* r, uint32_t addr) {
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(addr));
 }
-__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t* r, const void* p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_addr(p)));
-}
+__device__ __forceinline__ void ldmatrix_x4(uint32_t* r, const void* p) { ldmatrix_x4(r, smem_addr(p)); }
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t* r, const void* p) { ldmatrix_x4_trans(r, smem_addr(p)); }
 
 // mma.sync.m16n8k16 with float32 accumulation: d += a (16 x 16, row) * b (16 x 8, col).
 template <typename T>
