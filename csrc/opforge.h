@@ -27,8 +27,8 @@ at::Tensor batched_nms(const at::Tensor& boxes, const at::Tensor& scores, const 
 
 // nms (or batched_nms with idxs) without a device->host synchronisation: keep has N entries,
 // the kept indices first and -1 after them; num_kept is a 0-d int64 tensor.
-std::tuple<at::Tensor, at::Tensor> nms_padded(const at::Tensor& boxes, const at::Tensor& scores,
-                                              const std::optional<at::Tensor>& idxs, double iou_threshold);
+std::tuple<at::Tensor, at::Tensor> nms_padded(const at::Tensor& boxes, const at::Tensor& scores, double iou_threshold,
+                                              const std::optional<at::Tensor>& idxs = std::nullopt);
 
 // c = a @ b: a (m, k) and b (k, n), or batched (batch, m, k) and (batch, k, n); float32, float64,
 // float16 or bfloat16 (16-bit: fp32 accumulation, rounded once); any strides. `variant` names the

@@ -236,7 +236,7 @@ def test_opcheck(device):
     tests = ("test_schema", "test_faketensor", "test_autograd_registration")
     torch.library.opcheck(torch.ops.opforge.nms.default, (boxes, scores, 0.5), test_utils=tests)
     torch.library.opcheck(torch.ops.opforge.batched_nms.default, (boxes, scores, idxs, 0.5), test_utils=tests)
-    torch.library.opcheck(torch.ops.opforge.nms_padded.default, (boxes, scores, idxs, 0.5))
+    torch.library.opcheck(torch.ops.opforge.nms_padded.default, (boxes, scores, 0.5, idxs))
 
 
 @pytest.mark.parametrize("device", DEVICES)

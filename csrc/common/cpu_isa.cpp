@@ -22,7 +22,8 @@ const char* cpu_isa_name(CpuIsa isa) { return isa == CpuIsa::kAvx2 ? "avx2" : "d
 
 #include <torch/library.h>
 
-// torch.ops.opforge._cpu_isa(): which CPU variant runs here (for tests and benchmark reports).
-TORCH_LIBRARY_FRAGMENT(opforge, m) {
-  m.def("_cpu_isa() -> str", [] { return std::string(opforge::cpu_isa_name(opforge::cpu_isa())); });
+// torch.ops.opforge._cpu_isa() (schema in registration.cpp): no tensor argument, so one kernel
+// serves every dispatch key.
+TORCH_LIBRARY_IMPL(opforge, CompositeExplicitAutograd, m) {
+  m.impl("_cpu_isa", [] { return std::string(opforge::cpu_isa_name(opforge::cpu_isa())); });
 }

@@ -85,14 +85,14 @@ at::Tensor batched_nms(const at::Tensor& boxes, const at::Tensor& scores, const 
   return op.call(boxes, scores, idxs, iou_threshold);
 }
 
-std::tuple<at::Tensor, at::Tensor> nms_padded(const at::Tensor& boxes, const at::Tensor& scores,
-                                              const std::optional<at::Tensor>& idxs, double iou_threshold) {
+std::tuple<at::Tensor, at::Tensor> nms_padded(const at::Tensor& boxes, const at::Tensor& scores, double iou_threshold,
+                                              const std::optional<at::Tensor>& idxs) {
   static auto op =
       c10::Dispatcher::singleton()
           .findSchemaOrThrow("opforge::nms_padded", "")
-          .typed<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&,
-                                                    const std::optional<at::Tensor>&, double)>();
-  return op.call(boxes, scores, idxs, iou_threshold);
+          .typed<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, double,
+                                                    const std::optional<at::Tensor>&)>();
+  return op.call(boxes, scores, iou_threshold, idxs);
 }
 
 }  // namespace opforge

@@ -67,7 +67,7 @@ def nms_padded(
     _check_python_args("opforge.nms_padded", boxes, scores, iou_threshold)
     if idxs is not None:
         require_tensor("opforge.nms_padded", "idxs", idxs)
-    return torch.ops.opforge.nms_padded.default(boxes, scores, idxs, float(iou_threshold))
+    return torch.ops.opforge.nms_padded.default(boxes, scores, float(iou_threshold), idxs)
 
 
 def _check_python_args(op: str, boxes, scores, iou_threshold) -> None:
@@ -121,6 +121,6 @@ def _(boxes, scores, idxs, iou_threshold):
 
 
 @torch.library.register_fake("opforge::nms_padded")
-def _(boxes, scores, idxs, iou_threshold):
+def _(boxes, scores, iou_threshold, idxs=None):
     _check("opforge.nms_padded", boxes, scores, idxs, iou_threshold)
     return boxes.new_empty((boxes.shape[0],), dtype=torch.int64), boxes.new_empty((), dtype=torch.int64)

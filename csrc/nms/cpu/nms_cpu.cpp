@@ -184,7 +184,7 @@ at::Tensor batched_nms_cpu(const at::Tensor& boxes, const at::Tensor& scores, co
 }
 
 std::tuple<at::Tensor, at::Tensor> nms_padded_cpu(const at::Tensor& boxes, const at::Tensor& scores,
-                                                  const std::optional<at::Tensor>& idxs, double iou_threshold) {
+                                                  double iou_threshold, const std::optional<at::Tensor>& idxs) {
   check_nms_inputs("opforge.nms_padded", boxes, scores, idxs, iou_threshold);
   const auto long_opts = boxes.options().dtype(at::kLong);
   at::Tensor keep = at::full({boxes.size(0)}, -1, long_opts);

@@ -73,7 +73,7 @@ at::Tensor batched_nms_cuda(const at::Tensor& boxes, const at::Tensor& scores, c
 }
 
 std::tuple<at::Tensor, at::Tensor> nms_padded_cuda(const at::Tensor& boxes, const at::Tensor& scores,
-                                                   const std::optional<at::Tensor>& idxs, double iou_threshold) {
+                                                   double iou_threshold, const std::optional<at::Tensor>& idxs) {
   return padded("opforge.nms_padded", boxes, scores, idxs, iou_threshold);
 }
 
