@@ -23,10 +23,11 @@ def _bench(args: argparse.Namespace) -> int:
     if unknown:
         print(f"opforge bench: unknown op(s) {unknown}; known: {sorted(SPECS)}", file=sys.stderr)
         return 2
-    result = harness.run([SPECS[n] for n in names], device, full=args.full, rounds=args.rounds)
+    specs = [SPECS[n] for n in names]
+    result = harness.run(specs, device, full=args.full, rounds=args.rounds)
     print(harness.to_table(result))
     out = args.out or f"bench-out/{harness.device_slug(device)}"
-    paths = harness.write(result, out, make_plot=not args.no_plot)
+    paths = harness.write(result, out, make_plot=not args.no_plot, specs=specs)
     print(f"\nwrote {', '.join(paths)}")
     return 1 if any(row["error"] for row in result["rows"]) else 0
 
@@ -40,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     bench.add_argument("--ops", default="", help="comma-separated ops (default: all)")
     bench.add_argument("--out", default="", help="results folder (default: bench-out/<device>)")
     bench.add_argument("--rounds", type=int, default=None, help="interleaved timing rounds per case")
-    bench.add_argument("--no-plot", action="store_true", help="skip the PNG chart")
+    bench.add_argument("--no-plot", action="store_true", help="skip the PNG charts")
     args = parser.parse_args(argv)
     if args.command == "bench":
         return _bench(args)

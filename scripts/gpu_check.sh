@@ -1,22 +1,25 @@
 #!/usr/bin/env bash
-# One command on a CUDA machine: build with all cores, run every test (CUDA ones included),
-# run the full benchmark, memcheck the CUDA tests; write logs and results under $OUT.
-# Exit status: non-zero when the build, a test, a benchmark check or the memcheck failed.
-# Each step is time-bounded (TEST_TIMEOUT, BENCH_TIMEOUT, SANITIZE_TIMEOUT seconds): a hung kernel
-# costs its step, not the whole run. Where one command may run 10 minutes at most, use
-# SANITIZE=0 here and run the memcheck as its own command:
-#   compute-sanitizer --tool memcheck python3 -m pytest tests -q -x -m "cuda and not large" -k "not compile"
+# One command on a CUDA machine: build with all cores, run every test (CUDA ones included), run
+# the full benchmark, memcheck the CUDA tests; write logs and results under $OUT.
+#   OPS=nms,matmul   benchmark (and memcheck) only these ops (default: all)
+#   ROUNDS=1         interleaved timing rounds per benchmark case (default: the harness's, 3)
+#   SANITIZE=0       skip the compute-sanitizer memcheck
+# Exit status: non-zero when the build, a test, a benchmark check or the memcheck failed. Each
+# step is time-bounded (TEST_TIMEOUT, BENCH_TIMEOUT, SANITIZE_TIMEOUT seconds): a hung kernel
+# costs its step, not the whole run.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 export PYTHONUNBUFFERED=1 MAX_JOBS=${MAX_JOBS:-$(nproc)}
+OPS=${OPS:-}
+ROUNDS=${ROUNDS:-}
 status=0
 
 slug=$("$PYTHON" -c 'import torch; print("cuda-" + torch.cuda.get_device_name().lower().replace("nvidia ", "").replace(" ", "-") if torch.cuda.is_available() else "no-cuda")')
 OUT=${OUT:-benchmarks/results/$slug}
 mkdir -p "$OUT"
 export OPFORGE_BENCH_FAILURES="$OUT"
-echo "gpu-check: results in $OUT"
+echo "gpu-check: results in $OUT${OPS:+ (ops: $OPS)}"
 
 {
   date -u
@@ -32,24 +35,25 @@ if ! { "$PYTHON" -m pip install -v --no-build-isolation --no-deps -e . || "$PYTH
   echo "BUILD FAILED"; tail -40 "$OUT/build.log"; exit 1
 fi
 echo "   built in $(( $(date +%s) - start )) s"; grep -A8 "opforge build configuration" "$OUT/build.log" | head -9
-echo "libstdc++ code defined in the extension (bound to libstdc++'s own at run time):" >> "$OUT/build.log"
-nm -DC --defined-only opforge/_C*.so 2>/dev/null | grep -c " std::" >> "$OUT/build.log" || true
 
 echo "== tests"
 # pytest-xdist, when present, runs tests in worker processes: faster, and a crash of one test is
 # reported as its failure instead of ending the run.
-xdist=$("$PYTHON" -c 'import xdist' 2>/dev/null && echo "-n 4")
-timeout "${TEST_TIMEOUT:-300}" "$PYTHON" -m pytest tests -q -rs -p no:cacheprovider $xdist > "$OUT/tests.log" 2>&1 || status=1
+xdist=$("$PYTHON" -c 'import xdist' 2>/dev/null && echo "-n 8")
+timeout "${TEST_TIMEOUT:-400}" "$PYTHON" -m pytest tests -q -rs -p no:cacheprovider $xdist > "$OUT/tests.log" 2>&1 || status=1
 tail -5 "$OUT/tests.log"
 
 echo "== benchmarks (full)"
-timeout "${BENCH_TIMEOUT:-400}" "$PYTHON" -m opforge.bench --full --out "$OUT" > "$OUT/bench.log" 2>&1 || status=1
+timeout "${BENCH_TIMEOUT:-500}" "$PYTHON" -m opforge.bench --full ${OPS:+--ops "$OPS"} ${ROUNDS:+--rounds "$ROUNDS"} \
+  --out "$OUT" > "$OUT/bench.log" 2>&1 || status=1
 sed -n '/^op /,/^wrote/p' "$OUT/bench.log"
 
 if command -v compute-sanitizer >/dev/null && [ "${SANITIZE:-1}" = 1 ]; then
   echo "== compute-sanitizer memcheck (CUDA tests, no large/compile)"
-  timeout "${SANITIZE_TIMEOUT:-300}" compute-sanitizer --tool memcheck --error-exitcode 3 \
-    "$PYTHON" -m pytest tests -q -x -m "cuda and not large" -k "not compile" -p no:cacheprovider \
+  files=tests
+  [ -n "$OPS" ] && files=$(for op in ${OPS//,/ }; do echo "tests/test_$op.py"; done)
+  timeout "${SANITIZE_TIMEOUT:-400}" compute-sanitizer --tool memcheck --error-exitcode 3 \
+    "$PYTHON" -m pytest $files -q -x -m "cuda and not large" -k "not compile" -p no:cacheprovider \
     > "$OUT/memcheck.log" 2>&1 || status=1
   tail -4 "$OUT/memcheck.log"
 fi

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 from conftest import DEVICES, HAS_CUDA, poison_cuda_allocator
@@ -11,8 +9,45 @@ from conftest import DEVICES, HAS_CUDA, poison_cuda_allocator
 import opforge
 from opforge import reference
 
-# The CUDA-core rungs (float32). The tensor-core rungs (mma, wgmma) are tested once they exist.
-FP32_CUDA_VARIANTS = ["naive", "smem_tiled", "register_blocked", "warp_tiled"]
+# Every CUDA kernel by name, and the rungs' names that choose among them (docs/matmul.md).
+FP32_CUDA_VARIANTS = [
+    "naive",
+    "smem_tiled",
+    "register_blocked",
+    "warp_tiled",
+    "warp_tiled_staged",
+    "warp_tiled_cp_async",
+]
+HALF_CUDA_VARIANTS = ["mma", "mma_cp_async", "mma_tma", "mma_ws", "wgmma"]
+HALF_DTYPES = [torch.float16, torch.bfloat16]
+
+
+def _build_arches() -> list[str]:
+    config = opforge._loader._build_config()
+    return (getattr(config, "CUDA_ARCH_LIST", None) or "").replace(" ", ";").split(";")
+
+
+def runs_here(variant: str) -> bool:
+    """Whether this GPU and build have the kernel's code (else the op must say what it needs)."""
+    cap = torch.cuda.get_device_capability()
+    arches = _build_arches()
+    if variant in ("mma_tma",):
+        return cap[0] == 9 and any(a.startswith("9.0") for a in arches)
+    if variant in ("mma_ws", "wgmma"):
+        return cap == (9, 0) and "9.0a" in arches
+    if variant.startswith("mma") or variant == "warp_tiled_cp_async":
+        return cap[0] >= 8
+    return True
+
+
+def check_or_refused(variant: str, call) -> bool:
+    """Run call() when the kernel runs here (True); else assert the op refuses it clearly (False)."""
+    if runs_here(variant):
+        return True
+    with pytest.raises(ValueError, match=rf"opforge\.matmul: variant '{variant}' needs "):
+        call()
+    return False
+
 
 # Shapes the issue names (1, 7, 17, 127, 129, 1000, 4097 appear as m, n or k).
 SHAPES = [
@@ -63,86 +98,87 @@ def test_fp32_shapes(device, shape):
 def test_cuda_fp32_variants(variant, shape):
     m, k, n = shape
     a, b = rand((m, k), torch.float32, "cuda"), rand((k, n), torch.float32, "cuda")
+    if not check_or_refused(variant, lambda: opforge.matmul(a, b, variant=variant)):
+        return
     poison_cuda_allocator(4 * m * n, "cuda")  # an element the kernel misses shows up as NaN
     assert_close_to_reference(opforge.matmul(a, b, variant=variant), a, b)
 
 
-def _has_wgmma() -> bool:
-    # OPFORGE_SKIP_VARIANTS=wgmma: scripts/gpu_quick.sh found the rung failing in isolation.
-    skipped = "wgmma" in os.environ.get("OPFORGE_SKIP_VARIANTS", "").split(",")
-    return HAS_CUDA and torch.cuda.get_device_capability() == (9, 0) and not skipped
-
-
 @pytest.mark.cuda
-@pytest.mark.parametrize("variant", ["mma", "wgmma"])
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("variant", HALF_CUDA_VARIANTS)
+@pytest.mark.parametrize("dtype", HALF_DTYPES)
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
 def test_cuda_tensor_core_variants(variant, dtype, shape):
-    """The tensor-core rungs; odd k and n take zero-padded copies, multiples of 8 do not, and a
+    """The tensor-core kernels; odd k and n take zero-padded copies, multiples of 8 do not, and a
     transposed view of b (x @ w.t()) is read as it is by wgmma."""
-    if variant == "wgmma" and not _has_wgmma():
-        pytest.skip("wgmma needs an sm_90 GPU")
     m, k, n = shape
     a, b = rand((m, k), dtype, "cuda"), rand((k, n), dtype, "cuda")
+    if not check_or_refused(variant, lambda: opforge.matmul(a, b, variant=variant)):
+        return
     poison_cuda_allocator(2 * m * n, "cuda")
     assert_close_to_reference(opforge.matmul(a, b, variant=variant), a, b)
     a, b = rand((2, m, 8 * k), dtype, "cuda"), rand((2, 8 * k, 8 * n), dtype, "cuda")
+    poison_cuda_allocator(2 * 2 * m * 8 * n, "cuda")
     assert_close_to_reference(opforge.matmul(a, b, variant=variant), a, b)
     w = rand((n, 8 * k), dtype, "cuda")
     x = rand((m, 8 * k), dtype, "cuda")
+    poison_cuda_allocator(2 * m * n, "cuda")
     assert_close_to_reference(opforge.matmul(x, w.t(), variant=variant), x, w.t())
 
 
+LARGE_SHAPES = [(1, 2056, 72, 2048), (1, 2049, 64, 2051), (3, 1100, 136, 1032), (9, 1000, 200, 1000)]
+LARGE_IDS = ["n8", "odd", "batched", "rounds"]
+KERNELS = [("warp_tiled_staged", torch.float32), ("warp_tiled_cp_async", torch.float32)] + [
+    (v, d) for v in HALF_CUDA_VARIANTS if v != "mma" for d in HALF_DTYPES
+]
+
+
 @pytest.mark.cuda
-@pytest.mark.parametrize("variant", ["warp_tiled", "mma", "wgmma"])
-@pytest.mark.parametrize(
-    "shape",
-    [(1, 2056, 72, 2048), (1, 2049, 64, 2051), (3, 1100, 136, 1032), (9, 1000, 200, 1000)],
-    ids=["n8", "odd", "batched", "rounds"],
-)
-def test_cuda_large_tile_paths(variant, shape):
-    """Enough output tiles for the launchers' wide configurations (wgmma: 128 x 256 tiles, stored
-    by TMA when n is a multiple of 8, else by each thread; warp_tiled: tiles inside the matrices
-    read without bounds checks), with partial tiles at the edges; "rounds": 288 tiles of 128 x 256,
-    so that the persistent kernels' blocks (one per SM) each walk 2-3 tiles across batches."""
-    if variant == "wgmma" and not _has_wgmma():
-        pytest.skip("wgmma needs an sm_90 GPU")
+@pytest.mark.parametrize("variant,dtype", KERNELS, ids=lambda x: str(x).removeprefix("torch."))
+@pytest.mark.parametrize("shape", LARGE_SHAPES, ids=LARGE_IDS)
+def test_cuda_large_tile_paths(variant, dtype, shape):
+    """Enough output tiles for the kernels' wide configurations (wgmma: 128 x 256 tiles, stored
+    by TMA when n is a multiple of 8, else by each thread; mma_tma likewise; mma_ws through a
+    padded output when n is odd; warp_tiled: tiles inside the matrices read without bounds
+    checks), with partial tiles at the edges; "rounds": 288 tiles of 128 x 256, so that the
+    persistent kernels' blocks (one per SM) each walk 2-3 tiles across batches."""
     batch, m, k, n = shape
-    dtype = torch.float32 if variant == "warp_tiled" else torch.bfloat16
     a, b = rand((batch, m, k), dtype, "cuda"), rand((batch, k, n), dtype, "cuda")
-    poison_cuda_allocator(2 * batch * m * n, "cuda")
+    if not check_or_refused(variant, lambda: opforge.matmul(a, b, variant=variant)):
+        return
+    poison_cuda_allocator(a.element_size() * batch * m * n, "cuda")
     assert_close_to_reference(opforge.matmul(a, b, variant=variant), a, b)
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("variant", ["mma", "wgmma"])
+@pytest.mark.parametrize("variant", HALF_CUDA_VARIANTS)
 @pytest.mark.parametrize("k", [8, 32, 40, 64, 88, 96, 104, 128, 160, 192, 200, 1000, 4096])
 def test_cuda_tensor_core_k_remainders(variant, k):
-    """Every remainder of k against the k tiles (mma on sm_90: 64 deep, or 96 deep with the last
-    tile's mma stopping after the 32-deep pieces that hold data where the build has no 9.0a code;
-    wgmma: 64 deep), on a tile-edged output."""
-    if variant == "wgmma" and not _has_wgmma():
-        pytest.skip("wgmma needs an sm_90 GPU")
+    """Every remainder of k against the k tiles (mma_tma: 96 deep, the last tile's mma stopping
+    after the 32-deep pieces that hold data; mma_cp_async, mma_ws, wgmma: 64 deep), on a
+    tile-edged output."""
     m, n = 136, 264
     a, b = rand((2, m, k), torch.bfloat16, "cuda"), rand((2, k, n), torch.bfloat16, "cuda")
+    if not check_or_refused(variant, lambda: opforge.matmul(a, b, variant=variant)):
+        return
     poison_cuda_allocator(2 * 2 * m * n, "cuda")
     assert_close_to_reference(opforge.matmul(a, b, variant=variant), a, b)
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("variant", ["mma", "wgmma"])
+@pytest.mark.parametrize("variant", HALF_CUDA_VARIANTS)
 def test_cuda_tensor_core_layouts(variant):
-    """Layouts the tensor-core rungs read in place: row strides wider than the rows (slices of
+    """Layouts the tensor-core kernels read in place: row strides wider than the rows (slices of
     wider tensors), batch strides that are not rows x row stride (every other batch), and a
-    broadcast operand (batch stride 0, which TMA cannot address: on sm_90 mma falls back to its
-    cp.async kernel for it, wgmma takes a copy)."""
-    if variant == "wgmma" and not _has_wgmma():
-        pytest.skip("wgmma needs an sm_90 GPU")
+    broadcast operand (batch stride 0, which TMA cannot address: mma takes its cp.async kernel
+    for it, mma_tma, mma_ws and wgmma a copy)."""
     dtype = torch.bfloat16
     m, k, n = 200, 136, 264
     a = rand((3, m, k + 24), dtype, "cuda")[..., :k]
     b = rand((3, k, n + 40), dtype, "cuda")[..., :n]
     assert a.stride(-2) % 8 == 0 and b.stride(-2) % 8 == 0 and k % 8 == 0 and n % 8 == 0
+    if not check_or_refused(variant, lambda: opforge.matmul(a, b, variant=variant)):
+        return
     poison_cuda_allocator(2 * 3 * m * n, "cuda")
     assert_close_to_reference(opforge.matmul(a, b, variant=variant), a, b)
     a2, b2 = rand((6, m, k), dtype, "cuda")[::2], rand((6, k, n), dtype, "cuda")[::2]
@@ -154,24 +190,78 @@ def test_cuda_tensor_core_layouts(variant):
 
 
 @pytest.mark.cuda
+@pytest.mark.parametrize("variant", ["warp_tiled", "warp_tiled_staged", "warp_tiled_cp_async"])
 @pytest.mark.parametrize("shape", [(300, 70, 261), (129, 33, 6), (2, 257, 130, 514)], ids=str)
-def test_cuda_warp_tiled_padded_views(shape):
-    """warp_tiled's cp.async tiles on column slices of wider tensors: row strides multiples of 4
-    floats (16-byte rows) but k and n not, so the copies at the edges read short chunks and
-    zero-fill the rest."""
+def test_cuda_warp_tiled_padded_views(variant, shape):
+    """Column slices of wider tensors: row strides multiples of 4 floats (16-byte rows) but k and
+    n not, so warp_tiled's cp.async copies at the edges read short chunks and zero-fill the rest;
+    warp_tiled_cp_async also takes a padded output for c's odd rows."""
     *batch, m, k, n = shape
     a = rand((*batch, m, (k + 3) // 4 * 4 + 4), torch.float32, "cuda")[..., :k]
     b = rand((*batch, k, (n + 3) // 4 * 4 + 4), torch.float32, "cuda")[..., :n]
     assert a.stride(-2) % 4 == 0 and b.stride(-2) % 4 == 0 and k % 4 and n % 4
+    if not check_or_refused(variant, lambda: opforge.matmul(a, b, variant=variant)):
+        return
     poison_cuda_allocator(4 * m * n * (batch[0] if batch else 1), "cuda")
-    assert_close_to_reference(opforge.matmul(a, b, variant="warp_tiled"), a, b)
+    assert_close_to_reference(opforge.matmul(a, b, variant=variant), a, b)
 
 
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("dtype", [torch.float64, torch.float16, torch.bfloat16])
+ALL_CUDA_KERNELS = [(v, torch.float32) for v in FP32_CUDA_VARIANTS] + [
+    (v, d) for v in HALF_CUDA_VARIANTS for d in HALF_DTYPES
+]
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("variant,dtype", ALL_CUDA_KERNELS, ids=lambda x: str(x).removeprefix("torch."))
+@pytest.mark.parametrize("shape", [(2, 300, 136, 520), (1, 129, 33, 70)], ids=["tiles", "padded"])
+def test_cuda_graph_capture(variant, dtype, shape):
+    """Every kernel captured in a CUDA graph (the persistent and TMA launches, their tensor maps
+    and the launcher's padded copies included) and replayed on new data in the same buffers."""
+    batch, m, k, n = shape
+    a, b = rand((batch, m, k), dtype, "cuda"), rand((batch, k, n), dtype, "cuda")
+    if not check_or_refused(variant, lambda: opforge.matmul(a, b, variant=variant)):
+        return
+    opforge.matmul(a, b, variant=variant)  # warm up outside the capture (kernel attributes)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = opforge.matmul(a, b, variant=variant)
+    for _ in range(2):
+        a.copy_(rand(a.shape, dtype, "cuda"))
+        b.copy_(rand(b.shape, dtype, "cuda"))
+        out.fill_(float("nan"))
+        g.replay()
+        torch.cuda.synchronize()
+        assert_close_to_reference(out, a, b)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("variant,dtype", ALL_CUDA_KERNELS, ids=lambda x: str(x).removeprefix("torch."))
+def test_cuda_side_stream(variant, dtype):
+    """The kernel runs on the current stream: on a side stream it must see the copy queued before
+    it there behind a long sleep (a launch on another stream would read the stale input)."""
+    a, b = rand((2, 300, 136), dtype, "cuda"), rand((2, 136, 520), dtype, "cuda")
+    if not check_or_refused(variant, lambda: opforge.matmul(a, b, variant=variant)):
+        return
+    opforge.matmul(a, b, variant=variant)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        a2 = torch.zeros_like(a)
+        torch.cuda._sleep(20_000_000)
+        a2.copy_(a)
+        got = opforge.matmul(a2, b, variant=variant)
+    s.synchronize()
+    assert_close_to_reference(got, a, b)
+
+
+OTHER_DTYPES = [("cpu", torch.float64), ("cpu", torch.float16), ("cpu", torch.bfloat16)] + [
+    pytest.param("cuda", d, marks=pytest.mark.cuda) for d in HALF_DTYPES
+]  # (float64 on CUDA is refused: test_errors_cuda)
+
+
+@pytest.mark.parametrize("device,dtype", OTHER_DTYPES, ids=str)
 def test_other_dtypes(device, dtype):
-    if device == "cuda" and dtype == torch.float64:
-        pytest.skip("float64 runs on the CPU only")
     a, b = rand((3, 70, 129), dtype, device), rand((3, 129, 33), dtype, device)
     got = opforge.matmul(a, b)
     assert_close_to_reference(got, a, b)
@@ -180,7 +270,22 @@ def test_other_dtypes(device, dtype):
         ours = (got.double() - want).abs().max().item()
         theirs = (torch.matmul(a, b).double() - want).abs().max().item()
         assert ours <= 2 * theirs + 1e-6
-        assert torch.equal(reference.matmul(a, b), want.to(dtype))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16])
+def test_reference_is_exact_on_small_integers(dtype):
+    """The oracle itself: on small integers every product and sum is exact in every dtype, so
+    reference.matmul must equal the sums of products counted one by one in Python."""
+    a = torch.randint(-4, 5, (2, 5, 7)).to(dtype)
+    b = torch.randint(-4, 5, (2, 7, 3)).to(dtype)
+    got = reference.matmul(a, b)
+    assert got.dtype == dtype and got.shape == (2, 5, 3)
+    al, bl = a.tolist(), b.tolist()
+    want = [
+        [[sum(al[z][i][t] * bl[z][t][j] for t in range(7)) for j in range(3)] for i in range(5)]
+        for z in range(2)
+    ]
+    assert got.tolist() == want
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -218,15 +323,13 @@ def test_empty_and_k_zero(device):
         assert opforge.matmul(a, b).shape == (0, 3, 16)
 
 
-@pytest.mark.parametrize("device", DEVICES)
-def test_gradcheck(device):
-    a = rand((5, 7), torch.float64, device).requires_grad_()
-    b = rand((7, 3), torch.float64, device).requires_grad_()
-    if device == "cuda":
-        pytest.skip("float64 runs on the CPU only")
+def test_gradcheck():
+    """float64, so on the CPU (CUDA computes float32 and 16-bit types: test_backward_matches_torch)."""
+    a = rand((5, 7), torch.float64, "cpu").requires_grad_()
+    b = rand((7, 3), torch.float64, "cpu").requires_grad_()
     assert torch.autograd.gradcheck(lambda x, y: opforge.matmul(x, y), (a, b))
-    a3 = rand((2, 4, 6), torch.float64, device).requires_grad_()
-    b3 = rand((2, 6, 5), torch.float64, device).requires_grad_()
+    a3 = rand((2, 4, 6), torch.float64, "cpu").requires_grad_()
+    b3 = rand((2, 6, 5), torch.float64, "cpu").requires_grad_()
     assert torch.autograd.gradcheck(lambda x, y: opforge.matmul(x, y), (a3, b3))
 
 
@@ -310,29 +413,71 @@ def test_errors_cuda():
         RuntimeError, match=r"opforge\.matmul: b must be on the same device as a \(cuda:0\), got cpu"
     ):
         opforge.matmul(a, b.cpu())
-    with pytest.raises(
-        ValueError,
-        match=r"opforge\.matmul: variant 'mma' cannot serve float32; for float32 on CUDA the variants are: auto, naive, smem_tiled, register_blocked, warp_tiled",
-    ):
-        opforge.matmul(a, b, variant="mma")
-    with pytest.raises(
-        ValueError,
-        match=r"opforge\.matmul: variant 'naive' cannot serve bfloat16; for bfloat16 on CUDA the variants are: auto, mma, wgmma",
-    ):
-        opforge.matmul(a.bfloat16(), b.bfloat16(), variant="naive")
+    fp32 = "auto, naive, smem_tiled, register_blocked, warp_tiled, warp_tiled_staged, warp_tiled_cp_async"
+    for v in HALF_CUDA_VARIANTS:
+        with pytest.raises(
+            ValueError,
+            match=rf"opforge\.matmul: variant '{v}' cannot serve float32; for float32 on CUDA the variants are: {fp32}$",
+        ):
+            opforge.matmul(a, b, variant=v)
+    half = "auto, mma, mma_cp_async, mma_tma, mma_ws, wgmma"
+    for v in FP32_CUDA_VARIANTS:
+        with pytest.raises(
+            ValueError,
+            match=rf"opforge\.matmul: variant '{v}' cannot serve bfloat16; for bfloat16 on CUDA the variants are: {half}$",
+        ):
+            opforge.matmul(a.bfloat16(), b.bfloat16(), variant=v)
     with pytest.raises(ValueError, match=r"opforge\.matmul: float64 is computed on the CPU only"):
         opforge.matmul(a.double(), b.double())
 
 
-@pytest.mark.cuda
-def test_cuda_non_default_stream():
-    a, b = rand((300, 200), torch.float32, "cuda"), rand((200, 100), torch.float32, "cuda")
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        a2 = torch.empty_like(a)
-        torch.cuda._sleep(20_000_000)
-        a2.copy_(a)
-        got = opforge.matmul(a2, b, variant="warp_tiled")
-    s.synchronize()
-    assert_close_to_reference(got, a, b)
+@pytest.mark.parametrize("device", DEVICES)
+def test_error_none_nested_sparse(device):
+    x = torch.ones(3, 3, device=device)
+    with pytest.raises(RuntimeError, match=r"opforge\.matmul: b must be a tensor, got None"):
+        torch.ops.opforge.matmul(x, None)
+    with pytest.raises(RuntimeError, match=r"opforge\.matmul: a must be a tensor, got None"):
+        torch.ops.opforge.matmul(None, x)
+    nested = torch.nested.nested_tensor([torch.ones(2, 3), torch.ones(4, 3)], device=device)
+    with pytest.raises(
+        RuntimeError, match=r"opforge\.matmul: a must be a dense \(strided\) tensor, got a nested"
+    ):
+        opforge.matmul(nested, nested)
+    with pytest.raises(
+        RuntimeError,
+        match=r"opforge\.matmul: b must be a dense \(strided\) tensor, got a tensor of layout Sparse",
+    ):
+        opforge.matmul(x, x.to_sparse())
+
+
+def test_torch_func_transforms():
+    """grad, vjp, jacrev, jacfwd, jvp, vmap (2-D and batched operands, one unmapped), hessian and
+    forward-mode AD through opforge.matmul, against the same transforms of torch.matmul."""
+    import torch.autograd.forward_ad as fwad
+
+    a, b = rand((3, 4), torch.float64, "cpu"), rand((4, 5), torch.float64, "cpu")
+    w = rand((3, 5), torch.float64, "cpu")
+    torch.testing.assert_close(torch.func.grad(lambda x: (opforge.matmul(x, b) * w).sum())(a), w @ b.T)
+    _, pull = torch.func.vjp(opforge.matmul, a, b)
+    da, db = pull(w)
+    torch.testing.assert_close(da, w @ b.T)
+    torch.testing.assert_close(db, a.T @ w)
+    for jac in (torch.func.jacrev, torch.func.jacfwd):
+        torch.testing.assert_close(
+            jac(opforge.matmul, argnums=(0, 1))(a, b), jac(torch.matmul, argnums=(0, 1))(a, b)
+        )
+    ta, tb = torch.randn_like(a), torch.randn_like(b)
+    _, tangent = torch.func.jvp(opforge.matmul, (a, b), (ta, tb))
+    torch.testing.assert_close(tangent, ta @ b + a @ tb)
+    xs, ys = rand((6, 3, 4), torch.float64, "cpu"), rand((6, 4, 5), torch.float64, "cpu")
+    torch.testing.assert_close(torch.func.vmap(opforge.matmul)(xs, ys), xs @ ys)
+    torch.testing.assert_close(torch.func.vmap(opforge.matmul, in_dims=(0, None))(xs, b), xs @ b)
+    x4, y4 = rand((2, 6, 3, 4), torch.float64, "cpu"), rand((2, 6, 4, 5), torch.float64, "cpu")
+    torch.testing.assert_close(torch.func.vmap(opforge.matmul)(x4, y4), x4 @ y4)
+    torch.testing.assert_close(
+        torch.func.hessian(lambda x: (opforge.matmul(x, b) ** 2).sum())(a),
+        torch.func.hessian(lambda x: ((x @ b) ** 2).sum())(a),
+    )
+    with fwad.dual_level():
+        out = opforge.matmul(fwad.make_dual(a, ta), b)
+        torch.testing.assert_close(fwad.unpack_dual(out).tangent, ta @ b)

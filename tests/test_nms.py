@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import decimal
+import fractions
 import math
+import re
 
+import numpy as np
 import pytest
 import torch
 from conftest import DEVICES, HAS_CUDA
@@ -14,13 +18,16 @@ from opforge.bench.nms import clustered_boxes, distinct, torchvision_ops, unifor
 
 # torchvision is the peer: the oracle on tie-free inputs. Where it is missing or does not load
 # beside this torch, the stable reference (equal to torchvision on tie-free inputs) stands in.
+# For batched_nms the oracle is torchvision's per-class path: its public batched_nms offsets
+# the boxes by class for small inputs, which rounds coordinates (docs/nms.md), and can then keep
+# a different set than its own per-class answer, which opforge computes.
 tv_ops = torchvision_ops()
 needs_torchvision = pytest.mark.skipif(tv_ops is None, reason="torchvision is missing or does not load")
 
 
 class _Oracle:
     nms = staticmethod(tv_ops.nms if tv_ops else reference.nms)
-    batched_nms = staticmethod(tv_ops.batched_nms if tv_ops else reference.batched_nms)
+    batched_nms = staticmethod(tv_ops.boxes._batched_nms_vanilla if tv_ops else reference.batched_nms)
 
 
 oracle = _Oracle()
@@ -103,6 +110,112 @@ def test_threshold_boundary(device):
         assert_same(opforge.nms(third, scores, thr), want)
 
 
+def _threshold_kinds(device):
+    """iou_threshold values that torchvision accepts, by the float each one stands for."""
+    return {
+        0.75: [
+            np.float32(0.75),
+            np.float64(0.75),
+            np.float16(0.75),
+            np.array(0.75),
+            torch.tensor(0.75),
+            torch.tensor(0.75, dtype=torch.float64),
+            torch.tensor(0.75, dtype=torch.bfloat16),
+            torch.tensor([0.75]),
+            torch.tensor([[0.75]], device=device),
+            torch.tensor(0.75, requires_grad=True),
+            fractions.Fraction(3, 4),
+            decimal.Decimal("0.75"),
+        ],
+        0.0: [
+            0,
+            np.int64(0),
+            np.int32(0),
+            np.uint8(0),
+            torch.tensor(0),
+            False,
+            np.False_,
+            torch.tensor(False),
+        ],
+        1.0: [1, True, np.True_, np.int8(1), torch.tensor(True, device=device)],
+        float(np.float32(0.9)): [np.float32(0.9), torch.tensor(0.9)],  # 0.8999999761581421
+        2.0**70: [2**70],
+    }
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_iou_threshold_kinds(device):
+    """Every number torchvision accepts as iou_threshold gives the answer of its Python float."""
+    boxes, scores = clustered_boxes(300, device=device)
+    idxs = torch.randint(0, 3, (300,), device=device)
+    kinds = _threshold_kinds(device)
+    # Sanity: the thresholds give different answers, so a wrong conversion shows.
+    assert len({tuple(opforge.nms(boxes, scores, thr).tolist()) for thr in list(kinds)[:4]}) == 4
+    for thr, values in kinds.items():
+        want = opforge.nms(boxes, scores, thr)
+        want_batched = opforge.batched_nms(boxes, scores, idxs, thr)
+        for value in values:
+            assert_same(opforge.nms(boxes, scores, value), want)
+            assert_same(opforge.batched_nms(boxes, scores, idxs, value), want_batched)
+            keep, num = opforge.nms_padded(boxes, scores, value, idxs)
+            assert_same(keep[: num.item()], want_batched)
+            if tv_ops is not None and not (isinstance(value, torch.Tensor) and value.requires_grad):
+                assert_same(tv_ops.nms(boxes, scores, value), want)  # torchvision takes it too
+
+
+def test_iou_threshold_rejected():
+    b, s = uniform_boxes(10)
+    idxs = torch.zeros(10, dtype=torch.int64)
+    ops = {
+        "opforge.nms": lambda thr: opforge.nms(b, s, thr),
+        "opforge.batched_nms": lambda thr: opforge.batched_nms(b, s, idxs, thr),
+        "opforge.nms_padded": lambda thr: opforge.nms_padded(b, s, thr, idxs),
+    }
+    rejected = {
+        "str": "0.5",
+        "NoneType": None,
+        "list": [0.5],
+        "str_": np.str_("0.5"),
+        "ndarray": np.array([0.5]),  # one element, but 1-D (torchvision refuses it too)
+        "complex": 0.5 + 0j,
+        "complex64": np.complex64(0.5),  # torchvision drops the imaginary part, with a warning
+        r"a complex64 tensor of shape \[\] on cpu": torch.tensor(0.5 + 0j),
+        r"a float32 tensor of shape \[2\] on cpu": torch.tensor([0.5, 0.6]),
+        r"a float32 tensor of shape \[\] on meta": torch.tensor(0.5, device="meta"),
+    }
+    for op, call in ops.items():
+        name = re.escape(op)
+        for got, value in rejected.items():
+            with pytest.raises(
+                TypeError,
+                match=rf"^{name}: iou_threshold must be a real number \(int, float, a NumPy scalar or a "
+                rf"one-element tensor\), got {got}$",
+            ):
+                call(value)
+        with pytest.raises(
+            OverflowError, match=rf"^{name}: iou_threshold is too large to convert to a float \(int\)$"
+        ):
+            call(10**400)
+        for nan in (float("nan"), np.float32("nan"), torch.tensor(float("nan"))):
+            with pytest.raises(RuntimeError, match=rf"{name}: iou_threshold must be a number, got nan"):
+                call(nan)
+    if tv_ops is not None:  # torchvision refuses these too
+        for value in (
+            "0.5",
+            None,
+            [0.5],
+            np.str_("0.5"),
+            np.array([0.5]),
+            0.5 + 0j,
+            torch.tensor([0.5, 0.6]),
+            10**400,
+        ):
+            with pytest.raises(
+                RuntimeError, match="Expected a value of type 'float' for argument 'iou_threshold'"
+            ):
+                tv_ops.nms(b, s, value)
+
+
 @pytest.mark.cuda
 def test_cuda_thresholds_at_pair_ious():
     """Thresholds equal to (and one float step around) IoUs that occur in the set: the CUDA kernel
@@ -130,12 +243,13 @@ def test_signed_zero_scores_tie(device):
     for scores in ([0.0, -0.0, 0.5], [-0.0, 0.0, 0.5]):
         s = torch.tensor(scores)
         assert opforge.nms(boxes.to(device), s.to(device), 0.5).tolist() == [2, 0]
-        big_boxes = boxes.repeat(2000, 1) + torch.arange(6000).repeat_interleave(4).view(-1, 4) * 100.0
-        big_scores = s.repeat(2000)
-        assert_same(  # the same through the large-input sort path
-            opforge.nms(big_boxes.to(device), big_scores.to(device), 0.5),
-            reference.nms(big_boxes, big_scores, 0.5),
-        )
+        # The same through torch.sort: 18k boxes, above the CUDA kernel's ranking sort (16k).
+        # Disjoint boxes, all kept: the 0.5 scores first, then the zeros of either sign by index.
+        big_boxes = boxes.repeat(6000, 1) + torch.arange(18000).repeat_interleave(4).view(-1, 4) * 100.0
+        big_scores = s.repeat(6000)
+        index = torch.arange(18000)
+        want = torch.cat([index[big_scores == 0.5], index[big_scores == 0]])
+        assert_same(opforge.nms(big_boxes.to(device), big_scores.to(device), 0.5), want)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -171,8 +285,8 @@ def test_dense_overlap_graphs(device):
     assert got.tolist() == [int(s2.argmax())]
     idxs = torch.randint(0, 3, (3000,))
     got = opforge.batched_nms(spread.to(device), s2.to(device), idxs.to(device), -0.5)
-    want = [int(torch.nonzero(idxs == c).flatten()[s2[idxs == c].argmax()]) for c in range(3)]
-    assert sorted(got.tolist()) == sorted(want)
+    want = torch.tensor([int(torch.nonzero(idxs == c).flatten()[s2[idxs == c].argmax()]) for c in range(3)])
+    assert_same(got, want[torch.sort(s2[want], descending=True).indices])  # by decreasing score
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -304,10 +418,24 @@ def test_errors():
         opforge.nms(b, s.to("meta"), 0.5)
     with pytest.raises(TypeError, match=r"opforge\.nms: boxes must be a torch\.Tensor, got list"):
         opforge.nms([[0, 0, 1, 1]], s, 0.5)
-    with pytest.raises(TypeError, match=r"opforge\.nms_padded: iou_threshold must be a float, got str"):
+    with pytest.raises(
+        TypeError, match=r"opforge\.nms_padded: iou_threshold must be a real number .*, got str"
+    ):
         opforge.nms_padded(b, s, "0.5")
-    # int32 classes are accepted
-    assert_same(opforge.batched_nms(b, s, torch.zeros(10, dtype=torch.int32), 0.5), oracle.nms(b, s, 0.5))
+
+
+def test_integer_idxs_dtypes():
+    """Any integer dtype holds the classes: the same answer as int64 (boxes that overlap, so that
+    misread classes would change it)."""
+    boxes, scores = clustered_boxes(400)
+    idxs = torch.randint(0, 5, (400,))
+    want = oracle.batched_nms(boxes, scores, idxs, 0.5)
+    # Sanity: the classes matter (one class, or a class per box, would give another answer).
+    assert not torch.equal(want, oracle.nms(boxes, scores, 0.5)) and want.numel() < 400
+    for dtype in (torch.int32, torch.int16, torch.int8, torch.uint8):
+        assert_same(opforge.batched_nms(boxes, scores, idxs.to(dtype), 0.5), want)
+        keep, num = opforge.nms_padded(boxes, scores, 0.5, idxs=idxs.to(dtype))
+        assert_same(keep[: num.item()], want)
 
 
 @pytest.mark.cuda
@@ -385,10 +513,9 @@ def test_cuda_special_boxes_and_thresholds_large():
 @pytest.mark.cuda
 def test_cuda_many_random_sets():
     """Many fresh sets through the cooperative kernel (races would show as rare mismatches)."""
-    for seed in range(24):
-        torch.manual_seed(seed)
-        make = uniform_boxes if seed % 2 else clustered_boxes
-        n = (10_000, 20_000, 3_000)[seed % 3]
+    for i in range(24):
+        make = uniform_boxes if i % 2 else clustered_boxes
+        n = (10_000, 20_000, 3_000)[i % 3]
         boxes, scores = make(n)
         idxs = torch.randint(0, 80, (n,))
         assert_same(opforge.nms(boxes.cuda(), scores.cuda(), 0.5), opforge.nms(boxes, scores, 0.5))
@@ -422,40 +549,172 @@ def test_cuda_vs_torchvision_cuda():
 # --- drop-in for torchvision ----------------------------------------------------------------
 
 
-@needs_torchvision
-def test_torchvision_patch_and_detection_model():
-    import torchvision.ops.boxes as tv_boxes
-    from torchvision.models.detection import fasterrcnn_mobilenet_v3_large_fpn
+@pytest.mark.parametrize("device", DEVICES)
+def test_batched_nms_many_classes_large_image(device):
+    """1000 classes in a 1333-pixel image. torchvision's batched_nms offsets small inputs' boxes by
+    class x (largest coordinate + 1), up to 1.3M here, where float32 steps are 1/8 px, and can
+    keep another set than per class (docs/nms.md); opforge always computes per class."""
+    n = 1000
+    boxes, scores = clustered_boxes(n)
+    boxes = boxes * (1333 / 1024)
+    many = torch.randint(0, 1000, (n,))
+    few = torch.randint(0, 1000, (8,))[torch.randint(0, 8, (n,))]  # 8 large class ids
+    for idxs in (many, few):
+        # Per class, IoU in float32 as the op computes it for float32 boxes, merged by score.
+        want = reference.batched_nms(boxes, scores, idxs, 0.5)
+        assert want.numel() < n  # sanity: boxes of one class suppress each other
+        got = opforge.batched_nms(boxes.to(device), scores.to(device), idxs.to(device), 0.5)
+        assert_same(got, want)
+        if tv_ops is not None:
+            assert_same(got, tv_ops.boxes._batched_nms_vanilla(boxes, scores, idxs, 0.5))
 
+
+def _distinct_16bit(n, dtype, device):
+    """n distinct positive 16-bit scores in random order: no ties, so one right answer."""
+    first = 0x3800 if dtype == torch.bfloat16 else 0x1000  # 2**-15 in bfloat16, 2**-11 in float16
+    return (torch.randperm(n, device=device) + first).to(torch.int16).view(dtype)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_autocast_float32_boxes_16bit_scores(device, dtype):
+    """Under autocast a detector's boxes can be float32 and its scores 16-bit. The autocast kernels
+    cast both to float32, as torchvision's do: the answer is the float32 one."""
+    n = 1500
+    boxes, _ = clustered_boxes(n, device=device)
+    scores = _distinct_16bit(n, dtype, device)
+    idxs = torch.randint(0, 5, (n,), device=device)
+    want = opforge.nms(boxes, scores.float(), 0.5)
+    want_batched = opforge.batched_nms(boxes, scores.float(), idxs, 0.5)
+    assert want.numel() < n and not torch.equal(want, want_batched)  # sanity: suppression, classes
+    with torch.autocast(device, dtype=dtype):
+        assert_same(opforge.nms(boxes, scores, 0.5), want)
+        assert_same(opforge.batched_nms(boxes, scores, idxs, 0.5), want_batched)
+        keep, num = opforge.nms_padded(boxes, scores, 0.5)
+        assert_same(keep[: num.item()], want)
+        keep, num = opforge.nms_padded(boxes, scores, 0.5, idxs=idxs)
+        assert_same(keep[: num.item()], want_batched)
+        if tv_ops is not None:
+            assert_same(tv_ops.nms(boxes, scores, 0.5), want)
+            assert_same(oracle.batched_nms(boxes, scores, idxs, 0.5), want_batched)
+    # Without autocast the same call is a dtype mismatch: the autocast kernels make it work.
+    with pytest.raises(
+        RuntimeError, match=r"opforge\.nms: scores must have the same dtype as boxes \(float32\)"
+    ):
+        opforge.nms(boxes, scores, 0.5)
+
+
+@needs_torchvision
+def test_torchvision_patch_float_idxs():
+    """torchvision's batched_nms takes float (and bool) class ids, distinct values distinct
+    classes; patched, it still does, with torchvision's answer."""
     import opforge.integrations.torchvision as otv
 
-    torch.manual_seed(0)
+    for n in (600, 1500):  # torchvision on the CPU: the coordinate trick up to 1000 boxes, then per class
+        boxes, scores = clustered_boxes(n)
+        classes = torch.randint(0, 4, (n,))
+        halves = classes.float() - 0.5  # -0.5 and 0.5 would be one class if cast to an integer
+        cast = tv_ops.batched_nms(boxes, scores, halves.long(), 0.5)
+        assert not torch.equal(tv_ops.batched_nms(boxes, scores, halves, 0.5), cast)  # sanity
+        for idxs in (halves, classes.double() * 3 - 4, classes == 0):
+            want = tv_ops.batched_nms(boxes, scores, idxs, 0.5)
+            with otv.patched():
+                assert_same(tv_ops.batched_nms(boxes, scores, idxs, 0.5), want)
+                assert_same(tv_ops.boxes.batched_nms(boxes, scores, idxs, 0.5), want)
+
+
+def _detector(device):
+    """fasterrcnn_mobilenet_v3_large_fpn with random weights that detect something whatever the
+    seed: normal with variance 1/fan-in (torchvision's own init gives nearly constant scores;
+    2/fan-in saturates them and leaves few valid boxes). Few proposals, to keep it quick."""
+    from torchvision.models.detection import fasterrcnn_mobilenet_v3_large_fpn
+
     model = fasterrcnn_mobilenet_v3_large_fpn(
-        weights=None, weights_backbone=None, box_score_thresh=0.0
-    ).eval()
-    # torchvision's init leaves many exactly-equal scores (ties are ordered arbitrarily by
-    # torchvision); a fan-in scaled normal init gives distinct scores, hence one right answer.
+        weights=None,
+        weights_backbone=None,
+        box_score_thresh=0.0,
+        rpn_pre_nms_top_n_test=300,
+        rpn_post_nms_top_n_test=150,
+    )
     with torch.no_grad():
         for module in model.modules():
             if isinstance(module, (torch.nn.Conv2d, torch.nn.Linear)):
-                module.weight.normal_(0, (2.0 / module.weight[0].numel()) ** 0.5)
+                module.weight.normal_(0, module.weight[0].numel() ** -0.5)
                 if module.bias is not None:
                     module.bias.normal_(0, 0.1)
-    images = [torch.rand(3, 320, 320), torch.rand(3, 256, 384)]
-    calls = []
+    return model.eval().to(device)
+
+
+def _torchvision_per_class(boxes, scores, idxs, iou_threshold):
+    """torchvision's batched_nms answer, defined whatever the scores: its per-class path, on the
+    CPU (its exact IEEE kernel), on the float32 boxes that autocast computes with, exact score ties
+    taken lower index first. A detector's scores have many ties (saturated, or bfloat16's 8 bits),
+    which torchvision orders arbitrarily: their stable ranks stand in for them."""
+    order = torch.sort(scores, descending=True, stable=True).indices
+    ranks = torch.empty(scores.shape, dtype=torch.float32, device=scores.device)
+    ranks[order] = torch.arange(scores.numel(), 0, -1, dtype=torch.float32, device=scores.device)
+    keep = tv_ops.boxes._batched_nms_vanilla(boxes.float().cpu(), ranks.cpu(), idxs.cpu(), iou_threshold)
+    return keep.to(boxes.device)
+
+
+def _run_detector(model, images, monkeypatch):
+    """Run the model with torchvision's NMS, then patched, assert the same detections, and return
+    the (boxes, scores) dtypes that opforge's batched_nms saw."""
+    import torchvision.ops.boxes as tv_boxes
+
+    import opforge.integrations.torchvision as otv
+
+    seen = []
+    real = opforge.batched_nms
+
+    def spy(boxes, scores, idxs, iou_threshold):
+        seen.append((boxes.dtype, scores.dtype))
+        return real(boxes, scores, idxs, iou_threshold)
+
     with torch.no_grad():
-        want = model(images)
-        with otv.patched():
-            assert tv_boxes.batched_nms is not calls and otv.is_patched()
-            real = opforge.batched_nms
-            try:
-                opforge.batched_nms = lambda *a: calls.append(a[0].shape[0]) or real(*a)
-                got = model(images)
-            finally:
-                opforge.batched_nms = real
-    assert not otv.is_patched() and tv_boxes.nms is not otv._nms
-    assert len(calls) >= 2  # the RPN and box head NMS went through opforge
+        with monkeypatch.context() as m:
+            m.setattr(tv_boxes, "batched_nms", _torchvision_per_class)
+            want = model(images)
+        with otv.patched(), monkeypatch.context() as m:
+            m.setattr(opforge, "batched_nms", spy)
+            got = model(images)
+    assert len(seen) >= 2 * len(images)  # the RPN and box head NMS of each image went through opforge
     assert sum(len(w["boxes"]) for w in want) > 0
     for w, g in zip(want, got, strict=True):
         for key in w:
             assert torch.equal(w[key], g[key]), key
+    return seen
+
+
+@needs_torchvision
+def test_torchvision_patch_and_detection_model(monkeypatch):
+    import torchvision.ops.boxes as tv_boxes
+
+    import opforge.integrations.torchvision as otv
+
+    names = [(tv_boxes, "nms"), (tv_boxes, "batched_nms"), (tv_ops, "nms"), (tv_ops, "batched_nms")]
+    originals = [getattr(module, name) for module, name in names]
+    assert not otv.is_patched() and all(f.__module__ == "torchvision.ops.boxes" for f in originals)
+    with otv.patched():
+        assert otv.is_patched()
+        assert [getattr(module, name) for module, name in names] == [otv._nms, otv._batched_nms] * 2
+    assert not otv.is_patched()
+    assert [getattr(module, name) for module, name in names] == originals
+
+    model = _detector("cpu")
+    images = [torch.rand(3, 320, 320), torch.rand(3, 256, 384)]
+    _run_detector(model, images, monkeypatch)
+    assert [getattr(module, name) for module, name in names] == originals
+
+
+@needs_torchvision
+@pytest.mark.parametrize("device", DEVICES)
+def test_detection_model_under_autocast(device, monkeypatch):
+    """A patched detector under bfloat16 autocast gives torchvision's detections. On CUDA its RPN
+    hands NMS float32 boxes (autocast runs torch.exp in float32 there) and bfloat16 scores, which
+    only the autocast kernels accept; on the CPU both are bfloat16."""
+    model = _detector(device)
+    images = [torch.rand(3, 320, 320, device=device), torch.rand(3, 256, 384, device=device)]
+    with torch.autocast(device, dtype=torch.bfloat16):
+        seen = _run_detector(model, images, monkeypatch)
+    assert any(torch.bfloat16 in dtypes for dtypes in seen)  # autocast reached NMS

@@ -6,14 +6,19 @@ import json
 import os
 import platform
 import re
+import weakref
+from functools import partial
 
 import pytest
 import torch
 
 import opforge
 from opforge import _loader
-from opforge.bench import harness
+from opforge.bench import SPECS, harness
 from opforge.bench.harness import Case, Spec
+from opforge.bench.timing import last_level_cache_bytes
+
+CPU = torch.device("cpu")
 
 
 def test_ops_are_registered():
@@ -50,18 +55,19 @@ def test_harness_runs_checks_and_writes(tmp_path):
     a, b = torch.randn(1000), torch.randn(1000)
 
     def cases(device, full):
-        yield Case(
+        ok = Case(
             "vector_add",
             "tiny ok",
             {"opforge": lambda: opforge.vector_add(a, b), "torch.add": lambda: a + b},
             check=lambda: None,
             bytes=3 * 4000,
         )
-        yield Case(
+        wrong = Case(
             "vector_add", "tiny wrong", {"opforge": lambda: a}, check=lambda: "planted mismatch", bytes=1
         )
+        return [lambda: ok, lambda: wrong]
 
-    result = harness.run([Spec("vector_add", cases)], torch.device("cpu"), full=False, rounds=1)
+    result = harness.run([Spec("vector_add", cases)], CPU, full=False, rounds=1)
     ok, wrong = result["rows"]
     assert ok["error"] is None and set(ok["impls"]) == {"opforge", "torch.add"}
     assert ok["impls"]["opforge"]["ms"] > 0 and ok["impls"]["opforge"]["gbps"] > 0
@@ -69,16 +75,214 @@ def test_harness_runs_checks_and_writes(tmp_path):
         ok["impls"]["torch.add"]["ms"] / ok["impls"]["opforge"]["ms"]
     )
     assert wrong["error"] == "planted mismatch" and wrong["impls"] == {}  # never timed
-    for key in ("device", "torch", "date", "commit", "copy_gbps"):
+    for key in ("device", "torch", "date", "commit", "copy_gbps", "llc_bytes"):
         assert key in result["meta"]
+    assert result["meta"]["peak_rss_bytes"] > 1 << 20  # a live process with torch loaded
+    assert "cuda_max_reserved_bytes" not in result["meta"]  # CUDA's peaks only on CUDA
     paths = harness.write(result, str(tmp_path))
     assert json.load(open(paths[0]))["rows"][0]["case"] == "tiny ok"
     md = open(paths[1]).read()
     assert "FAILED CHECK: planted mismatch" in md and "tiny ok" in md and result["meta"]["torch"] in md
+    assert "Peak memory: host RSS" in md and "peak memory: host RSS" in harness.to_table(result)
+
+
+def test_harness_builds_one_case_at_a_time():
+    """A case's inputs are allocated when it is about to run and freed before the next is built,
+    whether its check passed, failed or raised."""
+    refs: list[weakref.ref] = []
+    seen: list[tuple[str, int]] = []
+
+    def alive() -> int:
+        return sum(r() is not None for r in refs)
+
+    def build(kind: str) -> Case:
+        seen.append(("build", alive()))
+        x = torch.randn(1000)
+        refs.append(weakref.ref(x))
+
+        def check() -> str | None:
+            seen.append(("check", alive()))
+            if kind == "raises":
+                raise RuntimeError("planted")
+            return "planted mismatch" if kind == "wrong" else None
+
+        return Case("t", kind, {"opforge": lambda: x + 1}, check=check)  # the closures keep x alive
+
+    kinds = ["ok", "wrong", "raises", "ok"]
+    spec = Spec("t", lambda device, full: [partial(build, k) for k in kinds])
+    result = harness.run([spec], CPU, full=False, rounds=1)
+    assert [row["case"] for row in result["rows"]] == kinds
+    assert [row["error"] is None for row in result["rows"]] == [True, False, False, True]
+    assert seen == [("build", 0), ("check", 1)] * len(kinds)
+    assert alive() == 0
+
+
+def test_listing_the_real_cases_allocates_nothing(monkeypatch):
+    """The specs list builders; only building a case allocates its inputs (CPU and CUDA lists)."""
+    calls: list[str] = []
+    for name in ("randn", "rand", "randint", "empty"):
+        real = getattr(torch, name)
+        monkeypatch.setattr(
+            torch, name, lambda *a, _real=real, _name=name, **k: calls.append(_name) or _real(*a, **k)
+        )
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    for device in (CPU, torch.device("cuda")):
+        builders = {op: list(spec.cases(device, True)) for op, spec in SPECS.items()}
+        assert builders["vector_add"] and builders["matmul"] and calls == []  # nms: [] without torchvision
+    case = SPECS["vector_add"].cases(CPU, True)[0]()  # the patch sees a build's allocations
+    assert isinstance(case, Case) and calls
+
+
+def test_case_context_wraps_check_and_timing():
+    events: list[str] = []
+
+    class Context:
+        def __enter__(self):
+            events.append("enter")
+
+        def __exit__(self, *exc):
+            events.append("exit")
+
+    def build(raises: bool) -> Case:
+        def check() -> str | None:
+            events.append("check")
+            if raises:
+                raise RuntimeError("planted")
+            return None
+
+        return Case(
+            "t", f"raises={raises}", {"opforge": lambda: events.append("time")}, check, context=Context
+        )
+
+    events_of = {}
+    for raises in (False, True):
+        events.clear()
+        (row,) = harness.run([Spec("t", lambda d, f, r=raises: [partial(build, r)])], CPU, False, rounds=1)[
+            "rows"
+        ]
+        events_of[raises] = list(dict.fromkeys(events))  # the timer calls the impl many times
+        assert (row["error"] is None) != raises
+    assert events_of[False] == ["enter", "check", "time", "exit"] and events[-1] == "exit"
+    assert events_of[True] == ["enter", "check", "exit"]
+
+
+@pytest.mark.parametrize("initial", [True, False])
+def test_matmul_spec_restores_tf32(monkeypatch, initial):
+    """The real matmul spec runs fp32 with TF32 off and leaves the caller's setting as it was."""
+    flags: list[bool] = []
+    real = opforge.matmul
+
+    def spy(*args, **kwargs):
+        flags.append(torch.backends.cuda.matmul.allow_tf32)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(opforge, "matmul", spy)
+    saved = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = initial
+    try:
+        result = harness.run([SPECS["matmul"]], CPU, full=False, rounds=1)
+        after = torch.backends.cuda.matmul.allow_tf32
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = saved
+    assert after == initial
+    assert all(row["error"] is None for row in result["rows"])
+    assert flags and not any(flags)  # every fp32 call ran with TF32 off
+
+
+def test_cache_resident_rows_are_labelled(tmp_path, monkeypatch):
+    meta = {
+        "device": "CPU",
+        "device_type": "cpu",
+        "torch": "x",
+        "cuda": None,
+        "python": "3",
+        "mode": "quick",
+        "date": "d",
+        "commit": "c",
+        "copy_gbps": 50.0,
+        "llc_bytes": 32 << 20,
+    }
+
+    def row(case, nbytes, gbps):
+        impls = {"opforge": {"ms": 1.0, "gbps": gbps, "speedup_of_opforge": 1.0}}
+        return {
+            "op": "vector_add",
+            "case": case,
+            "params": {},
+            "bytes": nbytes,
+            "error": None,
+            "impls": impls,
+        }
+
+    rows = [row("fits", 12 << 20, 40.0), row("fast", 1 << 30, 200.0), row("dram", 1 << 30, 52.0)]
+    assert [harness.cache_resident(r, meta) for r in rows] == [True, True, False]
+    cuda = dict(meta, device_type="cuda", llc_bytes=None)  # L2 flushed: only the rate says
+    assert [harness.cache_resident(r, cuda) for r in rows] == [False, True, False]
+    assert not harness.cache_resident(row("nms", None, 0.0), meta)
+    for r in rows:
+        r["cache_resident"] = harness.cache_resident(r, meta)
+    result = {"meta": meta, "rows": rows}
+    for text in (harness.to_markdown(result), harness.to_table(result)):
+        assert "fits (cache-resident)" in text and "fast (cache-resident)" in text
+        assert "dram (cache-resident)" not in text and "dram" in text
+    harness.write(result, str(tmp_path), make_plot=False)
+    assert [r["cache_resident"] for r in json.load(open(tmp_path / "results.json"))["rows"]] == [
+        True,
+        True,
+        False,
+    ]
+
+    plt = pytest.importorskip("matplotlib.pyplot")
+    figs = []
+    monkeypatch.setattr(plt, "close", figs.append)
+    assert harness.plot(result, str(tmp_path / "results.png"))
+    ax = figs[0].axes[0]
+    bars = [p for p in ax.patches if p.get_height() > 0]
+    assert [bool(p.get_hatch()) for p in bars] == [True, True, False]
+    assert ["cache-resident" in t.get_text() for t in ax.get_xticklabels()] == [True, True, False]
+
+
+def test_last_level_cache_bytes(tmp_path):
+    for index, size in (("index0", "32K"), ("index2", "1024K"), ("index3", "32M")):
+        (tmp_path / index).mkdir()
+        (tmp_path / index / "size").write_text(size + "\n")
+    assert last_level_cache_bytes(CPU, str(tmp_path / "index*" / "size")) == 32 << 20
+    assert last_level_cache_bytes(CPU, str(tmp_path / "none*")) > 0  # the fallback
+    assert last_level_cache_bytes(torch.device("cuda")) is None
+
+
+def test_spec_plots_are_written_by_write(tmp_path):
+    calls: list[str] = []
+
+    def extra(result, out_dir):
+        calls.append(out_dir)
+        path = os.path.join(out_dir, "extra.txt")
+        open(path, "w").write(str(len(result["rows"])))
+        return [path]
+
+    spec = Spec("t", lambda device, full: [], plots=(extra,))
+    result = {
+        "meta": {
+            "device": "x",
+            "torch": "x",
+            "cuda": None,
+            "python": "3",
+            "date": "d",
+            "commit": "c",
+            "mode": "quick",
+            "copy_gbps": 1.0,
+        },
+        "rows": [],
+    }
+    paths = harness.write(result, str(tmp_path), specs=[spec, spec])
+    assert calls == [str(tmp_path)] and str(tmp_path / "extra.txt") in paths  # once, though listed twice
+    harness.write(result, str(tmp_path), make_plot=False, specs=[spec])
+    assert len(calls) == 1
 
 
 def test_matmul_ladder_plot(tmp_path):
-    """write() adds ladder.png for a CUDA run with matmul rows (a synthetic result), not for a CPU one."""
+    """write() adds ladder.png through the matmul spec's plots for a CUDA run with matmul rows (a
+    synthetic result), not for a CPU one, and not without the spec: the harness has no ladder."""
     pytest.importorskip("matplotlib")
 
     def row(dtype, variant, ms):
@@ -105,12 +309,15 @@ def test_matmul_ladder_plot(tmp_path):
         row("torch.float32", "warp_tiled", 1.0),
         row("torch.bfloat16", "wgmma", 0.5),
     ]
-    paths = harness.write({"meta": meta, "rows": rows}, str(tmp_path / "gpu"))
+    matmul = [SPECS["matmul"]]
+    paths = harness.write({"meta": meta, "rows": rows}, str(tmp_path / "gpu"), specs=matmul)
     assert (
         str(tmp_path / "gpu" / "ladder.png") in paths and (tmp_path / "gpu" / "ladder.png").stat().st_size > 0
     )
+    paths = harness.write({"meta": meta, "rows": rows}, str(tmp_path / "nospec"))
+    assert not any(p.endswith("ladder.png") for p in paths)
     meta_cpu = dict(meta, device_type="cpu")
-    paths = harness.write({"meta": meta_cpu, "rows": rows}, str(tmp_path / "cpu"))
+    paths = harness.write({"meta": meta_cpu, "rows": rows}, str(tmp_path / "cpu"), specs=matmul)
     assert not any(p.endswith("ladder.png") for p in paths)
 
 
@@ -120,8 +327,15 @@ def test_cli_bench_cpu(tmp_path, capsys):
     rc = main(["bench", "--device", "cpu", "--ops", "vector_add", "--rounds", "1", "--out", str(tmp_path)])
     assert rc == 0
     out = capsys.readouterr().out
-    assert "torch.add" in out and "GB/s" in out
+    assert "torch.add" in out and "GB/s" in out and "peak memory: host RSS" in out
     assert {"results.json", "results.md"} <= set(os.listdir(tmp_path))
+    result = json.load(open(tmp_path / "results.json"))
+    meta = result["meta"]
+    assert meta["peak_rss_bytes"] > 0 and meta["llc_bytes"] > 0
+    for row in result["rows"]:
+        assert row["cache_resident"] == harness.cache_resident(row, meta)
+        if row["bytes"] <= meta["llc_bytes"]:
+            assert row["cache_resident"] and f"{row['case']} (cache-resident)" in out
 
 
 def test_cli_rejects_unknown_op(capsys):

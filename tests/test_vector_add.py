@@ -314,3 +314,98 @@ def test_more_than_2_31_elements(device):
     out = opforge.vector_add(a, a)  # flat path
     assert_close(out[tail], a[tail] * 2, rtol=0, atol=0)
     assert_close(out[:4096], a[:4096] * 2, rtol=0, atol=0)
+
+
+# --- edges: layouts the fake kernel must agree on, non-tensors and other layouts, torch.func ---
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dims", [9, 12])
+def test_many_dims_real_matches_fake(device, dims):
+    """Dense inputs whose dims do not collapse (a permuted against b contiguous): the output keeps
+    a's layout as the fake kernel promises (torch.compile and opcheck compare the two)."""
+    perm = torch.randperm(dims).tolist()
+    while perm == sorted(perm):
+        perm = torch.randperm(dims).tolist()
+    a = rand([2] * dims, torch.float32, device).permute(*perm)
+    b = rand(a.shape, torch.float32, device)
+    out = check_exact(a, b)
+    assert out.stride() == torch.empty_like(a).stride()
+    torch.library.opcheck(torch.ops.opforge.vector_add.default, (a, b))
+    torch.library.opcheck(torch.ops.opforge.vector_add.default, (a, a.permute(*reversed(range(dims)))))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_more_than_64_dims(device):
+    """70 dims (torch's own elementwise ops stop at 64): the op still adds them, in a's layout."""
+    shape = [1] * 30 + [3, 1, 2] + [1] * 37
+    a = rand(shape, torch.float32, device)
+    b = rand(shape, torch.float32, device).transpose(30, 32).contiguous().transpose(30, 32)
+    assert not b.is_contiguous()
+    poison_cuda_allocator(4 * a.numel(), device)
+    out = opforge.vector_add(a, b)
+    assert out.dim() == 70 and out.shape == a.shape and out.stride() == torch.empty_like(a).stride()
+    want = (a.squeeze().double() + b.squeeze().double()).float()  # 2-D: within torch's limits
+    assert torch.equal(out.squeeze(), want)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_error_none_through_the_dispatcher(device):
+    x = torch.ones(3, device=device)
+    with pytest.raises(RuntimeError, match=r"opforge\.vector_add: b must be a tensor, got None"):
+        torch.ops.opforge.vector_add(x, None)
+    with pytest.raises(RuntimeError, match=r"opforge\.vector_add: a must be a tensor, got None"):
+        torch.ops.opforge.vector_add(None, x)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_error_nested_and_sparse(device):
+    x = torch.ones(2, 3, device=device)
+    nested = torch.nested.nested_tensor([torch.ones(2, 3), torch.ones(4, 3)], device=device)
+    with pytest.raises(
+        RuntimeError, match=r"opforge\.vector_add: a must be a dense \(strided\) tensor, got a nested"
+    ):
+        opforge.vector_add(nested, nested)
+    with pytest.raises(
+        RuntimeError, match=r"opforge\.vector_add: b must be a dense \(strided\) tensor, got a nested"
+    ):
+        opforge.vector_add(x, nested)
+    with pytest.raises(
+        RuntimeError,
+        match=r"opforge\.vector_add: a must be a dense \(strided\) tensor, got a tensor of layout Sparse",
+    ):
+        opforge.vector_add(x.to_sparse(), x.to_sparse())
+    with pytest.raises(
+        RuntimeError,
+        match=r"opforge\.vector_add: b must be a dense \(strided\) tensor, got a tensor of layout SparseCsr",
+    ):
+        opforge.vector_add(x, x.to_sparse_csr())
+
+
+def test_torch_func_transforms():
+    """grad, vjp, jacrev, jacfwd, jvp, vmap, hessian and forward-mode AD through opforge.vector_add
+    (the op's C++ autograd kernel cannot serve torch.func: the wrapper takes a Python Function)."""
+    import torch.autograd.forward_ad as fwad
+
+    a, b = torch.randn(4, 5, dtype=torch.float64), torch.randn(4, 5, dtype=torch.float64)
+    w = torch.randn(4, 5, dtype=torch.float64)
+    assert_close(torch.func.grad(lambda x: (opforge.vector_add(x, b) * w).sum())(a), w, rtol=0, atol=0)
+    _, pull = torch.func.vjp(opforge.vector_add, a, b)
+    da, db = pull(w)
+    assert_close(da, w, rtol=0, atol=0) and assert_close(db, w, rtol=0, atol=0)
+    want = torch.func.jacrev(lambda x: x + b * x)(a)
+    assert_close(torch.func.jacrev(lambda x: opforge.vector_add(x, b * x))(a), want)
+    assert_close(torch.func.jacfwd(lambda x: opforge.vector_add(x, b * x))(a), want)
+    t = torch.randn_like(a)
+    _, tangent = torch.func.jvp(lambda x: opforge.vector_add(x, x * x), (a,), (t,))
+    assert_close(tangent, t + 2 * a * t)
+    xs, ys = torch.randn(3, 4, 5), torch.randn(3, 4, 5)
+    assert_close(torch.func.vmap(opforge.vector_add)(xs, ys), xs + ys, rtol=0, atol=0)
+    assert_close(
+        torch.func.vmap(opforge.vector_add, in_dims=(1, None))(xs, ys[:, 0]), xs.movedim(1, 0) + ys[:, 0]
+    )
+    h = torch.func.hessian(lambda x: (opforge.vector_add(x, x) ** 3).sum())(a[0])
+    assert_close(h, torch.diag(48 * a[0]))
+    with fwad.dual_level():
+        out = opforge.vector_add(fwad.make_dual(a, t), b)
+        assert_close(fwad.unpack_dual(out).tangent, t, rtol=0, atol=0)

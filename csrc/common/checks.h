@@ -40,8 +40,19 @@ inline DType to_dtype(at::ScalarType t) {
   }
 }
 
+// What a sparse, sparse-compressed or nested tensor is, for messages.
+inline std::string layout_str(const at::Tensor& t) {
+  if (t.is_nested()) return "a nested tensor";
+  std::string layout = c10::str(t.layout());  // "Sparse", "SparseCsr", ...
+  return "a tensor of layout " + layout;
+}
+
+// A defined, dense (strided) tensor: the kernels read strided memory only. (Sparse and nested
+// tensors that reach no kernel of ours are answered with the same words: common/layouts.cpp.)
 inline void check_defined(const char* op, const char* arg, const at::Tensor& t) {
   TORCH_CHECK(t.defined(), op, ": ", arg, " must be a tensor, got None");
+  TORCH_CHECK(!t.is_nested() && t.layout() == at::kStrided, op, ": ", arg, " must be a dense (strided) tensor, got ",
+              layout_str(t));
 }
 
 inline void check_dtype_in(const char* op, const char* arg, const at::Tensor& t,

@@ -41,7 +41,7 @@ struct Geometry {
 // more than kMaxDims dims remain.
 template <int NumOperands>
 bool make_geometry(int ndim, const int64_t* sizes, const int64_t* const* strides, Geometry<NumOperands>& g) {
-  constexpr int kMaxInputDims = 64;  // torch's own limit on dims
+  constexpr int kMaxInputDims = 64;  // more dims: the caller's fallback (a copy into one layout)
   g = Geometry<NumOperands>{};
   if (ndim > kMaxInputDims) return false;
   for (int d = 0; d < ndim; ++d) g.numel *= sizes[d];

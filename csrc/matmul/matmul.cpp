@@ -21,7 +21,12 @@ constexpr NamedVariant kVariants[] = {
     {MatmulVariant::kSmemTiled, "smem_tiled"},
     {MatmulVariant::kRegisterBlocked, "register_blocked"},
     {MatmulVariant::kWarpTiled, "warp_tiled"},
+    {MatmulVariant::kWarpTiledStaged, "warp_tiled_staged"},
+    {MatmulVariant::kWarpTiledCpAsync, "warp_tiled_cp_async"},
     {MatmulVariant::kMma, "mma"},
+    {MatmulVariant::kMmaCpAsync, "mma_cp_async"},
+    {MatmulVariant::kMmaTma, "mma_tma"},
+    {MatmulVariant::kMmaWs, "mma_ws"},
     {MatmulVariant::kWgmma, "wgmma"},
 };
 

@@ -5,6 +5,7 @@
 
 #include <string>
 
+#include "matmul/matmul.h"
 #include "opforge.h"
 
 namespace opforge {
@@ -32,7 +33,10 @@ class MatmulFunction : public torch::autograd::Function<MatmulFunction> {
   }
 };
 
+// The checks first: the autograd layer would otherwise fail on an undefined (None) input with
+// "tensor does not have a device".
 at::Tensor matmul_autograd(const at::Tensor& a, const at::Tensor& b, c10::string_view variant) {
+  check_matmul_inputs(a, b);
   return MatmulFunction::apply(a, b, variant);
 }
 

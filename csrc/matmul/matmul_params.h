@@ -1,4 +1,5 @@
-// matmul: the plain parameters that cross from the launchers to the kernels (no torch).
+// matmul: the plain parameters that cross from the launchers to the kernels (no torch), and the
+// CUDA kernels' launchers.
 #pragma once
 
 #include <cstdint>
@@ -20,15 +21,74 @@ struct GemmParams {
   DType dtype = DType::kFloat32;
 };
 
-// The kernels a caller can ask for by name; kAuto picks the fastest valid one.
+// The kernels a caller can ask for by name (opforge.matmul's `variant`). kAuto picks the fastest
+// that can serve the call; kWarpTiled and kMma pick the fastest kernel of their rung.
 enum class MatmulVariant : int8_t {
   kAuto,
   kNaive,
   kSmemTiled,
   kRegisterBlocked,
   kWarpTiled,
+  kWarpTiledStaged,
+  kWarpTiledCpAsync,
   kMma,
+  kMmaCpAsync,
+  kMmaTma,
+  kMmaWs,
   kWgmma,
 };
+
+// ---- what the kernels need of a call's layout (row-major operands: a_cs == b_cs == 1) --------
+
+inline bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// The float32 kernels' 16-byte accesses: every 4-float group one access (row and batch strides in
+// multiples of 4 floats, 16-byte aligned bases). register_blocked and warp_tiled_staged use them
+// where they can; warp_tiled_cp_async needs them.
+inline bool simt_vectorizable(const GemmParams& p) {
+  return p.a_rs % 4 == 0 && p.b_rs % 4 == 0 && p.c_rs % 4 == 0 && p.a_bs % 4 == 0 && p.b_bs % 4 == 0 &&
+         p.c_bs % 4 == 0 && aligned16(p.a) && aligned16(p.b) && aligned16(p.c);
+}
+// The mma kernels read a and b in 16-byte chunks: k, n, the row and batch strides multiples of 8
+// elements, 16-byte aligned bases (b's chunks then never run past its rows).
+inline bool mma_chunk_readable(const GemmParams& p) {
+  return p.a_cs == 1 && p.b_cs == 1 && p.k % 8 == 0 && p.n % 8 == 0 && p.a_rs % 8 == 0 && p.b_rs % 8 == 0 &&
+         (p.batch == 1 || (p.a_bs % 8 == 0 && p.b_bs % 8 == 0)) && aligned16(p.a) && aligned16(p.b);
+}
+// ... and TMA: nonzero batch strides (a broadcast operand has none) and int coordinates.
+inline bool mma_tma_loadable(const GemmParams& p) {
+  constexpr int64_t kMax = (int64_t{1} << 31) - 512;
+  return mma_chunk_readable(p) && (p.batch == 1 || (p.a_bs != 0 && p.b_bs != 0)) && p.m < kMax && p.n < kMax &&
+         p.k < kMax;
+}
+// Can bulk tensor copies store c (16-byte aligned base, strides in multiples of 16 bytes)?
+inline bool mma_tma_storable(const GemmParams& p) {
+  return aligned16(p.c) && p.c_rs % 8 == 0 && (p.batch == 1 || p.c_bs % 8 == 0);
+}
+
+#if OPFORGE_WITH_CUDA
+// The CUDA kernels (csrc/matmul/cuda/*.cu; docs/matmul.md describes each). Each computes
+// c[b] = a[b] @ b[b] for b < p.batch with a (m, k) and b (k, n) read by rows (a_cs == b_cs == 1;
+// wgmma also takes b by columns) on `stream`, and returns a cudaError_t as an int:
+// cudaErrorInvalidValue when the call breaks the kernel's requirements (the launcher,
+// matmul_cuda.cpp, arranges them), cudaErrorNoKernelImageForDevice when this binary has no code
+// for the GPU (the *_available functions say so beforehand, for the current device).
+int run_matmul_naive_cuda(const GemmParams& p, void* stream);             // float32, any strides
+int run_matmul_smem_tiled_cuda(const GemmParams& p, void* stream);        // float32, any strides
+int run_matmul_register_blocked_cuda(const GemmParams& p, void* stream);  // float32, any strides
+int run_matmul_warp_tiled_staged_cuda(const GemmParams& p, void* stream);    // float32, any strides
+int run_matmul_warp_tiled_cp_async_cuda(const GemmParams& p, void* stream);  // float32, vectorizable
+bool matmul_warp_tiled_cp_async_available();                                 // sm_80+ code
+int run_matmul_mma_cp_async_cuda(const GemmParams& p, void* stream);  // 16-bit, chunk-readable
+bool matmul_mma_cp_async_available();                                 // sm_80+ code
+int run_matmul_mma_tma_cuda(const GemmParams& p, void* stream);       // 16-bit, TMA-loadable
+bool matmul_mma_tma_available();                                      // sm_90 code
+int run_matmul_mma_ws_cuda(const GemmParams& p, void* stream);        // 16-bit, TMA-loadable and -storable
+bool matmul_mma_ws_available();                                       // sm_90a code
+// 16-bit, sm_90a; b by rows (b_cs == 1) or by columns (b_rs == 1: the rows of b^T, row stride
+// b_cs); row and batch strides multiples of 8 and not 0, 16-byte aligned bases (TMA).
+int run_matmul_wgmma_cuda(const GemmParams& p, void* stream);
+bool matmul_wgmma_available();  // sm_90a code
+#endif
 
 }  // namespace opforge

@@ -20,13 +20,20 @@ void check_vector_add_inputs(const at::Tensor& a, const at::Tensor& b) {
 }
 
 VectorAddPlan plan_vector_add(const at::Tensor& a, const at::Tensor& b) {
+  // The output always takes a's layout when a is dense, else a dense one (empty_like's rule, which
+  // the fake kernel states too).
   VectorAddPlan plan{at::empty_like(a), a, b, {}};
   if (!geometry_of<3>({&plan.out, &plan.a, &plan.b}, plan.params.geom)) {
-    plan.out = at::empty_like(a, at::MemoryFormat::Contiguous);
-    plan.a = a.contiguous();
-    plan.b = b.contiguous();
-    TORCH_CHECK(geometry_of<3>({&plan.out, &plan.a, &plan.b}, plan.params.geom),
-                "opforge.vector_add: internal error, contiguous operands did not collapse");
+    // More than kMaxDims dims after collapsing (or more than 64): copy the inputs into the
+    // output's own layout; three operands with the same dense strides are one flat range.
+    plan.a = at::empty_like(plan.out).copy_(a);
+    plan.b = at::empty_like(plan.out).copy_(b);
+    Geometry<3>& g = plan.params.geom;
+    g = Geometry<3>{};
+    g.ndim = 1;
+    g.numel = a.numel();
+    g.sizes[0] = a.numel();
+    for (int op = 0; op < 3; ++op) g.strides[op][0] = 1;
   }
   plan.params.out = plan.out.data_ptr();
   plan.params.a = plan.a.const_data_ptr();

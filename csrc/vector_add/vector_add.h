@@ -10,8 +10,8 @@ namespace opforge {
 // Raises an error naming opforge.vector_add and the argument on bad input.
 void check_vector_add_inputs(const at::Tensor& a, const at::Tensor& b);
 
-// The output and the tensors the kernel reads (the inputs, or contiguous copies of them in
-// the rare layout that keeps more than kMaxDims dims), with the kernel's parameters.
+// The output and the tensors the kernel reads (the inputs, or copies of them in the output's
+// layout in the rare case that keeps more than kMaxDims dims), with the kernel's parameters.
 struct VectorAddPlan {
   at::Tensor out, a, b;
   VectorAddParams params;

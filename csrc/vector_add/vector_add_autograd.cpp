@@ -5,6 +5,7 @@
 #include <torch/library.h>
 
 #include "opforge.h"
+#include "vector_add/vector_add.h"
 
 namespace opforge {
 namespace {
@@ -22,7 +23,12 @@ class VectorAddFunction : public torch::autograd::Function<VectorAddFunction> {
   }
 };
 
-at::Tensor vector_add_autograd(const at::Tensor& a, const at::Tensor& b) { return VectorAddFunction::apply(a, b); }
+// The checks first: the autograd layer would otherwise fail on an undefined (None) input with
+// "tensor does not have a device".
+at::Tensor vector_add_autograd(const at::Tensor& a, const at::Tensor& b) {
+  check_vector_add_inputs(a, b);
+  return VectorAddFunction::apply(a, b);
+}
 
 }  // namespace
 

@@ -1,10 +1,10 @@
 """Benchmarks: one harness (harness.py) and one spec per op. ``opforge bench`` runs them."""
 
-from opforge.bench.harness import Case, Spec
+from opforge.bench.harness import Case, CaseBuilder, Spec
 from opforge.bench.matmul import SPEC as MATMUL
 from opforge.bench.nms import SPEC as NMS
 from opforge.bench.vector_add import SPEC as VECTOR_ADD
 
 SPECS: dict[str, Spec] = {spec.op: spec for spec in [VECTOR_ADD, NMS, MATMUL]}
 
-__all__ = ["SPECS", "Case", "Spec"]
+__all__ = ["SPECS", "Case", "CaseBuilder", "Spec"]

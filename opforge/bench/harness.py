@@ -1,30 +1,39 @@
 """One benchmark harness for every op.
 
-A spec (``opforge/bench/<op>.py``) yields :class:`Case` objects: fresh random inputs, the
-implementations to time (opforge first, then its baselines: PyTorch native, the peer library,
-the plain-PyTorch reference), a correctness check, and the bytes/flops one call must move or do.
-The harness checks opforge's output against the reference, times every implementation in the
-same run, interleaved, and reports time, GB/s or TFLOP/s, and each baseline's time over
-opforge's (above 1 means opforge is faster).
+A spec (``opforge/bench/<op>.py``) lists case builders: cheap zero-argument callables, each of
+which allocates one :class:`Case` when called: fresh random inputs, the implementations to time
+(opforge first, then its baselines: PyTorch native, the peer library, the plain-PyTorch
+reference), a correctness check, and the bytes/flops one call must move or do. The harness builds
+the cases one at a time (one case's inputs alive at once), checks opforge's output against the
+reference, times every implementation in the same run, interleaved, and reports time, GB/s or
+TFLOP/s, and each baseline's time over opforge's (above 1 means opforge is faster).
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime
+import gc
 import json
 import os
 import platform
+import resource
 import statistics
 import subprocess
 import sys
 from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from opforge.bench.ladder import plot_ladder
-from opforge.bench.timing import copy_bandwidth_gbps, make_timer
+from opforge.bench.timing import copy_bandwidth_gbps, last_level_cache_bytes, make_timer
+
+# A DRAM-bound rate can beat the copy's a little (another read/write mix, a CPU's write-allocate
+# reads uncounted: H200 vector_add at 1 GiB per operand ran 2.5% over it), so only a clear excess
+# says "served from cache".
+_OVER_CEILING = 1.25
 
 
 @dataclass
@@ -38,14 +47,22 @@ class Case:
     bytes: int | None = None  # bytes one call must move through memory (for GB/s)
     flops: int | None = None  # floating-point operations of one call (for TFLOP/s)
     params: dict[str, Any] = field(default_factory=dict)
+    # Entered around the check and the timing (a backend flag set for this case only), or None.
+    context: Callable[[], AbstractContextManager[Any]] | None = None
+
+
+CaseBuilder = Callable[[], Case]  # allocates one case's inputs when called
+PlotFn = Callable[[dict[str, Any], str], list[str]]  # (result, out_dir) -> paths written
 
 
 @dataclass
 class Spec:
-    """A benchmark spec: which cases to run for a device and a size mode."""
+    """A benchmark spec: which cases to run for a device and a size mode, and its extra plots."""
 
     op: str
-    cases: Callable[[torch.device, bool], Iterable[Case]]  # (device, full) -> cases
+    # (device, full) -> builders; listing them allocates nothing, each builds one case.
+    cases: Callable[[torch.device, bool], Iterable[CaseBuilder]]
+    plots: tuple[PlotFn, ...] = ()  # called by write() besides the generic chart
 
 
 def _git_commit() -> str:
@@ -113,22 +130,54 @@ def _fmt_time(ms: float) -> str:
     return f"{ms * 1e3:.1f} us"
 
 
+def _fmt_bytes(n: int) -> str:
+    return f"{n / (1 << 30):.2f} GiB" if n >= 1 << 30 else f"{n / (1 << 20):.0f} MiB"
+
+
+def _raised(e: Exception) -> str:
+    return f"raised {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+
+
+def peak_memory(device: torch.device) -> dict[str, int]:
+    """The process's peak host RSS and, on CUDA, the caching allocator's peaks, in bytes."""
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
+    peaks = {"peak_rss_bytes": rss if sys.platform == "darwin" else rss * 1024}
+    if device.type == "cuda":
+        peaks["cuda_max_reserved_bytes"] = torch.cuda.max_memory_reserved(device)
+        peaks["cuda_max_allocated_bytes"] = torch.cuda.max_memory_allocated(device)
+    return peaks
+
+
+def cache_resident(row: dict[str, Any], meta: dict[str, Any]) -> bool:
+    """Whether a row's GB/s is a cache rate, not a DRAM one: its working set fits in the last-level
+    cache (``meta["llc_bytes"]``; None on CUDA, whose timer flushes L2) or a rate clearly beats the
+    copy ceiling measured in the same run."""
+    if row.get("error") or row.get("bytes") is None:
+        return False
+    llc = meta.get("llc_bytes")
+    if llc is not None and row["bytes"] <= llc:
+        return True
+    return any(e.get("gbps", 0.0) > _OVER_CEILING * meta["copy_gbps"] for e in row["impls"].values())
+
+
 def run_case(case: Case, timer: Callable[[Callable[[], Any]], float], rounds: int) -> dict[str, Any]:
     """Check opforge's result, then time every implementation, interleaved over ``rounds``."""
     samples: dict[str, list[float]] = {name: [] for name in case.impls}
     try:  # one failing case (a kernel error, an unsupported GPU) must not end the run
-        error = case.check()
-        if error is None:
-            for _ in range(rounds):
-                for name, fn in case.impls.items():
-                    samples[name].append(timer(fn))
+        with case.context() if case.context is not None else contextlib.nullcontext():
+            error = case.check()
+            if error is None:
+                for _ in range(rounds):
+                    for name, fn in case.impls.items():
+                        samples[name].append(timer(fn))
     except Exception as e:  # reported in the table
-        error = f"raised {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        error = _raised(e)
         samples = {name: [] for name in case.impls}
     row: dict[str, Any] = {
         "op": case.op,
         "case": case.name,
         "params": case.params,
+        "bytes": case.bytes,
         "error": error,
         "impls": {},
     }
@@ -151,37 +200,57 @@ def run_case(case: Case, timer: Callable[[Callable[[], Any]], float], rounds: in
     return row
 
 
+def _build_and_run(
+    op: str, build: CaseBuilder, timer: Callable[[Callable[[], Any]], float], rounds: int, tag: str, log
+) -> dict[str, Any]:
+    """Build one case, run it, and return its row; the case (and its inputs) dies with this frame."""
+    try:
+        case = build()
+    except Exception as e:  # an allocation that does not fit, say: reported, the run goes on
+        error = _raised(e)
+        print(f"{tag} {op} FAILED TO BUILD: {error}", file=log, flush=True)
+        return {"op": op, "case": "(not built)", "params": {}, "bytes": None, "error": error, "impls": {}}
+    print(f"{tag} {case.op} {case.name} ...", file=log, end="", flush=True)
+    row = run_case(case, timer, rounds)
+    first = next(iter(row["impls"]), None)
+    status = (
+        f" FAILED CHECK: {row['error']}"
+        if row["error"] or first is None
+        else f" {_fmt_time(row['impls'][first]['ms'])}"
+    )
+    print(status, file=log, flush=True)
+    return row
+
+
 def run(
     specs: Iterable[Spec], device: torch.device, full: bool, rounds: int | None = None, log=sys.stderr
 ) -> dict[str, Any]:
-    """Run every case of every spec on ``device``; return {"meta", "rows"}."""
+    """Run every case of every spec on ``device``, building each just before it runs and freeing
+    it before the next; return {"meta", "rows"}."""
     quick = not full
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
     timer = make_timer(device, quick)
     rounds = rounds if rounds is not None else (3 if full else 2)
     meta = metadata(device, full)
     meta["copy_gbps"] = copy_bandwidth_gbps(device, quick)
+    meta["llc_bytes"] = last_level_cache_bytes(device)
     print(
         f"opforge bench on {meta['device']} | torch {meta['torch']} | {meta['mode']} sizes | "
         f"copy ceiling {meta['copy_gbps']:.0f} GB/s",
         file=log,
         flush=True,
     )
-    cases = [case for spec in specs for case in spec.cases(device, full)]
+    builders = [(spec.op, build) for spec in specs for build in spec.cases(device, full)]
     rows = []
-    for i, case in enumerate(cases, 1):
-        print(f"[{i}/{len(cases)}] {case.op} {case.name} ...", file=log, end="", flush=True)
-        row = run_case(case, timer, rounds)
-        first = next(iter(row["impls"]), None)
-        status = (
-            f" FAILED CHECK: {row['error']}"
-            if row["error"] or first is None
-            else f" {_fmt_time(row['impls'][first]['ms'])}"
-        )
-        print(status, file=log, flush=True)
+    for i, (op, build) in enumerate(builders, 1):
+        row = _build_and_run(op, build, timer, rounds, f"[{i}/{len(builders)}]", log)
+        row["cache_resident"] = cache_resident(row, meta)
         rows.append(row)
-        del case
+        gc.collect()  # inputs held in a reference cycle go now, not after the next case is built
         if device.type == "cuda":
             torch.cuda.empty_cache()
+    meta.update(peak_memory(device))
     return {"meta": meta, "rows": rows}
 
 
@@ -194,19 +263,52 @@ def _metric(entry: dict[str, Any]) -> str:
     return ""
 
 
+_CACHE_LABEL = "(cache-resident)"
+
+
+def _case_label(row: dict[str, Any]) -> str:
+    return f"{row['case']} {_CACHE_LABEL}" if row.get("cache_resident") else row["case"]
+
+
+def _memory_line(meta: dict[str, Any]) -> str:
+    """The run's peak memory, or "" for a result recorded before it was measured."""
+    if "peak_rss_bytes" not in meta:
+        return ""
+    line = f"peak memory: host RSS {_fmt_bytes(meta['peak_rss_bytes'])}"
+    if "cuda_max_reserved_bytes" in meta:
+        line += (
+            f", CUDA reserved {_fmt_bytes(meta['cuda_max_reserved_bytes'])}"
+            f" (allocated {_fmt_bytes(meta['cuda_max_allocated_bytes'])})"
+        )
+    return line
+
+
+def _cache_note(meta: dict[str, Any]) -> str:
+    llc = meta.get("llc_bytes")
+    fits = f"the working set fits in the last-level cache ({_fmt_bytes(llc)}) or " if llc else ""
+    over = f"{_OVER_CEILING - 1:.0%}"
+    return (
+        f"{_CACHE_LABEL}: {fits}a rate beats the copy ceiling by over {over}: a cache rate, not a DRAM one."
+    )
+
+
 def to_markdown(result: dict[str, Any]) -> str:
     meta = result["meta"]
+    memory = _memory_line(meta)
     lines = [
         f"# opforge benchmarks: {meta['device']}",
         "",
         f"torch {meta['torch']} (CUDA {meta['cuda']}), Python {meta['python']}, {meta['date']}, "
         f"commit {meta['commit']}, {meta['mode']} sizes. Copy ceiling measured in the same run: "
-        f"{meta['copy_gbps']:.0f} GB/s (bytes read + written).",
+        f"{meta['copy_gbps']:.0f} GB/s (bytes read + written)."
+        + (f" {memory[0].upper()}{memory[1:]}." if memory else ""),
         "",
         "Each time is a median; `x` is the baseline's time over opforge's in the same run "
         "(above 1: opforge is faster).",
         "",
     ]
+    if any(row.get("cache_resident") for row in result["rows"]):
+        lines += [_cache_note(meta), ""]
     by_op: dict[str, list[dict[str, Any]]] = {}
     for row in result["rows"]:
         by_op.setdefault(row["op"], []).append(row)
@@ -218,39 +320,42 @@ def to_markdown(result: dict[str, Any]) -> str:
                 continue
             for j, (name, entry) in enumerate(row["impls"].items()):
                 ratio = "" if j == 0 else f"{entry['speedup_of_opforge']:.2f}x"
-                lines.append(
-                    f"| {row['case'] if j == 0 else ''} | {name} | {_fmt_time(entry['ms'])} | {_metric(entry)} | {ratio} |"
-                )
+                case = _case_label(row) if j == 0 else ""
+                lines.append(f"| {case} | {name} | {_fmt_time(entry['ms'])} | {_metric(entry)} | {ratio} |")
         lines.append("")
     return "\n".join(lines)
 
 
 def to_table(result: dict[str, Any]) -> str:
-    """A plain-text table for the terminal."""
-    out = []
-    header = f"{'op':<12} {'case':<26} {'impl':<20} {'time':>10} {'rate':>16} {'opforge speedup':>16}"
-    out.append(header)
-    out.append("-" * len(header))
+    """A plain-text table for the terminal, the run's peak memory under it."""
+    w = max([26, *(len(_case_label(row)) for row in result["rows"])])
+    header = f"{'op':<12} {'case':<{w}} {'impl':<20} {'time':>10} {'rate':>16} {'opforge speedup':>16}"
+    out = [header, "-" * len(header)]
     for row in result["rows"]:
         if row["error"]:
-            out.append(f"{row['op']:<12} {row['case']:<26} FAILED CHECK: {row['error']}")
+            out.append(f"{row['op']:<12} {row['case']:<{w}} FAILED CHECK: {row['error']}")
             continue
         for j, (name, entry) in enumerate(row["impls"].items()):
             ratio = "" if j == 0 else f"{entry['speedup_of_opforge']:.2f}x"
-            op, case = (row["op"], row["case"]) if j == 0 else ("", "")
+            op, case = (row["op"], _case_label(row)) if j == 0 else ("", "")
             out.append(
-                f"{op:<12} {case:<26} {name:<20} {_fmt_time(entry['ms']):>10} {_metric(entry):>16} {ratio:>16}"
+                f"{op:<12} {case:<{w}} {name:<20} {_fmt_time(entry['ms']):>10} {_metric(entry):>16} {ratio:>16}"
             )
-    return "\n".join(out)
+    if any(row.get("cache_resident") for row in result["rows"]):
+        out += ["", _cache_note(result["meta"])]
+    memory = _memory_line(result["meta"])
+    return "\n".join([*out, "", memory] if memory else out)
 
 
 def plot(result: dict[str, Any], path: str) -> bool:
-    """One panel per op: the rate (or time) of every implementation per case. False without matplotlib."""
+    """One panel per op: the rate (or time) of every implementation per case, cache-resident rows
+    hatched. False without matplotlib."""
     try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
+        from matplotlib.patches import Patch
     except ImportError:
         return False
     by_op: dict[str, list[dict[str, Any]]] = {}
@@ -272,21 +377,37 @@ def plot(result: dict[str, Any], path: str) -> bool:
             else ("ms", "ms")
         )
         width = 0.8 / len(impls)
+        handles = []
         for k, name in enumerate(impls):
             xs = [i + (k - (len(impls) - 1) / 2) * width for i in range(len(rows))]
             ys = [row["impls"].get(name, {}).get(key, 0.0) for row in rows]
-            ax.bar(xs, ys, width, label=name)
+            bars = ax.bar(xs, ys, width, color=f"C{k}")
+            handles.append(Patch(color=f"C{k}", label=name))  # unhatched, whichever bar comes first
+            for bar, row in zip(bars, rows, strict=True):
+                if row.get("cache_resident"):
+                    bar.set_hatch("//")
         if key == "ms":
             ax.set_yscale("log")
         if key == "gbps":
-            ax.axhline(meta["copy_gbps"], color="gray", ls="--", lw=1, label="copy ceiling (same run)")
+            handles.append(
+                ax.axhline(meta["copy_gbps"], color="gray", ls="--", lw=1, label="copy ceiling (same run)")
+            )
         ax.set_xticks(range(len(rows)))
-        ax.set_xticklabels([row["case"] for row in rows], rotation=20, ha="right", fontsize=8)
+        ax.set_xticklabels(
+            [row["case"] + (f"\n{_CACHE_LABEL}" if row.get("cache_resident") else "") for row in rows],
+            rotation=20,
+            ha="right",
+            fontsize=8,
+        )
         ax.set_ylabel(label)
         ax.set_title(
             f"{op} on {meta['device']} (torch {meta['torch']}, {meta['date']}, {meta['commit']})", fontsize=9
         )
-        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+        if any(row.get("cache_resident") for row in rows):
+            handles.append(
+                Patch(facecolor="white", edgecolor="black", hatch="//", label="cache-resident: not DRAM")
+            )
+        ax.legend(handles=handles, fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
         ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -294,19 +415,21 @@ def plot(result: dict[str, Any], path: str) -> bool:
     return True
 
 
-def write(result: dict[str, Any], out_dir: str, make_plot: bool = True) -> list[str]:
+def write(
+    result: dict[str, Any], out_dir: str, make_plot: bool = True, specs: Iterable[Spec] = ()
+) -> list[str]:
     """Write results.json, results.md and (with matplotlib) results.png into ``out_dir``, and the
-    matmul ladder (ladder.png) when the run has CUDA matmul rows."""
+    extra plots of ``specs`` (the specs that ran: the matmul ladder, say)."""
     os.makedirs(out_dir, exist_ok=True)
     paths = [os.path.join(out_dir, "results.json"), os.path.join(out_dir, "results.md")]
     with open(paths[0], "w") as f:
         json.dump(result, f, indent=1)
     with open(paths[1], "w") as f:
         f.write(to_markdown(result) + "\n")
-    png = os.path.join(out_dir, "results.png")
-    if make_plot and plot(result, png):
-        paths.append(png)
-    ladder = os.path.join(out_dir, "ladder.png")
-    if make_plot and plot_ladder(result, ladder):
-        paths.append(ladder)
+    if make_plot:
+        png = os.path.join(out_dir, "results.png")
+        if plot(result, png):
+            paths.append(png)
+        for fn in dict.fromkeys(fn for spec in specs for fn in spec.plots):  # each plot once
+            paths += fn(result, out_dir)
     return paths

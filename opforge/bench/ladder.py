@@ -1,9 +1,11 @@
 """The matmul ladder plot: TFLOP/s of every rung at every size next to cuBLAS measured in the same
 run (fp32 rungs against cuBLAS fp32 with TF32 off, tensor-core rungs against cuBLAS bf16).
-`opforge bench` writes it as ladder.png beside results.png when the run has CUDA matmul rows."""
+The matmul spec's extra plot: `opforge bench` writes it as ladder.png beside results.png when the
+run has CUDA matmul rows (scripts/plot_matmul_ladder.py draws it from a results.json)."""
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 
@@ -76,3 +78,9 @@ def plot_ladder(result: dict[str, Any], path: str) -> bool:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return True
+
+
+def write_ladder(result: dict[str, Any], out_dir: str) -> list[str]:
+    """The matmul spec's plot for harness.write: ladder.png in ``out_dir``, or nothing."""
+    path = os.path.join(out_dir, "ladder.png")
+    return [path] if plot_ladder(result, path) else []

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from functools import partial
 
 import torch
 
 import opforge
 from opforge import reference
-from opforge.bench.harness import Case, Spec
+from opforge.bench.harness import Case, CaseBuilder, Spec
 
 
 def distinct(scores: torch.Tensor) -> torch.Tensor:
@@ -51,6 +51,7 @@ def torchvision_ops():
 
 
 def _case(device: torch.device, kind: str, n: int, classes: int, with_reference: bool) -> Case:
+    """Allocate one case's inputs: called by the harness just before the case runs."""
     tv = torchvision_ops()
 
     make = uniform_boxes if kind == "uniform" else clustered_boxes
@@ -106,26 +107,23 @@ def _case(device: torch.device, kind: str, n: int, classes: int, with_reference:
     )
 
 
-def cases(device: torch.device, full: bool) -> Iterator[Case]:
+def cases(device: torch.device, full: bool) -> list[CaseBuilder]:
     if torchvision_ops() is None:
         print("opforge bench: torchvision is missing or does not load beside this torch: nms skipped")
-        return
+        return []
     # 100 and 500 boxes check that small inputs (a detector's per-image NMS) do not regress.
     if device.type == "cuda":
         sizes = [100, 500, 1000, 5000, 10000, 50000] if full else [1000, 10000]
     else:
         sizes = [100, 500, 1000, 5000, 10000] if full else [1000, 10000]
-    for classes in (1, 80):
-        for kind in ("uniform", "clustered"):
-            for n in sizes:
-                # The Python greedy loop syncs once per kept box: timed where it takes seconds, not minutes.
-                yield _case(
-                    device,
-                    kind,
-                    n,
-                    classes,
-                    with_reference=full and n <= (1000 if device.type == "cuda" else 5000),
-                )
+    # The Python greedy loop syncs once per kept box: timed where it takes seconds, not minutes.
+    greedy_max = 1000 if device.type == "cuda" else 5000
+    return [
+        partial(_case, device, kind, n, classes, with_reference=full and n <= greedy_max)
+        for classes in (1, 80)
+        for kind in ("uniform", "clustered")
+        for n in sizes
+    ]
 
 
 SPEC = Spec(op="nms", cases=cases)

@@ -1,14 +1,19 @@
-"""Timers: CUDA events with an L2 flush between runs, torch.utils.benchmark on the CPU."""
+"""Timers: CUDA events with an L2 flush between runs, torch.utils.benchmark on the CPU; the
+device's copy ceiling and last-level cache."""
 
 from __future__ import annotations
 
+import glob
 import statistics
+import time
 from collections.abc import Callable
 
 import torch
 import torch.utils.benchmark as tbench
 
 _L2_FLUSH_BYTES = 256 << 20  # > the 60 MB L2 of an H200, with margin for larger parts
+_LLC_FALLBACK_BYTES = 32 << 20  # when sysfs does not say: a server's L3 slice is 16 to 96 MiB
+_UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 
 
 class CudaTimer:
@@ -63,6 +68,18 @@ class CpuTimer:
         return timer.blocked_autorange(min_run_time=self.min_run_time).median * 1e3
 
 
+def wall_median_ms(fn: Callable[[], object], reps: int = 40) -> float:
+    """Median wall time of single CPU calls (after one warm-up), in milliseconds: what one call of
+    a small op costs, a stall included, where blocked_autorange would average many calls."""
+    fn()
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times) * 1e3
+
+
 def make_timer(device: torch.device, quick: bool) -> Callable[[Callable[[], object]], float]:
     if device.type == "cuda":
         return CudaTimer(device, warmup_ms=10 if quick else 25, rep_ms=40 if quick else 100)
@@ -76,3 +93,26 @@ def copy_bandwidth_gbps(device: torch.device, quick: bool) -> float:
     dst = torch.empty_like(src)
     ms = make_timer(device, quick)(lambda: dst.copy_(src))
     return 2 * nbytes / (ms * 1e-3) / 1e9
+
+
+def _parse_size(text: str) -> int:
+    """sysfs's cache size ("32768K", "1M", "512") in bytes."""
+    text = text.strip()
+    if text[-1:].upper() in _UNITS:
+        return int(text[:-1]) * _UNITS[text[-1].upper()]
+    return int(text)
+
+
+def last_level_cache_bytes(device: torch.device, pattern: str | None = None) -> int | None:
+    """The CPU's largest cache (cpu0's, from sysfs; 32 MiB when unreadable). None on CUDA: the
+    timer flushes the L2 before every run, so no input is served from it."""
+    if device.type == "cuda":
+        return None
+    sizes = []
+    for path in glob.glob(pattern or "/sys/devices/system/cpu/cpu0/cache/index*/size"):
+        try:
+            with open(path) as f:
+                sizes.append(_parse_size(f.read()))
+        except (OSError, ValueError):
+            continue
+    return max(sizes, default=_LLC_FALLBACK_BYTES)

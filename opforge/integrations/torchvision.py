@@ -8,6 +8,12 @@
 torchvision's detection models call ``torchvision.ops.boxes.batched_nms``, which calls
 ``torchvision.ops.boxes.nms``; both names (and the ``torchvision.ops`` re-exports) are replaced.
 The results are the same boxes in the same order (see docs/nms.md for ties).
+
+torchvision's ``batched_nms`` also takes floating-point (or bool) class ids ``idxs``, where
+distinct values are distinct classes; ``opforge.batched_nms`` takes integer ids only, so the
+patched function first maps such ids to integers with ``torch.unique(idxs, return_inverse=True)``:
+one more sort of ``idxs`` and, on CUDA, one more device-to-host sync. Integer ids go straight
+through.
 """
 
 from __future__ import annotations
@@ -29,6 +35,8 @@ def _nms(boxes: torch.Tensor, scores: torch.Tensor, iou_threshold: float) -> tor
 def _batched_nms(
     boxes: torch.Tensor, scores: torch.Tensor, idxs: torch.Tensor, iou_threshold: float
 ) -> torch.Tensor:
+    if isinstance(idxs, torch.Tensor) and (idxs.is_floating_point() or idxs.dtype == torch.bool):
+        idxs = torch.unique(idxs, return_inverse=True)[1]  # distinct values: distinct classes
     return opforge.batched_nms(boxes, scores, idxs, iou_threshold)
 
 

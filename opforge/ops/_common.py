@@ -8,6 +8,7 @@ from collections.abc import Iterable
 from typing import Any
 
 import torch
+import torch.autograd.forward_ad as _fwad
 
 
 def require_tensor(op: str, arg: str, value: Any) -> torch.Tensor:
@@ -48,3 +49,13 @@ def check_same_shape(op: str, arg: str, t: torch.Tensor, ref_arg: str, ref: torc
         raise RuntimeError(
             f"{op}: {arg} must have the same shape as {ref_arg} {list(ref.shape)}, got {list(t.shape)}"
         )
+
+
+def transforms_active() -> bool:
+    """Whether a torch.func transform (grad, vmap, jvp, ...) or forward-mode AD is active: the ops'
+    C++ autograd kernels cannot serve those (PyTorch refuses C++ autograd Functions there), so the
+    wrappers then go through a Python autograd.Function. Plain calls and torch.compile take the
+    op directly."""
+    if torch.compiler.is_compiling():
+        return False
+    return torch._C._functorch.peek_interpreter_stack() is not None or _fwad._current_level >= 0

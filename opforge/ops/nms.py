@@ -25,7 +25,9 @@ def nms(boxes: torch.Tensor, scores: torch.Tensor, iou_threshold: float) -> torc
             (IoU math in float32 for the 16-bit types, float64 for float64); CPU or CUDA.
         scores: ``(N,)`` scores, same dtype and device as ``boxes``.
         iou_threshold: a box is discarded when its IoU with a kept, higher-scoring box is
-            greater than this (an IoU exactly at the threshold does not suppress).
+            greater than this (an IoU exactly at the threshold does not suppress). Any real
+            number torchvision takes: an int, float or bool, a NumPy scalar or 0-d array, a
+            one-element tensor, a ``Fraction`` or ``Decimal``; it is converted to a Python float.
 
     Returns:
         int64 tensor of the indices of the kept boxes, by decreasing score. Equal scores are
@@ -36,8 +38,8 @@ def nms(boxes: torch.Tensor, scores: torch.Tensor, iou_threshold: float) -> torc
     On CUDA everything runs on the device; the only device->host copy is the read of the kept
     count. ``nms_padded`` avoids even that.
     """
-    _check_python_args("opforge.nms", boxes, scores, iou_threshold)
-    return torch.ops.opforge.nms.default(boxes, scores, float(iou_threshold))
+    iou_threshold = _check_python_args("opforge.nms", boxes, scores, iou_threshold)
+    return torch.ops.opforge.nms.default(boxes, scores, iou_threshold)
 
 
 def batched_nms(
@@ -50,9 +52,9 @@ def batched_nms(
     (equal scores: lower index first). Each category is its own segment of the work, so the cost
     does not grow with the square of all boxes.
     """
-    _check_python_args("opforge.batched_nms", boxes, scores, iou_threshold)
+    iou_threshold = _check_python_args("opforge.batched_nms", boxes, scores, iou_threshold)
     require_tensor("opforge.batched_nms", "idxs", idxs)
-    return torch.ops.opforge.batched_nms.default(boxes, scores, idxs, float(iou_threshold))
+    return torch.ops.opforge.batched_nms.default(boxes, scores, idxs, iou_threshold)
 
 
 def nms_padded(
@@ -64,17 +66,48 @@ def nms_padded(
     decreasing score) and ``-1`` after them; ``num_kept`` is a 0-d int64 tensor on the same
     device. Fixed output shapes make a detector's post-processing capturable in a CUDA graph.
     """
-    _check_python_args("opforge.nms_padded", boxes, scores, iou_threshold)
+    iou_threshold = _check_python_args("opforge.nms_padded", boxes, scores, iou_threshold)
     if idxs is not None:
         require_tensor("opforge.nms_padded", "idxs", idxs)
-    return torch.ops.opforge.nms_padded.default(boxes, scores, float(iou_threshold), idxs)
+    return torch.ops.opforge.nms_padded.default(boxes, scores, iou_threshold, idxs)
 
 
-def _check_python_args(op: str, boxes, scores, iou_threshold) -> None:
+def _check_python_args(op: str, boxes, scores, iou_threshold) -> float:
     require_tensor(op, "boxes", boxes)
     require_tensor(op, "scores", scores)
-    if not isinstance(iou_threshold, (int, float)) or isinstance(iou_threshold, bool):
-        raise TypeError(f"{op}: iou_threshold must be a float, got {type(iou_threshold).__name__}")
+    return _iou_threshold(op, iou_threshold)
+
+
+def _iou_threshold(op: str, value) -> float:
+    """``value`` as a Python float, accepting the numbers torchvision's nms accepts.
+
+    torchvision's schema argument ``float iou_threshold`` takes what converts through
+    ``__float__`` or ``__index__``: Python and NumPy numbers (bools too), NumPy 0-d arrays,
+    tensors of one element (not on the meta device), ``Fraction``, ``Decimal``. Complex values,
+    which torchvision truncates with a warning (NumPy, tensors), and strings are refused.
+    """
+    if isinstance(value, torch.Tensor):
+        got = f"a {dtype_name(value.dtype)} tensor of shape {list(value.shape)} on {value.device}"
+        ok = value.numel() == 1 and not value.is_complex() and not value.is_meta
+        value = value.detach()  # no warning for requires_grad
+    else:
+        got = type(value).__name__
+        kind = getattr(getattr(value, "dtype", None), "kind", None)  # NumPy scalars and arrays
+        if kind:
+            ok = kind in "biuf"  # bool, int, unsigned, float: not complex, str, datetime
+        else:
+            ok = hasattr(value, "__float__") or hasattr(value, "__index__")
+    if ok:
+        try:
+            return float(value)
+        except OverflowError:  # an int such as 10**400
+            raise OverflowError(f"{op}: iou_threshold is too large to convert to a float ({got})") from None
+        except (TypeError, ValueError):  # e.g. a signalling Decimal NaN
+            pass
+    raise TypeError(
+        f"{op}: iou_threshold must be a real number (int, float, a NumPy scalar or a one-element "
+        f"tensor), got {got}"
+    )
 
 
 def _check(op: str, boxes, scores, idxs, iou_threshold: float) -> None:

@@ -6,7 +6,7 @@
 
 #include <cstdint>
 
-#include "matmul/cuda/matmul_kernels.h"
+#include "matmul/matmul_params.h"
 
 namespace opforge {
 namespace {
@@ -29,7 +29,7 @@ __global__ void __launch_bounds__(kTile* kTile)
 
 }  // namespace
 
-int matmul_naive_cuda(const GemmParams& p, void* stream) {
+int run_matmul_naive_cuda(const GemmParams& p, void* stream) {
   const dim3 block(kTile, kTile);
   const dim3 grid(static_cast<unsigned>((p.n + kTile - 1) / kTile), static_cast<unsigned>((p.m + kTile - 1) / kTile),
                   static_cast<unsigned>(p.batch));

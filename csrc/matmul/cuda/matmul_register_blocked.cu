@@ -10,7 +10,7 @@
 
 #include <cstdint>
 
-#include "matmul/cuda/matmul_kernels.h"
+#include "matmul/matmul_params.h"
 #include "matmul/cuda/simt_common.cuh"
 
 namespace opforge {
@@ -65,14 +65,14 @@ __global__ void __launch_bounds__(kThreads)
 
 }  // namespace
 
-int matmul_register_blocked_cuda(const GemmParams& p, void* stream) {
+int run_matmul_register_blocked_cuda(const GemmParams& p, void* stream) {
   const dim3 grid(static_cast<unsigned>((p.n + kBN - 1) / kBN), static_cast<unsigned>((p.m + kBM - 1) / kBM),
                   static_cast<unsigned>(p.batch));
   const auto s = static_cast<cudaStream_t>(stream);
   const auto* a = static_cast<const float*>(p.a);
   const auto* b = static_cast<const float*>(p.b);
   auto* c = static_cast<float*>(p.c);
-  if (simt::vectorizable(p))
+  if (simt_vectorizable(p))
     matmul_register_blocked_kernel<true>
         <<<grid, kThreads, 0, s>>>(a, b, c, p.m, p.n, p.k, p.a_rs, p.b_rs, p.c_rs, p.a_bs, p.b_bs, p.c_bs);
   else

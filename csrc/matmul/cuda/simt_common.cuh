@@ -1,5 +1,5 @@
 // matmul CUDA-core rungs: guarded 4-float loads and stores shared by the register-blocked and
-// warp-tiled kernels (no torch).
+// warp-tiled kernels (no torch). simt_vectorizable (matmul_params.h) says when kVec holds.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -10,14 +10,6 @@
 
 namespace opforge {
 namespace simt {
-
-// Can every 4-float group the kernels touch be one 16-byte access? (row and batch strides in
-// multiples of 4 floats, 16-byte aligned bases; columns are contiguous.)
-inline bool vectorizable(const GemmParams& p) {
-  auto aligned = [](const void* q) { return reinterpret_cast<uintptr_t>(q) % 16 == 0; };
-  return p.a_rs % 4 == 0 && p.b_rs % 4 == 0 && p.c_rs % 4 == 0 && p.a_bs % 4 == 0 && p.b_bs % 4 == 0 &&
-         p.c_bs % 4 == 0 && aligned(p.a) && aligned(p.b) && aligned(p.c);
-}
 
 // 4 consecutive floats of row r from column c of a (rows x cols, leading dimension ld) matrix;
 // zeros outside it. kVec (ld, base and c multiples of 4 floats): one 16-byte load when all four

@@ -20,8 +20,14 @@ namespace opforge {
 namespace {
 
 constexpr int64_t kRowBlock = 64;
-constexpr int64_t kParallelWork = 1 << 16;  // candidate x kept-box tests worth a parallel region
-constexpr int64_t kWindowMin = 1024;        // segments at least this large use spatial windows
+constexpr int64_t kWindowMin = 1024;  // segments at least this large use spatial windows
+// Parallel regions only for work that is large against what a region can cost: when the other
+// cores are busy (a neighbour's threads), a region waits for its workers to be scheduled, a
+// scheduler tick each (measured: batched_nms of 1k boxes went from 0.06 ms to 8 ms on 2 cores,
+// benchmarks/tuning/cpu_neighbour.py). torchvision's NMS is serial, so below these sizes opforge
+// stays serial too and is never slower than it because of its own threading.
+constexpr int64_t kParallelWork = 1 << 22;       // candidate x kept-box tests of one suppression pass
+constexpr int64_t kParallelSegmentBoxes = 16384;  // batched_nms: boxes before classes run in parallel
 
 // Five coordinate arrays (x1, y1, x2, y2, area) of n boxes, each zero-padded by kNmsPad entries so
 // that the vector loops may read whole groups past the end.
@@ -137,6 +143,8 @@ std::vector<uint8_t> nms_cpu_kept(const NmsPlan& plan) {
     const int64_t segments = static_cast<int64_t>(starts.size()) - 1;
     if (segments == 1) {
       run_segment(0, n, true);
+    } else if (n < kParallelSegmentBoxes) {
+      for (int64_t s = 0; s < segments; ++s) run_segment(starts[s], starts[s + 1], false);
     } else {
       at::parallel_for(0, segments, 1, [&](int64_t s0, int64_t s1) {
         for (int64_t s = s0; s < s1; ++s) run_segment(starts[s], starts[s + 1], false);

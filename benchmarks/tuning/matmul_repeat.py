@@ -2,7 +2,7 @@
 of ~100 ms of calls) repeated: opforge's mma (and wgmma) against cuBLAS at bf16 4096^3, timed in
 turn REPEATS times, so one ratio's spread between neighbouring measurements can be read off.
 
-    python benchmarks/micro/matmul_repeat.py [REPEATS]
+    python benchmarks/tuning/matmul_repeat.py [REPEATS]
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 back to back, with nvidia-smi sampling the SM clock, board power, temperature and the active
 clock-throttle reasons every 200 ms: which kernels run at the power cap, and at what clock.
 
-    python benchmarks/micro/matmul_power.py
+    python benchmarks/tuning/matmul_power.py
 """
 
 from __future__ import annotations

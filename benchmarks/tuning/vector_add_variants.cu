@@ -1,7 +1,7 @@
 // Standalone experiment behind vector_add's CUDA kernel design (no torch): times kernel
 // variants for a contiguous fp32 / bf16 add at 64M elements with CUDA events, next to a
 // device-to-device copy. Build and run on a GPU:
-//   nvcc -O3 -arch=sm_90 -o /tmp/va benchmarks/micro/vector_add_variants.cu && /tmp/va
+//   nvcc -O3 -arch=sm_90 -o /tmp/va benchmarks/tuning/vector_add_variants.cu && /tmp/va
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 

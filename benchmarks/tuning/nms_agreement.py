@@ -2,7 +2,7 @@
 
 torchvision's CUDA IoU is compiled with FMA contraction; its CPU IoU rounds every operation. On
 random detector-like sets an IoU within an ulp of the threshold is rare but happens. Usage:
-python benchmarks/micro/nms_agreement.py [trials]
+python benchmarks/tuning/nms_agreement.py [trials]
 """
 
 import sys

@@ -4,7 +4,7 @@
 // an mma.sync kernel can reach against cuBLAS on Hopper. The mma.sync runs also report the SM
 // cycles an HMMA.16816 takes per scheduler (clock64, independent of the clock) and the clock they
 // ran at (cycles over event time): a long run shows the clock a sustained load settles to.
-//   nvcc -std=c++17 -O3 -gencode arch=compute_90a,code=sm_90a -I csrc -o /tmp/peak benchmarks/micro/tensor_peak.cu && /tmp/peak
+//   nvcc -std=c++17 -O3 -gencode arch=compute_90a,code=sm_90a -I csrc -o /tmp/peak benchmarks/tuning/tensor_peak.cu && /tmp/peak
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 

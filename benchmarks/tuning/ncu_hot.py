@@ -2,7 +2,7 @@
 
     ncu --section SourceCounters -o prof python3 ...
     ncu -i prof.ncu-rep --page source --print-source sass --csv > src.csv
-    python3 benchmarks/micro/ncu_hot.py src.csv [top]
+    python3 benchmarks/tuning/ncu_hot.py src.csv [top]
 
 Prints the columns it found, then the `top` instructions by all samples with their stall
 columns, and the samples summed per opcode.

@@ -1,6 +1,6 @@
 """Per-kernel CUDA time of opforge.nms / batched_nms (torch.profiler), to see where the time goes.
 
-Usage: python benchmarks/micro/nms_profile.py [N ...]   (default 1000 10000 50000)
+Usage: python benchmarks/tuning/nms_profile.py [N ...]   (default 1000 10000 50000)
 """
 
 import sys

@@ -2,7 +2,7 @@
 # NMS diagnosis on a CUDA machine: build, the nms tests, per-kernel times, and Nsight Compute's
 # view (speed of light, occupancy, warp stalls) of the mask and greedy kernels at 10k clustered.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 PYTHON=${PYTHON:-python3}
 export PYTHONUNBUFFERED=1 MAX_JOBS=${MAX_JOBS:-$(nproc)}
 OUT=${OUT:-benchmarks/results/gpu-nms-diag}
@@ -11,7 +11,7 @@ mkdir -p "$OUT"
 xdist=$("$PYTHON" -c 'import xdist' 2>/dev/null && echo "-n 8")
 timeout 60 "$PYTHON" -m pytest tests/test_nms.py -q -m cuda -p no:cacheprovider $xdist > "$OUT/tests_nms_cuda.log" 2>&1
 tail -1 "$OUT/tests_nms_cuda.log"
-timeout 30 "$PYTHON" benchmarks/micro/nms_profile.py 10000 2>&1 | grep -A4 "== nms" | tee "$OUT/profile.txt"
+timeout 30 "$PYTHON" benchmarks/tuning/nms_profile.py 10000 2>&1 | grep -A4 "== nms" | tee "$OUT/profile.txt"
 cat > /tmp/nms_once.py <<'PY'
 import torch, opforge
 from opforge.bench.nms import clustered_boxes

@@ -1,13 +1,15 @@
-"""Tuning run for the matmul rungs' configurations, without building the torch extension.
+"""Tuning run for the matmul kernels' candidate configurations, without building the extension.
 
-Compiles csrc/matmul/cuda/{warp_tiled,mma,wgmma}.cu with a C shim into a shared library (about
-30 s on 16 cores), then for every configuration of those rungs checks the result against a
-float64 reference on odd and batched shapes and times it next to torch.matmul (cuBLAS) in the
-same process, with the benchmark's timer (L2 flushed before every run). Prints one line per run.
+Compiles benchmarks/tuning/matmul_candidates.cu (the product's kernel headers instantiated with
+named candidate traits) into a shared library (about a minute on 16 cores), then for every
+candidate checks the result against a float64 reference on odd and batched shapes and times it
+next to torch.matmul (cuBLAS) in the same process, with the benchmark's timer (L2 flushed before
+every run). Prints one line per run.
 
-    python benchmarks/micro/matmul_tune.py [--quick] [--only warp_tiled,mma,wgmma]
-    python benchmarks/micro/matmul_tune.py --trace   # mma's timeline at 4096^3 (configuration 75)
-    python benchmarks/micro/matmul_tune.py --power cublas,mma:74,mix:bk96   # work per joule at the cap
+    python benchmarks/tuning/matmul_tune.py --list
+    python benchmarks/tuning/matmul_tune.py [--quick] [--only mma_ws,mma_ws.no_snake] [--b-columns]
+    python benchmarks/tuning/matmul_tune.py --trace [mma_tma.traced]   # the TMA kernel's timeline at 4096^3
+    python benchmarks/tuning/matmul_tune.py --power cublas,mma_ws,mix:bk96   # work per joule at the cap
 """
 
 from __future__ import annotations
@@ -22,18 +24,10 @@ import subprocess
 import sys
 import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-# wgmma reads b by rows (a @ b); wgmma_t by the rows of b^T (x @ w.t()).
-RUNGS = {
-    "warp_tiled": (0, [0, 1, 2, 3, 4, 5, 6]),
-    "mma": (1, [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 13, 14, 20, 21, 30, 40, 74, 85, 88, 91, 92, 98, 99]),
-    "wgmma": (2, [0, 1, 3]),
-    "wgmma_t": (2, [0, 1, 2, 3]),
-}
 DTYPES = {torch.float32: 0, torch.float16: 2, torch.bfloat16: 3}
 
 
@@ -50,31 +44,23 @@ def build(out: pathlib.Path) -> ctypes.CDLL:
         "-I",
         str(ROOT / "csrc"),
         "-DOPFORGE_WITH_CUDA=1",
-        "-DOPFORGE_MATMUL_TUNING=1",
-        "-DOPFORGE_HAS_SM90A=1",  # as the extension's 9.0a build: mma's default is then 99
+        "-DOPFORGE_HAS_SM90A=1",
+        "-shared",
     ]
-    srcs = [ROOT / f"csrc/matmul/cuda/matmul_{r}.cu" for r in ("warp_tiled", "mma", "wgmma")] + [
-        ROOT / "benchmarks/micro/matmul_tune_shim.cu"
-    ]
-    objs = [out / (s.stem + ".o") for s in srcs]
-
-    def compile_one(pair):
-        s, o = pair
-        subprocess.run([nvcc, *flags, "-c", str(s), "-o", str(o)], check=True)
-
-    with ThreadPoolExecutor(len(srcs)) as pool:
-        list(pool.map(compile_one, zip(srcs, objs, strict=True)))
     so = out / "libmatmul_tune.so"
-    subprocess.run([nvcc, "-shared", "-o", str(so), *map(str, objs)], check=True)
+    src = ROOT / "benchmarks/tuning/matmul_candidates.cu"
+    subprocess.run([nvcc, *flags, "-o", str(so), str(src)], check=True)
     lib = ctypes.CDLL(str(so))
+    lib.opforge_tune_candidates.restype = ctypes.c_char_p
     lib.opforge_tune_matmul.restype = ctypes.c_int
     lib.opforge_tune_matmul.argtypes = (
-        [ctypes.c_int, ctypes.c_int]
-        + [ctypes.c_void_p] * 3
-        + [ctypes.c_int64] * 11
-        + [ctypes.c_int, ctypes.c_void_p]
+        [ctypes.c_char_p] + [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 11 + [ctypes.c_int, ctypes.c_void_p]
     )
     return lib
+
+
+def candidates(lib) -> list[str]:
+    return lib.opforge_tune_candidates().decode().split(",")
 
 
 def load_timer():
@@ -84,13 +70,13 @@ def load_timer():
     return mod.CudaTimer(torch.device("cuda"))
 
 
-def runner(lib, rung: str, config: int, a: torch.Tensor, b: torch.Tensor):
-    """A callable computing a @ b with the rung into a fresh output; a, b contiguous (batch, ., .)."""
+def runner(lib, name: str, a: torch.Tensor, b: torch.Tensor, b_columns: bool = False):
+    """A callable computing a @ b with candidate `name` into a fresh output; a, b contiguous
+    (batch, ., .); b_columns: b handed over as the rows of b^T (x @ w.t(); wgmma only)."""
     batch, m, k = a.shape
     n = b.shape[2]
     c = torch.empty(batch, m, n, dtype=a.dtype, device=a.device)
-    code, _ = RUNGS[rung]
-    if rung == "wgmma_t":
+    if b_columns:
         b = b.transpose(1, 2).contiguous()  # (batch, n, k): b^T's rows
         b_rs, b_cs, b_bs = 1, k, n * k
     else:
@@ -99,8 +85,7 @@ def runner(lib, rung: str, config: int, a: torch.Tensor, b: torch.Tensor):
 
     def fn():
         err = lib.opforge_tune_matmul(
-            code,
-            config,
+            name.encode(),
             a.data_ptr(),
             b.data_ptr(),
             c.data_ptr(),
@@ -119,31 +104,31 @@ def runner(lib, rung: str, config: int, a: torch.Tensor, b: torch.Tensor):
             stream,
         )
         if err:
-            raise RuntimeError(f"{rung} config {config}: CUDA error {err}")
+            raise RuntimeError(f"{name}: CUDA error {err}")
         return c
 
     return fn
 
 
-def check(lib, rung, config, dtype, shape) -> float:
+def check(lib, name, dtype, shape, b_columns=False) -> float:
     batch, m, k, n = shape
     g = torch.Generator(device="cuda").manual_seed(1)
     a = torch.randn(batch, m, k, device="cuda", generator=g).to(dtype)
     b = torch.randn(batch, k, n, device="cuda", generator=g).to(dtype)
-    out = runner(lib, rung, config, a, b)().double()
+    out = runner(lib, name, a, b, b_columns)().double()
     ref = torch.matmul(a.double(), b.double())
     return ((out - ref).abs().max() / ref.abs().max()).item()
 
 
-def trace_report(lib, config: int = 75) -> None:
-    """Runs a tracing mma configuration (75: the default kernel stamping the SM clock; 39: 40) at
-    4096^3 and prints where its warps' time goes between k tiles, from the first 16 blocks'
-    timelines."""
+def trace_report(lib, name: str = "mma_tma.traced") -> None:
+    """Runs a tracing candidate of the TMA kernel (mma_tma.traced: the shipped one stamping the SM
+    clock at its hand-over points; mma_tma.k64_traced: 64-deep k tiles) at 4096^3 and prints where
+    its warps' time goes between k tiles, from the first 16 blocks' timelines."""
     import numpy as np
 
     a = torch.randn(1, 4096, 4096, device="cuda").to(torch.bfloat16)
     b = torch.randn(1, 4096, 4096, device="cuda").to(torch.bfloat16)
-    fn = runner(lib, "mma", config, a, b)
+    fn = runner(lib, name, a, b)
     for _ in range(3):
         fn()
     torch.cuda.synchronize()
@@ -151,7 +136,7 @@ def trace_report(lib, config: int = 75) -> None:
     err = lib.opforge_tune_mma_trace(ctypes.c_void_p(buf.ctypes.data), ctypes.c_size_t(buf.nbytes))
     if err:
         raise RuntimeError(f"trace copy: CUDA error {err}")
-    # 96-deep k tiles (75, the default traced) fill 43 of the 64 slots at 4096^3: keep those.
+    # 96-deep k tiles (the shipped depth) fill 43 of the 64 slots at 4096^3: keep those.
     buf = buf[:, :, : max(4, int((buf[:, :, :, 0] > 0).all(axis=(0, 1)).sum()))]
     analyse_trace(buf)
     # The SM clock the blocks ran at: a block's cycles (first fill to last release) times the
@@ -227,7 +212,7 @@ def sustained(run, seconds: float = 4.0) -> tuple[float, list[str]]:
 
 
 def power_report(lib, items: list[str], mix_bin: pathlib.Path | None) -> None:
-    """Each item (cublas, mma:CFG, mix:NAME) at bf16 4096^3 (mix: mma_mix.cu's loop, no memory
+    """Each item (cublas, a candidate's name, mix:NAME) at bf16 4096^3 (mix: mma_mix.cu's loop, no memory
     traffic) back to back for 4 s, L2 warm: its TFLOP/s, SM clock and board power at the cap, and
     its work per joule (GFLOP/J = TFLOP/s per kW)."""
     n = 4096
@@ -258,8 +243,8 @@ def power_report(lib, items: list[str], mix_bin: pathlib.Path | None) -> None:
     for item in items:
         if item == "cublas":
             run = timed(lambda: torch.matmul(a[0], b[0]))
-        elif item.startswith("mma:"):
-            run = timed(runner(lib, "mma", int(item[4:]), a, b))
+        elif item in candidates(lib):
+            run = timed(runner(lib, item, a, b))
         elif item.startswith("mix:") and mix_bin is not None:
             name = item[4:]
 
@@ -284,34 +269,37 @@ def power_report(lib, items: list[str], mix_bin: pathlib.Path | None) -> None:
 
 def main() -> int:
     ap = argparse.ArgumentParser()
+    ap.add_argument("--list", action="store_true", help="print the candidates' names")
     ap.add_argument("--quick", action="store_true", help="4096^3 only")
-    ap.add_argument("--only", default=",".join(RUNGS))
-    ap.add_argument("--configs", default="", help="comma-separated configurations (default: all)")
-    ap.add_argument("--profile", default="", help="rung:config: three calls at 4096^3 (for ncu), no timing")
     ap.add_argument(
-        "--trace",
-        nargs="?",
-        const=75,
-        type=int,
-        help="mma's timeline at 4096^3 (configuration 75, or one given)",
+        "--only", default="", help="comma-separated candidates, or prefixes (mma_ws,wgmma.); default all"
+    )
+    ap.add_argument("--b-columns", action="store_true", help="wgmma: b as the rows of b^T (x @ w.t())")
+    ap.add_argument("--profile", default="", help="a candidate: three calls at 4096^3 (for ncu), no timing")
+    ap.add_argument(
+        "--trace", nargs="?", const="mma_tma.traced", help="a traced candidate's timeline at 4096^3"
     )
     ap.add_argument(
         "--power",
         default="",
-        help="comma-separated items (cublas, mma:CFG, mix:peak|ldmatrix|bk96), each sustained 4 s at bf16 "
+        help="comma-separated items (cublas, a candidate, mix:peak|ldmatrix|bk96), each sustained 4 s at bf16 "
         "4096^3 with nvidia-smi power sampling",
     )
     args = ap.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
     with tempfile.TemporaryDirectory() as tmp:
         lib = build(pathlib.Path(tmp))
+        names = candidates(lib)
+        if args.list:
+            print("\n".join(names))
+            return 0
         if args.power:
             items = args.power.split(",")
             mix_bin = None
             if any(i.startswith("mix:") for i in items):
                 mix_bin = pathlib.Path(tmp) / "mma_mix"
                 nvcc = os.environ.get("NVCC", "nvcc")
-                src = ROOT / "benchmarks/micro/mma_mix.cu"
+                src = ROOT / "benchmarks/tuning/mma_mix.cu"
                 cmd = [
                     nvcc,
                     "-std=c++17",
@@ -328,53 +316,51 @@ def main() -> int:
             trace_report(lib, args.trace)
             return 0
         if args.profile:
-            rung, config = args.profile.split(":")
-            dtype = torch.float32 if rung == "warp_tiled" else torch.bfloat16
+            dtype = torch.float32 if args.profile.startswith("warp_tiled") else torch.bfloat16
             a = torch.randn(1, 4096, 4096, device="cuda").to(dtype)
             b = torch.randn(1, 4096, 4096, device="cuda").to(dtype)
-            fn = runner(lib, rung, int(config), a, b)
+            fn = runner(lib, args.profile, a, b)
             for _ in range(3):
                 fn()
             torch.cuda.synchronize()
             return 0
+        wanted = [w for w in args.only.split(",") if w]
+        chosen = [n for n in names if not wanted or any(n == w or n.startswith(w) for w in wanted)]
         timer = load_timer()
         bad = 0
-        for rung in args.only.split(","):
-            _, configs = RUNGS[rung]
-            if args.configs:
-                configs = [int(c) for c in args.configs.split(",")]
-            dtypes = [torch.float32] if rung == "warp_tiled" else [torch.bfloat16]
+        for name in chosen:
+            if name.endswith("traced"):
+                continue  # timelines, not timings
+            dtype = torch.float32 if name.startswith("warp_tiled") else torch.bfloat16
+            cols = args.b_columns and name.startswith("wgmma")
             shapes = (
                 [(4096, 4096, 4096)]
                 if args.quick
                 else [(2048,) * 3, (4096,) * 3, (8192,) * 3, (8192, 1024, 8192)]
             )
             odd = [(1, 1000, 1000, 1000), (3, 130, 72, 264), (2, 129, 4104, 136), (1, 1, 8, 8)]
-            # more tiles than SMs, in whole and partial groups of tile rows (mma's grouped order), batched
+            # more tiles than SMs, in whole and partial groups of tile rows, batched
             odd += [(1, 2000, 1000, 2104), (5, 1000, 520, 1000), (1, 4096, 4096, 4096)]
-            for config in configs:
-                for dtype in dtypes:
-                    errs = [check(lib, rung, config, dtype, s) for s in odd]
-                    tol = 1e-5 if dtype == torch.float32 else 2e-2
-                    ok = all(e <= tol for e in errs)
-                    bad += not ok
-                    print(
-                        f"{rung} cfg {config} {str(dtype)[6:]} check: {'ok' if ok else 'FAILED'} max rel err "
-                        f"{max(errs):.2e}",
-                        flush=True,
-                    )
-                    for m, k, n in shapes:
-                        a = torch.randn(1, m, k, device="cuda").to(dtype)
-                        b = torch.randn(1, k, n, device="cuda").to(dtype)
-                        ours = timer(runner(lib, rung, config, a, b))
-                        a2, b2 = a[0], b[0]
-                        peer = timer(lambda a2=a2, b2=b2: torch.matmul(a2, b2))
-                        tf = 2 * m * n * k / 1e9
-                        print(
-                            f"  {rung} cfg {config} {str(dtype)[6:]} {m}x{k}x{n}: {ours:.3f} ms {tf / ours:7.1f} "
-                            f"TFLOP/s | cuBLAS {peer:.3f} ms {tf / peer:7.1f} | {peer / ours:.3f}x",
-                            flush=True,
-                        )
+            errs = [check(lib, name, dtype, s, cols) for s in odd]
+            tol = 1e-5 if dtype == torch.float32 else 2e-2
+            ok = all(e <= tol for e in errs)
+            bad += not ok
+            print(
+                f"{name} {str(dtype)[6:]} check: {'ok' if ok else 'FAILED'} max rel err {max(errs):.2e}",
+                flush=True,
+            )
+            for m, k, n in shapes:
+                a = torch.randn(1, m, k, device="cuda").to(dtype)
+                b = torch.randn(1, k, n, device="cuda").to(dtype)
+                ours = timer(runner(lib, name, a, b, cols))
+                a2, b2 = a[0], b[0]
+                peer = timer(lambda a2=a2, b2=b2: torch.matmul(a2, b2))
+                tf = 2 * m * n * k / 1e9
+                print(
+                    f"  {name} {str(dtype)[6:]} {m}x{k}x{n}: {ours:.3f} ms {tf / ours:7.1f} "
+                    f"TFLOP/s | cuBLAS {peer:.3f} ms {tf / peer:7.1f} | {peer / ours:.3f}x",
+                    flush=True,
+                )
         return 1 if bad else 0
 
 

@@ -16,7 +16,7 @@
 // The rung's own kernel, traced (matmul_tune.py --trace), takes ~1800 cycles per k tile per warp,
 // 7.0 per HMMA per scheduler; its diagnostic without refills or waits ~1684 (6.58). This says
 // which ingredient costs what. 6.00 is the ceiling (tensor_peak.cu, two warps per scheduler).
-//   nvcc -std=c++17 -O3 -gencode arch=compute_90a,code=sm_90a -I csrc -o /tmp/mix benchmarks/micro/mma_mix.cu && /tmp/mix
+//   nvcc -std=c++17 -O3 -gencode arch=compute_90a,code=sm_90a -I csrc -o /tmp/mix benchmarks/tuning/mma_mix.cu && /tmp/mix
 #include <cuda_runtime.h>
 
 #include <cstdint>

@@ -1,0 +1,37 @@
+// The shared CUDA layer: asynchronous global -> shared copies (cp.async, sm_80+) and their
+// completion (commit/wait groups, or an mbarrier arrival when this thread's copies land).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "common/cuda/ptx.cuh"
+
+namespace opforge {
+namespace cuda {
+
+// 16 bytes global -> shared (cache in L2 only); the first src_bytes (0 or 16; the 4-byte form
+// takes 0 or 4) are read and the rest zero-filled: src_bytes = 0 writes zeros for a chunk
+// outside the matrix (src must still be a valid address).
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
+}
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, int src_bytes) {
+  cp_async16(smem_addr(dst), src, src_bytes);
+}
+// 4 bytes global -> shared (cached in L1 too: cp.async.cg takes 16-byte copies only).
+__device__ __forceinline__ void cp_async4(void* dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(src_bytes));
+}
+
+// Closes this thread's group of copies issued since the last commit.
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+// Waits until at most kPending of this thread's committed groups are still in flight.
+template <int kPending>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
+}
+
+}  // namespace cuda
+}  // namespace opforge

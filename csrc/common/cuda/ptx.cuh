@@ -1,0 +1,62 @@
+// The shared CUDA layer, part 1: shared-memory addresses and stores, named barriers, register
+// reallocation between warpgroups, cluster rank and barrier, and the shared-memory atomic the
+// kernels count with. Each PTX instruction the kernels use is written once in csrc/common/cuda/
+// (this file, cp_async.cuh, mbarrier.cuh, tma.cuh, mma_sync.cuh, wgmma.cuh); no torch headers.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace opforge {
+namespace cuda {
+
+// The shared-memory address (a 32-bit offset in the shared window) of a generic pointer into it.
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// One 32-bit store to shared memory at a shared-memory address.
+__device__ __forceinline__ void st_shared_u32(uint32_t addr, uint32_t v) {
+  asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
+}
+
+// Named barrier `id` (1..15; 0 is __syncthreads's) over kThreads threads (whole warps).
+template <int kThreads>
+__device__ __forceinline__ void named_barrier_sync(int id) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "n"(kThreads) : "memory");
+}
+
+// Warp specialisation (sm_90a): a warpgroup gives back registers down to kRegs a thread, or takes
+// up to kRegs. Every warp of the warpgroup executes it.
+template <int kRegs>
+__device__ __forceinline__ void setmaxnreg_dec() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kRegs));
+}
+template <int kRegs>
+__device__ __forceinline__ void setmaxnreg_inc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegs));
+}
+
+// This block's rank in its cluster, and a barrier over every thread of every block of the
+// cluster (whole warps; release/acquire: shared-memory writes before it are visible after it).
+__device__ __forceinline__ uint32_t cluster_ctarank() {
+  uint32_t r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+  return r;
+}
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+
+// atomicAdd(+1) on a shared-memory counter with acquire-release ordering at block scope: what
+// this thread did before is visible to the thread that sees the count after. Returns the count
+// before.
+__device__ __forceinline__ uint32_t atomic_inc_acq_rel_cta(uint32_t addr) {
+  uint32_t before;
+  asm volatile("atom.acq_rel.cta.shared::cta.add.u32 %0, [%1], 1;\n" : "=r"(before) : "r"(addr) : "memory");
+  return before;
+}
+
+}  // namespace cuda
+}  // namespace opforge

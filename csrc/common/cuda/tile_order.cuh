@@ -1,0 +1,32 @@
+// The shared CUDA layer: the order in which blocks take output tiles. Blocks that run at the same
+// time should share panels of a and b in L2: "grouped" order walks groups of kGroupRows tile rows
+// column by column (a wave of 132 blocks over 32 x 16 tiles then spans 16 rows by 8-9 columns,
+// against 8-9 whole rows of 16 columns row by row).
+#pragma once
+
+#include <cuda_runtime.h>
+
+namespace opforge {
+namespace cuda {
+
+// Tile (tm, tn) of a tiles_m x tiles_n grid for linear index lin in grouped order. kSnake: odd
+// groups walk their columns right to left (the b panels the previous group read last come first).
+template <int kGroupRows, bool kSnake = false>
+__device__ __forceinline__ void grouped_tile(int lin, int tiles_m, int tiles_n, int& tm, int& tn) {
+  const int group = lin / (kGroupRows * tiles_n), first = group * kGroupRows;
+  const int rows = tiles_m - first < kGroupRows ? tiles_m - first : kGroupRows;
+  const int w = lin - group * kGroupRows * tiles_n;
+  tm = first + w % rows;
+  tn = kSnake && (group & 1) ? tiles_n - 1 - w / rows : w / rows;
+}
+
+// The same over a batch of grids, batch outermost: lin -> (batch, tm, tn).
+template <int kGroupRows, bool kSnake = false>
+__device__ __forceinline__ void batched_grouped_tile(int lin, int tiles_m, int tiles_n, int& batch, int& tm,
+                                                     int& tn) {
+  batch = lin / (tiles_m * tiles_n);
+  grouped_tile<kGroupRows, kSnake>(lin - batch * tiles_m * tiles_n, tiles_m, tiles_n, tm, tn);
+}
+
+}  // namespace cuda
+}  // namespace opforge
