@@ -49,11 +49,14 @@ inline bool simt_vectorizable(const GemmParams& p) {
   return p.a_rs % 4 == 0 && p.b_rs % 4 == 0 && p.c_rs % 4 == 0 && p.a_bs % 4 == 0 && p.b_bs % 4 == 0 &&
          p.c_bs % 4 == 0 && aligned16(p.a) && aligned16(p.b) && aligned16(p.c);
 }
-// The mma kernels read a and b in 16-byte chunks: k, n, the row and batch strides multiples of 8
-// elements, 16-byte aligned bases (b's chunks then never run past its rows).
+// The mma kernels read a and b in 16-byte chunks: k, the row and batch strides multiples of 8
+// elements, 16-byte aligned bases, and b's rows at least n rounded up to 8 long (its last chunk
+// of a row may run past n: the launcher pads b unless n % 8 == 0, so that it stays inside any
+// storage).
 inline bool mma_chunk_readable(const GemmParams& p) {
-  return p.a_cs == 1 && p.b_cs == 1 && p.k % 8 == 0 && p.n % 8 == 0 && p.a_rs % 8 == 0 && p.b_rs % 8 == 0 &&
-         (p.batch == 1 || (p.a_bs % 8 == 0 && p.b_bs % 8 == 0)) && aligned16(p.a) && aligned16(p.b);
+  return p.a_cs == 1 && p.b_cs == 1 && p.k % 8 == 0 && p.b_rs >= (p.n + 7) / 8 * 8 && p.a_rs % 8 == 0 &&
+         p.b_rs % 8 == 0 && (p.batch == 1 || (p.a_bs % 8 == 0 && p.b_bs % 8 == 0)) && aligned16(p.a) &&
+         aligned16(p.b);
 }
 // ... and TMA: nonzero batch strides (a broadcast operand has none) and int coordinates.
 inline bool mma_tma_loadable(const GemmParams& p) {

@@ -171,8 +171,7 @@ at::Tensor matmul_cuda(const at::Tensor& a, const at::Tensor& b, c10::string_vie
     // The mma kernels copy 16-byte chunks: other layouts get zero-padded copies (b's 8-column
     // chunks may run past n up to the next multiple of 8: only n % 8 == 0 keeps them inside any
     // storage).
-    GemmParams q = gemm_params(a3, b3, c3);
-    if (!mma_chunk_readable(q)) {
+    if (n % 8 != 0 || !mma_chunk_readable(gemm_params(a3, b3, c3))) {
       a3 = zero_padded(a3, m, round_up(k, 8));
       b3 = zero_padded(b3, round_up(k, 8), round_up(n, 8));
     }
