@@ -12,7 +12,8 @@
 namespace opforge {
 
 // out = a + b, elementwise. a and b: same shape, dtype (float32/float64/float16/bfloat16) and
-// device; any strides. The output follows a's memory layout when a is dense, else contiguous.
+// device; any strides. The output is empty_like(a): a's memory layout when a is dense, else a
+// dense one in a's stride order.
 at::Tensor vector_add(const at::Tensor& a, const at::Tensor& b);
 
 // Non-maximum suppression with torchvision's contract: boxes (N, 4) as (x1, y1, x2, y2), scores (N,);

@@ -15,7 +15,8 @@ OPS=${OPS:-}
 ROUNDS=${ROUNDS:-}
 status=0
 
-slug=$("$PYTHON" -c 'import torch; print("cuda-" + torch.cuda.get_device_name().lower().replace("nvidia ", "").replace(" ", "-") if torch.cuda.is_available() else "no-cuda")')
+# The device's folder: benchmarks/results/h200 for an NVIDIA H200.
+slug=$("$PYTHON" -c 'import torch; print(torch.cuda.get_device_name().lower().replace("nvidia ", "").replace(" ", "-") if torch.cuda.is_available() else "no-cuda")')
 OUT=${OUT:-benchmarks/results/$slug}
 mkdir -p "$OUT"
 export OPFORGE_BENCH_FAILURES="$OUT"

@@ -1,7 +1,7 @@
 """Draws the matmul ladder (opforge/bench/ladder.py) from an `opforge bench --full --ops matmul`
 results.json of a GPU run.
 
-    python scripts/plot_matmul_ladder.py benchmarks/results/h200-matmul/results.json [out.png]
+    python scripts/plot_matmul_ladder.py benchmarks/results/h200/results.json [out.png]
 """
 
 from __future__ import annotations

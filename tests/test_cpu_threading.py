@@ -59,6 +59,8 @@ def small_calls():
     yield "nms 900", lambda: opforge.nms(ub, us, 0.5)
     a, b = torch.randn(96, 96), torch.randn(96, 96)
     yield "matmul 96^3", lambda: opforge.matmul(a, b)
+    x, y = torch.randn(16384), torch.randn(16384)  # under torch.add's grain: serial for both
+    yield "vector_add 16K", lambda: opforge.vector_add(x, y)
 
 
 @pytest.mark.parametrize("name", [name for name, _ in small_calls()])

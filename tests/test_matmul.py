@@ -61,6 +61,7 @@ SHAPES = [
     (64, 4097, 17),
     (200, 300, 1000),
     (65, 256, 1),  # a matrix-vector product with k a multiple of 8 (b^T is a (1, k) row)
+    (70, 1, 65),  # k = 1: an outer product
 ]
 
 
@@ -152,13 +153,14 @@ def test_cuda_large_tile_paths(variant, dtype, shape):
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("variant", HALF_CUDA_VARIANTS)
+@pytest.mark.parametrize("dtype", HALF_DTYPES)
 @pytest.mark.parametrize("k", [8, 32, 40, 64, 88, 96, 104, 128, 160, 192, 200, 1000, 4096])
-def test_cuda_tensor_core_k_remainders(variant, k):
+def test_cuda_tensor_core_k_remainders(variant, dtype, k):
     """Every remainder of k against the k tiles (mma_tma: 96 deep, the last tile's mma stopping
     after the 32-deep pieces that hold data; mma_cp_async, mma_ws, wgmma: 64 deep), on a
     tile-edged output."""
     m, n = 136, 264
-    a, b = rand((2, m, k), torch.bfloat16, "cuda"), rand((2, k, n), torch.bfloat16, "cuda")
+    a, b = rand((2, m, k), dtype, "cuda"), rand((2, k, n), dtype, "cuda")
     if not check_or_refused(variant, lambda: opforge.matmul(a, b, variant=variant)):
         return
     poison_cuda_allocator(2 * 2 * m * n, "cuda")
@@ -167,12 +169,12 @@ def test_cuda_tensor_core_k_remainders(variant, k):
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("variant", HALF_CUDA_VARIANTS)
-def test_cuda_tensor_core_layouts(variant):
+@pytest.mark.parametrize("dtype", HALF_DTYPES)
+def test_cuda_tensor_core_layouts(variant, dtype):
     """Layouts the tensor-core kernels read in place: row strides wider than the rows (slices of
     wider tensors), batch strides that are not rows x row stride (every other batch), and a
     broadcast operand (batch stride 0, which TMA cannot address: mma takes its cp.async kernel
-    for it, mma_tma, mma_ws and wgmma a copy)."""
-    dtype = torch.bfloat16
+    for it, mma_tma, mma_ws and wgmma a copy), and a broadcast row (row stride 0) likewise."""
     m, k, n = 200, 136, 264
     a = rand((3, m, k + 24), dtype, "cuda")[..., :k]
     b = rand((3, k, n + 40), dtype, "cuda")[..., :n]
@@ -187,6 +189,13 @@ def test_cuda_tensor_core_layouts(variant):
     assert_close_to_reference(opforge.matmul(a2, shared, variant=variant), a2, shared)
     shared_a = rand((1, m, k), dtype, "cuda").expand(3, m, k)
     assert_close_to_reference(opforge.matmul(shared_a, b2, variant=variant), shared_a, b2)
+    row = rand((k,), dtype, "cuda").expand(m, k)  # every row the same: row stride 0
+    b1 = rand((k, n), dtype, "cuda")
+    poison_cuda_allocator(2 * m * n, "cuda")
+    assert_close_to_reference(opforge.matmul(row, b1, variant=variant), row, b1)
+    same_rows = rand((n,), dtype, "cuda").expand(k, n)  # b's rows all the same: row stride 0
+    a1 = rand((m, k), dtype, "cuda")
+    assert_close_to_reference(opforge.matmul(a1, same_rows, variant=variant), a1, same_rows)
 
 
 @pytest.mark.cuda
@@ -213,10 +222,13 @@ ALL_CUDA_KERNELS = [(v, torch.float32) for v in FP32_CUDA_VARIANTS] + [
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("variant,dtype", ALL_CUDA_KERNELS, ids=lambda x: str(x).removeprefix("torch."))
-@pytest.mark.parametrize("shape", [(2, 300, 136, 520), (1, 129, 33, 70)], ids=["tiles", "padded"])
+@pytest.mark.parametrize(
+    "shape", [(2, 300, 136, 520), (1, 129, 33, 70), (1, 1100, 136, 2056)], ids=["tiles", "padded", "wide"]
+)
 def test_cuda_graph_capture(variant, dtype, shape):
     """Every kernel captured in a CUDA graph (the persistent and TMA launches, their tensor maps
-    and the launcher's padded copies included) and replayed on new data in the same buffers."""
+    and the launcher's padded copies included; "wide": wgmma's 128 x 256 tiles stored by TMA)
+    and replayed on new data in the same buffers."""
     batch, m, k, n = shape
     a, b = rand((batch, m, k), dtype, "cuda"), rand((batch, k, n), dtype, "cuda")
     if not check_or_refused(variant, lambda: opforge.matmul(a, b, variant=variant)):

@@ -438,6 +438,32 @@ def test_integer_idxs_dtypes():
         assert_same(keep[: num.item()], want)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_errors_none_nested_sparse(device):
+    """None through the dispatcher, nested and sparse inputs: each op names itself and the argument."""
+    b, s = uniform_boxes(10, device=device)
+    idxs = torch.zeros(10, dtype=torch.int64, device=device)
+    with pytest.raises(RuntimeError, match=r"opforge\.nms: scores must be a tensor, got None"):
+        torch.ops.opforge.nms(b, None, 0.5)
+    with pytest.raises(RuntimeError, match=r"opforge\.batched_nms: idxs must be a tensor, got None"):
+        torch.ops.opforge.batched_nms(b, s, None, 0.5)
+    nested = torch.nested.nested_tensor([b[:4], b[4:]])
+    with pytest.raises(
+        RuntimeError, match=r"opforge\.nms: boxes must be a dense \(strided\) tensor, got a nested"
+    ):
+        opforge.nms(nested, s, 0.5)
+    with pytest.raises(
+        RuntimeError,
+        match=r"opforge\.batched_nms: boxes must be a dense \(strided\) tensor, got a tensor of layout Sparse",
+    ):
+        opforge.batched_nms(b.to_sparse(), s, idxs, 0.5)
+    with pytest.raises(
+        RuntimeError,
+        match=r"opforge\.nms_padded: idxs must be a dense \(strided\) tensor, got a tensor of layout Sparse",
+    ):
+        opforge.nms_padded(b, s, 0.5, idxs=idxs.to_sparse())
+
+
 @pytest.mark.cuda
 def test_errors_cuda():
     b, s = uniform_boxes(10, device="cuda")

@@ -44,7 +44,6 @@ def build(out: pathlib.Path) -> ctypes.CDLL:
         "-I",
         str(ROOT / "csrc"),
         "-DOPFORGE_WITH_CUDA=1",
-        "-DOPFORGE_HAS_SM90A=1",
         "-shared",
     ]
     so = out / "libmatmul_tune.so"

@@ -24,16 +24,16 @@
 #include <cstdlib>
 #include <string>
 
-#include "matmul/cuda/tensor_core_common.cuh"
+#include "common/cuda/mma_sync.cuh"
 
 namespace {
 
-using opforge::tc::ldmatrix_x4;
-using opforge::tc::ldmatrix_x4_trans;
+using opforge::cuda::ldmatrix_x4;
+using opforge::cuda::ldmatrix_x4_trans;
 
 // The rung's mma (bf16 inputs, float32 accumulation).
 __device__ __forceinline__ void mma(float* d, const uint32_t* a, const uint32_t* b) {
-  opforge::tc::mma16816<__nv_bfloat16>(d, a, b);
+  opforge::cuda::mma_m16n8k16<__nv_bfloat16>(d, a, b);
 }
 
 // The rung's fragment addresses in one 128 x 64 (a) + 64 x 256 (b, four 64-column boxes) stage,

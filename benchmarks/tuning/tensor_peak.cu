@@ -11,7 +11,7 @@
 #include <cstdint>
 #include <cstdio>
 
-#include "matmul/cuda/wgmma_ops.cuh"
+#include "common/cuda/wgmma.cuh"
 
 constexpr int kIters = 4096;
 
@@ -46,13 +46,13 @@ __global__ void __launch_bounds__(256, 1) wgmma_peak(float* out) {
   const uint64_t base_b = (static_cast<uint32_t>(__cvta_generic_to_shared(smem + 64 * 128)) & 0x3ffff) >> 4;
   auto desc = [](uint64_t addr16) { return addr16 | (uint64_t{1} << 16) | (uint64_t{1024 >> 4} << 32) | (uint64_t{1} << 62); };
   for (int it = 0; it < kIters / 4; ++it) {
-    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+    opforge::cuda::wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < 4; ++kk) opforge::tc::Wgmma<__nv_bfloat16, 256>::mma(d, desc(base_a + kk * 2), desc(base_b + kk * 2), 1);
-    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-    asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
+    for (int kk = 0; kk < 4; ++kk) opforge::cuda::Wgmma<__nv_bfloat16, 256>::mma(d, desc(base_a + kk * 2), desc(base_b + kk * 2), 1);
+    opforge::cuda::wgmma_commit();
+    opforge::cuda::wgmma_wait<1>();
   }
-  asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+  opforge::cuda::wgmma_wait<0>();
   float s = 0;
   for (int i = 0; i < 128; ++i) s += d[i];
   out[blockIdx.x * blockDim.x + threadIdx.x] = s;

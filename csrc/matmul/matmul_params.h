@@ -58,11 +58,12 @@ inline bool mma_chunk_readable(const GemmParams& p) {
          p.b_rs % 8 == 0 && (p.batch == 1 || (p.a_bs % 8 == 0 && p.b_bs % 8 == 0)) && aligned16(p.a) &&
          aligned16(p.b);
 }
-// ... and TMA: nonzero batch strides (a broadcast operand has none) and int coordinates.
+// ... and TMA: nonzero row and batch strides (a broadcast operand has none: TMA cannot address
+// it) and int coordinates.
 inline bool mma_tma_loadable(const GemmParams& p) {
   constexpr int64_t kMax = (int64_t{1} << 31) - 512;
-  return mma_chunk_readable(p) && (p.batch == 1 || (p.a_bs != 0 && p.b_bs != 0)) && p.m < kMax && p.n < kMax &&
-         p.k < kMax;
+  return mma_chunk_readable(p) && p.a_rs > 0 && p.b_rs > 0 && (p.batch == 1 || (p.a_bs != 0 && p.b_bs != 0)) &&
+         p.m < kMax && p.n < kMax && p.k < kMax;
 }
 // Can bulk tensor copies store c (16-byte aligned base, strides in multiples of 16 bytes)?
 inline bool mma_tma_storable(const GemmParams& p) {

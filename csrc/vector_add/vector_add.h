@@ -17,7 +17,8 @@ struct VectorAddPlan {
   VectorAddParams params;
 };
 
-// Allocates the output (a's layout when a is dense, else contiguous) and fills the params.
+// Allocates the output (empty_like(a): a's layout when a is dense, else dense in a's stride
+// order) and fills the params.
 // Call after check_vector_add_inputs, under the device guard.
 VectorAddPlan plan_vector_add(const at::Tensor& a, const at::Tensor& b);
 

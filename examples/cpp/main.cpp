@@ -29,9 +29,15 @@ bool check_nms(const torch::Device& device) {
       torch::tensor({0.f, 0.f, 10.f, 10.f, 1.f, 1.f, 10.f, 10.f, 20.f, 20.f, 30.f, 30.f}, opts).reshape({3, 4});
   const torch::Tensor scores = torch::tensor({0.9f, 0.8f, 0.7f}, opts);
   const torch::Tensor keep = opforge::nms(boxes, scores, 0.5).cpu();
-  const bool ok = keep.numel() == 2 && keep[0].item<int64_t>() == 0 && keep[1].item<int64_t>() == 2;
-  std::cout << "opforge::nms on " << device << ": kept " << keep.numel() << " boxes " << (ok ? "(expected)" : "(WRONG)")
-            << "\n";
+  bool ok = keep.numel() == 2 && keep[0].item<int64_t>() == 0 && keep[1].item<int64_t>() == 2;
+  // The same without a host sync: (keep padded with -1, count); idxs optional, last.
+  const auto [padded, count] = opforge::nms_padded(boxes, scores, 0.5);
+  ok = ok && count.item<int64_t>() == 2 && padded.cpu()[2].item<int64_t>() == -1;
+  const auto [by_class, count_by_class] =
+      opforge::nms_padded(boxes, scores, 0.5, torch::tensor({0, 1, 1}, opts.dtype(torch::kLong)));
+  ok = ok && count_by_class.item<int64_t>() == 3;  // different classes never suppress each other
+  std::cout << "opforge::nms and nms_padded on " << device << ": kept " << keep.numel() << " boxes "
+            << (ok ? "(expected)" : "(WRONG)") << "\n";
   return ok;
 }
 

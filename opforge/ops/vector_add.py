@@ -27,8 +27,9 @@ def vector_add(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
     Returns:
         A new tensor with ``a``'s shape and dtype: ``a``'s memory layout when ``a`` is dense
-        (contiguous, channels-last, transposed...), else contiguous. 16-bit types are added in
-        float32 and rounded once, so results are bit-identical to ``torch.add``.
+        (contiguous, channels-last, transposed...), else dense in ``a``'s stride order (that is
+        ``torch.empty_like(a)``). 16-bit types are added in float32 and rounded once, so results
+        are bit-identical to ``torch.add``.
 
     Differentiable in both inputs; works under ``torch.compile(fullgraph=True)`` and the
     ``torch.func`` transforms (grad, vjp, jacrev, jacfwd, jvp, vmap) and forward-mode AD. Raises
@@ -90,7 +91,7 @@ def _check(a: torch.Tensor, b: torch.Tensor) -> None:
 @torch.library.register_fake("opforge::vector_add")
 def _(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     _check(a, b)
-    # Same rule as the kernel: a's layout when a is dense (empty_like preserves it), else contiguous.
+    # The kernel's rule: empty_like(a) (a's layout when a is dense, else dense in a's stride order).
     return torch.empty_like(a)
 
 

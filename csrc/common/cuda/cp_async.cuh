@@ -11,9 +11,9 @@
 namespace opforge {
 namespace cuda {
 
-// 16 bytes global -> shared (cache in L2 only); the first src_bytes (0 or 16; the 4-byte form
-// takes 0 or 4) are read and the rest zero-filled: src_bytes = 0 writes zeros for a chunk
-// outside the matrix (src must still be a valid address).
+// 16 bytes global -> shared (cached in L2 only); the first src_bytes (0 to 16; the 4-byte form
+// takes 0 to 4) are read and the rest zero-filled: a short count fills the edge of a matrix, 0
+// writes zeros for a chunk outside it (src must still be a valid address).
 __device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, int src_bytes) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
 }

@@ -44,10 +44,10 @@ at::Tensor matmul_cpu(const at::Tensor& a, const at::Tensor& b, c10::string_view
     }
     const int64_t m_step = ceil_div(ceil_div(p.m, m_parts), 6) * 6, n_step = ceil_div(ceil_div(p.n, n_parts), 16) * 16;
     const int64_t tasks = p.batch * m_parts * n_parts;
-    // A little work per task is not worth a thread: products below 128^3 multiply-adds (about
-    // 40 us on one core) run on the caller. A parallel region can cost a scheduler tick when the
-    // other cores are busy (benchmarks/tuning/cpu_neighbour.py).
-    const int64_t grain = p.m * p.n * std::max<int64_t>(p.k, 1) < (1 << 21) ? tasks : 1;
+    // A little work is not worth a thread: calls below 128^3 multiply-adds in all (about 40 us
+    // on one core) run on the caller. A parallel region can cost a scheduler tick when the other
+    // cores are busy (benchmarks/tuning/cpu_neighbour.py).
+    const int64_t grain = p.batch * p.m * p.n * std::max<int64_t>(p.k, 1) < (1 << 21) ? tasks : 1;
     at::parallel_for(0, tasks, grain, [&](int64_t begin, int64_t end) {
       c10::DataPtr work = c10::GetCPUAllocator()->allocate(static_cast<size_t>(work_bytes));
       for (int64_t t = begin; t < end; ++t) {

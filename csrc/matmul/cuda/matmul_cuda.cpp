@@ -45,7 +45,7 @@ MatmulVariant choose_warp_tiled(const GemmParams& p) {
 
 // mma: the fastest mma.sync kernel for the call. The warp-specialised persistent kernel (sm_90a
 // code) where TMA can read a and b and store c; else the TMA kernel (sm_90 code) where TMA can
-// read a and b (not a broadcast operand: its batch stride is 0); else the cp.async kernel (sm_80+).
+// read a and b (not a broadcast operand: its stride is 0); else the cp.async kernel (sm_80+).
 MatmulVariant choose_mma(const GemmParams& p) {
   if (mma_tma_loadable(p) && mma_tma_storable(p) && matmul_mma_ws_available()) return MatmulVariant::kMmaWs;
   if (mma_tma_loadable(p) && matmul_mma_tma_available()) return MatmulVariant::kMmaTma;
@@ -177,9 +177,9 @@ at::Tensor matmul_cuda(const at::Tensor& a, const at::Tensor& b, c10::string_vie
     }
     if (v == MatmulVariant::kMma) v = choose_mma(gemm_params(a3, b3, c3));
     if (v == MatmulVariant::kMmaTma || v == MatmulVariant::kMmaWs) {
-      // TMA cannot address a broadcast operand (batch stride 0): materialise it.
-      if (batch > 1 && a3.stride(0) == 0) a3 = a3.contiguous();
-      if (batch > 1 && b3.stride(0) == 0) b3 = b3.contiguous();
+      // TMA cannot address a broadcast operand (a batch or row stride of 0): materialise it.
+      if ((batch > 1 && a3.stride(0) == 0) || a3.stride(1) == 0) a3 = a3.clone(at::MemoryFormat::Contiguous);
+      if ((batch > 1 && b3.stride(0) == 0) || b3.stride(1) == 0) b3 = b3.clone(at::MemoryFormat::Contiguous);
       constexpr int64_t kMax = (int64_t{1} << 31) - 512;
       TORCH_CHECK_VALUE(m < kMax && b3.size(2) < kMax && a3.size(2) < kMax, kOp, ": variant '",
                         matmul_variant_name(v), "' takes dimensions below ", kMax, "; use variant 'mma'");

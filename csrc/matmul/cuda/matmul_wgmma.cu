@@ -13,12 +13,8 @@ namespace {
 
 template <typename T, bool kBNMajor>
 cudaError_t launch_for(const GemmParams& p, cudaStream_t stream) {
-  static const int sms = [] {
-    int dev = 0, n = 132;
-    cudaGetDevice(&dev);
-    cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev);
-    return n;
-  }();
+  int dev = 0, sms = 132;  // the current device's (cached by the runtime)
+  if (cudaGetDevice(&dev) == cudaSuccess) cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
   const int64_t wide_tiles = (p.m + wgmma::kBM - 1) / wgmma::kBM * ((p.n + 255) / 256) * p.batch;
   if (2 * wide_tiles < sms) return wgmma::launch<wgmma::NarrowTraits, T, false, kBNMajor>(p, stream);
   return mma_tma_storable(p) ? wgmma::launch<wgmma::WideTraits, T, true, kBNMajor>(p, stream)

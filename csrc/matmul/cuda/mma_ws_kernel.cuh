@@ -181,8 +181,9 @@ cudaError_t launch_ws(const GemmParams& p, cudaStream_t stream) {
   dim3 grid(static_cast<unsigned>(tiles_n), static_cast<unsigned>(tiles_m), static_cast<unsigned>(p.batch));
   if constexpr (Traits::kPersistent) {
     int dev = 0, sms = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev))
-      return cudaGetLastError();
+    cudaError_t e = cudaGetDevice(&dev);
+    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+    if (e != cudaSuccess) return e;
     const int64_t total = static_cast<int64_t>(tiles_m) * tiles_n * p.batch;
     if (total == 0) return cudaSuccess;
     grid = dim3(static_cast<unsigned>(total < sms ? total : sms));

@@ -9,7 +9,7 @@
 //    hidden behind 16 k steps. Blocks inside the matrices load without bounds checks.
 //  - matmul_warp_tiled_cp_async_kernel (variant "warp_tiled_cp_async", sm_80+, calls whose
 //    4-float groups are 16-byte accesses: simt_vectorizable): 32-deep tiles filled by cp.async
-//    instead, with no staging registers, so two blocks share an SM (0.82x -> 0.92x cuBLAS at
+//    instead, with no staging registers, so two blocks share an SM (0.82x -> 0.91x cuBLAS at
 //    4096^3). "warp_tiled" is this one where it can run, else the staged one.
 #pragma once
 
