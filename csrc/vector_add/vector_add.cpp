@@ -24,10 +24,14 @@ VectorAddPlan plan_vector_add(const at::Tensor& a, const at::Tensor& b) {
   // the fake kernel states too).
   VectorAddPlan plan{at::empty_like(a), a, b, {}};
   if (!geometry_of<3>({&plan.out, &plan.a, &plan.b}, plan.params.geom)) {
-    // More than kMaxDims dims after collapsing (or more than 64): copy the inputs into the
-    // output's own layout; three operands with the same dense strides are one flat range.
-    plan.a = at::empty_like(plan.out).copy_(a);
-    plan.b = at::empty_like(plan.out).copy_(b);
+    // More than kMaxDims dims after collapsing (or more than 64): the inputs in the output's own
+    // layout (a copy of each that is not: a dense a already is); three operands with the same
+    // dense strides are one flat range.
+    const auto in_out_layout = [&](const at::Tensor& t) {
+      return t.strides() == plan.out.strides() ? t : at::empty_like(plan.out).copy_(t);
+    };
+    plan.a = in_out_layout(a);
+    plan.b = in_out_layout(b);
     Geometry<3>& g = plan.params.geom;
     g = Geometry<3>{};
     g.ndim = 1;
