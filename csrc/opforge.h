@@ -4,6 +4,9 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
+#include <c10/core/ScalarType.h>
+#include <c10/util/ArrayRef.h>
 #include <c10/util/string_view.h>
 
 #include <optional>
@@ -36,5 +39,24 @@ std::tuple<at::Tensor, at::Tensor> nms_padded(const at::Tensor& boxes, const at:
 // kernel ("auto": the fastest that can serve the call; on CUDA also "naive", "smem_tiled",
 // "register_blocked", "warp_tiled" for float32 and "mma", "wgmma" for 16-bit types).
 at::Tensor matmul(const at::Tensor& a, const at::Tensor& b, c10::string_view variant = "auto");
+
+// Video frames to a model's input: frames uint8 (N, H, W, C), C = 3 or 4 (alpha ignored), any
+// strides -> (N, 3, size[0], size[1]) of out_dtype (float16, bfloat16, float32). The frame, resized
+// bilinearly (PyTorch's align_corners=False sampling) to region's (height, width), lands at
+// region's (top, left); the rest is pad_value (a pixel value). Every value v is normalized as
+// (v * scale - mean[c]) / std[c] (mean, std: 3 values or empty = 0 and 1). channels = {0, 1, 2}
+// keeps the channel order, {2, 1, 0} reverses it (BGR <-> RGB). One pass over memory.
+at::Tensor preprocess_frames(const at::Tensor& frames, c10::IntArrayRef size, c10::IntArrayRef region, double scale,
+                             c10::ArrayRef<double> mean, c10::ArrayRef<double> std, double pad_value,
+                             c10::IntArrayRef channels, at::ScalarType out_dtype);
+
+// dst <- src (same shape and dtype; CPU or CUDA on either side) on the current CUDA stream, without
+// synchronizing the host: from pinned host memory and between devices fully asynchronous; from
+// pageable memory staged through pinned memory (the call returns after that host copy). Returns dst.
+at::Tensor& copy_async(at::Tensor& dst, const at::Tensor& src);
+
+// A copy of src on `device` made with copy_async (src's layout when src is dense; pinned memory when
+// the device is the CPU and src is on a GPU).
+at::Tensor to_device_async(const at::Tensor& src, at::Device device);
 
 }  // namespace opforge

@@ -8,6 +8,15 @@ TORCH_LIBRARY(opforge, m) {
   m.def("batched_nms(Tensor boxes, Tensor scores, Tensor idxs, float iou_threshold) -> Tensor");
   m.def("nms_padded(Tensor boxes, Tensor scores, float iou_threshold, Tensor? idxs=None) -> (Tensor, Tensor)");
   m.def("matmul(Tensor a, Tensor b, *, str variant=\"auto\") -> Tensor");
+  // Frames (N, H, W, C) uint8 -> (N, 3, size[0], size[1]) normalized; the resized frame fills
+  // region = (top, left, height, width) of the output, the pad value the rest. The Python wrapper
+  // (opforge.preprocess_frames) turns size/letterbox into the region.
+  m.def(
+      "preprocess_frames(Tensor frames, int[2] size, int[4] region, float scale, float[] mean, float[] std, "
+      "float pad_value, int[3] channels, ScalarType out_dtype) -> Tensor");
+  // Stream-ordered copies: dst <- src on the current CUDA stream, no host synchronization.
+  m.def("copy_async(Tensor(a!) dst, Tensor src) -> ()");
+  m.def("to_device_async(Tensor src, Device device) -> Tensor");
   // Which CPU variant of the kernels runs here ("avx2" or "default"), for tests and benchmark
   // reports (common/cpu_isa.cpp).
   m.def("_cpu_isa() -> str");

@@ -8,9 +8,23 @@ from opforge._loader import built_with_cuda, load_extension
 
 load_extension()
 
+from opforge.ops.copy_async import copy_async, to_device_async  # noqa: E402
 from opforge.ops.matmul import matmul  # noqa: E402
 from opforge.ops.nms import batched_nms, nms, nms_padded  # noqa: E402
+from opforge.ops.preprocess_frames import FrameInfo, preprocess_frames  # noqa: E402
 from opforge.ops.vector_add import vector_add  # noqa: E402
 
 __version__ = "0.1.0"
-__all__ = ["__version__", "batched_nms", "built_with_cuda", "matmul", "nms", "nms_padded", "vector_add"]
+__all__ = [
+    "FrameInfo",
+    "__version__",
+    "batched_nms",
+    "built_with_cuda",
+    "copy_async",
+    "matmul",
+    "nms",
+    "nms_padded",
+    "preprocess_frames",
+    "to_device_async",
+    "vector_add",
+]

@@ -2,6 +2,7 @@
 
 from opforge.reference.matmul import matmul
 from opforge.reference.nms import batched_nms, nms
+from opforge.reference.preprocess_frames import preprocess_frames
 from opforge.reference.vector_add import vector_add
 
-__all__ = ["batched_nms", "matmul", "nms", "vector_add"]
+__all__ = ["batched_nms", "matmul", "nms", "preprocess_frames", "vector_add"]

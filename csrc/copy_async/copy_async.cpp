@@ -1,0 +1,89 @@
+// copy_async / to_device_async: C++ entries (through the dispatcher), checks, and
+// to_device_async itself (CompositeImplicitAutograd: an allocation and a copy_async, which
+// torch.compile sees as such).
+#include "copy_async/copy_async.h"
+
+#include <ATen/MemoryOverlap.h>
+#include <ATen/Parallel.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/ops/empty_like.h>
+#include <torch/library.h>
+
+#include <cstring>
+
+#include "common/checks.h"
+#include "opforge.h"
+
+namespace opforge {
+
+namespace {
+constexpr const char* kOp = "opforge.copy_async";
+constexpr int64_t kCopyGrainBytes = int64_t{1} << 20;  // 1 MiB per task
+}  // namespace
+
+void check_copy_async_inputs(const at::Tensor& dst, const at::Tensor& src) {
+  check_defined(kOp, "dst", dst);
+  check_defined(kOp, "src", src);
+  check_same_dtype(kOp, "src", src, "dst", dst);
+  check_same_shape(kOp, "src", src, "dst", dst);
+  TORCH_CHECK_VALUE(at::has_internal_overlap(dst) != at::MemOverlap::Yes, kOp,
+                    ": dst has elements that share memory (an expanded or overlapping view); it cannot be "
+                    "written element by element");
+  if (dst.device() == src.device()) {
+    TORCH_CHECK_VALUE(at::get_overlap_status(dst, src) != at::MemOverlapStatus::Partial, kOp,
+                      ": dst and src partially overlap in memory");
+  }
+}
+
+bool copy_async_same_dense_layout(const at::Tensor& dst, const at::Tensor& src) {
+  return dst.is_non_overlapping_and_dense() && src.is_non_overlapping_and_dense() && dst.strides() == src.strides();
+}
+
+void parallel_memcpy(void* dst, const void* src, int64_t n) {
+  if (n <= 0) return;
+  at::parallel_for(0, n, kCopyGrainBytes, [&](int64_t begin, int64_t end) {
+    std::memcpy(static_cast<char*>(dst) + begin, static_cast<const char*>(src) + begin, end - begin);
+  });
+}
+
+void host_copy(const at::Tensor& dst, const at::Tensor& src) {
+  if (copy_async_same_dense_layout(dst, src)) {
+    parallel_memcpy(dst.data_ptr(), src.const_data_ptr(), dst.numel() * dst.element_size());
+  } else {
+    dst.copy_(src);
+  }
+}
+
+namespace {
+
+// dst on `device`: src's layout when src is dense (one flat copy then serves), pinned host memory
+// when a CUDA tensor comes back to the CPU (so that copy stays asynchronous too).
+at::Tensor to_device_async_impl(const at::Tensor& src, at::Device device) {
+  check_defined("opforge.to_device_async", "src", src);
+  auto options = src.options().device(device);
+  if (device.is_cpu() && src.is_cuda()) options = options.pinned_memory(true);
+  at::Tensor dst = at::empty_like(src, options, c10::MemoryFormat::Preserve);
+  copy_async(dst, src);
+  return dst;
+}
+
+}  // namespace
+
+at::Tensor& copy_async(at::Tensor& dst, const at::Tensor& src) {
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("opforge::copy_async", "")
+                       .typed<void(const at::Tensor&, const at::Tensor&)>();
+  op.call(dst, src);
+  return dst;
+}
+
+at::Tensor to_device_async(const at::Tensor& src, at::Device device) {
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("opforge::to_device_async", "")
+                       .typed<at::Tensor(const at::Tensor&, at::Device)>();
+  return op.call(src, device);
+}
+
+TORCH_LIBRARY_IMPL(opforge, CompositeImplicitAutograd, m) { m.impl("to_device_async", &to_device_async_impl); }
+
+}  // namespace opforge

@@ -1,0 +1,114 @@
+// preprocess_frames: C++ entry (through the dispatcher), input checks and the plan.
+#include "preprocess_frames/preprocess_frames.h"
+
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/ops/empty.h>
+
+#include <cmath>
+
+#include "common/checks.h"
+#include "opforge.h"
+
+namespace opforge {
+
+namespace {
+constexpr const char* kOp = "opforge.preprocess_frames";
+
+// ((v * scale) - mean) / std with each operation rounded in float32, as the kernels compute it.
+float normalize_host(float v, float scale, float mean, float std, bool has_std) {
+  volatile float scaled = v * scale;  // volatile: never contracted into a fused multiply-add
+  volatile float centered = scaled - mean;
+  return has_std ? centered / std : centered;
+}
+}  // namespace
+
+void check_preprocess_frames_inputs(const at::Tensor& frames, c10::IntArrayRef out_size, c10::IntArrayRef region,
+                                    double scale, c10::ArrayRef<double> mean, c10::ArrayRef<double> std,
+                                    double pad_value, c10::IntArrayRef channels, at::ScalarType out_dtype) {
+  check_defined(kOp, "frames", frames);
+  TORCH_CHECK_TYPE(frames.scalar_type() == at::kByte, kOp, ": frames must be uint8, got ",
+                   dtype_str(frames.scalar_type()));
+  TORCH_CHECK_VALUE(frames.dim() == 4, kOp, ": frames must be 4-D (N, H, W, C), got ", frames.dim(), "-D");
+  const int64_t c = frames.size(3);
+  TORCH_CHECK_VALUE(c == 3 || c == 4, kOp, ": frames must have 3 or 4 channels (last dim), got ", c);
+  TORCH_CHECK_VALUE(frames.numel() > 0 || frames.size(0) == 0, kOp,
+                    ": frames must have a height and width of at least 1, got ", frames.sizes());
+  TORCH_CHECK_VALUE(out_size.size() == 2, kOp, ": size must be (height, width), got ", out_size.size(), " values");
+  TORCH_CHECK_VALUE(out_size[0] > 0 && out_size[1] > 0, kOp, ": size must be positive, got ", out_size);
+  TORCH_CHECK_VALUE(region.size() == 4, kOp, ": region must be (top, left, height, width), got ", region.size(),
+                    " values");
+  TORCH_CHECK_VALUE(region[2] > 0 && region[3] > 0 && region[0] >= 0 && region[1] >= 0 &&
+                        region[0] + region[2] <= out_size[0] && region[1] + region[3] <= out_size[1],
+                    kOp, ": region ", region, " must lie inside the output size ", out_size);
+  TORCH_CHECK_VALUE(std::isfinite(scale), kOp, ": scale must be finite, got ", scale);
+  TORCH_CHECK_VALUE(mean.empty() || mean.size() == 3, kOp, ": mean must have 3 values (one per output channel), got ",
+                    mean.size());
+  TORCH_CHECK_VALUE(std.empty() || std.size() == 3, kOp, ": std must have 3 values (one per output channel), got ",
+                    std.size());
+  for (double m : mean) TORCH_CHECK_VALUE(std::isfinite(m), kOp, ": mean must be finite, got ", mean);
+  for (double s : std)
+    TORCH_CHECK_VALUE(std::isfinite(s) && s != 0.0, kOp, ": std must be finite and nonzero, got ", std);
+  TORCH_CHECK_VALUE(pad_value >= 0.0 && pad_value <= 255.0, kOp,
+                    ": pad_value must be a pixel value in [0, 255], got ", pad_value);
+  const bool same_order = channels.size() == 3 && channels[0] == 0 && channels[1] == 1 && channels[2] == 2;
+  const bool reversed = channels.size() == 3 && channels[0] == 2 && channels[1] == 1 && channels[2] == 0;
+  TORCH_CHECK_VALUE(same_order || reversed, kOp,
+                    ": channels (the input channel of each output channel) must be [0, 1, 2] or [2, 1, 0], got ",
+                    channels);
+  TORCH_CHECK_TYPE(out_dtype == at::kHalf || out_dtype == at::kBFloat16 || out_dtype == at::kFloat, kOp,
+                   ": out_dtype must be one of (float16, bfloat16, float32), got ", dtype_str(out_dtype));
+  TORCH_CHECK_VALUE(frames.size(1) < (int64_t{1} << 31) && frames.size(2) < (int64_t{1} << 31) &&
+                        out_size[0] < (int64_t{1} << 31) && out_size[1] < (int64_t{1} << 31),
+                    kOp, ": frame sides must be below 2^31");
+}
+
+PreprocessPlan plan_preprocess_frames(const at::Tensor& frames, c10::IntArrayRef out_size, c10::IntArrayRef region,
+                                      double scale, c10::ArrayRef<double> mean, c10::ArrayRef<double> std,
+                                      double pad_value, c10::IntArrayRef channels, at::ScalarType out_dtype) {
+  PreprocessPlan plan;
+  plan.out = at::empty({frames.size(0), 3, out_size[0], out_size[1]}, frames.options().dtype(out_dtype));
+  PreprocessParams& p = plan.params;
+  p.in = frames.const_data_ptr<uint8_t>();
+  p.n = frames.size(0);
+  p.h = frames.size(1);
+  p.w = frames.size(2);
+  p.c = frames.size(3);
+  p.s_n = frames.stride(0);
+  p.s_h = frames.stride(1);
+  p.s_w = frames.stride(2);
+  p.s_c = frames.stride(3);
+  p.out = plan.out.data_ptr();
+  p.out_h = out_size[0];
+  p.out_w = out_size[1];
+  p.out_dtype = to_dtype(out_dtype);
+  p.top = region[0];
+  p.left = region[1];
+  p.rh = region[2];
+  p.rw = region[3];
+  p.resize = p.rh != p.h || p.rw != p.w;
+  // PyTorch's bilinear source scale: input / output in float (align_corners=False, no scale factor).
+  p.src_per_dst_y = static_cast<float>(p.h) / static_cast<float>(p.rh);
+  p.src_per_dst_x = static_cast<float>(p.w) / static_cast<float>(p.rw);
+  p.scale = static_cast<float>(scale);
+  p.has_std = !std.empty();
+  for (int k = 0; k < 3; ++k) {
+    p.ch[k] = static_cast<int>(channels[k]);
+    p.mean[k] = mean.empty() ? 0.0f : static_cast<float>(mean[k]);
+    p.std[k] = std.empty() ? 1.0f : static_cast<float>(std[k]);
+    p.pad[k] = normalize_host(static_cast<float>(pad_value), p.scale, p.mean[k], p.std[k], p.has_std);
+  }
+  return plan;
+}
+
+at::Tensor preprocess_frames(const at::Tensor& frames, c10::IntArrayRef size, c10::IntArrayRef region, double scale,
+                             c10::ArrayRef<double> mean, c10::ArrayRef<double> std, double pad_value,
+                             c10::IntArrayRef channels, at::ScalarType out_dtype) {
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("opforge::preprocess_frames", "")
+                       .typed<at::Tensor(const at::Tensor&, c10::IntArrayRef, c10::IntArrayRef, double,
+                                         c10::ArrayRef<double>, c10::ArrayRef<double>, double, c10::IntArrayRef,
+                                         at::ScalarType)>();
+  return op.call(frames, size, region, scale, mean, std, pad_value, channels, out_dtype);
+}
+
+}  // namespace opforge

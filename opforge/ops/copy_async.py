@@ -1,0 +1,57 @@
+"""opforge.copy_async and opforge.to_device_async: copies ordered on the current CUDA stream,
+with no host synchronization (the tutorial's ``async_operation``, without its
+``cudaStreamSynchronize``)."""
+
+from __future__ import annotations
+
+import torch
+
+from opforge.ops._common import check_same_dtype, check_same_shape, require_tensor
+
+OP = "opforge.copy_async"
+
+
+def copy_async(dst: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
+    """``dst <- src`` on the current CUDA stream, without synchronizing the host. Returns ``dst``.
+
+    ``dst`` and ``src``: same shape and dtype, any strides, each on the CPU or a CUDA device.
+
+    - pinned host -> device, device -> device (also across GPUs), device -> pinned host: fully
+      asynchronous, one ``cudaMemcpyAsync`` when both sides share a dense layout (else reordered
+      by a copy kernel on the same stream). Capturable in a CUDA graph.
+    - pageable host -> device: packed into a pinned staging buffer by a parallel host memcpy, then
+      the same asynchronous transfer; the call returns after the host memcpy (about the cost of
+      reading the source once), not after the transfer. Not capturable.
+    - device -> pageable host: CUDA completes the transfer before the call returns.
+
+    Memory stays valid for the copy: CUDA tensors are recorded on the stream (the caching
+    allocator will not reuse a block allocated on another stream before the copy ran), pinned
+    blocks from the caching host allocator are not handed out again before their transfer ends.
+    The data itself is yours to leave alone until the stream reaches the copy: read ``dst`` on
+    this stream (or after an event), and do not write a pinned ``src`` before then.
+
+    A mutating op (``dst`` is ``Tensor(a!)`` in the schema), so ``torch.compile`` and
+    functionalization see the write.
+    """
+    require_tensor(OP, "dst", dst)
+    require_tensor(OP, "src", src)
+    torch.ops.opforge.copy_async.default(dst, src)
+    return dst
+
+
+def to_device_async(src: torch.Tensor, device: torch.device | str | int) -> torch.Tensor:
+    """A copy of ``src`` on ``device``, made with :func:`copy_async` (so: asynchronous from pinned
+    memory and between GPUs). The result has ``src``'s layout when ``src`` is dense; a copy to the
+    CPU from a GPU goes into pinned memory, so it is asynchronous too (synchronize before reading it).
+    Always a new tensor, also when ``src`` is already on ``device``."""
+    require_tensor("opforge.to_device_async", "src", src)
+    if isinstance(device, int):
+        device = torch.device("cuda", device)
+    return torch.ops.opforge.to_device_async.default(src, torch.device(device))
+
+
+@torch.library.register_fake("opforge::copy_async")
+def _(dst: torch.Tensor, src: torch.Tensor) -> None:
+    check_same_dtype(OP, "src", src, "dst", dst)
+    check_same_shape(OP, "src", src, "dst", dst)
+    return None

@@ -1,0 +1,229 @@
+"""opforge.preprocess_frames: video frames to a model's input in one pass over memory, and the
+letterbox geometry (Ultralytics' rules) that maps boxes back to the frame."""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import torch
+
+from opforge.ops._common import dtype_name, require_tensor
+
+OP = "opforge.preprocess_frames"
+OUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+_ORDERS = {"rgb": 0, "bgr": 1, "rgba": 0, "bgra": 1}
+
+
+class FrameInfo(NamedTuple):
+    """Where the frames landed in the output of :func:`preprocess_frames` (the same for every frame
+    of a batch): enough to map boxes back to the frame (:func:`opforge.video.scale_boxes`)."""
+
+    shape: tuple[int, int]
+    """(H, W) of the input frames."""
+    size: tuple[int, int]
+    """(h, w) of the output."""
+    resized: tuple[int, int]
+    """(h, w) of the resized frame inside the output."""
+    pad: tuple[int, int]
+    """(top, left): the resized frame's offset in the output (the border above and left of it)."""
+    ratio: tuple[float, float]
+    """(ratio_h, ratio_w): output pixels per input pixel (the letterbox gain r, twice)."""
+
+
+def letterbox_geometry(
+    shape: tuple[int, int],
+    size: int | tuple[int, int],
+    *,
+    scaleup: bool = True,
+    stride: int | None = None,
+    center: bool = True,
+) -> FrameInfo:
+    """The letterbox of a frame of ``shape`` (H, W) into ``size``, by Ultralytics' ``LetterBox`` rules.
+
+    ``r = min(h / H, w / W)`` (at most 1 when ``scaleup`` is False); the resized frame is
+    ``(round(H * r), round(W * r))`` with Python's round-half-even; the padding ``dh = h - new_h``
+    (``dh % stride`` with ``stride``: the minimal rectangle, Ultralytics' ``auto``) is split as
+    ``top = round(dh / 2 - 0.1)``, ``bottom = round(dh / 2 + 0.1)`` when ``center`` (else all of it
+    below), and the same for left and right.
+    """
+    height, width = (int(v) for v in shape)
+    out_h, out_w = _pair("size", size)
+    r = min(out_h / height, out_w / width)
+    if not scaleup:
+        r = min(r, 1.0)
+    new_w, new_h = round(width * r), round(height * r)
+    # A frame far wider than tall can round a side to 0 pixels: keep one row/column of it.
+    new_w, new_h = max(new_w, 1), max(new_h, 1)
+    dw, dh = out_w - new_w, out_h - new_h
+    if stride is not None:
+        if not isinstance(stride, numbers.Integral) or isinstance(stride, bool) or stride <= 0:
+            raise ValueError(f"{OP}: stride must be a positive integer, got {stride!r}")
+        dw, dh = dw % stride, dh % stride
+    if center:
+        top, bottom = round(dh / 2 - 0.1), round(dh / 2 + 0.1)
+        left, right = round(dw / 2 - 0.1), round(dw / 2 + 0.1)
+    else:
+        top, bottom, left, right = 0, round(dh + 0.1), 0, round(dw + 0.1)
+    return FrameInfo(
+        shape=(height, width),
+        size=(new_h + top + bottom, new_w + left + right),
+        resized=(new_h, new_w),
+        pad=(top, left),
+        ratio=(r, r),
+    )
+
+
+def _pair(arg: str, value) -> tuple[int, int]:
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        value = (value, value)
+    try:
+        h, w = value
+    except (TypeError, ValueError):
+        raise ValueError(f"{OP}: {arg} must be an int or (height, width), got {value!r}") from None
+    if not all(isinstance(v, numbers.Integral) and not isinstance(v, bool) for v in (h, w)):
+        raise ValueError(f"{OP}: {arg} must be integers, got {value!r}")
+    if h <= 0 or w <= 0:
+        raise ValueError(f"{OP}: {arg} must be positive, got ({h}, {w})")
+    return int(h), int(w)
+
+
+def _three(arg: str, value) -> list[float]:
+    """mean / std: None (= none), a number (the same for the 3 channels) or 3 numbers."""
+    if value is None:
+        return []
+    if isinstance(value, torch.Tensor):
+        value = value.flatten().tolist()
+    if isinstance(value, numbers.Real):
+        value = [value] * 3
+    if not isinstance(value, Sequence) or isinstance(value, str):
+        raise ValueError(f"{OP}: {arg} must be a number or 3 numbers (one per output channel), got {value!r}")
+    if len(value) != 3:
+        raise ValueError(f"{OP}: {arg} must have 3 values (one per output channel), got {len(value)}")
+    out = [float(v) for v in value]
+    if not all(math.isfinite(v) for v in out):
+        raise ValueError(f"{OP}: {arg} must be finite, got {out}")
+    if arg == "std" and any(v == 0.0 for v in out):
+        raise ValueError(f"{OP}: std must be finite and nonzero, got {out}")
+    return out
+
+
+def _check_frames(frames: torch.Tensor) -> None:
+    """check_preprocess_frames_inputs (csrc/preprocess_frames/preprocess_frames.cpp) for frames."""
+    if frames.layout != torch.strided or frames.is_nested:
+        raise RuntimeError(f"{OP}: frames must be a dense (strided) tensor")
+    if frames.dtype != torch.uint8:
+        raise TypeError(f"{OP}: frames must be uint8, got {dtype_name(frames.dtype)}")
+    if frames.dim() != 4:
+        raise ValueError(f"{OP}: frames must be 4-D (N, H, W, C), got {frames.dim()}-D")
+    if frames.shape[3] not in (3, 4):
+        raise ValueError(f"{OP}: frames must have 3 or 4 channels (last dim), got {frames.shape[3]}")
+    if frames.shape[0] > 0 and (frames.shape[1] == 0 or frames.shape[2] == 0):
+        raise ValueError(
+            f"{OP}: frames must have a height and width of at least 1, got {list(frames.shape)}"
+        )
+
+
+def preprocess_frames(
+    frames: torch.Tensor,
+    *,
+    size: int | tuple[int, int] | None = None,
+    letterbox: bool = False,
+    pad_value: float = 114,
+    mean: float | Sequence[float] | None = None,
+    std: float | Sequence[float] | None = None,
+    scale: float = 1 / 255,
+    out_dtype: torch.dtype = torch.float16,
+    channels_in: str = "rgb",
+    channels_out: str = "rgb",
+    layout: str = "NHWC",
+    scaleup: bool = True,
+    stride: int | None = None,
+    center: bool = True,
+) -> torch.Tensor | tuple[torch.Tensor, FrameInfo]:
+    """Video frames to a model's input, in one pass over memory (each input byte read once, each
+    output element written once).
+
+    Args:
+        frames: uint8 ``(N, H, W, C)`` with C = 3 or 4 (the 4th channel, alpha, is dropped), any
+            strides, on the CPU or a CUDA device (frames a GPU decoder left there are read in place).
+            ``layout="NCHW"`` takes ``(N, C, H, W)`` instead (torchcodec's frames).
+        size: ``(h, w)`` (or one int for both) of the output. Without ``letterbox`` the frames are
+            resized to it bilinearly; None keeps the frames' size.
+        letterbox: resize keeping the aspect ratio and pad to ``size`` by Ultralytics' ``LetterBox``
+            rules (:func:`letterbox_geometry`; ``scaleup``, ``stride`` and ``center`` as there).
+        pad_value: the border's pixel value in [0, 255], normalized like the pixels (114: YOLO's gray).
+        mean, std: per output channel (3 numbers, or one for all), after ``scale``: the output is
+            ``(x * scale - mean) / std``; None = 0 and 1.
+        scale: multiplies the uint8 value first (1/255: to [0, 1]).
+        out_dtype: float16, bfloat16 or float32.
+        channels_in: the frames' channel order, ``"rgb"`` or ``"bgr"`` (OpenCV's); ``"rgba"`` and
+            ``"bgra"`` say the same for 4 channels.
+        channels_out: the output's channel order, ``"rgb"`` or ``"bgr"``.
+
+    Returns:
+        ``(N, 3, h, w)`` contiguous of ``out_dtype`` on the frames' device; with ``letterbox`` a
+        tuple ``(tensor, FrameInfo)``.
+
+    Bilinear sampling is PyTorch's ``F.interpolate(mode="bilinear", align_corners=False,
+    antialias=False)`` (source = (dst + 0.5) * in / out - 0.5, clamped at the edges), computed in
+    float32 and never rounded to uint8 before normalization: within rounding of the PyTorch chain on
+    float frames, and within one uint8 step of OpenCV's ``cv2.resize(INTER_LINEAR)`` (which rounds
+    to uint8 in 11-bit fixed point). Without a resize the output is bit-identical to the chain
+    ``((x.float() * scale - mean) / std).to(out_dtype)``.
+    """
+    require_tensor(OP, "frames", frames)
+    if layout not in ("NHWC", "NCHW"):
+        raise ValueError(f"{OP}: layout must be 'NHWC' or 'NCHW', got {layout!r}")
+    if layout == "NCHW":
+        if frames.dim() != 4:
+            raise ValueError(f"{OP}: frames must be 4-D (N, C, H, W), got {frames.dim()}-D")
+        frames = frames.permute(0, 2, 3, 1)
+    _check_frames(frames)
+    if channels_in not in _ORDERS:
+        raise ValueError(f"{OP}: channels_in must be one of {sorted(_ORDERS)}, got {channels_in!r}")
+    if channels_out not in ("rgb", "bgr"):
+        raise ValueError(f"{OP}: channels_out must be 'rgb' or 'bgr', got {channels_out!r}")
+    if out_dtype not in OUT_DTYPES:
+        names = ", ".join(dtype_name(d) for d in OUT_DTYPES)
+        raise TypeError(f"{OP}: out_dtype must be one of ({names}), got {out_dtype}")
+    if not isinstance(scale, numbers.Real) or not math.isfinite(scale):
+        raise ValueError(f"{OP}: scale must be a finite number, got {scale!r}")
+    if not isinstance(pad_value, numbers.Real) or not 0 <= pad_value <= 255:
+        raise ValueError(f"{OP}: pad_value must be a pixel value in [0, 255], got {pad_value!r}")
+    mean_l, std_l = _three("mean", mean), _three("std", std)
+    channels = [0, 1, 2] if _ORDERS[channels_in] == _ORDERS[channels_out] else [2, 1, 0]
+    height, width = int(frames.shape[1]), int(frames.shape[2])
+    if letterbox:
+        if size is None:
+            raise ValueError(f"{OP}: letterbox=True needs a size")
+        info = letterbox_geometry((max(height, 1), max(width, 1)), size, scaleup=scaleup, stride=stride, center=center)
+    else:
+        out_h, out_w = (height, width) if size is None else _pair("size", size)
+        info = FrameInfo(
+            shape=(height, width),
+            size=(out_h, out_w),
+            resized=(out_h, out_w),
+            pad=(0, 0),
+            ratio=(out_h / max(height, 1), out_w / max(width, 1)),
+        )
+    if info.size[0] <= 0 or info.size[1] <= 0:  # size=None on empty frames
+        raise ValueError(f"{OP}: size must be positive, got {info.size}")
+    region = [info.pad[0], info.pad[1], info.resized[0], info.resized[1]]
+    out = torch.ops.opforge.preprocess_frames.default(
+        frames, list(info.size), region, float(scale), mean_l, std_l, float(pad_value), channels, out_dtype
+    )
+    return (out, info) if letterbox else out
+
+
+@torch.library.register_fake("opforge::preprocess_frames")
+def _(frames, size, region, scale, mean, std, pad_value, channels, out_dtype):
+    _check_frames(frames)
+    if len(size) != 2 or size[0] <= 0 or size[1] <= 0:
+        raise ValueError(f"{OP}: size must be positive, got {list(size)}")
+    if out_dtype not in OUT_DTYPES:
+        names = ", ".join(dtype_name(d) for d in OUT_DTYPES)
+        raise TypeError(f"{OP}: out_dtype must be one of ({names}), got {out_dtype}")
+    return frames.new_empty((frames.shape[0], 3, size[0], size[1]), dtype=out_dtype)
