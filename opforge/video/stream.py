@@ -1,0 +1,389 @@
+"""FrameStream: host frames to preprocessed GPU batches, with the copies overlapping the compute.
+
+Pipeline, per batch (``ring`` batches in flight at most):
+
+    stager thread            copy stream                  compute stream (the caller's)
+    -------------            -----------                  -----------------------------
+    frames -> pinned slot k  wait slot k free (event)     wait copy k (event)
+                             H2D pinned k -> device k     preprocess_frames(device k) ; free k (event)
+                             record "copied k"            model(batch) -> yielded to the caller
+
+The stager thread packs the source's frames into a ring of pinned buffers (a parallel memcpy;
+PyTorch releases the GIL) and enqueues each buffer's transfer on a copy stream; the caller's
+thread preprocesses the batch before it on its current stream and runs the model, while the next
+transfers run. CUDA events order the streams; no call waits for the GPU except the stager's wait
+for a pinned slot's previous transfer before refilling it.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, NamedTuple
+
+import numpy as np
+import torch
+
+from opforge.ops.copy_async import copy_async
+from opforge.ops.preprocess_frames import FrameInfo, preprocess_frames
+
+_POLL_S = 0.05  # how often blocked threads look for a stop request
+
+
+class StreamBatch(NamedTuple):
+    """One batch of a :class:`FrameStream`."""
+
+    frames: torch.Tensor
+    """Preprocessed ``(n, 3, h, w)`` on the stream's device (ready on the caller's current stream)."""
+    info: FrameInfo
+    """Where the frames landed in ``frames`` (letterbox pads and ratio): :func:`scale_boxes` takes it."""
+    indices: range
+    """The frames' positions in the source (0-based, in order)."""
+    output: Any = None
+    """``model(frames)`` when a model was given, else None."""
+
+
+class _Item(NamedTuple):
+    slot: int  # ring slot, or -1 for frames that need no staging (already on the device / pinned batch)
+    raw: torch.Tensor  # uint8 (n, H, W, C) on the device (or CPU for the CPU path)
+    first: int
+    count: int
+    copied: torch.cuda.Event | None
+    keep: Any  # the source's tensor, kept alive until the batch is consumed
+
+
+def _as_frames(item: Any) -> torch.Tensor:
+    """A source item as a uint8 (n, H, W, C) tensor, without copying."""
+    if isinstance(item, np.ndarray):
+        t = torch.from_numpy(item if item.flags.writeable else item.copy())
+    elif isinstance(item, torch.Tensor):
+        t = item
+    else:
+        raise TypeError(
+            f"opforge.video.FrameStream: the source must yield numpy arrays or tensors, got {type(item).__name__}"
+        )
+    if t.dtype != torch.uint8:
+        raise TypeError(f"opforge.video.FrameStream: frames must be uint8, got {t.dtype}")
+    if t.dim() == 3:
+        t = t.unsqueeze(0)
+    if t.dim() != 4 or t.shape[3] not in (3, 4):
+        raise ValueError(
+            f"opforge.video.FrameStream: frames must be (H, W, C) or (N, H, W, C) with C = 3 or 4, got {list(t.shape)}"
+        )
+    return t
+
+
+class _Pipeline:
+    """The state of one iteration over a FrameStream: its thread, queues and buffers."""
+
+    def __init__(self, source: Iterable, batch_size: int, device: torch.device, ring: int):
+        self.source = source
+        self.batch_size = batch_size
+        self.device = device
+        self.cuda = device.type == "cuda"
+        self.ring = ring
+        self.stop = threading.Event()
+        self.free: queue.Queue[int] = queue.Queue()
+        for k in range(ring):
+            self.free.put(k)
+        self.ready: queue.Queue[Any] = queue.Queue(maxsize=ring)
+        self.host: list[torch.Tensor | None] = [None] * ring
+        self.dev: list[torch.Tensor | None] = [None] * ring
+        self.copied = [torch.cuda.Event() for _ in range(ring)] if self.cuda else [None] * ring
+        self.consumed = [torch.cuda.Event() for _ in range(ring)] if self.cuda else [None] * ring
+        self.used = [False] * ring  # a consumed event was recorded for this slot
+        self.copy_stream = torch.cuda.Stream(device) if self.cuda else None
+        self.stage_s = 0.0  # time the stager spent packing frames (host memcpy)
+        self.wait_s = 0.0  # time the caller waited for a batch
+        self.thread = threading.Thread(target=self._stage, name="opforge-framestream", daemon=True)
+        self.thread.start()
+
+    # -- stager thread ----------------------------------------------------------------------
+    def _put(self, value: Any) -> bool:
+        while not self.stop.is_set():
+            try:
+                self.ready.put(value, timeout=_POLL_S)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def _take_slot(self) -> int | None:
+        while not self.stop.is_set():
+            try:
+                return self.free.get(timeout=_POLL_S)
+            except queue.Empty:
+                continue
+        return None
+
+    def _buffers(self, k: int, shape: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+        full = (self.batch_size, *shape)
+        host = self.host[k]
+        if host is None or tuple(host.shape) != full:
+            host = torch.empty(full, dtype=torch.uint8, pin_memory=self.cuda)
+            self.host[k] = host
+            if self.cuda:
+                with torch.cuda.stream(self.copy_stream):
+                    self.dev[k] = torch.empty(full, dtype=torch.uint8, device=self.device)
+        return host, self.dev[k] if self.cuda else host
+
+    def _send(self, k: int, count: int, first: int) -> bool:
+        host, dev = self.host[k], self.dev[k] if self.cuda else self.host[k]
+        if self.cuda:
+            with torch.cuda.stream(self.copy_stream):
+                if self.used[k]:
+                    self.copy_stream.wait_event(self.consumed[k])  # device slot k read by then
+                copy_async(dev[:count], host[:count])
+                self.copied[k].record(self.copy_stream)
+        return self._put(_Item(k, dev[:count], first, count, self.copied[k], None))
+
+    def _send_direct(self, frames: torch.Tensor, first: int) -> bool:
+        """A whole batch that needs no packing: already on the device, or pinned."""
+        if frames.device.type == "cuda" or not self.cuda:
+            return self._put(_Item(-1, frames, first, frames.shape[0], None, frames))
+        event = torch.cuda.Event()
+        with torch.cuda.stream(self.copy_stream):
+            dev = torch.empty(frames.shape, dtype=torch.uint8, device=self.device)
+            copy_async(dev, frames)
+            event.record(self.copy_stream)
+        return self._put(_Item(-1, dev, first, frames.shape[0], event, frames))
+
+    def _stage(self) -> None:
+        try:
+            first = 0  # index of the next frame to deliver
+            k, filled, shape = None, 0, None
+            for item in self.source:
+                if self.stop.is_set():
+                    return
+                frames = _as_frames(item)
+                if frames.shape[0] == 0:
+                    continue
+                direct = frames.device.type == "cuda" or (self.cuda and frames.is_pinned())
+                if direct and k is None and frames.shape[0] == self.batch_size:
+                    if not self._send_direct(frames, first):
+                        return
+                    first += frames.shape[0]
+                    continue
+                if frames.device.type == "cuda":
+                    frames = frames.cpu()
+                pos = 0
+                while pos < frames.shape[0]:
+                    if k is not None and tuple(frames.shape[1:]) != shape:
+                        # A new frame size: the batch so far goes as it is.
+                        if not self._send(k, filled, first):
+                            return
+                        first += filled
+                        k = None
+                    if k is None:
+                        k = self._take_slot()
+                        if k is None:
+                            return
+                        shape, filled = tuple(frames.shape[1:]), 0
+                        self._buffers(k, shape)
+                        if self.cuda and self.used[k]:
+                            self.copied[k].synchronize()  # pinned slot k's last transfer is done
+                    take = min(self.batch_size - filled, frames.shape[0] - pos)
+                    t0 = time.perf_counter()
+                    copy_async(self.host[k][filled : filled + take], frames[pos : pos + take])
+                    self.stage_s += time.perf_counter() - t0
+                    filled += take
+                    pos += take
+                    if filled == self.batch_size:
+                        if not self._send(k, filled, first):
+                            return
+                        first += filled
+                        k = None
+            if k is not None and filled:
+                if not self._send(k, filled, first):
+                    return
+            self._put(StopIteration())
+        except BaseException as e:  # surfaces in the caller's thread
+            self._put(e)
+
+    # -- caller's thread ---------------------------------------------------------------------
+    def next_item(self) -> _Item | None:
+        t0 = time.perf_counter()
+        while True:
+            try:
+                value = self.ready.get(timeout=_POLL_S)
+                break
+            except queue.Empty:
+                if not self.thread.is_alive() and self.ready.empty():
+                    raise RuntimeError("opforge.video.FrameStream: the staging thread ended unexpectedly") from None
+        self.wait_s += time.perf_counter() - t0
+        if isinstance(value, StopIteration):
+            return None
+        if isinstance(value, BaseException):
+            raise value
+        return value
+
+    def release(self, item: _Item, stream: torch.cuda.Stream | None) -> None:
+        if item.slot < 0:
+            return
+        if self.cuda:
+            self.consumed[item.slot].record(stream)
+            self.used[item.slot] = True
+        else:
+            self.used[item.slot] = True
+        self.free.put(item.slot)
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join()
+        # In-flight transfers read the pinned slots: wait for them before the buffers go.
+        if self.cuda:
+            self.copy_stream.synchronize()
+        self.host = [None] * self.ring
+        self.dev = [None] * self.ring
+        while not self.ready.empty():
+            self.ready.get_nowait()
+
+
+class FrameStream:
+    """Stream host frames to the GPU in preprocessed batches, copies overlapping compute.
+
+    Args:
+        source: any iterable of uint8 frames: numpy arrays or tensors, single frames ``(H, W, C)``
+            or batches ``(N, H, W, C)`` (C = 3 or 4), e.g. :func:`read_frames`, a camera loop or a
+            list. Pinned batches of ``batch_size`` frames are sent as they are (no packing); frames
+            already on the GPU are preprocessed in place.
+        batch_size: frames per yielded batch (a source's frame size change ends a batch early; the
+            last batch may be short).
+        device: where batches go; None = the current CUDA device, or the CPU without one.
+        model: optional callable applied to each preprocessed batch on the compute stream; its
+            result is the batch's ``output``.
+        ring: batches in flight (pinned + device buffers of ``batch_size`` frames each, allocated
+            once per frame size). Bounds memory: at most ``ring`` batches are staged ahead of the
+            consumer; a slow consumer stalls the source (back-pressure), never grows memory.
+        **preprocess_kwargs: passed to :func:`opforge.preprocess_frames` (size, letterbox, mean,
+            std, out_dtype, channels_in, ...).
+
+    Iterating yields :class:`StreamBatch` ``(frames, info, indices, output)`` in source order,
+    every frame exactly once. Batches are ready on the caller's current stream (no host sync).
+    An exception in the source or the model surfaces in the caller; closing (``with``, ``close()``,
+    ``break``, or dropping the iterator) stops the staging thread and frees the buffers.
+    ``frames_delivered``, ``fps``, ``elapsed_s`` and :meth:`stats` report progress.
+    """
+
+    def __init__(
+        self,
+        source: Iterable,
+        *,
+        batch_size: int = 8,
+        device: torch.device | str | None = None,
+        model: Callable[[torch.Tensor], Any] | None = None,
+        ring: int = 3,
+        **preprocess_kwargs: Any,
+    ):
+        if not isinstance(batch_size, int) or batch_size <= 0:
+            raise ValueError(f"opforge.video.FrameStream: batch_size must be a positive int, got {batch_size!r}")
+        if not isinstance(ring, int) or ring < 2:
+            raise ValueError(f"opforge.video.FrameStream: ring must be an int >= 2, got {ring!r}")
+        if device is None:
+            device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else "cpu"
+        device = torch.device(device)
+        if device.type == "cuda" and device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+        if device.type not in ("cuda", "cpu"):
+            raise ValueError(f"opforge.video.FrameStream: device must be a CUDA device or the CPU, got {device}")
+        self.source = source
+        self.batch_size = batch_size
+        self.device = device
+        self.model = model
+        self.ring = ring
+        self.preprocess_kwargs = preprocess_kwargs
+        self.total = len(source) if hasattr(source, "__len__") else None
+        self.frames_delivered = 0
+        self.batches_delivered = 0
+        self._start: float | None = None
+        self._end: float | None = None
+        self._pipeline: _Pipeline | None = None
+        self._stage_s = self._wait_s = 0.0
+
+    def __iter__(self) -> Iterator[StreamBatch]:
+        if self._pipeline is not None:
+            raise RuntimeError("opforge.video.FrameStream: already being iterated (one pass at a time)")
+        return self._run()
+
+    def _run(self) -> Iterator[StreamBatch]:
+        pipe = _Pipeline(self.source, self.batch_size, self.device, self.ring)
+        self._pipeline = pipe
+        self.frames_delivered = self.batches_delivered = 0
+        self._start, self._end = time.perf_counter(), None
+        stream = torch.cuda.current_stream(self.device) if pipe.cuda else None
+        letterbox = bool(self.preprocess_kwargs.get("letterbox", False))
+        try:
+            while True:
+                item = pipe.next_item()
+                if item is None:
+                    return
+                if item.copied is not None:
+                    stream.wait_event(item.copied)
+                if pipe.cuda:
+                    item.raw.record_stream(stream)  # allocated on the copy stream, read on this one
+                with torch.cuda.device(self.device) if pipe.cuda else _nullcontext():
+                    result = preprocess_frames(item.raw, **self.preprocess_kwargs)
+                    frames, info = result if letterbox else (result, _plain_info(item.raw, result))
+                    pipe.release(item, stream)
+                    output = self.model(frames) if self.model is not None else None
+                self.frames_delivered += item.count
+                self.batches_delivered += 1
+                yield StreamBatch(frames, info, range(item.first, item.first + item.count), output)
+        finally:
+            self._end = time.perf_counter()
+            pipe.close()
+            self._stage_s, self._wait_s = pipe.stage_s, pipe.wait_s
+            self._pipeline = None
+
+    def close(self) -> None:
+        """Stop the staging thread and free the buffers (also done by ``with`` and at the end)."""
+        if self._pipeline is not None:
+            self._pipeline.close()
+
+    def __enter__(self) -> FrameStream:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def elapsed_s(self) -> float:
+        if self._start is None:
+            return 0.0
+        return (self._end if self._end is not None else time.perf_counter()) - self._start
+
+    @property
+    def fps(self) -> float:
+        """Frames delivered per second since iteration began (host time: batches handed out)."""
+        elapsed = self.elapsed_s
+        return self.frames_delivered / elapsed if elapsed > 0 else 0.0
+
+    def stats(self) -> dict[str, float]:
+        """frames, batches, elapsed_s, fps, and the seconds the stager spent packing frames
+        (stage_s) and the caller spent waiting for a batch (wait_s)."""
+        pipe = self._pipeline
+        return {
+            "frames": self.frames_delivered,
+            "batches": self.batches_delivered,
+            "total": self.total,
+            "elapsed_s": self.elapsed_s,
+            "fps": self.fps,
+            "stage_s": pipe.stage_s if pipe else self._stage_s,
+            "wait_s": pipe.wait_s if pipe else self._wait_s,
+        }
+
+
+class _nullcontext:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return False
+
+
+def _plain_info(raw: torch.Tensor, out: torch.Tensor) -> FrameInfo:
+    height, width = int(raw.shape[1]), int(raw.shape[2])
+    out_h, out_w = int(out.shape[2]), int(out.shape[3])
+    return FrameInfo((height, width), (out_h, out_w), (out_h, out_w), (0, 0), (out_h / height, out_w / width))
