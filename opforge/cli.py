@@ -1,4 +1,5 @@
-"""The ``opforge`` command line: ``opforge bench [--full] [--device D] [--ops a,b] [--out DIR]``."""
+"""The ``opforge`` command line: ``opforge bench [--full] [--device D] [--ops a,b] [--out DIR]`` and
+``opforge demo detect [VIDEO] [--device D] [--batch N] [--weights PATH] [--save out.png] [--graph]``."""
 
 from __future__ import annotations
 
@@ -42,9 +43,16 @@ def main(argv: list[str] | None = None) -> int:
     bench.add_argument("--out", default="", help="results folder (default: bench-out/<device>)")
     bench.add_argument("--rounds", type=int, default=None, help="interleaved timing rounds per case")
     bench.add_argument("--no-plot", action="store_true", help="skip the PNG charts")
+    demo = sub.add_parser("demo", help="demos: `opforge demo detect --help`")
+    demo.add_argument("name", choices=["detect"], help="detect: video -> FrameStream -> detector -> NMS")
+    demo.add_argument("rest", nargs=argparse.REMAINDER, help="the demo's own arguments")
     args = parser.parse_args(argv)
     if args.command == "bench":
         return _bench(args)
+    if args.command == "demo":
+        from opforge.video import demo as demo_module
+
+        return demo_module.main(args.rest)
     return 2
 
 

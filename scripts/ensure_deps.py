@@ -17,8 +17,22 @@ NEEDS = {
         ("setuptools", "setuptools>=64"),
         ("wheel", "wheel"),
     ],
-    "test": [("pytest", "pytest>=7"), ("numpy", "numpy"), ("torchvision", None)],
-    "bench": [("matplotlib", "matplotlib"), ("numpy", "numpy"), ("torchvision", None)],
+    # av (PyAV: opforge[video]) and OpenCV: the video tests write and read clips, and compare the
+    # resize with cv2.resize; the benchmarks time OpenCV's CPU preprocessing.
+    "test": [
+        ("pytest", "pytest>=7"),
+        ("numpy", "numpy"),
+        ("torchvision", None),
+        ("av", "av"),
+        ("cv2", "opencv-python-headless"),
+    ],
+    "bench": [
+        ("matplotlib", "matplotlib"),
+        ("numpy", "numpy"),
+        ("torchvision", None),
+        ("av", "av"),
+        ("cv2", "opencv-python-headless"),
+    ],
     "dev": [("ruff", "ruff==0.17.*")],
 }
 

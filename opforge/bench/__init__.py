@@ -4,7 +4,8 @@ from opforge.bench.harness import Case, CaseBuilder, Spec
 from opforge.bench.matmul import SPEC as MATMUL
 from opforge.bench.nms import SPEC as NMS
 from opforge.bench.vector_add import SPEC as VECTOR_ADD
+from opforge.bench.video import SPEC as VIDEO
 
-SPECS: dict[str, Spec] = {spec.op: spec for spec in [VECTOR_ADD, NMS, MATMUL]}
+SPECS: dict[str, Spec] = {spec.op: spec for spec in [VECTOR_ADD, NMS, MATMUL, VIDEO]}
 
 __all__ = ["SPECS", "Case", "CaseBuilder", "Spec"]

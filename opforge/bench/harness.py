@@ -46,6 +46,7 @@ class Case:
     check: Callable[[], str | None] = lambda: None  # returns an error message, or None when correct
     bytes: int | None = None  # bytes one call must move through memory (for GB/s)
     flops: int | None = None  # floating-point operations of one call (for TFLOP/s)
+    frames: int | None = None  # video frames one call processes (for frames/s)
     params: dict[str, Any] = field(default_factory=dict)
     # Entered around the check and the timing (a backend flag set for this case only), or None.
     context: Callable[[], AbstractContextManager[Any]] | None = None
@@ -191,6 +192,8 @@ def run_case(case: Case, timer: Callable[[Callable[[], Any]], float], rounds: in
             entry["gbps"] = case.bytes / (ms * 1e-3) / 1e9
         if case.flops is not None:
             entry["tflops"] = case.flops / (ms * 1e-3) / 1e12
+        if case.frames is not None:
+            entry["fps"] = case.frames / (ms * 1e-3)
         row["impls"][name] = entry
     if first in row["impls"]:
         ours = row["impls"][first]["ms"]
@@ -254,7 +257,14 @@ def run(
     return {"meta": meta, "rows": rows}
 
 
+def _fps(fps: float) -> str:
+    return f"{fps / 1e3:.1f}k frames/s" if fps >= 1e4 else f"{fps:.0f} frames/s"
+
+
 def _metric(entry: dict[str, Any]) -> str:
+    if "fps" in entry:
+        rate = entry.get("gbps")
+        return _fps(entry["fps"]) + (f", {rate:.0f} GB/s" if rate is not None and rate >= 10 else "")
     if "tflops" in entry:
         t = entry["tflops"]
         return f"{t:.1f} TFLOP/s" if t >= 1 else f"{t * 1e3:.0f} GFLOP/s"
@@ -329,7 +339,7 @@ def to_markdown(result: dict[str, Any]) -> str:
 def to_table(result: dict[str, Any]) -> str:
     """A plain-text table for the terminal, the run's peak memory under it."""
     w = max([26, *(len(_case_label(row)) for row in result["rows"])])
-    header = f"{'op':<12} {'case':<{w}} {'impl':<20} {'time':>10} {'rate':>16} {'opforge speedup':>16}"
+    header = f"{'op':<12} {'case':<{w}} {'impl':<20} {'time':>10} {'rate':>28} {'opforge speedup':>16}"
     out = [header, "-" * len(header)]
     for row in result["rows"]:
         if row["error"]:
@@ -339,7 +349,7 @@ def to_table(result: dict[str, Any]) -> str:
             ratio = "" if j == 0 else f"{entry['speedup_of_opforge']:.2f}x"
             op, case = (row["op"], _case_label(row)) if j == 0 else ("", "")
             out.append(
-                f"{op:<12} {case:<{w}} {name:<20} {_fmt_time(entry['ms']):>10} {_metric(entry):>16} {ratio:>16}"
+                f"{op:<12} {case:<{w}} {name:<20} {_fmt_time(entry['ms']):>10} {_metric(entry):>28} {ratio:>16}"
             )
     if any(row.get("cache_resident") for row in result["rows"]):
         out += ["", _cache_note(result["meta"])]
@@ -370,7 +380,9 @@ def plot(result: dict[str, Any], path: str) -> bool:
         impls = list(dict.fromkeys(name for row in rows for name in row["impls"]))
         sample = rows[0]["impls"][next(iter(rows[0]["impls"]))]
         key, label = (
-            ("tflops", "TFLOP/s")
+            ("fps", "frames/s")
+            if "fps" in sample
+            else ("tflops", "TFLOP/s")
             if "tflops" in sample
             else ("gbps", "GB/s")
             if "gbps" in sample
@@ -386,7 +398,7 @@ def plot(result: dict[str, Any], path: str) -> bool:
             for bar, row in zip(bars, rows, strict=True):
                 if row.get("cache_resident"):
                     bar.set_hatch("//")
-        if key == "ms":
+        if key in ("ms", "fps"):
             ax.set_yscale("log")
         if key == "gbps":
             handles.append(

@@ -36,7 +36,7 @@ def preprocess_frames(
         out = (height, width) if size is None else ((size, size) if isinstance(size, int) else tuple(size))
         info = FrameInfo((height, width), out, out, (0, 0), (out[0] / height, out[1] / width))
     swap = channels_in[:3] != channels_out
-    x = frames[..., [2, 1, 0] if swap else [0, 1, 2]].permute(0, 3, 1, 2).float()
+    x = (frames[..., [2, 1, 0]] if swap else frames[..., :3]).permute(0, 3, 1, 2).float()
     if info.resized != (height, width):
         x = F.interpolate(x, size=info.resized, mode="bilinear", align_corners=False, antialias=False)
     top, left = info.pad

@@ -257,6 +257,9 @@ class FrameStream:
         ring: batches in flight (pinned + device buffers of ``batch_size`` frames each, allocated
             once per frame size). Bounds memory: at most ``ring`` batches are staged ahead of the
             consumer; a slow consumer stalls the source (back-pressure), never grows memory.
+        raw: yield the uint8 ``(n, H, W, C)`` device batches as they arrive, not preprocessed
+            (``info`` is then None): for callers that run the preprocessing themselves, inside a
+            CUDA graph say (``opforge demo detect --graph``).
         **preprocess_kwargs: passed to :func:`opforge.preprocess_frames` (size, letterbox, mean,
             std, out_dtype, channels_in, ...).
 
@@ -275,6 +278,7 @@ class FrameStream:
         device: torch.device | str | None = None,
         model: Callable[[torch.Tensor], Any] | None = None,
         ring: int = 3,
+        raw: bool = False,
         **preprocess_kwargs: Any,
     ):
         if not isinstance(batch_size, int) or batch_size <= 0:
@@ -294,6 +298,9 @@ class FrameStream:
         self.model = model
         self.ring = ring
         self.preprocess_kwargs = preprocess_kwargs
+        self.raw = raw
+        if raw and preprocess_kwargs:
+            raise ValueError("opforge.video.FrameStream: raw=True takes no preprocessing arguments")
         self.total = len(source) if hasattr(source, "__len__") else None
         self.frames_delivered = 0
         self.batches_delivered = 0
@@ -324,8 +331,13 @@ class FrameStream:
                 if pipe.cuda:
                     item.raw.record_stream(stream)  # allocated on the copy stream, read on this one
                 with torch.cuda.device(self.device) if pipe.cuda else _nullcontext():
-                    result = preprocess_frames(item.raw, **self.preprocess_kwargs)
-                    frames, info = result if letterbox else (result, _plain_info(item.raw, result))
+                    if self.raw:
+                        frames, info = item.raw, None
+                        if item.slot >= 0:  # a ring buffer: the caller's copy, the slot goes back
+                            frames = frames.clone()
+                    else:
+                        result = preprocess_frames(item.raw, **self.preprocess_kwargs)
+                        frames, info = result if letterbox else (result, _plain_info(item.raw, result))
                     pipe.release(item, stream)
                     output = self.model(frames) if self.model is not None else None
                 self.frames_delivered += item.count
