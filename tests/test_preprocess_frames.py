@@ -132,7 +132,9 @@ def test_exact_size_equal_to_frame_and_4_channel_names(device):
     assert torch.equal(check_exact(y, channels_in="bgra", **IMAGENET), b)
     # The swap is real: bgr in, rgb out reverses the planes (one mean and std for all three).
     c = opforge.preprocess_frames(x, channels_in="rgba", mean=0.4, std=0.2)
-    assert torch.equal(c, opforge.preprocess_frames(x, channels_in="bgra", channels_out="bgr", mean=0.4, std=0.2))
+    assert torch.equal(
+        c, opforge.preprocess_frames(x, channels_in="bgra", channels_out="bgr", mean=0.4, std=0.2)
+    )
     assert torch.equal(c.flip(1), opforge.preprocess_frames(x, channels_in="bgra", mean=0.4, std=0.2))
     assert not torch.equal(c, c.flip(1))
 
@@ -156,7 +158,7 @@ def test_exact_size_equal_to_frame_and_4_channel_names(device):
 def test_exact_letterbox_without_resize(device, hw, size, opts, dtype):
     for norm in ("default", "imagenet", "odd scale"):
         x = frames(2, *hw, device=device)
-        out, info = call(x, size=size, letterbox=True, out_dtype=dtype, **opts, **NORMS[norm])
+        _, info = call(x, size=size, letterbox=True, out_dtype=dtype, **opts, **NORMS[norm])
         assert info.resized == hw
         check_exact(x, size=size, letterbox=True, out_dtype=dtype, **opts, **NORMS[norm])
 
@@ -197,7 +199,9 @@ def test_non_contiguous(device, dtype):
         for norm, cout in (("imagenet", "rgb"), ("odd scale", "bgr")):
             check_exact(x, out_dtype=dtype, channels_out=cout, **kw, **NORMS[norm])
             # Padded around the frame too.
-            check_exact(x, size=(x.shape[1] + 5, x.shape[2] + 5), letterbox=True, scaleup=False, out_dtype=dtype)
+            check_exact(
+                x, size=(x.shape[1] + 5, x.shape[2] + 5), letterbox=True, scaleup=False, out_dtype=dtype
+            )
         if dtype == torch.float32:
             # Resized: the strided reads agree with the reference (F.interpolate) too.
             check_resize(x, size=(x.shape[1] * 2 + 1, x.shape[2] // 2 + 1), channels_in="bgr")
@@ -274,7 +278,9 @@ def test_resize_normalized(device, dtype):
     for kw in (IMAGENET, NORMS["scale 1 mean std"], NORMS["odd scale"]):
         for size, lb in (((30, 100), False), (96, True)):
             out = tensor_of(call(x, size=size, letterbox=lb, out_dtype=dtype, **kw))
-            want = tensor_of(reference.preprocess_frames(x.cpu(), size=size, letterbox=lb, out_dtype=dtype, **kw))
+            want = tensor_of(
+                reference.preprocess_frames(x.cpu(), size=size, letterbox=lb, out_dtype=dtype, **kw)
+            )
             scale, std = kw.get("scale", 1 / 255), kw.get("std", 1.0)
             atol = 1e-3 * scale / min(std if isinstance(std, list) else [std])
             torch.testing.assert_close(out.cpu().float(), want.float(), rtol=rtol, atol=atol)
@@ -347,7 +353,11 @@ def test_letterbox_matches_ultralytics(hw, size, opts):
     x = frames(1, *hw)
     new_shape = (size, size) if isinstance(size, int) else size
     img, (top, left), (rh, rw) = ultralytics_letterbox(
-        cv2, x[0].numpy(), new_shape, auto="stride" in opts, **{k: v for k, v in opts.items() if k != "stride"}
+        cv2,
+        x[0].numpy(),
+        new_shape,
+        auto="stride" in opts,
+        **{k: v for k, v in opts.items() if k != "stride"},
     )
     out, info = call(x, size=size, letterbox=True, scale=1.0, out_dtype=torch.float32, **opts)
     want = _cv_chw(img)
@@ -383,7 +393,8 @@ def ultralytics_geometry(shape, size, scaleup=True, stride=None, center=True):
 
 GEOMETRY_SHAPES = [(1, 1), (17, 31), (1080, 1920), (2160, 3840), (1920, 1080), (640, 640), (480, 640)]
 GEOMETRY_OPTS = [
-    dict(scaleup=s, stride=st, center=c) for s, st, c in itertools.product((True, False), (None, 32), (True, False))
+    dict(scaleup=s, stride=st, center=c)
+    for s, st, c in itertools.product((True, False), (None, 32), (True, False))
 ]
 
 
@@ -416,7 +427,9 @@ def test_letterbox_output(shape, size):
             border = out[0, k][~inside]
             want = pad_value_normalized(100, 1 / 255, IMAGENET["mean"][k], IMAGENET["std"][k], torch.float16)
             assert torch.equal(border, want.expand(border.shape)), (opts, k)
-        ref, ref_info = reference.preprocess_frames(x, size=size, letterbox=True, pad_value=100, **IMAGENET, **opts)
+        ref, ref_info = reference.preprocess_frames(
+            x, size=size, letterbox=True, pad_value=100, **IMAGENET, **opts
+        )
         assert ref_info == info
         if resized == shape:
             assert torch.equal(out, ref)
@@ -453,14 +466,39 @@ BAD_CALLS = [
     ("int16 frames", dict(frames=_X.short()), TypeError, r"frames must be uint8, got int16"),
     ("3-D", dict(frames=_X[0]), ValueError, r"frames must be 4-D \(N, H, W, C\), got 3-D"),
     ("5-D", dict(frames=_X[None]), ValueError, r"frames must be 4-D \(N, H, W, C\), got 5-D"),
-    ("NCHW 3-D", dict(frames=_X[0], layout="NCHW"), ValueError, r"frames must be 4-D \(N, C, H, W\), got 3-D"),
+    (
+        "NCHW 3-D",
+        dict(frames=_X[0], layout="NCHW"),
+        ValueError,
+        r"frames must be 4-D \(N, C, H, W\), got 3-D",
+    ),
     ("C=2", dict(frames=_X[..., :2]), ValueError, r"frames must have 3 or 4 channels \(last dim\), got 2"),
-    ("C=5", dict(frames=frames(1, 4, 6, c=5)), ValueError, r"frames must have 3 or 4 channels \(last dim\), got 5"),
+    (
+        "C=5",
+        dict(frames=frames(1, 4, 6, c=5)),
+        ValueError,
+        r"frames must have 3 or 4 channels \(last dim\), got 5",
+    ),
     ("C=1", dict(frames=_X[..., :1]), ValueError, r"frames must have 3 or 4 channels \(last dim\), got 1"),
-    ("NCHW C=6", dict(frames=frames(1, 6, 4, c=5), layout="NCHW"), ValueError, r"frames must have 3 or 4 channels \(last dim\), got 6"),
+    (
+        "NCHW C=6",
+        dict(frames=frames(1, 6, 4, c=5), layout="NCHW"),
+        ValueError,
+        r"frames must have 3 or 4 channels \(last dim\), got 6",
+    ),
     ("H=0", dict(frames=frames(1, 0, 6)), ValueError, r"frames must have a height and width of at least 1"),
-    ("mean of 2", dict(mean=[0.5, 0.5]), ValueError, r"mean must have 3 values \(one per output channel\), got 2"),
-    ("std of 4", dict(std=[1, 1, 1, 1]), ValueError, r"std must have 3 values \(one per output channel\), got 4"),
+    (
+        "mean of 2",
+        dict(mean=[0.5, 0.5]),
+        ValueError,
+        r"mean must have 3 values \(one per output channel\), got 2",
+    ),
+    (
+        "std of 4",
+        dict(std=[1, 1, 1, 1]),
+        ValueError,
+        r"std must have 3 values \(one per output channel\), got 4",
+    ),
     ("mean string", dict(mean="abc"), ValueError, r"mean must be a number or 3 numbers"),
     ("mean nan", dict(mean=[0, float("nan"), 0]), ValueError, r"mean must be finite"),
     ("std zero", dict(std=[0.2, 0.0, 0.2]), ValueError, r"std must be finite and nonzero"),
@@ -472,11 +510,26 @@ BAD_CALLS = [
     ("size float", dict(size=(3.0, 4)), ValueError, r"size must be integers"),
     ("letterbox size 0", dict(size=0, letterbox=True), ValueError, r"size must be positive"),
     ("letterbox no size", dict(letterbox=True), ValueError, r"letterbox=True needs a size"),
-    ("stride 0", dict(size=64, letterbox=True, stride=0), ValueError, r"stride must be a positive integer, got 0"),
+    (
+        "stride 0",
+        dict(size=64, letterbox=True, stride=0),
+        ValueError,
+        r"stride must be a positive integer, got 0",
+    ),
     ("channels_in", dict(channels_in="rbg"), ValueError, r"channels_in must be one of .*, got 'rbg'"),
-    ("channels_out", dict(channels_out="rgba"), ValueError, r"channels_out must be 'rgb' or 'bgr', got 'rgba'"),
+    (
+        "channels_out",
+        dict(channels_out="rgba"),
+        ValueError,
+        r"channels_out must be 'rgb' or 'bgr', got 'rgba'",
+    ),
     ("layout", dict(layout="HWC"), ValueError, r"layout must be 'NHWC' or 'NCHW', got 'HWC'"),
-    ("float64", dict(out_dtype=torch.float64), TypeError, r"out_dtype must be one of \(float16, bfloat16, float32\)"),
+    (
+        "float64",
+        dict(out_dtype=torch.float64),
+        TypeError,
+        r"out_dtype must be one of \(float16, bfloat16, float32\)",
+    ),
     ("uint8 out", dict(out_dtype=torch.uint8), TypeError, r"out_dtype must be one of"),
     ("pad 300", dict(pad_value=300), ValueError, r"pad_value must be a pixel value in \[0, 255\], got 300"),
     ("pad -1", dict(pad_value=-1), ValueError, r"pad_value must be a pixel value in \[0, 255\], got -1"),
@@ -495,28 +548,72 @@ def test_errors(device, name, kw, err, msg):
         opforge.preprocess_frames(x, **kw)
 
 
-def _raw(frames_, size=(4, 6), region=(0, 0, 4, 6), scale=1.0, mean=(), std=(), pad=114.0, channels=(0, 1, 2),
-         dtype=torch.float32):
+def _raw(
+    frames_,
+    size=(4, 6),
+    region=(0, 0, 4, 6),
+    scale=1.0,
+    mean=(),
+    std=(),
+    pad=114.0,
+    channels=(0, 1, 2),
+    dtype=torch.float32,
+):
     return torch.ops.opforge.preprocess_frames.default(
         frames_, list(size), list(region), scale, list(mean), list(std), pad, list(channels), dtype
     )
 
 
 RAW_BAD = [
-    ("region past the bottom", dict(region=(1, 0, 4, 6)), ValueError, r"region \[1, 0, 4, 6\] must lie inside the output size \[4, 6\]"),
-    ("region past the right", dict(size=(8, 8), region=(0, 3, 4, 6)), ValueError, r"region \[0, 3, 4, 6\] must lie inside the output size \[8, 8\]"),
+    (
+        "region past the bottom",
+        dict(region=(1, 0, 4, 6)),
+        ValueError,
+        r"region \[1, 0, 4, 6\] must lie inside the output size \[4, 6\]",
+    ),
+    (
+        "region past the right",
+        dict(size=(8, 8), region=(0, 3, 4, 6)),
+        ValueError,
+        r"region \[0, 3, 4, 6\] must lie inside the output size \[8, 8\]",
+    ),
     ("region empty", dict(region=(0, 0, 0, 6)), ValueError, r"region \[0, 0, 0, 6\] must lie inside"),
-    ("region negative", dict(size=(8, 8), region=(-1, 0, 4, 6)), ValueError, r"region \[-1, 0, 4, 6\] must lie inside"),
-    ("region 3 values", dict(region=(0, 0, 4)), ValueError, r"region must be \(top, left, height, width\), got 3 values"),
+    (
+        "region negative",
+        dict(size=(8, 8), region=(-1, 0, 4, 6)),
+        ValueError,
+        r"region \[-1, 0, 4, 6\] must lie inside",
+    ),
+    (
+        "region 3 values",
+        dict(region=(0, 0, 4)),
+        ValueError,
+        r"region must be \(top, left, height, width\), got 3 values",
+    ),
     ("size 0", dict(size=(0, 6)), ValueError, r"size must be positive, got \[0, 6\]"),
     ("size 1 value", dict(size=(4,)), ValueError, r"size must be \(height, width\), got 1 values"),
-    ("channels", dict(channels=(0, 0, 0)), ValueError, r"channels \(the input channel of each output channel\) must be \[0, 1, 2\] or \[2, 1, 0\], got \[0, 0, 0\]"),
+    (
+        "channels",
+        dict(channels=(0, 0, 0)),
+        ValueError,
+        r"channels \(the input channel of each output channel\) must be \[0, 1, 2\] or \[2, 1, 0\], got \[0, 0, 0\]",
+    ),
     ("channels 2", dict(channels=(0, 1)), ValueError, r"channels .* must be \[0, 1, 2\] or \[2, 1, 0\]"),
-    ("mean 2", dict(mean=(1.0, 2.0)), ValueError, r"mean must have 3 values \(one per output channel\), got 2"),
+    (
+        "mean 2",
+        dict(mean=(1.0, 2.0)),
+        ValueError,
+        r"mean must have 3 values \(one per output channel\), got 2",
+    ),
     ("std zero", dict(std=(1.0, 0.0, 1.0)), ValueError, r"std must be finite and nonzero"),
     ("pad 256", dict(pad=256.0), ValueError, r"pad_value must be a pixel value in \[0, 255\]"),
     ("scale nan", dict(scale=float("nan")), ValueError, r"scale must be finite"),
-    ("float64", dict(dtype=torch.float64), TypeError, r"out_dtype must be one of \(float16, bfloat16, float32\), got float64"),
+    (
+        "float64",
+        dict(dtype=torch.float64),
+        TypeError,
+        r"out_dtype must be one of \(float16, bfloat16, float32\), got float64",
+    ),
 ]
 
 
@@ -532,7 +629,9 @@ def test_errors_raw_op(device, name, kw, err, msg):
 def test_errors_raw_op_frames(device):
     with pytest.raises(TypeError, match=r"opforge\.preprocess_frames: frames must be uint8, got float32"):
         _raw(_X.float().to(device))
-    with pytest.raises(ValueError, match=r"opforge\.preprocess_frames: frames must be 4-D \(N, H, W, C\), got 3-D"):
+    with pytest.raises(
+        ValueError, match=r"opforge\.preprocess_frames: frames must be 4-D \(N, H, W, C\), got 3-D"
+    ):
         _raw(_X[0].to(device))
     with pytest.raises(ValueError, match=r"opforge\.preprocess_frames: frames must have 3 or 4 channels"):
         _raw(_X[..., :2].to(device))
@@ -561,11 +660,31 @@ def test_opcheck(device):
     x4 = frames(1, 9, 7, c=4, device=device)
     samples = [
         (x, [12, 20], [0, 0, 12, 20], 1 / 255, [], [], 114.0, [0, 1, 2], torch.float16),
-        (x, [20, 20], [4, 0, 12, 20], 1 / 255, IMAGENET["mean"], IMAGENET["std"], 114.0, [2, 1, 0], torch.bfloat16),
+        (
+            x,
+            [20, 20],
+            [4, 0, 12, 20],
+            1 / 255,
+            IMAGENET["mean"],
+            IMAGENET["std"],
+            114.0,
+            [2, 1, 0],
+            torch.bfloat16,
+        ),
         (x, [7, 31], [0, 0, 7, 31], 1.0, [1.0, 2.0, 3.0], [], 0.0, [0, 1, 2], torch.float32),  # resized
         (x4, [16, 16], [3, 2, 10, 13], 0.5, [], [2.0, 2.0, 2.0], 255.0, [2, 1, 0], torch.float16),
         (x[:, 1:-1, ::2, :], [10, 10], [0, 0, 10, 10], 1 / 255, [], [], 114.0, [0, 1, 2], torch.float32),
-        (frames(0, 5, 5, device=device), [5, 5], [0, 0, 5, 5], 1 / 255, [], [], 114.0, [0, 1, 2], torch.float16),
+        (
+            frames(0, 5, 5, device=device),
+            [5, 5],
+            [0, 0, 5, 5],
+            1 / 255,
+            [],
+            [],
+            114.0,
+            [0, 1, 2],
+            torch.float16,
+        ),
     ]
     for args in samples:
         torch.library.opcheck(torch.ops.opforge.preprocess_frames.default, args)
@@ -583,7 +702,7 @@ def test_torch_compile_fullgraph(device):
 
     x = frames(2, 24, 36, device=device)
     got, want = torch.compile(f, fullgraph=True)(x), f(x)
-    for g, w in zip(got, want):
+    for g, w in zip(got, want, strict=True):
         assert g.shape == w.shape and g.dtype == w.dtype and torch.equal(g, w)
     assert torch.equal(want[0].cpu(), reference.preprocess_frames(x.cpu(), **IMAGENET))
 
@@ -639,7 +758,11 @@ def test_cuda_side_stream(resize):
 @pytest.mark.cuda
 @pytest.mark.parametrize(
     "kw",
-    [IMAGENET, dict(size=(100, 77), scale=1.0, out_dtype=torch.float32), dict(size=320, letterbox=True, stride=32)],
+    [
+        IMAGENET,
+        dict(size=(100, 77), scale=1.0, out_dtype=torch.float32),
+        dict(size=320, letterbox=True, stride=32),
+    ],
     ids=["convert", "resize", "letterbox"],
 )
 def test_cuda_graph_capture(kw):
@@ -684,7 +807,11 @@ def test_cuda_decoder_frames_nchw(c):
 
 @pytest.mark.parametrize(
     "kw",
-    [dict(IMAGENET), dict(size=640, letterbox=True, stride=32, **IMAGENET), dict(size=(540, 960), out_dtype=torch.float32)],
+    [
+        dict(IMAGENET),
+        dict(size=640, letterbox=True, stride=32, **IMAGENET),
+        dict(size=(540, 960), out_dtype=torch.float32),
+    ],
     ids=["convert", "letterbox", "resize"],
 )
 def test_cpu_threads_same_bits(kw):

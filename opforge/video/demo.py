@@ -12,6 +12,7 @@ per frame and class in one NMS call (class ids offset per frame).
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -112,9 +113,22 @@ class Detector:
         top_scores, top = scores.topk(min(TOP_K, scores.shape[1]), dim=1)
         anchor, label = top // (c - 1), top % (c - 1) + 1
         rel = reg.gather(1, anchor.unsqueeze(-1).expand(-1, -1, 4))
-        boxes = self.model.box_coder.decode_single(rel.reshape(-1, 4), self.anchors[anchor.reshape(-1)])
+        boxes = decode_boxes(rel.reshape(-1, 4), self.anchors[anchor.reshape(-1)], self.model.box_coder.weights)
         idxs = label + c * torch.arange(n, device=images.device).unsqueeze(1)
         return boxes.view(n, -1, 4), top_scores, idxs
+
+
+def decode_boxes(rel: torch.Tensor, anchors: torch.Tensor, weights) -> torch.Tensor:
+    """SSD's box decoding (torchvision's BoxCoder.decode_single) in tensor ops only, so that it can
+    be captured in a CUDA graph (decode_single makes a host tensor on every call)."""
+    wx, wy, ww, wh = weights
+    widths, heights = anchors[:, 2] - anchors[:, 0], anchors[:, 3] - anchors[:, 1]
+    ctr_x, ctr_y = anchors[:, 0] + 0.5 * widths, anchors[:, 1] + 0.5 * heights
+    clip = math.log(1000.0 / 16)
+    dw, dh = (rel[:, 2] / ww).clamp(max=clip), (rel[:, 3] / wh).clamp(max=clip)
+    x, y = rel[:, 0] / wx * widths + ctr_x, rel[:, 1] / wy * heights + ctr_y
+    half_w, half_h = 0.5 * dw.exp() * widths, 0.5 * dh.exp() * heights
+    return torch.stack([x - half_w, y - half_h, x + half_w, y + half_h], dim=1)
 
 
 def split_kept(keep: torch.Tensor, n: int, k: int) -> list[torch.Tensor]:
