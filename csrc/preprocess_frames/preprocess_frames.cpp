@@ -5,6 +5,7 @@
 #include <ATen/ops/empty.h>
 
 #include <cmath>
+#include <cstring>
 
 #include "common/checks.h"
 #include "opforge.h"
@@ -13,6 +14,22 @@ namespace opforge {
 
 namespace {
 constexpr const char* kOp = "opforge.preprocess_frames";
+
+// Whether c / d == fma(fma(-q, d, c), inv, q) with q = c * inv for every c a uint8 value
+// normalizes to (each operation rounded once, as the CUDA kernel computes it).
+bool reciprocal_is_exact(const PreprocessParams& p, int k) {
+  for (int v = 0; v < 256; ++v) {
+    volatile float scaled = static_cast<float>(v) * p.scale;
+    volatile float c = scaled - p.mean[k];
+    volatile float want = c / p.std[k];
+    volatile float q = c * p.inv_std[k];
+    const float r = std::fma(-q, p.std[k], c);
+    const float got = std::fma(r, p.inv_std[k], q);
+    const float expected = want;
+    if (std::memcmp(&got, &expected, sizeof(float)) != 0) return false;
+  }
+  return true;
+}
 
 // ((v * scale) - mean) / std with each operation rounded in float32, as the kernels compute it.
 float normalize_host(float v, float scale, float mean, float std, bool has_std) {
@@ -96,7 +113,9 @@ PreprocessPlan plan_preprocess_frames(const at::Tensor& frames, c10::IntArrayRef
     p.mean[k] = mean.empty() ? 0.0f : static_cast<float>(mean[k]);
     p.std[k] = std.empty() ? 1.0f : static_cast<float>(std[k]);
     p.pad[k] = normalize_host(static_cast<float>(pad_value), p.scale, p.mean[k], p.std[k], p.has_std);
+    p.inv_std[k] = 1.0f / p.std[k];
   }
+  p.exact_reciprocal = p.has_std && reciprocal_is_exact(p, 0) && reciprocal_is_exact(p, 1) && reciprocal_is_exact(p, 2);
   return plan;
 }
 

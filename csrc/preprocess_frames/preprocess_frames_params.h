@@ -34,6 +34,11 @@ struct PreprocessParams {
   float mean[3] = {0.0f, 0.0f, 0.0f};
   float std[3] = {1.0f, 1.0f, 1.0f};
   bool has_std = false;          // std given (else the division by 1 is skipped: same result)
+  // 1 / std, rounded; with exact_reciprocal the quotient c / std is computed as q = c * inv,
+  // q += (c - q * std) * inv (two FMAs), which the plan verified to equal the IEEE quotient for
+  // every value a uint8 pixel normalizes to (Markstein's correction; checked, not assumed).
+  float inv_std[3] = {1.0f, 1.0f, 1.0f};
+  bool exact_reciprocal = false;
   float pad[3] = {0.0f, 0.0f, 0.0f};  // the pad value, normalized like a pixel, per output channel
   int num_sms = 0;               // CUDA: for the grid size
 };

@@ -13,6 +13,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "common/cuda/launch.cuh"
 #include "common/cuda/vector.cuh"
@@ -42,7 +43,17 @@ __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) {
 
 __device__ __forceinline__ float normalize(const PreprocessParams& p, int k, float v) {
   const float centered = __fsub_rn(__fmul_rn(v, p.scale), p.mean[k]);
-  return p.has_std ? __fdiv_rn(centered, p.std[k]) : centered;
+  if (!p.has_std) return centered;
+  if (p.exact_reciprocal) {  // the IEEE quotient (verified by the plan for every uint8 value)
+    const float q = __fmul_rn(centered, p.inv_std[k]);
+    return __fmaf_rn(__fmaf_rn(-q, p.std[k], centered), p.inv_std[k], q);
+  }
+  return __fdiv_rn(centered, p.std[k]);
+}
+
+// A byte as a float without the quarter-rate integer conversion: 2^23 + b, exactly, minus 2^23.
+__device__ __forceinline__ float byte_to_float(uint32_t b) {
+  return __fsub_rn(__uint_as_float(0x4B000000u | b), 8388608.0f);
 }
 
 // Input channel of output channel k: RGB order kept, or reversed (BGR <-> RGB).
@@ -51,22 +62,29 @@ __device__ __forceinline__ constexpr int in_channel(int k) {
   return kSwap ? 2 - k : k;
 }
 
-// Byte b of a little-endian array of 32-bit words (b a compile-time constant after unrolling).
-__device__ __forceinline__ uint32_t byte_of(const uint32_t* words, int b) {
-  return (words[b >> 2] >> (8 * (b & 3))) & 0xffu;
-}
-
-// The kConvertPixels values of output channel k, stored at `dst` (a row position of one plane).
+// kConvertPixels output values of one plane, stored at `dst` (a row position of the plane).
 template <typename T>
 __device__ __forceinline__ void store_group(T* dst, const float (&v)[kConvertPixels], int valid, bool vec) {
   if (vec && valid == kConvertPixels) {
-    constexpr int kPer = 16 / sizeof(T);  // elements per 16-byte store
+    if constexpr (std::is_same_v<T, float>) {
+      float4* d = reinterpret_cast<float4*>(dst);
+      d[0] = make_float4(v[0], v[1], v[2], v[3]);
+      d[1] = make_float4(v[4], v[5], v[6], v[7]);
+    } else {
+      // Two values per conversion instruction (cvt.rn.f16x2.f32 / bf16x2), one 16-byte store.
+      uint4 pack;
+      uint32_t* words = reinterpret_cast<uint32_t*>(&pack);
 #pragma unroll
-    for (int s = 0; s < kConvertPixels / kPer; ++s) {
-      cuda::Pack<T, kPer> pack;
-#pragma unroll
-      for (int j = 0; j < kPer; ++j) pack.v[j] = from_float<T>(v[s * kPer + j]);
-      reinterpret_cast<cuda::Pack<T, kPer>*>(dst)[s] = pack;
+      for (int j = 0; j < kConvertPixels / 2; ++j) {
+        if constexpr (std::is_same_v<T, __half>) {
+          const __half2 h = __floats2half2_rn(v[2 * j], v[2 * j + 1]);
+          words[j] = *reinterpret_cast<const uint32_t*>(&h);
+        } else {
+          const __nv_bfloat162 h = __floats2bfloat162_rn(v[2 * j], v[2 * j + 1]);
+          words[j] = *reinterpret_cast<const uint32_t*>(&h);
+        }
+      }
+      *reinterpret_cast<uint4*>(dst) = pack;
     }
   } else {
 #pragma unroll
@@ -75,78 +93,105 @@ __device__ __forceinline__ void store_group(T* dst, const float (&v)[kConvertPix
   }
 }
 
+// Without a resize. A block takes a segment of kSegment output pixels of one row; for a packed
+// frame the segment's input bytes are first staged in shared memory with coalesced 16-byte loads
+// (the whole warp reads consecutive 16-byte words: a thread's own 24 or 32 bytes, read directly,
+// would make each load instruction span 3-4x the cache lines it uses), then each thread converts
+// its 8 pixels from there and writes each output plane with one 16-byte store. Other layouts and
+// the border go pixel by pixel.
+constexpr int kSegment = kConvertThreads * kConvertPixels;
+constexpr int kStageBytes = kSegment * 4 + 32;  // 4 channels, plus the alignment slack
+
 template <typename T, bool kSwap>
 __global__ void __launch_bounds__(kConvertThreads) convert_kernel(const PreprocessParams p) {
-  const int64_t groups_per_row = (p.out_w + kConvertPixels - 1) / kConvertPixels;
-  const int64_t total = p.n * p.out_h * groups_per_row;
+  __shared__ alignas(16) uint8_t stage[kStageBytes];
+  const int out_w = static_cast<int>(p.out_w);
+  const int segs = (out_w + kSegment - 1) / kSegment;
+  const int64_t tiles = p.n * p.out_h * segs;
   const int64_t plane = p.out_h * p.out_w;
-  const bool vec_store = p.out_w % kConvertPixels == 0;
-  const bool packed = preprocess_packed(p);
+  const bool vec_store = out_w % kConvertPixels == 0;
+  const int c = static_cast<int>(p.c);
   T* out = static_cast<T*>(p.out);
-  for (int64_t g = static_cast<int64_t>(blockIdx.x) * kConvertThreads + threadIdx.x; g < total;
-       g += static_cast<int64_t>(gridDim.x) * kConvertThreads) {
-    const int64_t row = g / groups_per_row;
-    const int64_t x0 = (g - row * groups_per_row) * kConvertPixels;
+  for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+    const int64_t row = tile / segs;
+    const int seg = static_cast<int>(tile - row * segs);
     const int64_t img = row / p.out_h;
-    const int64_t oy = row - img * p.out_h;
-    const int64_t sy = oy - p.top;
-    const int64_t sx0 = x0 - p.left;
+    const int oy = static_cast<int>(row - img * p.out_h);
+    const int sy = oy - static_cast<int>(p.top);
     const bool row_in = sy >= 0 && sy < p.rh;
-    const uint8_t* src = p.in + img * p.s_n + (row_in ? sy : 0) * p.s_h;
-    float v[3][kConvertPixels];
-    bool done = false;
-    if (row_in && sx0 >= 0 && sx0 + kConvertPixels <= p.rw && packed) {
-      const uint8_t* px = src + sx0 * p.c;
-      if (p.c == 3 && cuda::is_aligned(px, 8)) {
-        uint32_t w[6];
-        const uint2* q = reinterpret_cast<const uint2*>(px);
+    const uint8_t* src = p.in + img * p.s_n + static_cast<int64_t>(row_in ? sy : 0) * p.s_h;
+    const int x_begin = seg * kSegment;
+    // The region's columns inside this segment: [lo, hi) of the frame row.
+    const int lo = max(x_begin - static_cast<int>(p.left), 0);
+    const int hi = min(x_begin + kSegment - static_cast<int>(p.left), static_cast<int>(p.rw));
+    const bool staged = row_in && preprocess_packed(p) && lo < hi;
+    int delta = 0;  // where frame byte lo * c sits in `stage`
+    if (staged) {
+      const uintptr_t first = reinterpret_cast<uintptr_t>(src + static_cast<int64_t>(lo) * c);
+      const uintptr_t last = reinterpret_cast<uintptr_t>(src + static_cast<int64_t>(hi) * c);  // exclusive
+      const uintptr_t base = first & ~uintptr_t{15};
+      delta = static_cast<int>(first - base);
+      const int words = static_cast<int>((last - base + 15) / 16);
+      // Whole aligned 16-byte words around the bytes needed: they lie in the same allocation.
+      const uint4* from = reinterpret_cast<const uint4*>(base);
+      for (int i = threadIdx.x; i < words; i += kConvertThreads) reinterpret_cast<uint4*>(stage)[i] = __ldg(from + i);
+    }
+    __syncthreads();
+    const int x0 = x_begin + threadIdx.x * kConvertPixels;
+    if (x0 < out_w) {
+      float v[3][kConvertPixels];
+      const int sx0 = x0 - static_cast<int>(p.left);
+      if (staged && sx0 >= lo && sx0 + kConvertPixels <= hi) {
+        const int off = delta + (sx0 - lo) * c;
+        if ((off & 3) == 0) {
+          uint32_t w[8];
+          const uint32_t* from = reinterpret_cast<const uint32_t*>(stage + off);
 #pragma unroll
-        for (int i = 0; i < 3; ++i) {
-          const uint2 t = __ldg(q + i);
-          w[2 * i] = t.x;
-          w[2 * i + 1] = t.y;
+          for (int i = 0; i < 8; ++i)
+            if (i < 2 * c) w[i] = from[i];  // 24 or 32 bytes
+          if (c == 3) {
+#pragma unroll
+            for (int j = 0; j < kConvertPixels; ++j)
+#pragma unroll
+              for (int k = 0; k < 3; ++k) {
+                const int b = 3 * j + in_channel<kSwap>(k);
+                v[k][j] = normalize(p, k, byte_to_float((w[b >> 2] >> (8 * (b & 3))) & 0xffu));
+              }
+          } else {
+#pragma unroll
+            for (int j = 0; j < kConvertPixels; ++j)
+#pragma unroll
+              for (int k = 0; k < 3; ++k) {
+                const int b = 4 * j + in_channel<kSwap>(k);
+                v[k][j] = normalize(p, k, byte_to_float((w[b >> 2] >> (8 * (b & 3))) & 0xffu));
+              }
+          }
+        } else {
+#pragma unroll
+          for (int j = 0; j < kConvertPixels; ++j)
+#pragma unroll
+            for (int k = 0; k < 3; ++k)
+              v[k][j] = normalize(p, k, byte_to_float(stage[off + j * c + in_channel<kSwap>(k)]));
         }
+      } else {
+        // The border, a segment's edge, any strides.
 #pragma unroll
-        for (int j = 0; j < kConvertPixels; ++j)
+        for (int j = 0; j < kConvertPixels; ++j) {
+          const int sx = sx0 + j;
+          const bool inside = row_in && sx >= 0 && sx < p.rw && x0 + j < out_w;
 #pragma unroll
           for (int k = 0; k < 3; ++k)
-            v[k][j] = normalize(p, k, static_cast<float>(byte_of(w, 3 * j + in_channel<kSwap>(k))));
-        done = true;
-      } else if (p.c == 4 && cuda::is_aligned(px, 16)) {
-        uint32_t w[8];
-        const uint4* q = reinterpret_cast<const uint4*>(px);
-#pragma unroll
-        for (int i = 0; i < 2; ++i) {
-          const uint4 t = __ldg(q + i);
-          w[4 * i] = t.x;
-          w[4 * i + 1] = t.y;
-          w[4 * i + 2] = t.z;
-          w[4 * i + 3] = t.w;
+            v[k][j] = inside ? normalize(p, k, byte_to_float(__ldg(src + static_cast<int64_t>(sx) * p.s_w +
+                                                                     in_channel<kSwap>(k) * p.s_c)))
+                             : p.pad[k];
         }
-#pragma unroll
-        for (int j = 0; j < kConvertPixels; ++j)
-#pragma unroll
-          for (int k = 0; k < 3; ++k)
-            v[k][j] = normalize(p, k, static_cast<float>(byte_of(w, 4 * j + in_channel<kSwap>(k))));
-        done = true;
       }
+      const int valid = min(out_w - x0, kConvertPixels);
+      T* dst = out + img * 3 * plane + static_cast<int64_t>(oy) * out_w + x0;
+#pragma unroll
+      for (int k = 0; k < 3; ++k) store_group(dst + k * plane, v[k], valid, vec_store);
     }
-    if (!done) {
-      // Any strides, the border, a row's last partial group.
-#pragma unroll
-      for (int j = 0; j < kConvertPixels; ++j) {
-        const int64_t sx = sx0 + j;
-        const bool inside = row_in && sx >= 0 && sx < p.rw && x0 + j < p.out_w;
-#pragma unroll
-        for (int k = 0; k < 3; ++k)
-          v[k][j] = inside ? normalize(p, k, static_cast<float>(__ldg(src + sx * p.s_w + in_channel<kSwap>(k) * p.s_c)))
-                           : p.pad[k];
-      }
-    }
-    const int valid = static_cast<int>(p.out_w - x0 < kConvertPixels ? p.out_w - x0 : kConvertPixels);
-    T* dst = out + img * 3 * plane + oy * p.out_w + x0;
-#pragma unroll
-    for (int k = 0; k < 3; ++k) store_group(dst + k * plane, v[k], valid, vec_store);
+    __syncthreads();  // the stage is rewritten by the next tile
   }
 }
 
@@ -208,9 +253,8 @@ cudaError_t launch(const PreprocessParams& p, cudaStream_t stream) {
     const unsigned grid = cuda::grid_for_tiles(p.n * p.out_h * segs, kResizeThreads, p.num_sms);
     resize_kernel<T, kSwap><<<grid, kResizeThreads, 0, stream>>>(p);
   } else {
-    const int64_t groups = p.n * p.out_h * ((p.out_w + kConvertPixels - 1) / kConvertPixels);
-    const unsigned grid =
-        cuda::grid_for_tiles((groups + kConvertThreads - 1) / kConvertThreads, kConvertThreads, p.num_sms);
+    const int64_t tiles = p.n * p.out_h * ((p.out_w + kSegment - 1) / kSegment);
+    const unsigned grid = cuda::grid_for_tiles(tiles, kConvertThreads, p.num_sms);
     convert_kernel<T, kSwap><<<grid, kConvertThreads, 0, stream>>>(p);
   }
   return cudaGetLastError();
