@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "common/cuda/cp_async.cuh"
 #include "common/cuda/launch.cuh"
 #include "common/cuda/vector.cuh"
 #include "preprocess_frames/preprocess_frames_params.h"
@@ -49,6 +50,12 @@ __device__ __forceinline__ float normalize(const PreprocessParams& p, int k, flo
     return __fmaf_rn(__fmaf_rn(-q, p.std[k], centered), p.inv_std[k], q);
   }
   return __fdiv_rn(centered, p.std[k]);
+}
+
+// The same with the IEEE division always (values that are not a uint8's: the resize's blend).
+__device__ __forceinline__ float normalize_ieee(const PreprocessParams& p, int k, float v) {
+  const float centered = __fsub_rn(__fmul_rn(v, p.scale), p.mean[k]);
+  return p.has_std ? __fdiv_rn(centered, p.std[k]) : centered;
 }
 
 // A byte as a float without the quarter-rate integer conversion: 2^23 + b, exactly, minus 2^23.
@@ -93,105 +100,138 @@ __device__ __forceinline__ void store_group(T* dst, const float (&v)[kConvertPix
   }
 }
 
-// Without a resize. A block takes a segment of kSegment output pixels of one row; for a packed
-// frame the segment's input bytes are first staged in shared memory with coalesced 16-byte loads
-// (the whole warp reads consecutive 16-byte words: a thread's own 24 or 32 bytes, read directly,
-// would make each load instruction span 3-4x the cache lines it uses), then each thread converts
-// its 8 pixels from there and writes each output plane with one 16-byte store. Other layouts and
-// the border go pixel by pixel.
+// Without a resize. A block takes a segment of kSegment output pixels of one row at a time; for a
+// packed frame the segment's input bytes are staged in shared memory with coalesced 16-byte
+// cp.async copies (a thread's own 24 or 32 bytes, read directly, would make each load instruction
+// span 3-4x the cache lines it uses), double-buffered: the next segment's bytes are in flight while
+// this one is converted and stored, each output plane with one 16-byte store per thread. Other
+// layouts and the border go pixel by pixel.
 constexpr int kSegment = kConvertThreads * kConvertPixels;
 constexpr int kStageBytes = kSegment * 4 + 32;  // 4 channels, plus the alignment slack
 
+struct ConvertTile {
+  int64_t img = 0;
+  int oy = 0;
+  bool row_in = false;
+  const uint8_t* src = nullptr;  // the frame row (row_in) or the frame's first row
+  int x_begin = 0;
+  int lo = 0, hi = 0;   // the region's columns in this segment: [lo, hi) of the frame row
+  bool staged = false;  // the segment's bytes go through shared memory
+  int delta = 0;        // where frame byte lo * c sits in the stage
+  int words = 0;        // 16-byte words staged
+  const uint8_t* base = nullptr;
+};
+
+__device__ __forceinline__ ConvertTile convert_tile(const PreprocessParams& p, int64_t tile, int segs) {
+  ConvertTile t;
+  const int64_t row = tile / segs;
+  const int seg = static_cast<int>(tile - row * segs);
+  t.img = row / p.out_h;
+  t.oy = static_cast<int>(row - t.img * p.out_h);
+  const int sy = t.oy - static_cast<int>(p.top);
+  t.row_in = sy >= 0 && sy < p.rh;
+  t.src = p.in + t.img * p.s_n + static_cast<int64_t>(t.row_in ? sy : 0) * p.s_h;
+  t.x_begin = seg * kSegment;
+  t.lo = max(t.x_begin - static_cast<int>(p.left), 0);
+  t.hi = min(t.x_begin + kSegment - static_cast<int>(p.left), static_cast<int>(p.rw));
+  t.staged = t.row_in && preprocess_packed(p) && t.lo < t.hi;
+  if (t.staged) {
+    const uintptr_t first = reinterpret_cast<uintptr_t>(t.src + static_cast<int64_t>(t.lo) * p.c);
+    const uintptr_t last = reinterpret_cast<uintptr_t>(t.src + static_cast<int64_t>(t.hi) * p.c);  // exclusive
+    const uintptr_t base = first & ~uintptr_t{15};
+    t.delta = static_cast<int>(first - base);
+    t.words = static_cast<int>((last - base + 15) / 16);
+    t.base = reinterpret_cast<const uint8_t*>(base);
+  }
+  return t;
+}
+
+// Whole aligned 16-byte words around the bytes needed (they lie in the same allocation), one
+// commit group per tile (empty when nothing is staged).
+__device__ __forceinline__ void stage_tile(const ConvertTile& t, uint8_t* stage) {
+  if (t.staged)
+    for (int i = threadIdx.x; i < t.words; i += kConvertThreads) cuda::cp_async16(stage + 16 * i, t.base + 16 * i, 16);
+  cuda::cp_async_commit();
+}
+
+template <typename T, bool kSwap>
+__device__ __forceinline__ void convert_pixels(const PreprocessParams& p, const ConvertTile& t, const uint8_t* stage,
+                                               T* out, int64_t plane, bool vec_store) {
+  const int out_w = static_cast<int>(p.out_w);
+  const int c = static_cast<int>(p.c);
+  const int x0 = t.x_begin + threadIdx.x * kConvertPixels;
+  if (x0 >= out_w) return;
+  float v[3][kConvertPixels];
+  const int sx0 = x0 - static_cast<int>(p.left);
+  if (t.staged && sx0 >= t.lo && sx0 + kConvertPixels <= t.hi) {
+    const int off = t.delta + (sx0 - t.lo) * c;
+    if ((off & 3) == 0) {
+      uint32_t w[8];
+      const uint32_t* from = reinterpret_cast<const uint32_t*>(stage + off);
+#pragma unroll
+      for (int i = 0; i < 8; ++i)
+        if (i < 2 * c) w[i] = from[i];  // 24 or 32 bytes
+#pragma unroll
+      for (int j = 0; j < kConvertPixels; ++j)
+#pragma unroll
+        for (int k = 0; k < 3; ++k) {
+          const int b3 = 3 * j + in_channel<kSwap>(k), b4 = 4 * j + in_channel<kSwap>(k);
+          const uint32_t byte = c == 3 ? (w[b3 >> 2] >> (8 * (b3 & 3))) : (w[b4 >> 2] >> (8 * (b4 & 3)));
+          v[k][j] = normalize(p, k, byte_to_float(byte & 0xffu));
+        }
+    } else {
+#pragma unroll
+      for (int j = 0; j < kConvertPixels; ++j)
+#pragma unroll
+        for (int k = 0; k < 3; ++k) v[k][j] = normalize(p, k, byte_to_float(stage[off + j * c + in_channel<kSwap>(k)]));
+    }
+  } else {
+    // The border, a segment's edge, any strides.
+#pragma unroll
+    for (int j = 0; j < kConvertPixels; ++j) {
+      const int sx = sx0 + j;
+      const bool inside = t.row_in && sx >= 0 && sx < p.rw && x0 + j < out_w;
+#pragma unroll
+      for (int k = 0; k < 3; ++k)
+        v[k][j] = inside ? normalize(p, k, byte_to_float(__ldg(t.src + static_cast<int64_t>(sx) * p.s_w +
+                                                                 in_channel<kSwap>(k) * p.s_c)))
+                         : p.pad[k];
+    }
+  }
+  const int valid = min(out_w - x0, kConvertPixels);
+  T* dst = out + t.img * 3 * plane + static_cast<int64_t>(t.oy) * out_w + x0;
+#pragma unroll
+  for (int k = 0; k < 3; ++k) store_group(dst + k * plane, v[k], valid, vec_store);
+}
+
 template <typename T, bool kSwap>
 __global__ void __launch_bounds__(kConvertThreads) convert_kernel(const PreprocessParams p) {
-  __shared__ alignas(16) uint8_t stage[kStageBytes];
-  const int out_w = static_cast<int>(p.out_w);
-  const int segs = (out_w + kSegment - 1) / kSegment;
+  __shared__ alignas(16) uint8_t stage[2][kStageBytes];
+  const int segs = static_cast<int>((p.out_w + kSegment - 1) / kSegment);
   const int64_t tiles = p.n * p.out_h * segs;
   const int64_t plane = p.out_h * p.out_w;
-  const bool vec_store = out_w % kConvertPixels == 0;
-  const int c = static_cast<int>(p.c);
+  const bool vec_store = p.out_w % kConvertPixels == 0;
   T* out = static_cast<T*>(p.out);
-  for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
-    const int64_t row = tile / segs;
-    const int seg = static_cast<int>(tile - row * segs);
-    const int64_t img = row / p.out_h;
-    const int oy = static_cast<int>(row - img * p.out_h);
-    const int sy = oy - static_cast<int>(p.top);
-    const bool row_in = sy >= 0 && sy < p.rh;
-    const uint8_t* src = p.in + img * p.s_n + static_cast<int64_t>(row_in ? sy : 0) * p.s_h;
-    const int x_begin = seg * kSegment;
-    // The region's columns inside this segment: [lo, hi) of the frame row.
-    const int lo = max(x_begin - static_cast<int>(p.left), 0);
-    const int hi = min(x_begin + kSegment - static_cast<int>(p.left), static_cast<int>(p.rw));
-    const bool staged = row_in && preprocess_packed(p) && lo < hi;
-    int delta = 0;  // where frame byte lo * c sits in `stage`
-    if (staged) {
-      const uintptr_t first = reinterpret_cast<uintptr_t>(src + static_cast<int64_t>(lo) * c);
-      const uintptr_t last = reinterpret_cast<uintptr_t>(src + static_cast<int64_t>(hi) * c);  // exclusive
-      const uintptr_t base = first & ~uintptr_t{15};
-      delta = static_cast<int>(first - base);
-      const int words = static_cast<int>((last - base + 15) / 16);
-      // Whole aligned 16-byte words around the bytes needed: they lie in the same allocation.
-      const uint4* from = reinterpret_cast<const uint4*>(base);
-      for (int i = threadIdx.x; i < words; i += kConvertThreads) reinterpret_cast<uint4*>(stage)[i] = __ldg(from + i);
+  int64_t tile = blockIdx.x;
+  if (tile >= tiles) return;
+  ConvertTile cur = convert_tile(p, tile, segs);
+  stage_tile(cur, stage[0]);
+  int buf = 0;
+  for (; tile < tiles; tile += gridDim.x) {
+    const int64_t next = tile + gridDim.x;
+    ConvertTile nxt;
+    if (next < tiles) {
+      nxt = convert_tile(p, next, segs);
+      stage_tile(nxt, stage[buf ^ 1]);
+    } else {
+      cuda::cp_async_commit();
     }
-    __syncthreads();
-    const int x0 = x_begin + threadIdx.x * kConvertPixels;
-    if (x0 < out_w) {
-      float v[3][kConvertPixels];
-      const int sx0 = x0 - static_cast<int>(p.left);
-      if (staged && sx0 >= lo && sx0 + kConvertPixels <= hi) {
-        const int off = delta + (sx0 - lo) * c;
-        if ((off & 3) == 0) {
-          uint32_t w[8];
-          const uint32_t* from = reinterpret_cast<const uint32_t*>(stage + off);
-#pragma unroll
-          for (int i = 0; i < 8; ++i)
-            if (i < 2 * c) w[i] = from[i];  // 24 or 32 bytes
-          if (c == 3) {
-#pragma unroll
-            for (int j = 0; j < kConvertPixels; ++j)
-#pragma unroll
-              for (int k = 0; k < 3; ++k) {
-                const int b = 3 * j + in_channel<kSwap>(k);
-                v[k][j] = normalize(p, k, byte_to_float((w[b >> 2] >> (8 * (b & 3))) & 0xffu));
-              }
-          } else {
-#pragma unroll
-            for (int j = 0; j < kConvertPixels; ++j)
-#pragma unroll
-              for (int k = 0; k < 3; ++k) {
-                const int b = 4 * j + in_channel<kSwap>(k);
-                v[k][j] = normalize(p, k, byte_to_float((w[b >> 2] >> (8 * (b & 3))) & 0xffu));
-              }
-          }
-        } else {
-#pragma unroll
-          for (int j = 0; j < kConvertPixels; ++j)
-#pragma unroll
-            for (int k = 0; k < 3; ++k)
-              v[k][j] = normalize(p, k, byte_to_float(stage[off + j * c + in_channel<kSwap>(k)]));
-        }
-      } else {
-        // The border, a segment's edge, any strides.
-#pragma unroll
-        for (int j = 0; j < kConvertPixels; ++j) {
-          const int sx = sx0 + j;
-          const bool inside = row_in && sx >= 0 && sx < p.rw && x0 + j < out_w;
-#pragma unroll
-          for (int k = 0; k < 3; ++k)
-            v[k][j] = inside ? normalize(p, k, byte_to_float(__ldg(src + static_cast<int64_t>(sx) * p.s_w +
-                                                                     in_channel<kSwap>(k) * p.s_c)))
-                             : p.pad[k];
-        }
-      }
-      const int valid = min(out_w - x0, kConvertPixels);
-      T* dst = out + img * 3 * plane + static_cast<int64_t>(oy) * out_w + x0;
-#pragma unroll
-      for (int k = 0; k < 3; ++k) store_group(dst + k * plane, v[k], valid, vec_store);
-    }
-    __syncthreads();  // the stage is rewritten by the next tile
+    cuda::cp_async_wait<1>();  // this tile's words have landed (this thread's)...
+    __syncthreads();           // ...and every thread's
+    convert_pixels<T, kSwap>(p, cur, stage[buf], out, plane, vec_store);
+    __syncthreads();  // the stage is refilled two tiles on
+    cur = nxt;
+    buf ^= 1;
   }
 }
 
@@ -202,10 +242,10 @@ struct Tap {
   float l1;
 };
 __device__ __forceinline__ Tap source_tap(float src_per_dst, int64_t dst, int64_t in_size) {
-  float s = src_per_dst * (static_cast<float>(dst) + 0.5f) - 0.5f;
+  float s = __fsub_rn(__fmul_rn(src_per_dst, static_cast<float>(dst) + 0.5f), 0.5f);
   s = s < 0.0f ? 0.0f : s;
   const int64_t i0 = static_cast<int64_t>(s);
-  return {i0, i0 + (i0 < in_size - 1 ? 1 : 0), s - static_cast<float>(i0)};
+  return {i0, i0 + (i0 < in_size - 1 ? 1 : 0), __fsub_rn(s, static_cast<float>(i0))};
 }
 
 template <typename T, bool kSwap>
@@ -225,7 +265,7 @@ __global__ void __launch_bounds__(kResizeThreads) resize_kernel(const Preprocess
     if (dy >= 0 && dy < p.rh && dx >= 0 && dx < p.rw) {
       const Tap ty = source_tap(p.src_per_dst_y, dy, p.h);
       const Tap tx = source_tap(p.src_per_dst_x, dx, p.w);
-      const float h1 = ty.l1, h0 = 1.0f - h1, w1 = tx.l1, w0 = 1.0f - w1;
+      const float h1 = ty.l1, h0 = __fsub_rn(1.0f, h1), w1 = tx.l1, w0 = __fsub_rn(1.0f, w1);
       const uint8_t* r0 = p.in + img * p.s_n + ty.i0 * p.s_h;
       const uint8_t* r1 = p.in + img * p.s_n + ty.i1 * p.s_h;
       const int64_t c0 = tx.i0 * p.s_w, c1 = tx.i1 * p.s_w;
@@ -234,7 +274,10 @@ __global__ void __launch_bounds__(kResizeThreads) resize_kernel(const Preprocess
         const int64_t ch = in_channel<kSwap>(k) * p.s_c;
         const float p00 = __ldg(r0 + c0 + ch), p01 = __ldg(r0 + c1 + ch);
         const float p10 = __ldg(r1 + c0 + ch), p11 = __ldg(r1 + c1 + ch);
-        v[k] = normalize(p, k, h0 * (w0 * p00 + w1 * p01) + h1 * (w0 * p10 + w1 * p11));
+        // Each operation rounded on its own, as on the CPU: the two agree bit for bit.
+        const float top = __fadd_rn(__fmul_rn(w0, p00), __fmul_rn(w1, p01));
+        const float bottom = __fadd_rn(__fmul_rn(w0, p10), __fmul_rn(w1, p11));
+        v[k] = normalize_ieee(p, k, __fadd_rn(__fmul_rn(h0, top), __fmul_rn(h1, bottom)));
       }
     } else {
 #pragma unroll
