@@ -125,8 +125,11 @@ class _Pipeline:
             host = torch.empty(full, dtype=torch.uint8, pin_memory=self.cuda)
             self.host[k] = host
             if self.cuda:
-                with torch.cuda.stream(self.copy_stream):
-                    self.dev[k] = torch.empty(full, dtype=torch.uint8, device=self.device)
+                # On this thread's (the device's default) stream, whose cached blocks the next
+                # FrameStream reuses; the copy and compute streams that use it are recorded.
+                self.dev[k] = torch.empty(full, dtype=torch.uint8, device=self.device)
+                # (A cached block's last user ran on that stream: the copy stream comes after it.)
+                self.copy_stream.wait_stream(torch.cuda.current_stream(self.device))
         return host, self.dev[k] if self.cuda else host
 
     def _send(self, k: int, count: int, first: int) -> bool:
@@ -144,8 +147,9 @@ class _Pipeline:
         if frames.device.type == "cuda" or not self.cuda:
             return self._put(_Item(-1, frames, first, frames.shape[0], None, frames))
         event = torch.cuda.Event()
+        dev = torch.empty(frames.shape, dtype=torch.uint8, device=self.device)
+        self.copy_stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(self.copy_stream):
-            dev = torch.empty(frames.shape, dtype=torch.uint8, device=self.device)
             copy_async(dev, frames)
             event.record(self.copy_stream)
         return self._put(_Item(-1, dev, first, frames.shape[0], event, frames))
