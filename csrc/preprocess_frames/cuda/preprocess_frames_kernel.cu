@@ -75,8 +75,8 @@ __device__ __forceinline__ void store_group(T* dst, const float (&v)[kConvertPix
   if (vec && valid == kConvertPixels) {
     if constexpr (std::is_same_v<T, float>) {
       float4* d = reinterpret_cast<float4*>(dst);
-      __stcs(d, make_float4(v[0], v[1], v[2], v[3]));  // streaming: written once, never read here
-      __stcs(d + 1, make_float4(v[4], v[5], v[6], v[7]));
+      d[0] = make_float4(v[0], v[1], v[2], v[3]);
+      d[1] = make_float4(v[4], v[5], v[6], v[7]);
     } else {
       // Two values per conversion instruction (cvt.rn.f16x2.f32 / bf16x2), one 16-byte store.
       uint4 pack;
@@ -91,7 +91,7 @@ __device__ __forceinline__ void store_group(T* dst, const float (&v)[kConvertPix
           words[j] = *reinterpret_cast<const uint32_t*>(&h);
         }
       }
-      __stcs(reinterpret_cast<uint4*>(dst), pack);  // streaming: written once, never read here
+      *reinterpret_cast<uint4*>(dst) = pack;
     }
   } else {
 #pragma unroll
