@@ -296,8 +296,20 @@ cudaError_t launch(const PreprocessParams& p, cudaStream_t stream) {
     const unsigned grid = cuda::grid_for_tiles(p.n * p.out_h * segs, kResizeThreads, p.num_sms);
     resize_kernel<T, kSwap><<<grid, kResizeThreads, 0, stream>>>(p);
   } else {
+    // Persistent: as many blocks as fit on the GPU at once, each striding over row segments, so
+    // that the double-buffered staging overlaps one segment's loads with the previous one's
+    // stores (with a block per segment every block would load, wait, convert and exit).
+    static int per_sm = 0;  // resident blocks per SM of this instantiation (the same on every GPU of an arch)
+    if (per_sm == 0) {
+      int blocks = 0;
+      if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, convert_kernel<T, kSwap>, kConvertThreads, 0) !=
+          cudaSuccess)
+        return cudaGetLastError();
+      per_sm = blocks > 0 ? blocks : 1;
+    }
     const int64_t tiles = p.n * p.out_h * ((p.out_w + kSegment - 1) / kSegment);
-    const unsigned grid = cuda::grid_for_tiles(tiles, kConvertThreads, p.num_sms);
+    const int64_t resident = static_cast<int64_t>(p.num_sms > 0 ? p.num_sms : 1) * per_sm;
+    const unsigned grid = static_cast<unsigned>(tiles < resident ? tiles : resident);
     convert_kernel<T, kSwap><<<grid, kConvertThreads, 0, stream>>>(p);
   }
   return cudaGetLastError();
