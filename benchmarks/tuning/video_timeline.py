@@ -37,7 +37,9 @@ def trace(fn) -> list[dict]:
 def main(out: str) -> None:
     device = torch.device("cuda")
     det = Detector(build_detector(None, device, torch.float16), SIZE, device, torch.float16)
-    src = [torch.randint(0, 256, (BATCH, 1080, 1920, 3), dtype=torch.uint8).pin_memory() for _ in range(BATCHES)]
+    src = [
+        torch.randint(0, 256, (BATCH, 1080, 1920, 3), dtype=torch.uint8).pin_memory() for _ in range(BATCHES)
+    ]
     kw = dict(size=SIZE, letterbox=True, mean=MEAN, std=STD, out_dtype=torch.float16)
 
     def serial():

@@ -51,7 +51,9 @@ def _preprocess_case(device: torch.device, n: int, letterbox: bool) -> Case:
         want = reference.preprocess_frames(x, **kw)
         want = want[0] if letterbox else want
         if not letterbox:
-            return None if torch.equal(got, want) else "differs from the PyTorch chain (must be bit-identical)"
+            return (
+                None if torch.equal(got, want) else "differs from the PyTorch chain (must be bit-identical)"
+            )
         err = (got.float() - want.float()).abs().max().item()
         return None if err <= 0.5 / 255 / min(STD) else f"max error {err:.4f} against the PyTorch chain"
 
@@ -92,7 +94,9 @@ def _cpu_blob_case(n: int) -> Case:
         return cv2.copyMakeBorder(r, top, bottom, left, right, cv2.BORDER_CONSTANT, value=(114, 114, 114))
 
     def opencv_blob():
-        return cv2.dnn.blobFromImages([boxed(f) for f in frames_np], 1 / 255, (640, 640), (0, 0, 0), swapRB=True)
+        return cv2.dnn.blobFromImages(
+            [boxed(f) for f in frames_np], 1 / 255, (640, 640), (0, 0, 0), swapRB=True
+        )
 
     def opencv_numpy():
         b = np.stack([boxed(f) for f in frames_np])[..., ::-1]

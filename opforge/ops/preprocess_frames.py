@@ -121,9 +121,7 @@ def _check_frames(frames: torch.Tensor) -> None:
     if frames.shape[3] not in (3, 4):
         raise ValueError(f"{OP}: frames must have 3 or 4 channels (last dim), got {frames.shape[3]}")
     if frames.shape[0] > 0 and (frames.shape[1] == 0 or frames.shape[2] == 0):
-        raise ValueError(
-            f"{OP}: frames must have a height and width of at least 1, got {list(frames.shape)}"
-        )
+        raise ValueError(f"{OP}: frames must have a height and width of at least 1, got {list(frames.shape)}")
 
 
 def preprocess_frames(
@@ -199,7 +197,9 @@ def preprocess_frames(
     if letterbox:
         if size is None:
             raise ValueError(f"{OP}: letterbox=True needs a size")
-        info = letterbox_geometry((max(height, 1), max(width, 1)), size, scaleup=scaleup, stride=stride, center=center)
+        info = letterbox_geometry(
+            (max(height, 1), max(width, 1)), size, scaleup=scaleup, stride=stride, center=center
+        )
     else:
         out_h, out_w = (height, width) if size is None else _pair("size", size)
         info = FrameInfo(

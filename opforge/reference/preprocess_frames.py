@@ -29,7 +29,7 @@ def preprocess_frames(
     center: bool = True,
 ) -> torch.Tensor | tuple[torch.Tensor, FrameInfo]:
     """Same arguments and result as :func:`opforge.preprocess_frames` (NHWC frames)."""
-    n, height, width, _ = frames.shape
+    _, height, width, _ = frames.shape
     if letterbox:
         info = letterbox_geometry((height, width), size, scaleup=scaleup, stride=stride, center=center)
     else:

@@ -14,9 +14,13 @@ def scale_boxes(boxes: torch.Tensor, info: FrameInfo, *, clip: bool = True) -> t
     (``[0, W]`` x ``[0, H]``) unless ``clip=False``. Returns a new tensor of the same dtype
     (floating) on the same device."""
     if not isinstance(boxes, torch.Tensor):
-        raise TypeError(f"opforge.video.scale_boxes: boxes must be a torch.Tensor, got {type(boxes).__name__}")
+        raise TypeError(
+            f"opforge.video.scale_boxes: boxes must be a torch.Tensor, got {type(boxes).__name__}"
+        )
     if boxes.shape[-1:] != (4,):
-        raise ValueError(f"opforge.video.scale_boxes: boxes must have shape (..., 4), got {list(boxes.shape)}")
+        raise ValueError(
+            f"opforge.video.scale_boxes: boxes must have shape (..., 4), got {list(boxes.shape)}"
+        )
     if not isinstance(info, FrameInfo):
         raise TypeError(f"opforge.video.scale_boxes: info must be a FrameInfo, got {type(info).__name__}")
     out = boxes.float() if not boxes.is_floating_point() else boxes.clone()

@@ -15,7 +15,7 @@ import argparse
 import math
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -38,11 +38,20 @@ def synthetic_clip(n: int, height: int = 1080, width: int = 1920, seed: int = 0)
     """A generated clip: moving colored rectangles on a gradient, uint8 RGB frames."""
     rng = np.random.default_rng(seed)
     yy, xx = np.mgrid[0:height, 0:width]
-    base = np.stack([(xx * 255 // max(width - 1, 1)), (yy * 255 // max(height - 1, 1)), np.full_like(xx, 96)], -1)
+    base = np.stack(
+        [(xx * 255 // max(width - 1, 1)), (yy * 255 // max(height - 1, 1)), np.full_like(xx, 96)], -1
+    )
     base = base.astype(np.uint8)
     objects = [
-        (rng.integers(0, width), rng.integers(0, height), rng.integers(60, 300), rng.integers(60, 300),
-         rng.integers(-12, 12), rng.integers(-8, 8), rng.integers(0, 256, 3))
+        (
+            rng.integers(0, width),
+            rng.integers(0, height),
+            rng.integers(60, 300),
+            rng.integers(60, 300),
+            rng.integers(-12, 12),
+            rng.integers(-8, 8),
+            rng.integers(0, 256, 3),
+        )
         for _ in range(6)
     ]
     frames = []
@@ -80,7 +89,9 @@ def build_detector(weights: str | None, device: torch.device, dtype: torch.dtype
 def calibrate_batchnorm(model, frames: int = 8) -> None:
     """BatchNorm running statistics of a random-weight model, measured on a few generated frames."""
     raw = torch.from_numpy(np.stack(synthetic_clip(frames, 360, 640, seed=1)))
-    images, _ = opforge.preprocess_frames(raw, size=SIZE, letterbox=True, mean=MEAN, std=STD, out_dtype=torch.float32)
+    images, _ = opforge.preprocess_frames(
+        raw, size=SIZE, letterbox=True, mean=MEAN, std=STD, out_dtype=torch.float32
+    )
     for m in model.modules():
         if isinstance(m, torch.nn.modules.batchnorm._BatchNorm):
             m.reset_running_stats()
@@ -113,7 +124,9 @@ class Detector:
         top_scores, top = scores.topk(min(TOP_K, scores.shape[1]), dim=1)
         anchor, label = top // (c - 1), top % (c - 1) + 1
         rel = reg.gather(1, anchor.unsqueeze(-1).expand(-1, -1, 4))
-        boxes = decode_boxes(rel.reshape(-1, 4), self.anchors[anchor.reshape(-1)], self.model.box_coder.weights)
+        boxes = decode_boxes(
+            rel.reshape(-1, 4), self.anchors[anchor.reshape(-1)], self.model.box_coder.weights
+        )
         idxs = label + c * torch.arange(n, device=images.device).unsqueeze(1)
         return boxes.view(n, -1, 4), top_scores, idxs
 
@@ -150,7 +163,11 @@ class StageTimes:
         self.seconds[stage] = self.seconds.get(stage, 0.0) + s
 
     def events(self, device: torch.device, names: list[str]) -> list:
-        evs = [torch.cuda.Event(enable_timing=True) for _ in range(len(names) + 1)] if device.type == "cuda" else []
+        evs = (
+            [torch.cuda.Event(enable_timing=True) for _ in range(len(names) + 1)]
+            if device.type == "cuda"
+            else []
+        )
         self._pending.append((names, evs))
         return evs
 
@@ -191,7 +208,9 @@ def progress(done: int, total: int | None, fps: float, label: str) -> None:
     sys.stderr.flush()
 
 
-def run_opforge(frames, args, detector: Detector, device, dtype, on_result: Callable | None = None) -> StageTimes:
+def run_opforge(
+    frames, args, detector: Detector, device, dtype, on_result: Callable | None = None
+) -> StageTimes:
     times = StageTimes()
     kw = dict(size=SIZE, letterbox=True, mean=MEAN, std=STD, out_dtype=dtype)
     graph = None
@@ -206,10 +225,10 @@ def run_opforge(frames, args, detector: Detector, device, dtype, on_result: Call
                 graph = _GraphStep(raw, detector, kw)
             clock = _Clock(times, device, ["preprocess + model + NMS (graph)"])
             clock.mark()
-            keep_padded, counts = graph.run(raw)
+            keep_padded, _ = graph.run(raw)
             clock.mark()
             k = graph.k
-            kept = [keep_padded[i, : MAX_DET] for i in range(n)]  # -1 beyond each frame's count
+            kept = [keep_padded[i, :MAX_DET] for i in range(n)]  # -1 beyond each frame's count
             boxes_all = graph.boxes
         else:
             clock = _Clock(times, device, ["preprocess", "model", "NMS"])
@@ -290,7 +309,9 @@ def run_plain(frames, args, detector: Detector, device, dtype) -> StageTimes:
         times.add("source + copy (waited)", time.perf_counter() - t0)
         clock = _Clock(times, device, ["preprocess", "model", "NMS"])
         clock.mark()
-        images, _ = torch_chain_preprocess(raw, size=SIZE, letterbox=True, mean=MEAN, std=STD, out_dtype=dtype)
+        images, _ = torch_chain_preprocess(
+            raw, size=SIZE, letterbox=True, mean=MEAN, std=STD, out_dtype=dtype
+        )
         clock.mark()
         boxes, scores, idxs = detector.candidates(images)
         clock.mark()
@@ -330,7 +351,9 @@ def _table(ours: StageTimes, plain: StageTimes) -> str:
     lines.append(
         f"{'end to end (wall clock)':<36} {ours.frames / ours.wall_s:>10.1f} fr/s {plain.frames / plain.wall_s:>10.1f} fr/s"
     )
-    lines.append(f"opforge's pipeline: {plain.wall_s / ours.wall_s:.2f}x the plain one's frames/s (same process)")
+    lines.append(
+        f"opforge's pipeline: {plain.wall_s / ours.wall_s:.2f}x the plain one's frames/s (same process)"
+    )
     return "\n".join(lines)
 
 
@@ -349,11 +372,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", default="auto", help="cuda, cpu or auto")
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--frames", type=int, default=None, help="frames to run (default: 128 on GPU, 16 on CPU)")
-    p.add_argument("--weights", default=None, help="a state dict for torchvision's ssdlite320_mobilenet_v3_large")
+    p.add_argument(
+        "--weights", default=None, help="a state dict for torchvision's ssdlite320_mobilenet_v3_large"
+    )
     p.add_argument("--save", default=None, help="write a PNG of the first frame with its boxes")
     p.add_argument("--graph", action="store_true", help="capture the per-batch GPU work in a CUDA graph")
     args = p.parse_args(argv)
-    device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device)
+    device = torch.device(
+        ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
+    )
     if device.type == "cuda" and not torch.cuda.is_available():
         print("opforge demo detect: --device cuda but no CUDA device is available", file=sys.stderr)
         return 2
@@ -395,5 +422,3 @@ def main(argv: list[str] | None = None) -> int:
         save_png(args.save, saved["frame"], saved["boxes"])
         print(f"wrote {args.save} ({len(saved['boxes'])} boxes drawn, frame 0)")
     return 0
-
-

@@ -33,9 +33,17 @@ def read_frames(
     stops early. Decoding goes straight into each batch's buffer (no per-frame copies kept)."""
     if channels not in ("rgb", "bgr"):
         raise ValueError(f"opforge.video.read_frames: channels must be 'rgb' or 'bgr', got {channels!r}")
-    if batch_size <= 0:
-        raise ValueError(f"opforge.video.read_frames: batch_size must be positive, got {batch_size}")
+    if not isinstance(batch_size, int) or batch_size <= 0:
+        raise ValueError(f"opforge.video.read_frames: batch_size must be positive, got {batch_size!r}")
+    if max_frames is not None and max_frames < 0:
+        raise ValueError(f"opforge.video.read_frames: max_frames must be >= 0, got {max_frames}")
     av = _av()
+    return _decode(av, path, batch_size, channels, max_frames, threads)
+
+
+def _decode(av, path: str, batch_size: int, channels: str, max_frames: int | None, threads: int):
+    if max_frames == 0:
+        return
     fmt = "rgb24" if channels == "rgb" else "bgr24"
     with av.open(path) as container:
         if not container.streams.video:
@@ -65,7 +73,9 @@ def read_frames(
             yield torch.from_numpy(batch[:filled])
 
 
-def write_clip(path: str, frames: np.ndarray | torch.Tensor, *, fps: int = 30, codec: str = "libx264") -> None:
+def write_clip(
+    path: str, frames: np.ndarray | torch.Tensor, *, fps: int = 30, codec: str = "libx264"
+) -> None:
     """Encode uint8 RGB frames ``(N, H, W, 3)`` into a video file with PyAV (tests, the demo's
     generated clip). Even sizes keep yuv420p encoders happy."""
     av = _av()
@@ -75,7 +85,9 @@ def write_clip(path: str, frames: np.ndarray | torch.Tensor, *, fps: int = 30, c
         stream.width, stream.height = int(frames.shape[2]), int(frames.shape[1])
         stream.pix_fmt = "yuv420p"
         for image in frames:
-            for packet in stream.encode(av.VideoFrame.from_ndarray(np.ascontiguousarray(image), format="rgb24")):
+            for packet in stream.encode(
+                av.VideoFrame.from_ndarray(np.ascontiguousarray(image), format="rgb24")
+            ):
                 container.mux(packet)
         for packet in stream.encode():
             container.mux(packet)

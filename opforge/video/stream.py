@@ -20,6 +20,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, NamedTuple
 
@@ -57,7 +58,11 @@ class _Item(NamedTuple):
 def _as_frames(item: Any) -> torch.Tensor:
     """A source item as a uint8 (n, H, W, C) tensor, without copying."""
     if isinstance(item, np.ndarray):
-        t = torch.from_numpy(item if item.flags.writeable else item.copy())
+        if not item.flags.writeable or any(st < 0 for st in item.strides):
+            item = np.ascontiguousarray(
+                item
+            )  # a flipped view (frame[..., ::-1]) or read-only buffer: one copy
+        t = torch.from_numpy(item)
     elif isinstance(item, torch.Tensor):
         t = item
     else:
@@ -210,12 +215,16 @@ class _Pipeline:
     def next_item(self) -> _Item | None:
         t0 = time.perf_counter()
         while True:
+            if self.stop.is_set():  # closed from outside (close(), the with block): the pass ends
+                return None
             try:
                 value = self.ready.get(timeout=_POLL_S)
                 break
             except queue.Empty:
                 if not self.thread.is_alive() and self.ready.empty():
-                    raise RuntimeError("opforge.video.FrameStream: the staging thread ended unexpectedly") from None
+                    raise RuntimeError(
+                        "opforge.video.FrameStream: the staging thread ended unexpectedly"
+                    ) from None
         self.wait_s += time.perf_counter() - t0
         if isinstance(value, StopIteration):
             return None
@@ -235,7 +244,9 @@ class _Pipeline:
 
     def close(self) -> None:
         self.stop.set()
-        self.thread.join()
+        # A source blocked in its own next() (a stalled camera) is left to finish on its own: the
+        # thread is a daemon and exits at its next step.
+        self.thread.join(timeout=5.0)
         # In-flight transfers read the pinned slots: wait for them before the buffers go.
         if self.cuda:
             self.copy_stream.synchronize()
@@ -286,7 +297,9 @@ class FrameStream:
         **preprocess_kwargs: Any,
     ):
         if not isinstance(batch_size, int) or batch_size <= 0:
-            raise ValueError(f"opforge.video.FrameStream: batch_size must be a positive int, got {batch_size!r}")
+            raise ValueError(
+                f"opforge.video.FrameStream: batch_size must be a positive int, got {batch_size!r}"
+            )
         if not isinstance(ring, int) or ring < 2:
             raise ValueError(f"opforge.video.FrameStream: ring must be an int >= 2, got {ring!r}")
         if device is None:
@@ -295,7 +308,9 @@ class FrameStream:
         if device.type == "cuda" and device.index is None:
             device = torch.device("cuda", torch.cuda.current_device())
         if device.type not in ("cuda", "cpu"):
-            raise ValueError(f"opforge.video.FrameStream: device must be a CUDA device or the CPU, got {device}")
+            raise ValueError(
+                f"opforge.video.FrameStream: device must be a CUDA device or the CPU, got {device}"
+            )
         self.source = source
         self.batch_size = batch_size
         self.device = device
@@ -305,18 +320,26 @@ class FrameStream:
         self.raw = raw
         if raw and preprocess_kwargs:
             raise ValueError("opforge.video.FrameStream: raw=True takes no preprocessing arguments")
-        self.total = len(source) if hasattr(source, "__len__") else None
+        self.total = _count_frames(source)
         self.frames_delivered = 0
         self.batches_delivered = 0
         self._start: float | None = None
         self._end: float | None = None
         self._pipeline: _Pipeline | None = None
         self._stage_s = self._wait_s = 0.0
+        self._active = False
 
     def __iter__(self) -> Iterator[StreamBatch]:
-        if self._pipeline is not None:
+        if self._active:
             raise RuntimeError("opforge.video.FrameStream: already being iterated (one pass at a time)")
-        return self._run()
+        self._active = True
+        gen = self._run()
+        # An iterator dropped before its first next() never runs _run's finally: release the claim then.
+        weakref.finalize(gen, self._release)
+        return gen
+
+    def _release(self) -> None:
+        self._active = False
 
     def _run(self) -> Iterator[StreamBatch]:
         pipe = _Pipeline(self.source, self.batch_size, self.device, self.ring)
@@ -352,6 +375,7 @@ class FrameStream:
             pipe.close()
             self._stage_s, self._wait_s = pipe.stage_s, pipe.wait_s
             self._pipeline = None
+            self._active = False
 
     def close(self) -> None:
         """Stop the staging thread and free the buffers (also done by ``with`` and at the end)."""
@@ -389,6 +413,19 @@ class FrameStream:
             "stage_s": pipe.stage_s if pipe else self._stage_s,
             "wait_s": pipe.wait_s if pipe else self._wait_s,
         }
+
+
+def _count_frames(source: Iterable) -> int | None:
+    """Frames in a list/tuple source (single frames and batches), else None (unknown)."""
+    if not isinstance(source, (list, tuple)):
+        return None
+    total = 0
+    for item in source:
+        shape = getattr(item, "shape", None)
+        if shape is None:
+            return None
+        total += int(shape[0]) if len(shape) == 4 else 1
+    return total
 
 
 class _nullcontext:
