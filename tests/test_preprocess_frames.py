@@ -827,3 +827,21 @@ def test_cpu_threads_same_bits(kw):
     assert torch.equal(one, two)
     if "size" not in kw:
         assert torch.equal(one, reference.preprocess_frames(x, **kw))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("axis", ["width", "height"])
+def test_resize_source_index_clamped_near_2_pow_23(device, axis):
+    """Near 2^23 pixels float32 rounds the last output pixel's source position up to the side's
+    length: the tap must stay on the frame's last pixel (a pixel beyond it here is 255, the frame 0)."""
+    side = (1 << 23) + 2
+    shape = (1, 1, side + 1, 3) if axis == "width" else (1, side + 1, 1, 3)
+    big = torch.zeros(shape, dtype=torch.uint8, device=device)
+    if axis == "width":
+        big[:, :, side] = 255
+        x, size = big[:, :, :side], (1, side + 2)
+    else:
+        big[:, side] = 255
+        x, size = big[:, :side], (side + 2, 1)
+    got = call(x, size=size, scale=1.0, out_dtype=torch.float32)
+    assert got.abs().max().item() == 0.0

@@ -14,6 +14,7 @@
 // memory allocated on another stream is not reused before the copy has run.
 #include <ATen/cuda/CUDAContext.h>
 #include <ATen/cuda/CUDAEvent.h>
+#include <ATen/MemoryOverlap.h>
 #include <ATen/core/CachingHostAllocator.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_strided.h>
@@ -56,8 +57,11 @@ at::Tensor empty_like_layout(const at::Tensor& like, const at::TensorOptions& op
                                              : at::empty(like.sizes(), options);
 }
 
-void device_to_device(const at::Tensor& dst, const at::Tensor& src, const at::cuda::CUDAStream& stream) {
+void device_to_device(const at::Tensor& dst, const at::Tensor& src, const at::cuda::CUDAStream& stream, bool graph) {
   const bool cross = src.device() != dst.device();
+  TORCH_CHECK_VALUE(!cross || !graph, kOp, ": a copy between two GPUs (", src.device().str(), " to ", dst.device().str(),
+                    ") cannot be captured in a CUDA graph here (it orders two devices' streams); capture a copy "
+                    "within one device");
   if (cross) {
     at::cuda::CUDAEvent ready;
     ready.record(at::cuda::getCurrentCUDAStream(src.device().index()));
@@ -137,11 +141,12 @@ void copy_async_cuda(const at::Tensor& dst, const at::Tensor& src) {
   TORCH_CHECK_VALUE((dst.is_cuda() || dst.is_cpu()) && (src.is_cuda() || src.is_cpu()), kOp,
                     ": dst and src must be CPU or CUDA tensors, got ", dst.device().str(), " and ", src.device().str());
   if (dst.numel() == 0 || dst.is_same(src)) return;
+  if (dst.device() == src.device() && at::get_overlap_status(dst, src) == at::MemOverlapStatus::Full) return;
   const c10::cuda::CUDAGuard guard(dst.is_cuda() ? dst.device() : src.device());
   const at::cuda::CUDAStream stream = at::cuda::getCurrentCUDAStream();
   const bool graph = capturing(stream.stream());
   if (dst.is_cuda() && src.is_cuda()) {
-    device_to_device(dst, src, stream);
+    device_to_device(dst, src, stream, graph);
   } else if (dst.is_cuda()) {
     host_to_device(dst, src, stream, graph);
   } else {

@@ -58,11 +58,12 @@ at::Tensor preprocess_frames_cpu(const at::Tensor& frames, c10::IntArrayRef size
     for (int64_t dx = 0; dx < p.rw; ++dx) {
       float sx = p.src_per_dst_x * (static_cast<float>(dx) + 0.5f) - 0.5f;
       sx = sx < 0.0f ? 0.0f : sx;
-      const int64_t i0 = static_cast<int64_t>(sx);
+      // float32 can round sx up to w for sides near 2^23: clamp the tap and its weight.
+      const int64_t i0 = std::min<int64_t>(static_cast<int64_t>(sx), p.w - 1);
       const int64_t i1 = i0 + (i0 < p.w - 1 ? 1 : 0);
       x0[dx] = i0 * p.s_w;
       x1[dx] = i1 * p.s_w;
-      l1[dx] = sx - static_cast<float>(i0);
+      l1[dx] = std::min(std::max(sx - static_cast<float>(i0), 0.0f), 1.0f);
       if (gather) {
         // The last pixel of a 3-channel row is read from one byte earlier (its word would pass the row).
         const auto word = [&](int64_t i, int32_t& off, int32_t& shift) {

@@ -154,9 +154,9 @@ void rows(const PreprocessParams& p, const PreprocessTaps& t, int64_t begin, int
     // PyTorch's bilinear source row (align_corners=False), as the CUDA kernel computes it.
     float sy = p.src_per_dst_y * (static_cast<float>(dy) + 0.5f) - 0.5f;
     sy = sy < 0.0f ? 0.0f : sy;
-    const int64_t y0 = static_cast<int64_t>(sy);
+    const int64_t y0 = std::min<int64_t>(static_cast<int64_t>(sy), p.h - 1);  // (sy rounds up to h near 2^23)
     const int64_t y1 = y0 + (y0 < p.h - 1 ? 1 : 0);
-    const float h1 = sy - static_cast<float>(y0), h0 = 1.0f - h1;
+    const float h1 = std::min(std::max(sy - static_cast<float>(y0), 0.0f), 1.0f), h0 = 1.0f - h1;
     for (int64_t s = 0; s < p.rw; s += kChunk) {
       const int64_t len = std::min(kChunk, p.rw - s);
       float* buf[3];

@@ -12,6 +12,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <type_traits>
 
@@ -133,7 +134,7 @@ __device__ __forceinline__ ConvertTile convert_tile(const PreprocessParams& p, i
   t.src = p.in + t.img * p.s_n + static_cast<int64_t>(t.row_in ? sy : 0) * p.s_h;
   t.x_begin = seg * kSegment;
   t.lo = max(t.x_begin - static_cast<int>(p.left), 0);
-  t.hi = min(t.x_begin + kSegment - static_cast<int>(p.left), static_cast<int>(p.rw));
+  t.hi = static_cast<int>(std::min<int64_t>(int64_t{t.x_begin} + kSegment - p.left, p.rw));
   t.staged = t.row_in && preprocess_packed(p) && t.lo < t.hi;
   if (t.staged) {
     const uintptr_t first = reinterpret_cast<uintptr_t>(t.src + static_cast<int64_t>(t.lo) * p.c);
@@ -244,8 +245,11 @@ struct Tap {
 __device__ __forceinline__ Tap source_tap(float src_per_dst, int64_t dst, int64_t in_size) {
   float s = __fsub_rn(__fmul_rn(src_per_dst, static_cast<float>(dst) + 0.5f), 0.5f);
   s = s < 0.0f ? 0.0f : s;
-  const int64_t i0 = static_cast<int64_t>(s);
-  return {i0, i0 + (i0 < in_size - 1 ? 1 : 0), __fsub_rn(s, static_cast<float>(i0))};
+  // float32 can round s up to in_size for sides near 2^23: clamp the tap and its weight (PyTorch's
+  // guard_index_and_lambda).
+  const int64_t i0 = static_cast<int64_t>(s) < in_size - 1 ? static_cast<int64_t>(s) : in_size - 1;
+  const float l1 = fminf(fmaxf(__fsub_rn(s, static_cast<float>(i0)), 0.0f), 1.0f);
+  return {i0, i0 + (i0 < in_size - 1 ? 1 : 0), l1};
 }
 
 template <typename T, bool kSwap>
