@@ -845,3 +845,20 @@ def test_resize_source_index_clamped_near_2_pow_23(device, axis):
         x, size = big[:, :side], (side + 2, 1)
     got = call(x, size=size, scale=1.0, out_dtype=torch.float32)
     assert got.abs().max().item() == 0.0
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [dict(mean=0.5, std=0.5), dict(size=64, letterbox=True), dict(size=(40, 50))],
+    ids=["norm", "letterbox", "resize"],
+)
+def test_compile_dynamic_shapes(kw):
+    """torch.compile(dynamic=True): the geometry is computed from symbolic sizes, no graph break."""
+    f = torch.compile(lambda x: opforge.preprocess_frames(x, **kw), fullgraph=True, dynamic=True)
+    for shape in [(2, 100, 120, 3), (3, 90, 131, 3)]:
+        x = frames(*shape[:3])
+        got, want = f(x), opforge.preprocess_frames(x, **kw)
+        if isinstance(want, tuple):
+            assert got[1] == want[1]
+            got, want = got[0], want[0]
+        assert torch.equal(got, want)

@@ -103,7 +103,7 @@ def _three(arg: str, value) -> list[float]:
     if len(value) != 3:
         raise ValueError(f"{OP}: {arg} must have 3 values (one per output channel), got {len(value)}")
     out = [float(v) for v in value]
-    if not all(math.isfinite(v) for v in out):
+    if not all(abs(v) < math.inf for v in out):  # (NaN too; symbolic-friendly under torch.compile)
         raise ValueError(f"{OP}: {arg} must be finite, got {out}")
     if arg == "std" and any(v == 0.0 for v in out):
         raise ValueError(f"{OP}: std must be finite and nonzero, got {out}")
@@ -187,7 +187,7 @@ def preprocess_frames(
     if out_dtype not in OUT_DTYPES:
         names = ", ".join(dtype_name(d) for d in OUT_DTYPES)
         raise TypeError(f"{OP}: out_dtype must be one of ({names}), got {out_dtype}")
-    if not isinstance(scale, numbers.Real) or not math.isfinite(scale):
+    if not isinstance(scale, numbers.Real) or not abs(scale) < math.inf:  # (NaN too; symbolic-friendly)
         raise ValueError(f"{OP}: scale must be a finite number, got {scale!r}")
     if not isinstance(pad_value, numbers.Real) or not 0 <= pad_value <= 255:
         raise ValueError(f"{OP}: pad_value must be a pixel value in [0, 255], got {pad_value!r}")
