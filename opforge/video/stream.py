@@ -270,8 +270,9 @@ class FrameStream:
         model: optional callable applied to each preprocessed batch on the compute stream; its
             result is the batch's ``output``.
         ring: batches in flight (pinned + device buffers of ``batch_size`` frames each, allocated
-            once per frame size). Bounds memory: at most ``ring`` batches are staged ahead of the
-            consumer; a slow consumer stalls the source (back-pressure), never grows memory.
+            once per frame size). Bounds memory: while the caller holds a batch, the source has been
+            read at most ``ring`` batches (and one frame) beyond it; a slow consumer stalls the
+            source (back-pressure), never grows memory.
         raw: yield the uint8 ``(n, H, W, C)`` device batches as they arrive, not preprocessed
             (``info`` is then None): for callers that run the preprocessing themselves, inside a
             CUDA graph say (``opforge demo detect --graph``).
