@@ -1140,3 +1140,21 @@ def test_cuda_source_exception_and_close():
             got.append(b)
     check_stream(got, list(frames[:8]), 4, {}, "cuda")
     assert wait_stagers_gone() == []
+
+
+def test_finished_iterator_collected_late_keeps_the_next_pass_claimed():
+    """A finished iterator collected while a later pass runs must not release that pass's claim."""
+    import gc
+
+    src = [np.random.randint(0, 256, (8, 8, 3), dtype=np.uint8) for _ in range(10)]
+    fs = FrameStream(src, batch_size=4)
+    first = iter(fs)
+    assert sum(b.frames.shape[0] for b in first) == 10
+    second = iter(fs)
+    next(second)
+    del first
+    gc.collect()
+    with pytest.raises(RuntimeError, match="already being iterated"):
+        iter(fs)
+    assert sum(b.frames.shape[0] for b in second) == 6
+    assert sum(b.frames.shape[0] for b in fs) == 10

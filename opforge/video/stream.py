@@ -328,21 +328,23 @@ class FrameStream:
         self._end: float | None = None
         self._pipeline: _Pipeline | None = None
         self._stage_s = self._wait_s = 0.0
-        self._active = False
+        self._active: object | None = None  # the claim of the pass under way
 
     def __iter__(self) -> Iterator[StreamBatch]:
-        if self._active:
+        if self._active is not None:
             raise RuntimeError("opforge.video.FrameStream: already being iterated (one pass at a time)")
-        self._active = True
-        gen = self._run()
-        # An iterator dropped before its first next() never runs _run's finally: release the claim then.
-        weakref.finalize(gen, self._release)
+        token = self._active = object()
+        gen = self._run(token)
+        # An iterator dropped before its first next() never runs _run's finally: release its claim
+        # then (only its own: a later pass may hold the stream by the time it is collected).
+        weakref.finalize(gen, self._release, token)
         return gen
 
-    def _release(self) -> None:
-        self._active = False
+    def _release(self, token: object) -> None:
+        if self._active is token:
+            self._active = None
 
-    def _run(self) -> Iterator[StreamBatch]:
+    def _run(self, token: object) -> Iterator[StreamBatch]:
         pipe = _Pipeline(self.source, self.batch_size, self.device, self.ring)
         self._pipeline = pipe
         self.frames_delivered = self.batches_delivered = 0
@@ -376,7 +378,7 @@ class FrameStream:
             pipe.close()
             self._stage_s, self._wait_s = pipe.stage_s, pipe.wait_s
             self._pipeline = None
-            self._active = False
+            self._release(token)
 
     def close(self) -> None:
         """Stop the staging thread and free the buffers (also done by ``with`` and at the end)."""
