@@ -1146,7 +1146,7 @@ def test_finished_iterator_collected_late_keeps_the_next_pass_claimed():
     """A finished iterator collected while a later pass runs must not release that pass's claim."""
     import gc
 
-    src = [np.random.randint(0, 256, (8, 8, 3), dtype=np.uint8) for _ in range(10)]
+    src = [f.numpy() for f in torch.randint(0, 256, (10, 8, 8, 3), dtype=torch.uint8)]
     fs = FrameStream(src, batch_size=4)
     first = iter(fs)
     assert sum(b.frames.shape[0] for b in first) == 10
