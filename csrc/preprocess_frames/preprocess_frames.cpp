@@ -19,25 +19,25 @@ constexpr const char* kOp = "opforge.preprocess_frames";
 // normalizes to (each operation rounded once, as the CUDA kernel computes it).
 bool reciprocal_is_exact(const PreprocessParams& p, int k) {
   for (int v = 0; v < 256; ++v) {
-    volatile float scaled = static_cast<float>(v) * p.scale;
-    volatile float c = scaled - p.mean[k];
-    volatile float want = c / p.std[k];
+    const float c = centered_exact(static_cast<float>(v), p, k);
+    const float want = normalize_exact(static_cast<float>(v), p, k);
     volatile float q = c * p.inv_std[k];
-    const float r = std::fma(-q, p.std[k], c);
-    const float got = std::fma(r, p.inv_std[k], q);
-    const float expected = want;
-    if (std::memcmp(&got, &expected, sizeof(float)) != 0) return false;
+    const float got = std::fma(std::fma(-q, p.std[k], c), p.inv_std[k], q);
+    if (std::memcmp(&got, &want, sizeof(float)) != 0) return false;
   }
   return true;
 }
-
-// ((v * scale) - mean) / std with each operation rounded in float32, as the kernels compute it.
-float normalize_host(float v, float scale, float mean, float std, bool has_std) {
-  volatile float scaled = v * scale;  // volatile: never contracted into a fused multiply-add
-  volatile float centered = scaled - mean;
-  return has_std ? centered / std : centered;
-}
 }  // namespace
+
+float centered_exact(float v, const PreprocessParams& p, int k) {
+  volatile float scaled = v * p.scale;  // volatile: never contracted into a fused multiply-add
+  return scaled - p.mean[k];
+}
+
+float normalize_exact(float v, const PreprocessParams& p, int k) {
+  volatile float centered = centered_exact(v, p, k);
+  return p.has_std ? centered / p.std[k] : centered;
+}
 
 void check_preprocess_frames_inputs(const at::Tensor& frames, c10::IntArrayRef out_size, c10::IntArrayRef region,
                                     double scale, c10::ArrayRef<double> mean, c10::ArrayRef<double> std,
@@ -112,7 +112,7 @@ PreprocessPlan plan_preprocess_frames(const at::Tensor& frames, c10::IntArrayRef
     p.ch[k] = static_cast<int>(channels[k]);
     p.mean[k] = mean.empty() ? 0.0f : static_cast<float>(mean[k]);
     p.std[k] = std.empty() ? 1.0f : static_cast<float>(std[k]);
-    p.pad[k] = normalize_host(static_cast<float>(pad_value), p.scale, p.mean[k], p.std[k], p.has_std);
+    p.pad[k] = normalize_exact(static_cast<float>(pad_value), p, k);
     p.inv_std[k] = 1.0f / p.std[k];
   }
   p.exact_reciprocal = p.has_std && reciprocal_is_exact(p, 0) && reciprocal_is_exact(p, 1) && reciprocal_is_exact(p, 2);

@@ -14,6 +14,12 @@ void check_preprocess_frames_inputs(const at::Tensor& frames, c10::IntArrayRef o
                                     double scale, c10::ArrayRef<double> mean, c10::ArrayRef<double> std,
                                     double pad_value, c10::IntArrayRef channels, at::ScalarType out_dtype);
 
+// The op's normalization on the host, each float32 operation rounded on its own (never fused):
+// v * scale - mean[k], and that divided by std[k] when std is given. The plan normalizes the pad
+// value with it, the CPU kernel tabulates it for every uint8 value.
+float centered_exact(float v, const PreprocessParams& p, int k);
+float normalize_exact(float v, const PreprocessParams& p, int k);
+
 struct PreprocessPlan {
   at::Tensor out;
   PreprocessParams params;

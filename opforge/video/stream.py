@@ -17,6 +17,7 @@ for a pinned slot's previous transfer before refilling it.
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
 import time
@@ -98,7 +99,7 @@ class _Pipeline:
         self.dev: list[torch.Tensor | None] = [None] * ring
         self.copied = [torch.cuda.Event() for _ in range(ring)] if self.cuda else [None] * ring
         self.consumed = [torch.cuda.Event() for _ in range(ring)] if self.cuda else [None] * ring
-        self.used = [False] * ring  # a consumed event was recorded for this slot
+        self.used = [False] * ring  # the slot held a batch before (on CUDA: its consumed event is recorded)
         self.copy_stream = torch.cuda.Stream(device) if self.cuda else None
         self.stage_s = 0.0  # time the stager spent packing frames (host memcpy)
         self.wait_s = 0.0  # time the caller waited for a batch
@@ -123,34 +124,30 @@ class _Pipeline:
                 continue
         return None
 
-    def _buffers(self, k: int, shape: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+    def _buffers(self, k: int, shape: tuple[int, ...]) -> None:
         full = (self.batch_size, *shape)
         host = self.host[k]
         if host is None or tuple(host.shape) != full:
-            host = torch.empty(full, dtype=torch.uint8, pin_memory=self.cuda)
-            self.host[k] = host
+            self.host[k] = torch.empty(full, dtype=torch.uint8, pin_memory=self.cuda)
             if self.cuda:
                 # On this thread's (the device's default) stream, whose cached blocks the next
                 # FrameStream reuses; the copy and compute streams that use it are recorded.
                 self.dev[k] = torch.empty(full, dtype=torch.uint8, device=self.device)
                 # (A cached block's last user ran on that stream: the copy stream comes after it.)
                 self.copy_stream.wait_stream(torch.cuda.current_stream(self.device))
-        return host, self.dev[k] if self.cuda else host
 
     def _send(self, k: int, count: int, first: int) -> bool:
-        host, dev = self.host[k], self.dev[k] if self.cuda else self.host[k]
+        dev = self.dev[k] if self.cuda else self.host[k]
         if self.cuda:
             with torch.cuda.stream(self.copy_stream):
                 if self.used[k]:
                     self.copy_stream.wait_event(self.consumed[k])  # device slot k read by then
-                copy_async(dev[:count], host[:count])
+                copy_async(dev[:count], self.host[k][:count])
                 self.copied[k].record(self.copy_stream)
         return self._put(_Item(k, dev[:count], first, count, self.copied[k], None))
 
-    def _send_direct(self, frames: torch.Tensor, first: int) -> bool:
-        """A whole batch that needs no packing: already on the device, or pinned."""
-        if frames.device.type == "cuda" or not self.cuda:
-            return self._put(_Item(-1, frames, first, frames.shape[0], None, frames))
+    def _send_pinned(self, frames: torch.Tensor, first: int) -> bool:
+        """A whole pinned batch: no packing, one transfer."""
         event = torch.cuda.Event()
         dev = torch.empty(frames.shape, dtype=torch.uint8, device=self.device)
         self.copy_stream.wait_stream(torch.cuda.current_stream(self.device))
@@ -159,32 +156,59 @@ class _Pipeline:
             event.record(self.copy_stream)
         return self._put(_Item(-1, dev, first, frames.shape[0], event, frames))
 
+    def _send_gpu(self, parts: list[torch.Tensor], first: int) -> bool:
+        """Frames already on the GPU: a batch that is one source tensor is read in place; pieces of
+        several are joined on the GPU (ordered before the consumer by an event)."""
+        if len(parts) == 1:
+            return self._put(_Item(-1, parts[0], first, parts[0].shape[0], None, parts[0]))
+        joined = torch.cat(parts)
+        event = torch.cuda.Event()
+        event.record(torch.cuda.current_stream(joined.device))
+        return self._put(_Item(-1, joined, first, joined.shape[0], event, None))
+
     def _stage(self) -> None:
         try:
             first = 0  # index of the next frame to deliver
-            k, filled, shape = None, 0, None
+            k, filled, shape = None, 0, None  # the ring slot being packed from host frames
+            gpu: list[torch.Tensor] = []  # GPU frames gathered for the next batch
+            gpu_count = 0
             for item in self.source:
                 if self.stop.is_set():
                     return
                 frames = _as_frames(item)
                 if frames.shape[0] == 0:
                     continue
-                direct = frames.device.type == "cuda" or (self.cuda and frames.is_pinned())
-                if direct and k is None and frames.shape[0] == self.batch_size:
-                    if not self._send_direct(frames, first):
+                on_gpu = self.cuda and frames.device.type == "cuda"
+                # A change of frame size, or between host and GPU frames, ends a batch early.
+                if gpu and (not on_gpu or tuple(frames.shape[1:]) != tuple(gpu[0].shape[1:])):
+                    if not self._send_gpu(gpu, first):
+                        return
+                    first, gpu, gpu_count = first + gpu_count, [], 0
+                if k is not None and (on_gpu or tuple(frames.shape[1:]) != shape):
+                    if not self._send(k, filled, first):
+                        return
+                    first, k = first + filled, None
+                if on_gpu:
+                    pos = 0
+                    while pos < frames.shape[0]:
+                        take = min(self.batch_size - gpu_count, frames.shape[0] - pos)
+                        gpu.append(frames[pos : pos + take])
+                        gpu_count += take
+                        pos += take
+                        if gpu_count == self.batch_size:
+                            if not self._send_gpu(gpu, first):
+                                return
+                            first, gpu, gpu_count = first + gpu_count, [], 0
+                    continue
+                if self.cuda and k is None and frames.shape[0] == self.batch_size and frames.is_pinned():
+                    if not self._send_pinned(frames, first):
                         return
                     first += frames.shape[0]
                     continue
-                if frames.device.type == "cuda":
+                if frames.device.type == "cuda":  # a CPU stream of GPU frames
                     frames = frames.cpu()
                 pos = 0
                 while pos < frames.shape[0]:
-                    if k is not None and tuple(frames.shape[1:]) != shape:
-                        # A new frame size: the batch so far goes as it is.
-                        if not self._send(k, filled, first):
-                            return
-                        first += filled
-                        k = None
                     if k is None:
                         k = self._take_slot()
                         if k is None:
@@ -202,11 +226,11 @@ class _Pipeline:
                     if filled == self.batch_size:
                         if not self._send(k, filled, first):
                             return
-                        first += filled
-                        k = None
-            if k is not None and filled:
-                if not self._send(k, filled, first):
-                    return
+                        first, k = first + filled, None
+            if gpu and not self._send_gpu(gpu, first):
+                return
+            if k is not None and filled and not self._send(k, filled, first):
+                return
             self._put(StopIteration())
         except BaseException as e:  # surfaces in the caller's thread
             self._put(e)
@@ -237,9 +261,7 @@ class _Pipeline:
             return
         if self.cuda:
             self.consumed[item.slot].record(stream)
-            self.used[item.slot] = True
-        else:
-            self.used[item.slot] = True
+        self.used[item.slot] = True
         self.free.put(item.slot)
 
     def close(self) -> None:
@@ -263,9 +285,10 @@ class FrameStream:
         source: any iterable of uint8 frames: numpy arrays or tensors, single frames ``(H, W, C)``
             or batches ``(N, H, W, C)`` (C = 3 or 4), e.g. :func:`read_frames`, a camera loop or a
             list. Pinned batches of ``batch_size`` frames are sent as they are (no packing); frames
-            already on the GPU are preprocessed in place.
-        batch_size: frames per yielded batch (a source's frame size change ends a batch early; the
-            last batch may be short).
+            already on the GPU never leave it: a GPU tensor of ``batch_size`` frames is
+            preprocessed in place, smaller ones are joined on the GPU.
+        batch_size: frames per yielded batch (a change of frame size, or between host and GPU
+            frames, ends a batch early; the last batch may be short).
         device: where batches go; None = the current CUDA device, or the CPU without one.
         model: optional callable applied to each preprocessed batch on the compute stream; its
             result is the batch's ``output``.
@@ -360,7 +383,7 @@ class FrameStream:
                     stream.wait_event(item.copied)
                 if pipe.cuda:
                     item.raw.record_stream(stream)  # allocated on the copy stream, read on this one
-                with torch.cuda.device(self.device) if pipe.cuda else _nullcontext():
+                with torch.cuda.device(self.device) if pipe.cuda else contextlib.nullcontext():
                     if self.raw:
                         frames, info = item.raw, None
                         if item.slot >= 0:  # a ring buffer: the caller's copy, the slot goes back
@@ -429,14 +452,6 @@ def _count_frames(source: Iterable) -> int | None:
             return None
         total += int(shape[0]) if len(shape) == 4 else 1
     return total
-
-
-class _nullcontext:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc):
-        return False
 
 
 def _plain_info(raw: torch.Tensor, out: torch.Tensor) -> FrameInfo:

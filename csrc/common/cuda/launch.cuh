@@ -18,6 +18,29 @@ inline unsigned int grid_for_tiles(int64_t tiles, int threads, int num_sms, int 
   return static_cast<unsigned int>(blocks > 0 ? blocks : 1);
 }
 
+// A persistent grid: as many blocks of `kernel` as are resident on the GPU at once (at most one
+// per tile), for kernels that stride over their tiles and pipeline one tile's loads under the
+// previous one's work. per_sm[dev] caches the occupancy per device (0: not yet asked). Returns a
+// cudaError_t; `grid` is set on success.
+template <typename Kernel>
+cudaError_t resident_grid(Kernel kernel, int threads, int smem_bytes, int64_t tiles, int num_sms, int (&per_sm)[64],
+                          unsigned int& grid) {
+  int dev = 0;
+  cudaError_t err = cudaGetDevice(&dev);
+  if (err != cudaSuccess) return err;
+  if (dev < 0 || dev >= 64) return cudaErrorInvalidDevice;
+  if (per_sm[dev] == 0) {  // (a race only repeats the query)
+    int blocks = 0;
+    err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, threads, smem_bytes);
+    if (err != cudaSuccess) return err;
+    per_sm[dev] = blocks > 0 ? blocks : 1;
+  }
+  const int64_t resident = static_cast<int64_t>(num_sms > 0 ? num_sms : 1) * per_sm[dev];
+  const int64_t blocks = tiles < resident ? tiles : resident;
+  grid = static_cast<unsigned int>(blocks > 0 ? blocks : 1);
+  return cudaSuccess;
+}
+
 // Raises a kernel's dynamic shared-memory limit on the current device, once per device (the
 // attribute is per device). `check` runs first, on the kernel's attributes (does the binary hold
 // code this kernel can run on this GPU?); a kernel it refuses stays refused on that device

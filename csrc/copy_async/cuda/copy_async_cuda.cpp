@@ -17,7 +17,7 @@
 #include <ATen/MemoryOverlap.h>
 #include <ATen/core/CachingHostAllocator.h>
 #include <ATen/ops/empty.h>
-#include <ATen/ops/empty_strided.h>
+#include <ATen/ops/empty_like.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
@@ -52,11 +52,6 @@ void record_host(const at::Tensor& t, const at::cuda::CUDAStream& stream, bool g
   at::getHostAllocator(at::kCUDA)->record_event(ptr.get(), ptr.get_context(), stream.unwrap());
 }
 
-at::Tensor empty_like_layout(const at::Tensor& like, const at::TensorOptions& options) {
-  return like.is_non_overlapping_and_dense() ? at::empty_strided(like.sizes(), like.strides(), options)
-                                             : at::empty(like.sizes(), options);
-}
-
 void device_to_device(const at::Tensor& dst, const at::Tensor& src, const at::cuda::CUDAStream& stream, bool graph) {
   const bool cross = src.device() != dst.device();
   TORCH_CHECK_VALUE(!cross || !graph, kOp, ": a copy between two GPUs (", src.device().str(), " to ", dst.device().str(),
@@ -89,7 +84,7 @@ void host_to_device(const at::Tensor& dst, const at::Tensor& src, const at::cuda
     TORCH_CHECK_VALUE(!graph, kOp,
                       ": src is in pageable host memory, which a CUDA graph cannot capture (the host-side "
                       "staging copy would not replay); copy from pinned memory (tensor.pin_memory())");
-    host = empty_like_layout(dst, pinned);
+    host = at::empty_like(dst, pinned);
     host_copy(host, src);
   } else if (!host.is_non_overlapping_and_dense()) {
     TORCH_CHECK_VALUE(!graph, kOp, ": a non-dense pinned src cannot be captured in a CUDA graph (it is packed on "
@@ -98,7 +93,7 @@ void host_to_device(const at::Tensor& dst, const at::Tensor& src, const at::cuda
     host_copy(host, src);
   }
   // The transfer goes in the host buffer's layout; a different dst layout is reordered on the GPU.
-  const at::Tensor target = copy_async_same_dense_layout(dst, host) ? dst : empty_like_layout(host, dst.options());
+  const at::Tensor target = copy_async_same_dense_layout(dst, host) ? dst : at::empty_like(host, dst.options());
   check_cuda(cudaMemcpyAsync(target.data_ptr(), host.const_data_ptr(), host.numel() * host.element_size(),
                              cudaMemcpyHostToDevice, stream.stream()),
              "cudaMemcpyAsync (host to device)");
@@ -115,7 +110,7 @@ void device_to_host(const at::Tensor& dst, const at::Tensor& src, const at::cuda
     TORCH_CHECK_VALUE(!graph || dst.is_non_overlapping_and_dense(), kOp,
                       ": a non-dense dst cannot be captured in a CUDA graph; pass a dense view");
     // Reorder on the GPU into dst's layout (or a dense one), then one flat transfer.
-    dev = empty_like_layout(dst, src.options());
+    dev = at::empty_like(dst, src.options());
     dev.copy_(src, /*non_blocking=*/true);
   }
   if (copy_async_same_dense_layout(dst, dev)) {

@@ -18,12 +18,6 @@ namespace {
 // Output pixels per task: below it a call runs serially (a thread's start costs more than the work).
 constexpr int64_t kGrainPixels = 32768;
 
-float normalize_exact(float v, const PreprocessParams& p, int k) {
-  volatile float scaled = v * p.scale;  // volatile: each operation rounded, never fused
-  volatile float centered = scaled - p.mean[k];
-  return p.has_std ? centered / p.std[k] : centered;
-}
-
 at::Tensor preprocess_frames_cpu(const at::Tensor& frames, c10::IntArrayRef size, c10::IntArrayRef region,
                                  double scale, c10::ArrayRef<double> mean, c10::ArrayRef<double> std,
                                  double pad_value, c10::IntArrayRef channels, at::ScalarType out_dtype) {

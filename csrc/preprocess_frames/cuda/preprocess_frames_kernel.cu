@@ -1,8 +1,8 @@
 // preprocess_frames: CUDA device code (no torch). Two kernels, both one pass over memory: every
 // output element written once, every input byte read from DRAM once.
-//  - convert: no resize (the frame lands 1:1 in the output, possibly inside a pad border). A
-//    thread takes 8 consecutive output pixels of a row: packed frames are read as 8- or 16-byte
-//    words (24 bytes for RGB, 32 for RGBA), each output plane written as one 16-byte store.
+//  - convert: no resize (the frame lands 1:1 in the output, possibly inside a pad border). A block
+//    takes row segments of 2048 output pixels, staged in shared memory (below); a thread converts
+//    8 consecutive pixels and writes each output plane with one 16-byte store.
 //  - resize: bilinear (align_corners=False, PyTorch's sampling and arithmetic). A thread takes
 //    one output pixel; neighbouring lanes take neighbouring pixels, so the four taps of a warp fall
 //    on a few cache lines of two input rows.
@@ -18,7 +18,6 @@
 
 #include "common/cuda/cp_async.cuh"
 #include "common/cuda/launch.cuh"
-#include "common/cuda/vector.cuh"
 #include "preprocess_frames/preprocess_frames_params.h"
 
 namespace opforge {
@@ -43,17 +42,19 @@ __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) {
   return __float2bfloat16_rn(v);
 }
 
+// For v a uint8 value, (v * scale - mean) / std: the division by a reciprocal with Markstein's
+// correction where the plan verified it gives the IEEE quotient for every such value, else IEEE's.
 __device__ __forceinline__ float normalize(const PreprocessParams& p, int k, float v) {
   const float centered = __fsub_rn(__fmul_rn(v, p.scale), p.mean[k]);
   if (!p.has_std) return centered;
-  if (p.exact_reciprocal) {  // the IEEE quotient (verified by the plan for every uint8 value)
+  if (p.exact_reciprocal) {
     const float q = __fmul_rn(centered, p.inv_std[k]);
     return __fmaf_rn(__fmaf_rn(-q, p.std[k], centered), p.inv_std[k], q);
   }
   return __fdiv_rn(centered, p.std[k]);
 }
 
-// The same with the IEEE division always (values that are not a uint8's: the resize's blend).
+// The same with the IEEE division always (any v: the resize's blend).
 __device__ __forceinline__ float normalize_ieee(const PreprocessParams& p, int k, float v) {
   const float centered = __fsub_rn(__fmul_rn(v, p.scale), p.mean[k]);
   return p.has_std ? __fdiv_rn(centered, p.std[k]) : centered;
@@ -303,17 +304,12 @@ cudaError_t launch(const PreprocessParams& p, cudaStream_t stream) {
     // Persistent: as many blocks as fit on the GPU at once, each striding over row segments, so
     // that the double-buffered staging overlaps one segment's loads with the previous one's
     // stores (with a block per segment every block would load, wait, convert and exit).
-    static int per_sm = 0;  // resident blocks per SM of this instantiation (the same on every GPU of an arch)
-    if (per_sm == 0) {
-      int blocks = 0;
-      if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, convert_kernel<T, kSwap>, kConvertThreads, 0) !=
-          cudaSuccess)
-        return cudaGetLastError();
-      per_sm = blocks > 0 ? blocks : 1;
-    }
+    static int per_sm[64] = {};  // resident blocks per SM of this instantiation, per device
     const int64_t tiles = p.n * p.out_h * ((p.out_w + kSegment - 1) / kSegment);
-    const int64_t resident = static_cast<int64_t>(p.num_sms > 0 ? p.num_sms : 1) * per_sm;
-    const unsigned grid = static_cast<unsigned>(tiles < resident ? tiles : resident);
+    unsigned grid = 0;
+    const cudaError_t err =
+        cuda::resident_grid(convert_kernel<T, kSwap>, kConvertThreads, 0, tiles, p.num_sms, per_sm, grid);
+    if (err != cudaSuccess) return err;
     convert_kernel<T, kSwap><<<grid, kConvertThreads, 0, stream>>>(p);
   }
   return cudaGetLastError();
