@@ -120,6 +120,24 @@ def test_exact_without_resize(device, dtype, norm, shape):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", OUT_DTYPES, ids=str)
+def test_exact_random_normalization(device, dtype):
+    """Random scale, mean and std (the kernels pick their arithmetic per call from what they verify
+    exact for these parameters): every byte value of every channel, bit-identical to the chain."""
+    g = torch.Generator().manual_seed(torch.seed() % 2**31)
+    for _ in range(16):
+        r = torch.rand(7, generator=g, dtype=torch.float64).tolist()
+        scale = [1 / 255, 1.0, 1 / 127.5, 10 ** (4 * r[0] - 3)][int(r[6] * 4)]
+        mean = [8 * v - 4 for v in r[1:4]]
+        std = [10 ** (3 * v - 2) * (1 if v > 0.3 else -1) for v in r[3:6]]
+        # 2 frames of 16 x 48 pixels: each channel holds every byte value, in a random order
+        x = torch.stack([torch.randperm(256, generator=g) for _ in range(6)]).to(torch.uint8)
+        x = x.view(2, 3, 16, 16).permute(0, 2, 3, 1).repeat(1, 1, 3, 1).to(device)
+        check_exact(x, out_dtype=dtype, scale=scale, mean=mean, std=std)
+        check_exact(x, out_dtype=dtype, scale=scale, mean=mean)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_exact_size_equal_to_frame_and_4_channel_names(device):
     """size = the frame's own size is no resize; 'rgb' on 4 channels means 'rgba'."""
     x = frames(2, 19, 23, c=4, device=device)

@@ -1,19 +1,24 @@
 """Where FrameStream's time goes from pageable frames (the open gap of issue 19), on a CUDA machine:
 
-- the host memcpy into pinned memory alone, on the main thread and on a worker thread;
+- the host memcpy into pinned memory alone: glibc memcpy or streaming stores (host_copy.c, loaded
+  with ctypes) over 1-16 threads, and opforge.copy_async (what FrameStream uses);
 - the pinned H2D copy alone;
-- both at once (the memcpy of batch k+1 while batch k's DMA runs): the combined ceiling that the
-  "slower of the two" bound ignores, since both use host memory bandwidth;
-- FrameStream for ring sizes 2, 3, 4, 6, with its stats() (seconds packing, seconds the consumer waited).
+- both at once, pipelined over a ring of 3 pinned batches (the memcpy of batch k+1 while batch k's
+  DMA runs): the combined ceiling that the "slower of the two" bound ignores, since both use host
+  memory bandwidth;
+- FrameStream for ring sizes 2, 3, 4 and torch thread counts, with its stats() (seconds packing,
+  seconds the consumer waited).
 
+    gcc -O3 -fopenmp -shared -fPIC -o /tmp/host_copy.so benchmarks/tuning/host_copy.c
     python benchmarks/tuning/video_stream_tune.py [frames] [batch]
 """
 
 from __future__ import annotations
 
+import ctypes
+import os
 import statistics
 import sys
-import threading
 import time
 
 import numpy as np
@@ -23,6 +28,7 @@ import opforge
 from opforge.video import FrameStream
 
 H, W = 1080, 1920
+LIB = os.environ.get("HOST_COPY_SO", "/tmp/host_copy.so")
 
 
 def timed(fn, reps: int = 5) -> float:
@@ -40,64 +46,90 @@ def timed(fn, reps: int = 5) -> float:
 def main(n: int = 64, batch: int = 8) -> None:
     rng = np.random.default_rng()
     frames = [rng.integers(0, 256, (H, W, 3), dtype=np.uint8) for _ in range(n)]
-    ring = [torch.empty((batch, H, W, 3), dtype=torch.uint8).pin_memory() for _ in range(2)]
+    ring = [torch.empty((batch, H, W, 3), dtype=torch.uint8).pin_memory() for _ in range(3)]
+    done = [torch.cuda.Event() for _ in ring]
     dev = torch.empty((batch, H, W, 3), dtype=torch.uint8, device="cuda")
     copy_stream = torch.cuda.Stream()
     gb = n * H * W * 3 / 1e9
+    lib = ctypes.CDLL(LIB)
+    lib.copy_parallel.argtypes = [
+        ctypes.c_void_p,
+        ctypes.c_void_p,
+        ctypes.c_size_t,
+        ctypes.c_int,
+        ctypes.c_int,
+    ]
+    frame_bytes = H * W * 3
+    print(f"torch threads {torch.get_num_threads()}, cpus {os.cpu_count()}", flush=True)
 
-    def pack():
-        for i, f in enumerate(frames):
-            opforge.copy_async(ring[(i // batch) % 2][i % batch], torch.from_numpy(f))
+    def packer(kind: str, threads: int):
+        def pack_frame(dst: torch.Tensor, f: np.ndarray) -> None:
+            if kind == "copy_async":
+                opforge.copy_async(dst, torch.from_numpy(f))
+            else:
+                lib.copy_parallel(dst.data_ptr(), f.ctypes.data, frame_bytes, threads, kind == "stream")
+
+        return pack_frame
+
+    def alone(pack_frame):
+        def run():
+            for i, f in enumerate(frames):
+                pack_frame(ring[(i // batch) % 3][i % batch], f)
+
+        return run
 
     def dma():
         for i in range(n // batch):
             with torch.cuda.stream(copy_stream):
-                opforge.copy_async(dev, ring[i % 2])
+                opforge.copy_async(dev, ring[i % 3])
         copy_stream.synchronize()
 
-    def both():
-        for b in range(n // batch):
-            for j in range(batch):
-                opforge.copy_async(ring[b % 2][j], torch.from_numpy(frames[b * batch + j]))
-            with torch.cuda.stream(copy_stream):
-                opforge.copy_async(dev, ring[b % 2])
-            if b % 2:  # two buffers: the older one's transfer ends before it is refilled
-                copy_stream.synchronize()
-        copy_stream.synchronize()
-
-    def worker(fn):
+    def together(pack_frame):
         def run():
-            t = threading.Thread(target=fn)
-            t.start()
-            t.join()
+            for b in range(n // batch):
+                k = b % 3
+                done[k].synchronize()  # slot k's transfer (3 batches ago) has read it
+                for j in range(batch):
+                    pack_frame(ring[k][j], frames[b * batch + j])
+                with torch.cuda.stream(copy_stream):
+                    opforge.copy_async(dev, ring[k])
+                    done[k].record(copy_stream)
+            copy_stream.synchronize()
 
         return run
 
-    for name, fn in [
-        ("host memcpy to pinned (main thread)", pack),
-        ("host memcpy to pinned (worker thread)", worker(pack)),
-        ("pinned H2D copy", dma),
-        ("memcpy and H2D together (2 buffers)", both),
+    def report(name: str, s: float) -> None:
+        print(f"{name:<48} {s * 1e3:7.2f} ms  {gb / s:6.1f} GB/s  {n / s:8.0f} frames/s", flush=True)
+
+    report("pinned H2D copy", timed(dma))
+    for kind, threads in [
+        ("copy_async", torch.get_num_threads()),
+        *[(k, t) for k in ("memcpy", "stream") for t in (1, 2, 4, 8, 16)],
     ]:
-        s = timed(fn)
-        print(f"{name:<40} {s * 1e3:7.2f} ms  {gb / s:6.1f} GB/s  {n / s:8.0f} frames/s", flush=True)
-    for ring_size in (2, 3, 4, 6):
+        pack = packer(kind, threads)
+        report(f"{kind} x{threads} alone", timed(alone(pack)))
+        report(f"{kind} x{threads} with the H2D (ring 3)", timed(together(pack)))
+    old = torch.get_num_threads()
+    for threads in sorted({4, 8, old}):
+        torch.set_num_threads(threads)
+        for ring_size in (2, 3, 4):
 
-        def stream(ring_size=ring_size):
-            for _ in FrameStream(frames, batch_size=batch, ring=ring_size, mean=0.5, std=0.5):
+            def stream(ring_size=ring_size):
+                for _ in FrameStream(frames, batch_size=batch, ring=ring_size, mean=0.5, std=0.5):
+                    pass
+
+            s = timed(stream)
+            fs = FrameStream(frames, batch_size=batch, ring=ring_size, mean=0.5, std=0.5)
+            for _ in fs:
                 pass
-
-        s = timed(stream)
-        fs = FrameStream(frames, batch_size=batch, ring=ring_size, mean=0.5, std=0.5)
-        for _ in fs:
-            pass
-        torch.cuda.synchronize()
-        st = fs.stats()
-        print(
-            f"FrameStream ring {ring_size:<2} {s * 1e3:7.2f} ms  {n / s:8.0f} frames/s  "
-            f"packing {st['stage_s'] * 1e3:.1f} ms, consumer waited {st['wait_s'] * 1e3:.1f} ms",
-            flush=True,
-        )
+            torch.cuda.synchronize()
+            st = fs.stats()
+            print(
+                f"FrameStream threads {threads:<2} ring {ring_size:<2} {s * 1e3:7.2f} ms  {n / s:8.0f} frames/s  "
+                f"packing {st['stage_s'] * 1e3:.1f} ms, consumer waited {st['wait_s'] * 1e3:.1f} ms",
+                flush=True,
+            )
+    torch.set_num_threads(old)
 
 
 if __name__ == "__main__":

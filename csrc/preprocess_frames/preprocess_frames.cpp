@@ -3,7 +3,10 @@
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/ops/empty.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -26,6 +29,92 @@ bool reciprocal_is_exact(const PreprocessParams& p, int k) {
     if (std::memcmp(&got, &want, sizeof(float)) != 0) return false;
   }
   return true;
+}
+
+// A float32 value as the output type's bits (round to nearest even, as the kernels store it).
+uint32_t output_bits(float v, DType t) {
+  if (t == DType::kFloat16) return c10::Half(v).x;
+  if (t == DType::kBFloat16) return c10::BFloat16(v).x;
+  uint32_t bits = 0;
+  std::memcpy(&bits, &v, sizeof(bits));
+  return bits;
+}
+
+// Whether fma(v, a, b) rounds to the same output value as the exact chain for every uint8 v.
+bool affine_is_exact(const PreprocessParams& p, int k, float a, float b) {
+  for (int v = 0; v < 256; ++v) {
+    const float want = normalize_exact(static_cast<float>(v), p, k);
+    if (output_bits(std::fma(static_cast<float>(v), a, b), p.out_dtype) != output_bits(want, p.out_dtype)) return false;
+  }
+  return true;
+}
+
+// Looks for (a, b) near (scale / std, -mean / std) that normalize every uint8 value of channel k
+// exactly with one fused multiply-add; false when none of the few candidates does.
+bool find_affine(PreprocessParams& p, int k) {
+  const double d = p.has_std ? static_cast<double>(p.std[k]) : 1.0;
+  const float a0 = static_cast<float>(static_cast<double>(p.scale) / d);
+  const float b0 = static_cast<float>(-static_cast<double>(p.mean[k]) / d);
+  for (int da : {0, 1, -1}) {
+    float a = a0;
+    for (int i = 0; i < std::abs(da); ++i) a = std::nextafter(a, da > 0 ? INFINITY : -INFINITY);
+    for (int db : {0, 1, -1, 2, -2}) {
+      float b = b0;
+      for (int i = 0; i < std::abs(db); ++i) b = std::nextafter(b, db > 0 ? INFINITY : -INFINITY);
+      if (std::isfinite(a) && std::isfinite(b) && affine_is_exact(p, k, a, b)) {
+        p.affine_a[k] = a;
+        p.affine_b[k] = b;
+        return true;
+      }
+    }
+  }
+  return false;
+}
+// The parameters that decide the kernels' arithmetic, and what was decided for them.
+struct ArithmeticKey {
+  float values[7];  // scale, mean, std (compared bit for bit)
+  bool has_std, cuda_convert;
+  DType out_dtype;
+  bool operator==(const ArithmeticKey& o) const {
+    return std::memcmp(values, o.values, sizeof(values)) == 0 && has_std == o.has_std &&
+           cuda_convert == o.cuda_convert && out_dtype == o.out_dtype;
+  }
+};
+struct Arithmetic {
+  ArithmeticKey key;
+  bool exact_reciprocal, affine;
+  float affine_a[3], affine_b[3];
+};
+
+// Sets p.exact_reciprocal and, for the CUDA kernel without a resize (which reads only uint8 values)
+// writing fp16 or bf16, p.affine. Each check tries all 256 values per channel; a stream of calls
+// with the same parameters (the common case) reuses this thread's last answer.
+void choose_arithmetic(PreprocessParams& p, bool cuda) {
+  ArithmeticKey key{};
+  key.values[0] = p.scale;
+  std::copy(p.mean, p.mean + 3, key.values + 1);
+  std::copy(p.std, p.std + 3, key.values + 4);
+  key.has_std = p.has_std;
+  key.cuda_convert = cuda && !p.resize && p.out_dtype != DType::kFloat32;
+  key.out_dtype = key.cuda_convert ? p.out_dtype : DType::kFloat32;
+  thread_local bool cached = false;
+  thread_local Arithmetic last;
+  if (!cached || !(last.key == key)) {
+    p.exact_reciprocal =
+        p.has_std && reciprocal_is_exact(p, 0) && reciprocal_is_exact(p, 1) && reciprocal_is_exact(p, 2);
+    p.affine = key.cuda_convert && find_affine(p, 0) && find_affine(p, 1) && find_affine(p, 2);
+    last.key = key;
+    last.exact_reciprocal = p.exact_reciprocal;
+    last.affine = p.affine;
+    std::copy(p.affine_a, p.affine_a + 3, last.affine_a);
+    std::copy(p.affine_b, p.affine_b + 3, last.affine_b);
+    cached = true;
+    return;
+  }
+  p.exact_reciprocal = last.exact_reciprocal;
+  p.affine = last.affine;
+  std::copy(last.affine_a, last.affine_a + 3, p.affine_a);
+  std::copy(last.affine_b, last.affine_b + 3, p.affine_b);
 }
 }  // namespace
 
@@ -115,7 +204,7 @@ PreprocessPlan plan_preprocess_frames(const at::Tensor& frames, c10::IntArrayRef
     p.pad[k] = normalize_exact(static_cast<float>(pad_value), p, k);
     p.inv_std[k] = 1.0f / p.std[k];
   }
-  p.exact_reciprocal = p.has_std && reciprocal_is_exact(p, 0) && reciprocal_is_exact(p, 1) && reciprocal_is_exact(p, 2);
+  choose_arithmetic(p, frames.is_cuda());
   return plan;
 }
 

@@ -39,6 +39,13 @@ struct PreprocessParams {
   // every value a uint8 pixel normalizes to (Markstein's correction; checked, not assumed).
   float inv_std[3] = {1.0f, 1.0f, 1.0f};
   bool exact_reciprocal = false;
+  // With `affine`, a uint8 pixel v normalizes as fma(v, affine_a[c], affine_b[c]), one rounding,
+  // which the plan verified gives the same output-type value as the chain above for all 256 v of
+  // every channel (checked per call, not assumed; found for most parameters when the output is
+  // fp16 or bf16, whose rounding absorbs the chain's float32 roundings).
+  float affine_a[3] = {1.0f, 1.0f, 1.0f};
+  float affine_b[3] = {0.0f, 0.0f, 0.0f};
+  bool affine = false;
   float pad[3] = {0.0f, 0.0f, 0.0f};  // the pad value, normalized like a pixel, per output channel
   int num_sms = 0;               // CUDA: for the grid size
 };

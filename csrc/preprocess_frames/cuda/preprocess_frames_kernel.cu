@@ -54,6 +54,13 @@ __device__ __forceinline__ float normalize(const PreprocessParams& p, int k, flo
   return __fdiv_rn(centered, p.std[k]);
 }
 
+// A uint8 value v normalized as one FMA, where the plan verified it exact (p.affine), else as above.
+template <bool kAffine>
+__device__ __forceinline__ float normalize_byte(const PreprocessParams& p, int k, float v) {
+  if constexpr (kAffine) return __fmaf_rn(v, p.affine_a[k], p.affine_b[k]);
+  return normalize(p, k, v);
+}
+
 // The same with the IEEE division always (any v: the resize's blend).
 __device__ __forceinline__ float normalize_ieee(const PreprocessParams& p, int k, float v) {
   const float centered = __fsub_rn(__fmul_rn(v, p.scale), p.mean[k]);
@@ -124,12 +131,22 @@ struct ConvertTile {
   const uint8_t* base = nullptr;
 };
 
-__device__ __forceinline__ ConvertTile convert_tile(const PreprocessParams& p, int64_t tile, int segs) {
+__device__ __forceinline__ ConvertTile convert_tile(const PreprocessParams& p, int64_t tile, int segs, bool narrow) {
   ConvertTile t;
-  const int64_t row = tile / segs;
-  const int seg = static_cast<int>(tile - row * segs);
-  t.img = row / p.out_h;
-  t.oy = static_cast<int>(row - t.img * p.out_h);
+  int seg = 0;
+  if (narrow) {  // 32-bit divisions (the 64-bit ones are a long software sequence)
+    const uint32_t tile32 = static_cast<uint32_t>(tile), segs32 = static_cast<uint32_t>(segs);
+    const uint32_t row = tile32 / segs32, out_h = static_cast<uint32_t>(p.out_h);
+    seg = static_cast<int>(tile32 - row * segs32);
+    const uint32_t img = row / out_h;
+    t.img = img;
+    t.oy = static_cast<int>(row - img * out_h);
+  } else {
+    const int64_t row = tile / segs;
+    seg = static_cast<int>(tile - row * segs);
+    t.img = row / p.out_h;
+    t.oy = static_cast<int>(row - t.img * p.out_h);
+  }
   const int sy = t.oy - static_cast<int>(p.top);
   t.row_in = sy >= 0 && sy < p.rh;
   t.src = p.in + t.img * p.s_n + static_cast<int64_t>(t.row_in ? sy : 0) * p.s_h;
@@ -156,7 +173,7 @@ __device__ __forceinline__ void stage_tile(const ConvertTile& t, uint8_t* stage)
   cuda::cp_async_commit();
 }
 
-template <typename T, bool kSwap>
+template <typename T, bool kSwap, bool kAffine>
 __device__ __forceinline__ void convert_pixels(const PreprocessParams& p, const ConvertTile& t, const uint8_t* stage,
                                                T* out, int64_t plane, bool vec_store) {
   const int out_w = static_cast<int>(p.out_w);
@@ -179,13 +196,14 @@ __device__ __forceinline__ void convert_pixels(const PreprocessParams& p, const 
         for (int k = 0; k < 3; ++k) {
           const int b3 = 3 * j + in_channel<kSwap>(k), b4 = 4 * j + in_channel<kSwap>(k);
           const uint32_t byte = c == 3 ? (w[b3 >> 2] >> (8 * (b3 & 3))) : (w[b4 >> 2] >> (8 * (b4 & 3)));
-          v[k][j] = normalize(p, k, byte_to_float(byte & 0xffu));
+          v[k][j] = normalize_byte<kAffine>(p, k, byte_to_float(byte & 0xffu));
         }
     } else {
 #pragma unroll
       for (int j = 0; j < kConvertPixels; ++j)
 #pragma unroll
-        for (int k = 0; k < 3; ++k) v[k][j] = normalize(p, k, byte_to_float(stage[off + j * c + in_channel<kSwap>(k)]));
+        for (int k = 0; k < 3; ++k)
+          v[k][j] = normalize_byte<kAffine>(p, k, byte_to_float(stage[off + j * c + in_channel<kSwap>(k)]));
     }
   } else {
     // The border, a segment's edge, any strides.
@@ -195,7 +213,7 @@ __device__ __forceinline__ void convert_pixels(const PreprocessParams& p, const 
       const bool inside = t.row_in && sx >= 0 && sx < p.rw && x0 + j < out_w;
 #pragma unroll
       for (int k = 0; k < 3; ++k)
-        v[k][j] = inside ? normalize(p, k, byte_to_float(__ldg(t.src + static_cast<int64_t>(sx) * p.s_w +
+        v[k][j] = inside ? normalize_byte<kAffine>(p, k, byte_to_float(__ldg(t.src + static_cast<int64_t>(sx) * p.s_w +
                                                                  in_channel<kSwap>(k) * p.s_c)))
                          : p.pad[k];
     }
@@ -206,31 +224,32 @@ __device__ __forceinline__ void convert_pixels(const PreprocessParams& p, const 
   for (int k = 0; k < 3; ++k) store_group(dst + k * plane, v[k], valid, vec_store);
 }
 
-template <typename T, bool kSwap>
+template <typename T, bool kSwap, bool kAffine>
 __global__ void __launch_bounds__(kConvertThreads) convert_kernel(const PreprocessParams p) {
   __shared__ alignas(16) uint8_t stage[2][kStageBytes];
   const int segs = static_cast<int>((p.out_w + kSegment - 1) / kSegment);
   const int64_t tiles = p.n * p.out_h * segs;
   const int64_t plane = p.out_h * p.out_w;
   const bool vec_store = p.out_w % kConvertPixels == 0;
+  const bool narrow = tiles <= INT32_MAX - int64_t{gridDim.x};  // every tile index below fits 32 bits
   T* out = static_cast<T*>(p.out);
   int64_t tile = blockIdx.x;
   if (tile >= tiles) return;
-  ConvertTile cur = convert_tile(p, tile, segs);
+  ConvertTile cur = convert_tile(p, tile, segs, narrow);
   stage_tile(cur, stage[0]);
   int buf = 0;
   for (; tile < tiles; tile += gridDim.x) {
     const int64_t next = tile + gridDim.x;
     ConvertTile nxt;
     if (next < tiles) {
-      nxt = convert_tile(p, next, segs);
+      nxt = convert_tile(p, next, segs, narrow);
       stage_tile(nxt, stage[buf ^ 1]);
     } else {
       cuda::cp_async_commit();
     }
     cuda::cp_async_wait<1>();  // this tile's words have landed (this thread's)...
     __syncthreads();           // ...and every thread's
-    convert_pixels<T, kSwap>(p, cur, stage[buf], out, plane, vec_store);
+    convert_pixels<T, kSwap, kAffine>(p, cur, stage[buf], out, plane, vec_store);
     __syncthreads();  // the stage is refilled two tiles on
     cur = nxt;
     buf ^= 1;
@@ -294,6 +313,17 @@ __global__ void __launch_bounds__(kResizeThreads) resize_kernel(const Preprocess
   }
 }
 
+template <typename T, bool kSwap, bool kAffine>
+cudaError_t launch_convert(const PreprocessParams& p, int64_t tiles, cudaStream_t stream) {
+  static int per_sm[64] = {};  // resident blocks per SM of this instantiation, per device
+  unsigned grid = 0;
+  const cudaError_t err =
+      cuda::resident_grid(convert_kernel<T, kSwap, kAffine>, kConvertThreads, 0, tiles, p.num_sms, per_sm, grid);
+  if (err != cudaSuccess) return err;
+  convert_kernel<T, kSwap, kAffine><<<grid, kConvertThreads, 0, stream>>>(p);
+  return cudaGetLastError();
+}
+
 template <typename T, bool kSwap>
 cudaError_t launch(const PreprocessParams& p, cudaStream_t stream) {
   if (p.resize) {
@@ -304,13 +334,9 @@ cudaError_t launch(const PreprocessParams& p, cudaStream_t stream) {
     // Persistent: as many blocks as fit on the GPU at once, each striding over row segments, so
     // that the double-buffered staging overlaps one segment's loads with the previous one's
     // stores (with a block per segment every block would load, wait, convert and exit).
-    static int per_sm[64] = {};  // resident blocks per SM of this instantiation, per device
     const int64_t tiles = p.n * p.out_h * ((p.out_w + kSegment - 1) / kSegment);
-    unsigned grid = 0;
-    const cudaError_t err =
-        cuda::resident_grid(convert_kernel<T, kSwap>, kConvertThreads, 0, tiles, p.num_sms, per_sm, grid);
-    if (err != cudaSuccess) return err;
-    convert_kernel<T, kSwap><<<grid, kConvertThreads, 0, stream>>>(p);
+    return p.affine ? launch_convert<T, kSwap, true>(p, tiles, stream)
+                    : launch_convert<T, kSwap, false>(p, tiles, stream);
   }
   return cudaGetLastError();
 }
