@@ -67,8 +67,8 @@ def test_cpu_to_cpu(dtype):
 @pytest.mark.parametrize("dst_off,src_off", [(0, 0), (1, 0), (0, 7), (13, 5), (63, 64)])
 @pytest.mark.parametrize("threads", [1, 4])
 def test_cpu_large_unaligned(dst_off, src_off, threads):
-    """Copies of 4 MiB and more take the streaming-store path: any alignment, a ragged tail, bytes
-    just outside the destination untouched, whether one thread or several split the copy."""
+    """A parallel host copy: any alignment, a ragged tail, bytes just outside the destination
+    untouched, whether one thread or several split the copy."""
     n = (4 << 20) + 4097
     dst_buf = torch.full((n + 128,), 255, dtype=torch.uint8)
     src = torch.randint(0, 255, (n + 128,), dtype=torch.uint8)[src_off : src_off + n]  # never 255

@@ -76,7 +76,9 @@ def tolerance(dtype: torch.dtype, k: int) -> float:
 def assert_close_to_reference(got: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
     assert got.dtype == a.dtype and got.is_contiguous()
     want = torch.matmul(a.double(), b.double())
-    scale = torch.matmul(a.double().abs(), b.double().abs()).clamp(min=1e-30)
+    # Relative to the scale, and at least to the type's smallest normal: a result that lands in the
+    # subnormal range is rounded to an absolute step, not a relative one.
+    scale = torch.matmul(a.double().abs(), b.double().abs()).clamp(min=torch.finfo(a.dtype).tiny)
     err = ((got.double() - want).abs() / scale).max().item() if got.numel() else 0.0
     assert err <= tolerance(a.dtype, a.shape[-1]), f"relative error {err:.3g}"
 

@@ -386,6 +386,7 @@ def test_back_pressure(device, ring, batched):
     batches = [first, *it]
     check_stream(batches, per_frame(frames), B, {}, device)
     assert sum(pulled) == n
+    assert fs.stats()["slot_wait_s"] >= 0.3  # and says so: the stager waited for a slot meanwhile
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -501,7 +502,7 @@ def test_iterate_again(device):
 
 # --- 6. progress -------------------------------------------------------------------------------
 
-STATS_KEYS = {"frames", "batches", "total", "elapsed_s", "fps", "stage_s", "wait_s"}
+STATS_KEYS = {"frames", "batches", "total", "elapsed_s", "fps", "stage_s", "wait_s", "slot_wait_s"}
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -535,7 +536,7 @@ def test_progress(device, generator):
     assert st["frames"] == 10 and st["batches"] == 3
     assert st["total"] == (None if generator else 10)
     assert st["elapsed_s"] == elapsed and st["fps"] == fs.fps
-    assert st["stage_s"] >= 0 and st["wait_s"] >= 0
+    assert st["stage_s"] >= 0 and st["wait_s"] >= 0 and st["slot_wait_s"] >= 0
     assert st["stage_s"] + st["wait_s"] < elapsed + 1.0
 
 

@@ -1,13 +1,14 @@
 """Where FrameStream's time goes from pageable frames (the open gap of issue 19), on a CUDA machine:
 
 - the host memcpy into pinned memory alone: glibc memcpy or streaming stores (host_copy.c, loaded
-  with ctypes) over 1-16 threads, and opforge.copy_async (what FrameStream uses);
+  with ctypes) over 8-16 OpenMP threads, and opforge.copy_async (what FrameStream uses) over the
+  torch threads, or one fewer;
 - the pinned H2D copy alone;
 - both at once, pipelined over a ring of 3 pinned batches (the memcpy of batch k+1 while batch k's
   DMA runs): the combined ceiling that the "slower of the two" bound ignores, since both use host
   memory bandwidth;
 - FrameStream for ring sizes 2, 3, 4 and torch thread counts, with its stats() (seconds packing,
-  seconds the consumer waited).
+  seconds the consumer waited, seconds the stager waited for a slot).
 
     gcc -O3 -fopenmp -shared -fPIC -o /tmp/host_copy.so benchmarks/tuning/host_copy.c
     python benchmarks/tuning/video_stream_tune.py [frames] [batch]
@@ -102,15 +103,17 @@ def main(n: int = 64, batch: int = 8) -> None:
         print(f"{name:<48} {s * 1e3:7.2f} ms  {gb / s:6.1f} GB/s  {n / s:8.0f} frames/s", flush=True)
 
     report("pinned H2D copy", timed(dma))
+    old = torch.get_num_threads()
     for kind, threads in [
-        ("copy_async", torch.get_num_threads()),
-        *[(k, t) for k in ("memcpy", "stream") for t in (1, 2, 4, 8, 16)],
+        *[("copy_async", t) for t in sorted({old - 1, old})],
+        *[(k, t) for k in ("memcpy", "stream") for t in (8, 15, 16)],
     ]:
+        torch.set_num_threads(threads if kind == "copy_async" else old)
         pack = packer(kind, threads)
         report(f"{kind} x{threads} alone", timed(alone(pack)))
         report(f"{kind} x{threads} with the H2D (ring 3)", timed(together(pack)))
-    old = torch.get_num_threads()
-    for threads in sorted({4, 8, old}):
+    torch.set_num_threads(old)
+    for threads in sorted({8, 12, old - 1, old}):
         torch.set_num_threads(threads)
         for ring_size in (2, 3, 4):
 
@@ -126,7 +129,8 @@ def main(n: int = 64, batch: int = 8) -> None:
             st = fs.stats()
             print(
                 f"FrameStream threads {threads:<2} ring {ring_size:<2} {s * 1e3:7.2f} ms  {n / s:8.0f} frames/s  "
-                f"packing {st['stage_s'] * 1e3:.1f} ms, consumer waited {st['wait_s'] * 1e3:.1f} ms",
+                f"packing {st['stage_s'] * 1e3:.1f} ms, consumer waited {st['wait_s'] * 1e3:.1f} ms, "
+                f"stager waited for slots {st['slot_wait_s'] * 1e3:.1f} ms",
                 flush=True,
             )
     torch.set_num_threads(old)

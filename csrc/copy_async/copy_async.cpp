@@ -9,13 +9,7 @@
 #include <ATen/ops/empty_like.h>
 #include <torch/library.h>
 
-#include <algorithm>
-#include <cstdint>
 #include <cstring>
-
-#if defined(__SSE2__)
-#include <emmintrin.h>
-#endif
 
 #include "common/checks.h"
 #include "opforge.h"
@@ -27,38 +21,6 @@ constexpr const char* kOp = "opforge.copy_async";
 // Bytes per task: a 1080p frame (6 MB) spreads over 16 threads (one thread copies ~6 GB/s); below
 // it one thread copies alone.
 constexpr int64_t kCopyGrainBytes = int64_t{256} << 10;
-
-// Copies of at least this many bytes bypass the caches with streaming stores: a buffer this large
-// is not read back from cache (it goes on to a DMA or out of the cache before its next use), and
-// ordinary stores first read every destination line from memory (write-allocate), a third more
-// memory traffic, taken from a DMA running out of the same host memory.
-constexpr int64_t kStreamBytes = int64_t{4} << 20;
-
-// memcpy through 16-byte non-temporal stores (x86-64: SSE2 is baseline), fenced so that the data
-// is in memory when this thread's part of the copy ends; elsewhere plain memcpy.
-void stream_memcpy(char* dst, const char* src, int64_t n) {
-#if defined(__SSE2__)
-  const int64_t head = std::min<int64_t>(static_cast<int64_t>(-reinterpret_cast<uintptr_t>(dst) & 15u), n);
-  std::memcpy(dst, src, head);
-  dst += head, src += head, n -= head;
-  const int64_t body = n & ~int64_t{63};
-  for (int64_t i = 0; i < body; i += 64) {
-    const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i));
-    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 16));
-    const __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 32));
-    const __m128i d = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 48));
-    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i), a);
-    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 16), b);
-    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 32), c);
-    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 48), d);
-  }
-  std::memcpy(dst + body, src + body, n - body);
-  _mm_sfence();
-#else
-  std::memcpy(dst, src, n);
-#endif
-}
-
 }  // namespace
 
 void check_copy_async_inputs(const at::Tensor& dst, const at::Tensor& src) {
@@ -81,15 +43,8 @@ bool copy_async_same_dense_layout(const at::Tensor& dst, const at::Tensor& src) 
 
 void parallel_memcpy(void* dst, const void* src, int64_t n) {
   if (n <= 0) return;
-  const bool streaming = n >= kStreamBytes;
   at::parallel_for(0, n, kCopyGrainBytes, [&](int64_t begin, int64_t end) {
-    char* d = static_cast<char*>(dst) + begin;
-    const char* s = static_cast<const char*>(src) + begin;
-    if (streaming) {
-      stream_memcpy(d, s, end - begin);
-    } else {
-      std::memcpy(d, s, end - begin);
-    }
+    std::memcpy(static_cast<char*>(dst) + begin, static_cast<const char*>(src) + begin, end - begin);
   });
 }
 

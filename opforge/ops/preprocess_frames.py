@@ -51,9 +51,13 @@ def letterbox_geometry(
     """
     height, width = (int(v) for v in shape)
     out_h, out_w = _pair("size", size)
-    r = min(out_h / height, out_w / width)
-    if not scaleup:
-        r = min(r, 1.0)
+    # r = min(out_h / height, out_w / width), chosen by exact integer comparison (a float division
+    # is monotonic, so this is the same float): under torch.compile(dynamic=True) the sizes are
+    # symbolic, and torch 2.11 returns min() of two symbolic floats wrongly (0.0).
+    num, den = (out_h, height) if out_h * width <= out_w * height else (out_w, width)
+    if not scaleup and num > den:
+        num, den = 1, 1
+    r = num / den
     new_w, new_h = round(width * r), round(height * r)
     # A frame far wider than tall can round a side to 0 pixels: keep one row/column of it.
     new_w, new_h = max(new_w, 1), max(new_h, 1)

@@ -5,7 +5,7 @@ Pipeline, per batch (``ring`` batches in flight at most):
     stager thread            copy stream                  compute stream (the caller's)
     -------------            -----------                  -----------------------------
     frames -> pinned slot k  wait slot k free (event)     wait copy k (event)
-                             H2D pinned k -> device k     preprocess_frames(device k) ; free k (event)
+                             H2D of each packed frame     preprocess_frames(device k) ; free k (event)
                              record "copied k"            model(batch) -> yielded to the caller
 
 The stager thread packs the source's frames into a ring of pinned buffers (a parallel memcpy;
@@ -103,6 +103,7 @@ class _Pipeline:
         self.copy_stream = torch.cuda.Stream(device) if self.cuda else None
         self.stage_s = 0.0  # time the stager spent packing frames (host memcpy)
         self.wait_s = 0.0  # time the caller waited for a batch
+        self.slot_wait_s = 0.0  # time the stager waited for a ring slot (its last transfer, or the caller)
         self.thread = threading.Thread(target=self._stage, name="opforge-framestream", daemon=True)
         self.thread.start()
 
@@ -136,14 +137,18 @@ class _Pipeline:
                 # (A cached block's last user ran on that stream: the copy stream comes after it.)
                 self.copy_stream.wait_stream(torch.cuda.current_stream(self.device))
 
+    def _transfer(self, k: int, begin: int, end: int) -> None:
+        """Frames [begin, end) of slot k to the device as soon as they are packed (the DMA starts
+        while the rest of the batch is still being packed)."""
+        with torch.cuda.stream(self.copy_stream):
+            if begin == 0 and self.used[k]:
+                self.copy_stream.wait_event(self.consumed[k])  # device slot k read by then
+            copy_async(self.dev[k][begin:end], self.host[k][begin:end])
+
     def _send(self, k: int, count: int, first: int) -> bool:
         dev = self.dev[k] if self.cuda else self.host[k]
         if self.cuda:
-            with torch.cuda.stream(self.copy_stream):
-                if self.used[k]:
-                    self.copy_stream.wait_event(self.consumed[k])  # device slot k read by then
-                copy_async(dev[:count], self.host[k][:count])
-                self.copied[k].record(self.copy_stream)
+            self.copied[k].record(self.copy_stream)
         return self._put(_Item(k, dev[:count], first, count, self.copied[k], None))
 
     def _send_pinned(self, frames: torch.Tensor, first: int) -> bool:
@@ -210,6 +215,7 @@ class _Pipeline:
                 pos = 0
                 while pos < frames.shape[0]:
                     if k is None:
+                        t0 = time.perf_counter()
                         k = self._take_slot()
                         if k is None:
                             return
@@ -217,10 +223,13 @@ class _Pipeline:
                         self._buffers(k, shape)
                         if self.cuda and self.used[k]:
                             self.copied[k].synchronize()  # pinned slot k's last transfer is done
+                        self.slot_wait_s += time.perf_counter() - t0
                     take = min(self.batch_size - filled, frames.shape[0] - pos)
                     t0 = time.perf_counter()
                     copy_async(self.host[k][filled : filled + take], frames[pos : pos + take])
                     self.stage_s += time.perf_counter() - t0
+                    if self.cuda:
+                        self._transfer(k, filled, filled + take)
                     filled += take
                     pos += take
                     if filled == self.batch_size:
@@ -350,7 +359,7 @@ class FrameStream:
         self._start: float | None = None
         self._end: float | None = None
         self._pipeline: _Pipeline | None = None
-        self._stage_s = self._wait_s = 0.0
+        self._stage_s = self._wait_s = self._slot_wait_s = 0.0
         self._active: object | None = None  # the claim of the pass under way
 
     def __iter__(self) -> Iterator[StreamBatch]:
@@ -399,7 +408,7 @@ class FrameStream:
         finally:
             self._end = time.perf_counter()
             pipe.close()
-            self._stage_s, self._wait_s = pipe.stage_s, pipe.wait_s
+            self._stage_s, self._wait_s, self._slot_wait_s = pipe.stage_s, pipe.wait_s, pipe.slot_wait_s
             self._pipeline = None
             self._release(token)
 
@@ -428,7 +437,9 @@ class FrameStream:
 
     def stats(self) -> dict[str, float]:
         """frames, batches, elapsed_s, fps, and the seconds the stager spent packing frames
-        (stage_s) and the caller spent waiting for a batch (wait_s)."""
+        (stage_s), the caller spent waiting for a batch (wait_s: the source or the copies are the
+        bottleneck) and the stager spent waiting for a ring slot (slot_wait_s: the caller or the
+        transfers are)."""
         pipe = self._pipeline
         return {
             "frames": self.frames_delivered,
@@ -438,6 +449,7 @@ class FrameStream:
             "fps": self.fps,
             "stage_s": pipe.stage_s if pipe else self._stage_s,
             "wait_s": pipe.wait_s if pipe else self._wait_s,
+            "slot_wait_s": pipe.slot_wait_s if pipe else self._slot_wait_s,
         }
 
 
