@@ -5,7 +5,7 @@ Pipeline, per batch (``ring`` batches in flight at most):
     stager thread            copy stream                  compute stream (the caller's)
     -------------            -----------                  -----------------------------
     frames -> pinned slot k  wait slot k free (event)     wait copy k (event)
-                             H2D of each packed frame     preprocess_frames(device k) ; free k (event)
+                             H2D pinned k -> device k     preprocess_frames(device k) ; free k (event)
                              record "copied k"            model(batch) -> yielded to the caller
 
 The stager thread packs the source's frames into a ring of pinned buffers (a parallel memcpy;
@@ -137,18 +137,14 @@ class _Pipeline:
                 # (A cached block's last user ran on that stream: the copy stream comes after it.)
                 self.copy_stream.wait_stream(torch.cuda.current_stream(self.device))
 
-    def _transfer(self, k: int, begin: int, end: int) -> None:
-        """Frames [begin, end) of slot k to the device as soon as they are packed (the DMA starts
-        while the rest of the batch is still being packed)."""
-        with torch.cuda.stream(self.copy_stream):
-            if begin == 0 and self.used[k]:
-                self.copy_stream.wait_event(self.consumed[k])  # device slot k read by then
-            copy_async(self.dev[k][begin:end], self.host[k][begin:end])
-
     def _send(self, k: int, count: int, first: int) -> bool:
         dev = self.dev[k] if self.cuda else self.host[k]
         if self.cuda:
-            self.copied[k].record(self.copy_stream)
+            with torch.cuda.stream(self.copy_stream):
+                if self.used[k]:
+                    self.copy_stream.wait_event(self.consumed[k])  # device slot k read by then
+                copy_async(dev[:count], self.host[k][:count])
+                self.copied[k].record(self.copy_stream)
         return self._put(_Item(k, dev[:count], first, count, self.copied[k], None))
 
     def _send_pinned(self, frames: torch.Tensor, first: int) -> bool:
@@ -228,8 +224,6 @@ class _Pipeline:
                     t0 = time.perf_counter()
                     copy_async(self.host[k][filled : filled + take], frames[pos : pos + take])
                     self.stage_s += time.perf_counter() - t0
-                    if self.cuda:
-                        self._transfer(k, filled, filled + take)
                     filled += take
                     pos += take
                     if filled == self.batch_size:
