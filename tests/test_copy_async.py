@@ -3,6 +3,10 @@ transfer kinds, streams, asynchrony, graph capture and the allocators' stream bo
 
 from __future__ import annotations
 
+import multiprocessing
+import threading
+
+import numpy as np
 import pytest
 import torch
 
@@ -80,6 +84,51 @@ def test_cpu_large_unaligned(dst_off, src_off, threads):
     finally:
         torch.set_num_threads(old)
     assert (dst_buf[:dst_off] == 255).all() and (dst_buf[dst_off + n :] == 255).all()
+
+
+def _child_copy() -> bool:
+    # numpy for the data: torch's own OpenMP regions can hang in a forked child (libgomp is not
+    # fork-safe), which is not what this tests.
+    torch.set_num_threads(2)  # a forked child may start with one intra-op thread
+    src = np.random.default_rng().integers(0, 255, 8 << 20, dtype=np.uint8)
+    dst = np.full_like(src, 255)
+    opforge.copy_async(torch.from_numpy(dst), torch.from_numpy(src))
+    return bool((dst == src).all())
+
+
+def test_cpu_copy_in_forked_child():
+    """The host copy pool's threads do not survive fork(): a child process copies with its own."""
+    src = torch.randint(0, 255, (8 << 20,), dtype=torch.uint8)
+    check_copy(torch.empty_like(src), src)  # the parent's pool is running
+    with multiprocessing.get_context("fork").Pool(1) as pool:
+        assert pool.apply_async(_child_copy).get(timeout=120) is True
+
+
+def test_cpu_copies_from_several_threads():
+    """Large host copies started from several threads at once (one pool, jobs in turn) all land."""
+    pairs = [
+        (torch.full((5 << 20,), 255, dtype=torch.uint8), torch.randint(0, 255, (5 << 20,), dtype=torch.uint8))
+    ]
+    pairs += [
+        (torch.full_like(s, 255), torch.randint(0, 255, s.shape, dtype=torch.uint8)) for _, s in pairs * 5
+    ]
+    errors = []
+
+    def work(dst, src):
+        try:
+            for _ in range(5):
+                dst.fill_(255)
+                opforge.copy_async(dst, src)
+                assert torch.equal(dst, src)
+        except BaseException as e:  # surfaces below
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=pair) for pair in pairs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not errors and not any(t.is_alive() for t in threads)
 
 
 def test_cpu_same_memory():

@@ -9,17 +9,19 @@
 #include <ATen/ops/empty_like.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "common/checks.h"
+#include "common/host_pool.h"
 #include "opforge.h"
 
 namespace opforge {
 
 namespace {
 constexpr const char* kOp = "opforge.copy_async";
-// Bytes per task: a 1080p frame (6 MB) spreads over 16 threads (one thread copies ~6 GB/s); below
-// it one thread copies alone.
+// Bytes per thread at least: a 1080p frame (6 MB) spreads over 16 threads (one thread copies
+// ~6 GB/s); below it one thread copies alone.
 constexpr int64_t kCopyGrainBytes = int64_t{256} << 10;
 }  // namespace
 
@@ -43,7 +45,13 @@ bool copy_async_same_dense_layout(const at::Tensor& dst, const at::Tensor& src) 
 
 void parallel_memcpy(void* dst, const void* src, int64_t n) {
   if (n <= 0) return;
-  at::parallel_for(0, n, kCopyGrainBytes, [&](int64_t begin, int64_t end) {
+  // On opforge's host pool, not at::parallel_for: these copies come from a FrameStream's staging
+  // thread as often as from the main thread, and from a second thread OpenMP wakes its workers
+  // from sleep for every region (host_pool.h).
+  const int parts = static_cast<int>(std::clamp<int64_t>(n / kCopyGrainBytes, 1, at::get_num_threads()));
+  const int64_t chunk = ((n + parts - 1) / parts + 63) & ~int64_t{63};
+  host_parallel(parts, parts, [&](int i) {
+    const int64_t begin = std::min(n, i * chunk), end = std::min(n, begin + chunk);
     std::memcpy(static_cast<char*>(dst) + begin, static_cast<const char*>(src) + begin, end - begin);
   });
 }
