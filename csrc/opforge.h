@@ -59,4 +59,17 @@ at::Tensor& copy_async(at::Tensor& dst, const at::Tensor& src);
 // the device is the CPU and src is on a GPU).
 at::Tensor to_device_async(const at::Tensor& src, at::Device device);
 
+// Attention of q (B, Hq, Sq, D) over k, v (B, Hkv, Sk, D) with a pattern (csrc/attention/attention_params.h):
+// (out (B, Hq, Sq, D), lse (B, Hq, Sq)). The Python opforge.attention builds the arguments.
+std::tuple<at::Tensor, at::Tensor> attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                             double scale, double softcap = 0.0, bool causal = false,
+                                             int64_t window_left = -1, int64_t window_right = -1,
+                                             int64_t prefix_len = 0,
+                                             const std::optional<at::Tensor>& q_segments = std::nullopt,
+                                             const std::optional<at::Tensor>& kv_segments = std::nullopt,
+                                             const std::optional<at::Tensor>& mask_kinds = std::nullopt,
+                                             const std::optional<at::Tensor>& mask_index = std::nullopt,
+                                             const std::optional<at::Tensor>& mask_bits = std::nullopt,
+                                             int64_t block_q = 128, int64_t block_k = 128);
+
 }  // namespace opforge

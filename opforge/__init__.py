@@ -8,6 +8,8 @@ from opforge._loader import built_with_cuda, load_extension
 
 load_extension()
 
+from opforge.masks import BlockMask, block_mask  # noqa: E402
+from opforge.ops.attention import attention  # noqa: E402
 from opforge.ops.copy_async import copy_async, to_device_async  # noqa: E402
 from opforge.ops.matmul import matmul  # noqa: E402
 from opforge.ops.nms import batched_nms, nms, nms_padded  # noqa: E402
@@ -16,9 +18,12 @@ from opforge.ops.vector_add import vector_add  # noqa: E402
 
 __version__ = "0.1.0"
 __all__ = [
+    "BlockMask",
     "FrameInfo",
     "__version__",
+    "attention",
     "batched_nms",
+    "block_mask",
     "built_with_cuda",
     "copy_async",
     "matmul",

@@ -25,7 +25,9 @@ void unsupported_layout(const c10::OperatorHandle& handle, torch::jit::Stack* st
   TORCH_CHECK(false, op, ": the inputs must be dense (strided) tensors");
 }
 
-constexpr const char* kOps[] = {"vector_add", "nms", "batched_nms", "nms_padded", "matmul", "preprocess_frames", "copy_async"};
+constexpr const char* kOps[] = {"vector_add",        "nms",        "batched_nms", "nms_padded",
+                                "matmul",            "preprocess_frames", "copy_async",
+                                "attention",         "attention_backward"};
 
 void register_all(torch::Library& m) {
   for (const char* op : kOps) m.impl(op, torch::CppFunction::makeFromBoxedFunction<&unsupported_layout>());

@@ -1,0 +1,212 @@
+// attention: C++ entries (through the dispatcher), input checks and the plan.
+#include "attention/attention.h"
+
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/ops/empty.h>
+
+#include <cmath>
+
+#include "common/checks.h"
+#include "opforge.h"
+
+namespace opforge {
+
+namespace {
+constexpr const char* kOp = "opforge.attention";
+
+void check_qkv(const char* op, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+  check_defined(op, "q", q);
+  check_defined(op, "k", k);
+  check_defined(op, "v", v);
+  for (auto [name, t] : {std::pair<const char*, const at::Tensor*>{"q", &q}, {"k", &k}, {"v", &v}}) {
+    TORCH_CHECK_VALUE(t->dim() == 4, op, ": ", name, " must be 4-D (batch, heads, sequence, head_dim), got ",
+                      t->dim(), "-D");
+  }
+  check_dtype_in(op, "q", q, {at::kHalf, at::kBFloat16, at::kFloat, at::kDouble});
+  check_same_dtype(op, "k", k, "q", q);
+  check_same_dtype(op, "v", v, "q", q);
+  check_same_device(op, "k", k, "q", q);
+  check_same_device(op, "v", v, "q", q);
+  TORCH_CHECK_VALUE(k.sizes().equals(v.sizes()), op, ": k and v must have the same shape, got ", k.sizes(), " and ",
+                    v.sizes());
+  TORCH_CHECK_VALUE(q.size(0) == k.size(0), op, ": q and k must have the same batch size, got ", q.size(0), " and ",
+                    k.size(0));
+  TORCH_CHECK_VALUE(q.size(3) == k.size(3), op, ": q and k must have the same head_dim, got ", q.size(3), " and ",
+                    k.size(3));
+  TORCH_CHECK_VALUE(q.size(3) > 0, op, ": head_dim must be at least 1, got 0");
+  TORCH_CHECK_VALUE(k.size(1) > 0 && q.size(1) % k.size(1) == 0, op,
+                    ": q's heads must be a multiple of k's and v's heads (grouped-query attention), got ", q.size(1),
+                    " and ", k.size(1));
+}
+
+void check_pattern(const char* op, const at::Tensor& q, const at::Tensor& k, double scale, double softcap,
+                   const AttentionPatternArgs& p) {
+  TORCH_CHECK_VALUE(std::isfinite(scale), op, ": scale must be finite, got ", scale);
+  TORCH_CHECK_VALUE(std::isfinite(softcap) && softcap >= 0.0, op, ": softcap must be positive (0: none), got ",
+                    softcap);
+  TORCH_CHECK_VALUE(p.window_left >= -1 && p.window_right >= -1, op,
+                    ": window sides must be >= 0 (-1: unbounded), got (", p.window_left, ", ", p.window_right, ")");
+  TORCH_CHECK_VALUE(p.prefix_len >= 0, op, ": prefix_len must be >= 0, got ", p.prefix_len);
+  const int64_t B = q.size(0), H = q.size(1), Sq = q.size(2), Sk = k.size(2);
+  TORCH_CHECK_VALUE(p.q_segments.has_value() == p.kv_segments.has_value(), op,
+                    ": q_segments and kv_segments go together");
+  if (p.q_segments) {
+    const struct {
+      const char* name;
+      const at::Tensor& t;
+      int64_t len;
+    } segs[] = {{"q_segments", *p.q_segments, Sq}, {"kv_segments", *p.kv_segments, Sk}};
+    for (const auto& s : segs) {
+      check_defined(op, s.name, s.t);
+      check_dtype_in(op, s.name, s.t, {at::kInt, at::kLong});
+      check_same_device(op, s.name, s.t, "q", q);
+      TORCH_CHECK_VALUE(s.t.dim() == 2 && s.t.size(0) == B && s.t.size(1) == s.len, op, ": ", s.name,
+                        " must be (batch, ", s.len, ") = (", B, ", ", s.len, "), got ", s.t.sizes());
+    }
+  }
+  const int n_mask = p.mask_kinds.has_value() + p.mask_index.has_value() + p.mask_bits.has_value();
+  TORCH_CHECK_VALUE(n_mask == 0 || n_mask == 3, op, ": mask_kinds, mask_index and mask_bits go together");
+  if (n_mask) {
+    TORCH_CHECK_VALUE(p.block_q > 0 && p.block_k > 0 && p.block_q % 64 == 0 && p.block_k % 64 == 0, op,
+                      ": the block mask's block sizes must be multiples of 64, got (", p.block_q, ", ", p.block_k,
+                      ")");
+    const at::Tensor &kinds = *p.mask_kinds, &index = *p.mask_index, &bits = *p.mask_bits;
+    check_defined(op, "mask_kinds", kinds);
+    check_defined(op, "mask_index", index);
+    check_defined(op, "mask_bits", bits);
+    check_dtype_in(op, "mask_kinds", kinds, {at::kByte});
+    check_dtype_in(op, "mask_index", index, {at::kInt});
+    check_dtype_in(op, "mask_bits", bits, {at::kInt});
+    check_same_device(op, "mask_kinds", kinds, "q", q);
+    check_same_device(op, "mask_index", index, "q", q);
+    check_same_device(op, "mask_bits", bits, "q", q);
+    const int64_t nq = (Sq + p.block_q - 1) / p.block_q, nk = (Sk + p.block_k - 1) / p.block_k;
+    TORCH_CHECK_VALUE(kinds.dim() == 4 && (kinds.size(0) == 1 || kinds.size(0) == B) &&
+                          (kinds.size(1) == 1 || kinds.size(1) == H) && kinds.size(2) == nq && kinds.size(3) == nk,
+                      op, ": the mask was made for other sizes: its blocks are ", kinds.sizes(),
+                      ", this call needs (1 or ", B, ", 1 or ", H, ", ", nq, ", ", nk, ") (batch, heads, ", Sq,
+                      " queries and ", Sk, " keys in blocks of (", p.block_q, ", ", p.block_k, "))");
+    TORCH_CHECK_VALUE(index.sizes().equals(kinds.sizes()), op, ": mask_index must have mask_kinds' shape ",
+                      kinds.sizes(), ", got ", index.sizes());
+    TORCH_CHECK_VALUE(bits.dim() == 3 && bits.size(1) == p.block_q && bits.size(2) == p.block_k / 32, op,
+                      ": mask_bits must be (partial blocks, ", p.block_q, ", ", p.block_k / 32, "), got ", bits.sizes());
+  }
+}
+
+at::Tensor int32_contiguous(const at::Tensor& t) { return t.to(at::kInt).contiguous(); }
+
+}  // namespace
+
+void check_attention_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale,
+                            double softcap, const AttentionPatternArgs& pattern) {
+  check_qkv(kOp, q, k, v);
+  check_pattern(kOp, q, k, scale, softcap, pattern);
+}
+
+void check_attention_backward_inputs(const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k,
+                                     const at::Tensor& v, const at::Tensor& out, const at::Tensor& lse,
+                                     const std::optional<at::Tensor>& grad_lse, double scale, double softcap,
+                                     const AttentionPatternArgs& pattern) {
+  constexpr const char* op = "opforge.attention_backward";
+  check_qkv(op, q, k, v);
+  check_pattern(op, q, k, scale, softcap, pattern);
+  check_defined(op, "grad_out", grad_out);
+  check_defined(op, "out", out);
+  check_defined(op, "lse", lse);
+  check_same_shape(op, "grad_out", grad_out, "q", q);
+  check_same_shape(op, "out", out, "q", q);
+  check_same_dtype(op, "grad_out", grad_out, "q", q);
+  check_same_dtype(op, "out", out, "q", q);
+  check_same_device(op, "grad_out", grad_out, "q", q);
+  check_same_device(op, "out", out, "q", q);
+  check_same_device(op, "lse", lse, "q", q);
+  const at::ScalarType lse_type = q.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  TORCH_CHECK_VALUE(lse.scalar_type() == lse_type && lse.dim() == 3 && lse.size(0) == q.size(0) &&
+                        lse.size(1) == q.size(1) && lse.size(2) == q.size(2),
+                    op, ": lse must be ", dtype_str(lse_type), " (batch, heads, queries) = ", q.sizes().slice(0, 3),
+                    ", got ", dtype_str(lse.scalar_type()), " ", lse.sizes());
+  if (grad_lse) {
+    check_defined(op, "grad_lse", *grad_lse);
+    check_same_shape(op, "grad_lse", *grad_lse, "lse", lse);
+    check_same_dtype(op, "grad_lse", *grad_lse, "lse", lse);
+    check_same_device(op, "grad_lse", *grad_lse, "q", q);
+  }
+}
+
+at::Tensor empty_attention_like(const at::Tensor& like) {
+  if (like.stride(1) < like.stride(2) && like.size(1) > 1 && like.size(2) > 1) {
+    return at::empty({like.size(0), like.size(2), like.size(1), like.size(3)}, like.options()).transpose(1, 2);
+  }
+  return at::empty(like.sizes(), like.options());
+}
+
+AttentionPlan plan_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
+                             const at::Tensor& lse, double scale, double softcap, const AttentionPatternArgs& pattern) {
+  AttentionPlan plan;
+  AttentionParams& p = plan.params;
+  p.q = q.const_data_ptr();
+  p.k = k.const_data_ptr();
+  p.v = v.const_data_ptr();
+  p.q_bs = q.stride(0), p.q_hs = q.stride(1), p.q_ss = q.stride(2), p.q_ds = q.stride(3);
+  p.k_bs = k.stride(0), p.k_hs = k.stride(1), p.k_ss = k.stride(2), p.k_ds = k.stride(3);
+  p.v_bs = v.stride(0), p.v_hs = v.stride(1), p.v_ss = v.stride(2), p.v_ds = v.stride(3);
+  p.out = out.data_ptr();
+  p.o_bs = out.stride(0), p.o_hs = out.stride(1), p.o_ss = out.stride(2);
+  p.lse = lse.data_ptr();
+  p.batch = q.size(0), p.heads = q.size(1), p.kv_heads = k.size(1), p.head_dim = q.size(3);
+  p.dtype = to_dtype(q.scalar_type());
+  p.scale = scale;
+  p.softcap = softcap;
+  AttentionPattern& pat = p.pattern;
+  pat.sq = q.size(2);
+  pat.sk = k.size(2);
+  pat.causal = pattern.causal;
+  pat.window_left = pattern.window_left;
+  pat.window_right = pattern.window_right;
+  pat.prefix_len = pattern.prefix_len;
+  if (pattern.q_segments) {
+    at::Tensor qs = int32_contiguous(*pattern.q_segments), ks = int32_contiguous(*pattern.kv_segments);
+    pat.q_segments = qs.const_data_ptr<int32_t>();
+    pat.kv_segments = ks.const_data_ptr<int32_t>();
+    pat.q_seg_bs = qs.size(1);
+    pat.kv_seg_bs = ks.size(1);
+    plan.keep.push_back(qs);
+    plan.keep.push_back(ks);
+  }
+  if (pattern.mask_kinds) {
+    at::Tensor kinds = pattern.mask_kinds->contiguous(), index = pattern.mask_index->contiguous();
+    at::Tensor bits = pattern.mask_bits->contiguous();
+    pat.mask_kinds = kinds.const_data_ptr<uint8_t>();
+    pat.mask_index = index.const_data_ptr<int32_t>();
+    pat.mask_bits = reinterpret_cast<const uint32_t*>(bits.const_data_ptr<int32_t>());
+    pat.mask_b = kinds.size(0), pat.mask_h = kinds.size(1), pat.mask_nq = kinds.size(2), pat.mask_nk = kinds.size(3);
+    pat.block_q = pattern.block_q;
+    pat.block_k = pattern.block_k;
+    plan.keep.push_back(kinds);
+    plan.keep.push_back(index);
+    plan.keep.push_back(bits);
+  }
+  return plan;
+}
+
+std::tuple<at::Tensor, at::Tensor> attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                             double scale, double softcap, bool causal, int64_t window_left,
+                                             int64_t window_right, int64_t prefix_len,
+                                             const std::optional<at::Tensor>& q_segments,
+                                             const std::optional<at::Tensor>& kv_segments,
+                                             const std::optional<at::Tensor>& mask_kinds,
+                                             const std::optional<at::Tensor>& mask_index,
+                                             const std::optional<at::Tensor>& mask_bits, int64_t block_q,
+                                             int64_t block_k) {
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("opforge::attention", "")
+                       .typed<std::tuple<at::Tensor, at::Tensor>(
+                           const at::Tensor&, const at::Tensor&, const at::Tensor&, double, double, bool, int64_t,
+                           int64_t, int64_t, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&,
+                           const std::optional<at::Tensor>&, const std::optional<at::Tensor>&,
+                           const std::optional<at::Tensor>&, int64_t, int64_t)>();
+  return op.call(q, k, v, scale, softcap, causal, window_left, window_right, prefix_len, q_segments, kv_segments,
+                 mask_kinds, mask_index, mask_bits, block_q, block_k);
+}
+
+}  // namespace opforge

@@ -1,0 +1,43 @@
+// attention: what the CPU and CUDA entries share (checks, output allocation, parameters).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <optional>
+
+#include "attention/attention_params.h"
+
+namespace opforge {
+
+// The pattern arguments of the schema, as the ops take them.
+struct AttentionPatternArgs {
+  bool causal = false;
+  int64_t window_left = -1, window_right = -1, prefix_len = 0;
+  std::optional<at::Tensor> q_segments, kv_segments;
+  std::optional<at::Tensor> mask_kinds, mask_index, mask_bits;
+  int64_t block_q = 128, block_k = 128;
+};
+
+// Raise an error naming opforge.attention and the argument on bad input.
+void check_attention_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale,
+                            double softcap, const AttentionPatternArgs& pattern);
+void check_attention_backward_inputs(const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k,
+                                     const at::Tensor& v, const at::Tensor& out, const at::Tensor& lse,
+                                     const std::optional<at::Tensor>& grad_lse, double scale, double softcap,
+                                     const AttentionPatternArgs& pattern);
+
+// A tensor of `like`'s shape whose memory follows like's order of the (S, H) dims: (B, S, H, D)
+// underneath when like is such a transposed view (as transformers passes q, k, v), else
+// contiguous (B, H, S, D).
+at::Tensor empty_attention_like(const at::Tensor& like);
+
+// The kernels' view of the call. The segment ids and the mask tensors are kept alive (int32
+// contiguous copies where needed) by `keep`.
+struct AttentionPlan {
+  AttentionParams params;
+  std::vector<at::Tensor> keep;
+};
+AttentionPlan plan_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
+                             const at::Tensor& lse, double scale, double softcap, const AttentionPatternArgs& pattern);
+
+}  // namespace opforge

@@ -1,0 +1,159 @@
+// attention: the plain parameters the CPU and CUDA kernels share (no torch types), and the mask
+// pattern every kernel evaluates, one definition for the tile classification and the elements.
+//
+// Query i of a sequence of Sq sees key j of Sk when all of these hold (queries aligned to the end
+// of the keys, as FlashAttention does: query i sits at key position i + Sk - Sq):
+//   - segments:  q_segments[b][i] == kv_segments[b][j] (packed documents), when given;
+//   - prefix:    j < prefix_len, or else
+//   - causal:    j <= pos(i);  window: pos(i) - left <= j <= pos(i) + right (either side unbounded
+//                when negative);
+//   - block mask: the (b, h) mask's block (i / block_q, j / block_k) is full, or partial with bit
+//                (i % block_q, j % block_k) set.
+#pragma once
+
+#include <cstdint>
+
+#include "common/scalar_type.h"
+
+#if defined(__CUDACC__)
+#define OPFORGE_HD __host__ __device__ __forceinline__
+#else
+#define OPFORGE_HD inline
+#endif
+
+namespace opforge {
+
+// Block mask kinds (opforge.block_mask's `kinds` tensor).
+enum class BlockKind : uint8_t { kEmpty = 0, kFull = 1, kPartial = 2 };
+
+struct AttentionPattern {
+  int64_t sq = 0, sk = 0;
+  bool causal = false;
+  int64_t window_left = -1, window_right = -1;  // negative: unbounded
+  int64_t prefix_len = 0;                       // keys [0, prefix_len) visible to every query
+  // Segment ids (int32, (B, Sq) and (B, Sk), row strides in elements), or null.
+  const int32_t* q_segments = nullptr;
+  const int32_t* kv_segments = nullptr;
+  int64_t q_seg_bs = 0, kv_seg_bs = 0;
+  // Block mask, or null: kinds (Bm, Hm, nQ, nK) uint8 and index (same shape, int32: the partial
+  // block's row of bits, or -1), bits (P, block_q, block_k / 32) int32; Bm and Hm are 1 or B, H.
+  const uint8_t* mask_kinds = nullptr;
+  const int32_t* mask_index = nullptr;
+  const uint32_t* mask_bits = nullptr;
+  int64_t mask_b = 1, mask_h = 1, mask_nq = 0, mask_nk = 0;
+  int64_t block_q = 128, block_k = 128;
+
+  // The position of query i among the keys.
+  OPFORGE_HD int64_t pos(int64_t i) const { return i + sk - sq; }
+  // Does the causal / window part have any constraint? Its right reach (causal: 0; negative:
+  // unbounded).
+  OPFORGE_HD bool has_band() const { return causal || window_left >= 0 || window_right >= 0; }
+  OPFORGE_HD int64_t band_right() const { return causal ? 0 : window_right; }
+  OPFORGE_HD int64_t mask_block(int64_t b, int64_t h, int64_t qb, int64_t kb) const {
+    return (((mask_b == 1 ? 0 : b) * mask_h + (mask_h == 1 ? 0 : h)) * mask_nq + qb) * mask_nk + kb;
+  }
+
+  // Key j inside the band of query i (causal, window), ignoring the prefix.
+  OPFORGE_HD bool in_band(int64_t i, int64_t j) const {
+    const int64_t p = pos(i), right = band_right();
+    if (right >= 0 && j > p + right) return false;
+    if (window_left >= 0 && j < p - window_left) return false;
+    return true;
+  }
+
+  OPFORGE_HD bool visible(int64_t b, int64_t h, int64_t i, int64_t j) const {
+    if (q_segments && q_segments[b * q_seg_bs + i] != kv_segments[b * kv_seg_bs + j]) return false;
+    if (!(j < prefix_len || in_band(i, j))) return false;
+    if (mask_kinds) {
+      const int64_t m = mask_block(b, h, i / block_q, j / block_k);
+      const auto kind = static_cast<BlockKind>(mask_kinds[m]);
+      if (kind == BlockKind::kEmpty) return false;
+      if (kind == BlockKind::kPartial) {
+        const int64_t r = i % block_q, c = j % block_k;
+        const uint32_t word = mask_bits[(static_cast<int64_t>(mask_index[m]) * block_q + r) * (block_k / 32) + c / 32];
+        if (!((word >> (c % 32)) & 1u)) return false;
+      }
+    }
+    return true;
+  }
+};
+
+// What a tile [i0, i1) x [j0, j1) of one (b, h) holds: nothing visible (skipped), everything
+// visible (no mask arithmetic), or some of it. Segment ids are summarized by their min and max
+// over the tile's rows and columns (ranges that do not meet share no id).
+struct SegmentRange {
+  int32_t lo = 0, hi = -1;  // empty when lo > hi
+};
+
+OPFORGE_HD BlockKind band_tile_kind(const AttentionPattern& p, int64_t i0, int64_t i1, int64_t j0, int64_t j1) {
+  // The band of a query row is an interval; over consecutive rows its ends move right by one per
+  // row, so the tile's corners decide.
+  if (!p.has_band()) return BlockKind::kFull;
+  const int64_t first = i0, last = i1 - 1, right = p.band_right();
+  // Any visible element? The highest row reaches furthest right, the lowest row furthest left.
+  const bool some = (right < 0 || j0 <= p.pos(last) + right) && (p.window_left < 0 || j1 - 1 >= p.pos(first) - p.window_left);
+  if (!some) return BlockKind::kEmpty;
+  const bool all = (right < 0 || j1 - 1 <= p.pos(first) + right) && (p.window_left < 0 || j0 >= p.pos(last) - p.window_left);
+  return all ? BlockKind::kFull : BlockKind::kPartial;
+}
+
+OPFORGE_HD BlockKind combine(BlockKind a, BlockKind b) {
+  if (a == BlockKind::kEmpty || b == BlockKind::kEmpty) return BlockKind::kEmpty;
+  return a == BlockKind::kFull && b == BlockKind::kFull ? BlockKind::kFull : BlockKind::kPartial;
+}
+
+// The tile's kind. q_range / kv_range: the tile's segment ids (ignored without segments).
+OPFORGE_HD BlockKind tile_kind(const AttentionPattern& p, int64_t b, int64_t h, int64_t i0, int64_t i1, int64_t j0,
+                               int64_t j1, SegmentRange q_range, SegmentRange kv_range) {
+  BlockKind kind = band_tile_kind(p, i0, i1, j0, j1);
+  if (p.prefix_len > 0 && j0 < p.prefix_len) {
+    // Keys below the prefix are visible to every row: the tile is at least partly visible.
+    kind = j1 <= p.prefix_len ? BlockKind::kFull : (kind == BlockKind::kFull ? kind : BlockKind::kPartial);
+  }
+  if (kind == BlockKind::kEmpty) return kind;
+  if (p.q_segments) {
+    if (q_range.hi < kv_range.lo || kv_range.hi < q_range.lo) return BlockKind::kEmpty;
+    const bool one = q_range.lo == q_range.hi && kv_range.lo == kv_range.hi;  // one id on both sides
+    kind = combine(kind, one ? BlockKind::kFull : BlockKind::kPartial);
+  }
+  if (p.mask_kinds) {
+    // The tile lies inside one mask block (the kernels' tiles divide the mask's blocks).
+    kind = combine(kind, static_cast<BlockKind>(p.mask_kinds[p.mask_block(b, h, i0 / p.block_q, j0 / p.block_k)]));
+  }
+  return kind;
+}
+
+struct AttentionParams {
+  // q (B, Hq, Sq, D), k and v (B, Hkv, Sk, D): strides in elements, any layout.
+  const void* q = nullptr;
+  const void* k = nullptr;
+  const void* v = nullptr;
+  int64_t q_bs = 0, q_hs = 0, q_ss = 0, q_ds = 1;
+  int64_t k_bs = 0, k_hs = 0, k_ss = 0, k_ds = 1;
+  int64_t v_bs = 0, v_hs = 0, v_ss = 0, v_ds = 1;
+  // out like q (strides given), lse (B, Hq, Sq) contiguous (float32; float64 for float64 inputs).
+  void* out = nullptr;
+  int64_t o_bs = 0, o_hs = 0, o_ss = 0;
+  void* lse = nullptr;
+  int64_t batch = 0, heads = 0, kv_heads = 0, head_dim = 0;
+  DType dtype = DType::kFloat32;
+  double scale = 1.0;    // the kernels round it to their accumulation type
+  double softcap = 0.0;  // 0: none
+  AttentionPattern pattern;
+};
+
+// The backward's extra inputs and outputs (strides in elements; dq, dk, dv like q, k, v).
+struct AttentionGradParams {
+  AttentionParams fwd;  // q, k, v, out (read), lse (read)
+  const void* grad_out = nullptr;
+  int64_t g_bs = 0, g_hs = 0, g_ss = 0;
+  const void* grad_lse = nullptr;  // (B, Hq, Sq) contiguous like lse, or null
+  void* dq = nullptr;
+  void* dk = nullptr;
+  void* dv = nullptr;
+  int64_t dq_bs = 0, dq_hs = 0, dq_ss = 0;
+  int64_t dk_bs = 0, dk_hs = 0, dk_ss = 0;
+  int64_t dv_bs = 0, dv_hs = 0, dv_ss = 0;
+};
+
+}  // namespace opforge

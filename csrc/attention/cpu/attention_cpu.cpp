@@ -1,0 +1,438 @@
+// attention CPU: forward and backward, tiled with an online softmax (no Sq x Sk matrix in memory).
+//
+// Forward: a task is one (batch, head, 64-query tile); it walks the key tiles the pattern leaves
+// visible (tile_kind: empty tiles are skipped, full tiles take no mask arithmetic), computing
+// S = Q K^T and P V with the blocked GEMM of matmul's CPU kernel (AVX2 where the CPU has it).
+// Backward: dK and dV by key tiles (a task owns its tile's rows for the whole GQA group: the
+// reduction over the group's query heads happens inside the task), then dQ by query tiles; every
+// sum runs in a fixed order, so gradients are deterministic. Accumulation in float (double for
+// float64 inputs); 16-bit inputs round P and dS to their type for the P V and dS K products, as
+// GPU flash attention does.
+#include <ATen/Dispatch.h>
+#include <ATen/Parallel.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
+#include <c10/core/CPUAllocator.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "attention/attention.h"
+#include "attention/cpu/attention_kernel.h"
+#include "common/checks.h"
+#include "common/cpu_isa.h"
+#include "matmul/cpu/gemm_kernel.h"
+
+namespace opforge {
+namespace {
+
+// Tiles of 128 queries by 128 keys (64 on a side where a block mask's blocks are not a multiple
+// of 128: a tile lies inside one mask block). The blocked GEMM runs 128-row products at twice the
+// rate of 64-row ones (117 vs 53 GFLOP/s for 64-deep products on 2 cores, measured).
+int64_t tile_queries(const AttentionPattern& p) { return p.mask_kinds && p.block_q % 128 ? 64 : 128; }
+int64_t tile_keys(const AttentionPattern& p) { return p.mask_kinds && p.block_k % 128 ? 64 : 128; }
+
+template <typename T>
+using acc_type = std::conditional_t<std::is_same_v<T, double>, double, float>;
+
+// One thread's GEMM: c (m, n) = a (m, k) @ b (k, n), a and b in the inputs' type with any strides,
+// c in the accumulation type, rows of c_rs elements.
+struct Gemm {
+  GemmBlockFn fn;
+  DType dtype;
+  c10::DataPtr work;
+
+  Gemm(DType t, CpuIsa isa)
+      : fn(gemm_block(t, isa)), dtype(t), work(c10::GetCPUAllocator()->allocate(gemm_work_bytes(t, isa))) {}
+
+  void operator()(int64_t m, int64_t n, int64_t k, const void* a, int64_t a_rs, int64_t a_cs, const void* b,
+                  int64_t b_rs, int64_t b_cs, void* c, int64_t c_rs) {
+    GemmParams p;
+    p.a = a, p.b = b, p.c = c;
+    p.m = m, p.n = n, p.k = k;
+    p.a_rs = a_rs, p.a_cs = a_cs, p.b_rs = b_rs, p.b_cs = b_cs, p.c_rs = c_rs;
+    p.dtype = dtype;
+    fn(p, 0, 0, m, 0, n, work.get());
+  }
+};
+
+template <typename T>
+const T* at_(const void* base, int64_t offset) {
+  return static_cast<const T*>(base) + offset;
+}
+
+// The segment ids of rows [i0, i1) of one batch row, summarized.
+SegmentRange segment_range(const int32_t* ids, int64_t stride_b, int64_t b, int64_t i0, int64_t i1) {
+  SegmentRange r{};
+  if (!ids) return r;
+  const int32_t* row = ids + b * stride_b;
+  r.lo = *std::min_element(row + i0, row + i1);
+  r.hi = *std::max_element(row + i0, row + i1);
+  return r;
+}
+
+// Scores of one tile: s = softcap(scale * q.k), masked elements -inf. `t` keeps tanh(...) for the
+// softcap's backward (when softcap is on).
+template <typename A>
+void finish_scores(const AttentionParams& p, BlockKind kind, int64_t b, int64_t h, int64_t i0, int64_t rows,
+                   int64_t j0, int64_t cols, int64_t ld, A* s, A* t) {
+  const A scale = static_cast<A>(p.scale), cap = static_cast<A>(p.softcap);
+  const A neg_inf = -std::numeric_limits<A>::infinity();
+  for (int64_t r = 0; r < rows; ++r) {
+    A* row = s + r * ld;
+    for (int64_t c = 0; c < cols; ++c) row[c] *= scale;
+    if (cap > 0) {
+      A* trow = t + r * ld;
+      for (int64_t c = 0; c < cols; ++c) {
+        trow[c] = std::tanh(row[c] / cap);
+        row[c] = cap * trow[c];
+      }
+    }
+    if (kind == BlockKind::kPartial) {
+      for (int64_t c = 0; c < cols; ++c)
+        if (!p.pattern.visible(b, h, i0 + r, j0 + c)) row[c] = neg_inf;
+    }
+  }
+}
+
+// The softmax's row loops: vectorized (Sleef's exp on AVX2) for float, plain for double.
+float row_max(const float* x, int64_t n, float init) { return softmax_row_fns(cpu_isa()).max(x, n, init); }
+float exp_sum(float* x, int64_t n, float m) { return softmax_row_fns(cpu_isa()).exp_sum(x, n, m); }
+void exp_rows(float* x, int64_t n, float m) { softmax_row_fns(cpu_isa()).exp(x, n, m); }
+double row_max(const double* x, int64_t n, double init) {
+  for (int64_t i = 0; i < n; ++i) init = std::max(init, x[i]);
+  return init;
+}
+double exp_sum(double* x, int64_t n, double m) {
+  double sum = 0;
+  for (int64_t i = 0; i < n; ++i) sum += (x[i] = std::exp(x[i] - m));
+  return sum;
+}
+void exp_rows(double* x, int64_t n, double m) {
+  for (int64_t i = 0; i < n; ++i) x[i] = std::exp(x[i] - m);
+}
+
+template <typename T>
+void forward_kernel(const AttentionParams& p) {
+  using A = acc_type<T>;
+  const AttentionPattern& pat = p.pattern;
+  const int64_t D = p.head_dim, Sq = pat.sq, Sk = pat.sk, group = p.heads / p.kv_heads;
+  const int64_t tq = tile_queries(pat), tk = tile_keys(pat);
+  const int64_t q_tiles = (Sq + tq - 1) / tq, k_tiles = (Sk + tk - 1) / tk;
+  const int64_t tasks = p.batch * p.heads * q_tiles;
+  // A small call is not worth a thread (a parallel region can cost a scheduler tick).
+  const int64_t flops = 4 * p.batch * p.heads * Sq * Sk * D;
+  const int64_t grain = flops < (int64_t{1} << 22) ? std::max<int64_t>(tasks, 1) : 1;
+  const CpuIsa isa = cpu_isa();
+  at::parallel_for(0, tasks, grain, [&](int64_t begin, int64_t end) {
+    Gemm gemm(p.dtype, isa);
+    std::vector<A> s(tq * tk), o(tq * D), pv(tq * D), m(tq), l(tq);
+    std::vector<T> p16(std::is_same_v<T, A> ? 0 : tq * tk);
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t qt = task % q_tiles, bh = task / q_tiles, h = bh % p.heads, b = bh / p.heads;
+      const int64_t hk = h / group, i0 = qt * tq, rows = std::min(tq, Sq - i0);
+      const T* q = at_<T>(p.q, b * p.q_bs + h * p.q_hs + i0 * p.q_ss);
+      const T* k = at_<T>(p.k, b * p.k_bs + hk * p.k_hs);
+      const T* v = at_<T>(p.v, b * p.v_bs + hk * p.v_hs);
+      std::fill(o.begin(), o.end(), A(0));
+      std::fill(m.begin(), m.end(), -std::numeric_limits<A>::infinity());
+      std::fill(l.begin(), l.end(), A(0));
+      const SegmentRange q_range = segment_range(pat.q_segments, pat.q_seg_bs, b, i0, i0 + rows);
+      for (int64_t kt = 0; kt < k_tiles; ++kt) {
+        const int64_t j0 = kt * tk, cols = std::min(tk, Sk - j0);
+        const SegmentRange kv_range = pat.kv_segments ? segment_range(pat.kv_segments, pat.kv_seg_bs, b, j0, j0 + cols)
+                                                      : SegmentRange{};
+        const BlockKind kind = tile_kind(pat, b, h, i0, i0 + rows, j0, j0 + cols, q_range, kv_range);
+        if (kind == BlockKind::kEmpty) continue;
+        gemm(rows, cols, D, q, p.q_ss, p.q_ds, k + j0 * p.k_ss, p.k_ds, p.k_ss, s.data(), tk);
+        finish_scores<A>(p, kind, b, h, i0, rows, j0, cols, tk, s.data(), s.data());
+        for (int64_t r = 0; r < rows; ++r) {
+          A* row = s.data() + r * tk;
+          const A mx = row_max(row, cols, m[r]);
+          if (mx == -std::numeric_limits<A>::infinity()) {  // nothing visible in this row yet
+            for (int64_t c = 0; c < tk; ++c) row[c] = 0;
+            continue;
+          }
+          const A alpha = std::exp(m[r] - mx);  // 0 for the first visible tile (m = -inf)
+          const A sum = exp_sum(row, cols, mx);
+          for (int64_t c = cols; c < tk; ++c) row[c] = 0;
+          l[r] = l[r] * alpha + sum;
+          m[r] = mx;
+          A* orow = o.data() + r * D;
+          for (int64_t d = 0; d < D; ++d) orow[d] *= alpha;
+        }
+        if constexpr (std::is_same_v<T, A>) {
+          gemm(rows, D, cols, s.data(), tk, 1, v + j0 * p.v_ss, p.v_ss, p.v_ds, pv.data(), D);
+        } else {
+          for (int64_t i = 0; i < rows * tk; ++i) p16[i] = static_cast<T>(s[i]);
+          gemm(rows, D, cols, p16.data(), tk, 1, v + j0 * p.v_ss, p.v_ss, p.v_ds, pv.data(), D);
+        }
+        for (int64_t i = 0; i < rows * D; ++i) o[i] += pv[i];
+      }
+      T* out = static_cast<T*>(p.out) + b * p.o_bs + h * p.o_hs + i0 * p.o_ss;
+      A* lse = static_cast<A*>(p.lse) + (b * p.heads + h) * Sq + i0;
+      for (int64_t r = 0; r < rows; ++r) {
+        // A row with nothing visible: zeros and an LSE of -inf (never NaN).
+        const A inv = l[r] > 0 ? A(1) / l[r] : A(0);
+        for (int64_t d = 0; d < D; ++d) out[r * p.o_ss + d] = static_cast<T>(o[r * D + d] * inv);
+        lse[r] = l[r] > 0 ? m[r] + std::log(l[r]) : -std::numeric_limits<A>::infinity();
+      }
+    }
+  });
+}
+
+// P of a tile from the forward's LSE (0 where masked or for a row with nothing visible).
+template <typename A>
+void probabilities(int64_t rows, int64_t cols, int64_t ld, const A* lse, A* s) {
+  for (int64_t r = 0; r < rows; ++r) {
+    A* row = s + r * ld;
+    const A m = lse[r];
+    if (m == -std::numeric_limits<A>::infinity()) {
+      std::fill(row, row + ld, A(0));
+      continue;
+    }
+    exp_rows(row, cols, m);
+    for (int64_t c = cols; c < ld; ++c) row[c] = 0;
+  }
+}
+
+// dS = P * (dP - delta) (* (1 - tanh^2) with a softcap) * scale, in place in dp.
+template <typename A>
+void score_grads(const AttentionParams& p, int64_t rows, int64_t cols, int64_t ld, const A* prob, const A* tanh_s,
+                 const A* delta, A* dp) {
+  const A scale = static_cast<A>(p.scale);
+  for (int64_t r = 0; r < rows; ++r) {
+    A* row = dp + r * ld;
+    const A* pr = prob + r * ld;
+    for (int64_t c = 0; c < cols; ++c) {
+      A g = pr[c] * (row[c] - delta[r]);
+      if (p.softcap > 0) {
+        const A t = tanh_s[r * ld + c];
+        g *= A(1) - t * t;
+      }
+      row[c] = g * scale;
+    }
+    for (int64_t c = cols; c < ld; ++c) row[c] = 0;
+  }
+}
+
+template <typename T>
+void backward_kernel(const AttentionGradParams& g) {
+  using A = acc_type<T>;
+  const AttentionParams& p = g.fwd;
+  const AttentionPattern& pat = p.pattern;
+  const int64_t D = p.head_dim, Sq = pat.sq, Sk = pat.sk, group = p.heads / p.kv_heads;
+  const int64_t tq = tile_queries(pat), tk = tile_keys(pat);
+  const int64_t q_tiles = (Sq + tq - 1) / tq, k_tiles = (Sk + tk - 1) / tk;
+  const int64_t flops = 10 * p.batch * p.heads * Sq * Sk * D;
+  const bool small = flops < (int64_t{1} << 22);
+  const CpuIsa isa = cpu_isa();
+  const A* lse_all = static_cast<const A*>(p.lse);
+  const A* grad_lse = static_cast<const A*>(g.grad_lse);
+
+  // delta[b, h, i] = sum_d dO * O - grad_lse: the softmax's backward term, per query.
+  std::vector<A> delta(p.batch * p.heads * Sq);
+  const int64_t rows_total = p.batch * p.heads * Sq;
+  at::parallel_for(0, rows_total, small ? std::max<int64_t>(rows_total, 1) : 256, [&](int64_t begin, int64_t end) {
+    for (int64_t row = begin; row < end; ++row) {
+      const int64_t i = row % Sq, bh = row / Sq, h = bh % p.heads, b = bh / p.heads;
+      const T* go = at_<T>(g.grad_out, b * g.g_bs + h * g.g_hs + i * g.g_ss);
+      const T* o = at_<T>(p.out, b * p.o_bs + h * p.o_hs + i * p.o_ss);
+      A sum = 0;
+      for (int64_t d = 0; d < D; ++d) sum += static_cast<A>(go[d]) * static_cast<A>(o[d]);
+      delta[row] = sum - (grad_lse ? grad_lse[row] : A(0));
+    }
+  });
+
+  // Per-thread buffers of one tile pair.
+  struct Buffers {
+    Gemm gemm;
+    std::vector<A> s, t, dp, acc, acc2, tmp;
+    std::vector<T> p16, ds16;
+    Buffers(DType dt, CpuIsa isa, int64_t D, int64_t tq, int64_t tk)
+        : gemm(dt, isa), s(tq * tk), t(tq * tk), dp(tq * tk), acc(std::max(tq, tk) * D),
+          acc2(std::max(tq, tk) * D), tmp(std::max(tq, tk) * D), p16(std::is_same_v<T, A> ? 0 : tq * tk),
+          ds16(std::is_same_v<T, A> ? 0 : tq * tk) {}
+    // The operand of a P V-like product in the inputs' type.
+    const void* narrow(std::vector<T>& buf, const std::vector<A>& x) {
+      if constexpr (std::is_same_v<T, A>) {
+        return x.data();
+      } else {
+        for (size_t i = 0; i < buf.size(); ++i) buf[i] = static_cast<T>(x[i]);
+        return buf.data();
+      }
+    }
+  };
+
+  // Scores, probabilities and dS of tile (b, h, i0, j0) into the buffers; false when empty.
+  auto tile = [&](Buffers& w, int64_t b, int64_t h, int64_t i0, int64_t rows, int64_t j0, int64_t cols,
+                  SegmentRange q_range, SegmentRange kv_range) {
+    const BlockKind kind = tile_kind(pat, b, h, i0, i0 + rows, j0, j0 + cols, q_range, kv_range);
+    if (kind == BlockKind::kEmpty) return false;
+    const int64_t hk = h / group;
+    const T* q = at_<T>(p.q, b * p.q_bs + h * p.q_hs + i0 * p.q_ss);
+    const T* k = at_<T>(p.k, b * p.k_bs + hk * p.k_hs + j0 * p.k_ss);
+    const T* v = at_<T>(p.v, b * p.v_bs + hk * p.v_hs + j0 * p.v_ss);
+    const T* go = at_<T>(g.grad_out, b * g.g_bs + h * g.g_hs + i0 * g.g_ss);
+    w.gemm(rows, cols, D, q, p.q_ss, p.q_ds, k, p.k_ds, p.k_ss, w.s.data(), tk);
+    finish_scores<A>(p, kind, b, h, i0, rows, j0, cols, tk, w.s.data(), w.t.data());
+    probabilities<A>(rows, cols, tk, lse_all + (b * p.heads + h) * Sq + i0, w.s.data());
+    w.gemm(rows, cols, D, go, g.g_ss, 1, v, p.v_ds, p.v_ss, w.dp.data(), tk);  // dP = dO V^T
+    score_grads<A>(p, rows, cols, tk, w.s.data(), w.t.data(), delta.data() + (b * p.heads + h) * Sq + i0, w.dp.data());
+    return true;
+  };
+
+  // dK, dV: a task per (batch, kv head, key tile), over the group's query heads and query tiles.
+  const int64_t kv_tasks = p.batch * p.kv_heads * k_tiles;
+  at::parallel_for(0, kv_tasks, small ? std::max<int64_t>(kv_tasks, 1) : 1, [&](int64_t begin, int64_t end) {
+    Buffers w(p.dtype, isa, D, tq, tk);
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t kt = task % k_tiles, bh = task / k_tiles, hk = bh % p.kv_heads, b = bh / p.kv_heads;
+      const int64_t j0 = kt * tk, cols = std::min(tk, Sk - j0);
+      std::fill(w.acc.begin(), w.acc.end(), A(0));   // dV
+      std::fill(w.acc2.begin(), w.acc2.end(), A(0));  // dK
+      const SegmentRange kv_range = segment_range(pat.kv_segments, pat.kv_seg_bs, b, j0, j0 + cols);
+      for (int64_t h = hk * group; h < (hk + 1) * group; ++h) {
+        for (int64_t qt = 0; qt < q_tiles; ++qt) {
+          const int64_t i0 = qt * tq, rows = std::min(tq, Sq - i0);
+          const SegmentRange q_range = segment_range(pat.q_segments, pat.q_seg_bs, b, i0, i0 + rows);
+          if (!tile(w, b, h, i0, rows, j0, cols, q_range, kv_range)) continue;
+          const T* q = at_<T>(p.q, b * p.q_bs + h * p.q_hs + i0 * p.q_ss);
+          const T* go = at_<T>(g.grad_out, b * g.g_bs + h * g.g_hs + i0 * g.g_ss);
+          // dV += P^T dO, dK += dS^T Q (P and dS read transposed: (cols, rows) with strides (1, tk)).
+          w.gemm(cols, D, rows, w.narrow(w.p16, w.s), 1, tk, go, g.g_ss, 1, w.tmp.data(), D);
+          for (int64_t i = 0; i < cols * D; ++i) w.acc[i] += w.tmp[i];
+          w.gemm(cols, D, rows, w.narrow(w.ds16, w.dp), 1, tk, q, p.q_ss, p.q_ds, w.tmp.data(), D);
+          for (int64_t i = 0; i < cols * D; ++i) w.acc2[i] += w.tmp[i];
+        }
+      }
+      T* dv = static_cast<T*>(g.dv) + b * g.dv_bs + hk * g.dv_hs + j0 * g.dv_ss;
+      T* dk = static_cast<T*>(g.dk) + b * g.dk_bs + hk * g.dk_hs + j0 * g.dk_ss;
+      for (int64_t c = 0; c < cols; ++c)
+        for (int64_t d = 0; d < D; ++d) {
+          dv[c * g.dv_ss + d] = static_cast<T>(w.acc[c * D + d]);
+          dk[c * g.dk_ss + d] = static_cast<T>(w.acc2[c * D + d]);
+        }
+    }
+  });
+
+  // dQ: a task per (batch, head, query tile), over the key tiles.
+  const int64_t q_tasks = p.batch * p.heads * q_tiles;
+  at::parallel_for(0, q_tasks, small ? std::max<int64_t>(q_tasks, 1) : 1, [&](int64_t begin, int64_t end) {
+    Buffers w(p.dtype, isa, D, tq, tk);
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t qt = task % q_tiles, bh = task / q_tiles, h = bh % p.heads, b = bh / p.heads;
+      const int64_t i0 = qt * tq, rows = std::min(tq, Sq - i0), hk = h / group;
+      std::fill(w.acc.begin(), w.acc.end(), A(0));
+      const SegmentRange q_range = segment_range(pat.q_segments, pat.q_seg_bs, b, i0, i0 + rows);
+      for (int64_t kt = 0; kt < k_tiles; ++kt) {
+        const int64_t j0 = kt * tk, cols = std::min(tk, Sk - j0);
+        const SegmentRange kv_range = segment_range(pat.kv_segments, pat.kv_seg_bs, b, j0, j0 + cols);
+        if (!tile(w, b, h, i0, rows, j0, cols, q_range, kv_range)) continue;
+        const T* k = at_<T>(p.k, b * p.k_bs + hk * p.k_hs + j0 * p.k_ss);
+        w.gemm(rows, D, cols, w.narrow(w.ds16, w.dp), tk, 1, k, p.k_ss, p.k_ds, w.tmp.data(), D);
+        for (int64_t i = 0; i < rows * D; ++i) w.acc[i] += w.tmp[i];
+      }
+      T* dq = static_cast<T*>(g.dq) + b * g.dq_bs + h * g.dq_hs + i0 * g.dq_ss;
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t d = 0; d < D; ++d) dq[r * g.dq_ss + d] = static_cast<T>(w.acc[r * D + d]);
+    }
+  });
+}
+
+// A block mask's data comes from opforge.block_mask, but the tensors are plain arguments:
+// every kind and partial index is checked before a kernel reads through them.
+void check_mask_values(const AttentionPattern& pat, int64_t partials) {
+  if (!pat.mask_kinds) return;
+  const int64_t n = pat.mask_b * pat.mask_h * pat.mask_nq * pat.mask_nk;
+  for (int64_t i = 0; i < n; ++i) {
+    const uint8_t kind = pat.mask_kinds[i];
+    TORCH_CHECK_VALUE(kind <= 2, "opforge.attention: mask_kinds holds ", int{kind},
+                      ": block kinds are 0 (empty), 1 (full) and 2 (partial)");
+    if (kind == 2) {
+      TORCH_CHECK_VALUE(pat.mask_index[i] >= 0 && pat.mask_index[i] < partials, "opforge.attention: mask_index ",
+                        pat.mask_index[i], " of a partial block is outside mask_bits' ", partials, " blocks");
+    }
+  }
+}
+
+AttentionPatternArgs pattern_args(bool causal, int64_t window_left, int64_t window_right, int64_t prefix_len,
+                                  const std::optional<at::Tensor>& q_segments,
+                                  const std::optional<at::Tensor>& kv_segments,
+                                  const std::optional<at::Tensor>& mask_kinds,
+                                  const std::optional<at::Tensor>& mask_index,
+                                  const std::optional<at::Tensor>& mask_bits, int64_t block_q, int64_t block_k) {
+  return {causal, window_left, window_right, prefix_len, q_segments, kv_segments,
+          mask_kinds, mask_index, mask_bits, block_q, block_k};
+}
+
+at::ScalarType lse_dtype(const at::Tensor& q) { return q.scalar_type() == at::kDouble ? at::kDouble : at::kFloat; }
+
+std::tuple<at::Tensor, at::Tensor> attention_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                                 double scale, double softcap, bool causal, int64_t window_left,
+                                                 int64_t window_right, int64_t prefix_len,
+                                                 const std::optional<at::Tensor>& q_segments,
+                                                 const std::optional<at::Tensor>& kv_segments,
+                                                 const std::optional<at::Tensor>& mask_kinds,
+                                                 const std::optional<at::Tensor>& mask_index,
+                                                 const std::optional<at::Tensor>& mask_bits, int64_t block_q,
+                                                 int64_t block_k) {
+  const AttentionPatternArgs args = pattern_args(causal, window_left, window_right, prefix_len, q_segments,
+                                                 kv_segments, mask_kinds, mask_index, mask_bits, block_q, block_k);
+  check_attention_inputs(q, k, v, scale, softcap, args);
+  at::Tensor out = empty_attention_like(q);
+  at::Tensor lse = at::empty({q.size(0), q.size(1), q.size(2)}, q.options().dtype(lse_dtype(q)));
+  if (out.numel() == 0) return {out, lse.fill_(-std::numeric_limits<double>::infinity())};
+  const AttentionPlan plan = plan_attention(q, k, v, out, lse, scale, softcap, args);
+  check_mask_values(plan.params.pattern, mask_bits ? mask_bits->size(0) : 0);
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, q.scalar_type(), "opforge.attention",
+                                  [&] { forward_kernel<scalar_t>(plan.params); });
+  return {out, lse};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_cpu(
+    const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
+    const at::Tensor& lse, const std::optional<at::Tensor>& grad_lse, double scale, double softcap, bool causal,
+    int64_t window_left, int64_t window_right, int64_t prefix_len, const std::optional<at::Tensor>& q_segments,
+    const std::optional<at::Tensor>& kv_segments, const std::optional<at::Tensor>& mask_kinds,
+    const std::optional<at::Tensor>& mask_index, const std::optional<at::Tensor>& mask_bits, int64_t block_q,
+    int64_t block_k) {
+  const AttentionPatternArgs args = pattern_args(causal, window_left, window_right, prefix_len, q_segments,
+                                                 kv_segments, mask_kinds, mask_index, mask_bits, block_q, block_k);
+  check_attention_backward_inputs(grad_out, q, k, v, out, lse, grad_lse, scale, softcap, args);
+  at::Tensor dq = empty_attention_like(q), dk = empty_attention_like(k), dv = empty_attention_like(v);
+  if (q.numel() == 0 || k.numel() == 0) {  // nothing visible anywhere: every gradient is 0
+    return {dq.zero_(), dk.zero_(), dv.zero_()};
+  }
+  // The kernels read rows of grad_out and out with unit stride.
+  const at::Tensor go = grad_out.stride(3) == 1 ? grad_out : grad_out.contiguous();
+  const at::Tensor o = out.stride(3) == 1 ? out : out.contiguous();
+  const at::Tensor lse_c = lse.contiguous();
+  const at::Tensor grad_lse_c = grad_lse ? grad_lse->contiguous() : at::Tensor();
+  AttentionGradParams g;
+  AttentionPlan plan = plan_attention(q, k, v, o, lse_c, scale, softcap, args);
+  check_mask_values(plan.params.pattern, mask_bits ? mask_bits->size(0) : 0);
+  g.fwd = plan.params;
+  g.grad_out = go.const_data_ptr();
+  g.g_bs = go.stride(0), g.g_hs = go.stride(1), g.g_ss = go.stride(2);
+  g.grad_lse = grad_lse ? grad_lse_c.const_data_ptr() : nullptr;
+  g.dq = dq.data_ptr(), g.dk = dk.data_ptr(), g.dv = dv.data_ptr();
+  g.dq_bs = dq.stride(0), g.dq_hs = dq.stride(1), g.dq_ss = dq.stride(2);
+  g.dk_bs = dk.stride(0), g.dk_hs = dk.stride(1), g.dk_ss = dk.stride(2);
+  g.dv_bs = dv.stride(0), g.dv_hs = dv.stride(1), g.dv_ss = dv.stride(2);
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, q.scalar_type(), "opforge.attention_backward",
+                                  [&] { backward_kernel<scalar_t>(g); });
+  return {dq, dk, dv};
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(opforge, CPU, m) {
+  m.impl("attention", &attention_cpu);
+  m.impl("attention_backward", &attention_backward_cpu);
+}
+
+}  // namespace opforge

@@ -1,0 +1,33 @@
+// attention CPU: the softmax's inner loops, one instantiation per CPU variant (common/cpu_isa.h).
+#pragma once
+
+#include <cstdint>
+
+#include "common/cpu_isa.h"
+
+namespace opforge {
+
+// The float32 row loops of the online softmax (x contiguous, n elements).
+struct SoftmaxRowFns {
+  float (*max)(const float* x, int64_t n, float init);       // max(init, x...)
+  float (*exp_sum)(float* x, int64_t n, float m);            // x = exp(x - m) (0 for -inf), returns the sum
+  void (*exp)(float* x, int64_t n, float m);                 // x = exp(x - m) (0 for -inf)
+};
+
+namespace cpu_default {
+SoftmaxRowFns softmax_row_fns();
+}
+#if OPFORGE_CPU_AVX2_VARIANT
+namespace cpu_avx2 {
+SoftmaxRowFns softmax_row_fns();
+}
+#endif
+
+inline SoftmaxRowFns softmax_row_fns(CpuIsa isa) {
+#if OPFORGE_CPU_AVX2_VARIANT
+  if (isa == CpuIsa::kAvx2) return cpu_avx2::softmax_row_fns();
+#endif
+  return cpu_default::softmax_row_fns();
+}
+
+}  // namespace opforge

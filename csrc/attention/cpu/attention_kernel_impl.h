@@ -1,0 +1,53 @@
+// attention CPU softmax loops, compiled once per CPU variant (attention_kernel_{default,avx2}.cpp):
+// at::vec with Sleef's exp (1 ulp) in the AVX2 variant.
+#include <ATen/cpu/vec/functional.h>
+#include <ATen/cpu/vec/vec.h>
+
+#include <algorithm>
+
+#include "attention/cpu/attention_kernel.h"
+
+namespace opforge {
+namespace OPFORGE_CPU_VARIANT_NS {
+namespace {
+
+using Vec = at::vec::Vectorized<float>;
+
+float row_max(const float* x, int64_t n, float init) {
+  int64_t i = 0;
+  Vec acc(init);
+  for (; i + Vec::size() <= n; i += Vec::size()) acc = at::vec::maximum(acc, Vec::loadu(x + i));
+  float m = at::vec::vec_reduce_all<float>([](Vec& a, Vec& b) { return at::vec::maximum(a, b); }, acc);
+  for (; i < n; ++i) m = std::max(m, x[i]);
+  return m;
+}
+
+template <bool kSum>
+float exp_rows(float* x, int64_t n, float m) {
+  const Vec vm(m);
+  Vec acc(0.0f);
+  int64_t i = 0;
+  for (; i + Vec::size() <= n; i += Vec::size()) {
+    const Vec e = (Vec::loadu(x + i) - vm).exp();
+    e.store(x + i);
+    if constexpr (kSum) acc = acc + e;
+  }
+  if (i < n) {
+    const int64_t rest = n - i;
+    const Vec e = (Vec::loadu(x + i, rest) - vm).exp();
+    e.store(x + i, rest);
+    if constexpr (kSum) acc = acc + Vec::set(Vec(0.0f), e, rest);
+  }
+  if constexpr (kSum) return at::vec::vec_reduce_all<float>([](Vec& a, Vec& b) { return a + b; }, acc);
+  return 0.0f;
+}
+
+float exp_sum(float* x, int64_t n, float m) { return exp_rows<true>(x, n, m); }
+void exp_only(float* x, int64_t n, float m) { exp_rows<false>(x, n, m); }
+
+}  // namespace
+
+SoftmaxRowFns softmax_row_fns() { return {&row_max, &exp_sum, &exp_only}; }
+
+}  // namespace OPFORGE_CPU_VARIANT_NS
+}  // namespace opforge

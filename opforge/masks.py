@@ -1,0 +1,269 @@
+"""Attention patterns, one definition each: what `opforge.attention` lets query i see.
+
+A query i of Sq sits at key position ``i + Sk - Sq`` (queries aligned to the end of the keys, as
+FlashAttention does, so that a KV cache's new tokens see all the old ones). Key j is visible when
+
+- ``segments``: the two tokens' segment ids are equal (packed documents), and
+- ``j < prefix_len`` (the prefix is seen by every query), or the band allows it:
+  ``causal``: ``j <= pos``; ``window=(left, right)``: ``pos - left <= j <= pos + right`` (None: that
+  side unbounded), and
+- a block mask (`BlockMask`, from any ``fn(b, h, q, kv) -> bool``), when given, allows it.
+
+`pattern_mask` and `BlockMask.to_dense` are the reference's masks; the kernels evaluate the same
+rules (csrc/attention/attention_params.h) tile by tile.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+OP = "opforge.block_mask"
+
+
+def pattern_mask(
+    sq: int,
+    sk: int,
+    *,
+    causal: bool = False,
+    window: tuple[int | None, int | None] | None = None,
+    prefix_len: int | None = None,
+    device: torch.device | str | None = None,
+) -> torch.Tensor:
+    """(Sq, Sk) bool: the causal / window / prefix part of the pattern."""
+    q = torch.arange(sq, device=device)[:, None] + (sk - sq)
+    kv = torch.arange(sk, device=device)[None, :]
+    ok = torch.ones(sq, sk, dtype=torch.bool, device=device)
+    left, right = window if window is not None else (None, None)
+    if causal:
+        right = 0
+    if right is not None:
+        ok &= kv <= q + right
+    if left is not None:
+        ok &= kv >= q - left
+    if prefix_len:
+        ok |= kv < prefix_len
+    return ok
+
+
+def segment_mask(q_segments: torch.Tensor, kv_segments: torch.Tensor) -> torch.Tensor:
+    """(B, 1, Sq, Sk) bool: tokens see tokens of their own segment."""
+    return (q_segments[:, None, :, None] == kv_segments[:, None, None, :]).bool()
+
+
+def split_segments(segment_ids, sq: int, sk: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(q_segments (B, Sq), kv_segments (B, Sk)) from attention's ``segment_ids``: one (B, Sk) tensor
+    (the queries take the ids of their positions among the keys, the last Sq) or a pair."""
+    if isinstance(segment_ids, (tuple, list)):
+        if len(segment_ids) != 2:
+            raise ValueError(
+                "opforge.attention: segment_ids must be a (batch, keys) tensor or a pair (q_segments, kv_segments)"
+            )
+        return segment_ids[0], segment_ids[1]
+    return segment_ids[:, sk - sq :], segment_ids
+
+
+def attention_mask(
+    B: int,
+    H: int,
+    sq: int,
+    sk: int,
+    *,
+    causal: bool = False,
+    window: tuple[int | None, int | None] | None = None,
+    prefix_len: int | None = None,
+    segment_ids=None,
+    mask: BlockMask | None = None,
+    device: torch.device | str | None = None,
+) -> torch.Tensor:
+    """(B, H, Sq, Sk) bool: everything opforge.attention's arguments let each query see."""
+    ok = pattern_mask(sq, sk, causal=causal, window=window, prefix_len=prefix_len, device=device)
+    ok = ok[None, None].expand(B, H, sq, sk)
+    if segment_ids is not None:
+        q_seg, kv_seg = split_segments(segment_ids, sq, sk)
+        ok = ok & segment_mask(q_seg.to(device), kv_seg.to(device))
+    if mask is not None:
+        ok = ok & mask.to_dense().to(device)
+    return ok.expand(B, H, sq, sk)
+
+
+class BlockMask:
+    """A mask in blocks of ``block_size`` (queries, keys): each block empty (skipped), full (no mask
+    arithmetic) or partial (a bitmask of its elements). Made by `block_mask` (from a function) or
+    `BlockMask.from_dense` (from a bool tensor); a new mask never compiles anything.
+
+    Attributes: ``kinds`` uint8 (B, H, nQ, nK) (0 empty, 1 full, 2 partial; B and H may be 1:
+    broadcast), ``index`` int32 (same shape: the partial block's row of ``bits``, or -1), ``bits``
+    int32 (partial blocks, block_q, block_k / 32) (bit c % 32 of word c // 32), ``shape`` (B, H, Sq,
+    Sk) and ``block_size``.
+    """
+
+    def __init__(
+        self,
+        kinds: torch.Tensor,
+        index: torch.Tensor,
+        bits: torch.Tensor,
+        shape: tuple[int, int, int, int],
+        block_size: tuple[int, int],
+    ):
+        self.kinds, self.index, self.bits = kinds, index, bits
+        self.shape = tuple(int(s) for s in shape)
+        self.block_size = (int(block_size[0]), int(block_size[1]))
+
+    @classmethod
+    def from_dense(cls, mask: torch.Tensor, block_size: int | tuple[int, int] = 128) -> BlockMask:
+        """From a bool tensor (B, H, Sq, Sk), (H, Sq, Sk) or (Sq, Sk) (missing dims: broadcast)."""
+        if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
+            raise TypeError(f"{OP}.from_dense: mask must be a bool tensor, got {_describe(mask)}")
+        if not 2 <= mask.dim() <= 4:
+            raise ValueError(
+                f"{OP}.from_dense: mask must be (B, H, Sq, Sk), (H, Sq, Sk) or (Sq, Sk), got {mask.dim()}-D"
+            )
+        while mask.dim() < 4:
+            mask = mask.unsqueeze(0)
+        bq, bk = _block_size(block_size)
+        B, H, sq, sk = mask.shape
+        kinds, index, bits = _classify([mask], sq, sk, bq, bk)
+        return cls(kinds, index, bits, (B, H, sq, sk), (bq, bk))
+
+    def to(self, device: torch.device | str) -> BlockMask:
+        return BlockMask(
+            self.kinds.to(device), self.index.to(device), self.bits.to(device), self.shape, self.block_size
+        )
+
+    @property
+    def device(self) -> torch.device:
+        return self.kinds.device
+
+    def visible_fraction(self) -> float:
+        """The share of (query, key) pairs visible (of B x H x Sq x Sk)."""
+        return float(self.to_dense().float().mean())
+
+    def block_counts(self) -> dict[str, int]:
+        """How many blocks are empty, full and partial."""
+        counts = torch.bincount(self.kinds.flatten().long(), minlength=3).tolist()
+        return {"empty": counts[0], "full": counts[1], "partial": counts[2]}
+
+    def to_dense(self) -> torch.Tensor:
+        """(B, H, Sq, Sk) bool, the mask this block mask stands for."""
+        B, H, sq, sk = self.shape
+        bq, bk = self.block_size
+        nq, nk = self.kinds.shape[2:]
+        kinds = self.kinds.long()
+        dense = (kinds == 1)[..., None, None].expand(*kinds.shape, bq, bk).clone()
+        partial = kinds == 2
+        if partial.any():
+            words = self.bits[self.index[partial].long()].long() & 0xFFFFFFFF  # (P, bq, bk/32)
+            shifts = torch.arange(32, device=words.device)
+            elems = ((words[..., None] >> shifts) & 1).bool().reshape(-1, bq, bk)
+            dense[partial] = elems
+        dense = dense.permute(0, 1, 2, 4, 3, 5).reshape(kinds.shape[0], kinds.shape[1], nq * bq, nk * bk)
+        return dense[..., :sq, :sk].expand(B, H, sq, sk)
+
+    def __repr__(self) -> str:
+        c = self.block_counts()
+        return (
+            f"BlockMask(shape={self.shape}, block_size={self.block_size}, empty={c['empty']}, "
+            f"full={c['full']}, partial={c['partial']}, device={self.device})"
+        )
+
+
+def block_mask(
+    fn: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor],
+    B: int | None,
+    H: int | None,
+    Sq: int,
+    Sk: int,
+    *,
+    block_size: int | tuple[int, int] = 128,
+    device: torch.device | str | None = None,
+) -> BlockMask:
+    """A `BlockMask` from ``fn(b, h, q, kv) -> bool``, evaluated once on index tensors that broadcast
+    ((B, 1, 1, 1), (1, H, 1, 1), (1, 1, rows, 1), (1, 1, 1, Sk)), a few block rows at a time.
+    ``B`` or ``H`` None: the mask is the same for every batch row / head (fn sees index 0).
+    Nothing is compiled: a new fn costs its evaluation only."""
+    if not callable(fn):
+        raise TypeError(f"{OP}: fn must be callable, got {_describe(fn)}")
+    for name, value, allow_none in (("B", B, True), ("H", H, True), ("Sq", Sq, False), ("Sk", Sk, False)):
+        if value is None and allow_none:
+            continue
+        if not isinstance(value, int) or isinstance(value, bool) or value < (1 if allow_none else 0):
+            raise ValueError(
+                f"{OP}: {name} must be a {'positive ' if allow_none else 'non-negative '}int, got {value!r}"
+            )
+    bq, bk = _block_size(block_size)
+    nb, nh = B or 1, H or 1
+    b = torch.arange(nb, device=device)[:, None, None, None]
+    h = torch.arange(nh, device=device)[None, :, None, None]
+    kv = torch.arange(Sk, device=device)[None, None, None, :]
+    # Block rows per evaluation: about 2^24 elements at a time.
+    step = max(1, (1 << 24) // max(1, nb * nh * bq * Sk)) * bq
+
+    def chunks():
+        for r0 in range(0, max(Sq, 1) if Sq else 0, step):
+            q = torch.arange(r0, min(Sq, r0 + step), device=device)[None, None, :, None]
+            out = fn(b, h, q, kv)
+            if not isinstance(out, torch.Tensor) or out.dtype != torch.bool:
+                raise TypeError(f"{OP}: fn must return a bool tensor, got {_describe(out)}")
+            yield torch.broadcast_to(out, (nb, nh, q.shape[2], Sk))
+
+    kinds, index, bits = _classify(chunks(), Sq, Sk, bq, bk, nb, nh, device)
+    return BlockMask(kinds, index, bits, (nb, nh, Sq, Sk), (bq, bk))
+
+
+def _describe(value) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"a {str(value.dtype).removeprefix('torch.')} tensor"
+    return type(value).__name__
+
+
+def _block_size(block_size) -> tuple[int, int]:
+    bq, bk = (block_size, block_size) if isinstance(block_size, int) else tuple(block_size)
+    for v in (bq, bk):
+        if not isinstance(v, int) or isinstance(v, bool) or v <= 0 or v % 64:
+            raise ValueError(
+                f"{OP}: block_size must be a positive multiple of 64 (or a pair of them), got {block_size!r}"
+            )
+    return bq, bk
+
+
+def _classify(
+    chunks, sq: int, sk: int, bq: int, bk: int, nb: int | None = None, nh: int | None = None, device=None
+):
+    """kinds, index, bits of a mask given as chunks of whole block rows (B, H, rows, Sk)."""
+    nq, nk = -(-sq // bq), -(-sk // bk)
+    kinds_rows, index_rows, parts = [], [], []
+    count = 0
+    for m in chunks:
+        nb, nh, rows = m.shape[0], m.shape[1], m.shape[2]
+        dev = m.device
+        pq, pk = -(-rows // bq) * bq - rows, nk * bk - sk
+        # Padding (beyond Sq / Sk) counts as visible for the "full" test and as hidden for the bits.
+        padded_any = torch.nn.functional.pad(m, (0, pk, 0, pq), value=False)
+        padded_all = torch.nn.functional.pad(m, (0, pk, 0, pq), value=True)
+        blocks = padded_any.reshape(nb, nh, -1, bq, nk, bk).transpose(3, 4)  # (B, H, rq, nk, bq, bk)
+        full = padded_all.reshape(nb, nh, -1, bq, nk, bk).transpose(3, 4).flatten(-2).all(-1)
+        some = blocks.flatten(-2).any(-1)
+        kind = torch.where(full, 1, torch.where(some, 2, 0)).to(torch.uint8)
+        partial = kind == 2
+        index = torch.full(kind.shape, -1, dtype=torch.int32, device=dev)
+        n = int(partial.sum())
+        if n:
+            index[partial] = torch.arange(count, count + n, dtype=torch.int32, device=dev)
+            sel = blocks[partial].reshape(-1, bq, bk // 32, 32).long()
+            words = (sel << torch.arange(32, device=dev)).sum(-1)
+            parts.append(torch.where(words >= 2**31, words - 2**32, words).to(torch.int32))
+            count += n
+        kinds_rows.append(kind)
+        index_rows.append(index)
+    if not kinds_rows:  # Sq == 0
+        shape = (nb or 1, nh or 1, nq, nk)
+        kinds = torch.zeros(shape, dtype=torch.uint8, device=device)
+        index = torch.full(shape, -1, dtype=torch.int32, device=device)
+    else:
+        kinds, index = torch.cat(kinds_rows, dim=2), torch.cat(index_rows, dim=2)
+    bits = (
+        torch.cat(parts) if parts else torch.zeros((0, bq, bk // 32), dtype=torch.int32, device=kinds.device)
+    )
+    return kinds, index, bits
