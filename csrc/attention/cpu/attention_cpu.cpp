@@ -29,10 +29,10 @@
 namespace opforge {
 namespace {
 
-// Tiles of 128 queries by 128 keys (64 on a side where a block mask's blocks are not a multiple
-// of 128: a tile lies inside one mask block). The blocked GEMM runs 128-row products at twice the
-// rate of 64-row ones (117 vs 53 GFLOP/s for 64-deep products on 2 cores, measured).
-int64_t tile_queries(const AttentionPattern& p) { return p.mask_kinds && p.block_q % 128 ? 64 : 128; }
+// Tiles of 96 queries (16 of the GEMM's 6-row micro-panels, no edge panel) by 128 keys; with a
+// block mask a tile lies inside one mask block: 128 (or 64 where the blocks are not a multiple of
+// 128) on each side. 64-row products ran at half the rate of 128-row ones (53 vs 117 GFLOP/s).
+int64_t tile_queries(const AttentionPattern& p) { return p.mask_kinds ? (p.block_q % 128 ? 64 : 128) : 96; }
 int64_t tile_keys(const AttentionPattern& p) { return p.mask_kinds && p.block_k % 128 ? 64 : 128; }
 
 template <typename T>
@@ -92,37 +92,40 @@ void finish_scores(const AttentionParams& p, BlockKind kind, int64_t b, int64_t 
       }
     }
     if (kind == BlockKind::kPartial) {
-      for (int64_t c = 0; c < cols; ++c)
-        if (!p.pattern.visible(b, h, i0 + r, j0 + c)) row[c] = neg_inf;
+      const AttentionPattern& pat = p.pattern;
+      if (!pat.q_segments && !pat.mask_kinds) {
+        // Only the band and the prefix: each row's visible keys are an interval (and the prefix).
+        const int64_t pos = pat.pos(i0 + r), right = pat.band_right();
+        const int64_t lo = pat.window_left >= 0 ? pos - pat.window_left : std::numeric_limits<int64_t>::min();
+        const int64_t hi = right >= 0 ? pos + right : std::numeric_limits<int64_t>::max();
+        for (int64_t c = 0; c < cols; ++c) {
+          const int64_t j = j0 + c;
+          row[c] = (j < pat.prefix_len || (j >= lo && j <= hi)) ? row[c] : neg_inf;
+        }
+      } else {
+        for (int64_t c = 0; c < cols; ++c)
+          if (!pat.visible(b, h, i0 + r, j0 + c)) row[c] = neg_inf;
+      }
     }
   }
 }
 
-// A kv head's keys transposed to (D, Sk), tile by tile as a thread first needs them: the GEMM
-// then packs each tile of K^T by rows (memcpy) instead of gathering it by columns (that packing
-// was 17% of the forward's time).
-template <typename T>
-struct KeysTransposed {
-  std::vector<T> data;
-  std::vector<bool> done;
-  int64_t head = -1, sk = 0;
-  // Keys [j0, j0 + cols) of head `id` (base + offset, strides s_stride, d_stride), as rows of a
-  // (dim, sk) matrix: element (d, j) at [d * sk + j].
-  const T* get(const void* base, int64_t offset, int64_t s_stride, int64_t d_stride, int64_t keys, int64_t dim,
-               int64_t id, int64_t j0, int64_t cols, int64_t tile) {
-    if (id != head) {
-      sk = keys;
-      data.resize(sk * dim);
-      done.assign((sk + tile - 1) / tile, false);
-      head = id;
-    }
-    if (!done[j0 / tile]) {
-      const T* k = static_cast<const T*>(base) + offset;
-      for (int64_t j = j0; j < j0 + cols; ++j)
-        for (int64_t d = 0; d < dim; ++d) data[d * sk + j] = k[j * s_stride + d * d_stride];
-      done[j0 / tile] = true;
-    }
-    return data.data() + j0;
+// A kv head's K^T and V tiles packed for the GEMM's micro-kernel, each the first time a thread
+// needs it (then reused by every query tile of the head: repacking them per tile pair, with K^T
+// gathered by columns, was 17% of the forward's time).
+template <typename A>
+struct PackedHead {
+  std::vector<A> keys, values;
+  std::vector<bool> have_keys, have_values;
+  int64_t head = -1, key_tile = 0, value_tile = 0;
+  void reset(int64_t id, int64_t tiles, int64_t key_elems, int64_t value_elems) {
+    if (id == head) return;
+    head = id;
+    key_tile = key_elems, value_tile = value_elems;
+    keys.resize(tiles * key_elems);
+    values.resize(tiles * value_elems);
+    have_keys.assign(tiles, false);
+    have_values.assign(tiles, false);
   }
 };
 
@@ -155,16 +158,20 @@ void forward_kernel(const AttentionParams& p) {
   const int64_t flops = 4 * p.batch * p.heads * Sq * Sk * D;
   const int64_t grain = flops < (int64_t{1} << 22) ? std::max<int64_t>(tasks, 1) : 1;
   const CpuIsa isa = cpu_isa();
+  // Inputs are packed by their type's packer, P (in the accumulation type) by the float one.
+  const GemmPackedFns in = gemm_packed(p.dtype, isa);
+  const GemmPackedFns acc = gemm_packed(std::is_same_v<A, double> ? DType::kFloat64 : DType::kFloat32, isa);
   at::parallel_for(0, tasks, grain, [&](int64_t begin, int64_t end) {
-    Gemm gemm(p.dtype, isa);
-    std::vector<A> s(tq * tk), o(tq * D), pv(tq * D), m(tq), l(tq);
-    std::vector<T> p16(std::is_same_v<T, A> ? 0 : tq * tk);
-    KeysTransposed<T> keys_t;
+    std::vector<A> s(tq * tk), o(tq * D), m(tq), l(tq);
+    std::vector<A> q_packed(in.a_size(tq, D)), p_packed(acc.a_size(tq, tk));
+    PackedHead<A> kv;
     for (int64_t task = begin; task < end; ++task) {
       const int64_t qt = task % q_tiles, bh = task / q_tiles, h = bh % p.heads, b = bh / p.heads;
       const int64_t hk = h / group, i0 = qt * tq, rows = std::min(tq, Sq - i0);
-      const T* q = at_<T>(p.q, b * p.q_bs + h * p.q_hs + i0 * p.q_ss);
+      const T* k = at_<T>(p.k, b * p.k_bs + hk * p.k_hs);
       const T* v = at_<T>(p.v, b * p.v_bs + hk * p.v_hs);
+      kv.reset(b * p.kv_heads + hk, k_tiles, in.b_size(D, tk), in.b_size(tk, D));
+      in.pack_a(at_<T>(p.q, b * p.q_bs + h * p.q_hs + i0 * p.q_ss), p.q_ss, p.q_ds, rows, D, q_packed.data());
       std::fill(o.begin(), o.end(), A(0));
       std::fill(m.begin(), m.end(), -std::numeric_limits<A>::infinity());
       std::fill(l.begin(), l.end(), A(0));
@@ -175,8 +182,12 @@ void forward_kernel(const AttentionParams& p) {
                                                       : SegmentRange{};
         const BlockKind kind = tile_kind(pat, b, h, i0, i0 + rows, j0, j0 + cols, q_range, kv_range);
         if (kind == BlockKind::kEmpty) continue;
-        const T* k_t = keys_t.get(p.k, b * p.k_bs + hk * p.k_hs, p.k_ss, p.k_ds, Sk, D, b * p.kv_heads + hk, j0, cols, tk);
-        gemm(rows, cols, D, q, p.q_ss, p.q_ds, k_t, Sk, 1, s.data(), tk);
+        A* keys = kv.keys.data() + kt * kv.key_tile;
+        if (!kv.have_keys[kt]) {  // K^T tile: (D, cols) with rows along d
+          in.pack_b(k + j0 * p.k_ss, p.k_ds, p.k_ss, D, cols, keys);
+          kv.have_keys[kt] = true;
+        }
+        in.multiply(rows, cols, D, q_packed.data(), keys, s.data(), tk, false);
         finish_scores<A>(p, kind, b, h, i0, rows, j0, cols, tk, s.data(), s.data());
         for (int64_t r = 0; r < rows; ++r) {
           A* row = s.data() + r * tk;
@@ -187,19 +198,21 @@ void forward_kernel(const AttentionParams& p) {
           }
           const A alpha = std::exp(m[r] - mx);  // 0 for the first visible tile (m = -inf)
           const A sum = exp_sum(row, cols, mx);
-          for (int64_t c = cols; c < tk; ++c) row[c] = 0;
           l[r] = l[r] * alpha + sum;
           m[r] = mx;
           A* orow = o.data() + r * D;
           for (int64_t d = 0; d < D; ++d) orow[d] *= alpha;
+          if constexpr (!std::is_same_v<T, A>) {  // P rounded to the inputs' type for P V
+            for (int64_t c = 0; c < cols; ++c) row[c] = static_cast<A>(static_cast<T>(row[c]));
+          }
         }
-        if constexpr (std::is_same_v<T, A>) {
-          gemm(rows, D, cols, s.data(), tk, 1, v + j0 * p.v_ss, p.v_ss, p.v_ds, pv.data(), D);
-        } else {
-          for (int64_t i = 0; i < rows * tk; ++i) p16[i] = static_cast<T>(s[i]);
-          gemm(rows, D, cols, p16.data(), tk, 1, v + j0 * p.v_ss, p.v_ss, p.v_ds, pv.data(), D);
+        acc.pack_a(s.data(), tk, 1, rows, cols, p_packed.data());
+        A* values = kv.values.data() + kt * kv.value_tile;
+        if (!kv.have_values[kt]) {
+          in.pack_b(v + j0 * p.v_ss, p.v_ss, p.v_ds, cols, D, values);
+          kv.have_values[kt] = true;
         }
-        for (int64_t i = 0; i < rows * D; ++i) o[i] += pv[i];
+        acc.multiply(rows, D, cols, p_packed.data(), values, o.data(), D, true);  // o = o * alpha + P V
       }
       T* out = static_cast<T*>(p.out) + b * p.o_bs + h * p.o_hs + i0 * p.o_ss;
       A* lse = static_cast<A*>(p.lse) + (b * p.heads + h) * Sq + i0;

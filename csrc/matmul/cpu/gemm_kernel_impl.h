@@ -191,7 +191,82 @@ void gemm_block_impl(const GemmParams& p, int64_t bi, int64_t m0, int64_t m1, in
   }
 }
 
+// Packed operands (GemmPackedFns): k in slices of kKC; slice s of a holds its row panels
+// (ceil(m / MR) x kc x MR), of b its column panels (ceil(n / NR) x kc x NR).
+template <typename Acc>
+int64_t packed_a_size(int64_t m, int64_t k) {
+  constexpr int MR = Blocking<Acc>::kMR;
+  return (m + MR - 1) / MR * MR * k;
+}
+template <typename Acc>
+int64_t packed_b_size(int64_t k, int64_t n) {
+  constexpr int NR = Blocking<Acc>::kNR;
+  return (n + NR - 1) / NR * NR * k;
+}
+
+template <typename T, typename Acc>
+void pack_a_all(const void* a, int64_t rs, int64_t cs, int64_t m, int64_t k, void* dst) {
+  constexpr int64_t KC = Blocking<Acc>::kKC;
+  const int64_t panels = packed_a_size<Acc>(m, 1);
+  for (int64_t pc = 0; pc < k; pc += KC)
+    pack_a<Acc>(static_cast<const T*>(a) + pc * cs, rs, cs, m, imin(KC, k - pc), static_cast<Acc*>(dst) + panels * pc);
+}
+
+template <typename T, typename Acc>
+void pack_b_all(const void* b, int64_t rs, int64_t cs, int64_t k, int64_t n, void* dst) {
+  constexpr int64_t KC = Blocking<Acc>::kKC;
+  const int64_t panels = packed_b_size<Acc>(1, n);
+  for (int64_t pc = 0; pc < k; pc += KC)
+    pack_b<Acc>(static_cast<const T*>(b) + pc * rs, rs, cs, imin(KC, k - pc), n, static_cast<Acc*>(dst) + panels * pc);
+}
+
+template <typename Acc>
+void multiply_packed(int64_t m, int64_t n, int64_t k, const void* a_packed, const void* b_packed, void* c_out,
+                     int64_t ldc, bool accumulate) {
+  constexpr int MR = Blocking<Acc>::kMR, NR = Blocking<Acc>::kNR;
+  constexpr int64_t KC = Blocking<Acc>::kKC;
+  Acc* c = static_cast<Acc*>(c_out);
+  if (k == 0) {
+    if (!accumulate)
+      for (int64_t i = 0; i < m; ++i)
+        for (int64_t j = 0; j < n; ++j) c[i * ldc + j] = Acc(0);
+    return;
+  }
+  const int64_t a_panels = packed_a_size<Acc>(m, 1), b_panels = packed_b_size<Acc>(1, n);
+  for (int64_t pc = 0; pc < k; pc += KC) {
+    const int64_t kc = imin(KC, k - pc);
+    const Acc* ap0 = static_cast<const Acc*>(a_packed) + a_panels * pc;
+    const Acc* bp0 = static_cast<const Acc*>(b_packed) + b_panels * pc;
+    for (int64_t jr = 0; jr < n; jr += NR) {
+      const Acc* bp = bp0 + (jr / NR) * kc * NR;
+      const int cols = static_cast<int>(imin(NR, n - jr));
+      for (int64_t ir = 0; ir < m; ir += MR) {
+        const Acc* ap = ap0 + (ir / MR) * kc * MR;
+        const int rows = static_cast<int>(imin(MR, m - ir));
+        const bool add = accumulate || pc > 0;
+        if (rows == MR && cols == NR) micro_kernel<Acc>(kc, ap, bp, c + ir * ldc + jr, ldc, add);
+        else edge_kernel<Acc>(kc, ap, bp, c + ir * ldc + jr, ldc, add, rows, cols);
+      }
+    }
+  }
+}
+
+template <typename T, typename Acc>
+GemmPackedFns packed_fns() {
+  return {&packed_a_size<Acc>, &packed_b_size<Acc>, &pack_a_all<T, Acc>, &pack_b_all<T, Acc>, &multiply_packed<Acc>};
+}
+
 }  // namespace
+
+GemmPackedFns gemm_packed(DType dtype) {
+  switch (dtype) {
+    case DType::kFloat32: return packed_fns<float, float>();
+    case DType::kFloat64: return packed_fns<double, double>();
+    case DType::kFloat16: return packed_fns<c10::Half, float>();
+    case DType::kBFloat16: return packed_fns<c10::BFloat16, float>();
+  }
+  return {};
+}
 
 int64_t gemm_work_bytes(DType dtype) {
   if (dtype == DType::kFloat64) return (Blocking<double>::kMC + Blocking<double>::kNC) * Blocking<double>::kKC * 8;
