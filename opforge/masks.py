@@ -15,6 +15,7 @@ rules (csrc/attention/attention_params.h) tile by tile.
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Callable
 
 import torch
@@ -38,12 +39,13 @@ def pattern_mask(
     left, right = window if window is not None else (None, None)
     if causal:
         right = 0
+    reach = sq + sk  # a side this long sees every key: clamped so that int64 positions cannot overflow
     if right is not None:
-        ok &= kv <= q + right
+        ok &= kv <= q + min(right, reach)
     if left is not None:
-        ok &= kv >= q - left
+        ok &= kv >= q - min(left, reach)
     if prefix_len:
-        ok |= kv < prefix_len
+        ok |= kv < min(prefix_len, reach)
     return ok
 
 
@@ -61,6 +63,11 @@ def split_segments(segment_ids, sq: int, sk: int) -> tuple[torch.Tensor, torch.T
                 "opforge.attention: segment_ids must be a (batch, keys) tensor or a pair (q_segments, kv_segments)"
             )
         return segment_ids[0], segment_ids[1]
+    if sq > sk:
+        raise ValueError(
+            "opforge.attention: one segment_ids tensor (batch, keys) gives the queries the ids of the last Sq "
+            f"keys, which needs Sq <= Sk (got {sq} > {sk}): pass a pair (q_segments, kv_segments)"
+        )
     return segment_ids[:, sk - sq :], segment_ids
 
 
@@ -188,12 +195,17 @@ def block_mask(
     for name, value, allow_none in (("B", B, True), ("H", H, True), ("Sq", Sq, False), ("Sk", Sk, False)):
         if value is None and allow_none:
             continue
-        if not isinstance(value, int) or isinstance(value, bool) or value < (1 if allow_none else 0):
+        if (
+            not isinstance(value, numbers.Integral)
+            or isinstance(value, bool)
+            or value < (1 if allow_none else 0)
+        ):
             raise ValueError(
                 f"{OP}: {name} must be a {'positive ' if allow_none else 'non-negative '}int, got {value!r}"
             )
     bq, bk = _block_size(block_size)
-    nb, nh = B or 1, H or 1
+    Sq, Sk = int(Sq), int(Sk)
+    nb, nh = int(B or 1), int(H or 1)
     b = torch.arange(nb, device=device)[:, None, None, None]
     h = torch.arange(nh, device=device)[None, :, None, None]
     kv = torch.arange(Sk, device=device)[None, None, None, :]
@@ -219,13 +231,19 @@ def _describe(value) -> str:
 
 
 def _block_size(block_size) -> tuple[int, int]:
-    bq, bk = (block_size, block_size) if isinstance(block_size, int) else tuple(block_size)
+    if isinstance(block_size, numbers.Integral):
+        pair = (block_size, block_size)
+    elif isinstance(block_size, (tuple, list)) and len(block_size) == 2:
+        pair = tuple(block_size)
+    else:
+        pair = (None, None)
+    bq, bk = pair
     for v in (bq, bk):
-        if not isinstance(v, int) or isinstance(v, bool) or v <= 0 or v % 64:
+        if not isinstance(v, numbers.Integral) or isinstance(v, bool) or v <= 0 or v % 64:
             raise ValueError(
                 f"{OP}: block_size must be a positive multiple of 64 (or a pair of them), got {block_size!r}"
             )
-    return bq, bk
+    return int(bq), int(bk)
 
 
 def _classify(
@@ -242,8 +260,9 @@ def _classify(
         # Padding (beyond Sq / Sk) counts as visible for the "full" test and as hidden for the bits.
         padded_any = torch.nn.functional.pad(m, (0, pk, 0, pq), value=False)
         padded_all = torch.nn.functional.pad(m, (0, pk, 0, pq), value=True)
-        blocks = padded_any.reshape(nb, nh, -1, bq, nk, bk).transpose(3, 4)  # (B, H, rq, nk, bq, bk)
-        full = padded_all.reshape(nb, nh, -1, bq, nk, bk).transpose(3, 4).flatten(-2).all(-1)
+        rq = padded_any.shape[2] // bq
+        blocks = padded_any.reshape(nb, nh, rq, bq, nk, bk).transpose(3, 4)  # (B, H, rq, nk, bq, bk)
+        full = padded_all.reshape(nb, nh, rq, bq, nk, bk).transpose(3, 4).flatten(-2).all(-1)
         some = blocks.flatten(-2).any(-1)
         kind = torch.where(full, 1, torch.where(some, 2, 0)).to(torch.uint8)
         partial = kind == 2

@@ -451,3 +451,53 @@ def test_block_mask_errors():
         block_mask(lambda b, h, q, kv: q >= kv, 1, 1, -1, 10)
     with pytest.raises(TypeError, match=r"from_dense: mask must be a bool tensor"):
         BlockMask.from_dense(torch.ones(4, 4))
+
+
+def test_int64_segment_ids_beyond_int32():
+    """Ids that differ only above 32 bits stay different segments."""
+    q, k, v = (t.double() for t in qkv(1, 1, 1, 4, 4, 8))
+    seg = torch.tensor([[0, 0, 2**32, 2**32]])
+    want = reference.attention(q, k, v, segment_ids=seg)
+    assert (opforge.attention(q, k, v, segment_ids=seg) - want).abs().max() < 1e-12
+    assert (want - reference.attention(q, k, v)).abs().max() > 1e-3  # the segments matter here
+
+
+@pytest.mark.parametrize(
+    "kw", [dict(window=(None, 2**63 - 1)), dict(window=(2**70, 2**63 - 1)), dict(prefix_len=2**70)]
+)
+def test_huge_window_and_prefix(kw):
+    """Sides and prefixes beyond the sequence mean 'everything', without an overflow."""
+    q, k, v = (t.double() for t in qkv(1, 2, 2, 7, 11, 8))
+    want = reference.attention(q, k, v)
+    assert (opforge.attention(q, k, v, **kw) - want).abs().max() < 1e-12
+    assert (reference.attention(q, k, v, **kw) - want).abs().max() < 1e-12
+
+
+def test_torch_compile_dynamic():
+    """dynamic=True: the default scale of a symbolic head_dim and a traced scale argument."""
+    f = torch.compile(lambda q, k, v: opforge.attention(q, k, v, causal=True), fullgraph=True, dynamic=True)
+    g = torch.compile(lambda q, k, v, s: opforge.attention(q, k, v, scale=s), fullgraph=True, dynamic=True)
+    for D in (8, 16):
+        q, k, v = qkv(1, 2, 1, 10, 12, D)
+        assert torch.allclose(f(q, k, v), opforge.attention(q, k, v, causal=True))
+        assert torch.allclose(g(q, k, v, 0.3), opforge.attention(q, k, v, scale=0.3))
+
+
+def test_block_mask_without_keys():
+    m = block_mask(lambda b, h, q, kv: q >= kv, None, None, 10, 0)
+    assert m.to_dense().shape == (1, 1, 10, 0)
+    assert BlockMask.from_dense(torch.ones(0, 0, dtype=torch.bool)).shape == (1, 1, 0, 0)
+    out = opforge.attention(*qkv(1, 1, 1, 10, 0, 8), mask=m)
+    assert out.shape == (1, 1, 10, 8) and (out == 0).all()
+
+
+def test_error_messages_name_the_callers_arguments():
+    q, k, v = qkv(2, 1, 1, 20, 20, 8)
+    with pytest.raises(ValueError, match=r"segment_ids must be \(batch, keys\) = \(2, 20\)"):
+        opforge.attention(q, k, v, segment_ids=torch.zeros(1, 20, dtype=torch.long))
+    with pytest.raises(ValueError, match=r"q must be 4-D"):
+        opforge.attention(q[0], k, v, segment_ids=torch.zeros(2, 20, dtype=torch.long))
+    with pytest.raises(ValueError, match=r"block_size must be a positive multiple of 64"):
+        block_mask(lambda b, h, i, j: i >= j, 1, 1, 10, 10, block_size=(64, 64, 64))
+    with pytest.raises(ValueError, match=r"needs Sq <= Sk"):
+        reference.attention(*qkv(1, 1, 1, 40, 30, 8), segment_ids=torch.zeros(1, 30, dtype=torch.long))

@@ -4,6 +4,7 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/ops/empty.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "common/checks.h"
@@ -93,7 +94,7 @@ void check_pattern(const char* op, const at::Tensor& q, const at::Tensor& k, dou
   }
 }
 
-at::Tensor int32_contiguous(const at::Tensor& t) { return t.to(at::kInt).contiguous(); }
+at::Tensor int64_contiguous(const at::Tensor& t) { return t.to(at::kLong).contiguous(); }
 
 }  // namespace
 
@@ -161,13 +162,14 @@ AttentionPlan plan_attention(const at::Tensor& q, const at::Tensor& k, const at:
   pat.sq = q.size(2);
   pat.sk = k.size(2);
   pat.causal = pattern.causal;
-  pat.window_left = pattern.window_left;
-  pat.window_right = pattern.window_right;
-  pat.prefix_len = pattern.prefix_len;
+  const int64_t reach = pat.sq + pat.sk;  // a side or prefix this long already sees everything
+  pat.window_left = std::min(pattern.window_left, reach);
+  pat.window_right = std::min(pattern.window_right, reach);
+  pat.prefix_len = std::min(pattern.prefix_len, reach);
   if (pattern.q_segments) {
-    at::Tensor qs = int32_contiguous(*pattern.q_segments), ks = int32_contiguous(*pattern.kv_segments);
-    pat.q_segments = qs.const_data_ptr<int32_t>();
-    pat.kv_segments = ks.const_data_ptr<int32_t>();
+    at::Tensor qs = int64_contiguous(*pattern.q_segments), ks = int64_contiguous(*pattern.kv_segments);
+    pat.q_segments = qs.const_data_ptr<int64_t>();
+    pat.kv_segments = ks.const_data_ptr<int64_t>();
     pat.q_seg_bs = qs.size(1);
     pat.kv_seg_bs = ks.size(1);
     plan.keep.push_back(qs);

@@ -31,8 +31,8 @@ void check_attention_backward_inputs(const at::Tensor& grad_out, const at::Tenso
 // contiguous (B, H, S, D).
 at::Tensor empty_attention_like(const at::Tensor& like);
 
-// The kernels' view of the call. The segment ids and the mask tensors are kept alive (int32
-// contiguous copies where needed) by `keep`.
+// The kernels' view of the call. The segment ids (as int64) and the mask tensors are kept alive
+// (contiguous copies where needed) by `keep`.
 struct AttentionPlan {
   AttentionParams params;
   std::vector<at::Tensor> keep;

@@ -29,11 +29,13 @@ enum class BlockKind : uint8_t { kEmpty = 0, kFull = 1, kPartial = 2 };
 struct AttentionPattern {
   int64_t sq = 0, sk = 0;
   bool causal = false;
-  int64_t window_left = -1, window_right = -1;  // negative: unbounded
-  int64_t prefix_len = 0;                       // keys [0, prefix_len) visible to every query
-  // Segment ids (int32, (B, Sq) and (B, Sk), row strides in elements), or null.
-  const int32_t* q_segments = nullptr;
-  const int32_t* kv_segments = nullptr;
+  // Negative: unbounded. The plan clamps both sides and the prefix to Sq + Sk (the same pattern),
+  // so that positions plus a side never overflow.
+  int64_t window_left = -1, window_right = -1;
+  int64_t prefix_len = 0;  // keys [0, prefix_len) visible to every query
+  // Segment ids (int64, (B, Sq) and (B, Sk), row strides in elements), or null.
+  const int64_t* q_segments = nullptr;
+  const int64_t* kv_segments = nullptr;
   int64_t q_seg_bs = 0, kv_seg_bs = 0;
   // Block mask, or null: kinds (Bm, Hm, nQ, nK) uint8 and index (same shape, int32: the partial
   // block's row of bits, or -1), bits (P, block_q, block_k / 32) int32; Bm and Hm are 1 or B, H.
@@ -82,7 +84,7 @@ struct AttentionPattern {
 // visible (no mask arithmetic), or some of it. Segment ids are summarized by their min and max
 // over the tile's rows and columns (ranges that do not meet share no id).
 struct SegmentRange {
-  int32_t lo = 0, hi = -1;  // empty when lo > hi
+  int64_t lo = 0, hi = -1;  // empty when lo > hi
 };
 
 OPFORGE_HD BlockKind band_tile_kind(const AttentionPattern& p, int64_t i0, int64_t i1, int64_t j0, int64_t j1) {

@@ -12,6 +12,9 @@ from opforge.masks import BlockMask, split_segments
 from opforge.ops._common import check_dtype_in, check_same_device, check_same_dtype, require_tensor
 
 OP = "opforge.attention"
+# Window sides and prefixes beyond any sequence length mean "unbounded"; larger values are clamped
+# (the kernels clamp further, to Sq + Sk), so that the schema's int64 holds them.
+_REACH = 2**62
 DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
@@ -58,16 +61,27 @@ def attention(
     """
     for name, t in (("q", q), ("k", k), ("v", v)):
         require_tensor(OP, name, t)
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.dim() != 4:
+            raise ValueError(f"{OP}: {name} must be 4-D (batch, heads, sequence, head_dim), got {t.dim()}-D")
     args = _pattern_args(q, k, causal, window, prefix_len, segment_ids, mask)
     if scale is None:
-        scale = 1.0 / math.sqrt(q.shape[-1]) if q.dim() == 4 and q.shape[-1] > 0 else 1.0
-    if not isinstance(scale, numbers.Real) or isinstance(scale, bool) or not math.isfinite(scale):
+        # head_dim ** -0.5 keeps a symbolic size symbolic under torch.compile(dynamic=True)
+        scale = q.shape[-1] ** -0.5 if q.shape[-1] > 0 else 1.0
+    # (abs(x) < inf: False for NaN too, and a symbolic value under torch.compile stays symbolic)
+    elif (
+        not isinstance(scale, (numbers.Real, torch.SymFloat))
+        or isinstance(scale, bool)
+        or not abs(scale) < math.inf
+    ):
         raise ValueError(f"{OP}: scale must be a finite number, got {scale!r}")
+    elif not torch.compiler.is_compiling() and not isinstance(scale, torch.SymFloat):
+        scale = float(scale)
     if softcap is None:
         softcap = 0.0
     if not isinstance(softcap, numbers.Real) or isinstance(softcap, bool) or not 0 <= softcap < math.inf:
         raise ValueError(f"{OP}: softcap must be a positive number (or None), got {softcap!r}")
-    out, lse = torch.ops.opforge.attention.default(q, k, v, float(scale), float(softcap), *args)
+    out, lse = torch.ops.opforge.attention.default(q, k, v, scale, float(softcap), *args)
     return (out, lse) if return_lse else out
 
 
@@ -85,7 +99,7 @@ def _pattern_args(q, k, causal, window, prefix_len, segment_ids, mask) -> tuple:
             if side is None:
                 sides.append(-1)
             elif isinstance(side, numbers.Integral) and not isinstance(side, bool) and side >= 0:
-                sides.append(int(side))
+                sides.append(min(int(side), _REACH))
             else:
                 raise ValueError(f"{OP}: window sides must be ints >= 0 or None, got {window!r}")
         left, right = sides
@@ -93,11 +107,13 @@ def _pattern_args(q, k, causal, window, prefix_len, segment_ids, mask) -> tuple:
     if prefix_len is not None:
         if not isinstance(prefix_len, numbers.Integral) or isinstance(prefix_len, bool) or prefix_len < 0:
             raise ValueError(f"{OP}: prefix_len must be an int >= 0, got {prefix_len!r}")
-        prefix = int(prefix_len)
+        prefix = min(int(prefix_len), _REACH)
     q_seg = kv_seg = None
     if segment_ids is not None:
-        sq, sk = (q.shape[2], k.shape[2]) if q.dim() == 4 and k.dim() == 4 else (0, 0)
-        if isinstance(segment_ids, torch.Tensor) and (segment_ids.dim() != 2 or segment_ids.shape[1] != sk):
+        sq, sk = q.shape[2], k.shape[2]
+        if isinstance(segment_ids, torch.Tensor) and (
+            segment_ids.dim() != 2 or segment_ids.shape[1] != sk or segment_ids.shape[0] != k.shape[0]
+        ):
             raise ValueError(
                 f"{OP}: segment_ids must be (batch, keys) = ({k.shape[0]}, {sk}) or a pair (q_segments, "
                 f"kv_segments), got a tensor of shape {list(segment_ids.shape)}"

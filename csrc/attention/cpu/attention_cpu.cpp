@@ -65,10 +65,10 @@ const T* at_(const void* base, int64_t offset) {
 }
 
 // The segment ids of rows [i0, i1) of one batch row, summarized.
-SegmentRange segment_range(const int32_t* ids, int64_t stride_b, int64_t b, int64_t i0, int64_t i1) {
+SegmentRange segment_range(const int64_t* ids, int64_t stride_b, int64_t b, int64_t i0, int64_t i1) {
   SegmentRange r{};
   if (!ids) return r;
-  const int32_t* row = ids + b * stride_b;
+  const int64_t* row = ids + b * stride_b;
   r.lo = *std::min_element(row + i0, row + i1);
   r.hi = *std::max_element(row + i0, row + i1);
   return r;
