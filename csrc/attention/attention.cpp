@@ -98,6 +98,17 @@ at::Tensor int64_contiguous(const at::Tensor& t) { return t.to(at::kLong).contig
 
 }  // namespace
 
+AttentionPatternArgs attention_pattern_args(bool causal, int64_t window_left, int64_t window_right,
+                                            int64_t prefix_len, const std::optional<at::Tensor>& q_segments,
+                                            const std::optional<at::Tensor>& kv_segments,
+                                            const std::optional<at::Tensor>& mask_kinds,
+                                            const std::optional<at::Tensor>& mask_index,
+                                            const std::optional<at::Tensor>& mask_bits, int64_t block_q,
+                                            int64_t block_k) {
+  return {causal, window_left, window_right, prefix_len, q_segments, kv_segments,
+          mask_kinds, mask_index, mask_bits, block_q, block_k};
+}
+
 void check_attention_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale,
                             double softcap, const AttentionPatternArgs& pattern) {
   check_qkv(kOp, q, k, v);
@@ -121,7 +132,7 @@ void check_attention_backward_inputs(const at::Tensor& grad_out, const at::Tenso
   check_same_device(op, "grad_out", grad_out, "q", q);
   check_same_device(op, "out", out, "q", q);
   check_same_device(op, "lse", lse, "q", q);
-  const at::ScalarType lse_type = q.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  const at::ScalarType lse_type = attention_lse_dtype(q);
   TORCH_CHECK_VALUE(lse.scalar_type() == lse_type && lse.dim() == 3 && lse.size(0) == q.size(0) &&
                         lse.size(1) == q.size(1) && lse.size(2) == q.size(2),
                     op, ": lse must be ", dtype_str(lse_type), " (batch, heads, queries) = ", q.sizes().slice(0, 3),

@@ -18,6 +18,20 @@ struct AttentionPatternArgs {
   int64_t block_q = 128, block_k = 128;
 };
 
+// The schema's pattern arguments gathered (every backend's entry takes them one by one).
+AttentionPatternArgs attention_pattern_args(bool causal, int64_t window_left, int64_t window_right,
+                                            int64_t prefix_len, const std::optional<at::Tensor>& q_segments,
+                                            const std::optional<at::Tensor>& kv_segments,
+                                            const std::optional<at::Tensor>& mask_kinds,
+                                            const std::optional<at::Tensor>& mask_index,
+                                            const std::optional<at::Tensor>& mask_bits, int64_t block_q,
+                                            int64_t block_k);
+
+// The LSE's dtype: float32, float64 for float64 inputs.
+inline at::ScalarType attention_lse_dtype(const at::Tensor& q) {
+  return q.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+}
+
 // Raise an error naming opforge.attention and the argument on bad input.
 void check_attention_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale,
                             double softcap, const AttentionPatternArgs& pattern);

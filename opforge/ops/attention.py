@@ -61,9 +61,7 @@ def attention(
     """
     for name, t in (("q", q), ("k", k), ("v", v)):
         require_tensor(OP, name, t)
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if t.dim() != 4:
-            raise ValueError(f"{OP}: {name} must be 4-D (batch, heads, sequence, head_dim), got {t.dim()}-D")
+    _check_ranks(OP, q, k, v)  # (the pattern arguments read the sizes)
     args = _pattern_args(q, k, causal, window, prefix_len, segment_ids, mask)
     if scale is None:
         # head_dim ** -0.5 keeps a symbolic size symbolic under torch.compile(dynamic=True)
@@ -86,7 +84,7 @@ def attention(
 
 
 def _pattern_args(q, k, causal, window, prefix_len, segment_ids, mask) -> tuple:
-    """The schema's pattern arguments: causal, window_left, window_right, prefix_len, q_segments,
+    """(q and k 4-D.) The schema's pattern arguments: causal, window_left, window_right, prefix_len, q_segments,
     kv_segments, mask_kinds, mask_index, mask_bits, block_q, block_k."""
     if not isinstance(causal, bool):
         raise TypeError(f"{OP}: causal must be a bool, got {type(causal).__name__}")
@@ -137,14 +135,13 @@ def _pattern_args(q, k, causal, window, prefix_len, segment_ids, mask) -> tuple:
             raise TypeError(
                 f"{OP}: mask must be an opforge.BlockMask (opforge.block_mask), got {type(mask).__name__}"
             )
-        if q.dim() == 4 and k.dim() == 4:
-            B, H, sq, sk = q.shape[0], q.shape[1], q.shape[2], k.shape[2]
-            mb, mh, msq, msk = mask.shape
-            if msq != sq or msk != sk or mb not in (1, B) or mh not in (1, H):
-                raise ValueError(
-                    f"{OP}: the mask was made for (B, H, Sq, Sk) = {mask.shape}, this call has "
-                    f"({B}, {H}, {sq}, {sk}) (B and H may be 1)"
-                )
+        B, H, sq, sk = q.shape[0], q.shape[1], q.shape[2], k.shape[2]
+        mb, mh, msq, msk = mask.shape
+        if msq != sq or msk != sk or mb not in (1, B) or mh not in (1, H):
+            raise ValueError(
+                f"{OP}: the mask was made for (B, H, Sq, Sk) = {mask.shape}, this call has "
+                f"({B}, {H}, {sq}, {sk}) (B and H may be 1)"
+            )
         kinds, index, bits = mask.kinds, mask.index, mask.bits
         block_q, block_k = mask.block_size
     return (causal, left, right, prefix, q_seg, kv_seg, kinds, index, bits, block_q, block_k)
@@ -157,10 +154,14 @@ def _like(t: torch.Tensor) -> torch.Tensor:
     return t.new_empty(t.shape)
 
 
-def _check_qkv(op: str, q, k, v) -> None:
+def _check_ranks(op: str, q, k, v) -> None:
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.dim() != 4:
             raise ValueError(f"{op}: {name} must be 4-D (batch, heads, sequence, head_dim), got {t.dim()}-D")
+
+
+def _check_qkv(op: str, q, k, v) -> None:
+    _check_ranks(op, q, k, v)
     check_dtype_in(op, "q", q, DTYPES)
     check_same_dtype(op, "k", k, "q", q)
     check_same_dtype(op, "v", v, "q", q)

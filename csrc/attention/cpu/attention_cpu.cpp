@@ -11,7 +11,6 @@
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 #include <ATen/ops/empty.h>
-#include <ATen/ops/zeros.h>
 #include <c10/core/CPUAllocator.h>
 #include <torch/library.h>
 
@@ -401,17 +400,6 @@ void check_mask_values(const AttentionPattern& pat, int64_t partials) {
   }
 }
 
-AttentionPatternArgs pattern_args(bool causal, int64_t window_left, int64_t window_right, int64_t prefix_len,
-                                  const std::optional<at::Tensor>& q_segments,
-                                  const std::optional<at::Tensor>& kv_segments,
-                                  const std::optional<at::Tensor>& mask_kinds,
-                                  const std::optional<at::Tensor>& mask_index,
-                                  const std::optional<at::Tensor>& mask_bits, int64_t block_q, int64_t block_k) {
-  return {causal, window_left, window_right, prefix_len, q_segments, kv_segments,
-          mask_kinds, mask_index, mask_bits, block_q, block_k};
-}
-
-at::ScalarType lse_dtype(const at::Tensor& q) { return q.scalar_type() == at::kDouble ? at::kDouble : at::kFloat; }
 
 std::tuple<at::Tensor, at::Tensor> attention_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                                  double scale, double softcap, bool causal, int64_t window_left,
@@ -422,11 +410,11 @@ std::tuple<at::Tensor, at::Tensor> attention_cpu(const at::Tensor& q, const at::
                                                  const std::optional<at::Tensor>& mask_index,
                                                  const std::optional<at::Tensor>& mask_bits, int64_t block_q,
                                                  int64_t block_k) {
-  const AttentionPatternArgs args = pattern_args(causal, window_left, window_right, prefix_len, q_segments,
+  const AttentionPatternArgs args = attention_pattern_args(causal, window_left, window_right, prefix_len, q_segments,
                                                  kv_segments, mask_kinds, mask_index, mask_bits, block_q, block_k);
   check_attention_inputs(q, k, v, scale, softcap, args);
   at::Tensor out = empty_attention_like(q);
-  at::Tensor lse = at::empty({q.size(0), q.size(1), q.size(2)}, q.options().dtype(lse_dtype(q)));
+  at::Tensor lse = at::empty({q.size(0), q.size(1), q.size(2)}, q.options().dtype(attention_lse_dtype(q)));
   if (out.numel() == 0) return {out, lse.fill_(-std::numeric_limits<double>::infinity())};
   const AttentionPlan plan = plan_attention(q, k, v, out, lse, scale, softcap, args);
   check_mask_values(plan.params.pattern, mask_bits ? mask_bits->size(0) : 0);
@@ -442,7 +430,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_cpu(
     const std::optional<at::Tensor>& kv_segments, const std::optional<at::Tensor>& mask_kinds,
     const std::optional<at::Tensor>& mask_index, const std::optional<at::Tensor>& mask_bits, int64_t block_q,
     int64_t block_k) {
-  const AttentionPatternArgs args = pattern_args(causal, window_left, window_right, prefix_len, q_segments,
+  const AttentionPatternArgs args = attention_pattern_args(causal, window_left, window_right, prefix_len, q_segments,
                                                  kv_segments, mask_kinds, mask_index, mask_bits, block_q, block_k);
   check_attention_backward_inputs(grad_out, q, k, v, out, lse, grad_lse, scale, softcap, args);
   at::Tensor dq = empty_attention_like(q), dk = empty_attention_like(k), dv = empty_attention_like(v);
