@@ -193,6 +193,7 @@ AttentionPlan plan_attention(const at::Tensor& q, const at::Tensor& k, const at:
     pat.mask_index = index.const_data_ptr<int32_t>();
     pat.mask_bits = reinterpret_cast<const uint32_t*>(bits.const_data_ptr<int32_t>());
     pat.mask_b = kinds.size(0), pat.mask_h = kinds.size(1), pat.mask_nq = kinds.size(2), pat.mask_nk = kinds.size(3);
+    pat.mask_partials = bits.size(0);
     pat.block_q = pattern.block_q;
     pat.block_k = pattern.block_k;
     plan.keep.push_back(kinds);
@@ -200,6 +201,21 @@ AttentionPlan plan_attention(const at::Tensor& q, const at::Tensor& k, const at:
     plan.keep.push_back(bits);
   }
   return plan;
+}
+
+AttentionGradParams attention_grad_params(const AttentionParams& fwd, const at::Tensor& grad_out,
+                                          const at::Tensor& grad_lse, const at::Tensor& dq, const at::Tensor& dk,
+                                          const at::Tensor& dv) {
+  AttentionGradParams g;
+  g.fwd = fwd;
+  g.grad_out = grad_out.const_data_ptr();
+  g.g_bs = grad_out.stride(0), g.g_hs = grad_out.stride(1), g.g_ss = grad_out.stride(2);
+  g.grad_lse = grad_lse.defined() ? grad_lse.const_data_ptr() : nullptr;
+  g.dq = dq.data_ptr(), g.dk = dk.data_ptr(), g.dv = dv.data_ptr();
+  g.dq_bs = dq.stride(0), g.dq_hs = dq.stride(1), g.dq_ss = dq.stride(2);
+  g.dk_bs = dk.stride(0), g.dk_hs = dk.stride(1), g.dk_ss = dk.stride(2);
+  g.dv_bs = dv.stride(0), g.dv_hs = dv.stride(1), g.dv_ss = dv.stride(2);
+  return g;
 }
 
 std::tuple<at::Tensor, at::Tensor> attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,

@@ -54,4 +54,10 @@ struct AttentionPlan {
 AttentionPlan plan_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
                              const at::Tensor& lse, double scale, double softcap, const AttentionPatternArgs& pattern);
 
+// The backward's parameters: the plan's, grad_out's, the LSE gradient's (undefined: none) and the
+// outputs dq, dk, dv's.
+AttentionGradParams attention_grad_params(const AttentionParams& fwd, const at::Tensor& grad_out,
+                                          const at::Tensor& grad_lse, const at::Tensor& dq, const at::Tensor& dk,
+                                          const at::Tensor& dv);
+
 }  // namespace opforge

@@ -43,6 +43,7 @@ struct AttentionPattern {
   const int32_t* mask_index = nullptr;
   const uint32_t* mask_bits = nullptr;
   int64_t mask_b = 1, mask_h = 1, mask_nq = 0, mask_nk = 0;
+  int64_t mask_partials = 0;  // mask_bits' first dimension
   int64_t block_q = 128, block_k = 128;
 
   // The position of query i among the keys.
@@ -69,11 +70,15 @@ struct AttentionPattern {
     if (mask_kinds) {
       const int64_t m = mask_block(b, h, i / block_q, j / block_k);
       const auto kind = static_cast<BlockKind>(mask_kinds[m]);
-      if (kind == BlockKind::kEmpty) return false;
       if (kind == BlockKind::kPartial) {
+        // (An index outside mask_bits, or a kind other than the three, shows nothing.)
+        const int64_t index = mask_index[m];
+        if (index < 0 || index >= mask_partials) return false;
         const int64_t r = i % block_q, c = j % block_k;
-        const uint32_t word = mask_bits[(static_cast<int64_t>(mask_index[m]) * block_q + r) * (block_k / 32) + c / 32];
+        const uint32_t word = mask_bits[(index * block_q + r) * (block_k / 32) + c / 32];
         if (!((word >> (c % 32)) & 1u)) return false;
+      } else if (kind != BlockKind::kFull) {
+        return false;
       }
     }
     return true;
@@ -104,24 +109,46 @@ OPFORGE_HD BlockKind combine(BlockKind a, BlockKind b) {
   return a == BlockKind::kFull && b == BlockKind::kFull ? BlockKind::kFull : BlockKind::kPartial;
 }
 
-// The tile's kind. q_range / kv_range: the tile's segment ids (ignored without segments).
-OPFORGE_HD BlockKind tile_kind(const AttentionPattern& p, int64_t b, int64_t h, int64_t i0, int64_t i1, int64_t j0,
-                               int64_t j1, SegmentRange q_range, SegmentRange kv_range) {
+// The band and prefix part of a tile's kind.
+OPFORGE_HD BlockKind band_prefix_tile_kind(const AttentionPattern& p, int64_t i0, int64_t i1, int64_t j0, int64_t j1) {
   BlockKind kind = band_tile_kind(p, i0, i1, j0, j1);
   if (p.prefix_len > 0 && j0 < p.prefix_len) {
     // Keys below the prefix are visible to every row: the tile is at least partly visible.
     kind = j1 <= p.prefix_len ? BlockKind::kFull : (kind == BlockKind::kFull ? kind : BlockKind::kPartial);
   }
+  return kind;
+}
+
+// The segment part: q_range / kv_range are the tile's segment ids.
+OPFORGE_HD BlockKind segment_tile_kind(SegmentRange q_range, SegmentRange kv_range) {
+  if (q_range.hi < kv_range.lo || kv_range.hi < q_range.lo) return BlockKind::kEmpty;
+  const bool one = q_range.lo == q_range.hi && kv_range.lo == kv_range.hi;  // one id on both sides
+  return one ? BlockKind::kFull : BlockKind::kPartial;
+}
+
+// The block-mask part, over every mask block the tile covers (a kind other than empty, full or
+// partial counts as empty).
+OPFORGE_HD BlockKind mask_tile_kind(const AttentionPattern& p, int64_t b, int64_t h, int64_t i0, int64_t i1,
+                                    int64_t j0, int64_t j1) {
+  bool any = false, all = true;
+  for (int64_t bi = i0 / p.block_q; bi <= (i1 - 1) / p.block_q; ++bi) {
+    for (int64_t bj = j0 / p.block_k; bj <= (j1 - 1) / p.block_k; ++bj) {
+      const auto kind = static_cast<BlockKind>(p.mask_kinds[p.mask_block(b, h, bi, bj)]);
+      const bool seen = kind == BlockKind::kFull || kind == BlockKind::kPartial;
+      any = any || seen;
+      all = all && kind == BlockKind::kFull;
+    }
+  }
+  return !any ? BlockKind::kEmpty : all ? BlockKind::kFull : BlockKind::kPartial;
+}
+
+// The tile's kind. q_range / kv_range: the tile's segment ids (ignored without segments).
+OPFORGE_HD BlockKind tile_kind(const AttentionPattern& p, int64_t b, int64_t h, int64_t i0, int64_t i1, int64_t j0,
+                               int64_t j1, SegmentRange q_range, SegmentRange kv_range) {
+  BlockKind kind = band_prefix_tile_kind(p, i0, i1, j0, j1);
   if (kind == BlockKind::kEmpty) return kind;
-  if (p.q_segments) {
-    if (q_range.hi < kv_range.lo || kv_range.hi < q_range.lo) return BlockKind::kEmpty;
-    const bool one = q_range.lo == q_range.hi && kv_range.lo == kv_range.hi;  // one id on both sides
-    kind = combine(kind, one ? BlockKind::kFull : BlockKind::kPartial);
-  }
-  if (p.mask_kinds) {
-    // The tile lies inside one mask block (the kernels' tiles divide the mask's blocks).
-    kind = combine(kind, static_cast<BlockKind>(p.mask_kinds[p.mask_block(b, h, i0 / p.block_q, j0 / p.block_k)]));
-  }
+  if (p.q_segments) kind = combine(kind, segment_tile_kind(q_range, kv_range));
+  if (p.mask_kinds && kind != BlockKind::kEmpty) kind = combine(kind, mask_tile_kind(p, b, h, i0, i1, j0, j1));
   return kind;
 }
 

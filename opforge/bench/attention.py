@@ -1,10 +1,11 @@
-"""Benchmark spec for opforge.attention: against SDPA (is_causal where it applies, a dense bool
-mask otherwise) and plain PyTorch attention, in the same run; TFLOP/s count the visible work only.
-
-The CUDA kernels are not built yet (issue 20 in progress): CUDA devices get no cases."""
+"""Benchmark spec for opforge.attention, in the same run as its peers; TFLOP/s count the visible
+work only. CUDA (bfloat16): FlexAttention (compiled, with the equivalent block mask), SDPA's flash
+and cuDNN backends where the pattern is causal or full, SDPA with a dense mask otherwise, plain
+PyTorch attention. CPU (float32): SDPA (is_causal, or a dense mask) and plain PyTorch."""
 
 from __future__ import annotations
 
+import time
 from functools import partial
 
 import torch
@@ -14,6 +15,20 @@ import opforge
 from opforge import reference
 from opforge.bench.harness import Case, CaseBuilder, Spec
 from opforge.masks import attention_mask
+
+
+def _with_backward(impls: dict, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> dict:
+    """Each impl followed by its backward (gradients of q, k, v for a random output gradient)."""
+    grads = torch.randn_like(q)
+    leaves = [t.requires_grad_() for t in (q, k, v)]
+
+    def fwd_bwd(fn):
+        def run():
+            torch.autograd.grad(fn(), leaves, grads)
+
+        return run
+
+    return {name: fwd_bwd(fn) for name, fn in impls.items()}
 
 
 def _case(device: torch.device, name: str, B: int, H: int, S: int, D: int, kw: dict, backward: bool) -> Case:
@@ -37,16 +52,7 @@ def _case(device: torch.device, name: str, B: int, H: int, S: int, D: int, kw: d
     if not backward:
         impls["plain PyTorch"] = plain
     if backward:
-        grads = torch.randn_like(q)
-        leaves = [t.requires_grad_() for t in (q, k, v)]
-
-        def fwd_bwd(fn):
-            def run():
-                torch.autograd.grad(fn(), leaves, grads)
-
-            return run
-
-        impls = {name_: fwd_bwd(fn) for name_, fn in impls.items()}
+        impls = _with_backward(impls, q, k, v)
 
     def check() -> str | None:
         with torch.no_grad():
@@ -71,9 +77,184 @@ def _case(device: torch.device, name: str, B: int, H: int, S: int, D: int, kw: d
     )
 
 
+# ---- CUDA ----------------------------------------------------------------------------------
+
+
+def _flex():
+    """FlexAttention compiled once per process (each new mask function recompiles its kernel)."""
+    global _FLEX
+    if _FLEX is None:
+        from torch.nn.attention.flex_attention import flex_attention
+
+        _FLEX = torch.compile(flex_attention)
+    return _FLEX
+
+
+_FLEX = None
+
+
+def _flex_mask_mod(kw: dict, doc: torch.Tensor | None, table: torch.Tensor | None):
+    """The FlexAttention mask_mod equivalent to opforge's pattern arguments."""
+    window = kw.get("window")
+    prefix = kw.get("prefix_len")
+    causal = kw.get("causal", False)
+
+    def mask_mod(b, h, q, kv):
+        if table is not None:
+            return table[q, kv]
+        keep = q >= kv if causal else q == q
+        if window is not None:
+            keep = keep & (q - kv <= window[0])
+        if prefix is not None:
+            keep = keep | (kv < prefix)
+        if doc is not None:
+            keep = keep & (doc[b, q] == doc[b, kv])
+        return keep
+
+    return mask_mod
+
+
+def _cuda_case(
+    device: torch.device,
+    name: str,
+    B: int,
+    Hq: int,
+    Hkv: int,
+    S: int,
+    D: int,
+    kw: dict,
+    backward: bool,
+    docs: int = 0,
+    random_blocks: float = 0.0,
+) -> Case:
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    dtype = torch.bfloat16
+    q = torch.randn(B, Hq, S, D, device=device, dtype=dtype)
+    k, v = (torch.randn(B, Hkv, S, D, device=device, dtype=dtype) for _ in range(2))
+    kw = dict(kw)
+    doc = table = None
+    if docs:
+        doc = (torch.arange(S, device=device) // (S // docs)).expand(B, S).contiguous()
+        kw["segment_ids"] = doc
+    extra: dict = {}
+    if random_blocks:
+        # About random_blocks of the 128 x 128 blocks visible, each partial (90% of its elements).
+        nb = -(-S // 128)
+        blocks = torch.rand(nb, nb, device=device) < random_blocks
+        table = blocks.repeat_interleave(128, 0).repeat_interleave(128, 1)[:S, :S] & (
+            torch.rand(S, S, device=device) < 0.9
+        )
+        torch.cuda.synchronize(device)
+        t0 = time.perf_counter()
+        mask = opforge.block_mask(lambda b, h, i, j: table[i, j], None, None, S, S, device=device)
+        opforge.attention(q, k, v, mask=mask)
+        torch.cuda.synchronize(device)
+        extra["opforge first result s"] = round(time.perf_counter() - t0, 3)
+        kw["mask"] = mask
+    mask_mod = _flex_mask_mod(kw, doc, table)
+    needs_mask = bool(kw) and kw != {"causal": True}
+    torch.cuda.synchronize(device)
+    t0 = time.perf_counter()
+    flex_mask = (
+        create_block_mask(mask_mod, B if docs else None, None, S, S, device=device, BLOCK_SIZE=128)
+        if kw
+        else None
+    )
+    gqa = Hq != Hkv
+    flex = _flex()
+    flex(q, k, v, block_mask=flex_mask, enable_gqa=gqa)
+    torch.cuda.synchronize(device)
+    if random_blocks:
+        extra["FlexAttention first result s"] = round(time.perf_counter() - t0, 3)
+    # Visible pairs (one mask per batch row only where documents differ by row; per head alike).
+    dense = None
+    if needs_mask:
+        if table is not None:
+            dense = table[None, None]
+        else:
+            pattern = {key: val for key, val in kw.items() if key != "segment_ids"}
+            dense = attention_mask(1, 1, S, S, device=device, **pattern)
+            if doc is not None:
+                dense = dense & (doc[:, None, :, None] == doc[:, None, None, :])
+        visible = int(dense.sum()) * Hq * (B if dense.shape[0] == 1 else 1)
+    else:
+        visible = B * Hq * (S * (S + 1) // 2 if kw else S * S)
+
+    impls = {"opforge": lambda: opforge.attention(q, k, v, **kw)}
+    impls["FlexAttention"] = lambda: flex(q, k, v, block_mask=flex_mask, enable_gqa=gqa)
+    if not needs_mask:
+        causal = kw.get("causal", False)
+        for label, backend in (
+            ("SDPA flash", SDPBackend.FLASH_ATTENTION),
+            ("SDPA cuDNN", SDPBackend.CUDNN_ATTENTION),
+        ):
+
+            def sdpa(backend=backend):
+                with sdpa_kernel([backend]):
+                    return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=gqa)
+
+            impls[label] = sdpa
+    elif name.startswith("sliding 512 ") or random_blocks:
+        impls["SDPA (dense mask)"] = lambda: F.scaled_dot_product_attention(
+            q, k, v, attn_mask=dense, enable_gqa=gqa
+        )
+    if not backward and name.startswith("sliding 512 ") and Hq == Hkv:
+        impls["plain PyTorch"] = lambda: reference.attention(q, k, v, **kw)
+    if backward:
+        impls = _with_backward(impls, q, k, v)
+
+    def check() -> str | None:
+        # Batch row 0, the first two heads' group, against float64.
+        with torch.no_grad():
+            hk = max(1, 2 * Hkv // Hq)
+            sub = {key: (val[:1] if isinstance(val, torch.Tensor) else val) for key, val in kw.items()}
+            if "mask" in kw:
+                sub["mask"] = opforge.BlockMask.from_dense(table[None, None], block_size=128)
+            qs, ks, vs = q[:1, :2], k[:1, :hk], v[:1, :hk]
+            got = opforge.attention(qs, ks, vs, **sub).double()
+            want = reference.attention(qs.double(), ks.double(), vs.double(), **sub)
+            err = (got - want).abs().max().item()
+        return None if err <= 2e-2 else f"max error {err:.2e} against the float64 reference"
+
+    per_pair = 4 * D * (3.5 if backward else 1.0)
+    return Case(
+        op="attention",
+        name=f"{name} B{B} H{Hq}{'/' + str(Hkv) if gqa else ''} S{S} D{D} bf16 {'fwd+bwd' if backward else 'fwd'}",
+        impls=impls,
+        check=check,
+        flops=int(visible * per_pair),
+        params={"pattern": name, "B": B, "H": Hq, "Hkv": Hkv, "S": S, "D": D, "backward": backward, **extra},
+    )
+
+
+def _cuda_cases(device: torch.device, full: bool) -> list[CaseBuilder]:
+    sliding = dict(causal=True, window=(511, 0))
+    rows = [
+        ("sliding 512", 4, 16, 16, 4096, 128, sliding, {}),
+        ("causal", 4, 16, 16, 4096, 128, dict(causal=True), {}),
+    ]
+    if full:
+        rows += [
+            ("full", 4, 16, 16, 4096, 128, {}, {}),
+            ("prefix-LM 1024", 4, 16, 16, 4096, 128, dict(causal=True, prefix_len=1024), {}),
+            ("documents 8x512", 4, 16, 16, 4096, 128, dict(causal=True), {"docs": 8}),
+            ("sliding 512 D64", 4, 32, 32, 4096, 64, sliding, {}),
+            ("sliding 512 GQA", 4, 32, 8, 4096, 128, sliding, {}),
+            ("sliding 512 D256", 4, 16, 16, 4096, 256, sliding, {}),
+            ("random blocks 30%", 4, 16, 16, 4096, 128, {}, {"random_blocks": 0.3}),
+        ]
+    builders: list[CaseBuilder] = []
+    for name, B, Hq, Hkv, S, D, kw, extra in rows:
+        for backward in (False, True):
+            builders.append(partial(_cuda_case, device, name, B, Hq, Hkv, S, D, kw, backward, **extra))
+    return builders
+
+
 def cases(device: torch.device, full: bool) -> list[CaseBuilder]:
     if device.type == "cuda":
-        return []
+        return _cuda_cases(device, full)
     builders = [
         partial(_case, device, "sliding 256", 1, 8, 2048, 64, dict(causal=True, window=(255, 0)), False),
         partial(_case, device, "causal", 1, 8, 2048, 64, dict(causal=True), False),

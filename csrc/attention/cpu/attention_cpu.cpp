@@ -442,17 +442,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_cpu(
   const at::Tensor o = out.stride(3) == 1 ? out : out.contiguous();
   const at::Tensor lse_c = lse.contiguous();
   const at::Tensor grad_lse_c = grad_lse ? grad_lse->contiguous() : at::Tensor();
-  AttentionGradParams g;
   AttentionPlan plan = plan_attention(q, k, v, o, lse_c, scale, softcap, args);
   check_mask_values(plan.params.pattern, mask_bits ? mask_bits->size(0) : 0);
-  g.fwd = plan.params;
-  g.grad_out = go.const_data_ptr();
-  g.g_bs = go.stride(0), g.g_hs = go.stride(1), g.g_ss = go.stride(2);
-  g.grad_lse = grad_lse ? grad_lse_c.const_data_ptr() : nullptr;
-  g.dq = dq.data_ptr(), g.dk = dk.data_ptr(), g.dv = dv.data_ptr();
-  g.dq_bs = dq.stride(0), g.dq_hs = dq.stride(1), g.dq_ss = dq.stride(2);
-  g.dk_bs = dk.stride(0), g.dk_hs = dk.stride(1), g.dk_ss = dk.stride(2);
-  g.dv_bs = dv.stride(0), g.dv_hs = dv.stride(1), g.dv_ss = dv.stride(2);
+  const AttentionGradParams g = attention_grad_params(plan.params, go, grad_lse_c, dq, dk, dv);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, q.scalar_type(), "opforge.attention_backward",
                                   [&] { backward_kernel<scalar_t>(g); });
   return {dq, dk, dv};

@@ -65,6 +65,10 @@ __device__ __forceinline__ uint32_t pack2<__half>(float x, float y) {
   return *reinterpret_cast<const uint32_t*>(&v);
 }
 
+// A 16-bit value as float.
+__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
+
 // Rounds (x, y) to T and stores them at p, p + 1 (one 4-byte store: p 4-byte aligned), or x
 // alone at p.
 template <typename T>

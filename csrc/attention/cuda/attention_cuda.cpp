@@ -1,0 +1,180 @@
+// attention CUDA launcher: checks -> device guard -> operands in a form the kernels read (head dim
+// zero-padded to the kernel's 64 / 128 / 256, a contiguous copy only of rows they cannot read)
+// -> the forward kernel, or the backward's prep, dK/dV and dQ passes, on the current stream.
+#include <ATen/cuda/CUDAContext.h>
+#include <ATen/ops/constant_pad_nd.h>
+#include <ATen/ops/empty.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <cuda_runtime.h>
+#include <torch/library.h>
+
+#include <cmath>
+#include <limits>
+
+#include "attention/attention.h"
+#include "attention/cuda/attention_cuda.h"
+#include "common/checks.h"
+
+namespace opforge {
+
+int run_attention_fwd_cuda(const AttentionCudaArgs& a, int head_dim, void* stream) {
+  switch (head_dim) {
+    case 64: return run_attention_fwd_d64(a, stream);
+    case 128: return run_attention_fwd_d128(a, stream);
+    case 256: return run_attention_fwd_d256(a, stream);
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+int run_attention_bwd_cuda(const AttentionCudaArgs& a, int head_dim, void* stream) {
+  int err = run_attention_bwd_prep(a, stream);
+  if (err != cudaSuccess) return err;
+  switch (head_dim) {
+    case 64: err = run_attention_bwd_kv_d64(a, stream); break;
+    case 128: err = run_attention_bwd_kv_d128(a, stream); break;
+    case 256: err = run_attention_bwd_kv_d256(a, stream); break;
+    default: return cudaErrorInvalidValue;
+  }
+  if (err != cudaSuccess) return err;
+  switch (head_dim) {
+    case 64: return run_attention_bwd_q_d64(a, stream);
+    case 128: return run_attention_bwd_q_d128(a, stream);
+    case 256: return run_attention_bwd_q_d256(a, stream);
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+namespace {
+
+constexpr int64_t kMaxHeadDim = 256;
+
+int64_t kernel_head_dim(int64_t d) { return d <= 64 ? 64 : d <= 128 ? 128 : 256; }
+
+void check_cuda_call(const char* op, const at::Tensor& q, const at::Tensor& k) {
+  TORCH_CHECK_VALUE(q.scalar_type() == at::kHalf || q.scalar_type() == at::kBFloat16, op,
+                    ": on CUDA q, k and v must be float16 or bfloat16, got ", dtype_str(q.scalar_type()),
+                    " (float32 and float64 run on the CPU)");
+  TORCH_CHECK_VALUE(q.size(3) <= kMaxHeadDim, op, ": head_dim up to ", kMaxHeadDim, " on CUDA, got ", q.size(3));
+  constexpr int64_t kMaxLen = (int64_t{1} << 30);
+  TORCH_CHECK_VALUE(q.size(2) < kMaxLen && k.size(2) < kMaxLen, op, ": sequences shorter than ", kMaxLen,
+                    " on CUDA, got ", q.size(2), " queries and ", k.size(2), " keys");
+  TORCH_CHECK_VALUE(q.size(0) <= 65535 && q.size(1) <= 65535, op, ": at most 65535 batches and heads on CUDA, got ",
+                    q.size(0), " and ", q.size(1));
+}
+
+// Rows the kernels read with 16-byte copies: unit column stride, strides of 8 elements, a
+// 16-byte aligned base.
+bool rows_readable(const at::Tensor& t) {
+  if (t.stride(3) != 1) return false;
+  for (int d = 0; d < 3; ++d) {
+    if (t.size(d) > 1 && t.stride(d) % 8 != 0) return false;
+  }
+  return reinterpret_cast<uintptr_t>(t.const_data_ptr()) % 16 == 0;
+}
+
+// t with the kernel's head dim in rows it can read: t itself, a zero-padded copy or a contiguous one.
+at::Tensor kernel_operand(const at::Tensor& t, int64_t kd) {
+  if (t.size(3) != kd) return at::constant_pad_nd(t, {0, kd - t.size(3)});
+  return rows_readable(t) ? t : t.contiguous();
+}
+
+AttentionCudaArgs cuda_args(const AttentionParams& p) {
+  AttentionCudaArgs a;
+  a.g.fwd = p;
+  constexpr double kLog2e = 1.4426950408889634;
+  a.scale = static_cast<float>(p.scale);
+  a.scale_log2 = static_cast<float>(p.scale * kLog2e);
+  if (p.softcap > 0.0) {
+    a.cap_log2 = static_cast<float>(p.softcap * kLog2e);
+    a.cap_inv_scale = static_cast<float>(p.scale / p.softcap);
+    a.inv_cap_log2 = static_cast<float>(1.0 / (p.softcap * kLog2e));
+  }
+  return a;
+}
+
+void check_launch(const char* op, int err) {
+  TORCH_CHECK(err != cudaErrorNoKernelImageForDevice, op,
+              ": this build has no kernel for this GPU (the CUDA kernels need compute capability 8.0 or newer "
+              "and a build for it)");
+  TORCH_CHECK(err == cudaSuccess, op, ": CUDA kernel launch failed: ",
+              cudaGetErrorString(static_cast<cudaError_t>(err)));
+}
+
+std::tuple<at::Tensor, at::Tensor> attention_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                                  double scale, double softcap, bool causal, int64_t window_left,
+                                                  int64_t window_right, int64_t prefix_len,
+                                                  const std::optional<at::Tensor>& q_segments,
+                                                  const std::optional<at::Tensor>& kv_segments,
+                                                  const std::optional<at::Tensor>& mask_kinds,
+                                                  const std::optional<at::Tensor>& mask_index,
+                                                  const std::optional<at::Tensor>& mask_bits, int64_t block_q,
+                                                  int64_t block_k) {
+  constexpr const char* op = "opforge.attention";
+  const AttentionPatternArgs args = attention_pattern_args(causal, window_left, window_right, prefix_len, q_segments,
+                                                           kv_segments, mask_kinds, mask_index, mask_bits, block_q,
+                                                           block_k);
+  check_attention_inputs(q, k, v, scale, softcap, args);
+  check_cuda_call(op, q, k);
+  const c10::cuda::CUDAGuard guard(q.device());
+  at::Tensor out = empty_attention_like(q);
+  at::Tensor lse = at::empty({q.size(0), q.size(1), q.size(2)}, q.options().dtype(at::kFloat));
+  constexpr double kInf = std::numeric_limits<double>::infinity();
+  if (out.numel() == 0) return {out, lse.fill_(-kInf)};
+  if (k.size(2) == 0) return {out.zero_(), lse.fill_(-kInf)};
+  const int64_t d = q.size(3), kd = kernel_head_dim(d);
+  const at::Tensor qk = kernel_operand(q, kd), kk = kernel_operand(k, kd), vk = kernel_operand(v, kd);
+  at::Tensor out_k = kd == d ? out : empty_attention_like(qk);
+  const AttentionPlan plan = plan_attention(qk, kk, vk, out_k, lse, scale, softcap, args);
+  check_launch(op, run_attention_fwd_cuda(cuda_args(plan.params), static_cast<int>(kd),
+                                          at::cuda::getCurrentCUDAStream().stream()));
+  if (kd != d) out.copy_(out_k.narrow(3, 0, d));
+  return {out, lse};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_cuda(
+    const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
+    const at::Tensor& lse, const std::optional<at::Tensor>& grad_lse, double scale, double softcap, bool causal,
+    int64_t window_left, int64_t window_right, int64_t prefix_len, const std::optional<at::Tensor>& q_segments,
+    const std::optional<at::Tensor>& kv_segments, const std::optional<at::Tensor>& mask_kinds,
+    const std::optional<at::Tensor>& mask_index, const std::optional<at::Tensor>& mask_bits, int64_t block_q,
+    int64_t block_k) {
+  constexpr const char* op = "opforge.attention_backward";
+  const AttentionPatternArgs args = attention_pattern_args(causal, window_left, window_right, prefix_len, q_segments,
+                                                           kv_segments, mask_kinds, mask_index, mask_bits, block_q,
+                                                           block_k);
+  check_attention_backward_inputs(grad_out, q, k, v, out, lse, grad_lse, scale, softcap, args);
+  check_cuda_call(op, q, k);
+  const c10::cuda::CUDAGuard guard(q.device());
+  at::Tensor dq = empty_attention_like(q), dk = empty_attention_like(k), dv = empty_attention_like(v);
+  if (q.numel() == 0 || k.numel() == 0) return {dq.zero_(), dk.zero_(), dv.zero_()};
+  const int64_t d = q.size(3), kd = kernel_head_dim(d);
+  const at::Tensor qk = kernel_operand(q, kd), kk = kernel_operand(k, kd), vk = kernel_operand(v, kd);
+  const at::Tensor ok = kernel_operand(out, kd), gk = kernel_operand(grad_out, kd);
+  const at::Tensor lse_c = lse.contiguous();
+  const at::Tensor grad_lse_c = grad_lse ? grad_lse->contiguous() : at::Tensor();
+  at::Tensor dq_k = kd == d ? dq : empty_attention_like(qk);
+  at::Tensor dk_k = kd == d ? dk : empty_attention_like(kk);
+  at::Tensor dv_k = kd == d ? dv : empty_attention_like(vk);
+  const AttentionPlan plan = plan_attention(qk, kk, vk, ok, lse_c, scale, softcap, args);
+  AttentionCudaArgs a = cuda_args(plan.params);
+  a.g = attention_grad_params(plan.params, gk, grad_lse_c, dq_k, dk_k, dv_k);
+  at::Tensor scratch = at::empty({2, q.size(0), q.size(1), q.size(2)}, q.options().dtype(at::kFloat));
+  a.lse2 = scratch[0].data_ptr<float>();
+  a.delta = scratch[1].data_ptr<float>();
+  check_launch(op, run_attention_bwd_cuda(a, static_cast<int>(kd), at::cuda::getCurrentCUDAStream().stream()));
+  if (kd != d) {
+    dq.copy_(dq_k.narrow(3, 0, d));
+    dk.copy_(dk_k.narrow(3, 0, d));
+    dv.copy_(dv_k.narrow(3, 0, d));
+  }
+  return {dq, dk, dv};
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(opforge, CUDA, m) {
+  m.impl("attention", &attention_cuda);
+  m.impl("attention_backward", &attention_backward_cuda);
+}
+
+}  // namespace opforge

@@ -1,0 +1,10 @@
+// attention CUDA forward for head dim 128 (FwdTraitsD128), float16 and bfloat16.
+#include "attention/cuda/attention_fwd_kernel.cuh"
+
+namespace opforge {
+
+int run_attention_fwd_d128(const AttentionCudaArgs& a, void* stream) {
+  return attention_cuda::run_fwd<attention_cuda::FwdTraitsD128>(a, stream);
+}
+
+}  // namespace opforge

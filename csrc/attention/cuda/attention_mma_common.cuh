@@ -1,0 +1,315 @@
+// attention CUDA, mma.sync kernels (sm_80+): what the forward and backward passes share. Tiles of
+// rows of head_dim 16-bit values in shared memory (16-byte chunks in the 128-byte XOR swizzle,
+// filled by cp.async), their ldmatrix fragments, the walk over the tiles a pattern leaves visible
+// (attention_params.h classifies them), and the element mask of partial tiles.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "attention/attention_params.h"
+#include "attention/cuda/attention_cuda.h"
+#include "common/cuda/cp_async.cuh"
+#include "common/cuda/launch.cuh"
+#include "common/cuda/math.cuh"
+#include "common/cuda/mma_sync.cuh"
+#include "common/cuda/swizzle.cuh"
+#include "common/cuda/vector.cuh"
+
+namespace opforge {
+namespace attention_cuda {
+
+using cuda::ldmatrix_x4;
+using cuda::ldmatrix_x4_trans;
+using cuda::mma_m16n8k16;
+using cuda::pack2;
+
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+constexpr float kNegInf = -__builtin_huge_valf();
+
+// A tile of rows of kD 16-bit values: row r's 16-byte chunk c at r * 2 kD + 16 (c ^ (r % 8)).
+template <int kD>
+__device__ __forceinline__ uint32_t tile_offset(int row, int chunk) {
+  return static_cast<uint32_t>(row * (kD * 2) + (cuda::swizzle128_chunk(row, chunk) << 4));
+}
+
+// Rows [row0, row0 + kRows) of a matrix of `rows` rows (row stride ld elements, unit column
+// stride, 16-byte aligned rows) into the tile at shared address `tile`; rows past the end are
+// zero-filled. By kThreads threads.
+template <int kRows, int kD, int kThreads, typename T>
+__device__ __forceinline__ void load_rows(uint32_t tile, const T* base, int64_t ld, int64_t row0, int64_t rows,
+                                          int tid) {
+  constexpr int kChunks = kD / 8, kTotal = kRows * kChunks;
+  static_assert(kTotal % kThreads == 0, "every thread copies the same number of chunks");
+#pragma unroll
+  for (int n = 0; n < kTotal / kThreads; ++n) {
+    const int idx = tid + n * kThreads, r = idx / kChunks, c = idx % kChunks;
+    const int64_t gr = row0 + r;
+    const bool in = gr < rows;
+    cuda::cp_async16(tile + tile_offset<kD>(r, c), base + (in ? gr * ld : 0) + c * 8, in ? 16 : 0);
+  }
+}
+
+// kRows floats [row0, row0 + kRows) of a vector of `rows` into shared memory (zeros past the end).
+template <int kRows, int kThreads>
+__device__ __forceinline__ void load_floats(float* dst, const float* src, int64_t row0, int64_t rows, int tid) {
+  for (int r = tid; r < kRows; r += kThreads) {
+    const bool in = row0 + r < rows;
+    cuda::cp_async4(dst + r, src + (in ? row0 + r : 0), in ? 4 : 0);
+  }
+}
+
+// mma.sync fragments from a tile. A (16 x 16: rows r0.., k chunks 2 kk, 2 kk + 1).
+template <int kD>
+__device__ __forceinline__ void frag_a(uint32_t* a, uint32_t tile, int r0, int kk, int lane) {
+  ldmatrix_x4(a, tile + tile_offset<kD>(r0 + (lane & 15), kk * 2 + (lane >> 4)));
+}
+// B of two n8 tiles whose n index runs along the tile's rows (n0..n0 + 15) and k along its
+// columns (chunks 2 kk, 2 kk + 1): b[0..1] for rows n0.., b[2..3] for n0 + 8...
+template <int kD>
+__device__ __forceinline__ void frag_b(uint32_t* b, uint32_t tile, int n0, int kk, int lane) {
+  ldmatrix_x4(b, tile + tile_offset<kD>(n0 + (lane & 7) + ((lane >> 4) << 3), kk * 2 + ((lane >> 3) & 1)));
+}
+// B of two n8 tiles whose k index runs along the tile's rows (k0..k0 + 15) and n along its
+// columns (chunks 2 np, 2 np + 1): b[0..1] for columns 16 np.., b[2..3] for 16 np + 8...
+template <int kD>
+__device__ __forceinline__ void frag_b_trans(uint32_t* b, uint32_t tile, int k0, int np, int lane) {
+  ldmatrix_x4_trans(b, tile + tile_offset<kD>(k0 + (lane & 7) + (((lane >> 3) & 1) << 3), np * 2 + (lane >> 4)));
+}
+// The A fragment of k chunk kk (columns 16 kk..) of a 16-row accumulator block, rounded to T.
+template <typename T, int kN>
+__device__ __forceinline__ void acc_to_a(uint32_t* a, const float (&acc)[kN][4], int kk) {
+  a[0] = pack2<T>(acc[2 * kk][0], acc[2 * kk][1]);
+  a[1] = pack2<T>(acc[2 * kk][2], acc[2 * kk][3]);
+  a[2] = pack2<T>(acc[2 * kk + 1][0], acc[2 * kk + 1][1]);
+  a[3] = pack2<T>(acc[2 * kk + 1][2], acc[2 * kk + 1][3]);
+}
+
+// ---- the pattern ----------------------------------------------------------------------------
+
+// Segment ids [start, end) of one sequence summarised by a warp (every lane gets the range).
+__device__ __forceinline__ SegmentRange warp_segment_range(const int64_t* seg, int64_t start, int64_t end, int lane) {
+  long long lo = 0x7fffffffffffffffLL, hi = -lo - 1;
+  for (int64_t i = start + lane; i < end; i += 32) {
+    const long long v = seg[i];
+    lo = v < lo ? v : lo;
+    hi = v > hi ? v : hi;
+  }
+#pragma unroll
+  for (int off = 16; off > 0; off /= 2) {
+    const long long l2 = __shfl_xor_sync(0xffffffffu, lo, off), h2 = __shfl_xor_sync(0xffffffffu, hi, off);
+    lo = l2 < lo ? l2 : lo;
+    hi = h2 > hi ? h2 : hi;
+  }
+  return {lo, hi};
+}
+
+// A tile's kind, and which parts of the pattern its partial elements must be checked against.
+struct TileClass {
+  BlockKind kind = BlockKind::kEmpty;
+  bool band = false, seg = false, mask = false;
+};
+
+// Tile [i0, i1) x [j0, j1) of (b, h). q_range: the queries' segment ids (unused without
+// segments); the keys' are summarised here. ragged: the tile has fewer columns than the kernel's
+// tile (which must then be masked).
+__device__ __forceinline__ TileClass classify(const AttentionPattern& p, int64_t b, int64_t h, int64_t i0, int64_t i1,
+                                              int64_t j0, int64_t j1, SegmentRange q_range, SegmentRange kv_range,
+                                              bool ragged) {
+  TileClass c;
+  const BlockKind kb = band_prefix_tile_kind(p, i0, i1, j0, j1);
+  if (kb == BlockKind::kEmpty) return c;
+  BlockKind kind = kb;
+  if (p.q_segments) {
+    const BlockKind ks = segment_tile_kind(q_range, kv_range);
+    c.seg = ks == BlockKind::kPartial;
+    kind = combine(kind, ks);
+  }
+  if (kind != BlockKind::kEmpty && p.mask_kinds) {
+    const BlockKind km = mask_tile_kind(p, b, h, i0, i1, j0, j1);
+    c.mask = km == BlockKind::kPartial;
+    kind = combine(kind, km);
+  }
+  c.band = kb == BlockKind::kPartial || ragged;
+  if (kind == BlockKind::kFull && ragged) kind = BlockKind::kPartial;
+  c.kind = kind;
+  return c;
+}
+
+// The key tiles [begin, end) (of kBlockN keys) that queries [i0, i1) may see: the band's reach,
+// and every tile from 0 under a prefix. Tiles inside are classified one by one.
+template <int kBlockN>
+__device__ __forceinline__ void key_tiles(const AttentionPattern& p, int64_t i0, int64_t i1, int& begin, int& end) {
+  int64_t lo = 0, hi = p.sk;
+  if (p.window_left >= 0 && p.prefix_len == 0) lo = max(int64_t{0}, p.pos(i0) - p.window_left);
+  const int64_t right = p.band_right();
+  if (right >= 0) hi = min(p.sk, max(p.pos(i1 - 1) + right + 1, p.prefix_len));
+  begin = static_cast<int>(lo / kBlockN);
+  end = hi <= lo ? begin : static_cast<int>((hi + kBlockN - 1) / kBlockN);
+}
+
+// A query block [i0, i1) of (b, h) walking the key tiles (kBlockN keys) it sees: the next one
+// with something visible (every warp finds the same), and the copy of a tile's K and V rows into a
+// stage (K, then V kBlockN * kD values after it).
+template <int kBlockN, int kD, int kThreads, typename T>
+struct KeyWalk {
+  const AttentionPattern& pat;
+  int64_t b, h, i0, i1;
+  const T* k;
+  const T* v;
+  int64_t k_ss, v_ss;
+  const int64_t* kv_seg;  // this batch row's key segment ids, or null
+  SegmentRange q_range;   // the block's query segment ids
+  int begin = 0, end = 0;
+
+  __device__ KeyWalk(const AttentionParams& p, int64_t b_, int64_t h_, int64_t i0_, int64_t i1_, int lane)
+      : pat(p.pattern), b(b_), h(h_), i0(i0_), i1(i1_), k_ss(p.k_ss), v_ss(p.v_ss) {
+    const int64_t hk = h / (p.heads / p.kv_heads);
+    k = static_cast<const T*>(p.k) + b * p.k_bs + hk * p.k_hs;
+    v = static_cast<const T*>(p.v) + b * p.v_bs + hk * p.v_hs;
+    kv_seg = pat.q_segments ? pat.kv_segments + b * pat.kv_seg_bs : nullptr;
+    if (kv_seg) q_range = warp_segment_range(pat.q_segments + b * pat.q_seg_bs, i0, i1, lane);
+    key_tiles<kBlockN>(pat, i0, i1, begin, end);
+  }
+
+  __device__ int next(int from, TileClass& tc, int lane) const {
+    for (; from < end; ++from) {
+      const int64_t j0 = int64_t{from} * kBlockN, j1 = min(j0 + kBlockN, pat.sk);
+      const SegmentRange kr = kv_seg ? warp_segment_range(kv_seg, j0, j1, lane) : SegmentRange{};
+      tc = classify(pat, b, h, i0, i1, j0, j1, q_range, kr, j1 - j0 < kBlockN);
+      if (tc.kind != BlockKind::kEmpty) return from;
+    }
+    return end;
+  }
+
+  __device__ void load(uint32_t stage, int tile, int tid) const {
+    load_rows<kBlockN, kD, kThreads>(stage, k, k_ss, int64_t{tile} * kBlockN, pat.sk, tid);
+    load_rows<kBlockN, kD, kThreads>(stage + kBlockN * kD * 2, v, v_ss, int64_t{tile} * kBlockN, pat.sk, tid);
+    cuda::cp_async_commit();
+  }
+};
+
+// The query tiles [begin, end) (of kBlockM queries) that may see keys [j0, j1).
+template <int kBlockM>
+__device__ __forceinline__ void query_tiles(const AttentionPattern& p, int64_t j0, int64_t j1, int& begin, int& end) {
+  int64_t lo = 0, hi = p.sq;
+  if (!(p.prefix_len > 0 && j0 < p.prefix_len)) {
+    const int64_t off = p.sk - p.sq, right = p.band_right();
+    if (right >= 0) lo = max(int64_t{0}, j0 - right - off);
+    if (p.window_left >= 0) hi = min(p.sq, j1 - 1 + p.window_left - off + 1);
+  }
+  begin = static_cast<int>(lo / kBlockM);
+  end = hi <= lo ? begin : static_cast<int>((hi + kBlockM - 1) / kBlockM);
+}
+
+// Block-mask bit of element (i, j) (kinds other than full/partial, and out-of-range indices, show
+// nothing).
+__device__ __forceinline__ bool mask_bit(const AttentionPattern& p, int64_t b, int64_t h, int i, int j) {
+  const int bq = static_cast<int>(p.block_q), bk = static_cast<int>(p.block_k);
+  const int64_t m = p.mask_block(b, h, i / bq, j / bk);
+  const auto kind = static_cast<BlockKind>(p.mask_kinds[m]);
+  if (kind == BlockKind::kFull) return true;
+  if (kind != BlockKind::kPartial) return false;
+  const int64_t index = p.mask_index[m];
+  if (index < 0 || index >= p.mask_partials) return false;
+  const int r = i % bq, c = j % bk;
+  return (p.mask_bits[(index * bq + r) * (bk / 32) + c / 32] >> (c % 32)) & 1u;
+}
+
+inline __device__ int clamp_col(int64_t x, int n) {
+  return static_cast<int>(x < -1 ? int64_t{-1} : x > n ? int64_t{n} : x);
+}
+
+// Sets the masked elements of a partial tile's scores (a warp's 16 rows of a 16 x kCols block,
+// accumulator layout) to -inf. kKeysAsRows: rows are keys (j), columns queries (i) (the dK/dV
+// pass); else rows are queries, columns keys. row0 / col0: the global index of the warp's first
+// row and of column 0.
+template <bool kKeysAsRows, int kCols>
+__device__ __forceinline__ void mask_tile(float (&x)[kCols / 8][4], const AttentionPattern& p, const TileClass& tc,
+                                          int64_t b, int64_t h, int64_t row0, int64_t col0, int lane) {
+  const int g = lane / 4, t = lane % 4;
+  const int64_t off = p.sk - p.sq;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int64_t row = row0 + g + 8 * r;
+    // Columns [lo, hi] are in the band; columns below pc see the row by the prefix; cmax bounds them.
+    int lo = -1, hi = kCols, pc = -1, cmax;
+    const int64_t right = p.band_right();
+    if (!kKeysAsRows) {
+      const int64_t pos = row + off;
+      if (p.window_left >= 0) lo = clamp_col(pos - p.window_left - col0, kCols);
+      if (right >= 0) hi = clamp_col(pos + right - col0, kCols);
+      pc = clamp_col(p.prefix_len - col0, kCols);
+      cmax = clamp_col(p.sk - col0, kCols);
+    } else {
+      if (right >= 0) lo = clamp_col(row - right - off - col0, kCols);
+      if (p.window_left >= 0) hi = clamp_col(row + p.window_left - off - col0, kCols);
+      pc = row < p.prefix_len ? kCols : -1;
+      cmax = clamp_col(p.sq - col0, kCols);
+    }
+    int64_t row_seg = 0;
+    if (tc.seg) {
+      const bool in = row < (kKeysAsRows ? p.sk : p.sq);
+      row_seg = !in ? 0 : kKeysAsRows ? p.kv_segments[b * p.kv_seg_bs + row] : p.q_segments[b * p.q_seg_bs + row];
+    }
+#pragma unroll
+    for (int nt = 0; nt < kCols / 8; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int c = nt * 8 + 2 * t + e;
+        bool vis = c < cmax;
+        if (tc.band) vis = vis && (c < pc || (c >= lo && c <= hi));
+        if (vis && tc.seg) {
+          const int64_t col = col0 + c;
+          vis = row_seg == (kKeysAsRows ? p.q_segments[b * p.q_seg_bs + col] : p.kv_segments[b * p.kv_seg_bs + col]);
+        }
+        if (vis && tc.mask) {
+          const int i = static_cast<int>(kKeysAsRows ? col0 + c : row), j = static_cast<int>(kKeysAsRows ? row : col0 + c);
+          vis = mask_bit(p, b, h, i, j);
+        }
+        if (!vis) x[nt][2 * r + e] = kNegInf;
+      }
+    }
+  }
+}
+
+// Scores in the log2 domain: s * scale * log2(e), or with a softcap c: c log2(e) tanh(s scale / c).
+template <int kN>
+__device__ __forceinline__ void scores_log2(float (&s)[kN][4], const AttentionCudaArgs& a) {
+  if (a.cap_log2 != 0.f) {
+#pragma unroll
+    for (int n = 0; n < kN; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[n][e] = a.cap_log2 * tanhf(s[n][e] * a.cap_inv_scale);
+  } else {
+#pragma unroll
+    for (int n = 0; n < kN; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[n][e] *= a.scale_log2;
+  }
+}
+
+// dS from P, dP and the row's delta: P (dP - delta) scale, times (1 - tanh^2) under a softcap
+// (tanh recovered from P: x = log2(P) + lse2, tanh = x / (c log2(e))).
+__device__ __forceinline__ float score_grad(float prob, float dp, float delta, float lse2, const AttentionCudaArgs& a) {
+  float ds = prob * (dp - delta) * a.scale;
+  if (a.cap_log2 != 0.f) {
+    const float th = (cuda::fast_log2(prob) + lse2) * a.inv_cap_log2;
+    ds = prob > 0.f ? ds * (1.f - th * th) : 0.f;
+  }
+  return ds;
+}
+
+template <typename Kernel>
+cudaError_t prepare_kernel(Kernel kernel, int smem_bytes, signed char (&state)[64]) {
+  const cudaError_t err = cuda::configure_once(kernel, smem_bytes, state,
+                                               [](const cudaFuncAttributes& f) { return f.ptxVersion >= 80; });
+  return err == cudaErrorInvalidConfiguration ? cudaErrorNoKernelImageForDevice : err;
+}
+
+}  // namespace attention_cuda
+}  // namespace opforge

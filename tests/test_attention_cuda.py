@@ -1,0 +1,303 @@
+"""opforge.attention on CUDA: every pattern x float16/bfloat16 x head dims (64, 128, 256 and padded
+ones) x odd lengths (1, 17, 127, 1000, 4097) against a float64 reference with an explicit boolean
+mask, within 2x PyTorch's own error in the dtype; Sq != Sk, GQA, fully masked rows, block and
+function masks, softcap, gradients, determinism, the LSE's gradient, layouts, streams, CUDA graphs,
+opcheck, compile, errors."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from conftest import poison_cuda_allocator
+from test_attention import PATTERNS, random_segments
+
+import opforge
+from opforge import reference
+from opforge.masks import BlockMask, block_mask
+
+pytestmark = pytest.mark.cuda
+DEV = "cuda"
+
+# (B, Hq, Hkv, Sq, Sk, D): one token, odd lengths, Sq != Sk both ways, GQA, padded head dims.
+SHAPES = [
+    (1, 1, 1, 1, 1, 64),
+    (2, 2, 2, 17, 17, 128),
+    (1, 4, 2, 127, 127, 64),
+    (2, 4, 1, 33, 150, 128),
+    (1, 2, 2, 150, 40, 256),
+    (1, 2, 1, 1000, 1000, 96),
+    (1, 2, 2, 300, 260, 40),
+]
+
+
+def qkv(B, Hq, Hkv, Sq, Sk, D, dtype=torch.bfloat16):
+    return (
+        torch.randn(B, Hq, Sq, D, dtype=dtype, device=DEV),
+        torch.randn(B, Hkv, Sk, D, dtype=dtype, device=DEV),
+        torch.randn(B, Hkv, Sk, D, dtype=dtype, device=DEV),
+    )
+
+
+def random_block_mask(B, H, Sq, Sk, block=64, density=0.5):
+    """A function mask over random data: some blocks empty, some full, most partial."""
+    table = torch.rand(B, H, Sq, Sk, device=DEV) < density
+    blocks = torch.rand(B, H, -(-Sq // block), -(-Sk // block), device=DEV)
+    table &= (blocks > 0.2).repeat_interleave(block, 2).repeat_interleave(block, 3)[..., :Sq, :Sk]
+    table |= (blocks > 0.85).repeat_interleave(block, 2).repeat_interleave(block, 3)[..., :Sq, :Sk]
+    return block_mask(lambda b, h, q, kv: table[b, h, q, kv], B, H, Sq, Sk, block_size=block, device=DEV)
+
+
+def pattern_kwargs(name, B, H, Sq, Sk):
+    kw = dict(PATTERNS[name])
+    if kw.pop("segments", False):
+        kw["segment_ids"] = (
+            random_segments(B, Sk).to(DEV)
+            if Sq <= Sk
+            else (random_segments(B, Sq).to(DEV), random_segments(B, Sk).to(DEV))
+        )
+    if kw.pop("mask", False):
+        kw["mask"] = random_block_mask(B, H, Sq, Sk)
+    return kw
+
+
+def max_err(got, want):
+    return (got.double() - want).abs().max().item() if want.numel() else 0.0
+
+
+def check_forward(q, k, v, kw):
+    poison_cuda_allocator(q.numel() * q.element_size() * 4, DEV)
+    out, lse = opforge.attention(q, k, v, return_lse=True, **kw)
+    want, want_lse = reference.attention(q.double(), k.double(), v.double(), return_lse=True, **kw)
+    assert out.shape == q.shape and out.dtype == q.dtype and lse.dtype == torch.float32
+    assert not out.isnan().any() and not lse.isnan().any()
+    assert torch.equal(lse.isinf(), want_lse.isinf())  # exactly the rows that see nothing
+    finite = want_lse.isfinite()
+    low = reference.attention(q, k, v, **kw)  # PyTorch's own attention in the dtype
+    err, torch_err = max_err(out, want), max_err(low, want)
+    assert err <= 2 * torch_err + 1e-3, (err, torch_err)
+    if finite.any():
+        lse_err = (lse.double() - want_lse)[finite].abs().max().item()
+        assert lse_err <= 2e-3 * max(1.0, want_lse[finite].abs().max().item()), lse_err
+    if not finite.all():
+        assert (out[~finite] == 0).all()
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+@pytest.mark.parametrize("name", list(PATTERNS))
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_forward_matches_reference(dtype, name, shape):
+    B, Hq, _, Sq, Sk, _ = shape
+    check_forward(*qkv(*shape, dtype=dtype), pattern_kwargs(name, B, Hq, Sq, Sk))
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(causal=True),
+        dict(causal=True, window=(511, 0)),
+        dict(causal=True, prefix_len=1024),
+        dict(window=(300, 200)),
+    ],
+    ids=str,
+)
+def test_forward_long(kw):
+    check_forward(*qkv(1, 2, 1, 4097, 4097, 128), kw)
+
+
+@pytest.mark.parametrize("block", [(64, 64), (128, 128), (64, 256), (192, 64)], ids=str)
+def test_function_masks(block):
+    B, H, Sq, Sk = 2, 2, 333, 401
+    q, k, v = qkv(B, H, 1, Sq, Sk, 64)
+    m = block_mask(
+        lambda b, h, i, j: ((i * 7 + j * 3 + h) % 5 != 0) & (j <= i + 20 * b),
+        B,
+        H,
+        Sq,
+        Sk,
+        block_size=block,
+        device=DEV,
+    )
+    check_forward(q, k, v, dict(mask=m))
+    check_forward(q, k, v, dict(mask=m, causal=True, window=(100, 0)))
+
+
+def grads(q, k, v, go, kw):
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    out = opforge.attention(*leaves, **kw) if kw is not None else None
+    return torch.autograd.grad(out, leaves, go)
+
+
+def reference_grads(q, k, v, go, kw):
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    return torch.autograd.grad(reference.attention(*leaves, **kw), leaves, go)
+
+
+@pytest.mark.parametrize("d", [64, 128, 256, 80])
+@pytest.mark.parametrize("name", list(PATTERNS))
+def test_gradients_match_reference(name, d):
+    B, Hq, Hkv, Sq, Sk = 2, 4, 2, 150, 201
+    q, k, v = qkv(B, Hq, Hkv, Sq, Sk, d)
+    go = torch.randn_like(q)
+    kw = pattern_kwargs(name, B, Hq, Sq, Sk)
+    poison_cuda_allocator(q.numel() * 16, DEV)
+    got = grads(q, k, v, go, kw)
+    want = reference_grads(q.double(), k.double(), v.double(), go.double(), kw)
+    low = reference_grads(q, k, v, go, kw)  # PyTorch's own bf16 gradients
+    for name_, g, w, lo in zip("qkv", got, want, low, strict=True):
+        assert g.shape == w.shape and not g.isnan().any()
+        err, torch_err = max_err(g, w), max_err(lo, w)
+        assert err <= 2 * torch_err + 2e-3, (name_, err, torch_err)
+
+
+def test_gradients_float16_and_lse():
+    q, k, v = qkv(1, 4, 4, 200, 200, 64, dtype=torch.float16)
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    out, lse = opforge.attention(*leaves, causal=True, softcap=20.0, return_lse=True)
+    go, gl = torch.randn_like(out), torch.randn_like(lse)
+    got = torch.autograd.grad((out, lse), leaves, (go, gl))
+    dl = [t.double().requires_grad_() for t in (q, k, v)]
+    wo, wl = reference.attention(*dl, causal=True, softcap=20.0, return_lse=True)
+    want = torch.autograd.grad((wo, wl), dl, (go.double(), gl.double()))
+    lo = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    lo_o, lo_l = reference.attention(*lo, causal=True, softcap=20.0, return_lse=True)
+    low = torch.autograd.grad((lo_o, lo_l.float()), lo, (go, gl))
+    for g, w, lw in zip(got, want, low, strict=True):
+        assert max_err(g, w) <= 2 * max_err(lw, w) + 2e-3
+
+
+def test_fully_masked_rows_and_their_gradients():
+    B, H, S, D = 1, 2, 200, 64
+    dense = torch.rand(B, H, S, S, device=DEV) < 0.3
+    dense[:, :, 5] = False  # query 5 sees nothing
+    dense[:, :, :, 9] = False  # key 9 is seen by nobody
+    mask = BlockMask.from_dense(dense, block_size=64)
+    q, k, v = (t.requires_grad_() for t in qkv(B, H, H, S, S, D))
+    out, lse = opforge.attention(q, k, v, mask=mask, return_lse=True)
+    assert (out[:, :, 5] == 0).all() and (lse[:, :, 5] == -math.inf).all()
+    (out.float().sum() + lse[lse.isfinite()].sum()).backward()
+    for t in (q, k, v):
+        assert t.grad.isfinite().all()
+    assert (q.grad[:, :, 5] == 0).all() and (k.grad[:, :, 9] == 0).all() and (v.grad[:, :, 9] == 0).all()
+    out, lse = opforge.attention(*qkv(1, 2, 2, 4, 0, 64), return_lse=True)  # Sk = 0
+    assert out.shape == (1, 2, 4, 64) and (out == 0).all() and (lse == -math.inf).all()
+
+
+def test_backward_is_deterministic():
+    q, k, v = qkv(2, 8, 2, 700, 700, 128)
+    go = torch.randn_like(q)
+    kw = dict(causal=True, window=(200, 0))
+    a, b = grads(q, k, v, go, kw), grads(q, k, v, go, kw)
+    for x, y in zip(a, b, strict=True):
+        assert torch.equal(x, y)
+
+
+def test_layouts():
+    """(B, S, H, D) views read in place, output laid out like q; sliced and expanded inputs."""
+    B, S, H, D = 2, 130, 4, 64
+    qs, ks, vs = (torch.randn(B, S, H, D, dtype=torch.bfloat16, device=DEV) for _ in range(3))
+    q, k, v = qs.transpose(1, 2), ks.transpose(1, 2), vs.transpose(1, 2)
+    out = opforge.attention(q, k, v, causal=True)
+    assert out.stride(1) < out.stride(2)
+    check_forward(q, k, v, dict(causal=True))
+    big = torch.randn(B, H, 2 * S, 2 * D, dtype=torch.bfloat16, device=DEV)
+    check_forward(big[:, :, ::2, 3 : 3 + D], k, v, {})  # rows not 16-byte aligned: copied
+    kx = torch.randn(B, 1, S, D, dtype=torch.bfloat16, device=DEV).expand(B, H, S, D)
+    check_forward(q, kx, kx, dict(window=(10, 10)))
+    go = torch.randn_like(q)
+    got = grads(q, k, v, go, dict(causal=True))
+    want = grads(q.contiguous(), k.contiguous(), v.contiguous(), go.contiguous(), dict(causal=True))
+    for g, w in zip(got, want, strict=True):
+        assert torch.equal(g, w)
+
+
+def test_matches_sdpa():
+    q, k, v = qkv(2, 8, 8, 1024, 1024, 128)
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    want = reference.attention(q.double(), k.double(), v.double(), causal=True)
+    err = max_err(opforge.attention(q, k, v, causal=True), want)
+    assert err <= 2 * max_err(sdpa(q, k, v, is_causal=True), want) + 1e-3
+    kg, vg = k[:, :2], v[:, :2]
+    want = reference.attention(q.double(), kg.double(), vg.double())
+    assert (
+        max_err(opforge.attention(q, kg, vg), want)
+        <= 2 * max_err(sdpa(q, kg, vg, enable_gqa=True), want) + 1e-3
+    )
+
+
+def test_stream_and_cuda_graph():
+    q, k, v = qkv(2, 4, 2, 300, 300, 128)
+    want = opforge.attention(q, k, v, causal=True, window=(64, 0))
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        got = opforge.attention(q, k, v, causal=True, window=(64, 0))
+    torch.cuda.current_stream().wait_stream(side)
+    assert torch.equal(got, want)
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    go = torch.randn_like(q)
+    with torch.cuda.stream(side):  # warm-up outside the capture
+        torch.autograd.grad(opforge.attention(*leaves, causal=True), leaves, go)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = opforge.attention(*leaves, causal=True)
+        dq, dk, dv = torch.autograd.grad(out, leaves, go)
+    for t, src in zip(leaves, (q, k, v), strict=True):
+        with torch.no_grad():
+            t.copy_(torch.randn_like(src))
+    graph.replay()
+    torch.cuda.synchronize()
+    want = grads(*leaves, go, dict(causal=True))
+    assert torch.equal(out, opforge.attention(*leaves, causal=True))
+    for g, w in zip((dq, dk, dv), want, strict=True):
+        assert torch.equal(g, w)
+
+
+def test_opcheck():
+    q, k, v = (t.requires_grad_() for t in qkv(1, 4, 2, 137, 145, 64))
+    seg = random_segments(1, 145).to(DEV)
+    mask = random_block_mask(1, 4, 137, 145)
+    for kw in (
+        dict(causal=True),
+        dict(window=(3, 5), prefix_len=4),
+        dict(segment_ids=seg, mask=mask, softcap=2.0),
+    ):
+        args = opforge.ops.attention._pattern_args(
+            q,
+            k,
+            kw.get("causal", False),
+            kw.get("window"),
+            kw.get("prefix_len"),
+            kw.get("segment_ids"),
+            kw.get("mask"),
+        )
+        torch.library.opcheck(
+            torch.ops.opforge.attention.default, (q, k, v, 0.125, kw.get("softcap", 0.0), *args)
+        )
+
+
+def test_torch_compile_fullgraph():
+    q, k, v = (t.requires_grad_() for t in qkv(1, 4, 2, 256, 256, 64))
+    f = torch.compile(lambda q, k, v: opforge.attention(q, k, v, causal=True, window=(8, 0)), fullgraph=True)
+    out = f(q, k, v)
+    assert torch.equal(out, opforge.attention(q, k, v, causal=True, window=(8, 0)))
+    out.float().sum().backward()
+    assert q.grad is not None and k.grad is not None and v.grad.isfinite().all()
+
+
+def test_errors():
+    q, k, v = qkv(1, 2, 2, 16, 16, 64)
+    with pytest.raises(
+        ValueError, match=r"opforge.attention: on CUDA q, k and v must be float16 or bfloat16, got float32"
+    ):
+        opforge.attention(q.float(), k.float(), v.float())
+    big = torch.randn(1, 2, 16, 288, dtype=torch.bfloat16, device=DEV)
+    with pytest.raises(ValueError, match=r"opforge.attention: head_dim up to 256 on CUDA, got 288"):
+        opforge.attention(big, big, big)
+    with pytest.raises(RuntimeError, match=r"mask_kinds must be on the same device as q"):
+        m = block_mask(lambda b, h, i, j: i >= j, None, None, 16, 16)
+        torch.ops.opforge.attention.default(
+            q, k, v, 1.0, 0.0, False, -1, -1, 0, None, None, m.kinds, m.index, m.bits, 128, 128
+        )
