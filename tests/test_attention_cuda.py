@@ -301,3 +301,18 @@ def test_errors():
         torch.ops.opforge.attention.default(
             q, k, v, 1.0, 0.0, False, -1, -1, 0, None, None, m.kinds, m.index, m.bits, 128, 128
         )
+
+
+@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("name", ["full", "causal", "sliding", "documents", "block mask", "softcap"])
+def test_mma_sync_forward_matches_hopper(monkeypatch, name, d):
+    """The mma.sync forward (other GPUs' kernel) on this GPU too, against the reference, and the
+    default kernel (the Hopper one on an H100/H200) agrees with it."""
+    B, Hq, Hkv, Sq, Sk = 2, 4, 2, 300, 333
+    q, k, v = qkv(B, Hq, Hkv, Sq, Sk, d)
+    kw = pattern_kwargs(name, B, Hq, Sq, Sk)
+    default = opforge.attention(q, k, v, **kw)
+    monkeypatch.setenv("OPFORGE_ATTENTION_KERNEL", "mma_sync")
+    check_forward(q, k, v, kw)
+    mma = opforge.attention(q, k, v, **kw)
+    assert (default.float() - mma.float()).abs().max().item() <= 2e-2

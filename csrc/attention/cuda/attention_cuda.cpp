@@ -9,7 +9,9 @@
 #include <torch/library.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <limits>
+#include <string>
 
 #include "attention/attention.h"
 #include "attention/cuda/attention_cuda.h"
@@ -17,7 +19,25 @@
 
 namespace opforge {
 
-int run_attention_fwd_cuda(const AttentionCudaArgs& a, int head_dim, void* stream) {
+int run_attention_fwd_cuda(const AttentionCudaArgs& a, int head_dim, bool use_mma_sync, void* stream) {
+  if (!use_mma_sync) {
+    int err = cudaErrorNoKernelImageForDevice;
+    switch (head_dim) {
+      case 64:
+        if (attention_fwd_hopper_d64_available()) err = run_attention_fwd_hopper_d64(a, stream);
+        break;
+      case 128:
+        if (attention_fwd_hopper_d128_available()) err = run_attention_fwd_hopper_d128(a, stream);
+        break;
+      case 256:
+        if (attention_fwd_hopper_d256_available()) err = run_attention_fwd_hopper_d256(a, stream);
+        break;
+      default: return cudaErrorInvalidValue;
+    }
+    // (Without Hopper code, or operands TMA cannot address: the mma.sync kernel.)
+    if (err != cudaErrorNoKernelImageForDevice && err != cudaErrorInvalidValue) return err;
+    (void)cudaGetLastError();
+  }
   switch (head_dim) {
     case 64: return run_attention_fwd_d64(a, stream);
     case 128: return run_attention_fwd_d128(a, stream);
@@ -47,6 +67,13 @@ int run_attention_bwd_cuda(const AttentionCudaArgs& a, int head_dim, void* strea
 namespace {
 
 constexpr int64_t kMaxHeadDim = 256;
+
+// OPFORGE_ATTENTION_KERNEL=mma_sync: the forward on the mma.sync kernel even where the Hopper one
+// serves (tests and comparisons; read at every call).
+bool forced_mma_sync() {
+  const char* v = std::getenv("OPFORGE_ATTENTION_KERNEL");
+  return v != nullptr && std::string(v) == "mma_sync";
+}
 
 int64_t kernel_head_dim(int64_t d) { return d <= 64 ? 64 : d <= 128 ? 128 : 256; }
 
@@ -125,7 +152,7 @@ std::tuple<at::Tensor, at::Tensor> attention_cuda(const at::Tensor& q, const at:
   const at::Tensor qk = kernel_operand(q, kd), kk = kernel_operand(k, kd), vk = kernel_operand(v, kd);
   at::Tensor out_k = kd == d ? out : empty_attention_like(qk);
   const AttentionPlan plan = plan_attention(qk, kk, vk, out_k, lse, scale, softcap, args);
-  check_launch(op, run_attention_fwd_cuda(cuda_args(plan.params), static_cast<int>(kd),
+  check_launch(op, run_attention_fwd_cuda(cuda_args(plan.params), static_cast<int>(kd), forced_mma_sync(),
                                           at::cuda::getCurrentCUDAStream().stream()));
   if (kd != d) out.copy_(out_k.narrow(3, 0, d));
   return {out, lse};

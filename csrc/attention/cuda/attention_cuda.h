@@ -26,8 +26,17 @@ struct AttentionCudaArgs {
 
 // Launchers, on `stream`; each returns a cudaError_t (cudaErrorNoKernelImageForDevice where the
 // binary has no sm_80+ code for this GPU).
-int run_attention_fwd_cuda(const AttentionCudaArgs& a, int head_dim, void* stream);
+// The forward: the Hopper kernel where it serves (unless use_mma_sync), else the mma.sync one.
+int run_attention_fwd_cuda(const AttentionCudaArgs& a, int head_dim, bool use_mma_sync, void* stream);
 int run_attention_bwd_cuda(const AttentionCudaArgs& a, int head_dim, void* stream);
+// The Hopper forward (sm_90a; TMA needs 16-byte strides): cudaErrorNoKernelImageForDevice without
+// its code, cudaErrorInvalidValue where TMA cannot address the operands.
+int run_attention_fwd_hopper_d64(const AttentionCudaArgs& a, void* stream);
+int run_attention_fwd_hopper_d128(const AttentionCudaArgs& a, void* stream);
+int run_attention_fwd_hopper_d256(const AttentionCudaArgs& a, void* stream);
+bool attention_fwd_hopper_d64_available();
+bool attention_fwd_hopper_d128_available();
+bool attention_fwd_hopper_d256_available();
 int run_attention_fwd_d64(const AttentionCudaArgs& a, void* stream);
 int run_attention_fwd_d128(const AttentionCudaArgs& a, void* stream);
 int run_attention_fwd_d256(const AttentionCudaArgs& a, void* stream);

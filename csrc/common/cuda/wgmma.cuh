@@ -37,6 +37,13 @@ __device__ __forceinline__ uint64_t smem_desc_mn_major(const void* p) {
   return ((addr & 0x3ffff) >> 4) | (uint64_t{8192 >> 4} << 16) | (uint64_t{1024 >> 4} << 32) | (uint64_t{1} << 62);
 }
 
+// MN-major, 128-byte swizzle, with 64-column boxes `box_bytes` apart (a box of rows x 128 bytes).
+__device__ __forceinline__ uint64_t smem_desc_mn_major(const void* p, uint32_t box_bytes) {
+  const uint64_t addr = smem_addr(p);
+  return ((addr & 0x3ffff) >> 4) | (uint64_t{box_bytes >> 4} << 16) | (uint64_t{1024 >> 4} << 32) |
+         (uint64_t{1} << 62);
+}
+
 // Keeps the compiler from moving an accumulator across this point (wgmma reads and writes the
 // registers asynchronously, between its issue and the wait).
 __device__ __forceinline__ void fence_operand(float& x) { asm volatile("" : "+f"(x)::"memory"); }

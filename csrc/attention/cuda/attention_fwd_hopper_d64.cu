@@ -1,0 +1,14 @@
+// attention CUDA forward for Hopper, head dim 64 (HopperFwdTraitsD64), float16 and bfloat16.
+#include "attention/cuda/attention_fwd_hopper_kernel.cuh"
+
+namespace opforge {
+
+int run_attention_fwd_hopper_d64(const AttentionCudaArgs& a, void* stream) {
+  return attention_cuda::run_hopper_fwd<attention_cuda::HopperFwdTraitsD64>(a, stream);
+}
+
+bool attention_fwd_hopper_d64_available() {
+  return attention_cuda::hopper_fwd_available<attention_cuda::HopperFwdTraitsD64>();
+}
+
+}  // namespace opforge
