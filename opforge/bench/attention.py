@@ -84,8 +84,14 @@ def _flex():
     """FlexAttention compiled once per process (each new mask function recompiles its kernel)."""
     global _FLEX
     if _FLEX is None:
+        import torch._dynamo
         from torch.nn.attention.flex_attention import flex_attention
 
+        # Every case (its shapes, its mask function) compiles its own kernel: past dynamo's default
+        # limit of 8, flex_attention would silently run eagerly (the math path, ~100x slower).
+        for name in ("recompile_limit", "cache_size_limit", "accumulated_recompile_limit"):
+            if hasattr(torch._dynamo.config, name):
+                setattr(torch._dynamo.config, name, 256)
         _FLEX = torch.compile(flex_attention)
     return _FLEX
 

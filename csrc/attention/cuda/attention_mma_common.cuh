@@ -236,6 +236,7 @@ __device__ __forceinline__ void mask_tile(float (&x)[kCols / 8][4], const Attent
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int64_t row = row0 + g + 8 * r;
+    if (row >= (kKeysAsRows ? p.sk : p.sq)) continue;  // (a row past the end is never stored)
     // Columns [lo, hi] are in the band; columns below pc see the row by the prefix; cmax bounds them.
     int lo = -1, hi = kCols, pc = -1, cmax;
     const int64_t right = p.band_right();
@@ -251,23 +252,53 @@ __device__ __forceinline__ void mask_tile(float (&x)[kCols / 8][4], const Attent
       pc = row < p.prefix_len ? kCols : -1;
       cmax = clamp_col(p.sq - col0, kCols);
     }
+    // Visible by band and bounds: [0, p_end) (the prefix) and [b_lo, b_hi].
+    const int p_end = min(pc, cmax), b_lo = tc.band ? lo : 0, b_hi = min(tc.band ? hi : kCols, cmax - 1);
+    if (!tc.seg && !tc.mask) {  // the common case: two interval tests an element
+#pragma unroll
+      for (int nt = 0; nt < kCols / 8; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int c = nt * 8 + 2 * t + e;
+          if (!(c < p_end || (c >= b_lo && c <= b_hi))) x[nt][2 * r + e] = kNegInf;
+        }
+      }
+      continue;
+    }
+    // A block mask whose block holds all of this row's columns: the row's bits, read once a word.
+    const uint32_t* row_bits = nullptr;
+    bool row_full = false, row_none = false;
+    int bit0 = 0;
+    if (!kKeysAsRows && tc.mask && col0 / p.block_k == (col0 + kCols - 1) / p.block_k) {
+      const int64_t m = p.mask_block(b, h, row / p.block_q, col0 / p.block_k);
+      const auto kind = static_cast<BlockKind>(p.mask_kinds[m]);
+      const int64_t index = p.mask_index[m];
+      row_full = kind == BlockKind::kFull;
+      row_none = !row_full && (kind != BlockKind::kPartial || index < 0 || index >= p.mask_partials);
+      if (!row_full && !row_none) {
+        row_bits = p.mask_bits + (index * p.block_q + row % p.block_q) * (p.block_k / 32);
+        bit0 = static_cast<int>(col0 % p.block_k);
+      }
+    }
     int64_t row_seg = 0;
     if (tc.seg) {
-      const bool in = row < (kKeysAsRows ? p.sk : p.sq);
-      row_seg = !in ? 0 : kKeysAsRows ? p.kv_segments[b * p.kv_seg_bs + row] : p.q_segments[b * p.q_seg_bs + row];
+      row_seg = kKeysAsRows ? p.kv_segments[b * p.kv_seg_bs + row] : p.q_segments[b * p.q_seg_bs + row];
     }
 #pragma unroll
     for (int nt = 0; nt < kCols / 8; ++nt) {
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         const int c = nt * 8 + 2 * t + e;
-        bool vis = c < cmax;
-        if (tc.band) vis = vis && (c < pc || (c >= lo && c <= hi));
+        bool vis = c < p_end || (c >= b_lo && c <= b_hi);
         if (vis && tc.seg) {
           const int64_t col = col0 + c;
           vis = row_seg == (kKeysAsRows ? p.q_segments[b * p.q_seg_bs + col] : p.kv_segments[b * p.kv_seg_bs + col]);
         }
-        if (vis && tc.mask) {
+        if (row_bits) {
+          vis = vis && ((row_bits[(bit0 + c) >> 5] >> ((bit0 + c) & 31)) & 1u);
+        } else if (row_none) {
+          vis = false;
+        } else if (vis && tc.mask && !row_full) {
           const int i = static_cast<int>(kKeysAsRows ? col0 + c : row), j = static_cast<int>(kKeysAsRows ? row : col0 + c);
           vis = mask_bit(p, b, h, i, j);
         }
