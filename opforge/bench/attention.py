@@ -202,11 +202,11 @@ def _cuda_case(
                     return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=gqa)
 
             impls[label] = sdpa
-    elif name.startswith("sliding 512 ") or random_blocks:
+    elif name.startswith("sliding 512") or random_blocks:
         impls["SDPA (dense mask)"] = lambda: F.scaled_dot_product_attention(
             q, k, v, attn_mask=dense, enable_gqa=gqa
         )
-    if not backward and name.startswith("sliding 512 ") and Hq == Hkv:
+    if not backward and name.startswith("sliding 512") and Hq == Hkv:
         impls["plain PyTorch"] = lambda: reference.attention(q, k, v, **kw)
     if backward:
         impls = _with_backward(impls, q, k, v)
