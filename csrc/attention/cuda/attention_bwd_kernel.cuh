@@ -23,12 +23,13 @@ template <int kD, typename T>
 __global__ void __launch_bounds__(256) attention_bwd_prep_kernel(const AttentionCudaArgs a) {
   constexpr int kLanes = kD / 8, kRowsPerBlock = 256 / kLanes;  // one 16-byte chunk a lane
   const AttentionParams& p = a.g.fwd;
-  const int64_t sq = p.pattern.sq, rows = p.batch * p.heads * sq;
+  const int64_t sq = p.pattern.sq, ld = a.lse2_ld, rows = p.batch * p.heads * ld;
   const int64_t row = blockIdx.x * int64_t{kRowsPerBlock} + threadIdx.x / kLanes;
   const int c = threadIdx.x % kLanes;
+  const int64_t i = row % ld, bh = row / ld;
   float acc = 0.f;
-  if (row < rows) {
-    const int64_t i = row % sq, bh = row / sq, h = bh % p.heads, b = bh / p.heads;
+  if (row < rows && i < sq) {
+    const int64_t h = bh % p.heads, b = bh / p.heads;
     const T* go = static_cast<const T*>(a.g.grad_out) + b * a.g.g_bs + h * a.g.g_hs + i * a.g.g_ss + c * 8;
     const T* o = static_cast<const T*>(p.out) + b * p.o_bs + h * p.o_hs + i * p.o_ss + c * 8;
     const cuda::Pack<T, 8> x = *reinterpret_cast<const cuda::Pack<T, 8>*>(go);
@@ -39,8 +40,10 @@ __global__ void __launch_bounds__(256) attention_bwd_prep_kernel(const Attention
 #pragma unroll
   for (int off = kLanes / 2; off > 0; off /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, off);
   if (row < rows && c == 0) {
-    const float lse = static_cast<const float*>(p.lse)[row];
-    a.delta[row] = acc - (a.g.grad_lse ? static_cast<const float*>(a.g.grad_lse)[row] : 0.f);
+    // Padding rows (i >= Sq): P = 0 (lse2 +inf), delta 0.
+    const int64_t src = bh * sq + i;
+    const float lse = i < sq ? static_cast<const float*>(p.lse)[src] : kNegInf;
+    a.delta[row] = i < sq ? acc - (a.g.grad_lse ? static_cast<const float*>(a.g.grad_lse)[src] : 0.f) : 0.f;
     a.lse2[row] = lse == kNegInf ? -kNegInf : lse * kLog2e;
   }
 }
@@ -81,11 +84,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) attention_bwd_kv_kernel(const
   load_rows<kBN, kD, kThreads>(sV, vg, p.v_ss, j0, pat.sk, tid);
   cuda::cp_async_commit();
 
-  const int64_t* q_seg = pat.q_segments ? pat.q_segments + b * pat.q_seg_bs : nullptr;
-  const SegmentRange kv_range =
-      q_seg ? warp_segment_range(pat.kv_segments + b * pat.kv_seg_bs, j0, j1, lane) : SegmentRange{};
-  int first, end;
-  query_tiles<kBM>(pat, j0, j1, first, end);
+  const QueryWalk<kBM> walk(pat, b, j0, j1, lane);
 
   float dk[kPT][4], dv[kPT][4];
 #pragma unroll
@@ -98,17 +97,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) attention_bwd_kv_kernel(const
     const int64_t h = hk * group + gi;
     const T* qg = static_cast<const T*>(p.q) + b * p.q_bs + h * p.q_hs;
     const T* gog = static_cast<const T*>(a.g.grad_out) + b * a.g.g_bs + h * a.g.g_hs;
-    const float* lse2g = a.lse2 + (b * p.heads + h) * pat.sq;
-    const float* deltag = a.delta + (b * p.heads + h) * pat.sq;
-    auto next_visible = [&](int from, TileClass& tc) {
-      for (; from < end; ++from) {
-        const int64_t i0 = int64_t{from} * kBM, i1 = min(i0 + kBM, pat.sq);
-        const SegmentRange qr = q_seg ? warp_segment_range(q_seg, i0, i1, lane) : SegmentRange{};
-        tc = classify(pat, b, h, i0, i1, j0, j1, qr, kv_range, false);
-        if (tc.kind != BlockKind::kEmpty) return from;
-      }
-      return end;
-    };
+    const float* lse2g = a.lse2 + (b * p.heads + h) * a.lse2_ld;
+    const float* deltag = a.delta + (b * p.heads + h) * a.lse2_ld;
     auto load_q = [&](int t, int stage) {
       const uint32_t s = sStage0 + stage * Tr::kStageBytes;
       const int64_t i0 = int64_t{t} * kBM;
@@ -121,16 +111,16 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) attention_bwd_kv_kernel(const
     };
 
     TileClass tc;
-    int tile = next_visible(first, tc);
+    int tile = walk.next(h, walk.begin, tc, lane);
     __syncthreads();  // every warp is done with the stages (the previous head's last tile)
-    if (tile < end) load_q(tile, 0);
+    if (tile < walk.end) load_q(tile, 0);
     int stage = 0;
-    while (tile < end) {
+    while (tile < walk.end) {
       TileClass tn_class;
-      const int tn = next_visible(tile + 1, tn_class);
+      const int tn = walk.next(h, tile + 1, tn_class, lane);
       cuda::cp_async_wait<0>();
       __syncthreads();
-      if (tn < end) load_q(tn, stage ^ 1);
+      if (tn < walk.end) load_q(tn, stage ^ 1);
       const uint32_t sQ = sStage0 + stage * Tr::kStageBytes, sdO = sQ + Tr::kQBytes;
       const float* lse2s = reinterpret_cast<const float*>(smem + (sQ - sK) + 2 * Tr::kQBytes);
       const float* deltas = lse2s + kBM;
@@ -245,7 +235,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) attention_bwd_q_kernel(const 
   float lse2[2], delta[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    const int64_t i = i0 + warp * 16 + g + 8 * r, row = (b * p.heads + h) * pat.sq + (i < pat.sq ? i : 0);
+    const int64_t i = i0 + warp * 16 + g + 8 * r, row = (b * p.heads + h) * a.lse2_ld + (i < pat.sq ? i : 0);
     lse2[r] = a.lse2[row];
     delta[r] = a.delta[row];
   }

@@ -46,9 +46,18 @@ int run_attention_fwd_cuda(const AttentionCudaArgs& a, int head_dim, bool use_mm
   }
 }
 
-int run_attention_bwd_cuda(const AttentionCudaArgs& a, int head_dim, void* stream) {
+int run_attention_bwd_cuda(const AttentionCudaArgs& a, int head_dim, bool use_mma_sync, void* stream) {
   int err = run_attention_bwd_prep(a, stream);
   if (err != cudaSuccess) return err;
+  if (!use_mma_sync && (head_dim == 64 || head_dim == 128)) {
+    err = head_dim == 64 ? run_attention_bwd_hopper_kv_d64(a, stream) : run_attention_bwd_hopper_kv_d128(a, stream);
+    if (err == cudaSuccess) {
+      return head_dim == 64 ? run_attention_bwd_hopper_q_d64(a, stream) : run_attention_bwd_hopper_q_d128(a, stream);
+    }
+    // (Without Hopper code, or operands TMA cannot address: the mma.sync passes.)
+    if (err != cudaErrorNoKernelImageForDevice && err != cudaErrorInvalidValue) return err;
+    (void)cudaGetLastError();
+  }
   switch (head_dim) {
     case 64: err = run_attention_bwd_kv_d64(a, stream); break;
     case 128: err = run_attention_bwd_kv_d128(a, stream); break;
@@ -68,8 +77,8 @@ namespace {
 
 constexpr int64_t kMaxHeadDim = 256;
 
-// OPFORGE_ATTENTION_KERNEL=mma_sync: the forward on the mma.sync kernel even where the Hopper one
-// serves (tests and comparisons; read at every call).
+// OPFORGE_ATTENTION_KERNEL=mma_sync: the mma.sync kernels even where the Hopper ones serve (tests
+// and comparisons; read at every call).
 bool forced_mma_sync() {
   const char* v = std::getenv("OPFORGE_ATTENTION_KERNEL");
   return v != nullptr && std::string(v) == "mma_sync";
@@ -185,10 +194,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_cuda(
   const AttentionPlan plan = plan_attention(qk, kk, vk, ok, lse_c, scale, softcap, args);
   AttentionCudaArgs a = cuda_args(plan.params);
   a.g = attention_grad_params(plan.params, gk, grad_lse_c, dq_k, dk_k, dv_k);
-  at::Tensor scratch = at::empty({2, q.size(0), q.size(1), q.size(2)}, q.options().dtype(at::kFloat));
+  a.lse2_ld = (q.size(2) + 63) / 64 * 64;
+  at::Tensor scratch = at::empty({2, q.size(0), q.size(1), a.lse2_ld}, q.options().dtype(at::kFloat));
   a.lse2 = scratch[0].data_ptr<float>();
   a.delta = scratch[1].data_ptr<float>();
-  check_launch(op, run_attention_bwd_cuda(a, static_cast<int>(kd), at::cuda::getCurrentCUDAStream().stream()));
+  check_launch(op, run_attention_bwd_cuda(a, static_cast<int>(kd), forced_mma_sync(),
+                                          at::cuda::getCurrentCUDAStream().stream()));
   if (kd != d) {
     dq.copy_(dq_k.narrow(3, 0, d));
     dk.copy_(dk_k.narrow(3, 0, d));

@@ -22,13 +22,16 @@ struct AttentionCudaArgs {
   // rowsum(dO * O) - grad_lse.
   float* lse2 = nullptr;
   float* delta = nullptr;
+  int64_t lse2_ld = 0;  // their row length: Sq rounded up to 64 (padding rows: lse2 +inf, delta 0)
 };
 
 // Launchers, on `stream`; each returns a cudaError_t (cudaErrorNoKernelImageForDevice where the
 // binary has no sm_80+ code for this GPU).
 // The forward: the Hopper kernel where it serves (unless use_mma_sync), else the mma.sync one.
 int run_attention_fwd_cuda(const AttentionCudaArgs& a, int head_dim, bool use_mma_sync, void* stream);
-int run_attention_bwd_cuda(const AttentionCudaArgs& a, int head_dim, void* stream);
+// The backward: prep, then the Hopper passes where they serve (unless use_mma_sync), else the
+// mma.sync ones.
+int run_attention_bwd_cuda(const AttentionCudaArgs& a, int head_dim, bool use_mma_sync, void* stream);
 // The Hopper forward (sm_90a; TMA needs 16-byte strides): cudaErrorNoKernelImageForDevice without
 // its code, cudaErrorInvalidValue where TMA cannot address the operands.
 int run_attention_fwd_hopper_d64(const AttentionCudaArgs& a, void* stream);
@@ -37,6 +40,11 @@ int run_attention_fwd_hopper_d256(const AttentionCudaArgs& a, void* stream);
 bool attention_fwd_hopper_d64_available();
 bool attention_fwd_hopper_d128_available();
 bool attention_fwd_hopper_d256_available();
+// The Hopper backward passes (head dims 64 and 128), same return values.
+int run_attention_bwd_hopper_kv_d64(const AttentionCudaArgs& a, void* stream);
+int run_attention_bwd_hopper_kv_d128(const AttentionCudaArgs& a, void* stream);
+int run_attention_bwd_hopper_q_d64(const AttentionCudaArgs& a, void* stream);
+int run_attention_bwd_hopper_q_d128(const AttentionCudaArgs& a, void* stream);
 int run_attention_fwd_d64(const AttentionCudaArgs& a, void* stream);
 int run_attention_fwd_d128(const AttentionCudaArgs& a, void* stream);
 int run_attention_fwd_d256(const AttentionCudaArgs& a, void* stream);

@@ -206,6 +206,34 @@ __device__ __forceinline__ void query_tiles(const AttentionPattern& p, int64_t j
   end = hi <= lo ? begin : static_cast<int>((hi + kBlockM - 1) / kBlockM);
 }
 
+// A key block [j0, j1) of batch row b walking, for one query head h at a time, the query tiles
+// (kBlockM queries) that see it: the next one with something visible (every warp finds the same).
+template <int kBlockM>
+struct QueryWalk {
+  const AttentionPattern& pat;
+  int64_t b, j0, j1;
+  const int64_t* q_seg;    // this batch row's query segment ids, or null
+  SegmentRange kv_range;   // the block's key segment ids
+  int begin = 0, end = 0;
+
+  __device__ QueryWalk(const AttentionPattern& p, int64_t b_, int64_t j0_, int64_t j1_, int lane)
+      : pat(p), b(b_), j0(j0_), j1(j1_) {
+    q_seg = pat.q_segments ? pat.q_segments + b * pat.q_seg_bs : nullptr;
+    if (q_seg) kv_range = warp_segment_range(pat.kv_segments + b * pat.kv_seg_bs, j0, j1, lane);
+    query_tiles<kBlockM>(pat, j0, j1, begin, end);
+  }
+
+  __device__ int next(int64_t h, int from, TileClass& tc, int lane) const {
+    for (; from < end; ++from) {
+      const int64_t i0 = int64_t{from} * kBlockM, i1 = min(i0 + kBlockM, pat.sq);
+      const SegmentRange qr = q_seg ? warp_segment_range(q_seg, i0, i1, lane) : SegmentRange{};
+      tc = classify(pat, b, h, i0, i1, j0, j1, qr, kv_range, false);
+      if (tc.kind != BlockKind::kEmpty) return from;
+    }
+    return end;
+  }
+};
+
 // Block-mask bit of element (i, j) (kinds other than full/partial, and out-of-range indices, show
 // nothing).
 __device__ __forceinline__ bool mask_bit(const AttentionPattern& p, int64_t b, int64_t h, int i, int j) {
