@@ -293,19 +293,31 @@ __device__ __forceinline__ void mask_tile(float (&x)[kCols / 8][4], const Attent
       }
       continue;
     }
-    // A block mask whose block holds all of this row's columns: the row's bits, read once a word.
-    const uint32_t* row_bits = nullptr;
-    bool row_full = false, row_none = false;
-    int bit0 = 0;
-    if (!kKeysAsRows && tc.mask && col0 / p.block_k == (col0 + kCols - 1) / p.block_k) {
-      const int64_t m = p.mask_block(b, h, row / p.block_q, col0 / p.block_k);
-      const auto kind = static_cast<BlockKind>(p.mask_kinds[m]);
-      const int64_t index = p.mask_index[m];
-      row_full = kind == BlockKind::kFull;
-      row_none = !row_full && (kind != BlockKind::kPartial || index < 0 || index >= p.mask_partials);
-      if (!row_full && !row_none) {
-        row_bits = p.mask_bits + (index * p.block_q + row % p.block_q) * (p.block_k / 32);
-        bit0 = static_cast<int>(col0 % p.block_k);
+    // The block mask, where the row's columns lie in one mask block (rows are queries): its kind
+    // once, and a partial block's bits for the row as registers. Else element by element.
+    enum { kGeneral, kAllVisible, kNoneVisible, kRowWords } mode = kGeneral;
+    constexpr int kWords = kCols / 32;
+    uint32_t words[kWords];
+    if (tc.mask) {
+      const int64_t bq = p.block_q, bk = p.block_k;
+      // (Rows that are keys: a per-element column read costs the dK/dV pass's main loop registers
+      // in the column mode; they take the general path.)
+      const bool one = !kKeysAsRows && col0 / bk == (col0 + kCols - 1) / bk;
+      if (one) {
+        const int64_t m = p.mask_block(b, h, row / bq, col0 / bk);
+        const auto kind = static_cast<BlockKind>(p.mask_kinds[m]);
+        const int64_t index = p.mask_index[m];
+        if (kind == BlockKind::kFull) {
+          mode = kAllVisible;
+        } else if (kind != BlockKind::kPartial || index < 0 || index >= p.mask_partials) {
+          mode = kNoneVisible;
+        } else {
+          // (col0 % block_k is a multiple of 64: the row's words start at a word.)
+          const uint32_t* w = p.mask_bits + (index * bq + row % bq) * (bk / 32) + (col0 % bk) / 32;
+#pragma unroll
+          for (int n = 0; n < kWords; ++n) words[n] = w[n];
+          mode = kRowWords;
+        }
       }
     }
     int64_t row_seg = 0;
@@ -322,13 +334,16 @@ __device__ __forceinline__ void mask_tile(float (&x)[kCols / 8][4], const Attent
           const int64_t col = col0 + c;
           vis = row_seg == (kKeysAsRows ? p.q_segments[b * p.q_seg_bs + col] : p.kv_segments[b * p.kv_seg_bs + col]);
         }
-        if (row_bits) {
-          vis = vis && ((row_bits[(bit0 + c) >> 5] >> ((bit0 + c) & 31)) & 1u);
-        } else if (row_none) {
-          vis = false;
-        } else if (vis && tc.mask && !row_full) {
-          const int i = static_cast<int>(kKeysAsRows ? col0 + c : row), j = static_cast<int>(kKeysAsRows ? row : col0 + c);
-          vis = mask_bit(p, b, h, i, j);
+        if (tc.mask) {
+          if (mode == kRowWords) {
+            vis = vis && ((words[nt / 4] >> ((nt % 4) * 8 + 2 * t + e)) & 1u);
+          } else if (mode == kNoneVisible) {
+            vis = false;
+          } else if (mode == kGeneral && vis) {
+            const int i = static_cast<int>(kKeysAsRows ? col0 + c : row);
+            const int j = static_cast<int>(kKeysAsRows ? row : col0 + c);
+            vis = mask_bit(p, b, h, i, j);
+          }
         }
         if (!vis) x[nt][2 * r + e] = kNegInf;
       }
