@@ -73,16 +73,18 @@ SegmentRange segment_range(const int64_t* ids, int64_t stride_b, int64_t b, int6
   return r;
 }
 
-// Scores of one tile: s = softcap(scale * q.k), masked elements -inf. `t` keeps tanh(...) for the
-// softcap's backward (when softcap is on).
+// Scores of one tile: s = softcap(scale * q.k), masked elements -inf (scaled: q came scaled, s is
+// scale * q.k already). `t` keeps tanh(...) for the softcap's backward (when softcap is on).
 template <typename A>
 void finish_scores(const AttentionParams& p, BlockKind kind, int64_t b, int64_t h, int64_t i0, int64_t rows,
-                   int64_t j0, int64_t cols, int64_t ld, A* s, A* t) {
+                   int64_t j0, int64_t cols, int64_t ld, A* s, A* t, bool scaled = false) {
   const A scale = static_cast<A>(p.scale), cap = static_cast<A>(p.softcap);
   const A neg_inf = -std::numeric_limits<A>::infinity();
   for (int64_t r = 0; r < rows; ++r) {
     A* row = s + r * ld;
-    for (int64_t c = 0; c < cols; ++c) row[c] *= scale;
+    if (!scaled) {
+      for (int64_t c = 0; c < cols; ++c) row[c] *= scale;
+    }
     if (cap > 0) {
       A* trow = t + r * ld;
       for (int64_t c = 0; c < cols; ++c) {
@@ -157,6 +159,7 @@ void forward_kernel(const AttentionParams& p) {
   const int64_t flops = 4 * p.batch * p.heads * Sq * Sk * D;
   const int64_t grain = flops < (int64_t{1} << 22) ? std::max<int64_t>(tasks, 1) : 1;
   const CpuIsa isa = cpu_isa();
+  const A scale = static_cast<A>(p.scale);
   // Inputs are packed by their type's packer, P (in the accumulation type) by the float one.
   const GemmPackedFns in = gemm_packed(p.dtype, isa);
   const GemmPackedFns acc = gemm_packed(std::is_same_v<A, double> ? DType::kFloat64 : DType::kFloat32, isa);
@@ -171,6 +174,8 @@ void forward_kernel(const AttentionParams& p) {
       const T* v = at_<T>(p.v, b * p.v_bs + hk * p.v_hs);
       kv.reset(b * p.kv_heads + hk, k_tiles, in.b_size(D, tk), in.b_size(tk, D));
       in.pack_a(at_<T>(p.q, b * p.q_bs + h * p.q_hs + i0 * p.q_ss), p.q_ss, p.q_ds, rows, D, q_packed.data());
+      // The scale on the packed Q (in the accumulation type) once, instead of on every tile's scores.
+      for (A& x : q_packed) x *= scale;
       std::fill(o.begin(), o.end(), A(0));
       std::fill(m.begin(), m.end(), -std::numeric_limits<A>::infinity());
       std::fill(l.begin(), l.end(), A(0));
@@ -187,7 +192,7 @@ void forward_kernel(const AttentionParams& p) {
           kv.have_keys[kt] = true;
         }
         in.multiply(rows, cols, D, q_packed.data(), keys, s.data(), tk, false);
-        finish_scores<A>(p, kind, b, h, i0, rows, j0, cols, tk, s.data(), s.data());
+        finish_scores<A>(p, kind, b, h, i0, rows, j0, cols, tk, s.data(), s.data(), true);
         for (int64_t r = 0; r < rows; ++r) {
           A* row = s.data() + r * tk;
           const A mx = row_max(row, cols, m[r]);
