@@ -183,8 +183,8 @@ AttentionPlan plan_attention(const at::Tensor& q, const at::Tensor& k, const at:
     pat.kv_segments = ks.const_data_ptr<int64_t>();
     pat.q_seg_bs = qs.size(1);
     pat.kv_seg_bs = ks.size(1);
-    plan.keep.push_back(qs);
-    plan.keep.push_back(ks);
+    plan.q_segments = qs;
+    plan.kv_segments = ks;
   }
   if (pattern.mask_kinds) {
     at::Tensor kinds = pattern.mask_kinds->contiguous(), index = pattern.mask_index->contiguous();

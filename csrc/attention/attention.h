@@ -49,6 +49,7 @@ at::Tensor empty_attention_like(const at::Tensor& like);
 // (contiguous copies where needed) by `keep`.
 struct AttentionPlan {
   AttentionParams params;
+  at::Tensor q_segments, kv_segments;  // the int64 ids the pattern points to (undefined: none)
   std::vector<at::Tensor> keep;
 };
 AttentionPlan plan_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,

@@ -37,6 +37,10 @@ struct AttentionPattern {
   const int64_t* q_segments = nullptr;
   const int64_t* kv_segments = nullptr;
   int64_t q_seg_bs = 0, kv_seg_bs = 0;
+  // (CUDA) The ids summarised per 32 rows: (B, ceil(S / 32), 2) int64 min and max, or null.
+  const int64_t* q_seg_blocks = nullptr;
+  const int64_t* kv_seg_blocks = nullptr;
+  int64_t q_seg_nblocks = 0, kv_seg_nblocks = 0;
   // Block mask, or null: kinds (Bm, Hm, nQ, nK) uint8 and index (same shape, int32: the partial
   // block's row of bits, or -1), bits (P, block_q, block_k / 32) int32; Bm and Hm are 1 or B, H.
   const uint8_t* mask_kinds = nullptr;

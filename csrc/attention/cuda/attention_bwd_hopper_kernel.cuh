@@ -74,7 +74,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     cuda::fence_mbarrier_init();
   }
   __syncthreads();
-  const QueryWalk<kBM> walk(pat, b, j0, j1, lane);
+  QueryWalk<kBM> walk(pat, b, j0, j1);
 
   if (wg == 0) {  // producer
     cuda::setmaxnreg_dec<24>();
@@ -273,7 +273,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     cuda::fence_mbarrier_init();
   }
   __syncthreads();
-  const KeyWalk<kBN, kD, 32, T> walk(p, b, h, i0, i1, lane);
+  KeyWalk<kBN, kD, 32, T> walk(p, b, h, i0, i1);
 
   if (wg == 0) {  // producer
     cuda::setmaxnreg_dec<24>();

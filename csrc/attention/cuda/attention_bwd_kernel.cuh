@@ -84,7 +84,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) attention_bwd_kv_kernel(const
   load_rows<kBN, kD, kThreads>(sV, vg, p.v_ss, j0, pat.sk, tid);
   cuda::cp_async_commit();
 
-  const QueryWalk<kBM> walk(pat, b, j0, j1, lane);
+  QueryWalk<kBM> walk(pat, b, j0, j1);
 
   float dk[kPT][4], dv[kPT][4];
 #pragma unroll
@@ -240,7 +240,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) attention_bwd_q_kernel(const 
     delta[r] = a.delta[row];
   }
 
-  const KeyWalk<kBN, kD, kThreads, T> walk(p, b, h, i0, i1, lane);
+  KeyWalk<kBN, kD, kThreads, T> walk(p, b, h, i0, i1);
   TileClass tc;
   int tile = walk.next(walk.begin, tc, lane);
   if (tile < walk.end) walk.load(sKV, tile, tid);

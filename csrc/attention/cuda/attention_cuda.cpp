@@ -2,7 +2,9 @@
 // zero-padded to the kernel's 64 / 128 / 256, a contiguous copy only of rows they cannot read)
 // -> the forward kernel, or the backward's prep, dK/dV and dQ passes, on the current stream.
 #include <ATen/cuda/CUDAContext.h>
+#include <ATen/ops/cat.h>
 #include <ATen/ops/constant_pad_nd.h>
+#include <ATen/ops/stack.h>
 #include <ATen/ops/empty.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <cuda_runtime.h>
@@ -114,6 +116,29 @@ at::Tensor kernel_operand(const at::Tensor& t, int64_t kd) {
   return rows_readable(t) ? t : t.contiguous();
 }
 
+// Segment ids (B, S) int64 summarised per 32 rows: (B, ceil(S / 32), 2) min and max (the last
+// block padded with the last id).
+at::Tensor segment_blocks(const at::Tensor& ids) {
+  const int64_t B = ids.size(0), S = ids.size(1), n = (S + 31) / 32, pad = n * 32 - S;
+  const at::Tensor padded = pad ? at::cat({ids, ids.narrow(1, S - 1, 1).expand({B, pad})}, 1) : ids;
+  const at::Tensor v = padded.view({B, n, 32});
+  return at::stack({std::get<0>(v.min(2)), std::get<0>(v.max(2))}, 2).contiguous();
+}
+
+// The kernels' per-32-row segment summaries (their tile walks classify 32 tiles at a time from
+// them), held by `keep`.
+void add_segment_blocks(AttentionPlan& plan) {
+  if (!plan.q_segments.defined()) return;
+  AttentionPattern& pat = plan.params.pattern;
+  at::Tensor qb = segment_blocks(plan.q_segments), kb = segment_blocks(plan.kv_segments);
+  pat.q_seg_blocks = qb.const_data_ptr<int64_t>();
+  pat.kv_seg_blocks = kb.const_data_ptr<int64_t>();
+  pat.q_seg_nblocks = qb.size(1);
+  pat.kv_seg_nblocks = kb.size(1);
+  plan.keep.push_back(qb);
+  plan.keep.push_back(kb);
+}
+
 AttentionCudaArgs cuda_args(const AttentionParams& p) {
   AttentionCudaArgs a;
   a.g.fwd = p;
@@ -160,7 +185,8 @@ std::tuple<at::Tensor, at::Tensor> attention_cuda(const at::Tensor& q, const at:
   const int64_t d = q.size(3), kd = kernel_head_dim(d);
   const at::Tensor qk = kernel_operand(q, kd), kk = kernel_operand(k, kd), vk = kernel_operand(v, kd);
   at::Tensor out_k = kd == d ? out : empty_attention_like(qk);
-  const AttentionPlan plan = plan_attention(qk, kk, vk, out_k, lse, scale, softcap, args);
+  AttentionPlan plan = plan_attention(qk, kk, vk, out_k, lse, scale, softcap, args);
+  add_segment_blocks(plan);
   check_launch(op, run_attention_fwd_cuda(cuda_args(plan.params), static_cast<int>(kd), forced_mma_sync(),
                                           at::cuda::getCurrentCUDAStream().stream()));
   if (kd != d) out.copy_(out_k.narrow(3, 0, d));
@@ -191,7 +217,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_cuda(
   at::Tensor dq_k = kd == d ? dq : empty_attention_like(qk);
   at::Tensor dk_k = kd == d ? dk : empty_attention_like(kk);
   at::Tensor dv_k = kd == d ? dv : empty_attention_like(vk);
-  const AttentionPlan plan = plan_attention(qk, kk, vk, ok, lse_c, scale, softcap, args);
+  AttentionPlan plan = plan_attention(qk, kk, vk, ok, lse_c, scale, softcap, args);
+  add_segment_blocks(plan);
   AttentionCudaArgs a = cuda_args(plan.params);
   a.g = attention_grad_params(plan.params, gk, grad_lse_c, dq_k, dk_k, dv_k);
   a.lse2_ld = (q.size(2) + 63) / 64 * 64;

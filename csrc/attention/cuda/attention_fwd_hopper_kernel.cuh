@@ -80,7 +80,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   if (wg == 0) {  // producer
     cuda::setmaxnreg_dec<40>();
     if (warp != 0) return;
-    const KeyWalk<kBN, kD, 32, T> walk(p, b, h, i0, i1, lane);
+    KeyWalk<kBN, kD, 32, T> walk(p, b, h, i0, i1);
     const int hk = static_cast<int>(h / (p.heads / p.kv_heads));
     if (lane == 0) {
       cuda::mbar_arrive_expect_tx(smem_addr(bar_q), Tr::kQBytes);
@@ -119,7 +119,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   cuda::setmaxnreg_inc<232>();
   const int half = wg - 1, g = lane / 4, t4 = lane % 4;
   const int64_t row0 = i0 + half * 64 + warp * 16;  // this warp's first query row
-  const KeyWalk<kBN, kD, 32, T> walk(p, b, h, i0, i1, lane);
+  KeyWalk<kBN, kD, 32, T> walk(p, b, h, i0, i1);
   float o[kDT][4];
 #pragma unroll
   for (int n = 0; n < kDT; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;

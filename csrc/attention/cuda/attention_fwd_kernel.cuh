@@ -41,7 +41,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) attention_fwd_kernel(const At
 
   load_rows<kBM, kD, kThreads>(sQ, qg, p.q_ss, i0, pat.sq, tid);
   cuda::cp_async_commit();
-  const KeyWalk<kBN, kD, kThreads, T> walk(p, b, h, i0, i1, lane);
+  KeyWalk<kBN, kD, kThreads, T> walk(p, b, h, i0, i1);
   TileClass tc;
   int tile = walk.next(walk.begin, tc, lane);
   if (tile < walk.end) walk.load(sKV, tile, tid);

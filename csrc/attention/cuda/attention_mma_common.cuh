@@ -91,23 +91,6 @@ __device__ __forceinline__ void acc_to_a(uint32_t* a, const float (&acc)[kN][4],
 
 // ---- the pattern ----------------------------------------------------------------------------
 
-// Segment ids [start, end) of one sequence summarised by a warp (every lane gets the range).
-__device__ __forceinline__ SegmentRange warp_segment_range(const int64_t* seg, int64_t start, int64_t end, int lane) {
-  long long lo = 0x7fffffffffffffffLL, hi = -lo - 1;
-  for (int64_t i = start + lane; i < end; i += 32) {
-    const long long v = seg[i];
-    lo = v < lo ? v : lo;
-    hi = v > hi ? v : hi;
-  }
-#pragma unroll
-  for (int off = 16; off > 0; off /= 2) {
-    const long long l2 = __shfl_xor_sync(0xffffffffu, lo, off), h2 = __shfl_xor_sync(0xffffffffu, hi, off);
-    lo = l2 < lo ? l2 : lo;
-    hi = h2 > hi ? h2 : hi;
-  }
-  return {lo, hi};
-}
-
 // A tile's kind, and which parts of the pattern its partial elements must be checked against.
 struct TileClass {
   BlockKind kind = BlockKind::kEmpty;
@@ -152,9 +135,52 @@ __device__ __forceinline__ void key_tiles(const AttentionPattern& p, int64_t i0,
   end = hi <= lo ? begin : static_cast<int>((hi + kBlockN - 1) / kBlockN);
 }
 
+// Segment ids of rows [start, end) of batch row b (start a multiple of 32) from the per-32-row
+// summaries ((B, nblocks, 2) min / max).
+__device__ __forceinline__ SegmentRange block_segment_range(const int64_t* blocks, int64_t nblocks, int64_t b,
+                                                            int64_t start, int64_t end) {
+  SegmentRange r{0x7fffffffffffffffLL, -0x7fffffffffffffffLL - 1};
+  const int64_t* row = blocks + b * nblocks * 2;
+  for (int64_t k = start / 32; k <= (end - 1) / 32; ++k) {
+    r.lo = min(r.lo, row[2 * k]);
+    r.hi = max(r.hi, row[2 * k + 1]);
+  }
+  return r;
+}
+
+// 32 consecutive tiles classified at once, one a lane (one round of loads instead of 32), kept as
+// bit masks: which have something visible, which are partial, and which parts of the pattern a
+// partial one must test.
+struct TileChunk {
+  int first = -1;  // the chunk's first tile (-1: none yet)
+  int64_t head = -1;
+  uint32_t visible = 0, partial = 0, band = 0, seg = 0, mask = 0;
+
+  __device__ __forceinline__ void set(int base, int64_t h, const TileClass& c) {
+    first = base;
+    head = h;
+    visible = __ballot_sync(0xffffffffu, c.kind != BlockKind::kEmpty);
+    partial = __ballot_sync(0xffffffffu, c.kind == BlockKind::kPartial);
+    band = __ballot_sync(0xffffffffu, c.band);
+    seg = __ballot_sync(0xffffffffu, c.seg);
+    mask = __ballot_sync(0xffffffffu, c.mask);
+  }
+  // The first visible tile at or after `from` in this chunk (its class in tc), or -1.
+  __device__ __forceinline__ int find(int from, TileClass& tc) const {
+    const uint32_t m = visible & (0xffffffffu << (from - first));
+    if (!m) return -1;
+    const int bit = __ffs(m) - 1;
+    tc.kind = (partial >> bit) & 1u ? BlockKind::kPartial : BlockKind::kFull;
+    tc.band = (band >> bit) & 1u;
+    tc.seg = (seg >> bit) & 1u;
+    tc.mask = (mask >> bit) & 1u;
+    return first + bit;
+  }
+};
+
 // A query block [i0, i1) of (b, h) walking the key tiles (kBlockN keys) it sees: the next one
-// with something visible (every warp finds the same), and the copy of a tile's K and V rows into a
-// stage (K, then V kBlockN * kD values after it).
+// with something visible (every warp finds the same, classifying 32 tiles at a time), and the copy
+// of a tile's K and V rows into a stage (K, then V kBlockN * kD values after it).
 template <int kBlockN, int kD, int kThreads, typename T>
 struct KeyWalk {
   const AttentionPattern& pat;
@@ -162,26 +188,35 @@ struct KeyWalk {
   const T* k;
   const T* v;
   int64_t k_ss, v_ss;
-  const int64_t* kv_seg;  // this batch row's key segment ids, or null
-  SegmentRange q_range;   // the block's query segment ids
+  SegmentRange q_range;  // the block's query segment ids
   int begin = 0, end = 0;
+  TileChunk chunk;
 
-  __device__ KeyWalk(const AttentionParams& p, int64_t b_, int64_t h_, int64_t i0_, int64_t i1_, int lane)
+  __device__ KeyWalk(const AttentionParams& p, int64_t b_, int64_t h_, int64_t i0_, int64_t i1_)
       : pat(p.pattern), b(b_), h(h_), i0(i0_), i1(i1_), k_ss(p.k_ss), v_ss(p.v_ss) {
     const int64_t hk = h / (p.heads / p.kv_heads);
     k = static_cast<const T*>(p.k) + b * p.k_bs + hk * p.k_hs;
     v = static_cast<const T*>(p.v) + b * p.v_bs + hk * p.v_hs;
-    kv_seg = pat.q_segments ? pat.kv_segments + b * pat.kv_seg_bs : nullptr;
-    if (kv_seg) q_range = warp_segment_range(pat.q_segments + b * pat.q_seg_bs, i0, i1, lane);
+    if (pat.q_segments) q_range = block_segment_range(pat.q_seg_blocks, pat.q_seg_nblocks, b, i0, i1);
     key_tiles<kBlockN>(pat, i0, i1, begin, end);
   }
 
-  __device__ int next(int from, TileClass& tc, int lane) const {
-    for (; from < end; ++from) {
-      const int64_t j0 = int64_t{from} * kBlockN, j1 = min(j0 + kBlockN, pat.sk);
-      const SegmentRange kr = kv_seg ? warp_segment_range(kv_seg, j0, j1, lane) : SegmentRange{};
-      tc = classify(pat, b, h, i0, i1, j0, j1, q_range, kr, j1 - j0 < kBlockN);
-      if (tc.kind != BlockKind::kEmpty) return from;
+  __device__ int next(int from, TileClass& tc, int lane) {
+    while (from < end) {
+      if (chunk.first < 0 || from < chunk.first || from >= chunk.first + 32) {
+        const int t = from + lane;
+        TileClass c;
+        if (t < end) {
+          const int64_t j0 = int64_t{t} * kBlockN, j1 = min(j0 + kBlockN, pat.sk);
+          const SegmentRange kr = pat.q_segments ? block_segment_range(pat.kv_seg_blocks, pat.kv_seg_nblocks, b, j0, j1)
+                                                 : SegmentRange{};
+          c = classify(pat, b, h, i0, i1, j0, j1, q_range, kr, j1 - j0 < kBlockN);
+        }
+        chunk.set(from, h, c);
+      }
+      const int found = chunk.find(from, tc);
+      if (found >= 0) return found;
+      from = chunk.first + 32;
     }
     return end;
   }
@@ -207,28 +242,38 @@ __device__ __forceinline__ void query_tiles(const AttentionPattern& p, int64_t j
 }
 
 // A key block [j0, j1) of batch row b walking, for one query head h at a time, the query tiles
-// (kBlockM queries) that see it: the next one with something visible (every warp finds the same).
+// (kBlockM queries) that see it: the next one with something visible (every warp finds the same,
+// 32 tiles classified at a time).
 template <int kBlockM>
 struct QueryWalk {
   const AttentionPattern& pat;
   int64_t b, j0, j1;
-  const int64_t* q_seg;    // this batch row's query segment ids, or null
-  SegmentRange kv_range;   // the block's key segment ids
+  SegmentRange kv_range;  // the block's key segment ids
   int begin = 0, end = 0;
+  TileChunk chunk;
 
-  __device__ QueryWalk(const AttentionPattern& p, int64_t b_, int64_t j0_, int64_t j1_, int lane)
+  __device__ QueryWalk(const AttentionPattern& p, int64_t b_, int64_t j0_, int64_t j1_)
       : pat(p), b(b_), j0(j0_), j1(j1_) {
-    q_seg = pat.q_segments ? pat.q_segments + b * pat.q_seg_bs : nullptr;
-    if (q_seg) kv_range = warp_segment_range(pat.kv_segments + b * pat.kv_seg_bs, j0, j1, lane);
+    if (pat.q_segments) kv_range = block_segment_range(pat.kv_seg_blocks, pat.kv_seg_nblocks, b, j0, j1);
     query_tiles<kBlockM>(pat, j0, j1, begin, end);
   }
 
-  __device__ int next(int64_t h, int from, TileClass& tc, int lane) const {
-    for (; from < end; ++from) {
-      const int64_t i0 = int64_t{from} * kBlockM, i1 = min(i0 + kBlockM, pat.sq);
-      const SegmentRange qr = q_seg ? warp_segment_range(q_seg, i0, i1, lane) : SegmentRange{};
-      tc = classify(pat, b, h, i0, i1, j0, j1, qr, kv_range, false);
-      if (tc.kind != BlockKind::kEmpty) return from;
+  __device__ int next(int64_t h, int from, TileClass& tc, int lane) {
+    while (from < end) {
+      if (chunk.first < 0 || chunk.head != h || from < chunk.first || from >= chunk.first + 32) {
+        const int t = from + lane;
+        TileClass c;
+        if (t < end) {
+          const int64_t i0 = int64_t{t} * kBlockM, i1 = min(i0 + kBlockM, pat.sq);
+          const SegmentRange qr = pat.q_segments ? block_segment_range(pat.q_seg_blocks, pat.q_seg_nblocks, b, i0, i1)
+                                                 : SegmentRange{};
+          c = classify(pat, b, h, i0, i1, j0, j1, qr, kv_range, false);
+        }
+        chunk.set(from, h, c);
+      }
+      const int found = chunk.find(from, tc);
+      if (found >= 0) return found;
+      from = chunk.first + 32;
     }
     return end;
   }
