@@ -168,16 +168,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       if (tc.kind == BlockKind::kPartial) {
         mask_tile<true, kBM>(st, pat, tc, b, h, key0, int64_t{tile} * kBM, lane);
       }
-#pragma unroll
-      for (int n = 0; n < kMT; ++n) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int c = n * 8 + 2 * t4 + (e & 1);
-          const float l2 = lse2s[c];
-          st[n][e] = cuda::fast_exp2(st[n][e] - l2);
-          dpt[n][e] = score_grad(st[n][e], dpt[n][e], deltas[c], l2, a);
-        }
-      }
+      score_grads_by_column(st, dpt, lse2s, deltas, a, t4);
       uint32_t ap[kBM / 16][4], ads[kBM / 16][4];
 #pragma unroll
       for (int kk = 0; kk < kBM / 16; ++kk) {
@@ -359,15 +350,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
 
     scores_log2(sc, a);
     if (tc.kind == BlockKind::kPartial) mask_tile<false, kBN>(sc, pat, tc, b, h, row0, int64_t{tile} * kBN, lane);
-#pragma unroll
-    for (int n = 0; n < kNT; ++n) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int r = e / 2;
-        const float prob = cuda::fast_exp2(sc[n][e] - lse2[r]);
-        dp[n][e] = score_grad(prob, dp[n][e], delta[r], lse2[r], a);
-      }
-    }
+    score_grads_by_row(sc, dp, lse2, delta, a);
     uint32_t ads[kBN / 16][4];
 #pragma unroll
     for (int kk = 0; kk < kBN / 16; ++kk) acc_to_a<T>(ads[kk], dp, kk);

@@ -152,16 +152,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) attention_bwd_kv_kernel(const
       scores_log2(s, a);
       if (tc.kind == BlockKind::kPartial) mask_tile<true, kBM>(s, pat, tc, b, h, j0 + key_warp * 16, i0, lane);
       // P^T (columns are queries: their lse2 and delta), then dS^T in dp.
-#pragma unroll
-      for (int n = 0; n < kMT; ++n) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int c = n * 8 + 2 * t4 + (e & 1);
-          const float l2 = lse2s[c];
-          s[n][e] = cuda::fast_exp2(s[n][e] - l2);
-          dp[n][e] = score_grad(s[n][e], dp[n][e], deltas[c], l2, a);
-        }
-      }
+      score_grads_by_column(s, dp, lse2s, deltas, a, t4);
       // dV += P^T dO, dK += dS^T Q over this warp's columns of D.
 #pragma unroll
       for (int kk = 0; kk < kBM / 16; ++kk) {
@@ -283,15 +274,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) attention_bwd_q_kernel(const 
     if (tc.kind == BlockKind::kPartial) {
       mask_tile<false, kBN>(s, pat, tc, b, h, i0 + warp * 16, int64_t{tile} * kBN, lane);
     }
-#pragma unroll
-    for (int n = 0; n < kNT; ++n) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int r = e / 2;
-        const float prob = cuda::fast_exp2(s[n][e] - lse2[r]);
-        dp[n][e] = score_grad(prob, dp[n][e], delta[r], lse2[r], a);
-      }
-    }
+    score_grads_by_row(s, dp, lse2, delta, a);
 #pragma unroll
     for (int kk = 0; kk < kBN / 16; ++kk) {
       uint32_t ads[4];

@@ -155,31 +155,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
 
     scores_log2(sc, a);
     if (tc.kind == BlockKind::kPartial) mask_tile<false, kBN>(sc, pat, tc, b, h, row0, int64_t{tile} * kBN, lane);
-    float corr[2];
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      float mx = m_run[r];
-#pragma unroll
-      for (int n = 0; n < kNT; ++n) mx = fmaxf(mx, fmaxf(sc[n][2 * r], sc[n][2 * r + 1]));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      const float use = mx == kNegInf ? 0.f : mx;
-      corr[r] = cuda::fast_exp2(m_run[r] - use);
-      m_run[r] = mx;
-      float sum = 0.f;
-#pragma unroll
-      for (int n = 0; n < kNT; ++n) {
-        sc[n][2 * r] = cuda::fast_exp2(sc[n][2 * r] - use);
-        sc[n][2 * r + 1] = cuda::fast_exp2(sc[n][2 * r + 1] - use);
-        sum += sc[n][2 * r] + sc[n][2 * r + 1];
-      }
-      l_run[r] = l_run[r] * corr[r] + sum;
-    }
-#pragma unroll
-    for (int n = 0; n < kDT; ++n) {
-      o[n][0] *= corr[0], o[n][1] *= corr[0];
-      o[n][2] *= corr[1], o[n][3] *= corr[1];
-    }
+    online_softmax(sc, o, m_run, l_run);
     uint32_t pa[kBN / 16][4];
 #pragma unroll
     for (int kk = 0; kk < kBN / 16; ++kk) acc_to_a<T>(pa[kk], sc, kk);
@@ -208,17 +184,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   // Epilogue: O / l into this warpgroup's rows of the Q tile (swizzled as TMA left it; the other
   // warpgroup reads only its own rows), then 16-byte stores; the LSE by the quad's first lane.
   float inv[2];
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    float l = l_run[r];
-    l += __shfl_xor_sync(0xffffffffu, l, 1);
-    l += __shfl_xor_sync(0xffffffffu, l, 2);
-    inv[r] = l > 0.f ? 1.f / l : 0.f;
-    const int64_t i = row0 + g + 8 * r;
-    if (t4 == 0 && i < pat.sq) {
-      static_cast<float*>(p.lse)[(b * p.heads + h) * pat.sq + i] = l > 0.f ? (m_run[r] + log2f(l)) * kLn2 : kNegInf;
-    }
-  }
+  finish_rows(m_run, l_run, inv, p, b, h, row0, lane);
   unsigned char* const stage_rows = sQ + half * 64 * 128;
 #pragma unroll
   for (int n = 0; n < kDT; ++n) {

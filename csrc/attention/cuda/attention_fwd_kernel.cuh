@@ -92,32 +92,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) attention_fwd_kernel(const At
     if (tc.kind == BlockKind::kPartial) {
       mask_tile<false, kBN>(s, pat, tc, b, h, i0 + warp * 16, int64_t{tile} * kBN, lane);
     }
-    // Online softmax: rows g (elements 0, 1) and g + 8 (2, 3).
-    float corr[2];
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      float mx = m_run[r];
-#pragma unroll
-      for (int n = 0; n < kNT; ++n) mx = fmaxf(mx, fmaxf(s[n][2 * r], s[n][2 * r + 1]));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      const float use = mx == kNegInf ? 0.f : mx;
-      corr[r] = cuda::fast_exp2(m_run[r] - use);
-      m_run[r] = mx;
-      float sum = 0.f;
-#pragma unroll
-      for (int n = 0; n < kNT; ++n) {
-        s[n][2 * r] = cuda::fast_exp2(s[n][2 * r] - use);
-        s[n][2 * r + 1] = cuda::fast_exp2(s[n][2 * r + 1] - use);
-        sum += s[n][2 * r] + s[n][2 * r + 1];
-      }
-      l_run[r] = l_run[r] * corr[r] + sum;
-    }
-#pragma unroll
-    for (int n = 0; n < kDT; ++n) {
-      o[n][0] *= corr[0], o[n][1] *= corr[0];
-      o[n][2] *= corr[1], o[n][3] *= corr[1];
-    }
+    online_softmax(s, o, m_run, l_run);
 #pragma unroll
     for (int kk = 0; kk < kBN / 16; ++kk) {
       uint32_t af[4];
@@ -138,17 +113,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) attention_fwd_kernel(const At
   // Epilogue: O / l through this warp's rows of the Q tile (no other warp reads them) to 16-byte
   // stores; the LSE (natural log) by the quad's first lane.
   float inv[2];
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    float l = l_run[r];
-    l += __shfl_xor_sync(0xffffffffu, l, 1);
-    l += __shfl_xor_sync(0xffffffffu, l, 2);
-    inv[r] = l > 0.f ? 1.f / l : 0.f;
-    const int64_t i = i0 + warp * 16 + g + 8 * r;
-    if (t4 == 0 && i < pat.sq) {
-      static_cast<float*>(p.lse)[(b * p.heads + h) * pat.sq + i] = l > 0.f ? (m_run[r] + log2f(l)) * kLn2 : kNegInf;
-    }
-  }
+  finish_rows(m_run, l_run, inv, p, b, h, i0 + warp * 16, lane);
   __syncwarp();
 #pragma unroll
   for (int n = 0; n < kDT; ++n) {

@@ -412,6 +412,40 @@ __device__ __forceinline__ void scores_log2(float (&s)[kN][4], const AttentionCu
   }
 }
 
+// One key tile of the online softmax for a warp's 16 rows (elements 0, 1: row g; 2, 3: row g + 8):
+// the running max and sum updated from the tile's log2-domain scores, the scores turned into P in
+// place, and the output accumulator rescaled by the change of max (a row that has seen nothing yet
+// keeps max -inf and P 0).
+template <int kN, int kDT>
+__device__ __forceinline__ void online_softmax(float (&s)[kN][4], float (&o)[kDT][4], float (&m_run)[2],
+                                               float (&l_run)[2]) {
+  float corr[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float mx = m_run[r];
+#pragma unroll
+    for (int n = 0; n < kN; ++n) mx = fmaxf(mx, fmaxf(s[n][2 * r], s[n][2 * r + 1]));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    const float use = mx == kNegInf ? 0.f : mx;
+    corr[r] = cuda::fast_exp2(m_run[r] - use);
+    m_run[r] = mx;
+    float sum = 0.f;
+#pragma unroll
+    for (int n = 0; n < kN; ++n) {
+      s[n][2 * r] = cuda::fast_exp2(s[n][2 * r] - use);
+      s[n][2 * r + 1] = cuda::fast_exp2(s[n][2 * r + 1] - use);
+      sum += s[n][2 * r] + s[n][2 * r + 1];
+    }
+    l_run[r] = l_run[r] * corr[r] + sum;
+  }
+#pragma unroll
+  for (int n = 0; n < kDT; ++n) {
+    o[n][0] *= corr[0], o[n][1] *= corr[0];
+    o[n][2] *= corr[1], o[n][3] *= corr[1];
+  }
+}
+
 // dS from P, dP and the row's delta: P (dP - delta) scale, times (1 - tanh^2) under a softcap
 // (tanh recovered from P: x = log2(P) + lse2, tanh = x / (c log2(e))).
 __device__ __forceinline__ float score_grad(float prob, float dp, float delta, float lse2, const AttentionCudaArgs& a) {
@@ -421,6 +455,57 @@ __device__ __forceinline__ float score_grad(float prob, float dp, float delta, f
     ds = prob > 0.f ? ds * (1.f - th * th) : 0.f;
   }
   return ds;
+}
+
+// The backward's P and dS of a warp's 16 x kN block from scores in the log2 domain: by columns
+// (the dK/dV passes: columns are queries, their lse2 and delta from shared memory; P stays in s)
+// or by rows (the dQ passes: the thread's two rows' lse2 and delta; only dS is kept, in dp).
+template <int kN>
+__device__ __forceinline__ void score_grads_by_column(float (&s)[kN][4], float (&dp)[kN][4], const float* lse2,
+                                                      const float* delta, const AttentionCudaArgs& a, int t4) {
+#pragma unroll
+  for (int n = 0; n < kN; ++n) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int c = n * 8 + 2 * t4 + (e & 1);
+      const float l2 = lse2[c];
+      s[n][e] = cuda::fast_exp2(s[n][e] - l2);
+      dp[n][e] = score_grad(s[n][e], dp[n][e], delta[c], l2, a);
+    }
+  }
+}
+template <int kN>
+__device__ __forceinline__ void score_grads_by_row(const float (&s)[kN][4], float (&dp)[kN][4], const float (&lse2)[2],
+                                                   const float (&delta)[2], const AttentionCudaArgs& a) {
+#pragma unroll
+  for (int n = 0; n < kN; ++n) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int r = e / 2;
+      const float prob = cuda::fast_exp2(s[n][e] - lse2[r]);
+      dp[n][e] = score_grad(prob, dp[n][e], delta[r], lse2[r], a);
+    }
+  }
+}
+
+// The forward's row totals: each row's 1 / sum (0 for a row that saw nothing) into inv, and its
+// LSE (natural log; -inf for such a row) written by the quad's first lane. row0: the warp's first
+// query row.
+__device__ __forceinline__ void finish_rows(const float (&m_run)[2], const float (&l_run)[2], float (&inv)[2],
+                                            const AttentionParams& p, int64_t b, int64_t h, int64_t row0, int lane) {
+  const int g = lane / 4, t4 = lane % 4;
+  const int64_t sq = p.pattern.sq;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float l = l_run[r];
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    inv[r] = l > 0.f ? 1.f / l : 0.f;
+    const int64_t i = row0 + g + 8 * r;
+    if (t4 == 0 && i < sq) {
+      static_cast<float*>(p.lse)[(b * p.heads + h) * sq + i] = l > 0.f ? (m_run[r] + log2f(l)) * kLn2 : kNegInf;
+    }
+  }
 }
 
 template <typename Kernel>
