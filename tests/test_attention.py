@@ -501,3 +501,20 @@ def test_error_messages_name_the_callers_arguments():
         block_mask(lambda b, h, i, j: i >= j, 1, 1, 10, 10, block_size=(64, 64, 64))
     with pytest.raises(ValueError, match=r"needs Sq <= Sk"):
         reference.attention(*qkv(1, 1, 1, 40, 30, 8), segment_ids=torch.zeros(1, 30, dtype=torch.long))
+
+
+def test_unsorted_segment_ids():
+    """Segment ids need not be sorted or contiguous (tokens of one id may be scattered)."""
+    B, H, S, D = 2, 2, 150, 16
+    q, k, v = (t.requires_grad_() for t in qkv(B, H, H, S, S, D))
+    seg = torch.randint(0, 3, (B, S))
+    for kw in (dict(segment_ids=seg), dict(segment_ids=seg, causal=True, window=(40, 0))):
+        out = opforge.attention(q, k, v, **kw)
+        qd, kd, vd = (t.detach().double().requires_grad_() for t in (q, k, v))
+        want = reference.attention(qd, kd, vd, **kw)
+        assert (out.double() - want).abs().max() < 2e-5
+        go = torch.randn_like(out)
+        got = torch.autograd.grad(out, (q, k, v), go)
+        ref = torch.autograd.grad(want, (qd, kd, vd), go.double())
+        for g, w in zip(got, ref, strict=True):
+            assert (g.double() - w).abs().max() <= 1e-4 * max(1.0, w.abs().max().item())
