@@ -344,12 +344,14 @@ __device__ __forceinline__ void mask_tile(float (&x)[kCols / 8][4], const Attent
     constexpr int kWords = kCols / 32;
     uint32_t words[kWords];
     if (tc.mask) {
-      const int64_t bq = p.block_q, bk = p.block_k;
-      // (Rows that are keys: a per-element column read costs the dK/dV pass's main loop registers
-      // in the column mode; they take the general path.)
-      const bool one = !kKeysAsRows && col0 / bk == (col0 + kCols - 1) / bk;
+      // (int arithmetic: positions are below 2^30 on CUDA.)
+      const int bq = static_cast<int>(p.block_q), bk = static_cast<int>(p.block_k);
+      const int rw = static_cast<int>(row), c0 = static_cast<int>(col0);
+      // (Rows that are keys take the general path: a column mode there cost the dK/dV passes'
+      // main loops registers.)
+      const bool one = !kKeysAsRows && c0 / bk == (c0 + kCols - 1) / bk;
       if (one) {
-        const int64_t m = p.mask_block(b, h, row / bq, col0 / bk);
+        const int64_t m = p.mask_block(b, h, rw / bq, c0 / bk);
         const auto kind = static_cast<BlockKind>(p.mask_kinds[m]);
         const int64_t index = p.mask_index[m];
         if (kind == BlockKind::kFull) {
@@ -358,7 +360,7 @@ __device__ __forceinline__ void mask_tile(float (&x)[kCols / 8][4], const Attent
           mode = kNoneVisible;
         } else {
           // (col0 % block_k is a multiple of 64: the row's words start at a word.)
-          const uint32_t* w = p.mask_bits + (index * bq + row % bq) * (bk / 32) + (col0 % bk) / 32;
+          const uint32_t* w = p.mask_bits + (index * bq + rw % bq) * (bk / 32) + (c0 % bk) / 32;
 #pragma unroll
           for (int n = 0; n < kWords; ++n) words[n] = w[n];
           mode = kRowWords;
