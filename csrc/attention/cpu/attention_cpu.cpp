@@ -293,24 +293,34 @@ void backward_kernel(const AttentionGradParams& g) {
     }
   });
 
+  // The accumulating products (dV += P^T dO, dK += dS^T Q, dQ += dS K) run on the shared GEMM's
+  // packed entry, accumulating in place: P and dS (rounded to the inputs' type, as the forward
+  // rounds P) packed by the accumulation type's packer, dO, Q and K by the inputs'.
+  const GemmPackedFns in = gemm_packed(p.dtype, isa);
+  const GemmPackedFns acc_fns = gemm_packed(std::is_same_v<A, double> ? DType::kFloat64 : DType::kFloat32, isa);
+  const int64_t t_max = std::max(tq, tk);
+
   // Per-thread buffers of one tile pair.
   struct Buffers {
     Gemm gemm;
-    std::vector<A> s, t, dp, acc, acc2, tmp;
-    std::vector<T> p16, ds16;
-    Buffers(DType dt, CpuIsa isa, int64_t D, int64_t tq, int64_t tk)
-        : gemm(dt, isa), s(tq * tk), t(tq * tk), dp(tq * tk), acc(std::max(tq, tk) * D),
-          acc2(std::max(tq, tk) * D), tmp(std::max(tq, tk) * D), p16(std::is_same_v<T, A> ? 0 : tq * tk),
-          ds16(std::is_same_v<T, A> ? 0 : tq * tk) {}
-    // The operand of a P V-like product in the inputs' type.
-    const void* narrow(std::vector<T>& buf, const std::vector<A>& x) {
-      if constexpr (std::is_same_v<T, A>) {
-        return x.data();
-      } else {
-        for (size_t i = 0; i < buf.size(); ++i) buf[i] = static_cast<T>(x[i]);
-        return buf.data();
-      }
+    std::vector<A> s, t, dp, acc, acc2, a_packed, b_packed;
+    Buffers(DType dt, CpuIsa isa, int64_t D, int64_t tq, int64_t tk, int64_t a_elems, int64_t b_elems)
+        : gemm(dt, isa), s(tq * tk), t(tq * tk), dp(tq * tk), acc(std::max(tq, tk) * D), acc2(std::max(tq, tk) * D),
+          a_packed(a_elems), b_packed(b_elems) {}
+  };
+  const int64_t a_elems = acc_fns.a_size(t_max, t_max), b_elems = in.b_size(t_max, D);
+  // x (rows x cols, row stride ld) rounded to the inputs' type in place (16-bit inputs).
+  auto round_to_inputs = [](std::vector<A>& x) {
+    if constexpr (!std::is_same_v<T, A>) {
+      for (A& e : x) e = static_cast<A>(static_cast<T>(e));
     }
+  };
+  // c (m x D, rows of D) += a (m x k: element (r, c) at a[r * a_rs + c * a_cs]) @ b (k x D, inputs).
+  auto accumulate = [&](Buffers& w, int64_t m, int64_t k, const A* a, int64_t a_rs, int64_t a_cs, const T* b,
+                        int64_t b_rs, int64_t b_cs, A* c) {
+    acc_fns.pack_a(a, a_rs, a_cs, m, k, w.a_packed.data());
+    in.pack_b(b, b_rs, b_cs, k, D, w.b_packed.data());
+    acc_fns.multiply(m, D, k, w.a_packed.data(), w.b_packed.data(), c, D, true);
   };
 
   // Scores, probabilities and dS of tile (b, h, i0, j0) into the buffers; false when empty.
@@ -334,7 +344,7 @@ void backward_kernel(const AttentionGradParams& g) {
   // dK, dV: a task per (batch, kv head, key tile), over the group's query heads and query tiles.
   const int64_t kv_tasks = p.batch * p.kv_heads * k_tiles;
   at::parallel_for(0, kv_tasks, small ? std::max<int64_t>(kv_tasks, 1) : 1, [&](int64_t begin, int64_t end) {
-    Buffers w(p.dtype, isa, D, tq, tk);
+    Buffers w(p.dtype, isa, D, tq, tk, a_elems, b_elems);
     for (int64_t task = begin; task < end; ++task) {
       const int64_t kt = task % k_tiles, bh = task / k_tiles, hk = bh % p.kv_heads, b = bh / p.kv_heads;
       const int64_t j0 = kt * tk, cols = std::min(tk, Sk - j0);
@@ -349,10 +359,10 @@ void backward_kernel(const AttentionGradParams& g) {
           const T* q = at_<T>(p.q, b * p.q_bs + h * p.q_hs + i0 * p.q_ss);
           const T* go = at_<T>(g.grad_out, b * g.g_bs + h * g.g_hs + i0 * g.g_ss);
           // dV += P^T dO, dK += dS^T Q (P and dS read transposed: (cols, rows) with strides (1, tk)).
-          w.gemm(cols, D, rows, w.narrow(w.p16, w.s), 1, tk, go, g.g_ss, 1, w.tmp.data(), D);
-          for (int64_t i = 0; i < cols * D; ++i) w.acc[i] += w.tmp[i];
-          w.gemm(cols, D, rows, w.narrow(w.ds16, w.dp), 1, tk, q, p.q_ss, p.q_ds, w.tmp.data(), D);
-          for (int64_t i = 0; i < cols * D; ++i) w.acc2[i] += w.tmp[i];
+          round_to_inputs(w.s);
+          round_to_inputs(w.dp);
+          accumulate(w, cols, rows, w.s.data(), 1, tk, go, g.g_ss, 1, w.acc.data());
+          accumulate(w, cols, rows, w.dp.data(), 1, tk, q, p.q_ss, p.q_ds, w.acc2.data());
         }
       }
       T* dv = static_cast<T*>(g.dv) + b * g.dv_bs + hk * g.dv_hs + j0 * g.dv_ss;
@@ -368,7 +378,7 @@ void backward_kernel(const AttentionGradParams& g) {
   // dQ: a task per (batch, head, query tile), over the key tiles.
   const int64_t q_tasks = p.batch * p.heads * q_tiles;
   at::parallel_for(0, q_tasks, small ? std::max<int64_t>(q_tasks, 1) : 1, [&](int64_t begin, int64_t end) {
-    Buffers w(p.dtype, isa, D, tq, tk);
+    Buffers w(p.dtype, isa, D, tq, tk, a_elems, b_elems);
     for (int64_t task = begin; task < end; ++task) {
       const int64_t qt = task % q_tiles, bh = task / q_tiles, h = bh % p.heads, b = bh / p.heads;
       const int64_t i0 = qt * tq, rows = std::min(tq, Sq - i0), hk = h / group;
@@ -379,8 +389,8 @@ void backward_kernel(const AttentionGradParams& g) {
         const SegmentRange kv_range = segment_range(pat.kv_segments, pat.kv_seg_bs, b, j0, j0 + cols);
         if (!tile(w, b, h, i0, rows, j0, cols, q_range, kv_range)) continue;
         const T* k = at_<T>(p.k, b * p.k_bs + hk * p.k_hs + j0 * p.k_ss);
-        w.gemm(rows, D, cols, w.narrow(w.ds16, w.dp), tk, 1, k, p.k_ss, p.k_ds, w.tmp.data(), D);
-        for (int64_t i = 0; i < rows * D; ++i) w.acc[i] += w.tmp[i];
+        round_to_inputs(w.dp);
+        accumulate(w, rows, cols, w.dp.data(), tk, 1, k, p.k_ss, p.k_ds, w.acc.data());
       }
       T* dq = static_cast<T*>(g.dq) + b * g.dq_bs + h * g.dq_hs + i0 * g.dq_ss;
       for (int64_t r = 0; r < rows; ++r)
