@@ -258,10 +258,9 @@ def test_matches_sdpa():
     assert (opforge.attention(q, k, v, scale=0.3) - sdpa(q, k, v, scale=0.3)).abs().max() < 1e-5
 
 
-def test_opcheck():
-    q, k, v = (t.requires_grad_() for t in qkv(1, 4, 2, 37, 45, 16))
-    seg = random_segments(1, 45)
-    mask = random_block_mask(1, 4, 37, 45)
+def opcheck_patterns(q, k, v, seg, mask, scale):
+    """torch.library.opcheck of the forward op under a band, a prefix + window, and segments with a
+    block mask and a softcap (the CPU and CUDA tests share it)."""
     for kw in (
         dict(causal=True),
         dict(window=(3, 5), prefix_len=4),
@@ -277,8 +276,13 @@ def test_opcheck():
             kw.get("mask"),
         )
         torch.library.opcheck(
-            torch.ops.opforge.attention.default, (q, k, v, 0.25, kw.get("softcap", 0.0), *args)
+            torch.ops.opforge.attention.default, (q, k, v, scale, kw.get("softcap", 0.0), *args)
         )
+
+
+def test_opcheck():
+    q, k, v = (t.requires_grad_() for t in qkv(1, 4, 2, 37, 45, 16))
+    opcheck_patterns(q, k, v, random_segments(1, 45), random_block_mask(1, 4, 37, 45), 0.25)
 
 
 def test_torch_compile_fullgraph():

@@ -11,7 +11,7 @@ import math
 import pytest
 import torch
 from conftest import poison_cuda_allocator
-from test_attention import PATTERNS, random_segments
+from test_attention import PATTERNS, opcheck_patterns, random_segments
 
 import opforge
 from opforge import reference
@@ -257,25 +257,7 @@ def test_stream_and_cuda_graph():
 
 def test_opcheck():
     q, k, v = (t.requires_grad_() for t in qkv(1, 4, 2, 137, 145, 64))
-    seg = random_segments(1, 145).to(DEV)
-    mask = random_block_mask(1, 4, 137, 145)
-    for kw in (
-        dict(causal=True),
-        dict(window=(3, 5), prefix_len=4),
-        dict(segment_ids=seg, mask=mask, softcap=2.0),
-    ):
-        args = opforge.ops.attention._pattern_args(
-            q,
-            k,
-            kw.get("causal", False),
-            kw.get("window"),
-            kw.get("prefix_len"),
-            kw.get("segment_ids"),
-            kw.get("mask"),
-        )
-        torch.library.opcheck(
-            torch.ops.opforge.attention.default, (q, k, v, 0.125, kw.get("softcap", 0.0), *args)
-        )
+    opcheck_patterns(q, k, v, random_segments(1, 145).to(DEV), random_block_mask(1, 4, 137, 145), 0.125)
 
 
 def test_torch_compile_fullgraph():

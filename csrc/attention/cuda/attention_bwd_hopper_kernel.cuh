@@ -14,6 +14,7 @@
 
 #include <cuda.h>
 
+#include "attention/cuda/attention_hopper_common.cuh"
 #include "attention/cuda/attention_mma_common.cuh"
 #include "common/cuda/mbarrier.cuh"
 #include "common/cuda/ptx.cuh"
@@ -157,10 +158,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       }
       cuda::wgmma_commit();
       cuda::wgmma_wait<0>();
-#pragma unroll
-      for (int n = 0; n < kMT; ++n)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) cuda::fence_operand(st[n][e]), cuda::fence_operand(dpt[n][e]);
+      cuda::fence_operands(st);
+      cuda::fence_operands(dpt);
       TileClass tn_class;
       const int tn = walk.next(h, tile + 1, tn_class, lane);
 
@@ -175,10 +174,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
         acc_to_a<T>(ap[kk], st, kk);
         acc_to_a<T>(ads[kk], dpt, kk);
       }
-#pragma unroll
-      for (int n = 0; n < kDT; ++n)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) cuda::fence_operand(dv[n][e]), cuda::fence_operand(dk[n][e]);
+      cuda::fence_operands(dv);
+      cuda::fence_operands(dk);
       cuda::wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < kBM / 16; ++kk) {  // 16 queries = 16 rows of 128 bytes of dO and Q
@@ -189,10 +186,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       }
       cuda::wgmma_commit();
       cuda::wgmma_wait<0>();
-#pragma unroll
-      for (int n = 0; n < kDT; ++n)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) cuda::fence_operand(dv[n][e]), cuda::fence_operand(dk[n][e]);
+      cuda::fence_operands(dv);
+      cuda::fence_operands(dk);
       if (t == 0) cuda::mbar_arrive(smem_addr(&empty[s]));
       tile = tn;
       tc = tn_class;
@@ -341,10 +336,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     }
     cuda::wgmma_commit();
     cuda::wgmma_wait<0>();
-#pragma unroll
-    for (int n = 0; n < kNT; ++n)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) cuda::fence_operand(sc[n][e]), cuda::fence_operand(dp[n][e]);
+    cuda::fence_operands(sc);
+    cuda::fence_operands(dp);
     TileClass tn_class;
     const int tn = walk.next(tile + 1, tn_class, lane);
 
@@ -354,10 +347,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     uint32_t ads[kBN / 16][4];
 #pragma unroll
     for (int kk = 0; kk < kBN / 16; ++kk) acc_to_a<T>(ads[kk], dp, kk);
-#pragma unroll
-    for (int n = 0; n < kDT; ++n)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) cuda::fence_operand(dq[n][e]);
+    cuda::fence_operands(dq);
     cuda::wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kBN / 16; ++kk) {  // 16 keys = 16 rows of 128 bytes of K
@@ -366,10 +356,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     }
     cuda::wgmma_commit();
     cuda::wgmma_wait<0>();
-#pragma unroll
-    for (int n = 0; n < kDT; ++n)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) cuda::fence_operand(dq[n][e]);
+    cuda::fence_operands(dq);
     if (t == 0) cuda::mbar_arrive(smem_addr(&empty[s]));
     tile = tn;
     tc = tn_class;
@@ -392,35 +379,13 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
 
 // ---- launch ---------------------------------------------------------------------------------
 
-template <typename Kernel>
-cudaError_t prepare_hopper(Kernel kernel, int smem_bytes, signed char (&state)[64]) {
-  const cudaError_t err = cuda::configure_once(kernel, smem_bytes, state, [](const cudaFuncAttributes& f) {
-    return f.ptxVersion >= 90 && (f.numRegs + 7) / 8 * 8 >= 168;  // (the trap-only stand-in uses far fewer)
-  });
-  return err == cudaErrorInvalidConfiguration ? cudaErrorNoKernelImageForDevice : err;
-}
-
-// Maps of q, k, v and grad_out in boxes of 64 columns x q_rows / kv_rows rows.
-inline bool make_bwd_maps(const AttentionCudaArgs& a, int d, uint32_t q_rows, uint32_t kv_rows, CUtensorMap* mq,
-                          CUtensorMap* mk, CUtensorMap* mv, CUtensorMap* mdo) {
-  const AttentionParams& p = a.g.fwd;
-  const int64_t sq = p.pattern.sq, sk = p.pattern.sk;
-  return cuda::make_tma_map_4d_16bit(mq, p.q, p.dtype, sq, d, p.heads, p.batch, p.q_ss, p.q_hs, p.q_bs, 64, q_rows) &&
-         cuda::make_tma_map_4d_16bit(mk, p.k, p.dtype, sk, d, p.kv_heads, p.batch, p.k_ss, p.k_hs, p.k_bs, 64,
-                                     kv_rows) &&
-         cuda::make_tma_map_4d_16bit(mv, p.v, p.dtype, sk, d, p.kv_heads, p.batch, p.v_ss, p.v_hs, p.v_bs, 64,
-                                     kv_rows) &&
-         cuda::make_tma_map_4d_16bit(mdo, a.g.grad_out, p.dtype, sq, d, p.heads, p.batch, a.g.g_ss, a.g.g_hs, a.g.g_bs,
-                                     64, q_rows);
-}
-
 template <typename Tr, typename T>
 cudaError_t launch_hopper_bwd_kv(const AttentionCudaArgs& a, cudaStream_t stream) {
   static signed char state[64] = {};
   const cudaError_t err = prepare_hopper(attention_bwd_kv_hopper_kernel<Tr, T>, Tr::kSmemBytes, state);
   if (err != cudaSuccess) return err;
   CUtensorMap mq, mk, mv, mdo;
-  if (!make_bwd_maps(a, Tr::kD, Tr::kBlockM, Tr::kBlockN, &mq, &mk, &mv, &mdo)) return cudaErrorInvalidValue;
+  if (!make_attention_maps(a, Tr::kD, Tr::kBlockM, Tr::kBlockN, &mq, &mk, &mv, &mdo)) return cudaErrorInvalidValue;
   const AttentionParams& p = a.g.fwd;
   const dim3 grid(static_cast<unsigned>((p.pattern.sk + Tr::kBlockN - 1) / Tr::kBlockN),
                   static_cast<unsigned>(p.kv_heads), static_cast<unsigned>(p.batch));
@@ -434,7 +399,7 @@ cudaError_t launch_hopper_bwd_q(const AttentionCudaArgs& a, cudaStream_t stream)
   const cudaError_t err = prepare_hopper(attention_bwd_q_hopper_kernel<Tr, T>, Tr::kSmemBytes, state);
   if (err != cudaSuccess) return err;
   CUtensorMap mq, mk, mv, mdo;
-  if (!make_bwd_maps(a, Tr::kD, Tr::kBlockM, Tr::kBlockN, &mq, &mk, &mv, &mdo)) return cudaErrorInvalidValue;
+  if (!make_attention_maps(a, Tr::kD, Tr::kBlockM, Tr::kBlockN, &mq, &mk, &mv, &mdo)) return cudaErrorInvalidValue;
   const AttentionParams& p = a.g.fwd;
   const dim3 grid(static_cast<unsigned>((p.pattern.sq + Tr::kBlockM - 1) / Tr::kBlockM),
                   static_cast<unsigned>(p.heads), static_cast<unsigned>(p.batch));

@@ -23,17 +23,11 @@ namespace opforge {
 
 int run_attention_fwd_cuda(const AttentionCudaArgs& a, int head_dim, bool use_mma_sync, void* stream) {
   if (!use_mma_sync) {
-    int err = cudaErrorNoKernelImageForDevice;
+    int err;
     switch (head_dim) {
-      case 64:
-        if (attention_fwd_hopper_d64_available()) err = run_attention_fwd_hopper_d64(a, stream);
-        break;
-      case 128:
-        if (attention_fwd_hopper_d128_available()) err = run_attention_fwd_hopper_d128(a, stream);
-        break;
-      case 256:
-        if (attention_fwd_hopper_d256_available()) err = run_attention_fwd_hopper_d256(a, stream);
-        break;
+      case 64: err = run_attention_fwd_hopper_d64(a, stream); break;
+      case 128: err = run_attention_fwd_hopper_d128(a, stream); break;
+      case 256: err = run_attention_fwd_hopper_d256(a, stream); break;
       default: return cudaErrorInvalidValue;
     }
     // (Without Hopper code, or operands TMA cannot address: the mma.sync kernel.)

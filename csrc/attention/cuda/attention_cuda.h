@@ -37,9 +37,6 @@ int run_attention_bwd_cuda(const AttentionCudaArgs& a, int head_dim, bool use_mm
 int run_attention_fwd_hopper_d64(const AttentionCudaArgs& a, void* stream);
 int run_attention_fwd_hopper_d128(const AttentionCudaArgs& a, void* stream);
 int run_attention_fwd_hopper_d256(const AttentionCudaArgs& a, void* stream);
-bool attention_fwd_hopper_d64_available();
-bool attention_fwd_hopper_d128_available();
-bool attention_fwd_hopper_d256_available();
 // The Hopper backward passes (head dims 64 and 128), same return values.
 int run_attention_bwd_hopper_kv_d64(const AttentionCudaArgs& a, void* stream);
 int run_attention_bwd_hopper_kv_d128(const AttentionCudaArgs& a, void* stream);

@@ -7,8 +7,4 @@ int run_attention_fwd_hopper_d128(const AttentionCudaArgs& a, void* stream) {
   return attention_cuda::run_hopper_fwd<attention_cuda::HopperFwdTraitsD128>(a, stream);
 }
 
-bool attention_fwd_hopper_d128_available() {
-  return attention_cuda::hopper_fwd_available<attention_cuda::HopperFwdTraitsD128>();
-}
-
 }  // namespace opforge

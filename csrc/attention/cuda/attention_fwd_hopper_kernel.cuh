@@ -15,6 +15,7 @@
 
 #include <cuda.h>
 
+#include "attention/cuda/attention_hopper_common.cuh"
 #include "attention/cuda/attention_mma_common.cuh"
 #include "common/cuda/mbarrier.cuh"
 #include "common/cuda/ptx.cuh"
@@ -145,10 +146,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     }
     cuda::wgmma_commit();
     cuda::wgmma_wait<0>();
-#pragma unroll
-    for (int n = 0; n < kNT; ++n)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) cuda::fence_operand(sc[n][e]);
+    cuda::fence_operands(sc);
     // The next visible tile (the producer finds the same), while nothing is in flight.
     TileClass tn_class;
     const int tn = walk.next(tile + 1, tn_class, lane);
@@ -159,10 +157,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     uint32_t pa[kBN / 16][4];
 #pragma unroll
     for (int kk = 0; kk < kBN / 16; ++kk) acc_to_a<T>(pa[kk], sc, kk);
-#pragma unroll
-    for (int n = 0; n < kDT; ++n)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) cuda::fence_operand(o[n][e]);
+    cuda::fence_operands(o);
     cuda::mbar_wait(smem_addr(&full_v[s]), parity);
     cuda::wgmma_fence();
 #pragma unroll
@@ -172,10 +167,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     }
     cuda::wgmma_commit();
     cuda::wgmma_wait<0>();
-#pragma unroll
-    for (int n = 0; n < kDT; ++n)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) cuda::fence_operand(o[n][e]);
+    cuda::fence_operands(o);
     if (t == 0) cuda::mbar_arrive(smem_addr(&empty[s]));
     tile = tn;
     tc = tn_class;
@@ -215,34 +207,16 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
 #endif
 }
 
-// Raises the shared-memory limit once; refuses a binary without this kernel's sm_90a code (its
-// trap-only stand-in uses far fewer registers).
-template <typename Tr, typename T>
-cudaError_t prepare_hopper_fwd() {
-  static signed char state[64] = {};
-  const cudaError_t err = cuda::configure_once(
-      attention_fwd_hopper_kernel<Tr, T>, Tr::kSmemBytes, state,
-      [](const cudaFuncAttributes& f) { return f.ptxVersion >= 90 && (f.numRegs + 7) / 8 * 8 >= 168; });
-  return err == cudaErrorInvalidConfiguration ? cudaErrorNoKernelImageForDevice : err;
-}
-
 template <typename Tr, typename T>
 cudaError_t launch_hopper_fwd(const AttentionCudaArgs& a, cudaStream_t stream) {
-  const cudaError_t err = prepare_hopper_fwd<Tr, T>();
+  static signed char state[64] = {};
+  const cudaError_t err = prepare_hopper(attention_fwd_hopper_kernel<Tr, T>, Tr::kSmemBytes, state);
   if (err != cudaSuccess) return err;
-  const AttentionParams& p = a.g.fwd;
-  const int64_t sq = p.pattern.sq, sk = p.pattern.sk;
   CUtensorMap mq, mk, mv;
-  if (!cuda::make_tma_map_4d_16bit(&mq, p.q, p.dtype, sq, Tr::kD, p.heads, p.batch, p.q_ss, p.q_hs, p.q_bs, 64,
-                                   Tr::kBlockM) ||
-      !cuda::make_tma_map_4d_16bit(&mk, p.k, p.dtype, sk, Tr::kD, p.kv_heads, p.batch, p.k_ss, p.k_hs, p.k_bs, 64,
-                                   Tr::kBlockN) ||
-      !cuda::make_tma_map_4d_16bit(&mv, p.v, p.dtype, sk, Tr::kD, p.kv_heads, p.batch, p.v_ss, p.v_hs, p.v_bs, 64,
-                                   Tr::kBlockN)) {
-    return cudaErrorInvalidValue;
-  }
-  const dim3 grid(static_cast<unsigned>((sq + Tr::kBlockM - 1) / Tr::kBlockM), static_cast<unsigned>(p.heads),
-                  static_cast<unsigned>(p.batch));
+  if (!make_attention_maps(a, Tr::kD, Tr::kBlockM, Tr::kBlockN, &mq, &mk, &mv)) return cudaErrorInvalidValue;
+  const AttentionParams& p = a.g.fwd;
+  const dim3 grid(static_cast<unsigned>((p.pattern.sq + Tr::kBlockM - 1) / Tr::kBlockM),
+                  static_cast<unsigned>(p.heads), static_cast<unsigned>(p.batch));
   attention_fwd_hopper_kernel<Tr, T><<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(mq, mk, mv, a);
   return cudaGetLastError();
 }
@@ -255,11 +229,6 @@ int run_hopper_fwd(const AttentionCudaArgs& a, void* stream) {
     case DType::kFloat16: return launch_hopper_fwd<Tr, __half>(a, s);
     default: return cudaErrorInvalidValue;
   }
-}
-
-template <typename Tr>
-bool hopper_fwd_available() {
-  return prepare_hopper_fwd<Tr, __nv_bfloat16>() == cudaSuccess && prepare_hopper_fwd<Tr, __half>() == cudaSuccess;
 }
 
 }  // namespace attention_cuda

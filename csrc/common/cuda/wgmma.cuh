@@ -47,6 +47,14 @@ __device__ __forceinline__ uint64_t smem_desc_mn_major(const void* p, uint32_t b
 // Keeps the compiler from moving an accumulator across this point (wgmma reads and writes the
 // registers asynchronously, between its issue and the wait).
 __device__ __forceinline__ void fence_operand(float& x) { asm volatile("" : "+f"(x)::"memory"); }
+// The same for a block of accumulator fragments (4 floats each).
+template <int kN>
+__device__ __forceinline__ void fence_operands(float (&x)[kN][4]) {
+#pragma unroll
+  for (int n = 0; n < kN; ++n)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) fence_operand(x[n][e]);
+}
 
 }  // namespace cuda
 }  // namespace opforge
