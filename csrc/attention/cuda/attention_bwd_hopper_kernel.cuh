@@ -5,7 +5,7 @@
 //       delta into a ring; consumer warpgroup c owns keys 64c..64c+63 and computes S^T = K Q^T and
 //       dP^T = V dO^T (both operands in shared memory), P^T and dS^T in registers, then
 //       dV += P^T dO and dK += dS^T Q with P^T / dS^T as register operands (dO, Q read MN-major);
-//   q:  one block per 128 queries of one (batch, head); Q and dO once, K and V tiles (64 keys) of
+//   q:  one block per 128 queries of one (batch, head); Q and dO once, K and V tiles (128 keys) of
 //       the visible key tiles through the ring; S = Q K^T, dP = dO V^T, then dQ += dS K.
 // Head dims 64 and 128 (dK and dV of 64 keys x 256 do not fit a warpgroup's registers: head dim
 // 256 keeps the mma.sync passes). Without sm_90a device code the kernels trap and the launcher
@@ -212,9 +212,9 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
 #endif
 }
 
-template <int kD_, int kStages_>
+template <int kD_, int kBlockN_, int kStages_>
 struct HopperBwdQTraits {
-  static constexpr int kD = kD_, kBlockM = 128, kBlockN = 64, kStages = kStages_;
+  static constexpr int kD = kD_, kBlockM = 128, kBlockN = kBlockN_, kStages = kStages_;
   static constexpr int kThreads = 384;
   static constexpr int kPanels = kD / 64;
   static constexpr int kQPanelBytes = kBlockM * 128, kKVPanelBytes = kBlockN * 128;
@@ -223,8 +223,8 @@ struct HopperBwdQTraits {
   static constexpr int kSmemBytes = 1024 + 2 * kQBytes + kStages * kStageBytes + (1 + 2 * kStages) * 8;
   static_assert(kSmemBytes <= 227 * 1024, "shared memory");
 };
-using HopperBwdQTraitsD64 = HopperBwdQTraits<64, 4>;
-using HopperBwdQTraitsD128 = HopperBwdQTraits<128, 3>;
+using HopperBwdQTraitsD64 = HopperBwdQTraits<64, 128, 3>;
+using HopperBwdQTraitsD128 = HopperBwdQTraits<128, 128, 2>;
 
 template <typename Tr, typename T>
 __global__ void __launch_bounds__(Tr::kThreads, 1)

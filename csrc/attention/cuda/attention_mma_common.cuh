@@ -279,18 +279,17 @@ struct QueryWalk {
   }
 };
 
-// Block-mask bit of element (i, j) (kinds other than full/partial, and out-of-range indices, show
-// nothing).
-__device__ __forceinline__ bool mask_bit(const AttentionPattern& p, int64_t b, int64_t h, int i, int j) {
+// The word of a block mask's bits that holds elements (i, j..j+31) (j a multiple of 32, so the word
+// lies in one mask block): all ones for a full block, zero for an empty one or an index outside
+// mask_bits.
+__device__ __forceinline__ uint32_t mask_word(const AttentionPattern& p, int64_t b, int64_t h, int i, int j) {
   const int bq = static_cast<int>(p.block_q), bk = static_cast<int>(p.block_k);
   const int64_t m = p.mask_block(b, h, i / bq, j / bk);
   const auto kind = static_cast<BlockKind>(p.mask_kinds[m]);
-  if (kind == BlockKind::kFull) return true;
-  if (kind != BlockKind::kPartial) return false;
-  const int64_t index = p.mask_index[m];
-  if (index < 0 || index >= p.mask_partials) return false;
-  const int r = i % bq, c = j % bk;
-  return (p.mask_bits[(index * bq + r) * (bk / 32) + c / 32] >> (c % 32)) & 1u;
+  if (kind == BlockKind::kFull) return 0xffffffffu;
+  const int64_t index = kind == BlockKind::kPartial ? p.mask_index[m] : -1;
+  if (index < 0 || index >= p.mask_partials) return 0u;
+  return p.mask_bits[(index * bq + i % bq) * (bk / 32) + (j % bk) / 32];
 }
 
 inline __device__ int clamp_col(int64_t x, int n) {
@@ -300,12 +299,19 @@ inline __device__ int clamp_col(int64_t x, int n) {
 // Sets the masked elements of a partial tile's scores (a warp's 16 rows of a 16 x kCols block,
 // accumulator layout) to -inf. kKeysAsRows: rows are keys (j), columns queries (i) (the dK/dV
 // pass); else rows are queries, columns keys. row0 / col0: the global index of the warp's first
-// row and of column 0.
+// row and of column 0 (col0 a multiple of 32).
+// Each of a thread's two rows gets a bit set of its kCols / 4 columns (bit 2 nt + e: column
+// nt * 8 + 2 t + e), narrowed by the band, the segments and the block mask in turn, then applied
+// once: the code stays small (a kernel whose loop outgrows the instruction cache stalls on
+// fetches), and the rarely used parts are loops, not unrolled copies.
 template <bool kKeysAsRows, int kCols>
 __device__ __forceinline__ void mask_tile(float (&x)[kCols / 8][4], const AttentionPattern& p, const TileClass& tc,
                                           int64_t b, int64_t h, int64_t row0, int64_t col0, int lane) {
+  static_assert(kCols % 32 == 0 && kCols <= 128, "a row's columns in one 32-bit set");
+  constexpr int kBits = kCols / 4;
   const int g = lane / 4, t = lane % 4;
   const int64_t off = p.sk - p.sq;
+  const auto column = [t](int n) { return (n / 2) * 8 + 2 * t + n % 2; };
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int64_t row = row0 + g + 8 * r;
@@ -327,72 +333,66 @@ __device__ __forceinline__ void mask_tile(float (&x)[kCols / 8][4], const Attent
     }
     // Visible by band and bounds: [0, p_end) (the prefix) and [b_lo, b_hi].
     const int p_end = min(pc, cmax), b_lo = tc.band ? lo : 0, b_hi = min(tc.band ? hi : kCols, cmax - 1);
-    if (!tc.seg && !tc.mask) {  // the common case: two interval tests an element
+    uint32_t vis = 0;
 #pragma unroll
-      for (int nt = 0; nt < kCols / 8; ++nt) {
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int c = nt * 8 + 2 * t + e;
-          if (!(c < p_end || (c >= b_lo && c <= b_hi))) x[nt][2 * r + e] = kNegInf;
-        }
-      }
-      continue;
+    for (int n = 0; n < kBits; ++n) {
+      const int c = column(n);
+      vis |= static_cast<uint32_t>(c < p_end || (c >= b_lo && c <= b_hi)) << n;
     }
-    // The block mask, where the row's columns lie in one mask block (rows are queries): its kind
-    // once, and a partial block's bits for the row as registers. Else element by element.
-    enum { kGeneral, kAllVisible, kNoneVisible, kRowWords } mode = kGeneral;
-    constexpr int kWords = kCols / 32;
-    uint32_t words[kWords];
-    if (tc.mask) {
-      // (int arithmetic: positions are below 2^30 on CUDA.)
-      const int bq = static_cast<int>(p.block_q), bk = static_cast<int>(p.block_k);
+    if (tc.seg) {  // the row's segment against each still-visible column's
+      const int64_t row_seg =
+          kKeysAsRows ? p.kv_segments[b * p.kv_seg_bs + row] : p.q_segments[b * p.q_seg_bs + row];
+      const int64_t* cols = kKeysAsRows ? p.q_segments + b * p.q_seg_bs : p.kv_segments + b * p.kv_seg_bs;
+#pragma unroll 4
+      for (int n = 0; n < kBits; ++n) {
+        if ((vis >> n) & 1u && cols[col0 + column(n)] != row_seg) vis &= ~(1u << n);
+      }
+    }
+    if (tc.mask) {  // (int arithmetic: positions are below 2^30 on CUDA.)
       const int rw = static_cast<int>(row), c0 = static_cast<int>(col0);
-      // (Rows that are keys take the general path: a column mode there cost the dK/dV passes'
-      // main loops registers.)
-      const bool one = !kKeysAsRows && c0 / bk == (c0 + kCols - 1) / bk;
-      if (one) {
-        const int64_t m = p.mask_block(b, h, rw / bq, c0 / bk);
-        const auto kind = static_cast<BlockKind>(p.mask_kinds[m]);
-        const int64_t index = p.mask_index[m];
-        if (kind == BlockKind::kFull) {
-          mode = kAllVisible;
-        } else if (kind != BlockKind::kPartial || index < 0 || index >= p.mask_partials) {
-          mode = kNoneVisible;
-        } else {
-          // (col0 % block_k is a multiple of 64: the row's words start at a word.)
-          const uint32_t* w = p.mask_bits + (index * bq + rw % bq) * (bk / 32) + (c0 % bk) / 32;
+      uint32_t bits = 0;
+      if (!kKeysAsRows) {
+        // The row's words (32 columns each): bit 8 k + u of word w is column 32 w + 8 k + u, the
+        // thread's bits of it are u = 2 t and 2 t + 1.
 #pragma unroll
-          for (int n = 0; n < kWords; ++n) words[n] = w[n];
-          mode = kRowWords;
+        for (int w = 0; w < kCols / 32; ++w) {
+          if (!((vis >> (8 * w)) & 0xffu)) continue;  // (also every word past the last key)
+          const uint32_t word = mask_word(p, b, h, rw, c0 + 32 * w) >> (2 * t);
+          const uint32_t mine = (word & 3u) | ((word >> 6) & 0xcu) | ((word >> 12) & 0x30u) | ((word >> 18) & 0xc0u);
+          bits |= mine << (8 * w);
+        }
+      } else {
+        // Columns are queries, each its own row of bits: the word holding this key in each. Where
+        // the columns lie in one mask block (always, for the kernels' tiles) its kind is read once.
+        const int bq = static_cast<int>(p.block_q), bk = static_cast<int>(p.block_k);
+        if (c0 / bq == (c0 + kCols - 1) / bq) {
+          const int64_t m = p.mask_block(b, h, c0 / bq, rw / bk);
+          const auto kind = static_cast<BlockKind>(p.mask_kinds[m]);
+          const int64_t index = kind == BlockKind::kPartial ? p.mask_index[m] : -1;
+          if (kind == BlockKind::kFull) {
+            bits = 0xffffffffu;
+          } else if (index >= 0 && index < p.mask_partials) {
+            const int stride = bk / 32;
+            const uint32_t* words = p.mask_bits + (index * bq + c0 % bq) * stride + (rw % bk) / 32;
+#pragma unroll 8
+            for (int n = 0; n < kBits; ++n) {
+              if ((vis >> n) & 1u) bits |= ((words[column(n) * stride] >> (rw & 31)) & 1u) << n;
+            }
+          }
+        } else {
+#pragma unroll 4
+          for (int n = 0; n < kBits; ++n) {
+            if ((vis >> n) & 1u) bits |= ((mask_word(p, b, h, c0 + column(n), rw & ~31) >> (rw & 31)) & 1u) << n;
+          }
         }
       }
-    }
-    int64_t row_seg = 0;
-    if (tc.seg) {
-      row_seg = kKeysAsRows ? p.kv_segments[b * p.kv_seg_bs + row] : p.q_segments[b * p.q_seg_bs + row];
+      vis &= bits;
     }
 #pragma unroll
     for (int nt = 0; nt < kCols / 8; ++nt) {
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
-        const int c = nt * 8 + 2 * t + e;
-        bool vis = c < p_end || (c >= b_lo && c <= b_hi);
-        if (vis && tc.seg) {
-          const int64_t col = col0 + c;
-          vis = row_seg == (kKeysAsRows ? p.q_segments[b * p.q_seg_bs + col] : p.kv_segments[b * p.kv_seg_bs + col]);
-        }
-        if (tc.mask) {
-          if (mode == kRowWords) {
-            vis = vis && ((words[nt / 4] >> ((nt % 4) * 8 + 2 * t + e)) & 1u);
-          } else if (mode == kNoneVisible) {
-            vis = false;
-          } else if (mode == kGeneral && vis) {
-            const int i = static_cast<int>(kKeysAsRows ? col0 + c : row);
-            const int j = static_cast<int>(kKeysAsRows ? row : col0 + c);
-            vis = mask_bit(p, b, h, i, j);
-          }
-        }
-        if (!vis) x[nt][2 * r + e] = kNegInf;
+        if (!((vis >> (2 * nt + e)) & 1u)) x[nt][2 * r + e] = kNegInf;
       }
     }
   }
