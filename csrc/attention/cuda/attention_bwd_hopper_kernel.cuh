@@ -120,7 +120,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   }
 
   cuda::setmaxnreg_inc<240>();
-  const int half = wg - 1, g = lane / 4, t4 = lane % 4;
+  const int half = wg - 1, t4 = lane % 4;
   const int64_t key0 = j0 + half * 64 + warp * 16;  // this warp's first key
   float dk[kDT][4], dv[kDT][4];
 #pragma unroll
@@ -194,19 +194,15 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     }
   }
 
-  T* dkg = static_cast<T*>(a.g.dk) + b * a.g.dk_bs + hk * a.g.dk_hs;
-  T* dvg = static_cast<T*>(a.g.dv) + b * a.g.dv_bs + hk * a.g.dv_hs;
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int64_t j = key0 + g + 8 * r;
-    if (j >= pat.sk) continue;
-#pragma unroll
-    for (int n = 0; n < kDT; ++n) {
-      const int col = n * 8 + 2 * t4;
-      cuda::store_pair<T>(dkg + j * a.g.dk_ss + col, dk[n][2 * r], dk[n][2 * r + 1], true);
-      cuda::store_pair<T>(dvg + j * a.g.dv_ss + col, dv[n][2 * r], dv[n][2 * r + 1], true);
-    }
-  }
+  // dK and dV through this warpgroup's own rows of the K and V tiles (16-byte stores).
+  const float one[2] = {1.f, 1.f};
+  const int64_t first = j0 + half * 64;
+  store_accumulator_rows<kD, T>(dk, one, sK + half * 64 * 128, Tr::kKPanelBytes,
+                                static_cast<T*>(a.g.dk) + b * a.g.dk_bs + hk * a.g.dk_hs, a.g.dk_ss, first, pat.sk, t,
+                                1 + half);
+  store_accumulator_rows<kD, T>(dv, one, sV + half * 64 * 128, Tr::kKPanelBytes,
+                                static_cast<T*>(a.g.dv) + b * a.g.dv_bs + hk * a.g.dv_hs, a.g.dv_ss, first, pat.sk, t,
+                                1 + half);
 #else
   __trap();
 #endif
@@ -298,7 +294,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   }
 
   cuda::setmaxnreg_inc<240>();
-  const int half = wg - 1, g = lane / 4, t4 = lane % 4;
+  const int half = wg - 1, g = lane / 4;
   const int64_t row0 = i0 + half * 64 + warp * 16;
   float lse2[2], delta[2];
 #pragma unroll
@@ -335,6 +331,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
                                            cuda::smem_desc_k_major(sV + pn * Tr::kKVPanelBytes + off), kk > 0);
     }
     cuda::wgmma_commit();
+    uint32_t mask_rows[2];  // a partial block-mask tile's bits, read while S and dP are computed
+    if (tc.mask) mask_rows_ahead<kBN>(pat, b, h, row0, int64_t{tile} * kBN, lane, mask_rows);
     cuda::wgmma_wait<0>();
     cuda::fence_operands(sc);
     cuda::fence_operands(dp);
@@ -342,7 +340,9 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     const int tn = walk.next(tile + 1, tn_class, lane);
 
     scores_log2(sc, a);
-    if (tc.kind == BlockKind::kPartial) mask_tile<false, kBN>(sc, pat, tc, b, h, row0, int64_t{tile} * kBN, lane);
+    if (tc.kind == BlockKind::kPartial) {
+      mask_tile<false, kBN>(sc, pat, tc, b, h, row0, int64_t{tile} * kBN, lane, mask_rows);
+    }
     score_grads_by_row(sc, dp, lse2, delta, a);
     uint32_t ads[kBN / 16][4];
 #pragma unroll
@@ -362,16 +362,11 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     tc = tn_class;
   }
 
-  T* dqg = static_cast<T*>(a.g.dq) + b * a.g.dq_bs + h * a.g.dq_hs;
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int64_t i = row0 + g + 8 * r;
-    if (i >= pat.sq) continue;
-#pragma unroll
-    for (int n = 0; n < kDT; ++n) {
-      cuda::store_pair<T>(dqg + i * a.g.dq_ss + n * 8 + 2 * t4, dq[n][2 * r], dq[n][2 * r + 1], true);
-    }
-  }
+  // dQ through this warpgroup's own rows of the Q tile (16-byte stores).
+  const float one[2] = {1.f, 1.f};
+  store_accumulator_rows<kD, T>(dq, one, sQ + half * 64 * 128, Tr::kQPanelBytes,
+                                static_cast<T*>(a.g.dq) + b * a.g.dq_bs + h * a.g.dq_hs, a.g.dq_ss, i0 + half * 64,
+                                pat.sq, t, 1 + half);
 #else
   __trap();
 #endif

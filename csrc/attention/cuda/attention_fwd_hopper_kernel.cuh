@@ -7,7 +7,8 @@
 //     shared memory, the partial tiles' masked elements -inf, online softmax in registers
 //     (attention_mma_common.cuh's, same accumulator layout as mma.sync), then O += P V by wgmma
 //     with P from registers and V read MN-major; the two warpgroups' softmax and matrix products
-//     overlap on the SM.
+//     overlap on the SM, and within a warpgroup S of the next tile is issued before P V of this
+//     one, the next tile's softmax running while that product is in flight.
 // Tiles are 128-byte swizzled boxes of 64 columns (TMA writes them, wgmma descriptors read them);
 // rows past the sequence come in as zeros. Both roles walk the same visible tiles (KeyWalk).
 // Without sm_90a device code the kernel traps and the launcher uses the mma.sync kernel.
@@ -118,7 +119,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
 
   // consumers: warpgroup 1 takes query rows 0-63 of the block, warpgroup 2 rows 64-127
   cuda::setmaxnreg_inc<232>();
-  const int half = wg - 1, g = lane / 4, t4 = lane % 4;
+  const int half = wg - 1;
   const int64_t row0 = i0 + half * 64 + warp * 16;  // this warp's first query row
   KeyWalk<kBN, kD, 32, T> walk(p, b, h, i0, i1);
   float o[kDT][4];
@@ -128,15 +129,15 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   cuda::mbar_wait(smem_addr(bar_q), 0);
   const unsigned char* q_rows = sQ + half * 64 * 128;
 
-  TileClass tc;
-  int it = 0;
-  for (int tile = walk.next(walk.begin, tc, lane); tile < walk.end; ++it) {
+  // A software pipeline: S of the next tile is issued before P V of this one, and the next tile's
+  // softmax runs while that product is in flight; the output is rescaled by the new max once the
+  // product is retired.
+  float sc[kNT][4];
+  uint32_t pa[kBN / 16][4];  // P of the tile whose P V comes next, as register A operands
+  const auto issue_scores = [&](int it) {
     const int s = it % kStages;
-    const uint32_t parity = (it / kStages) & 1;
     const unsigned char* sK = sKV + s * Tr::kStageBytes;
-    const unsigned char* sV = sK + Tr::kKVBytes;
-    float sc[kNT][4];
-    cuda::mbar_wait(smem_addr(&full_k[s]), parity);
+    cuda::mbar_wait(smem_addr(&full_k[s]), (it / kStages) & 1);
     cuda::wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kD / 16; ++kk) {  // 16 deep = 32 bytes along the swizzled 128-byte rows
@@ -145,20 +146,26 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
                                            cuda::smem_desc_k_major(sK + pn * Tr::kKVPanelBytes + off), kk > 0);
     }
     cuda::wgmma_commit();
-    cuda::wgmma_wait<0>();
-    cuda::fence_operands(sc);
-    // The next visible tile (the producer finds the same), while nothing is in flight.
-    TileClass tn_class;
-    const int tn = walk.next(tile + 1, tn_class, lane);
-
+  };
+  // The retired scores of `tile` to P in place (masked, online softmax); corr: the factors the
+  // output must be rescaled by. to_operands: P as the register A operands of the P V product.
+  const auto softmax_tile = [&](int tile, const TileClass& c, const uint32_t (&mask_rows)[2], float (&corr)[2]) {
     scores_log2(sc, a);
-    if (tc.kind == BlockKind::kPartial) mask_tile<false, kBN>(sc, pat, tc, b, h, row0, int64_t{tile} * kBN, lane);
-    online_softmax(sc, o, m_run, l_run);
-    uint32_t pa[kBN / 16][4];
+    if (c.kind == BlockKind::kPartial) {
+      mask_tile<false, kBN>(sc, pat, c, b, h, row0, int64_t{tile} * kBN, lane, mask_rows);
+    }
+    softmax_step(sc, m_run, l_run, corr);
+  };
+  const auto to_operands = [&]() {
 #pragma unroll
     for (int kk = 0; kk < kBN / 16; ++kk) acc_to_a<T>(pa[kk], sc, kk);
-    cuda::fence_operands(o);
-    cuda::mbar_wait(smem_addr(&full_v[s]), parity);
+  };
+
+  // O += P V of `tile` (stage it), committed.
+  const auto issue_pv = [&](int it) {
+    const int s = it % kStages;
+    const unsigned char* sV = sKV + s * Tr::kStageBytes + Tr::kKVBytes;
+    cuda::mbar_wait(smem_addr(&full_v[s]), (it / kStages) & 1);
     cuda::wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kBN / 16; ++kk) {  // 16 keys = 16 rows of 128 bytes
@@ -166,42 +173,51 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
                                             1);
     }
     cuda::wgmma_commit();
+  };
+
+  TileClass tc;
+  int tile = walk.next(walk.begin, tc, lane), it = 0;
+  if (tile < walk.end) {
+    issue_scores(0);
+    uint32_t mask_rows[2];  // a partial block-mask tile's bits, read while S is computed
+    if (tc.mask) mask_rows_ahead<kBN>(pat, b, h, row0, int64_t{tile} * kBN, lane, mask_rows);
+    cuda::wgmma_wait<0>();
+    cuda::fence_operands(sc);
+    float corr[2];  // (the output is still zero)
+    softmax_tile(tile, tc, mask_rows, corr);
+    to_operands();
+    // The next visible tile (the producer finds the same).
+    TileClass tn_class;
+    int tn = walk.next(tile + 1, tn_class, lane);
+    for (; tn < walk.end; ++it) {
+      cuda::fence_operands(o);
+      issue_scores(it + 1);
+      issue_pv(it);
+      if (tn_class.mask) mask_rows_ahead<kBN>(pat, b, h, row0, int64_t{tn} * kBN, lane, mask_rows);
+      cuda::wgmma_wait<1>();  // the next tile's scores (committed first)
+      cuda::fence_operands(sc);
+      softmax_tile(tn, tn_class, mask_rows, corr);
+      cuda::wgmma_wait<0>();
+      cuda::fence_operands(o);
+      if (t == 0) cuda::mbar_arrive(smem_addr(&empty[it % kStages]));
+      rescale_rows(o, corr);
+      to_operands();  // (the product that read the last P is retired)
+      tn = walk.next(tn + 1, tn_class, lane);
+    }
+    cuda::fence_operands(o);
+    issue_pv(it);
     cuda::wgmma_wait<0>();
     cuda::fence_operands(o);
-    if (t == 0) cuda::mbar_arrive(smem_addr(&empty[s]));
-    tile = tn;
-    tc = tn_class;
+    if (t == 0) cuda::mbar_arrive(smem_addr(&empty[it % kStages]));
   }
 
-  // Epilogue: O / l into this warpgroup's rows of the Q tile (swizzled as TMA left it; the other
-  // warpgroup reads only its own rows), then 16-byte stores; the LSE by the quad's first lane.
+  // Epilogue: O / l through this warpgroup's rows of the Q tile (only it reads them); the LSE by
+  // the quad's first lane.
   float inv[2];
   finish_rows(m_run, l_run, inv, p, b, h, row0, lane);
-  unsigned char* const stage_rows = sQ + half * 64 * 128;
-#pragma unroll
-  for (int n = 0; n < kDT; ++n) {
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int row = warp * 16 + g + 8 * r;  // within this warpgroup's 64 rows
-      const int pn = n / 8, chunk = n % 8;
-      cuda::st_shared_u32(smem_addr(stage_rows + pn * Tr::kQPanelBytes + row * 128 +
-                                    cuda::swizzle128_chunk(row, chunk) * 16 + t4 * 4),
-                          pack2<T>(o[n][2 * r] * inv[r], o[n][2 * r + 1] * inv[r]));
-    }
-  }
-  cuda::named_barrier_sync<128>(1 + half);
-  T* og = static_cast<T*>(p.out) + b * p.o_bs + h * p.o_hs;
-  constexpr int kChunks = kD / 8;
-#pragma unroll 4
-  for (int idx = t; idx < 64 * kChunks; idx += 128) {
-    const int row = idx / kChunks, c = idx % kChunks, pn = c / 8, chunk = c % 8;
-    const int64_t i = i0 + half * 64 + row;
-    if (i < pat.sq) {
-      const uint4 v = *reinterpret_cast<const uint4*>(stage_rows + pn * Tr::kQPanelBytes + row * 128 +
-                                                      cuda::swizzle128_chunk(row, chunk) * 16);
-      *reinterpret_cast<uint4*>(og + i * p.o_ss + c * 8) = v;
-    }
-  }
+  store_accumulator_rows<kD, T>(o, inv, sQ + half * 64 * 128, Tr::kQPanelBytes,
+                                static_cast<T*>(p.out) + b * p.o_bs + h * p.o_hs, p.o_ss, i0 + half * 64, pat.sq, t,
+                                1 + half);
 #else
   __trap();
 #endif

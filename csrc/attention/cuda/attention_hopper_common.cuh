@@ -1,16 +1,54 @@
-// attention CUDA, Hopper kernels (sm_90a): what the forward and backward kernels share on the host
-// side: the one-time setup that refuses a binary without their code, and the TMA maps of the
-// operands.
+// attention CUDA, Hopper kernels (sm_90a): what the forward and backward kernels share: on the
+// host side the one-time setup that refuses a binary without their code and the TMA maps of the
+// operands; on the device the epilogue that stores a warpgroup's accumulator rows.
 #pragma once
 
 #include <cuda.h>
 
 #include "attention/cuda/attention_cuda.h"
 #include "common/cuda/launch.cuh"
+#include "common/cuda/mma_sync.cuh"
+#include "common/cuda/ptx.cuh"
+#include "common/cuda/swizzle.cuh"
 #include "common/cuda/tma.cuh"
 
 namespace opforge {
 namespace attention_cuda {
+
+// A warpgroup's 64 x kD accumulator (wgmma layout: warp w holds rows 16 w .. 16 w + 15, thread
+// (g, t4) rows g and g + 8, columns 8 n + 2 t4 and + 1), times scale[r] for the thread's row r,
+// stored as T to global rows first .. first + 63 (those at or past `end` skipped) of dst (row
+// stride ld elements, rows 16-byte aligned). It goes through the warpgroup's own 64 rows of a
+// 128-byte-swizzled tile in shared memory (`rows`; 64-column panels panel_bytes apart, free once
+// the warpgroup's last wgmma is done), so that each lane stores 16 bytes: a warp writes whole
+// rows instead of 16-byte pieces of eight. barrier: a named barrier id for the warpgroup alone.
+template <int kD, typename T>
+__device__ __forceinline__ void store_accumulator_rows(const float (&acc)[kD / 8][4], const float (&scale)[2],
+                                                       unsigned char* rows, int panel_bytes, T* dst, int64_t ld,
+                                                       int64_t first, int64_t end, int t, int barrier) {
+  const int warp = t / 32, lane = t % 32, g = lane / 4, t4 = lane % 4;
+#pragma unroll
+  for (int n = 0; n < kD / 8; ++n) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int row = warp * 16 + g + 8 * r, pn = n / 8, chunk = n % 8;
+      cuda::st_shared_u32(
+          cuda::smem_addr(rows + pn * panel_bytes + row * 128 + cuda::swizzle128_chunk(row, chunk) * 16 + t4 * 4),
+          cuda::pack2<T>(acc[n][2 * r] * scale[r], acc[n][2 * r + 1] * scale[r]));
+    }
+  }
+  cuda::named_barrier_sync<128>(barrier);
+  constexpr int kChunks = kD / 8;
+#pragma unroll 4
+  for (int idx = t; idx < 64 * kChunks; idx += 128) {
+    const int row = idx / kChunks, c = idx % kChunks, pn = c / 8, chunk = c % 8;
+    if (first + row < end) {
+      const uint4 v =
+          *reinterpret_cast<const uint4*>(rows + pn * panel_bytes + row * 128 + cuda::swizzle128_chunk(row, chunk) * 16);
+      *reinterpret_cast<uint4*>(dst + (first + row) * ld + c * 8) = v;
+    }
+  }
+}
 
 // Raises the kernel's shared-memory limit once; refuses a binary without its sm_90a code
 // (cudaErrorNoKernelImageForDevice: the trap-only stand-in of another build uses far fewer

@@ -292,6 +292,37 @@ __device__ __forceinline__ uint32_t mask_word(const AttentionPattern& p, int64_t
   return p.mask_bits[(index * bq + i % bq) * (bk / 32) + (j % bk) / 32];
 }
 
+// The block mask's bits of query row `row` over columns c0 .. c0 + kCols - 1 (c0 a multiple of 32)
+// that thread t of a quad holds (bit 2 nt + e: column nt * 8 + 2 t + e; as mask_tile's sets).
+// Words are read only where `want` has a bit (of their 8), and never past the last key.
+template <int kCols>
+__device__ __forceinline__ uint32_t mask_row_bits(const AttentionPattern& p, int64_t b, int64_t h, int row, int c0,
+                                                  int t, uint32_t want) {
+  // Bit 8 k + u of word w is column 32 w + 8 k + u; the thread's are u = 2 t and 2 t + 1.
+  uint32_t bits = 0;
+#pragma unroll
+  for (int w = 0; w < kCols / 32; ++w) {
+    if (!((want >> (8 * w)) & 0xffu) || c0 + 32 * w >= p.sk) continue;
+    const uint32_t word = mask_word(p, b, h, row, c0 + 32 * w) >> (2 * t);
+    bits |= ((word & 3u) | ((word >> 6) & 0xcu) | ((word >> 12) & 0x30u) | ((word >> 18) & 0xc0u)) << (8 * w);
+  }
+  return bits;
+}
+
+// mask_tile's block-mask bits of a warp's tile (rows are queries) read ahead, before the scores
+// they mask are ready (the loads then overlap the matrix product): bits[r] for row row0 + g + 8 r.
+template <int kCols>
+__device__ __forceinline__ void mask_rows_ahead(const AttentionPattern& p, int64_t b, int64_t h, int64_t row0,
+                                                int64_t col0, int lane, uint32_t (&bits)[2]) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int64_t row = row0 + lane / 4 + 8 * r;
+    bits[r] = row < p.sq ? mask_row_bits<kCols>(p, b, h, static_cast<int>(row), static_cast<int>(col0), lane % 4,
+                                                0xffffffffu)
+                         : 0u;
+  }
+}
+
 inline __device__ int clamp_col(int64_t x, int n) {
   return static_cast<int>(x < -1 ? int64_t{-1} : x > n ? int64_t{n} : x);
 }
@@ -304,9 +335,12 @@ inline __device__ int clamp_col(int64_t x, int n) {
 // nt * 8 + 2 t + e), narrowed by the band, the segments and the block mask in turn, then applied
 // once: the code stays small (a kernel whose loop outgrows the instruction cache stalls on
 // fetches), and the rarely used parts are loops, not unrolled copies.
+// mask_rows (rows are queries): the block mask's bits of the thread's two rows, read ahead by
+// mask_rows_ahead (nullptr: read here).
 template <bool kKeysAsRows, int kCols>
 __device__ __forceinline__ void mask_tile(float (&x)[kCols / 8][4], const AttentionPattern& p, const TileClass& tc,
-                                          int64_t b, int64_t h, int64_t row0, int64_t col0, int lane) {
+                                          int64_t b, int64_t h, int64_t row0, int64_t col0, int lane,
+                                          const uint32_t* mask_rows = nullptr) {
   static_assert(kCols % 32 == 0 && kCols <= 128, "a row's columns in one 32-bit set");
   constexpr int kBits = kCols / 4;
   const int g = lane / 4, t = lane % 4;
@@ -351,16 +385,10 @@ __device__ __forceinline__ void mask_tile(float (&x)[kCols / 8][4], const Attent
     if (tc.mask) {  // (int arithmetic: positions are below 2^30 on CUDA.)
       const int rw = static_cast<int>(row), c0 = static_cast<int>(col0);
       uint32_t bits = 0;
-      if (!kKeysAsRows) {
-        // The row's words (32 columns each): bit 8 k + u of word w is column 32 w + 8 k + u, the
-        // thread's bits of it are u = 2 t and 2 t + 1.
-#pragma unroll
-        for (int w = 0; w < kCols / 32; ++w) {
-          if (!((vis >> (8 * w)) & 0xffu)) continue;  // (also every word past the last key)
-          const uint32_t word = mask_word(p, b, h, rw, c0 + 32 * w) >> (2 * t);
-          const uint32_t mine = (word & 3u) | ((word >> 6) & 0xcu) | ((word >> 12) & 0x30u) | ((word >> 18) & 0xc0u);
-          bits |= mine << (8 * w);
-        }
+      if (!kKeysAsRows && mask_rows) {
+        bits = mask_rows[r];
+      } else if (!kKeysAsRows) {
+        bits = mask_row_bits<kCols>(p, b, h, rw, c0, t, vis);
       } else {
         // Columns are queries, each its own row of bits: the word holding this key in each. Where
         // the columns lie in one mask block (always, for the kernels' tiles) its kind is read once.
@@ -417,11 +445,11 @@ __device__ __forceinline__ void scores_log2(float (&s)[kN][4], const AttentionCu
 // One key tile of the online softmax for a warp's 16 rows (elements 0, 1: row g; 2, 3: row g + 8):
 // the running max and sum updated from the tile's log2-domain scores, the scores turned into P in
 // place, and the output accumulator rescaled by the change of max (a row that has seen nothing yet
-// keeps max -inf and P 0).
-template <int kN, int kDT>
-__device__ __forceinline__ void online_softmax(float (&s)[kN][4], float (&o)[kDT][4], float (&m_run)[2],
-                                               float (&l_run)[2]) {
-  float corr[2];
+// keeps max -inf and P 0). softmax_step does all but the rescale, whose factors it returns (for a
+// kernel whose previous P V product is still in flight).
+template <int kN>
+__device__ __forceinline__ void softmax_step(float (&s)[kN][4], float (&m_run)[2], float (&l_run)[2],
+                                             float (&corr)[2]) {
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     float mx = m_run[r];
@@ -441,11 +469,24 @@ __device__ __forceinline__ void online_softmax(float (&s)[kN][4], float (&o)[kDT
     }
     l_run[r] = l_run[r] * corr[r] + sum;
   }
+}
+
+// The output accumulator's rows times corr (the change of max softmax_step returned).
+template <int kDT>
+__device__ __forceinline__ void rescale_rows(float (&o)[kDT][4], const float (&corr)[2]) {
 #pragma unroll
   for (int n = 0; n < kDT; ++n) {
     o[n][0] *= corr[0], o[n][1] *= corr[0];
     o[n][2] *= corr[1], o[n][3] *= corr[1];
   }
+}
+
+template <int kN, int kDT>
+__device__ __forceinline__ void online_softmax(float (&s)[kN][4], float (&o)[kDT][4], float (&m_run)[2],
+                                               float (&l_run)[2]) {
+  float corr[2];
+  softmax_step(s, m_run, l_run, corr);
+  rescale_rows(o, corr);
 }
 
 // dS from P, dP and the row's delta: P (dP - delta) scale, times (1 - tanh^2) under a softcap
