@@ -7,8 +7,7 @@
 //     shared memory, the partial tiles' masked elements -inf, online softmax in registers
 //     (attention_mma_common.cuh's, same accumulator layout as mma.sync), then O += P V by wgmma
 //     with P from registers and V read MN-major; the two warpgroups' softmax and matrix products
-//     overlap on the SM, and within a warpgroup S of the next tile is issued before P V of this
-//     one, the next tile's softmax running while that product is in flight.
+//     overlap on the SM.
 // Tiles are 128-byte swizzled boxes of 64 columns (TMA writes them, wgmma descriptors read them);
 // rows past the sequence come in as zeros. Both roles walk the same visible tiles (KeyWalk).
 // Without sm_90a device code the kernel traps and the launcher uses the mma.sync kernel.
@@ -129,15 +128,15 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   cuda::mbar_wait(smem_addr(bar_q), 0);
   const unsigned char* q_rows = sQ + half * 64 * 128;
 
-  // A software pipeline: S of the next tile is issued before P V of this one, and the next tile's
-  // softmax runs while that product is in flight; the output is rescaled by the new max once the
-  // product is retired.
-  float sc[kNT][4];
-  uint32_t pa[kBN / 16][4];  // P of the tile whose P V comes next, as register A operands
-  const auto issue_scores = [&](int it) {
+  TileClass tc;
+  int it = 0;
+  for (int tile = walk.next(walk.begin, tc, lane); tile < walk.end; ++it) {
     const int s = it % kStages;
+    const uint32_t parity = (it / kStages) & 1;
     const unsigned char* sK = sKV + s * Tr::kStageBytes;
-    cuda::mbar_wait(smem_addr(&full_k[s]), (it / kStages) & 1);
+    const unsigned char* sV = sK + Tr::kKVBytes;
+    float sc[kNT][4];
+    cuda::mbar_wait(smem_addr(&full_k[s]), parity);
     cuda::wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kD / 16; ++kk) {  // 16 deep = 32 bytes along the swizzled 128-byte rows
@@ -146,26 +145,24 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
                                            cuda::smem_desc_k_major(sK + pn * Tr::kKVPanelBytes + off), kk > 0);
     }
     cuda::wgmma_commit();
-  };
-  // The retired scores of `tile` to P in place (masked, online softmax); corr: the factors the
-  // output must be rescaled by. to_operands: P as the register A operands of the P V product.
-  const auto softmax_tile = [&](int tile, const TileClass& c, const uint32_t (&mask_rows)[2], float (&corr)[2]) {
+    uint32_t mask_rows[2];  // a partial block-mask tile's bits, read while S is computed
+    if (tc.mask) mask_rows_ahead<kBN>(pat, b, h, row0, int64_t{tile} * kBN, lane, mask_rows);
+    cuda::wgmma_wait<0>();
+    cuda::fence_operands(sc);
+    // The next visible tile (the producer finds the same), while nothing is in flight.
+    TileClass tn_class;
+    const int tn = walk.next(tile + 1, tn_class, lane);
+
     scores_log2(sc, a);
-    if (c.kind == BlockKind::kPartial) {
-      mask_tile<false, kBN>(sc, pat, c, b, h, row0, int64_t{tile} * kBN, lane, mask_rows);
+    if (tc.kind == BlockKind::kPartial) {
+      mask_tile<false, kBN>(sc, pat, tc, b, h, row0, int64_t{tile} * kBN, lane, mask_rows);
     }
-    softmax_step(sc, m_run, l_run, corr);
-  };
-  const auto to_operands = [&]() {
+    online_softmax(sc, o, m_run, l_run);
+    uint32_t pa[kBN / 16][4];
 #pragma unroll
     for (int kk = 0; kk < kBN / 16; ++kk) acc_to_a<T>(pa[kk], sc, kk);
-  };
-
-  // O += P V of `tile` (stage it), committed.
-  const auto issue_pv = [&](int it) {
-    const int s = it % kStages;
-    const unsigned char* sV = sKV + s * Tr::kStageBytes + Tr::kKVBytes;
-    cuda::mbar_wait(smem_addr(&full_v[s]), (it / kStages) & 1);
+    cuda::fence_operands(o);
+    cuda::mbar_wait(smem_addr(&full_v[s]), parity);
     cuda::wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kBN / 16; ++kk) {  // 16 keys = 16 rows of 128 bytes
@@ -173,42 +170,11 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
                                             1);
     }
     cuda::wgmma_commit();
-  };
-
-  TileClass tc;
-  int tile = walk.next(walk.begin, tc, lane), it = 0;
-  if (tile < walk.end) {
-    issue_scores(0);
-    uint32_t mask_rows[2];  // a partial block-mask tile's bits, read while S is computed
-    if (tc.mask) mask_rows_ahead<kBN>(pat, b, h, row0, int64_t{tile} * kBN, lane, mask_rows);
-    cuda::wgmma_wait<0>();
-    cuda::fence_operands(sc);
-    float corr[2];  // (the output is still zero)
-    softmax_tile(tile, tc, mask_rows, corr);
-    to_operands();
-    // The next visible tile (the producer finds the same).
-    TileClass tn_class;
-    int tn = walk.next(tile + 1, tn_class, lane);
-    for (; tn < walk.end; ++it) {
-      cuda::fence_operands(o);
-      issue_scores(it + 1);
-      issue_pv(it);
-      if (tn_class.mask) mask_rows_ahead<kBN>(pat, b, h, row0, int64_t{tn} * kBN, lane, mask_rows);
-      cuda::wgmma_wait<1>();  // the next tile's scores (committed first)
-      cuda::fence_operands(sc);
-      softmax_tile(tn, tn_class, mask_rows, corr);
-      cuda::wgmma_wait<0>();
-      cuda::fence_operands(o);
-      if (t == 0) cuda::mbar_arrive(smem_addr(&empty[it % kStages]));
-      rescale_rows(o, corr);
-      to_operands();  // (the product that read the last P is retired)
-      tn = walk.next(tn + 1, tn_class, lane);
-    }
-    cuda::fence_operands(o);
-    issue_pv(it);
     cuda::wgmma_wait<0>();
     cuda::fence_operands(o);
-    if (t == 0) cuda::mbar_arrive(smem_addr(&empty[it % kStages]));
+    if (t == 0) cuda::mbar_arrive(smem_addr(&empty[s]));
+    tile = tn;
+    tc = tn_class;
   }
 
   // Epilogue: O / l through this warpgroup's rows of the Q tile (only it reads them); the LSE by
