@@ -18,13 +18,15 @@ NEEDS = {
         ("wheel", "wheel"),
     ],
     # av (PyAV: opforge[video]) and OpenCV: the video tests write and read clips, and compare the
-    # resize with cv2.resize; the benchmarks time OpenCV's CPU preprocessing.
+    # resize with cv2.resize; the benchmarks time OpenCV's CPU preprocessing. transformers
+    # (opforge[transformers]): the model tests run small Hugging Face models on opforge attention.
     "test": [
         ("pytest", "pytest>=7"),
         ("numpy", "numpy"),
         ("torchvision", None),
         ("av", "av"),
         ("cv2", "opencv-python-headless"),
+        ("transformers", "transformers>=5"),
     ],
     "bench": [
         ("matplotlib", "matplotlib"),

@@ -1,0 +1,280 @@
+"""Hugging Face transformers models on opforge attention.
+
+    import opforge.integrations.transformers as otf
+    otf.register()                                   # once: the "opforge" implementation
+    model = AutoModelForCausalLM.from_pretrained(name, attn_implementation="opforge")
+    model.set_attn_implementation("opforge")         # or switch a loaded model
+
+``register()`` adds an attention function to transformers' ``AttentionInterface`` and a mask
+function to its ``AttentionMaskInterface``, both under ``"opforge"`` (a name without "flash":
+transformers switches on flash-attention behaviour, such as unpadding, for those).
+
+The mask function runs once per forward and mask type (the models build one mask for their full
+layers and one for their sliding-window layers) and returns an `OpforgeMask`: the pattern in
+opforge's terms (causal, a window, segment ids for packed sequences and padding) when transformers'
+mask function is one it builds from its own parts (causal, sliding window, bidirectional, packed
+sequences, a padding mask), otherwise the mask function itself evaluated once into an
+``opforge.block_mask`` (never dropped: a backend without a mask function would get no mask and lose
+causality). The attention function reads q, k, v as transformers passes them ((B, H, S, D), the KV
+cache appended, grouped-query heads without ``repeat_kv``), ``scaling`` and ``softcap`` (Gemma 2),
+and returns (B, S, H, D) as the other implementations do.
+
+Not supported (a clear error instead of a silent difference): attention dropout while training
+(``attention_dropout > 0``), ``output_attentions=True`` (no S x S matrix exists to return).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+
+import opforge
+
+NAME = "opforge"
+OP = "opforge.integrations.transformers"
+
+
+@dataclasses.dataclass
+class OpforgeMask:
+    """What one forward's attention layers of a type (full or sliding) see, for opforge.attention.
+
+    ``kwargs`` are opforge.attention's pattern arguments (causal, window, segment_ids, mask) for
+    queries at absolute positions q_offset .. q_offset + q_length - 1 and the first ``keys`` keys of
+    the layer's cache (the rest of a static cache is not yet written and never visible)."""
+
+    kwargs: dict[str, Any]
+    q_length: int
+    kv_length: int
+    keys: int
+
+    # transformers reads a mask's shape and rank in places; those of the dense mask it stands for.
+    @property
+    def shape(self) -> tuple[int, int, int, int]:
+        seg = self.kwargs.get("segment_ids")
+        batch = seg[0].shape[0] if isinstance(seg, tuple) else 1
+        return (batch, 1, self.q_length, self.kv_length)
+
+    @property
+    def ndim(self) -> int:
+        return 4
+
+
+# ---- recognising transformers' mask functions ---------------------------------------------------
+
+
+def _closure(fn) -> dict[str, Any]:
+    names = getattr(getattr(fn, "__code__", None), "co_freevars", ())
+    cells = getattr(fn, "__closure__", None) or ()
+    return {n: c.cell_contents for n, c in zip(names, cells, strict=False)}
+
+
+def _parts(fn, mu) -> list | None:
+    """The conjuncts of transformers' and_masks(...) trees (fn itself when it is no and_mask)."""
+    if getattr(fn, "__qualname__", "") == "and_masks.<locals>.and_mask":
+        out = []
+        for part in _closure(fn).get("mask_functions", ()):
+            sub = _parts(part, mu)
+            if sub is None:
+                return None
+            out += sub
+        return out
+    return [fn]
+
+
+def _recognise(mask_function, mu) -> dict[str, Any] | None:
+    """opforge pattern arguments equal to transformers' mask function, or None when it is anything
+    else (then it is evaluated into a block mask). Keys: causal, window, packed (segment ids)."""
+    parts = _parts(mask_function, mu)
+    if not parts:
+        return None
+    out: dict[str, Any] = {"causal": False, "window": None, "packed": None}
+    left = right = None
+    remapped = False
+    seen_base = False
+
+    def base(fn) -> bool:
+        nonlocal left, right, seen_base
+        qual = getattr(fn, "__qualname__", "")
+        if fn is mu.causal_mask_function:
+            out["causal"] = True
+        elif fn is mu.bidirectional_mask_function:
+            pass
+        elif qual == "sliding_window_overlay.<locals>.inner_mask":
+            w = _closure(fn).get("sliding_window")
+            if not isinstance(w, int) or w < 1:
+                return False
+            left = w - 1 if left is None else min(left, w - 1)  # kv > q - w
+        elif qual == "sliding_window_bidirectional_overlay.<locals>.inner_mask":
+            w = _closure(fn).get("sliding_window")
+            if not isinstance(w, int) or w < 0:
+                return False
+            left = w if left is None else min(left, w)  # |q - kv| <= w
+            right = w if right is None else min(right, w)
+        else:
+            return False
+        seen_base = True
+        return True
+
+    for fn in parts:
+        qual = getattr(fn, "__qualname__", "")
+        if qual == "packed_sequence_mask_function.<locals>.inner_mask":
+            seg = _closure(fn).get("packed_sequence_mask")
+            if not isinstance(seg, torch.Tensor) or seg.dim() != 2 or out["packed"] is not None:
+                return None
+            out["packed"] = seg
+        elif qual == "remap_positions_for_packed_sequence.<locals>.inner_mask":
+            # Positions restart at each packed sequence and run on by one inside it (that is how
+            # transformers finds the sequences), so the remapped pattern is the plain one within
+            # each sequence: valid only together with the packed-sequence segments.
+            inner = _parts(_closure(fn).get("mask_function"), mu)
+            if inner is None or not all(base(f) for f in inner):
+                return None
+            remapped = True
+        elif not base(fn):
+            return None
+    if not seen_base or (remapped and out["packed"] is None):
+        return None
+    if left is not None or right is not None:
+        out["window"] = (left, right if right is not None else (0 if out["causal"] else None))
+    return out
+
+
+# ---- the mask function --------------------------------------------------------------------------
+
+
+def _offset(x) -> int:
+    return int(x.item()) if isinstance(x, torch.Tensor) else int(x)
+
+
+def opforge_mask(
+    batch_size: int,
+    q_length: int,
+    kv_length: int,
+    q_offset: int = 0,
+    kv_offset: int = 0,
+    mask_function=None,
+    attention_mask: torch.Tensor | None = None,
+    device: torch.device | str = "cpu",
+    **kwargs,
+) -> OpforgeMask:
+    """transformers' mask interface for the "opforge" implementation (see the module's text)."""
+    from transformers import masking_utils as mu
+
+    if isinstance(attention_mask, OpforgeMask):
+        return attention_mask  # made in advance (generate() with a static cache), given back as the mask
+    if mask_function is None:
+        mask_function = mu.causal_mask_function
+    q_offset, kv_offset = _offset(q_offset), int(kv_offset)
+    padding = None
+    if attention_mask is not None:
+        padding = mu.prepare_padding_mask(
+            attention_mask.to(device=device, dtype=torch.bool), kv_length, kv_offset
+        )
+        padding = padding[:, kv_offset : kv_offset + kv_length]
+        if bool(padding.all()):
+            padding = None
+    pattern = _recognise(mask_function, mu)
+    # opforge aligns queries to the end of the keys it is given: query i sits at key position
+    # i + keys - q_length. transformers' geometry: query i at q_offset + i, key j at kv_offset + j.
+    keys = q_offset - kv_offset + q_length
+    if pattern is not None and (keys > kv_length or (keys < kv_length and not pattern["causal"])):
+        pattern = None  # (a geometry a band cannot say: the mask function decides element by element)
+    if pattern is None:
+        fn = mask_function
+        if padding is not None:
+            full = mu.prepare_padding_mask(
+                attention_mask.to(device=device, dtype=torch.bool), kv_length, kv_offset
+            )
+            fn = mu.and_masks(fn, mu.padding_mask_function(full))
+        fn = mu.add_offsets_to_mask_function(fn, q_offset, kv_offset)
+        block = opforge.block_mask(fn, batch_size, None, q_length, kv_length, device=device)
+        return OpforgeMask({"mask": block}, q_length, kv_length, kv_length)
+    # Causal with keys < kv_length: a static cache's slots past the queries, invisible to all.
+    out: dict[str, Any] = {"causal": pattern["causal"]}
+    if pattern["window"] is not None:
+        out["window"] = pattern["window"]
+    packed, pad = pattern["packed"], None if padding is None else padding[:, :keys]
+    if packed is not None or pad is not None:
+        dev = packed.device if packed is not None else pad.device
+        if packed is not None:
+            packed = packed.to(torch.int64).expand(batch_size, -1)
+            q_seg, kv_seg = packed, packed
+        else:
+            q_seg = torch.zeros(batch_size, q_length, dtype=torch.int64, device=dev)
+            kv_seg = torch.zeros(batch_size, keys, dtype=torch.int64, device=dev)
+        if pad is not None:  # padded keys get an id no query has
+            kv_seg = torch.where(pad.to(dev), kv_seg, torch.full_like(kv_seg, -1))
+        out["segment_ids"] = (q_seg.contiguous(), kv_seg.contiguous())
+    return OpforgeMask(out, q_length, kv_length, keys)
+
+
+# ---- the attention function ---------------------------------------------------------------------
+
+
+def opforge_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    softcap: float | None = None,
+    sliding_window: int | None = None,
+    is_causal: bool | None = None,
+    **kwargs,
+) -> tuple[torch.Tensor, None]:
+    """transformers' attention interface for the "opforge" implementation: (B, S, H, D), None."""
+    if dropout and getattr(module, "training", False):
+        raise NotImplementedError(
+            f"{OP}: attention dropout ({dropout}) is not supported while training; set the config's "
+            "attention_dropout to 0 or use another attn_implementation"
+        )
+    if kwargs.get("output_attentions"):
+        raise ValueError(
+            f"{OP}: output_attentions=True needs the attention weights; use attn_implementation='eager'"
+        )
+    if isinstance(attention_mask, OpforgeMask):
+        kw = dict(attention_mask.kwargs)
+        if attention_mask.keys < key.shape[2]:
+            key, value = key[:, :, : attention_mask.keys], value[:, :, : attention_mask.keys]
+    elif attention_mask is None:
+        causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
+        kw = {"causal": bool(causal)}
+        if sliding_window and causal:
+            kw["window"] = (int(sliding_window) - 1, 0)
+    elif isinstance(attention_mask, torch.Tensor) and attention_mask.dim() == 4:
+        # A 4-D mask given to the model as is: bool, True = visible (SDPA's reading); float, added to
+        # the scores (eager's), so 0 = visible and the dtype's most negative values = masked.
+        m = attention_mask
+        if m.dtype != torch.bool:
+            low = torch.finfo(m.dtype).min / 2 if m.dtype.is_floating_point else -1
+            if not bool(((m == 0) | (m <= low)).all()):
+                raise ValueError(
+                    f"{OP}: a float attention_mask must hold 0 (visible) or large negative values (masked); "
+                    "opforge attention takes masks, not additive score biases"
+                )
+            m = m == 0
+        kw = {"mask": opforge.BlockMask.from_dense(m)}
+    else:
+        raise TypeError(
+            f"{OP}: attention_mask must come from the 'opforge' mask function (register()), be None or a "
+            f"4-D tensor, got {type(attention_mask).__name__}"
+        )
+    out = opforge.attention(query, key, value, scale=scaling, softcap=softcap or None, **kw)
+    return out.transpose(1, 2).contiguous(), None
+
+
+def register(name: str = NAME) -> None:
+    """Register opforge attention with transformers under ``name`` (idempotent)."""
+    if "flash" in name:
+        raise ValueError(
+            f"{OP}: the name must not contain 'flash' (transformers treats those as flash attention)"
+        )
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
+
+    AttentionInterface.register(name, opforge_attention)
+    AttentionMaskInterface.register(name, opforge_mask)

@@ -1,0 +1,291 @@
+"""opforge attention inside Hugging Face transformers models (small configs, random weights, CPU):
+the same logits as the models' eager / sdpa implementations in prefill, the same greedy tokens in
+generate(), left-padded batches, packed sequences, training gradients, the mask translation against
+transformers' own dense masks, and the errors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import transformers
+from transformers import masking_utils as mu
+
+import opforge
+import opforge.integrations.transformers as otf
+from opforge.masks import attention_mask
+
+otf.register()
+
+VOCAB = 96
+
+
+def small(kind: str):
+    """(model class, config) of a small model of each family: 2-4 layers, hidden 64, GQA 4/2."""
+    common = dict(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        pad_token_id=0,
+    )
+    if kind == "llama":
+        return transformers.LlamaForCausalLM, transformers.LlamaConfig(**common)
+    if kind == "mistral":
+        return transformers.MistralForCausalLM, transformers.MistralConfig(**common, sliding_window=12)
+    if kind == "qwen2":
+        return transformers.Qwen2ForCausalLM, transformers.Qwen2Config(**common)
+    if kind == "qwen3":
+        return transformers.Qwen3ForCausalLM, transformers.Qwen3Config(**common, head_dim=16)
+    if kind == "gemma2":
+        cfg = transformers.Gemma2Config(
+            **{**common, "num_hidden_layers": 4},
+            head_dim=16,
+            sliding_window=12,
+            query_pre_attn_scalar=16,
+            attn_logit_softcapping=20.0,
+            final_logit_softcapping=30.0,
+        )
+        return transformers.Gemma2ForCausalLM, cfg
+    raise ValueError(kind)
+
+
+MODELS = ["llama", "mistral", "qwen2", "qwen3", "gemma2"]
+
+
+def build(kind: str, impl: str, dtype=torch.float32):
+    cls, cfg = small(kind)
+    torch.manual_seed(0)  # the same random weights for every implementation
+    model = cls(cfg).to(dtype).eval()
+    model.set_attn_implementation(impl)
+    return model
+
+
+def peers(kind: str) -> list[str]:
+    return ["eager"] if kind == "gemma2" else ["eager", "sdpa"]  # (Gemma 2 has no sdpa: softcap)
+
+
+@pytest.fixture
+def masks_made(monkeypatch):
+    """Every OpforgeMask the mask function returns during the test."""
+    made = []
+    real = otf.opforge_mask
+
+    def spy(*args, **kwargs):
+        m = real(*args, **kwargs)
+        made.append(m)
+        return m
+
+    monkeypatch.setitem(mu.ALL_MASK_ATTENTION_FUNCTIONS._global_mapping, "opforge", spy)
+    return made
+
+
+def close(a: torch.Tensor, b: torch.Tensor, tol: float = 2e-5) -> bool:
+    return (a - b).abs().max().item() <= tol * max(1.0, b.abs().max().item())
+
+
+@pytest.mark.parametrize("kind", MODELS)
+def test_prefill_logits_match(kind, masks_made):
+    ids = torch.randint(1, VOCAB, (2, 40))  # longer than the sliding windows (12)
+    with torch.no_grad():
+        got = build(kind, "opforge")(ids).logits
+        for peer in peers(kind):
+            want = build(kind, peer)(ids).logits
+            assert close(got, want), (kind, peer, (got - want).abs().max().item())
+    # The models' masks are patterns opforge knows: no block mask was evaluated for them.
+    assert masks_made and all("mask" not in m.kwargs for m in masks_made)
+    if kind in ("mistral", "gemma2"):
+        assert any(m.kwargs.get("window") == (11, 0) for m in masks_made)
+
+
+@pytest.mark.parametrize("kind", MODELS)
+def test_generate_left_padded_batch(kind):
+    # Two prompts of 9 and 5 tokens, left-padded; 32 greedy steps (past the window of 12).
+    ids = torch.randint(1, VOCAB, (2, 9))
+    mask = torch.ones(2, 9, dtype=torch.long)
+    ids[1, :4] = 0
+    mask[1, :4] = 0
+    gen = dict(max_new_tokens=32, do_sample=False, pad_token_id=0)
+    got = build(kind, "opforge").generate(ids, attention_mask=mask, **gen)
+    for peer in peers(kind):
+        want = build(kind, peer).generate(ids, attention_mask=mask, **gen)
+        assert torch.equal(got, want), (kind, peer)
+    # Prefill logits of the padded batch at the real tokens, against eager.
+    with torch.no_grad():
+        a = build(kind, "opforge")(ids, attention_mask=mask).logits
+        b = build(kind, "eager")(ids, attention_mask=mask).logits
+    real = mask.bool()
+    assert close(a[real], b[real])
+
+
+@pytest.mark.parametrize("kind", ["llama", "mistral", "gemma2"])
+def test_generate_static_cache(kind):
+    ids = torch.randint(1, VOCAB, (2, 7))
+    gen = dict(max_new_tokens=24, do_sample=False, pad_token_id=0, cache_implementation="static")
+    got = build(kind, "opforge").generate(ids, attention_mask=torch.ones_like(ids), **gen)
+    want = build(kind, "eager").generate(ids, attention_mask=torch.ones_like(ids), **gen)
+    assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("kind", ["llama", "mistral", "gemma2"])
+def test_packed_sequences_match_one_by_one(kind, masks_made):
+    # DataCollatorWithFlattening-style input: three sequences in one row, positions restarting.
+    lengths = [11, 20, 7]
+    seqs = [torch.randint(1, VOCAB, (1, n)) for n in lengths]
+    ids = torch.cat(seqs, dim=1)
+    position_ids = torch.cat([torch.arange(n) for n in lengths])[None]
+    model = build(kind, "opforge")
+    with torch.no_grad():
+        packed = model(ids, position_ids=position_ids, use_cache=False).logits  # (as in training)
+        alone = torch.cat([model(s).logits for s in seqs], dim=1)
+    assert close(packed, alone)
+    assert any(isinstance(m.kwargs.get("segment_ids"), tuple) for m in masks_made)
+
+
+@pytest.mark.parametrize("kind", ["llama", "mistral", "gemma2"])
+def test_training_step_gradients_match(kind):
+    ids = torch.randint(1, VOCAB, (2, 30))
+    grads = {}
+    for impl in ("opforge", "eager"):
+        model = build(kind, impl, dtype=torch.float64).train()
+        loss = model(ids, labels=ids).loss
+        loss.backward()
+        grads[impl] = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+    assert grads["opforge"].keys() == grads["eager"].keys()
+    for name, g in grads["opforge"].items():  # (eager's softmax runs in float32)
+        assert close(g, grads["eager"][name], 1e-6), name
+
+
+def dense(m: otf.OpforgeMask, batch: int) -> torch.Tensor:
+    """The (B, 1, q_length, kv_length) bool mask an OpforgeMask stands for."""
+    kw = dict(m.kwargs)
+    got = attention_mask(batch, 1, m.q_length, m.keys, **kw)
+    out = torch.zeros(batch, 1, m.q_length, m.kv_length, dtype=torch.bool)
+    out[..., : m.keys] = got
+    return out
+
+
+GEOMETRIES = [
+    # (q_length, kv_length, q_offset, kv_offset): prefill, decode with a dynamic cache, chunked
+    # prefill, a full sliding-window cache (offset keys), a static cache's prefill and decode.
+    (16, 16, 0, 0),
+    (1, 23, 22, 0),
+    (5, 30, 25, 0),
+    (3, 14, 40, 29),
+    (9, 32, 0, 0),
+    (1, 32, 12, 0),
+]
+
+
+@pytest.mark.parametrize("geometry", GEOMETRIES, ids=str)
+@pytest.mark.parametrize(
+    "pattern", ["causal", "sliding", "bidirectional", "bidirectional sliding", "chunked"]
+)
+@pytest.mark.parametrize("padded", [False, True])
+def test_mask_translation_matches_transformers(pattern, geometry, padded):
+    q_length, kv_length, q_offset, kv_offset = geometry
+    B = 3
+    fn = {
+        "causal": mu.causal_mask_function,
+        "sliding": mu.sliding_window_causal_mask_function(6),
+        "bidirectional": mu.bidirectional_mask_function,
+        "bidirectional sliding": mu.sliding_window_bidirectional_mask_function(4),
+        "chunked": mu.chunked_causal_mask_function(5, torch.zeros(B, dtype=torch.long)),  # (not a pattern)
+    }[pattern]
+    am = None
+    if padded:
+        am = torch.ones(B, kv_offset + kv_length, dtype=torch.bool)
+        am[1, : kv_offset + 3] = False  # left padding
+        am[2, -2:] = False
+    args = dict(batch_size=B, q_length=q_length, kv_length=kv_length, q_offset=q_offset, kv_offset=kv_offset)
+    want = mu.sdpa_mask(**args, mask_function=fn, attention_mask=am, allow_is_causal_skip=False)
+    got = otf.opforge_mask(**args, mask_function=fn, attention_mask=am)
+    assert isinstance(got, otf.OpforgeMask)
+    # A band says the pattern unless it is not one (chunked), or keys past the queries' last one
+    # exist (a static cache) and the pattern is not causal.
+    keys = q_offset - kv_offset + q_length
+    banded = pattern != "chunked" and (keys == kv_length or pattern in ("causal", "sliding"))
+    assert ("mask" not in got.kwargs) == banded
+    assert torch.equal(dense(got, B), want.expand(B, 1, q_length, kv_length))
+
+
+def test_packed_mask_translation():
+    position_ids = torch.cat([torch.arange(n) for n in (4, 7, 3)])[None].expand(2, -1)
+    packed = mu.find_packed_sequence_indices(position_ids)
+    for base in (mu.causal_mask_function, mu.sliding_window_causal_mask_function(3)):
+        fn = mu.and_masks(
+            mu.remap_positions_for_packed_sequence(base, position_ids),
+            mu.packed_sequence_mask_function(packed),
+        )
+        args = dict(batch_size=2, q_length=14, kv_length=14)
+        want = mu.sdpa_mask(**args, mask_function=fn, allow_is_causal_skip=False)
+        got = otf.opforge_mask(**args, mask_function=fn)
+        assert "mask" not in got.kwargs and isinstance(got.kwargs["segment_ids"], tuple)
+        assert torch.equal(dense(got, 2), want)
+
+
+def test_unknown_mask_function_becomes_a_block_mask():
+    # A custom overlay (or_masks): evaluated once into an opforge.block_mask, never dropped.
+    def prefix4(b, h, q, kv):
+        return kv < 4
+
+    fn = mu.or_masks(mu.causal_mask_function, prefix4)
+    args = dict(batch_size=2, q_length=20, kv_length=20)
+    got = otf.opforge_mask(**args, mask_function=fn)
+    assert isinstance(got.kwargs["mask"], opforge.BlockMask)
+    want = mu.sdpa_mask(**args, mask_function=fn, allow_is_causal_skip=False)
+    assert torch.equal(dense(got, 2), want.expand(2, 1, 20, 20))
+
+
+def test_errors():
+    with pytest.raises(ValueError, match="must not contain 'flash'"):
+        otf.register("my_flash")
+    model = build("llama", "opforge").train()
+    model.config.attention_dropout = 0.1
+    for layer in model.model.layers:
+        layer.self_attn.attention_dropout = 0.1
+    ids = torch.randint(1, VOCAB, (1, 8))
+    with pytest.raises(NotImplementedError, match="attention dropout"):
+        model(ids)
+    attn = model.model.layers[0].self_attn
+    q = torch.randn(1, 4, 8, 16)
+    k = v = torch.randn(1, 2, 8, 16)
+    with pytest.raises(ValueError, match="output_attentions"):
+        otf.opforge_attention(attn.eval(), q, k, v, None, output_attentions=True)
+    with pytest.raises(TypeError, match="attention_mask must come from"):
+        otf.opforge_attention(attn, q, k, v, "causal")
+    with pytest.raises(ValueError, match="not additive score biases"):
+        otf.opforge_attention(attn, q, k, v, torch.randn(1, 1, 8, 8))
+
+
+def test_four_d_mask_given_by_the_user():
+    model = build("llama", "opforge")
+    ids = torch.randint(1, VOCAB, (2, 12))
+    allowed = torch.rand(2, 1, 12, 12) < 0.5
+    allowed |= torch.eye(12, dtype=torch.bool)  # every row sees itself
+    additive = torch.zeros(allowed.shape).masked_fill(~allowed, torch.finfo(torch.float32).min)
+    with torch.no_grad():
+        # bool: True = visible (as SDPA reads it); float: added to the scores (as eager adds it)
+        assert close(
+            model(ids, attention_mask=allowed).logits,
+            build("llama", "sdpa")(ids, attention_mask=allowed).logits,
+        )
+        assert close(
+            model(ids, attention_mask=additive).logits,
+            build("llama", "eager")(ids, attention_mask=additive).logits,
+        )
+
+
+def test_torch_compile_no_graph_break():
+    model = build("llama", "opforge")
+    ids = torch.randint(1, VOCAB, (2, 16))
+    with torch.no_grad():
+        want = model(ids).logits
+        explanation = torch._dynamo.explain(model)(ids)
+    assert explanation.graph_break_count == 0, explanation.break_reasons
+    torch._dynamo.reset()
+    compiled = torch.compile(model, fullgraph=True, backend="eager")
+    with torch.no_grad():
+        assert close(compiled(ids).logits, want)
