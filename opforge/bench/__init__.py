@@ -4,9 +4,10 @@ from opforge.bench.attention import SPEC as ATTENTION
 from opforge.bench.harness import Case, CaseBuilder, Spec
 from opforge.bench.matmul import SPEC as MATMUL
 from opforge.bench.nms import SPEC as NMS
+from opforge.bench.transformers import SPEC as TRANSFORMERS
 from opforge.bench.vector_add import SPEC as VECTOR_ADD
 from opforge.bench.video import SPEC as VIDEO
 
-SPECS: dict[str, Spec] = {spec.op: spec for spec in [VECTOR_ADD, NMS, MATMUL, VIDEO, ATTENTION]}
+SPECS: dict[str, Spec] = {spec.op: spec for spec in [VECTOR_ADD, NMS, MATMUL, VIDEO, ATTENTION, TRANSFORMERS]}
 
 __all__ = ["SPECS", "Case", "CaseBuilder", "Spec"]

@@ -47,6 +47,7 @@ class Case:
     bytes: int | None = None  # bytes one call must move through memory (for GB/s)
     flops: int | None = None  # floating-point operations of one call (for TFLOP/s)
     frames: int | None = None  # video frames one call processes (for frames/s)
+    tokens: int | None = None  # tokens one call processes or generates (for tokens/s)
     params: dict[str, Any] = field(default_factory=dict)
     # Entered around the check and the timing (a backend flag set for this case only), or None.
     context: Callable[[], AbstractContextManager[Any]] | None = None
@@ -194,6 +195,8 @@ def run_case(case: Case, timer: Callable[[Callable[[], Any]], float], rounds: in
             entry["tflops"] = case.flops / (ms * 1e-3) / 1e12
         if case.frames is not None:
             entry["fps"] = case.frames / (ms * 1e-3)
+        if case.tokens is not None:
+            entry["tps"] = case.tokens / (ms * 1e-3)
         row["impls"][name] = entry
     if first in row["impls"]:
         ours = row["impls"][first]["ms"]
@@ -262,6 +265,9 @@ def _fps(fps: float) -> str:
 
 
 def _metric(entry: dict[str, Any]) -> str:
+    if "tps" in entry:
+        tps = entry["tps"]
+        return f"{tps / 1e3:.1f}k tokens/s" if tps >= 1e4 else f"{tps:.0f} tokens/s"
     if "fps" in entry:
         rate = entry.get("gbps")
         return _fps(entry["fps"]) + (f", {rate:.0f} GB/s" if rate is not None and rate >= 10 else "")
@@ -380,7 +386,9 @@ def plot(result: dict[str, Any], path: str) -> bool:
         impls = list(dict.fromkeys(name for row in rows for name in row["impls"]))
         sample = rows[0]["impls"][next(iter(rows[0]["impls"]))]
         key, label = (
-            ("fps", "frames/s")
+            ("tps", "tokens/s")
+            if "tps" in sample
+            else ("fps", "frames/s")
             if "fps" in sample
             else ("tflops", "TFLOP/s")
             if "tflops" in sample
@@ -398,7 +406,7 @@ def plot(result: dict[str, Any], path: str) -> bool:
             for bar, row in zip(bars, rows, strict=True):
                 if row.get("cache_resident"):
                     bar.set_hatch("//")
-        if key in ("ms", "fps"):
+        if key in ("ms", "fps", "tps"):
             ax.set_yscale("log")
         if key == "gbps":
             handles.append(

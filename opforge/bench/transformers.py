@@ -1,0 +1,90 @@
+"""Benchmark spec for whole Hugging Face models on opforge attention, against the same model with
+transformers' eager, sdpa and flex_attention implementations, in the same run (tokens/s).
+
+CUDA (bfloat16): prefill of the issue's Mistral-type model (8 layers, hidden 2048, 16 / 8 heads,
+head dim 128, sliding window 512; B 4, S 4096). CPU (float32): a 2-layer Mistral-type model's
+prefill (B 1, S 1024). Random weights (no download)."""
+
+from __future__ import annotations
+
+from functools import partial
+
+import torch
+
+from opforge.bench.harness import Case, CaseBuilder, Spec
+
+
+def _mistral(layers: int, hidden: int, heads: int, kv_heads: int):
+    import transformers
+
+    return transformers.MistralConfig(
+        vocab_size=32000,
+        hidden_size=hidden,
+        intermediate_size=hidden * 7 // 2,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        head_dim=hidden // heads,
+        max_position_embeddings=32768,
+        sliding_window=512,
+    )
+
+
+def _prefill_case(device: torch.device, name: str, B: int, S: int, impls: list[str], **shape) -> Case:
+    import transformers
+
+    import opforge.integrations.transformers as otf
+
+    otf.register()
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    cfg = _mistral(**shape)
+    ids = torch.randint(0, cfg.vocab_size, (B, S), device=device)
+    models = {}
+    for impl in impls:
+        torch.manual_seed(0)  # the same weights for every implementation
+        model = transformers.MistralForCausalLM(cfg).to(device=device, dtype=dtype).eval()
+        model.set_attn_implementation(impl)
+        models[impl] = model
+
+    def forward(model):
+        with torch.no_grad():
+            # the last position's logits only (what prefill before generation needs)
+            return model(ids, use_cache=False, logits_to_keep=1).logits
+
+    fns = {impl: partial(forward, m) for impl, m in models.items()}
+
+    def check() -> str | None:
+        got, want = fns["opforge"]().float(), fns["sdpa"]().float()
+        err = (got - want).abs().max().item() / max(1.0, want.abs().max().item())
+        return None if err <= 5e-2 else f"logits differ from sdpa's by {err:.2e} (relative)"
+
+    return Case(
+        op="transformers",
+        name=f"{name} prefill B{B} S{S} {'bf16' if dtype == torch.bfloat16 else 'fp32'}",
+        impls=fns,
+        check=check,
+        tokens=B * S,
+        params={"model": name, "B": B, "S": S, **shape, "sliding_window": 512},
+    )
+
+
+def cases(device: torch.device, full: bool) -> list[CaseBuilder]:
+    if device.type == "cuda":
+        impls = ["opforge", "eager", "sdpa", "flex_attention"]
+        shape = dict(layers=8, hidden=2048, heads=16, kv_heads=8)
+        return [partial(_prefill_case, device, "Mistral-type 8L", 4, 4096 if full else 2048, impls, **shape)]
+    shape = dict(layers=2, hidden=256, heads=4, kv_heads=2)
+    return [
+        partial(
+            _prefill_case,
+            device,
+            "Mistral-type 2L",
+            1,
+            1024 if full else 512,
+            ["opforge", "eager", "sdpa"],
+            **shape,
+        )
+    ]
+
+
+SPEC = Spec(op="transformers", cases=cases)
