@@ -7,6 +7,7 @@ prefill (B 1, S 1024). Random weights (no download)."""
 
 from __future__ import annotations
 
+import copy
 from functools import partial
 
 import torch
@@ -42,7 +43,8 @@ def _prefill_case(device: torch.device, name: str, B: int, S: int, impls: list[s
     models = {}
     for impl in impls:
         torch.manual_seed(0)  # the same weights for every implementation
-        model = transformers.MistralForCausalLM(cfg).to(device=device, dtype=dtype).eval()
+        # (a config of its own: set_attn_implementation writes the implementation into it)
+        model = transformers.MistralForCausalLM(copy.deepcopy(cfg)).to(device=device, dtype=dtype).eval()
         model.set_attn_implementation(impl)
         models[impl] = model
 
@@ -54,6 +56,9 @@ def _prefill_case(device: torch.device, name: str, B: int, S: int, impls: list[s
     fns = {impl: partial(forward, m) for impl, m in models.items()}
 
     def check() -> str | None:
+        wrong = [impl for impl, m in models.items() if m.config._attn_implementation != impl]
+        if wrong:
+            return f"models not on their attention implementation: {wrong}"
         got, want = fns["opforge"]().float(), fns["sdpa"]().float()
         err = (got - want).abs().max().item() / max(1.0, want.abs().max().item())
         return None if err <= 5e-2 else f"logits differ from sdpa's by {err:.2e} (relative)"

@@ -148,6 +148,18 @@ def _offset(x) -> int:
     return int(x.item()) if isinstance(x, torch.Tensor) else int(x)
 
 
+_MU = None  # transformers.masking_utils, imported once (an import inside a traced function breaks the graph)
+
+
+def _masking_utils():
+    global _MU
+    if _MU is None:
+        from transformers import masking_utils
+
+        _MU = masking_utils
+    return _MU
+
+
 def opforge_mask(
     batch_size: int,
     q_length: int,
@@ -160,7 +172,7 @@ def opforge_mask(
     **kwargs,
 ) -> OpforgeMask:
     """transformers' mask interface for the "opforge" implementation (see the module's text)."""
-    from transformers import masking_utils as mu
+    mu = _MU if _MU is not None else _masking_utils()
 
     if isinstance(attention_mask, OpforgeMask):
         return attention_mask  # made in advance (generate() with a static cache), given back as the mask
@@ -276,5 +288,6 @@ def register(name: str = NAME) -> None:
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface
 
+    _masking_utils()
     AttentionInterface.register(name, opforge_attention)
     AttentionMaskInterface.register(name, opforge_mask)
