@@ -40,6 +40,14 @@ SHAPES = [
     (1, 2, 2, 150, 40, 8),
     (1, 3, 3, 200, 200, 64),
 ]
+# Decode: few queries (x the GQA group) against many keys (the CPU's decode path: the group's rows
+# together, the keys split into chunks merged afterwards); rows = Hq / Hkv * Sq up to 32.
+DECODE_SHAPES = [
+    (2, 4, 1, 1, 700, 64),
+    (1, 8, 2, 3, 1000, 40),
+    (2, 2, 2, 16, 300, 32),
+    (1, 32, 1, 1, 2000, 16),
+]
 TOL = {torch.float64: 1e-10, torch.float32: 2e-5}
 
 
@@ -84,7 +92,7 @@ def errors(got, want, low):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("shape", SHAPES, ids=str)
+@pytest.mark.parametrize("shape", SHAPES + DECODE_SHAPES, ids=str)
 @pytest.mark.parametrize("name", list(PATTERNS))
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16], ids=str)
 def test_forward_matches_reference(device, dtype, name, shape):
@@ -157,9 +165,10 @@ def test_gradcheck(name):
     assert torch.autograd.gradcheck(f, (q, k, v))
 
 
+@pytest.mark.parametrize("shape", [(2, 4, 2, 150, 140, 32), (2, 4, 2, 2, 600, 32)], ids=["tiles", "decode"])
 @pytest.mark.parametrize("name", list(PATTERNS))
-def test_gradients_match_reference(name):
-    B, Hq, Hkv, Sq, Sk, D = 2, 4, 2, 150, 140, 32
+def test_gradients_match_reference(name, shape):
+    B, Hq, Hkv, Sq, Sk, D = shape
     kw = pattern_kwargs(name, B, Hq, Sq, Sk)
     q, k, v = qkv(B, Hq, Hkv, Sq, Sk, D)
     go = torch.randn(B, Hq, Sq, D)

@@ -258,9 +258,69 @@ def _cuda_cases(device: torch.device, full: bool) -> list[CaseBuilder]:
     return builders
 
 
+def _decode_case(
+    device: torch.device, name: str, B: int, Hq: int, Hkv: int, cache: int, D: int, window: int
+) -> Case:
+    """One query token a sequence against a KV cache of ``cache`` positions (the decode step of
+    generation): GB/s count the K/V bytes the visible keys take, each KV head read once."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    q = torch.randn(B, Hq, 1, D, device=device, dtype=dtype)
+    k, v = (torch.randn(B, Hkv, cache, D, device=device, dtype=dtype) for _ in range(2))
+    kw = dict(causal=True, window=(window - 1, 0)) if window else dict(causal=True)
+    visible = min(window, cache) if window else cache
+    impls = {"opforge": lambda: opforge.attention(q, k, v, **kw)}
+    gqa = Hq != Hkv
+    if window:
+        keep = torch.zeros(1, 1, 1, cache, dtype=torch.bool, device=device)
+        keep[..., cache - window :] = True
+        impls["SDPA (window mask)"] = lambda: F.scaled_dot_product_attention(
+            q, k, v, attn_mask=keep, enable_gqa=gqa
+        )
+    else:
+        impls["SDPA"] = lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=gqa)
+    if device.type == "cuda":
+        start = cache - visible
+
+        def mask_mod(b, h, i, j):
+            return j >= start
+
+        flex_mask = create_block_mask(mask_mod, None, None, 1, cache, device=device, BLOCK_SIZE=128)
+        flex = _flex()
+        impls["FlexAttention"] = lambda: flex(q, k, v, block_mask=flex_mask, enable_gqa=gqa)
+
+    def check() -> str | None:
+        with torch.no_grad():
+            got = opforge.attention(q[:1], k[:1], v[:1], **kw).double()
+            want = reference.attention(q[:1].double(), k[:1].double(), v[:1].double(), **kw)
+            err = (got - want).abs().max().item()
+        return None if err <= 2e-2 else f"max error {err:.2e} against the float64 reference"
+
+    return Case(
+        op="attention",
+        name=f"decode {name} B{B} H{Hq}/{Hkv} cache {cache} D{D} {'bf16' if dtype == torch.bfloat16 else 'fp32'}",
+        impls=impls,
+        check=check,
+        bytes=2 * B * Hkv * visible * D * q.element_size(),
+        params={
+            "pattern": f"decode {name}",
+            "B": B,
+            "H": Hq,
+            "Hkv": Hkv,
+            "cache": cache,
+            "D": D,
+            "window": window,
+        },
+    )
+
+
 def cases(device: torch.device, full: bool) -> list[CaseBuilder]:
     if device.type == "cuda":
-        return _cuda_cases(device, full)
+        decode = [partial(_decode_case, device, "causal", 8, 32, 8, 32768, 128, 0)]
+        if full:
+            decode.append(partial(_decode_case, device, "sliding 4096", 1, 32, 8, 131072, 128, 4096))
+        return _cuda_cases(device, full) + decode
     builders = [
         partial(_case, device, "sliding 256", 1, 8, 2048, 64, dict(causal=True, window=(255, 0)), False),
         partial(_case, device, "causal", 1, 8, 2048, 64, dict(causal=True), False),
@@ -269,6 +329,8 @@ def cases(device: torch.device, full: bool) -> list[CaseBuilder]:
         builders += [
             partial(_case, device, "full", 1, 8, 2048, 64, {}, False),
             partial(_case, device, "causal", 1, 8, 2048, 64, dict(causal=True), True),
+            partial(_decode_case, device, "causal", 4, 8, 2, 32768, 64, 0),
+            partial(_decode_case, device, "sliding 4096", 1, 8, 2, 131072, 64, 4096),
         ]
     return builders
 

@@ -230,6 +230,164 @@ void forward_kernel(const AttentionParams& p) {
   });
 }
 
+// Decode: few query rows against a long KV cache (Sq x the GQA group <= kDecodeRows). A task is one
+// (batch, kv head, chunk of keys) and takes the group's query heads together, so that each K and V
+// row is read once for all of them (converted into a small float block; GEMM packing would move the
+// cache twice more for one query row). Key blocks the pattern leaves empty are never read (a sliding
+// window reads its last W keys). The chunks' partial softmax states (max, sum, output) merge in chunk
+// order afterwards: deterministic, and parallel over the keys when batch x kv heads is small.
+constexpr int64_t kDecodeRows = 32, kDecodeBlock = 128;
+
+bool use_decode(const AttentionParams& p) {
+  return p.pattern.sq * (p.heads / p.kv_heads) <= kDecodeRows && p.pattern.sk > 2 * kDecodeBlock;
+}
+
+template <typename A>
+void decode_scores(const A* q, int64_t rows, const A* k, int64_t cols, int64_t d, A* s) {
+  if constexpr (std::is_same_v<A, float>) {
+    softmax_row_fns(cpu_isa()).scores(q, rows, k, cols, d, s);
+  } else {
+    for (int64_t c = 0; c < cols; ++c)
+      for (int64_t r = 0; r < rows; ++r) {
+        A sum = 0;
+        for (int64_t i = 0; i < d; ++i) sum += q[r * d + i] * k[c * d + i];
+        s[r * cols + c] = sum;
+      }
+  }
+}
+
+template <typename A>
+void decode_accumulate(const A* pr, int64_t rows, const A* v, int64_t cols, int64_t d, A* o) {
+  if constexpr (std::is_same_v<A, float>) {
+    softmax_row_fns(cpu_isa()).accumulate(pr, rows, v, cols, d, o);
+  } else {
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < cols; ++c)
+        for (int64_t i = 0; i < d; ++i) o[r * d + i] += pr[r * cols + c] * v[c * d + i];
+  }
+}
+
+// Rows [0, n) of a (rows x d) block of x (row stride ss, element stride ds) into dst as A.
+template <typename T, typename A>
+void load_rows(const T* x, int64_t ss, int64_t ds, int64_t n, int64_t d, A* dst) {
+  for (int64_t r = 0; r < n; ++r) {
+    const T* row = x + r * ss;
+    A* out = dst + r * d;
+    if (ds == 1) {
+      for (int64_t i = 0; i < d; ++i) out[i] = static_cast<A>(row[i]);
+    } else {
+      for (int64_t i = 0; i < d; ++i) out[i] = static_cast<A>(row[i * ds]);
+    }
+  }
+}
+
+template <typename T>
+void decode_kernel(const AttentionParams& p) {
+  using A = acc_type<T>;
+  const AttentionPattern& pat = p.pattern;
+  const int64_t D = p.head_dim, Sq = pat.sq, Sk = pat.sk, group = p.heads / p.kv_heads, rows = group * Sq;
+  const int64_t blocks = (Sk + kDecodeBlock - 1) / kDecodeBlock, heads = p.batch * p.kv_heads;
+  // About four tasks a thread, each of at least four key blocks.
+  const int64_t threads = at::get_num_threads();
+  const int64_t want = std::min<int64_t>(std::max<int64_t>(1, (4 * threads + heads - 1) / heads), (blocks + 3) / 4);
+  const int64_t per_chunk = (blocks + want - 1) / want, chunks = (blocks + per_chunk - 1) / per_chunk;
+  const int64_t tasks = heads * chunks;
+  const int64_t flops = 4 * p.batch * p.heads * Sq * Sk * D;
+  const int64_t grain = flops < (int64_t{1} << 22) ? tasks : 1;
+  const A scale = static_cast<A>(p.scale), neg_inf = -std::numeric_limits<A>::infinity();
+  std::vector<A> part_o(tasks * rows * D), part_m(tasks * rows), part_l(tasks * rows);
+  at::parallel_for(0, tasks, grain, [&](int64_t begin, int64_t end) {
+    std::vector<A> qs(rows * D), kb(kDecodeBlock * D), vb(kDecodeBlock * D), sc(rows * kDecodeBlock);
+    std::vector<BlockKind> kinds(group);
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t c = task % chunks, bh = task / chunks, hk = bh % p.kv_heads, b = bh / p.kv_heads;
+      for (int64_t g = 0; g < group; ++g) {
+        const int64_t h = hk * group + g;
+        load_rows(at_<T>(p.q, b * p.q_bs + h * p.q_hs), p.q_ss, p.q_ds, Sq, D, qs.data() + g * Sq * D);
+      }
+      for (A& x : qs) x *= scale;
+      A* o = part_o.data() + task * rows * D;
+      A* m = part_m.data() + task * rows;
+      A* l = part_l.data() + task * rows;
+      std::fill(o, o + rows * D, A(0));
+      std::fill(m, m + rows, neg_inf);
+      std::fill(l, l + rows, A(0));
+      const SegmentRange q_range = segment_range(pat.q_segments, pat.q_seg_bs, b, 0, Sq);
+      const T* kbase = at_<T>(p.k, b * p.k_bs + hk * p.k_hs);
+      const T* vbase = at_<T>(p.v, b * p.v_bs + hk * p.v_hs);
+      for (int64_t blk = c * per_chunk; blk < std::min(blocks, (c + 1) * per_chunk); ++blk) {
+        const int64_t j0 = blk * kDecodeBlock, cols = std::min(kDecodeBlock, Sk - j0);
+        const SegmentRange kv_range =
+            pat.kv_segments ? segment_range(pat.kv_segments, pat.kv_seg_bs, b, j0, j0 + cols) : SegmentRange{};
+        bool any = false;
+        for (int64_t g = 0; g < group; ++g) {
+          kinds[g] = tile_kind(pat, b, hk * group + g, 0, Sq, j0, j0 + cols, q_range, kv_range);
+          any = any || kinds[g] != BlockKind::kEmpty;
+        }
+        if (!any) continue;
+        load_rows(kbase + j0 * p.k_ss, p.k_ss, p.k_ds, cols, D, kb.data());
+        decode_scores(qs.data(), rows, kb.data(), cols, D, sc.data());
+        for (int64_t g = 0; g < group; ++g) {
+          A* s = sc.data() + g * Sq * cols;
+          if (kinds[g] == BlockKind::kEmpty) {
+            std::fill(s, s + Sq * cols, neg_inf);
+          } else {
+            finish_scores<A>(p, kinds[g], b, hk * group + g, 0, Sq, j0, cols, cols, s, s, true);
+          }
+        }
+        for (int64_t r = 0; r < rows; ++r) {
+          A* row = sc.data() + r * cols;
+          const A mx = row_max(row, cols, m[r]);
+          if (mx == neg_inf) {  // nothing visible in this row yet
+            std::fill(row, row + cols, A(0));
+            continue;
+          }
+          const A alpha = std::exp(m[r] - mx);  // 0 for the first visible block (m = -inf)
+          l[r] = l[r] * alpha + exp_sum(row, cols, mx);
+          m[r] = mx;
+          for (int64_t d = 0; d < D; ++d) o[r * D + d] *= alpha;
+          if constexpr (!std::is_same_v<T, A>) {  // P rounded to the inputs' type, as the tiled path does
+            for (int64_t cc = 0; cc < cols; ++cc) row[cc] = static_cast<A>(static_cast<T>(row[cc]));
+          }
+        }
+        load_rows(vbase + j0 * p.v_ss, p.v_ss, p.v_ds, cols, D, vb.data());
+        decode_accumulate(sc.data(), rows, vb.data(), cols, D, o);
+      }
+    }
+  });
+  // Merge the chunks of each (batch, kv head), in chunk order.
+  at::parallel_for(0, heads * rows, grain == tasks ? heads * rows : 16, [&](int64_t begin, int64_t end) {
+    std::vector<A> acc(D);
+    for (int64_t idx = begin; idx < end; ++idx) {
+      const int64_t r = idx % rows, bh = idx / rows, hk = bh % p.kv_heads, b = bh / p.kv_heads;
+      const int64_t g = r / Sq, i = r % Sq, h = hk * group + g;
+      A mx = neg_inf;
+      for (int64_t c = 0; c < chunks; ++c) mx = std::max(mx, part_m[(bh * chunks + c) * rows + r]);
+      T* out = static_cast<T*>(p.out) + b * p.o_bs + h * p.o_hs + i * p.o_ss;
+      A* lse = static_cast<A*>(p.lse) + (b * p.heads + h) * Sq + i;
+      if (mx == neg_inf) {  // a row with nothing visible: zeros and an LSE of -inf
+        for (int64_t d = 0; d < D; ++d) out[d] = static_cast<T>(0);
+        *lse = neg_inf;
+        continue;
+      }
+      std::fill(acc.begin(), acc.end(), A(0));
+      A sum = 0;
+      for (int64_t c = 0; c < chunks; ++c) {
+        const int64_t t = bh * chunks + c;
+        const A mc = part_m[t * rows + r];
+        if (mc == neg_inf) continue;
+        const A w = std::exp(mc - mx);
+        sum += w * part_l[t * rows + r];
+        const A* oc = part_o.data() + (t * rows + r) * D;
+        for (int64_t d = 0; d < D; ++d) acc[d] += w * oc[d];
+      }
+      const A inv = A(1) / sum;
+      for (int64_t d = 0; d < D; ++d) out[d] = static_cast<T>(acc[d] * inv);
+      *lse = mx + std::log(sum);
+    }
+  });
+}
+
 // P of a tile from the forward's LSE (0 where masked or for a row with nothing visible).
 template <typename A>
 void probabilities(int64_t rows, int64_t cols, int64_t ld, const A* lse, A* s) {
@@ -433,8 +591,13 @@ std::tuple<at::Tensor, at::Tensor> attention_cpu(const at::Tensor& q, const at::
   if (out.numel() == 0) return {out, lse.fill_(-std::numeric_limits<double>::infinity())};
   const AttentionPlan plan = plan_attention(q, k, v, out, lse, scale, softcap, args);
   check_mask_values(plan.params.pattern, mask_bits ? mask_bits->size(0) : 0);
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, q.scalar_type(), "opforge.attention",
-                                  [&] { forward_kernel<scalar_t>(plan.params); });
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, q.scalar_type(), "opforge.attention", [&] {
+    if (use_decode(plan.params)) {
+      decode_kernel<scalar_t>(plan.params);
+    } else {
+      forward_kernel<scalar_t>(plan.params);
+    }
+  });
   return {out, lse};
 }
 

@@ -46,9 +46,43 @@ float exp_rows(float* x, int64_t n, float m) {
 float exp_sum(float* x, int64_t n, float m) { return exp_rows<true>(x, n, m); }
 void exp_only(float* x, int64_t n, float m) { exp_rows<false>(x, n, m); }
 
+float dot(const float* a, const float* b, int64_t d) {
+  Vec acc(0.0f);
+  int64_t i = 0;
+  for (; i + Vec::size() <= d; i += Vec::size()) acc = at::vec::fmadd(Vec::loadu(a + i), Vec::loadu(b + i), acc);
+  float sum = at::vec::vec_reduce_all<float>([](Vec& x, Vec& y) { return x + y; }, acc);
+  for (; i < d; ++i) sum += a[i] * b[i];
+  return sum;
+}
+
+void scores(const float* q, int64_t rows, const float* k, int64_t cols, int64_t d, float* s) {
+  for (int64_t c = 0; c < cols; ++c) {
+    const float* kc = k + c * d;
+    for (int64_t r = 0; r < rows; ++r) s[r * cols + c] = dot(q + r * d, kc, d);
+  }
+}
+
+void accumulate(const float* p, int64_t rows, const float* v, int64_t cols, int64_t d, float* o) {
+  for (int64_t r = 0; r < rows; ++r) {
+    float* orow = o + r * d;
+    const float* prow = p + r * cols;
+    for (int64_t c = 0; c < cols; ++c) {
+      const float w = prow[c];
+      if (w == 0.0f) continue;  // (masked keys)
+      const float* vc = v + c * d;
+      const Vec vw(w);
+      int64_t i = 0;
+      for (; i + Vec::size() <= d; i += Vec::size()) {
+        at::vec::fmadd(vw, Vec::loadu(vc + i), Vec::loadu(orow + i)).store(orow + i);
+      }
+      for (; i < d; ++i) orow[i] += w * vc[i];
+    }
+  }
+}
+
 }  // namespace
 
-SoftmaxRowFns softmax_row_fns() { return {&row_max, &exp_sum, &exp_only}; }
+SoftmaxRowFns softmax_row_fns() { return {&row_max, &exp_sum, &exp_only, &scores, &accumulate}; }
 
 }  // namespace OPFORGE_CPU_VARIANT_NS
 }  // namespace opforge
