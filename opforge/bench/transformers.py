@@ -73,23 +73,71 @@ def _prefill_case(device: torch.device, name: str, B: int, S: int, impls: list[s
     )
 
 
+def _generate_case(
+    device: torch.device, name: str, B: int, prompt: int, new: int, impls: list[str], static: bool, **shape
+) -> Case:
+    """generate(): a prompt of `prompt` tokens and `new` greedy tokens (forced: no early stop);
+    tokens/s count the new tokens."""
+    import transformers
+
+    import opforge.integrations.transformers as otf
+
+    otf.register()
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    cfg = _mistral(**shape)
+    ids = torch.randint(0, cfg.vocab_size, (B, prompt), device=device)
+    attn = torch.ones_like(ids)
+    models = {}
+    for impl in impls:
+        torch.manual_seed(0)
+        model = transformers.MistralForCausalLM(copy.deepcopy(cfg)).to(device=device, dtype=dtype).eval()
+        model.set_attn_implementation(impl)
+        models[impl] = model
+    gen = dict(max_new_tokens=new, min_new_tokens=new, do_sample=False, pad_token_id=0)
+    if static:
+        gen["cache_implementation"] = "static"
+
+    def generate(model):
+        with torch.no_grad():
+            return model.generate(ids, attention_mask=attn, **gen)
+
+    fns = {impl: partial(generate, m) for impl, m in models.items()}
+
+    def check() -> str | None:
+        wrong = [impl for impl, m in models.items() if m.config._attn_implementation != impl]
+        if wrong:
+            return f"models not on their attention implementation: {wrong}"
+        got, want = fns["opforge"](), fns["sdpa"]()
+        same = (got[:, prompt:] == want[:, prompt:]).float().mean().item()
+        # (bf16: greedy paths may part at a near-tie; most tokens must agree)
+        return None if same >= 0.5 else f"only {same:.0%} of the new tokens agree with sdpa's"
+
+    return Case(
+        op="transformers",
+        name=f"{name} generate B{B} prompt {prompt} + {new}{' static' if static else ''}",
+        impls=fns,
+        check=check,
+        tokens=B * new,
+        params={"model": name, "B": B, "prompt": prompt, "new": new, "static_cache": static, **shape},
+    )
+
+
 def cases(device: torch.device, full: bool) -> list[CaseBuilder]:
     if device.type == "cuda":
-        impls = ["opforge", "eager", "sdpa", "flex_attention"]
         shape = dict(layers=8, hidden=2048, heads=16, kv_heads=8)
-        return [partial(_prefill_case, device, "Mistral-type 8L", 4, 4096 if full else 2048, impls, **shape)]
+        name, both = "Mistral-type 8L", ["opforge", "sdpa"]
+        prefill_impls = ["opforge", "eager", "sdpa", "flex_attention"]
+        out = [partial(_prefill_case, device, name, 4, 4096 if full else 2048, prefill_impls, **shape)]
+        if full:  # generate() with a static cache: 2048 + 256, and the long-context 32k + 256
+            out.append(partial(_generate_case, device, name, 4, 2048, 256, both, True, **shape))
+            out.append(partial(_generate_case, device, name, 1, 32768, 256, both, True, **shape))
+        return out
     shape = dict(layers=2, hidden=256, heads=4, kv_heads=2)
-    return [
-        partial(
-            _prefill_case,
-            device,
-            "Mistral-type 2L",
-            1,
-            1024 if full else 512,
-            ["opforge", "eager", "sdpa"],
-            **shape,
-        )
-    ]
+    name, impls = "Mistral-type 2L", ["opforge", "eager", "sdpa"]
+    out = [partial(_prefill_case, device, name, 1, 1024 if full else 512, impls, **shape)]
+    if full:
+        out.append(partial(_generate_case, device, name, 2, 512, 32, impls, True, **shape))
+    return out
 
 
 SPEC = Spec(op="transformers", cases=cases)
