@@ -58,7 +58,8 @@ def _worker(rank: int, port: int, mode: str, out_dir: str) -> None:
         if mode == "ddp":
             wrapped = torch.nn.parallel.DistributedDataParallel(model)
             wrapped(ids, labels=ids).loss.backward()
-            grads = {n: p.grad for n, p in model.named_parameters()}
+            grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+            del wrapped
         else:
             from torch.distributed.device_mesh import init_device_mesh
             from torch.distributed.fsdp import fully_shard
@@ -71,6 +72,10 @@ def _worker(rank: int, port: int, mode: str, out_dir: str) -> None:
             grads = {n: p.grad.full_tensor() for n, p in model.named_parameters()}
         if rank == 0:
             torch.save(grads, os.path.join(out_dir, "grads.pt"))
+        # Both ranks done with every collective before either tears the group down (a rank that
+        # left early once ended the other's gloo thread with std::terminate).
+        dist.barrier()
+        del model, grads
     finally:
         dist.destroy_process_group()
 
