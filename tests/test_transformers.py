@@ -37,6 +37,11 @@ def small(kind: str):
         return transformers.MistralForCausalLM, transformers.MistralConfig(**common, sliding_window=12)
     if kind == "qwen2":
         return transformers.Qwen2ForCausalLM, transformers.Qwen2Config(**common)
+    if kind == "qwen2-sliding":  # sliding-window layers from max_window_layers on
+        cfg = transformers.Qwen2Config(
+            **common, use_sliding_window=True, sliding_window=12, max_window_layers=1
+        )
+        return transformers.Qwen2ForCausalLM, cfg
     if kind == "qwen3":
         return transformers.Qwen3ForCausalLM, transformers.Qwen3Config(**common, head_dim=16)
     if kind == "gemma2":
@@ -52,7 +57,7 @@ def small(kind: str):
     raise ValueError(kind)
 
 
-MODELS = ["llama", "mistral", "qwen2", "qwen3", "gemma2"]
+MODELS = ["llama", "mistral", "qwen2", "qwen2-sliding", "qwen3", "gemma2"]
 
 
 def build(kind: str, impl: str, dtype=torch.float32):
@@ -96,8 +101,19 @@ def test_prefill_logits_match(kind, masks_made):
             assert close(got, want), (kind, peer, (got - want).abs().max().item())
     # The models' masks are patterns opforge knows: no block mask was evaluated for them.
     assert masks_made and all("mask" not in m.kwargs for m in masks_made)
-    if kind in ("mistral", "gemma2"):
+    if kind in ("mistral", "gemma2", "qwen2-sliding"):
         assert any(m.kwargs.get("window") == (11, 0) for m in masks_made)
+
+
+@pytest.mark.parametrize("kind", ["llama", "gemma2"])
+def test_prefill_bfloat16(kind):
+    # bf16 weights and activations: as close to a float32 reference as the peers' bf16 logits.
+    ids = torch.randint(1, VOCAB, (2, 40))
+    with torch.no_grad():
+        ref = build(kind, "eager")(ids).logits
+        got = build(kind, "opforge", torch.bfloat16)(ids).logits.float()
+        low = build(kind, peers(kind)[-1], torch.bfloat16)(ids).logits.float()
+    assert (got - ref).abs().max() <= 2 * (low - ref).abs().max() + 1e-2
 
 
 @pytest.mark.parametrize("kind", MODELS)
@@ -126,6 +142,23 @@ def test_generate_static_cache(kind):
     gen = dict(max_new_tokens=24, do_sample=False, pad_token_id=0, cache_implementation="static")
     got = build(kind, "opforge").generate(ids, attention_mask=torch.ones_like(ids), **gen)
     want = build(kind, "eager").generate(ids, attention_mask=torch.ones_like(ids), **gen)
+    assert torch.equal(got, want)
+
+
+def test_generate_static_cache_compiled():
+    # generate()'s own torch.compile of the forward (as on GPUs with a static cache), here forced on
+    # the CPU with dynamo's eager backend: the same tokens as eager attention.
+    ids = torch.randint(1, VOCAB, (2, 7))
+    cfg = transformers.CompileConfig(backend="eager")
+    cfg._compile_all_devices = True
+    gen = dict(max_new_tokens=12, do_sample=False, pad_token_id=0, cache_implementation="static")
+    torch._dynamo.reset()
+    got = build("mistral", "opforge").generate(
+        ids, attention_mask=torch.ones_like(ids), compile_config=cfg, **gen
+    )
+    torch._dynamo.reset()
+    want = build("mistral", "eager").generate(ids, attention_mask=torch.ones_like(ids), **gen)
+    torch._dynamo.reset()
     assert torch.equal(got, want)
 
 
