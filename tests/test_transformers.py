@@ -258,6 +258,22 @@ def test_packed_mask_translation():
         assert torch.equal(dense(got, 2), want)
 
 
+def test_look_alike_mask_function_is_not_taken_for_a_pattern():
+    # A function of another module that happens to share transformers' closure names.
+    def sliding_window_overlay(sliding_window):
+        def inner_mask(b, h, q, kv):
+            return (kv > q - sliding_window) & ((q + kv) % 3 != 0)
+
+        inner_mask.__qualname__ = "sliding_window_overlay.<locals>.inner_mask"  # transformers' name
+        return inner_mask
+
+    fn = mu.and_masks(sliding_window_overlay(5), mu.causal_mask_function)
+    args = dict(batch_size=1, q_length=24, kv_length=24)
+    got = otf.opforge_mask(**args, mask_function=fn)
+    assert "mask" in got.kwargs
+    assert torch.equal(dense(got, 1), mu.sdpa_mask(**args, mask_function=fn, allow_is_causal_skip=False))
+
+
 def test_unknown_mask_function_becomes_a_block_mask():
     # A custom overlay (or_masks): evaluated once into an opforge.block_mask, never dropped.
     def prefix4(b, h, q, kv):

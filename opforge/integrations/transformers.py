@@ -70,9 +70,14 @@ def _closure(fn) -> dict[str, Any]:
     return {n: c.cell_contents for n, c in zip(names, cells, strict=False)}
 
 
+def _ours(fn, mu, qualname: str) -> bool:
+    """fn is the closure `qualname` of transformers' masking_utils (not a look-alike elsewhere)."""
+    return getattr(fn, "__qualname__", "") == qualname and getattr(fn, "__module__", "") == mu.__name__
+
+
 def _parts(fn, mu) -> list | None:
     """The conjuncts of transformers' and_masks(...) trees (fn itself when it is no and_mask)."""
-    if getattr(fn, "__qualname__", "") == "and_masks.<locals>.and_mask":
+    if _ours(fn, mu, "and_masks.<locals>.and_mask"):
         out = []
         for part in _closure(fn).get("mask_functions", ()):
             sub = _parts(part, mu)
@@ -96,17 +101,16 @@ def _recognise(mask_function, mu) -> dict[str, Any] | None:
 
     def base(fn) -> bool:
         nonlocal left, right, seen_base
-        qual = getattr(fn, "__qualname__", "")
         if fn is mu.causal_mask_function:
             out["causal"] = True
         elif fn is mu.bidirectional_mask_function:
             pass
-        elif qual == "sliding_window_overlay.<locals>.inner_mask":
+        elif _ours(fn, mu, "sliding_window_overlay.<locals>.inner_mask"):
             w = _closure(fn).get("sliding_window")
             if not isinstance(w, int) or w < 1:
                 return False
             left = w - 1 if left is None else min(left, w - 1)  # kv > q - w
-        elif qual == "sliding_window_bidirectional_overlay.<locals>.inner_mask":
+        elif _ours(fn, mu, "sliding_window_bidirectional_overlay.<locals>.inner_mask"):
             w = _closure(fn).get("sliding_window")
             if not isinstance(w, int) or w < 0:
                 return False
@@ -118,13 +122,12 @@ def _recognise(mask_function, mu) -> dict[str, Any] | None:
         return True
 
     for fn in parts:
-        qual = getattr(fn, "__qualname__", "")
-        if qual == "packed_sequence_mask_function.<locals>.inner_mask":
+        if _ours(fn, mu, "packed_sequence_mask_function.<locals>.inner_mask"):
             seg = _closure(fn).get("packed_sequence_mask")
             if not isinstance(seg, torch.Tensor) or seg.dim() != 2 or out["packed"] is not None:
                 return None
             out["packed"] = seg
-        elif qual == "remap_positions_for_packed_sequence.<locals>.inner_mask":
+        elif _ours(fn, mu, "remap_positions_for_packed_sequence.<locals>.inner_mask"):
             # Positions restart at each packed sequence and run on by one inside it (that is how
             # transformers finds the sequences), so the remapped pattern is the plain one within
             # each sequence: valid only together with the packed-sequence segments.
