@@ -1,9 +1,11 @@
 """Benchmark spec for whole Hugging Face models on opforge attention, against the same model with
-transformers' eager, sdpa and flex_attention implementations, in the same run (tokens/s).
+transformers' eager, sdpa and flex_attention implementations, in the same run (tokens/s; on CUDA
+each implementation's peak memory of one call in the row's params).
 
-CUDA (bfloat16): prefill of the issue's Mistral-type model (8 layers, hidden 2048, 16 / 8 heads,
-head dim 128, sliding window 512; B 4, S 4096). CPU (float32): a 2-layer Mistral-type model's
-prefill (B 1, S 1024). Random weights (no download)."""
+CUDA (bfloat16), the issue's Mistral-type model (8 layers, hidden 2048, 16 / 8 heads, head dim 128,
+sliding window 512): prefill at B 4, S 4096; full mode adds generate() with a static cache
+(2048 + 256 tokens, B 4; 32k + 256, B 1) and the prefills of those prompts (their time to first
+token). CPU (float32): a 2-layer model's prefill and generate(). Random weights (no download)."""
 
 from __future__ import annotations
 
@@ -29,6 +31,20 @@ def _mistral(layers: int, hidden: int, heads: int, kv_heads: int):
         max_position_embeddings=32768,
         sliding_window=512,
     )
+
+
+def _peak_memory(fns: dict, device: torch.device) -> dict[str, float]:
+    """Each implementation's peak CUDA memory (MiB) over one call (CUDA only)."""
+    if device.type != "cuda":
+        return {}
+    out = {}
+    for impl, fn in fns.items():
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        fn()
+        torch.cuda.synchronize(device)
+        out[impl] = round(torch.cuda.max_memory_allocated(device) / 2**20)
+    return out
 
 
 def _prefill_case(device: torch.device, name: str, B: int, S: int, impls: list[str], **shape) -> Case:
@@ -61,15 +77,19 @@ def _prefill_case(device: torch.device, name: str, B: int, S: int, impls: list[s
             return f"models not on their attention implementation: {wrong}"
         got, want = fns["opforge"]().float(), fns["sdpa"]().float()
         err = (got - want).abs().max().item() / max(1.0, want.abs().max().item())
-        return None if err <= 5e-2 else f"logits differ from sdpa's by {err:.2e} (relative)"
+        if err > 5e-2:
+            return f"logits differ from sdpa's by {err:.2e} (relative)"
+        params["peak memory MiB"] = _peak_memory(fns, device)
+        return None
 
+    params = {"model": name, "B": B, "S": S, **shape, "sliding_window": 512}
     return Case(
         op="transformers",
         name=f"{name} prefill B{B} S{S} {'bf16' if dtype == torch.bfloat16 else 'fp32'}",
         impls=fns,
         check=check,
         tokens=B * S,
-        params={"model": name, "B": B, "S": S, **shape, "sliding_window": 512},
+        params=params,
     )
 
 
@@ -110,15 +130,19 @@ def _generate_case(
         got, want = fns["opforge"](), fns["sdpa"]()
         same = (got[:, prompt:] == want[:, prompt:]).float().mean().item()
         # (bf16: greedy paths may part at a near-tie; most tokens must agree)
-        return None if same >= 0.5 else f"only {same:.0%} of the new tokens agree with sdpa's"
+        if same < 0.5:
+            return f"only {same:.0%} of the new tokens agree with sdpa's"
+        params["peak memory MiB"] = _peak_memory(fns, device)
+        return None
 
+    params = {"model": name, "B": B, "prompt": prompt, "new": new, "static_cache": static, **shape}
     return Case(
         op="transformers",
         name=f"{name} generate B{B} prompt {prompt} + {new}{' static' if static else ''}",
         impls=fns,
         check=check,
         tokens=B * new,
-        params={"model": name, "B": B, "prompt": prompt, "new": new, "static_cache": static, **shape},
+        params=params,
     )
 
 
@@ -128,8 +152,11 @@ def cases(device: torch.device, full: bool) -> list[CaseBuilder]:
         name, both = "Mistral-type 8L", ["opforge", "sdpa"]
         prefill_impls = ["opforge", "eager", "sdpa", "flex_attention"]
         out = [partial(_prefill_case, device, name, 4, 4096 if full else 2048, prefill_impls, **shape)]
-        if full:  # generate() with a static cache: 2048 + 256, and the long-context 32k + 256
+        if full:  # generate() with a static cache: 2048 + 256, the long-context 32k + 256, their prefills
+            long_prefill = ["opforge", "sdpa", "flex_attention"]  # (eager's 32k x 32k scores: 64 GiB a layer)
+            out.append(partial(_prefill_case, device, name, 4, 2048, both, **shape))
             out.append(partial(_generate_case, device, name, 4, 2048, 256, both, True, **shape))
+            out.append(partial(_prefill_case, device, name, 1, 32768, long_prefill, **shape))
             out.append(partial(_generate_case, device, name, 1, 32768, 256, both, True, **shape))
         return out
     shape = dict(layers=2, hidden=256, heads=4, kv_heads=2)
