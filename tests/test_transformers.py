@@ -152,14 +152,15 @@ def test_generate_static_cache_compiled():
     cfg = transformers.CompileConfig(backend="eager")
     cfg._compile_all_devices = True
     gen = dict(max_new_tokens=12, do_sample=False, pad_token_id=0, cache_implementation="static")
-    torch._dynamo.reset()
-    got = build("mistral", "opforge").generate(
-        ids, attention_mask=torch.ones_like(ids), compile_config=cfg, **gen
-    )
-    torch._dynamo.reset()
-    want = build("mistral", "eager").generate(ids, attention_mask=torch.ones_like(ids), **gen)
-    torch._dynamo.reset()
-    assert torch.equal(got, want)
+    for kind in ("llama", "mistral"):  # (causal: the device-only decode mask; sliding: the general one)
+        torch._dynamo.reset()
+        got = build(kind, "opforge").generate(
+            ids, attention_mask=torch.ones_like(ids), compile_config=cfg, **gen
+        )
+        torch._dynamo.reset()
+        want = build(kind, "eager").generate(ids, attention_mask=torch.ones_like(ids), **gen)
+        torch._dynamo.reset()
+        assert torch.equal(got, want), kind
 
 
 @pytest.mark.parametrize("kind", ["llama", "mistral", "gemma2"])
@@ -242,6 +243,22 @@ def test_mask_translation_matches_transformers(pattern, geometry, padded):
     banded = pattern != "chunked" and (keys == kv_length or pattern in ("causal", "sliding"))
     assert ("mask" not in got.kwargs) == banded
     assert torch.equal(dense(got, B), want.expand(B, 1, q_length, kv_length))
+
+
+@pytest.mark.parametrize("padded", [False, True])
+def test_static_cache_decode_mask_reads_nothing_on_the_host(padded):
+    # A static cache's decode step: q_offset a tensor; the mask from device tensors (no slicing).
+    B, kv_length, q_offset = 2, 32, torch.tensor(12)
+    am = torch.ones(B, 13, dtype=torch.bool)
+    if padded:
+        am[1, :4] = False
+    args = dict(batch_size=B, q_length=1, kv_length=kv_length, q_offset=q_offset, kv_offset=0)
+    got = otf.opforge_mask(**args, mask_function=mu.causal_mask_function, attention_mask=am)
+    assert got.keys == kv_length and got.kwargs["causal"] is False
+    want = mu.sdpa_mask(
+        **args, mask_function=mu.causal_mask_function, attention_mask=am, allow_is_causal_skip=False
+    )
+    assert torch.equal(dense(got, B), want.expand(B, 1, 1, kv_length))
 
 
 def test_packed_mask_translation():

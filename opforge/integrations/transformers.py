@@ -163,6 +163,33 @@ def _masking_utils():
     return _MU
 
 
+def _static_decode_mask(
+    mu, batch_size, kv_length, q_offset, kv_offset, mask_function, attention_mask, device
+):
+    """One query of a causal model against a static cache, from device tensors alone: the written
+    slots (before q_offset + 1) that padding leaves form the segment the query sees, the rest
+    another (their tiles are skipped), so that the step needs no host read and a CUDA graph can
+    replay it. None for other patterns (windows need the query's position: the general path)."""
+    pattern = _recognise(mask_function, mu)
+    if (
+        pattern is None
+        or not pattern["causal"]
+        or pattern["window"] is not None
+        or pattern["packed"] is not None
+    ):
+        return None
+    keys = q_offset.to(device) - kv_offset + 1
+    seen = torch.arange(kv_length, device=device)[None, :] < keys
+    if attention_mask is not None:
+        pad = mu.prepare_padding_mask(
+            attention_mask.to(device=device, dtype=torch.bool), kv_length, kv_offset
+        )
+        seen = seen & pad[:, kv_offset : kv_offset + kv_length]
+    kv_seg = torch.where(seen, 0, -1).to(torch.int64).expand(batch_size, kv_length).contiguous()
+    q_seg = torch.zeros(batch_size, 1, dtype=torch.int64, device=device)
+    return OpforgeMask({"causal": False, "segment_ids": (q_seg, kv_seg)}, 1, kv_length, kv_length)
+
+
 def opforge_mask(
     batch_size: int,
     q_length: int,
@@ -181,7 +208,15 @@ def opforge_mask(
         return attention_mask  # made in advance (generate() with a static cache), given back as the mask
     if mask_function is None:
         mask_function = mu.causal_mask_function
-    q_offset, kv_offset = _offset(q_offset), int(kv_offset)
+    kv_offset = int(kv_offset)
+    if isinstance(q_offset, torch.Tensor) and q_length == 1:
+        # A static cache's decode step (its offset a device tensor): read nothing on the host.
+        step = _static_decode_mask(
+            mu, batch_size, kv_length, q_offset, kv_offset, mask_function, attention_mask, device
+        )
+        if step is not None:
+            return step
+    q_offset = _offset(q_offset)
     padding = None
     if attention_mask is not None:
         padding = mu.prepare_padding_mask(
