@@ -343,6 +343,15 @@ def test_four_d_mask_given_by_the_user():
         )
 
 
+def test_four_d_mask_classified_once_a_forward():
+    allowed = torch.rand(1, 1, 40, 40) < 0.5
+    first = otf._block_mask_of(allowed)
+    assert otf._block_mask_of(allowed) is first  # (every layer gets the same tensor)
+    allowed[..., :5] = ~allowed[..., :5]  # changed in place: classified again
+    again = otf._block_mask_of(allowed)
+    assert again is not first and torch.equal(again.to_dense(), allowed)
+
+
 def test_torch_compile_no_graph_break():
     model = build("llama", "opforge")
     ids = torch.randint(1, VOCAB, (2, 16))

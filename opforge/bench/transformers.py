@@ -47,7 +47,9 @@ def _peak_memory(fns: dict, device: torch.device) -> dict[str, float]:
     return out
 
 
-def _prefill_case(device: torch.device, name: str, B: int, S: int, impls: list[str], **shape) -> Case:
+def _models(device: torch.device, shape: dict, impls: list[str]):
+    """(config, {impl: model}): one model an implementation, the same random weights (bf16 on
+    CUDA, fp32 on the CPU)."""
     import transformers
 
     import opforge.integrations.transformers as otf
@@ -55,14 +57,24 @@ def _prefill_case(device: torch.device, name: str, B: int, S: int, impls: list[s
     otf.register()
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     cfg = _mistral(**shape)
-    ids = torch.randint(0, cfg.vocab_size, (B, S), device=device)
     models = {}
     for impl in impls:
-        torch.manual_seed(0)  # the same weights for every implementation
+        torch.manual_seed(0)
         # (a config of its own: set_attn_implementation writes the implementation into it)
         model = transformers.MistralForCausalLM(copy.deepcopy(cfg)).to(device=device, dtype=dtype).eval()
         model.set_attn_implementation(impl)
         models[impl] = model
+    return cfg, models
+
+
+def _off_implementation(models: dict) -> str | None:
+    wrong = [impl for impl, m in models.items() if m.config._attn_implementation != impl]
+    return f"models not on their attention implementation: {wrong}" if wrong else None
+
+
+def _prefill_case(device: torch.device, name: str, B: int, S: int, impls: list[str], **shape) -> Case:
+    cfg, models = _models(device, shape, impls)
+    ids = torch.randint(0, cfg.vocab_size, (B, S), device=device)
 
     def forward(model):
         with torch.no_grad():
@@ -72,9 +84,8 @@ def _prefill_case(device: torch.device, name: str, B: int, S: int, impls: list[s
     fns = {impl: partial(forward, m) for impl, m in models.items()}
 
     def check() -> str | None:
-        wrong = [impl for impl, m in models.items() if m.config._attn_implementation != impl]
-        if wrong:
-            return f"models not on their attention implementation: {wrong}"
+        if error := _off_implementation(models):
+            return error
         got, want = fns["opforge"]().float(), fns["sdpa"]().float()
         err = (got - want).abs().max().item() / max(1.0, want.abs().max().item())
         if err > 5e-2:
@@ -85,7 +96,7 @@ def _prefill_case(device: torch.device, name: str, B: int, S: int, impls: list[s
     params = {"model": name, "B": B, "S": S, **shape, "sliding_window": 512}
     return Case(
         op="transformers",
-        name=f"{name} prefill B{B} S{S} {'bf16' if dtype == torch.bfloat16 else 'fp32'}",
+        name=f"{name} prefill B{B} S{S} {'bf16' if device.type == 'cuda' else 'fp32'}",
         impls=fns,
         check=check,
         tokens=B * S,
@@ -98,21 +109,9 @@ def _generate_case(
 ) -> Case:
     """generate(): a prompt of `prompt` tokens and `new` greedy tokens (forced: no early stop);
     tokens/s count the new tokens."""
-    import transformers
-
-    import opforge.integrations.transformers as otf
-
-    otf.register()
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    cfg = _mistral(**shape)
+    cfg, models = _models(device, shape, impls)
     ids = torch.randint(0, cfg.vocab_size, (B, prompt), device=device)
     attn = torch.ones_like(ids)
-    models = {}
-    for impl in impls:
-        torch.manual_seed(0)
-        model = transformers.MistralForCausalLM(copy.deepcopy(cfg)).to(device=device, dtype=dtype).eval()
-        model.set_attn_implementation(impl)
-        models[impl] = model
     gen = dict(max_new_tokens=new, min_new_tokens=new, do_sample=False, pad_token_id=0)
     if static:
         gen["cache_implementation"] = "static"
@@ -124,9 +123,8 @@ def _generate_case(
     fns = {impl: partial(generate, m) for impl, m in models.items()}
 
     def check() -> str | None:
-        wrong = [impl for impl, m in models.items() if m.config._attn_implementation != impl]
-        if wrong:
-            return f"models not on their attention implementation: {wrong}"
+        if error := _off_implementation(models):
+            return error
         got, want = fns["opforge"](), fns["sdpa"]()
         same = (got[:, prompt:] == want[:, prompt:]).float().mean().item()
         # (bf16: greedy paths may part at a near-tie; most tokens must agree)

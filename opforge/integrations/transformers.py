@@ -26,6 +26,7 @@ Not supported (a clear error instead of a silent difference): attention dropout 
 from __future__ import annotations
 
 import dataclasses
+import weakref
 from typing import Any
 
 import torch
@@ -163,28 +164,15 @@ def _masking_utils():
     return _MU
 
 
-def _static_decode_mask(
-    mu, batch_size, kv_length, q_offset, kv_offset, mask_function, attention_mask, device
-):
+def _static_decode_mask(mu, batch_size, kv_length, q_offset, kv_offset, full_padding, device) -> OpforgeMask:
     """One query of a causal model against a static cache, from device tensors alone: the written
     slots (before q_offset + 1) that padding leaves form the segment the query sees, the rest
     another (their tiles are skipped), so that the step needs no host read and a CUDA graph can
-    replay it. None for other patterns (windows need the query's position: the general path)."""
-    pattern = _recognise(mask_function, mu)
-    if (
-        pattern is None
-        or not pattern["causal"]
-        or pattern["window"] is not None
-        or pattern["packed"] is not None
-    ):
-        return None
+    replay it."""
     keys = q_offset.to(device) - kv_offset + 1
     seen = torch.arange(kv_length, device=device)[None, :] < keys
-    if attention_mask is not None:
-        pad = mu.prepare_padding_mask(
-            attention_mask.to(device=device, dtype=torch.bool), kv_length, kv_offset
-        )
-        seen = seen & pad[:, kv_offset : kv_offset + kv_length]
+    if full_padding is not None:
+        seen = seen & full_padding[:, kv_offset : kv_offset + kv_length]
     kv_seg = torch.where(seen, 0, -1).to(torch.int64).expand(batch_size, kv_length).contiguous()
     q_seg = torch.zeros(batch_size, 1, dtype=torch.int64, device=device)
     return OpforgeMask({"causal": False, "segment_ids": (q_seg, kv_seg)}, 1, kv_length, kv_length)
@@ -209,23 +197,30 @@ def opforge_mask(
     if mask_function is None:
         mask_function = mu.causal_mask_function
     kv_offset = int(kv_offset)
-    if isinstance(q_offset, torch.Tensor) and q_length == 1:
-        # A static cache's decode step (its offset a device tensor): read nothing on the host.
-        step = _static_decode_mask(
-            mu, batch_size, kv_length, q_offset, kv_offset, mask_function, attention_mask, device
-        )
-        if step is not None:
-            return step
-    q_offset = _offset(q_offset)
-    padding = None
+    pattern = _recognise(mask_function, mu)
+    # The padding mask over absolute key positions [0, kv_offset + kv_length) (False past its end).
+    full_padding = None
     if attention_mask is not None:
-        padding = mu.prepare_padding_mask(
+        full_padding = mu.prepare_padding_mask(
             attention_mask.to(device=device, dtype=torch.bool), kv_length, kv_offset
         )
-        padding = padding[:, kv_offset : kv_offset + kv_length]
+    if (
+        isinstance(q_offset, torch.Tensor)
+        and q_length == 1
+        and pattern is not None
+        and pattern["causal"]
+        and pattern["window"] is None
+        and pattern["packed"] is None
+    ):
+        # A static cache's decode step (its offset a device tensor): read nothing on the host.
+        # (Windows need the query's position: the general path below.)
+        return _static_decode_mask(mu, batch_size, kv_length, q_offset, kv_offset, full_padding, device)
+    q_offset = _offset(q_offset)
+    padding = None
+    if full_padding is not None:
+        padding = full_padding[:, kv_offset : kv_offset + kv_length]
         if bool(padding.all()):
             padding = None
-    pattern = _recognise(mask_function, mu)
     # opforge aligns queries to the end of the keys it is given: query i sits at key position
     # i + keys - q_length. transformers' geometry: query i at q_offset + i, key j at kv_offset + j.
     keys = q_offset - kv_offset + q_length
@@ -234,10 +229,7 @@ def opforge_mask(
     if pattern is None:
         fn = mask_function
         if padding is not None:
-            full = mu.prepare_padding_mask(
-                attention_mask.to(device=device, dtype=torch.bool), kv_length, kv_offset
-            )
-            fn = mu.and_masks(fn, mu.padding_mask_function(full))
+            fn = mu.and_masks(fn, mu.padding_mask_function(full_padding))
         fn = mu.add_offsets_to_mask_function(fn, q_offset, kv_offset)
         block = opforge.block_mask(fn, batch_size, None, q_length, kv_length, device=device)
         return OpforgeMask({"mask": block}, q_length, kv_length, kv_length)
@@ -261,6 +253,31 @@ def opforge_mask(
 
 
 # ---- the attention function ---------------------------------------------------------------------
+
+
+# The last 4-D mask converted (a weak reference, its version, the BlockMask): every layer of a
+# forward gets the same tensor, which is classified once instead of once a layer.
+_LAST_DENSE: tuple | None = None
+
+
+def _block_mask_of(mask: torch.Tensor) -> opforge.BlockMask:
+    """A 4-D mask given to the model as is: bool, True = visible (SDPA's reading); float, added to
+    the scores (eager's), so 0 = visible and the dtype's most negative values = masked."""
+    global _LAST_DENSE
+    if _LAST_DENSE is not None and _LAST_DENSE[0]() is mask and _LAST_DENSE[1] == mask._version:
+        return _LAST_DENSE[2]
+    m = mask
+    if m.dtype != torch.bool:
+        low = torch.finfo(m.dtype).min / 2 if m.dtype.is_floating_point else -1
+        if not bool(((m == 0) | (m <= low)).all()):
+            raise ValueError(
+                f"{OP}: a float attention_mask must hold 0 (visible) or large negative values (masked); "
+                "opforge attention takes masks, not additive score biases"
+            )
+        m = m == 0
+    block = opforge.BlockMask.from_dense(m)
+    _LAST_DENSE = (weakref.ref(mask), mask._version, block)
+    return block
 
 
 def opforge_attention(
@@ -296,18 +313,7 @@ def opforge_attention(
         if sliding_window and causal:
             kw["window"] = (int(sliding_window) - 1, 0)
     elif isinstance(attention_mask, torch.Tensor) and attention_mask.dim() == 4:
-        # A 4-D mask given to the model as is: bool, True = visible (SDPA's reading); float, added to
-        # the scores (eager's), so 0 = visible and the dtype's most negative values = masked.
-        m = attention_mask
-        if m.dtype != torch.bool:
-            low = torch.finfo(m.dtype).min / 2 if m.dtype.is_floating_point else -1
-            if not bool(((m == 0) | (m <= low)).all()):
-                raise ValueError(
-                    f"{OP}: a float attention_mask must hold 0 (visible) or large negative values (masked); "
-                    "opforge attention takes masks, not additive score biases"
-                )
-            m = m == 0
-        kw = {"mask": opforge.BlockMask.from_dense(m)}
+        kw = {"mask": _block_mask_of(attention_mask)}
     else:
         raise TypeError(
             f"{OP}: attention_mask must come from the 'opforge' mask function (register()), be None or a "

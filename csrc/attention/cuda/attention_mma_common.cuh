@@ -445,11 +445,11 @@ __device__ __forceinline__ void scores_log2(float (&s)[kN][4], const AttentionCu
 // One key tile of the online softmax for a warp's 16 rows (elements 0, 1: row g; 2, 3: row g + 8):
 // the running max and sum updated from the tile's log2-domain scores, the scores turned into P in
 // place, and the output accumulator rescaled by the change of max (a row that has seen nothing yet
-// keeps max -inf and P 0). softmax_step does all but the rescale, whose factors it returns (for a
-// kernel whose previous P V product is still in flight).
-template <int kN>
-__device__ __forceinline__ void softmax_step(float (&s)[kN][4], float (&m_run)[2], float (&l_run)[2],
-                                             float (&corr)[2]) {
+// keeps max -inf and P 0).
+template <int kN, int kDT>
+__device__ __forceinline__ void online_softmax(float (&s)[kN][4], float (&o)[kDT][4], float (&m_run)[2],
+                                               float (&l_run)[2]) {
+  float corr[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     float mx = m_run[r];
@@ -469,24 +469,11 @@ __device__ __forceinline__ void softmax_step(float (&s)[kN][4], float (&m_run)[2
     }
     l_run[r] = l_run[r] * corr[r] + sum;
   }
-}
-
-// The output accumulator's rows times corr (the change of max softmax_step returned).
-template <int kDT>
-__device__ __forceinline__ void rescale_rows(float (&o)[kDT][4], const float (&corr)[2]) {
 #pragma unroll
   for (int n = 0; n < kDT; ++n) {
     o[n][0] *= corr[0], o[n][1] *= corr[0];
     o[n][2] *= corr[1], o[n][3] *= corr[1];
   }
-}
-
-template <int kN, int kDT>
-__device__ __forceinline__ void online_softmax(float (&s)[kN][4], float (&o)[kDT][4], float (&m_run)[2],
-                                               float (&l_run)[2]) {
-  float corr[2];
-  softmax_step(s, m_run, l_run, corr);
-  rescale_rows(o, corr);
 }
 
 // dS from P, dP and the row's delta: P (dP - delta) scale, times (1 - tanh^2) under a softcap

@@ -47,11 +47,9 @@ __device__ __forceinline__ uint64_t smem_desc_mn_major(const void* p, uint32_t b
 // Keeps the compiler from moving an accumulator across this point (wgmma reads and writes the
 // registers asynchronously, between its issue and the wait).
 __device__ __forceinline__ void fence_operand(float& x) { asm volatile("" : "+f"(x)::"memory"); }
-__device__ __forceinline__ void fence_operand(uint32_t& x) { asm volatile("" : "+r"(x)::"memory"); }
-// The same for a block of accumulator fragments (4 floats each), or of register A operands (4
-// packed pairs each: kept live until the wait that retires the wgmma reading them).
-template <int kN, typename E>
-__device__ __forceinline__ void fence_operands(E (&x)[kN][4]) {
+// The same for a block of accumulator fragments (4 floats each).
+template <int kN>
+__device__ __forceinline__ void fence_operands(float (&x)[kN][4]) {
 #pragma unroll
   for (int n = 0; n < kN; ++n)
 #pragma unroll
