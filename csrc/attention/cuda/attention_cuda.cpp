@@ -180,9 +180,24 @@ std::tuple<at::Tensor, at::Tensor> attention_cuda(const at::Tensor& q, const at:
   const at::Tensor qk = kernel_operand(q, kd), kk = kernel_operand(k, kd), vk = kernel_operand(v, kd);
   at::Tensor out_k = kd == d ? out : empty_attention_like(qk);
   AttentionPlan plan = plan_attention(qk, kk, vk, out_k, lse, scale, softcap, args);
-  add_segment_blocks(plan);
-  check_launch(op, run_attention_fwd_cuda(cuda_args(plan.params), static_cast<int>(kd), forced_mma_sync(),
-                                          at::cuda::getCurrentCUDAStream().stream()));
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream().stream();
+  if (use_decode(plan.params, static_cast<int>(kd))) {
+    // Few query rows against many keys: the split-KV decode kernel and its merge.
+    const AttentionParams& p = plan.params;
+    DecodeSplit s = decode_split(p, at::cuda::getCurrentDeviceProperties()->multiProcessorCount);
+    at::Tensor part = at::empty({p.batch * p.kv_heads * s.chunks * s.rows * (kd + 2)}, q.options().dtype(at::kFloat));
+    s.part = part.data_ptr<float>();
+    int err = cudaErrorInvalidValue;
+    switch (kd) {
+      case 64: err = run_attention_decode_d64(cuda_args(p), s, stream); break;
+      case 128: err = run_attention_decode_d128(cuda_args(p), s, stream); break;
+      case 256: err = run_attention_decode_d256(cuda_args(p), s, stream); break;
+    }
+    check_launch(op, err);
+  } else {
+    add_segment_blocks(plan);
+    check_launch(op, run_attention_fwd_cuda(cuda_args(plan.params), static_cast<int>(kd), forced_mma_sync(), stream));
+  }
   if (kd != d) out.copy_(out_k.narrow(3, 0, d));
   return {out, lse};
 }

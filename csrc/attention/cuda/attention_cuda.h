@@ -2,6 +2,7 @@
 // (one .cu per pass and head dim), with no torch types.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 
 #include "attention/attention_params.h"
@@ -24,6 +25,41 @@ struct AttentionCudaArgs {
   float* delta = nullptr;
   int64_t lse2_ld = 0;  // their row length: Sq rounded up to 64 (padding rows: lse2 +inf, delta 0)
 };
+
+// The decode path's split (attention_decode_kernel.cuh): chunk c of a (batch, kv head) covers the
+// 64-key tiles [tile_begin + c * tiles_per_chunk, ...) up to tile_end (the band's reach); part: the
+// chunks' partial states, (B, Hkv, chunks, rows) x (head_dim + 2) floats (output, max, sum).
+constexpr int kDecodeTile = 64;
+struct DecodeSplit {
+  float* part = nullptr;
+  int chunks = 1, tiles_per_chunk = 1, tile_begin = 0, tile_end = 0, rows = 0;
+};
+
+// Few query rows (the GQA group x Sq) against many keys: the decode kernel serves.
+inline bool use_decode(const AttentionParams& p, int head_dim) {
+  const int64_t rows = (p.heads / p.kv_heads) * p.pattern.sq;
+  return rows <= (head_dim <= 128 ? 32 : 16) && p.pattern.sk >= 512;
+}
+
+// Chunks so that the grid fills `sms` SMs about twice, over the key tiles the band leaves visible.
+inline DecodeSplit decode_split(const AttentionParams& p, int sms) {
+  DecodeSplit s;
+  const AttentionPattern& pat = p.pattern;
+  int64_t lo = 0, hi = pat.sk;
+  if (pat.window_left >= 0 && pat.prefix_len == 0) lo = std::max<int64_t>(0, pat.pos(0) - pat.window_left);
+  const int64_t right = pat.band_right();
+  if (right >= 0) hi = std::min(pat.sk, std::max(pat.pos(pat.sq - 1) + right + 1, pat.prefix_len));
+  s.tile_begin = static_cast<int>(lo / kDecodeTile);
+  s.tile_end = hi <= lo ? s.tile_begin : static_cast<int>((hi + kDecodeTile - 1) / kDecodeTile);
+  const int tiles = s.tile_end - s.tile_begin;
+  const int64_t heads = p.batch * p.kv_heads;
+  const int want = static_cast<int>(std::max<int64_t>(1, (2 * sms + heads - 1) / heads));
+  s.chunks = std::max(1, std::min(want, (tiles + 3) / 4));  // at least 4 tiles (256 keys) a chunk
+  s.tiles_per_chunk = std::max(1, (tiles + s.chunks - 1) / s.chunks);
+  s.chunks = std::max(1, (tiles + s.tiles_per_chunk - 1) / s.tiles_per_chunk);
+  s.rows = static_cast<int>((p.heads / p.kv_heads) * pat.sq);
+  return s;
+}
 
 // Launchers, on `stream`; each returns a cudaError_t (cudaErrorNoKernelImageForDevice where the
 // binary has no sm_80+ code for this GPU).
@@ -52,5 +88,9 @@ int run_attention_bwd_q_d64(const AttentionCudaArgs& a, void* stream);
 int run_attention_bwd_q_d128(const AttentionCudaArgs& a, void* stream);
 int run_attention_bwd_q_d256(const AttentionCudaArgs& a, void* stream);
 int run_attention_bwd_prep(const AttentionCudaArgs& a, void* stream);
+// The decode path (sm_80+): split-KV kernel, then the chunks' merge.
+int run_attention_decode_d64(const AttentionCudaArgs& a, const DecodeSplit& s, void* stream);
+int run_attention_decode_d128(const AttentionCudaArgs& a, const DecodeSplit& s, void* stream);
+int run_attention_decode_d256(const AttentionCudaArgs& a, const DecodeSplit& s, void* stream);
 
 }  // namespace opforge

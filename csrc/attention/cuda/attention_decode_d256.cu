@@ -1,0 +1,10 @@
+// attention CUDA decode for head dim 256 (DecodeTraits<256>), float16 and bfloat16.
+#include "attention/cuda/attention_decode_kernel.cuh"
+
+namespace opforge {
+
+int run_attention_decode_d256(const AttentionCudaArgs& a, const DecodeSplit& s, void* stream) {
+  return attention_cuda::run_decode<256>(a, s, stream);
+}
+
+}  // namespace opforge

@@ -1,0 +1,240 @@
+// attention CUDA decode (sm_80+): few query rows (the GQA group x Sq <= kDecodeMaxRows) against a
+// long KV cache, split over the keys. A block is one (key chunk, kv head, batch row); it stages
+// 64-key K and V tiles in shared memory (cp.async, two stages) and every warp reads them there, so
+// each KV head is read from memory once for its whole query group. Warp w owns rows w, w + 4, ...;
+// for a row, lane l scores keys l and l + 32 of a tile, the online softmax runs across the warp,
+// and P V accumulates with the lane owning kD / 32 output columns. Key tiles outside the band are
+// never visited (a sliding window reads its last W keys); partial tiles test each element. Each
+// block writes its rows' partial (max, sum, output) to a float workspace; a second kernel merges
+// the chunks in chunk order (deterministic) into the output and the LSE.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "attention/cuda/attention_cuda.h"
+#include "attention/cuda/attention_mma_common.cuh"
+#include "common/cuda/cp_async.cuh"
+#include "common/cuda/math.cuh"
+#include "common/cuda/mma_sync.cuh"
+
+namespace opforge {
+namespace attention_cuda {
+
+constexpr int kDecodeThreads = 128, kDecodeWarps = 4;
+
+template <int kD_>
+struct DecodeTraits {
+  static constexpr int kD = kD_;
+  static constexpr int kRowsPerWarp = kD_ <= 128 ? 8 : 4;  // output registers: kRowsPerWarp x kD / 32
+  static constexpr int kMaxRows = kRowsPerWarp * kDecodeWarps;
+  static constexpr int kRowBytes = kD_ * 2 + 16;  // a staged K / V row, padded: lanes' rows in distinct banks
+  static constexpr int kTileBytes = kDecodeTile * kRowBytes;
+  // q rows (16-bit, unpadded: read as broadcasts), then two stages of K and V
+  static constexpr int smem_bytes(int rows) { return rows * kD_ * 2 + 2 * 2 * kTileBytes; }
+};
+
+template <typename Tr, typename T>
+__global__ void __launch_bounds__(kDecodeThreads) attention_decode_kernel(const AttentionCudaArgs a, const DecodeSplit s) {
+  constexpr int kD = Tr::kD, kCols = kD / 32, kRPW = Tr::kRowsPerWarp;
+  extern __shared__ __align__(16) unsigned char smem[];
+  const AttentionParams& p = a.g.fwd;
+  const AttentionPattern& pat = p.pattern;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t b = blockIdx.z, hk = blockIdx.y, c = blockIdx.x;
+  const int64_t group = p.heads / p.kv_heads, sq = pat.sq;
+  const int rows = s.rows;  // group * sq
+  T* sq_rows = reinterpret_cast<T*>(smem);
+  unsigned char* stages = smem + rows * kD * 2;
+
+  // The group's query rows (row r: head hk * group + r / sq, query r % sq), 16 bytes a thread.
+  for (int idx = threadIdx.x; idx < rows * (kD / 8); idx += kDecodeThreads) {
+    const int r = idx / (kD / 8), chunk = idx % (kD / 8);
+    const int64_t h = hk * group + r / sq, i = r % sq;
+    cuda::cp_async16(sq_rows + r * kD + chunk * 8, static_cast<const T*>(p.q) + b * p.q_bs + h * p.q_hs + i * p.q_ss + chunk * 8,
+                     16);
+  }
+  cuda::cp_async_commit();
+
+  const int t0 = s.tile_begin + static_cast<int>(c) * s.tiles_per_chunk;
+  const int t1 = min(s.tile_end, t0 + s.tiles_per_chunk);
+  const T* kbase = static_cast<const T*>(p.k) + b * p.k_bs + hk * p.k_hs;
+  const T* vbase = static_cast<const T*>(p.v) + b * p.v_bs + hk * p.v_hs;
+  const auto load_tile = [&](int tile, int stage) {
+    unsigned char* sk = stages + stage * 2 * Tr::kTileBytes;
+    unsigned char* sv = sk + Tr::kTileBytes;
+    for (int idx = threadIdx.x; idx < kDecodeTile * (kD / 8); idx += kDecodeThreads) {
+      const int row = idx / (kD / 8), chunk = idx % (kD / 8);
+      const int64_t j = int64_t{tile} * kDecodeTile + row;
+      const bool in = j < pat.sk;
+      const int64_t jj = in ? j : 0;
+      cuda::cp_async16(sk + row * Tr::kRowBytes + chunk * 16, kbase + jj * p.k_ss + chunk * 8, in ? 16 : 0);
+      cuda::cp_async16(sv + row * Tr::kRowBytes + chunk * 16, vbase + jj * p.v_ss + chunk * 8, in ? 16 : 0);
+    }
+    cuda::cp_async_commit();
+  };
+
+  float o[kRPW][kCols], m[kRPW], l[kRPW];
+#pragma unroll
+  for (int rr = 0; rr < kRPW; ++rr) {
+    m[rr] = kNegInf, l[rr] = 0.f;
+#pragma unroll
+    for (int e = 0; e < kCols; ++e) o[rr][e] = 0.f;
+  }
+  const float scale = a.scale, cap = a.cap_log2 != 0.f ? a.cap_log2 / 1.4426950408889634f : 0.f;
+  const bool elementwise = pat.q_segments || pat.mask_kinds;
+
+  if (t0 < t1) load_tile(t0, 0);
+  for (int tile = t0, it = 0; tile < t1; ++tile, ++it) {
+    if (tile + 1 < t1) {
+      load_tile(tile + 1, (it + 1) & 1);
+      cuda::cp_async_wait<1>();
+    } else {
+      cuda::cp_async_wait<0>();
+    }
+    __syncthreads();
+    const unsigned char* sk = stages + (it & 1) * 2 * Tr::kTileBytes;
+    const unsigned char* sv = sk + Tr::kTileBytes;
+    const int64_t j0 = int64_t{tile} * kDecodeTile;
+    const int64_t j1 = min(j0 + kDecodeTile, pat.sk);
+    // The band's kind for the tile (the same for every head); segments and masks by element.
+    BlockKind kind = band_prefix_tile_kind(pat, 0, sq, j0, j1);
+    if (kind == BlockKind::kFull && (elementwise || j1 - j0 < kDecodeTile)) kind = BlockKind::kPartial;
+    if (kind != BlockKind::kEmpty) {
+#pragma unroll
+      for (int rr = 0; rr < kRPW; ++rr) {
+        const int r = rr * kDecodeWarps + warp;
+        if (r >= rows) break;
+        const int64_t h = hk * group + r / sq, i = r % sq;
+        const T* qr = sq_rows + r * kD;
+        float sc[2];
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const int key = lane + 32 * half;
+          const T* kr = reinterpret_cast<const T*>(sk + key * Tr::kRowBytes);
+          float acc = 0.f;
+#pragma unroll
+          for (int d = 0; d < kD; d += 8) {
+            const uint4 qv = *reinterpret_cast<const uint4*>(qr + d);
+            const uint4 kv = *reinterpret_cast<const uint4*>(kr + d);
+            const T* qe = reinterpret_cast<const T*>(&qv);
+            const T* ke = reinterpret_cast<const T*>(&kv);
+#pragma unroll
+            for (int e = 0; e < 8; ++e) acc = fmaf(cuda::to_float(qe[e]), cuda::to_float(ke[e]), acc);
+          }
+          float x = acc * scale;
+          if (cap != 0.f) x = cap * tanhf(x / cap);
+          const int64_t j = j0 + key;
+          if (kind == BlockKind::kPartial && (j >= j1 || !pat.visible(b, h, i, j))) x = kNegInf;
+          sc[half] = x;
+        }
+        float mx = fmaxf(sc[0], sc[1]);
+#pragma unroll
+        for (int off = 16; off > 0; off /= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+        const float m_new = fmaxf(m[rr], mx);
+        if (m_new == kNegInf) continue;  // nothing visible to this row yet
+        const float alpha = __expf(m[rr] - m_new);  // 0 for the first visible tile (m = -inf)
+        const float p0 = __expf(sc[0] - m_new), p1 = __expf(sc[1] - m_new);
+        float sum = p0 + p1;
+#pragma unroll
+        for (int off = 16; off > 0; off /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+        l[rr] = l[rr] * alpha + sum;
+        m[rr] = m_new;
+#pragma unroll
+        for (int e = 0; e < kCols; ++e) o[rr][e] *= alpha;
+        // P V: lane owns columns lane * kCols .. + kCols - 1 of every key's V row.
+#pragma unroll 8
+        for (int key = 0; key < kDecodeTile; ++key) {
+          const float pk = __shfl_sync(0xffffffffu, key < 32 ? p0 : p1, key % 32);
+          const T* vr = reinterpret_cast<const T*>(sv + key * Tr::kRowBytes) + lane * kCols;
+#pragma unroll
+          for (int e = 0; e < kCols; ++e) o[rr][e] = fmaf(pk, cuda::to_float(vr[e]), o[rr][e]);
+        }
+      }
+    }
+    __syncthreads();  // (the stage is refilled next)
+  }
+
+  // This chunk's partial state of each owned row.
+  const int64_t task = (b * p.kv_heads + hk) * s.chunks + c;
+#pragma unroll
+  for (int rr = 0; rr < kRPW; ++rr) {
+    const int r = rr * kDecodeWarps + warp;
+    if (r >= rows) break;
+    float* out = s.part + (task * rows + r) * (kD + 2);
+#pragma unroll
+    for (int e = 0; e < kCols; ++e) out[lane * kCols + e] = o[rr][e];
+    if (lane == 0) out[kD] = m[rr], out[kD + 1] = l[rr];
+  }
+}
+
+// One warp a query row: the chunks' partial states merged in chunk order; output and LSE.
+template <int kD, typename T>
+__global__ void __launch_bounds__(128) attention_decode_merge_kernel(const AttentionCudaArgs a, const DecodeSplit s) {
+  constexpr int kCols = kD / 32;
+  const AttentionParams& p = a.g.fwd;
+  const int lane = threadIdx.x % 32;
+  const int64_t row = int64_t{blockIdx.x} * 4 + threadIdx.x / 32;  // (b, hk, r)
+  const int64_t total = p.batch * p.kv_heads * s.rows;
+  if (row >= total) return;
+  const int64_t r = row % s.rows, bh = row / s.rows, hk = bh % p.kv_heads, b = bh / p.kv_heads;
+  const int64_t group = p.heads / p.kv_heads, sq = p.pattern.sq, h = hk * group + r / sq, i = r % sq;
+  float mx = kNegInf;
+  for (int c = 0; c < s.chunks; ++c) mx = fmaxf(mx, s.part[((bh * s.chunks + c) * s.rows + r) * (kD + 2) + kD]);
+  float acc[kCols] = {}, sum = 0.f;
+  if (mx != kNegInf) {
+    for (int c = 0; c < s.chunks; ++c) {
+      const float* part = s.part + ((bh * s.chunks + c) * s.rows + r) * (kD + 2);
+      if (part[kD] == kNegInf) continue;
+      const float w = __expf(part[kD] - mx);
+      sum += w * part[kD + 1];
+#pragma unroll
+      for (int e = 0; e < kCols; ++e) acc[e] += w * part[lane * kCols + e];
+    }
+  }
+  const float inv = sum > 0.f ? 1.f / sum : 0.f;
+  T* out = static_cast<T*>(p.out) + b * p.o_bs + h * p.o_hs + i * p.o_ss + lane * kCols;
+#pragma unroll
+  for (int e = 0; e < kCols; e += 2) cuda::store_pair<T>(out + e, acc[e] * inv, acc[e + 1] * inv, true);
+  if (lane == 0) {
+    float* lse = static_cast<float*>(p.lse) + (b * p.heads + h) * sq + i;
+    *lse = sum > 0.f ? mx + __logf(sum) : kNegInf;
+  }
+}
+
+template <int kD, typename T>
+cudaError_t launch_decode(const AttentionCudaArgs& a, DecodeSplit s, cudaStream_t stream) {
+  using Tr = DecodeTraits<kD>;
+  const AttentionParams& p = a.g.fwd;
+  const int smem = Tr::smem_bytes(s.rows);
+  static bool configured = false;
+  if (!configured) {
+    const cudaError_t err = cudaFuncSetAttribute(attention_decode_kernel<Tr, T>,
+                                                 cudaFuncAttributeMaxDynamicSharedMemorySize, 227 * 1024);
+    if (err != cudaSuccess) return err;
+    configured = true;
+  }
+  const dim3 grid(static_cast<unsigned>(s.chunks), static_cast<unsigned>(p.kv_heads), static_cast<unsigned>(p.batch));
+  attention_decode_kernel<Tr, T><<<grid, kDecodeThreads, smem, stream>>>(a, s);
+  cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess) return err;
+  const int64_t rows = p.batch * p.kv_heads * s.rows;
+  attention_decode_merge_kernel<kD, T><<<static_cast<unsigned>((rows + 3) / 4), 128, 0, stream>>>(a, s);
+  return cudaGetLastError();
+}
+
+template <int kD>
+int run_decode(const AttentionCudaArgs& a, const DecodeSplit& s, void* stream) {
+  const auto st = static_cast<cudaStream_t>(stream);
+  switch (a.g.fwd.dtype) {
+    case DType::kBFloat16: return launch_decode<kD, __nv_bfloat16>(a, s, st);
+    case DType::kFloat16: return launch_decode<kD, __half>(a, s, st);
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+}  // namespace attention_cuda
+}  // namespace opforge
