@@ -35,10 +35,14 @@ struct DecodeSplit {
   int chunks = 1, tiles_per_chunk = 1, tile_begin = 0, tile_end = 0, rows = 0;
 };
 
-// Few query rows (the GQA group x Sq) against many keys: the decode kernel serves.
+// The most query rows (the GQA group x Sq) a decode block takes: 4 warps x 8 / 16 / 8 rows, the
+// most whose output registers fit with no spills (ptxas, sm_90a: 115 / 166 / 168 registers).
+constexpr int decode_max_rows(int head_dim) { return head_dim == 128 ? 64 : 32; }
+
+// Few query rows against many keys: the decode kernel serves.
 inline bool use_decode(const AttentionParams& p, int head_dim) {
   const int64_t rows = (p.heads / p.kv_heads) * p.pattern.sq;
-  return rows <= (head_dim <= 128 ? 32 : 16) && p.pattern.sk >= 512;
+  return rows <= decode_max_rows(head_dim) && p.pattern.sk >= 512;
 }
 
 // Chunks so that the grid fills `sms` SMs about twice, over the key tiles the band leaves visible.

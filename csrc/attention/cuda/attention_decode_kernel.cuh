@@ -29,7 +29,7 @@ constexpr int kDecodeThreads = 128, kDecodeWarps = 4;
 template <int kD_>
 struct DecodeTraits {
   static constexpr int kD = kD_;
-  static constexpr int kRowsPerWarp = kD_ <= 128 ? 8 : 4;  // output registers: kRowsPerWarp x kD / 32
+  static constexpr int kRowsPerWarp = decode_max_rows(kD_) / kDecodeWarps;  // output registers: x kD / 32
   static constexpr int kMaxRows = kRowsPerWarp * kDecodeWarps;
   static constexpr int kRowBytes = kD_ * 2 + 16;  // a staged K / V row, padded: lanes' rows in distinct banks
   static constexpr int kTileBytes = kDecodeTile * kRowBytes;
@@ -116,7 +116,7 @@ __global__ void __launch_bounds__(kDecodeThreads) attention_decode_kernel(const 
           const int key = lane + 32 * half;
           const T* kr = reinterpret_cast<const T*>(sk + key * Tr::kRowBytes);
           float acc = 0.f;
-#pragma unroll
+#pragma unroll 4
           for (int d = 0; d < kD; d += 8) {
             const uint4 qv = *reinterpret_cast<const uint4*>(qr + d);
             const uint4 kv = *reinterpret_cast<const uint4*>(kr + d);
