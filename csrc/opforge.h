@@ -70,6 +70,7 @@ std::tuple<at::Tensor, at::Tensor> attention(const at::Tensor& q, const at::Tens
                                              const std::optional<at::Tensor>& mask_kinds = std::nullopt,
                                              const std::optional<at::Tensor>& mask_index = std::nullopt,
                                              const std::optional<at::Tensor>& mask_bits = std::nullopt,
-                                             int64_t block_q = 128, int64_t block_k = 128);
+                                             int64_t block_q = 128, int64_t block_k = 128,
+                                             const std::optional<at::Tensor>& kv_lens = std::nullopt);
 
 }  // namespace opforge

@@ -19,11 +19,11 @@ TORCH_LIBRARY(opforge, m) {
   m.def("to_device_async(Tensor src, Device device) -> Tensor");
   // Attention over (B, H, S, D) q and (B, Hkv, S, D) k, v with a pattern (attention/attention_params.h
   // defines it): causal, a window (-1: unbounded side), a prefix, segment ids, a block mask (kinds,
-  // partial index, bits). Returns the output and the log-sum-exp of each query's scores.
+  // partial index, bits), per-sequence key counts (the forward only). Returns the output and the log-sum-exp of each query's scores.
   m.def(
       "attention(Tensor q, Tensor k, Tensor v, float scale, float softcap, bool causal, int window_left, "
       "int window_right, int prefix_len, Tensor? q_segments, Tensor? kv_segments, Tensor? mask_kinds, "
-      "Tensor? mask_index, Tensor? mask_bits, int block_q, int block_k) -> (Tensor, Tensor)");
+      "Tensor? mask_index, Tensor? mask_bits, int block_q, int block_k, Tensor? kv_lens=None) -> (Tensor, Tensor)");
   m.def(
       "attention_backward(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor? grad_lse, "
       "float scale, float softcap, bool causal, int window_left, int window_right, int prefix_len, "

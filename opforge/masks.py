@@ -82,11 +82,20 @@ def attention_mask(
     prefix_len: int | None = None,
     segment_ids=None,
     mask: BlockMask | None = None,
+    kv_lens: torch.Tensor | None = None,
     device: torch.device | str | None = None,
 ) -> torch.Tensor:
     """(B, H, Sq, Sk) bool: everything opforge.attention's arguments let each query see."""
-    ok = pattern_mask(sq, sk, causal=causal, window=window, prefix_len=prefix_len, device=device)
-    ok = ok[None, None].expand(B, H, sq, sk)
+    if kv_lens is None:
+        ok = pattern_mask(sq, sk, causal=causal, window=window, prefix_len=prefix_len, device=device)
+        ok = ok[None, None].expand(B, H, sq, sk)
+    else:  # sequence b: its first kv_lens[b] keys, its queries at their end
+        ok = torch.zeros(B, 1, sq, sk, dtype=torch.bool, device=device)
+        for b, n in enumerate(kv_lens.clamp(0, sk).tolist()):
+            ok[b, 0, :, :n] = pattern_mask(
+                sq, n, causal=causal, window=window, prefix_len=prefix_len, device=device
+            )
+        ok = ok.expand(B, H, sq, sk)
     if segment_ids is not None:
         q_seg, kv_seg = split_segments(segment_ids, sq, sk)
         ok = ok & segment_mask(q_seg.to(device), kv_seg.to(device))

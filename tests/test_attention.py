@@ -531,3 +531,150 @@ def test_unsorted_segment_ids():
         ref = torch.autograd.grad(want, (qd, kd, vd), go.double())
         for g, w in zip(got, ref, strict=True):
             assert (g.double() - w).abs().max() <= 1e-4 * max(1.0, w.abs().max().item())
+
+
+# ---- per-sequence key counts (kv_lens): batched decoding against a preallocated cache ----------
+
+KV_LENS_PATTERNS = [
+    "full",
+    "causal",
+    "sliding",
+    "window both sides",
+    "prefix",
+    "documents",
+    "block mask",
+    "softcap",
+]
+
+
+def kv_lens_case(shape, name, device="cpu", dtype=torch.float32):
+    """q, k, v with the cache slots past each sequence's count filled with NaN (nothing may read
+    them), random counts including 0 and Sk, and the pattern's arguments (segments as a pair)."""
+    B, Hq, _, Sq, Sk, _ = shape
+    q, k, v = qkv(*shape, dtype=dtype, device=device)
+    lens = torch.randint(0, Sk + 1, (B,))
+    lens[0] = Sk
+    if B > 1:
+        lens[1] = 0 if B > 2 else max(1, Sk // 3)
+    past = torch.arange(Sk)[None, :] >= lens[:, None]
+    k[past[:, None, :, None].expand_as(k).to(device)] = float("nan")
+    v[past[:, None, :, None].expand_as(v).to(device)] = float("nan")
+    kw = dict(PATTERNS[name])
+    if kw.pop("segments", False):
+        kw["segment_ids"] = (torch.randint(0, 3, (B, Sq)).to(device), torch.randint(0, 3, (B, Sk)).to(device))
+    if kw.pop("mask", False):
+        kw["mask"] = random_block_mask(B, Hq, Sq, Sk)
+        if device != "cpu":
+            kw["mask"] = kw["mask"].to(device)
+    return q, k, v, lens.to(device), kw
+
+
+def check_kv_lens(q, k, v, lens, kw, tol):
+    out, lse = opforge.attention(q, k, v, kv_lens=lens, return_lse=True, **kw)
+    kd, vd = k.double().nan_to_num(0.0), v.double().nan_to_num(0.0)
+    want, want_lse = reference.attention(q.double(), kd, vd, kv_lens=lens, return_lse=True, **kw)
+    assert not out.isnan().any() and not lse.isnan().any()
+    assert torch.equal(lse.isinf(), want_lse.isinf())
+    finite = want_lse.isfinite()
+    assert (out.double() - want).abs().max().item() <= tol
+    if finite.any():
+        assert (lse.double() - want_lse)[finite].abs().max().item() <= tol * 10
+    if not finite.all():
+        assert (out.double()[~finite] == 0).all()
+    return out
+
+
+# (B, Hq, Hkv, Sq, Sk, D): decode-kernel calls (rows <= 32, short caches too) and one of 64 rows
+# (the block-mask path)
+KV_LENS_SHAPES = [(3, 4, 1, 1, 700, 64), (2, 8, 2, 4, 300, 40), (3, 2, 2, 3, 90, 16), (2, 16, 2, 8, 200, 32)]
+
+
+@pytest.mark.parametrize("shape", KV_LENS_SHAPES, ids=str)
+@pytest.mark.parametrize("name", KV_LENS_PATTERNS)
+def test_kv_lens_matches_reference(name, shape):
+    check_kv_lens(*kv_lens_case(shape, name), tol=2e-5)
+
+
+def test_kv_lens_full_counts_equal_no_counts():
+    q, k, v = qkv(2, 4, 2, 2, 500, 32)
+    lens = torch.tensor([500, 500])
+    for kw in (dict(causal=True), dict(causal=True, window=(99, 0)), {}):
+        assert torch.allclose(
+            opforge.attention(q, k, v, kv_lens=lens, **kw), opforge.attention(q, k, v, **kw), atol=1e-6
+        )
+
+
+def test_kv_lens_is_a_prefix_of_the_cache():
+    """Sequence b with kv_lens equals the same sequence with its cache cut to its count."""
+    q, k, v = qkv(3, 8, 2, 2, 600, 32)
+    lens = torch.tensor([600, 257, 33])
+    out = opforge.attention(q, k, v, kv_lens=lens, causal=True, window=(127, 0))
+    for b, n in enumerate(lens.tolist()):
+        one = opforge.attention(
+            q[b : b + 1], k[b : b + 1, :, :n], v[b : b + 1, :, :n], causal=True, window=(127, 0)
+        )
+        assert torch.allclose(out[b : b + 1], one, atol=1e-6)
+
+
+def test_kv_lens_gradients_match_reference():
+    q, k, v, lens, kw = kv_lens_case((2, 4, 2, 3, 150, 16), "sliding", dtype=torch.float64)
+    k, v = k.nan_to_num(0.0), v.nan_to_num(0.0)
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    out = opforge.attention(q, k, v, kv_lens=lens, **kw)
+    want = reference.attention(q, k, v, kv_lens=lens, **kw)
+    g = torch.randn_like(out)
+    got_grads = torch.autograd.grad(out, (q, k, v), g)
+    want_grads = torch.autograd.grad(want, (q, k, v), g)
+    assert (out - want).abs().max().item() < 1e-10
+    for a, b in zip(got_grads, want_grads, strict=True):
+        assert (a - b).abs().max().item() < 1e-9
+
+
+def test_kv_lens_compiles_without_graph_break():
+    q, k, v = qkv(2, 8, 2, 1, 400, 32)
+    lens = torch.tensor([400, 123])
+    f = torch.compile(lambda q, k, v, n: opforge.attention(q, k, v, kv_lens=n, causal=True), fullgraph=True)
+    assert torch.allclose(f(q, k, v, lens), opforge.attention(q, k, v, kv_lens=lens, causal=True))
+    lens[1] = 7  # the counts are data: no recompilation, new result
+    assert torch.allclose(
+        f(q, k, v, lens), reference.attention(q, k, v, kv_lens=lens, causal=True), atol=1e-5
+    )
+
+
+KV_LENS_ERRORS = [
+    (dict(kv_lens=[3, 4]), TypeError, r"opforge.attention: kv_lens must be a torch.Tensor"),
+    (dict(kv_lens=torch.tensor([3.0, 4.0])), TypeError, r"kv_lens must be int32 or int64, got float32"),
+    (dict(kv_lens=torch.tensor([3])), ValueError, r"kv_lens must be \(batch,\) = \(2,\), got shape \[1\]"),
+    (dict(kv_lens=torch.tensor([[3, 4]])), ValueError, r"kv_lens must be \(batch,\)"),
+    (
+        dict(kv_lens=torch.tensor([3, 4]), segment_ids=torch.zeros(2, 20, dtype=torch.long)),
+        ValueError,
+        r"with kv_lens, segment_ids must be a pair",
+    ),
+]
+
+
+@pytest.mark.parametrize("kw,err,msg", KV_LENS_ERRORS, ids=[str(i) for i in range(len(KV_LENS_ERRORS))])
+def test_kv_lens_errors(kw, err, msg):
+    q, k, v = qkv(2, 4, 4, 1, 20, 16)
+    with pytest.raises(err, match=msg):
+        opforge.attention(q, k, v, **kw)
+
+
+def test_kv_lens_raw_op_errors():
+    q, k, v = qkv(2, 4, 4, 1, 20, 16)
+    raw = torch.ops.opforge.attention.default
+    base = (False, -1, -1, 0, None, None, None, None, None, 128, 128)
+    with pytest.raises(ValueError, match=r"opforge.attention: kv_lens must be \(batch,\) = \(2,\)"):
+        raw(q, k, v, 0.25, 0.0, *base, torch.tensor([1]))
+    with pytest.raises(RuntimeError, match=r"opforge.attention: kv_lens must be one of \(int32, int64\)"):
+        raw(q, k, v, 0.25, 0.0, *base, torch.tensor([1.0, 2.0]))
+    # More query rows than the decode kernel takes: the raw op refuses (opforge.attention builds a mask)
+    q40 = torch.randn(2, 4, 40, 16)
+    with pytest.raises(ValueError, match=r"kv_lens \(per-sequence key counts\) takes at most 32 query rows"):
+        raw(q40, k, v, 0.25, 0.0, *base, torch.tensor([1, 2]))
+    # No gradient through the raw op with counts
+    qg = q.clone().requires_grad_()
+    out, _ = raw(qg, k, v, 0.25, 0.0, *base, torch.tensor([5, 20]))
+    with pytest.raises(NotImplementedError, match=r"no gradient through kv_lens"):
+        out.sum().backward()

@@ -11,7 +11,7 @@ import math
 import pytest
 import torch
 from conftest import poison_cuda_allocator
-from test_attention import PATTERNS, opcheck_patterns, random_segments
+from test_attention import KV_LENS_PATTERNS, PATTERNS, kv_lens_case, opcheck_patterns, random_segments
 
 import opforge
 from opforge import reference
@@ -347,3 +347,79 @@ def test_unsorted_segment_ids(d):
         low = reference_grads(q, k, v, go, kw)
         for g, w, lo in zip(got, want, low, strict=True):
             assert max_err(g, w) <= 2 * max_err(lo, w) + 2e-3
+
+
+# ---- the decode kernel with per-sequence key counts (kv_lens) ----------------------------------
+
+# (B, Hq, Hkv, Sq, Sk, D): GQA groups of 1-64 rows at every head dim (padded ones too), short and
+# long caches; the last has more rows than the decode kernel takes (the block-mask path).
+KV_LENS_SHAPES = [
+    (3, 32, 8, 1, 5000, 128),
+    (2, 8, 2, 4, 1300, 64),
+    (3, 16, 1, 1, 777, 256),
+    (2, 6, 3, 3, 300, 80),
+    (2, 4, 4, 16, 600, 128),
+    (2, 64, 1, 1, 500, 128),
+    (3, 8, 8, 1, 100, 64),
+    (2, 16, 2, 16, 300, 64),
+]
+
+
+def check_kv_lens(q, k, v, lens, kw):
+    poison_cuda_allocator(q.numel() * q.element_size() * 4, DEV)
+    out, lse = opforge.attention(q, k, v, kv_lens=lens, return_lse=True, **kw)
+    kc, vc = k.nan_to_num(0.0), v.nan_to_num(0.0)  # (NaN past each count: nothing may read it)
+    want, want_lse = reference.attention(
+        q.double(), kc.double(), vc.double(), kv_lens=lens, return_lse=True, **kw
+    )
+    assert not out.isnan().any() and not lse.isnan().any()
+    assert torch.equal(lse.isinf(), want_lse.isinf())
+    low = reference.attention(q, kc, vc, kv_lens=lens, **kw)
+    err, torch_err = max_err(out, want), max_err(low, want)
+    assert err <= 2 * torch_err + 1e-3, (err, torch_err)
+    finite = want_lse.isfinite()
+    if finite.any():
+        lse_err = (lse.double() - want_lse)[finite].abs().max().item()
+        assert lse_err <= 2e-3 * max(1.0, want_lse[finite].abs().max().item()), lse_err
+    if not finite.all():
+        assert (out[~finite] == 0).all()
+
+
+@pytest.mark.parametrize("shape", KV_LENS_SHAPES, ids=str)
+@pytest.mark.parametrize("name", KV_LENS_PATTERNS)
+def test_kv_lens_matches_reference(name, shape):
+    check_kv_lens(*kv_lens_case(shape, name, device=DEV, dtype=torch.bfloat16))
+
+
+def test_decode_layouts():
+    """transformers' (B, S, H, D) views decode as contiguous tensors do."""
+    B, H, Hkv, S, D = 2, 16, 4, 3000, 128
+    q = torch.randn(B, 1, H, D, dtype=torch.bfloat16, device=DEV)
+    k = torch.randn(B, S, Hkv, D, dtype=torch.bfloat16, device=DEV)
+    v = torch.randn(B, S, Hkv, D, dtype=torch.bfloat16, device=DEV)
+    views = (q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
+    dense = tuple(t.contiguous() for t in views)
+    for kw in (dict(causal=True), dict(causal=True, window=(1023, 0))):
+        assert torch.equal(opforge.attention(*views, **kw), opforge.attention(*dense, **kw))
+
+
+def test_kv_lens_cuda_graph():
+    """A decode step captured once replays with the counts (and the new token's K/V) updated in
+    place: nothing is read on the host."""
+    B, H, Hkv, S, D = 3, 32, 8, 4096, 128
+    q, k, v = qkv(B, H, Hkv, 1, S, D)
+    lens = torch.tensor([100, 2000, 4096], device=DEV)
+    kw = dict(causal=True, window=(1023, 0))
+    opforge.attention(q, k, v, kv_lens=lens, **kw)  # warm-up (kernel attributes) outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = opforge.attention(q, k, v, kv_lens=lens, **kw)
+    for step in range(3):
+        lens.copy_(torch.tensor([101 + step, 2001 + 700 * step, 4096 - step], device=DEV))
+        q.copy_(torch.randn_like(q))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, opforge.attention(q, k, v, kv_lens=lens, **kw))
+        want = reference.attention(q.double(), k.double(), v.double(), kv_lens=lens, **kw)
+        assert max_err(out, want) < 2e-2

@@ -246,18 +246,29 @@ def test_mask_translation_matches_transformers(pattern, geometry, padded):
 
 
 @pytest.mark.parametrize("padded", [False, True])
-def test_static_cache_decode_mask_reads_nothing_on_the_host(padded):
-    # A static cache's decode step: q_offset a tensor; the mask from device tensors (no slicing).
-    B, kv_length, q_offset = 2, 32, torch.tensor(12)
-    am = torch.ones(B, 13, dtype=torch.bool)
+@pytest.mark.parametrize(
+    "pattern,kv_length,q_offset,kv_offset",
+    # a static cache's full layer part-written; a sliding layer filling up, and full (offset keys)
+    [("causal", 32, 12, 0), ("sliding", 6, 3, 0), ("sliding", 6, 40, 35)],
+    ids=str,
+)
+def test_static_cache_decode_mask_reads_nothing_on_the_host(pattern, kv_length, q_offset, kv_offset, padded):
+    # A static cache's decode step: q_offset a tensor; the written slots become kv_lens (a device
+    # tensor: no host read, no slicing), padding a segment.
+    B = 2
+    fn = mu.causal_mask_function if pattern == "causal" else mu.sliding_window_causal_mask_function(6)
+    am = torch.ones(B, q_offset + 1, dtype=torch.bool)
     if padded:
         am[1, :4] = False
-    args = dict(batch_size=B, q_length=1, kv_length=kv_length, q_offset=q_offset, kv_offset=0)
-    got = otf.opforge_mask(**args, mask_function=mu.causal_mask_function, attention_mask=am)
-    assert got.keys == kv_length and got.kwargs["causal"] is False
-    want = mu.sdpa_mask(
-        **args, mask_function=mu.causal_mask_function, attention_mask=am, allow_is_causal_skip=False
+    args = dict(
+        batch_size=B, q_length=1, kv_length=kv_length, q_offset=torch.tensor(q_offset), kv_offset=kv_offset
     )
+    got = otf.opforge_mask(**args, mask_function=fn, attention_mask=am)
+    assert got.keys == kv_length and got.kwargs["causal"] is True and "mask" not in got.kwargs
+    lens = got.kwargs["kv_lens"]
+    assert isinstance(lens, torch.Tensor) and lens.tolist() == [q_offset - kv_offset + 1] * B
+    assert ("segment_ids" in got.kwargs) == padded
+    want = mu.sdpa_mask(**args, mask_function=fn, attention_mask=am, allow_is_causal_skip=False)
     assert torch.equal(dense(got, B), want.expand(B, 1, 1, kv_length))
 
 

@@ -92,6 +92,13 @@ void check_pattern(const char* op, const at::Tensor& q, const at::Tensor& k, dou
     TORCH_CHECK_VALUE(bits.dim() == 3 && bits.size(1) == p.block_q && bits.size(2) == p.block_k / 32, op,
                       ": mask_bits must be (partial blocks, ", p.block_q, ", ", p.block_k / 32, "), got ", bits.sizes());
   }
+  if (p.kv_lens) {
+    const at::Tensor& n = *p.kv_lens;
+    check_defined(op, "kv_lens", n);
+    check_dtype_in(op, "kv_lens", n, {at::kInt, at::kLong});
+    check_same_device(op, "kv_lens", n, "q", q);
+    TORCH_CHECK_VALUE(n.dim() == 1 && n.size(0) == B, op, ": kv_lens must be (batch,) = (", B, ",), got ", n.sizes());
+  }
 }
 
 at::Tensor int64_contiguous(const at::Tensor& t) { return t.to(at::kLong).contiguous(); }
@@ -200,6 +207,10 @@ AttentionPlan plan_attention(const at::Tensor& q, const at::Tensor& k, const at:
     plan.keep.push_back(index);
     plan.keep.push_back(bits);
   }
+  if (pattern.kv_lens) {
+    plan.kv_lens = int64_contiguous(*pattern.kv_lens);
+    pat.kv_lens = plan.kv_lens.const_data_ptr<int64_t>();
+  }
   return plan;
 }
 
@@ -226,16 +237,16 @@ std::tuple<at::Tensor, at::Tensor> attention(const at::Tensor& q, const at::Tens
                                              const std::optional<at::Tensor>& mask_kinds,
                                              const std::optional<at::Tensor>& mask_index,
                                              const std::optional<at::Tensor>& mask_bits, int64_t block_q,
-                                             int64_t block_k) {
+                                             int64_t block_k, const std::optional<at::Tensor>& kv_lens) {
   static auto op = c10::Dispatcher::singleton()
                        .findSchemaOrThrow("opforge::attention", "")
                        .typed<std::tuple<at::Tensor, at::Tensor>(
                            const at::Tensor&, const at::Tensor&, const at::Tensor&, double, double, bool, int64_t,
                            int64_t, int64_t, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&,
                            const std::optional<at::Tensor>&, const std::optional<at::Tensor>&,
-                           const std::optional<at::Tensor>&, int64_t, int64_t)>();
+                           const std::optional<at::Tensor>&, int64_t, int64_t, const std::optional<at::Tensor>&)>();
   return op.call(q, k, v, scale, softcap, causal, window_left, window_right, prefix_len, q_segments, kv_segments,
-                 mask_kinds, mask_index, mask_bits, block_q, block_k);
+                 mask_kinds, mask_index, mask_bits, block_q, block_k, kv_lens);
 }
 
 }  // namespace opforge

@@ -16,6 +16,7 @@ struct AttentionPatternArgs {
   std::optional<at::Tensor> q_segments, kv_segments;
   std::optional<at::Tensor> mask_kinds, mask_index, mask_bits;
   int64_t block_q = 128, block_k = 128;
+  std::optional<at::Tensor> kv_lens;  // (B,) per-sequence key counts: the forward's decode paths only
 };
 
 // The schema's pattern arguments gathered (every backend's entry takes them one by one).
@@ -50,6 +51,7 @@ at::Tensor empty_attention_like(const at::Tensor& like);
 struct AttentionPlan {
   AttentionParams params;
   at::Tensor q_segments, kv_segments;  // the int64 ids the pattern points to (undefined: none)
+  at::Tensor kv_lens;                  // the int64 counts it points to (undefined: none)
   std::vector<at::Tensor> keep;
 };
 AttentionPlan plan_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,

@@ -9,6 +9,8 @@
 //                when negative);
 //   - block mask: the (b, h) mask's block (i / block_q, j / block_k) is full, or partial with bit
 //                (i % block_q, j % block_k) set.
+// With per-sequence key counts (kv_lens, the decode paths only), sequence b has keys [0, kv_lens[b])
+// and its queries sit at the end of those: `at(b)` is the pattern of batch row b.
 #pragma once
 
 #include <cstdint>
@@ -49,7 +51,18 @@ struct AttentionPattern {
   int64_t mask_b = 1, mask_h = 1, mask_nq = 0, mask_nk = 0;
   int64_t mask_partials = 0;  // mask_bits' first dimension
   int64_t block_q = 128, block_k = 128;
+  // Per-sequence key counts (B,) int64 (clamped to [0, sk]), or null: every sequence has sk keys.
+  const int64_t* kv_lens = nullptr;
 
+  // The pattern of batch row b: its own key count (and so its queries' positions).
+  OPFORGE_HD AttentionPattern at(int64_t b) const {
+    AttentionPattern p = *this;
+    if (kv_lens) {
+      const int64_t n = kv_lens[b];
+      p.sk = n < 0 ? 0 : (n > sk ? sk : n);
+    }
+    return p;
+  }
   // The position of query i among the keys.
   OPFORGE_HD int64_t pos(int64_t i) const { return i + sk - sq; }
   // Does the causal / window part have any constraint? Its right reach (causal: 0; negative:
@@ -88,6 +101,18 @@ struct AttentionPattern {
     return true;
   }
 };
+
+// The keys [lo, hi) that queries [i0, i1) may see: the band's reach, every key from 0 under a
+// prefix (hi <= lo: none).
+OPFORGE_HD void band_key_range(const AttentionPattern& p, int64_t i0, int64_t i1, int64_t& lo, int64_t& hi) {
+  lo = 0, hi = p.sk;
+  if (p.window_left >= 0 && p.prefix_len == 0) lo = p.pos(i0) - p.window_left > 0 ? p.pos(i0) - p.window_left : 0;
+  const int64_t right = p.band_right();
+  if (right >= 0) {
+    const int64_t reach = p.pos(i1 - 1) + right + 1 > p.prefix_len ? p.pos(i1 - 1) + right + 1 : p.prefix_len;
+    hi = reach < p.sk ? reach : p.sk;
+  }
+}
 
 // What a tile [i0, i1) x [j0, j1) of one (b, h) holds: nothing visible (skipped), everything
 // visible (no mask arithmetic), or some of it. Segment ids are summarized by their min and max

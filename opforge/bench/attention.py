@@ -259,10 +259,20 @@ def _cuda_cases(device: torch.device, full: bool) -> list[CaseBuilder]:
 
 
 def _decode_case(
-    device: torch.device, name: str, B: int, Hq: int, Hkv: int, cache: int, D: int, window: int
+    device: torch.device,
+    name: str,
+    B: int,
+    Hq: int,
+    Hkv: int,
+    cache: int,
+    D: int,
+    window: int,
+    ragged: bool = False,
 ) -> Case:
     """One query token a sequence against a KV cache of ``cache`` positions (the decode step of
-    generation): GB/s count the K/V bytes the visible keys take, each KV head read once."""
+    generation): GB/s count the K/V bytes the visible keys take, each KV head read once. ragged:
+    the sequences fill cache / 8 .. cache positions of a preallocated cache (opforge: kv_lens; the
+    peers: a length mask)."""
     from torch.nn.attention.flex_attention import create_block_mask
 
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
@@ -270,8 +280,29 @@ def _decode_case(
     k, v = (torch.randn(B, Hkv, cache, D, device=device, dtype=dtype) for _ in range(2))
     kw = dict(causal=True, window=(window - 1, 0)) if window else dict(causal=True)
     visible = min(window, cache) if window else cache
-    impls = {"opforge": lambda: opforge.attention(q, k, v, **kw)}
     gqa = Hq != Hkv
+    if ragged:
+        lens = torch.linspace(cache // 8, cache, B, device=device).long()
+        kw["kv_lens"] = lens
+        keep = (torch.arange(cache, device=device)[None, :] < lens[:, None])[:, None, None, :]
+        impls = {
+            "opforge": lambda: opforge.attention(q, k, v, **kw),
+            "SDPA (length mask)": lambda: F.scaled_dot_product_attention(
+                q, k, v, attn_mask=keep, enable_gqa=gqa
+            ),
+        }
+        if device.type == "cuda":
+
+            def length_mod(b, h, i, j):
+                return j < lens[b]
+
+            flex_mask = create_block_mask(length_mod, B, None, 1, cache, device=device, BLOCK_SIZE=128)
+            flex = _flex()
+            impls["FlexAttention"] = lambda: flex(q, k, v, block_mask=flex_mask, enable_gqa=gqa)
+        return _decode_result(
+            name, q, k, v, kw, impls, int(lens.sum()) * Hkv * 2 * D * q.element_size(), cache, window
+        )
+    impls = {"opforge": lambda: opforge.attention(q, k, v, **kw)}
     if window:
         keep = torch.zeros(1, 1, 1, cache, dtype=torch.bool, device=device)
         keep[..., cache - window :] = True
@@ -289,20 +320,30 @@ def _decode_case(
         flex_mask = create_block_mask(mask_mod, None, None, 1, cache, device=device, BLOCK_SIZE=128)
         flex = _flex()
         impls["FlexAttention"] = lambda: flex(q, k, v, block_mask=flex_mask, enable_gqa=gqa)
+    return _decode_result(
+        name, q, k, v, kw, impls, 2 * B * Hkv * visible * D * q.element_size(), cache, window
+    )
+
+
+def _decode_result(name, q, k, v, kw, impls, nbytes, cache, window) -> Case:
+    B, Hq, _, D = q.shape
+    Hkv = k.shape[1]
 
     def check() -> str | None:
-        with torch.no_grad():
-            got = opforge.attention(q[:1], k[:1], v[:1], **kw).double()
-            want = reference.attention(q[:1].double(), k[:1].double(), v[:1].double(), **kw)
+        with torch.no_grad():  # (two sequences: a ragged batch's shortest and longest)
+            rows = [0, B - 1] if B > 1 else [0]
+            part = {key: (val[rows] if key == "kv_lens" else val) for key, val in kw.items()}
+            got = opforge.attention(q[rows], k[rows], v[rows], **part).double()
+            want = reference.attention(q[rows].double(), k[rows].double(), v[rows].double(), **part)
             err = (got - want).abs().max().item()
         return None if err <= 2e-2 else f"max error {err:.2e} against the float64 reference"
 
     return Case(
         op="attention",
-        name=f"decode {name} B{B} H{Hq}/{Hkv} cache {cache} D{D} {'bf16' if dtype == torch.bfloat16 else 'fp32'}",
+        name=f"decode {name} B{B} H{Hq}/{Hkv} cache {cache} D{D} {'bf16' if q.dtype == torch.bfloat16 else 'fp32'}",
         impls=impls,
         check=check,
-        bytes=2 * B * Hkv * visible * D * q.element_size(),
+        bytes=nbytes,
         params={
             "pattern": f"decode {name}",
             "B": B,
@@ -320,6 +361,7 @@ def cases(device: torch.device, full: bool) -> list[CaseBuilder]:
         decode = [partial(_decode_case, device, "causal", 8, 32, 8, 32768, 128, 0)]
         if full:
             decode.append(partial(_decode_case, device, "sliding 4096", 1, 32, 8, 131072, 128, 4096))
+            decode.append(partial(_decode_case, device, "ragged", 8, 32, 8, 32768, 128, 0, True))
         return _cuda_cases(device, full) + decode
     builders = [
         partial(_case, device, "sliding 256", 1, 8, 2048, 64, dict(causal=True, window=(255, 0)), False),
@@ -331,6 +373,7 @@ def cases(device: torch.device, full: bool) -> list[CaseBuilder]:
             partial(_case, device, "causal", 1, 8, 2048, 64, dict(causal=True), True),
             partial(_decode_case, device, "causal", 4, 8, 2, 32768, 64, 0),
             partial(_decode_case, device, "sliding 4096", 1, 8, 2, 131072, 64, 4096),
+            partial(_decode_case, device, "ragged", 4, 8, 2, 32768, 64, 0, True),
         ]
     return builders
 

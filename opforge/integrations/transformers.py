@@ -164,18 +164,22 @@ def _masking_utils():
     return _MU
 
 
-def _static_decode_mask(mu, batch_size, kv_length, q_offset, kv_offset, full_padding, device) -> OpforgeMask:
-    """One query of a causal model against a static cache, from device tensors alone: the written
-    slots (before q_offset + 1) that padding leaves form the segment the query sees, the rest
-    another (their tiles are skipped), so that the step needs no host read and a CUDA graph can
-    replay it."""
-    keys = q_offset.to(device) - kv_offset + 1
-    seen = torch.arange(kv_length, device=device)[None, :] < keys
+def _static_decode_mask(
+    batch_size, kv_length, q_offset, kv_offset, window, full_padding, device
+) -> OpforgeMask:
+    """One query of a causal model against a static cache (full or sliding-window layers), from
+    device tensors alone: the written slots are the sequences' key counts (opforge.attention's
+    kv_lens, read on the device only; the decode kernel reads nothing past them), padded keys a
+    segment the query is not in. No host read and no slicing: a CUDA graph can replay the step."""
+    written = q_offset.to(device=device, dtype=torch.int64).reshape(-1)[:1] - kv_offset + 1
+    out: dict[str, Any] = {"causal": True, "kv_lens": written.clamp(0, kv_length).expand(batch_size)}
+    if window is not None:
+        out["window"] = window
     if full_padding is not None:
-        seen = seen & full_padding[:, kv_offset : kv_offset + kv_length]
-    kv_seg = torch.where(seen, 0, -1).to(torch.int64).expand(batch_size, kv_length).contiguous()
-    q_seg = torch.zeros(batch_size, 1, dtype=torch.int64, device=device)
-    return OpforgeMask({"causal": False, "segment_ids": (q_seg, kv_seg)}, 1, kv_length, kv_length)
+        pad = full_padding[:, kv_offset : kv_offset + kv_length]
+        kv_seg = torch.where(pad, 0, -1).to(torch.int64).expand(batch_size, kv_length).contiguous()
+        out["segment_ids"] = (torch.zeros(batch_size, 1, dtype=torch.int64, device=device), kv_seg)
+    return OpforgeMask(out, 1, kv_length, kv_length)
 
 
 def opforge_mask(
@@ -209,12 +213,12 @@ def opforge_mask(
         and q_length == 1
         and pattern is not None
         and pattern["causal"]
-        and pattern["window"] is None
         and pattern["packed"] is None
     ):
         # A static cache's decode step (its offset a device tensor): read nothing on the host.
-        # (Windows need the query's position: the general path below.)
-        return _static_decode_mask(mu, batch_size, kv_length, q_offset, kv_offset, full_padding, device)
+        return _static_decode_mask(
+            batch_size, kv_length, q_offset, kv_offset, pattern["window"], full_padding, device
+        )
     q_offset = _offset(q_offset)
     padding = None
     if full_padding is not None:

@@ -8,7 +8,7 @@ import numbers
 
 import torch
 
-from opforge.masks import BlockMask, split_segments
+from opforge.masks import BlockMask, block_mask, split_segments
 from opforge.ops._common import check_dtype_in, check_same_device, check_same_dtype, require_tensor
 
 OP = "opforge.attention"
@@ -30,6 +30,7 @@ def attention(
     mask: BlockMask | None = None,
     scale: float | None = None,
     softcap: float | None = None,
+    kv_lens: torch.Tensor | None = None,
     return_lse: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """softmax(q k^T * scale, masked by the pattern) v, without an Sq x Sk matrix in memory.
@@ -52,6 +53,14 @@ def attention(
             for this B (or 1), Hq (or 1), Sq and Sk: any pattern; combines with the rest.
         scale: the scores' factor (default 1 / sqrt(D)).
         softcap: scores become ``softcap * tanh(s / softcap)`` (Gemma 2), after the scale.
+        kv_lens: per-sequence key counts for batched decoding against a preallocated cache, a (B,)
+            int32 / int64 tensor on q's device: sequence b has the keys ``k[b, :, :kv_lens[b]]`` (the
+            rest is ignored) and its Sq queries are its last positions (query i at key position
+            ``kv_lens[b] - Sq + i``: causal and windows count from there). Counts are read on the
+            device only (clamped to [0, Sk]), so a CUDA graph replays the call after the counts are
+            updated in place. Decoding calls (Sq x the GQA group <= 32; 64 at CUDA head dims 65-128)
+            without gradients run the decode kernel; others (and gradients) build the exact block
+            mask first, which reads the counts on the host. segment_ids must then be a pair.
         return_lse: also return the log-sum-exp of each query's scores, (B, Hq, Sq) float32
             (float64 for float64 inputs).
 
@@ -62,7 +71,11 @@ def attention(
     for name, t in (("q", q), ("k", k), ("v", v)):
         require_tensor(OP, name, t)
     _check_ranks(OP, q, k, v)  # (the pattern arguments read the sizes)
+    if kv_lens is not None:
+        _check_kv_lens(q, kv_lens, segment_ids)
     args = _pattern_args(q, k, causal, window, prefix_len, segment_ids, mask)
+    if kv_lens is not None and not _decodes(q, k, v):
+        (args, k, v), kv_lens = _kv_lens_as_mask(q, k, v, kv_lens, args, mask), None
     if scale is None:
         # head_dim ** -0.5 keeps a symbolic size symbolic under torch.compile(dynamic=True)
         scale = q.shape[-1] ** -0.5 if q.shape[-1] > 0 else 1.0
@@ -79,8 +92,72 @@ def attention(
         softcap = 0.0
     if not isinstance(softcap, numbers.Real) or isinstance(softcap, bool) or not 0 <= softcap < math.inf:
         raise ValueError(f"{OP}: softcap must be a positive number (or None), got {softcap!r}")
-    out, lse = torch.ops.opforge.attention.default(q, k, v, scale, float(softcap), *args)
+    if kv_lens is None:
+        out, lse = torch.ops.opforge.attention.default(q, k, v, scale, float(softcap), *args)
+    else:
+        out, lse = torch.ops.opforge.attention.default(q, k, v, scale, float(softcap), *args, kv_lens)
     return (out, lse) if return_lse else out
+
+
+def _check_kv_lens(q, kv_lens, segment_ids) -> None:
+    require_tensor(OP, "kv_lens", kv_lens)
+    if kv_lens.dtype not in (torch.int32, torch.int64):
+        raise TypeError(
+            f"{OP}: kv_lens must be int32 or int64, got {str(kv_lens.dtype).removeprefix('torch.')}"
+        )
+    if kv_lens.dim() != 1 or kv_lens.shape[0] != q.shape[0]:
+        raise ValueError(f"{OP}: kv_lens must be (batch,) = ({q.shape[0]},), got shape {list(kv_lens.shape)}")
+    check_same_device(OP, "kv_lens", kv_lens, "q", q)
+    if isinstance(segment_ids, torch.Tensor):
+        raise ValueError(
+            f"{OP}: with kv_lens, segment_ids must be a pair (q_segments, kv_segments): one (batch, keys) "
+            "tensor gives the queries the ids of the last Sq keys, which kv_lens moves"
+        )
+
+
+def _decodes(q, k, v) -> bool:
+    """Whether the decode kernel takes this call with per-sequence key counts (csrc: use_decode,
+    decode_max_rows): no gradient to record and at most 32 query rows a kv head (64 at CUDA head
+    dims 65-128)."""
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        return False
+    rows = q.shape[2] * (q.shape[1] // max(k.shape[1], 1))
+    d = q.shape[3]
+    return rows <= (64 if q.is_cuda and 64 < d <= 128 else 32)
+
+
+def _kv_lens_as_mask(q, k, v, kv_lens, args, mask):
+    """The pattern arguments with the per-sequence key counts, the band and prefix and any block mask
+    folded into one exact block mask (the segments stay as they are), and k, v with the slots past
+    each count zeroed (a preallocated cache may hold anything there; masked keys still meet P V)."""
+    causal, left, right, prefix, q_seg, kv_seg = args[:6]
+    B, H, sq, sk = q.shape[0], q.shape[1], q.shape[2], k.shape[2]
+    n = kv_lens.to(torch.int64).clamp(0, sk)
+    written = (torch.arange(sk, device=k.device)[None, :] < n[:, None])[:, None, :, None]
+    k, v = k.where(written, 0), v.where(written, 0)
+    dense = mask.to_dense() if mask is not None else None
+    if causal:
+        right = 0
+
+    def fn(b, h, qi, kj):
+        count = n[b]
+        pos = qi + count - sq
+        band = torch.ones_like(kj, dtype=torch.bool)
+        if right >= 0:
+            band = band & (kj <= pos + right)
+        if left >= 0:
+            band = band & (kj >= pos - left)
+        if prefix:
+            band = band | (kj < prefix)
+        seen = (kj < count) & band
+        if dense is not None:
+            seen = seen & dense[b % dense.shape[0], h % dense.shape[1], qi, kj]
+        return seen
+
+    heads = H if dense is not None and dense.shape[1] > 1 else None
+    block = mask.block_size if mask is not None else 128
+    m = block_mask(fn, B, heads, sq, sk, block_size=block, device=q.device)
+    return (False, -1, -1, 0, q_seg, kv_seg, m.kinds, m.index, m.bits, *m.block_size), k, v
 
 
 def _pattern_args(q, k, causal, window, prefix_len, segment_ids, mask) -> tuple:
@@ -196,22 +273,32 @@ def _(grad_out, q, k, v, out, lse, grad_lse, *rest):
     return _like(q), _like(k), _like(v)
 
 
+_PATTERN_ARGS = 11  # causal .. block_k: what the backward takes (kv_lens, the forward's last, it does not)
+
+
 def _setup_context(ctx, inputs, output):
     q, k, v, scale, softcap, *pattern = inputs
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse)
-    ctx.scale, ctx.softcap, ctx.pattern = scale, softcap, pattern
+    ctx.scale, ctx.softcap, ctx.pattern = scale, softcap, pattern[:_PATTERN_ARGS]
+    ctx.kv_lens = len(pattern) > _PATTERN_ARGS and pattern[_PATTERN_ARGS] is not None
+    ctx.inputs = len(inputs)
     ctx.set_materialize_grads(False)
 
 
 def _backward(ctx, grad_out, grad_lse):
+    if ctx.kv_lens:
+        raise NotImplementedError(
+            "opforge.attention_backward: no gradient through kv_lens' decode kernel; call opforge.attention, "
+            "which builds the exact block mask when q, k or v require grad"
+        )
     q, k, v, out, lse = ctx.saved_tensors
     if grad_out is None:
         grad_out = torch.zeros_like(out)
     dq, dk, dv = torch.ops.opforge.attention_backward.default(
         grad_out, q, k, v, out, lse, grad_lse, ctx.scale, ctx.softcap, *ctx.pattern
     )
-    return (dq, dk, dv) + (None,) * (2 + len(ctx.pattern))
+    return (dq, dk, dv) + (None,) * (ctx.inputs - 3)
 
 
 torch.library.register_autograd("opforge::attention", _backward, setup_context=_setup_context)

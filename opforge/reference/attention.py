@@ -22,6 +22,7 @@ def attention(
     mask: BlockMask | None = None,
     scale: float | None = None,
     softcap: float | None = None,
+    kv_lens: torch.Tensor | None = None,
     return_lse: bool = False,
 ):
     """What opforge.attention computes, in q's dtype (pass float64 tensors for an oracle)."""
@@ -42,6 +43,7 @@ def attention(
         prefix_len=prefix_len,
         segment_ids=segment_ids,
         mask=mask,
+        kv_lens=kv_lens,
         device=q.device,
     )
     s = s.masked_fill(~visible, -math.inf)

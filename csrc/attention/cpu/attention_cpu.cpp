@@ -239,7 +239,8 @@ void forward_kernel(const AttentionParams& p) {
 constexpr int64_t kDecodeRows = 32, kDecodeBlock = 128;
 
 bool use_decode(const AttentionParams& p) {
-  return p.pattern.sq * (p.heads / p.kv_heads) <= kDecodeRows && p.pattern.sk > 2 * kDecodeBlock;
+  return p.pattern.sq * (p.heads / p.kv_heads) <= kDecodeRows &&
+         (p.pattern.kv_lens != nullptr || p.pattern.sk > 2 * kDecodeBlock);
 }
 
 template <typename A>
@@ -301,6 +302,10 @@ void decode_kernel(const AttentionParams& p) {
     std::vector<BlockKind> kinds(group);
     for (int64_t task = begin; task < end; ++task) {
       const int64_t c = task % chunks, bh = task / chunks, hk = bh % p.kv_heads, b = bh / p.kv_heads;
+      // This sequence's pattern: its own key count with per-sequence counts (kv_lens).
+      AttentionParams bp = p;
+      bp.pattern = pat.at(b);
+      const AttentionPattern& bpat = bp.pattern;
       for (int64_t g = 0; g < group; ++g) {
         const int64_t h = hk * group + g;
         load_rows(at_<T>(p.q, b * p.q_bs + h * p.q_hs), p.q_ss, p.q_ds, Sq, D, qs.data() + g * Sq * D);
@@ -316,12 +321,13 @@ void decode_kernel(const AttentionParams& p) {
       const T* kbase = at_<T>(p.k, b * p.k_bs + hk * p.k_hs);
       const T* vbase = at_<T>(p.v, b * p.v_bs + hk * p.v_hs);
       for (int64_t blk = c * per_chunk; blk < std::min(blocks, (c + 1) * per_chunk); ++blk) {
-        const int64_t j0 = blk * kDecodeBlock, cols = std::min(kDecodeBlock, Sk - j0);
+        const int64_t j0 = blk * kDecodeBlock, cols = std::min(kDecodeBlock, bpat.sk - j0);
+        if (cols <= 0) break;  // past this sequence's keys
         const SegmentRange kv_range =
             pat.kv_segments ? segment_range(pat.kv_segments, pat.kv_seg_bs, b, j0, j0 + cols) : SegmentRange{};
         bool any = false;
         for (int64_t g = 0; g < group; ++g) {
-          kinds[g] = tile_kind(pat, b, hk * group + g, 0, Sq, j0, j0 + cols, q_range, kv_range);
+          kinds[g] = tile_kind(bpat, b, hk * group + g, 0, Sq, j0, j0 + cols, q_range, kv_range);
           any = any || kinds[g] != BlockKind::kEmpty;
         }
         if (!any) continue;
@@ -332,7 +338,7 @@ void decode_kernel(const AttentionParams& p) {
           if (kinds[g] == BlockKind::kEmpty) {
             std::fill(s, s + Sq * cols, neg_inf);
           } else {
-            finish_scores<A>(p, kinds[g], b, hk * group + g, 0, Sq, j0, cols, cols, s, s, true);
+            finish_scores<A>(bp, kinds[g], b, hk * group + g, 0, Sq, j0, cols, cols, s, s, true);
           }
         }
         for (int64_t r = 0; r < rows; ++r) {
@@ -582,9 +588,10 @@ std::tuple<at::Tensor, at::Tensor> attention_cpu(const at::Tensor& q, const at::
                                                  const std::optional<at::Tensor>& mask_kinds,
                                                  const std::optional<at::Tensor>& mask_index,
                                                  const std::optional<at::Tensor>& mask_bits, int64_t block_q,
-                                                 int64_t block_k) {
-  const AttentionPatternArgs args = attention_pattern_args(causal, window_left, window_right, prefix_len, q_segments,
-                                                 kv_segments, mask_kinds, mask_index, mask_bits, block_q, block_k);
+                                                 int64_t block_k, const std::optional<at::Tensor>& kv_lens) {
+  AttentionPatternArgs args = attention_pattern_args(causal, window_left, window_right, prefix_len, q_segments,
+                                                     kv_segments, mask_kinds, mask_index, mask_bits, block_q, block_k);
+  args.kv_lens = kv_lens;
   check_attention_inputs(q, k, v, scale, softcap, args);
   at::Tensor out = empty_attention_like(q);
   at::Tensor lse = at::empty({q.size(0), q.size(1), q.size(2)}, q.options().dtype(attention_lse_dtype(q)));
@@ -595,6 +602,9 @@ std::tuple<at::Tensor, at::Tensor> attention_cpu(const at::Tensor& q, const at::
     if (use_decode(plan.params)) {
       decode_kernel<scalar_t>(plan.params);
     } else {
+      TORCH_CHECK_VALUE(!kv_lens, "opforge.attention: kv_lens (per-sequence key counts) takes at most ", kDecodeRows,
+                        " query rows (Sq x the GQA group) per kv head, got ", q.size(2) * (q.size(1) / k.size(1)),
+                        " (opforge.attention builds a block mask for more)");
       forward_kernel<scalar_t>(plan.params);
     }
   });

@@ -10,6 +10,7 @@
 #include <cuda_runtime.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <limits>
@@ -147,6 +148,21 @@ AttentionCudaArgs cuda_args(const AttentionParams& p) {
   return a;
 }
 
+// Resident decode blocks of `rows` query rows an SM holds, asked once per (head dim, rows).
+int decode_blocks_per_sm(int head_dim, int rows) {
+  static int cache[3][65] = {};  // (64, 128, 256) x rows; 0: not asked yet (a benign race: same value)
+  const int which = head_dim == 64 ? 0 : head_dim == 128 ? 1 : 2;
+  if (rows < 1 || rows > 64) return 1;
+  int& n = cache[which][rows];
+  if (n == 0) {
+    n = which == 0 ? attention_decode_blocks_per_sm_d64(rows)
+        : which == 1 ? attention_decode_blocks_per_sm_d128(rows)
+                     : attention_decode_blocks_per_sm_d256(rows);
+    n = std::max(n, 1);
+  }
+  return n;
+}
+
 void check_launch(const char* op, int err) {
   TORCH_CHECK(err != cudaErrorNoKernelImageForDevice, op,
               ": this build has no kernel for this GPU (the CUDA kernels need compute capability 8.0 or newer "
@@ -163,11 +179,11 @@ std::tuple<at::Tensor, at::Tensor> attention_cuda(const at::Tensor& q, const at:
                                                   const std::optional<at::Tensor>& mask_kinds,
                                                   const std::optional<at::Tensor>& mask_index,
                                                   const std::optional<at::Tensor>& mask_bits, int64_t block_q,
-                                                  int64_t block_k) {
+                                                  int64_t block_k, const std::optional<at::Tensor>& kv_lens) {
   constexpr const char* op = "opforge.attention";
-  const AttentionPatternArgs args = attention_pattern_args(causal, window_left, window_right, prefix_len, q_segments,
-                                                           kv_segments, mask_kinds, mask_index, mask_bits, block_q,
-                                                           block_k);
+  AttentionPatternArgs args = attention_pattern_args(causal, window_left, window_right, prefix_len, q_segments,
+                                                     kv_segments, mask_kinds, mask_index, mask_bits, block_q, block_k);
+  args.kv_lens = kv_lens;
   check_attention_inputs(q, k, v, scale, softcap, args);
   check_cuda_call(op, q, k);
   const c10::cuda::CUDAGuard guard(q.device());
@@ -183,9 +199,14 @@ std::tuple<at::Tensor, at::Tensor> attention_cuda(const at::Tensor& q, const at:
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream().stream();
   if (use_decode(plan.params, static_cast<int>(kd))) {
     // Few query rows against many keys: the split-KV decode kernel and its merge.
+    add_segment_blocks(plan);
     const AttentionParams& p = plan.params;
-    DecodeSplit s = decode_split(p, at::cuda::getCurrentDeviceProperties()->multiProcessorCount);
-    at::Tensor part = at::empty({p.batch * p.kv_heads * s.chunks * s.rows * (kd + 2)}, q.options().dtype(at::kFloat));
+    const int rows = static_cast<int>((p.heads / p.kv_heads) * p.pattern.sq);
+    const int64_t slots = int64_t{at::cuda::getCurrentDeviceProperties()->multiProcessorCount} *
+                          std::max(1, decode_blocks_per_sm(static_cast<int>(kd), rows));
+    DecodeSplit s = decode_split(p, slots);
+    at::Tensor part = at::empty({p.batch * p.kv_heads * s.chunks * s.splits * s.rows * (kd + 2)},
+                                q.options().dtype(at::kFloat));
     s.part = part.data_ptr<float>();
     int err = cudaErrorInvalidValue;
     switch (kd) {
@@ -195,6 +216,9 @@ std::tuple<at::Tensor, at::Tensor> attention_cuda(const at::Tensor& q, const at:
     }
     check_launch(op, err);
   } else {
+    TORCH_CHECK_VALUE(!kv_lens, op, ": kv_lens (per-sequence key counts) takes at most ",
+                      decode_max_rows(static_cast<int>(kd)), " query rows (Sq x the GQA group) per kv head at head dim ",
+                      d, ", got ", q.size(2) * (q.size(1) / k.size(1)), " (opforge.attention builds a block mask for more)");
     add_segment_blocks(plan);
     check_launch(op, run_attention_fwd_cuda(cuda_args(plan.params), static_cast<int>(kd), forced_mma_sync(), stream));
   }

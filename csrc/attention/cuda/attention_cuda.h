@@ -26,42 +26,42 @@ struct AttentionCudaArgs {
   int64_t lse2_ld = 0;  // their row length: Sq rounded up to 64 (padding rows: lse2 +inf, delta 0)
 };
 
-// The decode path's split (attention_decode_kernel.cuh): chunk c of a (batch, kv head) covers the
-// 64-key tiles [tile_begin + c * tiles_per_chunk, ...) up to tile_end (the band's reach); part: the
-// chunks' partial states, (B, Hkv, chunks, rows) x (head_dim + 2) floats (output, max, sum).
+// The decode path's split (attention_decode_kernel.cuh). Each (batch, kv head) spreads the 64-key
+// tiles its queries may see over `chunks` blocks (a block finds its own tiles: with per-sequence key
+// counts only the device knows where they are); with one or two query rows the block's warps also
+// split each tile's keys in two (`splits`), so that four warps have work. part: the partial states,
+// (B, Hkv, chunks, splits, rows) x (head_dim + 2) floats (output, max, sum).
 constexpr int kDecodeTile = 64;
 struct DecodeSplit {
   float* part = nullptr;
-  int chunks = 1, tiles_per_chunk = 1, tile_begin = 0, tile_end = 0, rows = 0;
+  int chunks = 1, splits = 1, rows = 0;
 };
 
 // The most query rows (the GQA group x Sq) a decode block takes: 4 warps x 8 / 16 / 8 rows, the
-// most whose output registers fit with no spills (ptxas, sm_90a: 115 / 166 / 168 registers).
+// most whose output registers fit with no spills (ptxas, sm_90a).
 constexpr int decode_max_rows(int head_dim) { return head_dim == 128 ? 64 : 32; }
 
-// Few query rows against many keys: the decode kernel serves.
+// Few query rows against many keys, or any call with per-sequence key counts (only the decode
+// kernel takes those): the decode kernel serves.
 inline bool use_decode(const AttentionParams& p, int head_dim) {
   const int64_t rows = (p.heads / p.kv_heads) * p.pattern.sq;
-  return rows <= decode_max_rows(head_dim) && p.pattern.sk >= 512;
+  return rows <= decode_max_rows(head_dim) && (p.pattern.kv_lens != nullptr || p.pattern.sk >= 512);
 }
 
-// Chunks so that the grid fills `sms` SMs about twice, over the key tiles the band leaves visible.
-inline DecodeSplit decode_split(const AttentionParams& p, int sms) {
+// The split for `slots` resident decode blocks on the GPU: enough chunks to fill them once, each of
+// at least four tiles.
+inline DecodeSplit decode_split(const AttentionParams& p, int64_t slots) {
   DecodeSplit s;
   const AttentionPattern& pat = p.pattern;
-  int64_t lo = 0, hi = pat.sk;
-  if (pat.window_left >= 0 && pat.prefix_len == 0) lo = std::max<int64_t>(0, pat.pos(0) - pat.window_left);
-  const int64_t right = pat.band_right();
-  if (right >= 0) hi = std::min(pat.sk, std::max(pat.pos(pat.sq - 1) + right + 1, pat.prefix_len));
-  s.tile_begin = static_cast<int>(lo / kDecodeTile);
-  s.tile_end = hi <= lo ? s.tile_begin : static_cast<int>((hi + kDecodeTile - 1) / kDecodeTile);
-  const int tiles = s.tile_end - s.tile_begin;
-  const int64_t heads = p.batch * p.kv_heads;
-  const int want = static_cast<int>(std::max<int64_t>(1, (2 * sms + heads - 1) / heads));
-  s.chunks = std::max(1, std::min(want, (tiles + 3) / 4));  // at least 4 tiles (256 keys) a chunk
-  s.tiles_per_chunk = std::max(1, (tiles + s.chunks - 1) / s.chunks);
-  s.chunks = std::max(1, (tiles + s.tiles_per_chunk - 1) / s.tiles_per_chunk);
+  int64_t lo, hi;
+  band_key_range(pat, 0, pat.sq, lo, hi);
+  // (With per-sequence counts a band's keys sit elsewhere: its width is the same, one tile more.)
+  int64_t tiles = hi <= lo ? 0 : (hi + kDecodeTile - 1) / kDecodeTile - lo / kDecodeTile;
+  if (pat.kv_lens) tiles = std::min<int64_t>(tiles + 1, (pat.sk + kDecodeTile - 1) / kDecodeTile);
+  const int64_t pairs = p.batch * p.kv_heads;
+  s.chunks = static_cast<int>(std::max<int64_t>(1, std::min(slots / std::max<int64_t>(pairs, 1), tiles / 4)));
   s.rows = static_cast<int>((p.heads / p.kv_heads) * pat.sq);
+  s.splits = s.rows <= 2 ? 2 : 1;
   return s;
 }
 
@@ -92,9 +92,13 @@ int run_attention_bwd_q_d64(const AttentionCudaArgs& a, void* stream);
 int run_attention_bwd_q_d128(const AttentionCudaArgs& a, void* stream);
 int run_attention_bwd_q_d256(const AttentionCudaArgs& a, void* stream);
 int run_attention_bwd_prep(const AttentionCudaArgs& a, void* stream);
-// The decode path (sm_80+): split-KV kernel, then the chunks' merge.
+// The decode path (sm_80+): split-KV kernel, then the chunks' merge; and how many decode blocks of
+// `rows` query rows an SM holds at once (0 where the binary has no kernel for this GPU).
 int run_attention_decode_d64(const AttentionCudaArgs& a, const DecodeSplit& s, void* stream);
 int run_attention_decode_d128(const AttentionCudaArgs& a, const DecodeSplit& s, void* stream);
 int run_attention_decode_d256(const AttentionCudaArgs& a, const DecodeSplit& s, void* stream);
+int attention_decode_blocks_per_sm_d64(int rows);
+int attention_decode_blocks_per_sm_d128(int rows);
+int attention_decode_blocks_per_sm_d256(int rows);
 
 }  // namespace opforge

@@ -7,4 +7,6 @@ int run_attention_decode_d128(const AttentionCudaArgs& a, const DecodeSplit& s, 
   return attention_cuda::run_decode<128>(a, s, stream);
 }
 
+int attention_decode_blocks_per_sm_d128(int rows) { return attention_cuda::decode_blocks_per_sm<128>(rows); }
+
 }  // namespace opforge

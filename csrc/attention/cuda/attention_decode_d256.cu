@@ -7,4 +7,6 @@ int run_attention_decode_d256(const AttentionCudaArgs& a, const DecodeSplit& s, 
   return attention_cuda::run_decode<256>(a, s, stream);
 }
 
+int attention_decode_blocks_per_sm_d256(int rows) { return attention_cuda::decode_blocks_per_sm<256>(rows); }
+
 }  // namespace opforge

@@ -7,4 +7,6 @@ int run_attention_decode_d64(const AttentionCudaArgs& a, const DecodeSplit& s, v
   return attention_cuda::run_decode<64>(a, s, stream);
 }
 
+int attention_decode_blocks_per_sm_d64(int rows) { return attention_cuda::decode_blocks_per_sm<64>(rows); }
+
 }  // namespace opforge

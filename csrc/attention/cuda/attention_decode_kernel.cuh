@@ -1,12 +1,14 @@
-// attention CUDA decode (sm_80+): few query rows (the GQA group x Sq <= kDecodeMaxRows) against a
+// attention CUDA decode (sm_80+): few query rows (the GQA group x Sq <= decode_max_rows) against a
 // long KV cache, split over the keys. A block is one (key chunk, kv head, batch row); it stages
 // 64-key K and V tiles in shared memory (cp.async, two stages) and every warp reads them there, so
-// each KV head is read from memory once for its whole query group. Warp w owns rows w, w + 4, ...;
-// for a row, lane l scores keys l and l + 32 of a tile, the online softmax runs across the warp,
-// and P V accumulates with the lane owning kD / 32 output columns. Key tiles outside the band are
-// never visited (a sliding window reads its last W keys); partial tiles test each element. Each
-// block writes its rows' partial (max, sum, output) to a float workspace; a second kernel merges
-// the chunks in chunk order (deterministic) into the output and the LSE.
+// each KV head is read from memory once for its whole query group. A warp owns query rows (and,
+// with one or two rows, half of each tile's keys); for a row, lane l scores keys l and l + 32 of a
+// tile, the online softmax runs across the warp, and P V accumulates with the lane owning kD / 32
+// output columns. Only the tiles a sequence's queries may see are visited (a sliding window reads
+// its last W keys; per-sequence key counts bound each sequence's own), tiles the segments or a
+// block mask leave empty are neither read nor computed, partial ones test each element. Each block
+// writes its rows' partial (max, sum, output) to a float workspace; a second kernel merges them in
+// chunk order (deterministic) into the output and the LSE.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -37,16 +39,38 @@ struct DecodeTraits {
   static constexpr int smem_bytes(int rows) { return rows * kD_ * 2 + 2 * 2 * kTileBytes; }
 };
 
+// What the tile [j0, j1) holds for the block's queries (every row of the group: the band and the
+// segments are the same for all heads; a block mask counts as visible where any head sees it).
+__device__ __forceinline__ BlockKind decode_tile_kind(const AttentionPattern& pat, int64_t b, int64_t h0,
+                                                      int64_t group, int64_t j0, int64_t j1, SegmentRange q_range) {
+  BlockKind kind = band_prefix_tile_kind(pat, 0, pat.sq, j0, j1);
+  if (kind == BlockKind::kEmpty) return kind;
+  if (pat.q_segments) {
+    kind = combine(kind, segment_tile_kind(q_range, block_segment_range(pat.kv_seg_blocks, pat.kv_seg_nblocks, b, j0, j1)));
+  }
+  if (pat.mask_kinds && kind != BlockKind::kEmpty) {
+    bool any = false, all = true;
+    for (int64_t g = 0; g < (pat.mask_h == 1 ? 1 : group); ++g) {
+      const BlockKind km = mask_tile_kind(pat, b, h0 + g, 0, pat.sq, j0, j1);
+      any = any || km != BlockKind::kEmpty;
+      all = all && km == BlockKind::kFull;
+    }
+    kind = combine(kind, !any ? BlockKind::kEmpty : all ? BlockKind::kFull : BlockKind::kPartial);
+  }
+  if (kind == BlockKind::kFull && j1 - j0 < kDecodeTile) kind = BlockKind::kPartial;  // the ragged last tile
+  return kind;
+}
+
 template <typename Tr, typename T>
 __global__ void __launch_bounds__(kDecodeThreads) attention_decode_kernel(const AttentionCudaArgs a, const DecodeSplit s) {
   constexpr int kD = Tr::kD, kCols = kD / 32, kRPW = Tr::kRowsPerWarp;
   extern __shared__ __align__(16) unsigned char smem[];
   const AttentionParams& p = a.g.fwd;
-  const AttentionPattern& pat = p.pattern;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t b = blockIdx.z, hk = blockIdx.y, c = blockIdx.x;
+  const AttentionPattern pat = p.pattern.at(b);  // this sequence's key count and query positions
   const int64_t group = p.heads / p.kv_heads, sq = pat.sq;
-  const int rows = s.rows;  // group * sq
+  const int rows = s.rows, splits = s.splits, units = rows * splits;  // rows: group * sq
   T* sq_rows = reinterpret_cast<T*>(smem);
   unsigned char* stages = smem + rows * kD * 2;
 
@@ -59,22 +83,36 @@ __global__ void __launch_bounds__(kDecodeThreads) attention_decode_kernel(const 
   }
   cuda::cp_async_commit();
 
-  const int t0 = s.tile_begin + static_cast<int>(c) * s.tiles_per_chunk;
-  const int t1 = min(s.tile_end, t0 + s.tiles_per_chunk);
+  // This chunk's share of the sequence's visible tiles.
+  int64_t lo, hi;
+  band_key_range(pat, 0, sq, lo, hi);
+  const int tb = static_cast<int>(lo / kDecodeTile);
+  const int te = hi <= lo ? tb : static_cast<int>((hi + kDecodeTile - 1) / kDecodeTile);
+  const int per = (te - tb + s.chunks - 1) / s.chunks;
+  const int t0 = tb + static_cast<int>(c) * per, t1 = min(te, t0 + per);
+  const SegmentRange q_range =
+      pat.q_segments ? block_segment_range(pat.q_seg_blocks, pat.q_seg_nblocks, b, 0, sq) : SegmentRange{};
+
   const T* kbase = static_cast<const T*>(p.k) + b * p.k_bs + hk * p.k_hs;
   const T* vbase = static_cast<const T*>(p.v) + b * p.v_bs + hk * p.v_hs;
+  // Classifies tile `tile` and stages it unless nothing in it is visible (one commit group either way).
   const auto load_tile = [&](int tile, int stage) {
-    unsigned char* sk = stages + stage * 2 * Tr::kTileBytes;
-    unsigned char* sv = sk + Tr::kTileBytes;
-    for (int idx = threadIdx.x; idx < kDecodeTile * (kD / 8); idx += kDecodeThreads) {
-      const int row = idx / (kD / 8), chunk = idx % (kD / 8);
-      const int64_t j = int64_t{tile} * kDecodeTile + row;
-      const bool in = j < pat.sk;
-      const int64_t jj = in ? j : 0;
-      cuda::cp_async16(sk + row * Tr::kRowBytes + chunk * 16, kbase + jj * p.k_ss + chunk * 8, in ? 16 : 0);
-      cuda::cp_async16(sv + row * Tr::kRowBytes + chunk * 16, vbase + jj * p.v_ss + chunk * 8, in ? 16 : 0);
+    const int64_t j0 = int64_t{tile} * kDecodeTile, j1 = min(j0 + kDecodeTile, pat.sk);
+    const BlockKind kind = decode_tile_kind(pat, b, hk * group, group, j0, j1, q_range);
+    if (kind != BlockKind::kEmpty) {
+      unsigned char* sk = stages + stage * 2 * Tr::kTileBytes;
+      unsigned char* sv = sk + Tr::kTileBytes;
+      for (int idx = threadIdx.x; idx < kDecodeTile * (kD / 8); idx += kDecodeThreads) {
+        const int row = idx / (kD / 8), chunk = idx % (kD / 8);
+        const int64_t j = j0 + row;
+        const bool in = j < j1;
+        const int64_t jj = in ? j : j0;
+        cuda::cp_async16(sk + row * Tr::kRowBytes + chunk * 16, kbase + jj * p.k_ss + chunk * 8, in ? 16 : 0);
+        cuda::cp_async16(sv + row * Tr::kRowBytes + chunk * 16, vbase + jj * p.v_ss + chunk * 8, in ? 16 : 0);
+      }
     }
     cuda::cp_async_commit();
+    return kind;
   };
 
   float o[kRPW][kCols], m[kRPW], l[kRPW];
@@ -85,12 +123,12 @@ __global__ void __launch_bounds__(kDecodeThreads) attention_decode_kernel(const 
     for (int e = 0; e < kCols; ++e) o[rr][e] = 0.f;
   }
   const float scale = a.scale, cap = a.cap_log2 != 0.f ? a.cap_log2 / 1.4426950408889634f : 0.f;
-  const bool elementwise = pat.q_segments || pat.mask_kinds;
 
-  if (t0 < t1) load_tile(t0, 0);
+  BlockKind next = t0 < t1 ? load_tile(t0, 0) : BlockKind::kEmpty;
   for (int tile = t0, it = 0; tile < t1; ++tile, ++it) {
+    const BlockKind kind = next;
     if (tile + 1 < t1) {
-      load_tile(tile + 1, (it + 1) & 1);
+      next = load_tile(tile + 1, (it + 1) & 1);
       cuda::cp_async_wait<1>();
     } else {
       cuda::cp_async_wait<0>();
@@ -98,21 +136,20 @@ __global__ void __launch_bounds__(kDecodeThreads) attention_decode_kernel(const 
     __syncthreads();
     const unsigned char* sk = stages + (it & 1) * 2 * Tr::kTileBytes;
     const unsigned char* sv = sk + Tr::kTileBytes;
-    const int64_t j0 = int64_t{tile} * kDecodeTile;
-    const int64_t j1 = min(j0 + kDecodeTile, pat.sk);
-    // The band's kind for the tile (the same for every head); segments and masks by element.
-    BlockKind kind = band_prefix_tile_kind(pat, 0, sq, j0, j1);
-    if (kind == BlockKind::kFull && (elementwise || j1 - j0 < kDecodeTile)) kind = BlockKind::kPartial;
+    const int64_t j0 = int64_t{tile} * kDecodeTile, j1 = min(j0 + kDecodeTile, pat.sk);
     if (kind != BlockKind::kEmpty) {
 #pragma unroll
       for (int rr = 0; rr < kRPW; ++rr) {
-        const int r = rr * kDecodeWarps + warp;
-        if (r >= rows) break;
+        const int u = rr * kDecodeWarps + warp;  // (row, key half) unit
+        if (u >= units) break;
+        const int r = u % rows, split = u / rows;
         const int64_t h = hk * group + r / sq, i = r % sq;
         const T* qr = sq_rows + r * kD;
         float sc[2];
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
+          sc[half] = kNegInf;
+          if (splits == 2 && half != split) continue;  // the other warp's keys
           const int key = lane + 32 * half;
           const T* kr = reinterpret_cast<const T*>(sk + key * Tr::kRowBytes);
           float acc = 0.f;
@@ -135,7 +172,7 @@ __global__ void __launch_bounds__(kDecodeThreads) attention_decode_kernel(const 
 #pragma unroll
         for (int off = 16; off > 0; off /= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
         const float m_new = fmaxf(m[rr], mx);
-        if (m_new == kNegInf) continue;  // nothing visible to this row yet
+        if (m_new == kNegInf) continue;  // nothing visible to this row yet (the whole warp agrees)
         const float alpha = __expf(m[rr] - m_new);  // 0 for the first visible tile (m = -inf)
         const float p0 = __expf(sc[0] - m_new), p1 = __expf(sc[1] - m_new);
         float sum = p0 + p1;
@@ -145,9 +182,10 @@ __global__ void __launch_bounds__(kDecodeThreads) attention_decode_kernel(const 
         m[rr] = m_new;
 #pragma unroll
         for (int e = 0; e < kCols; ++e) o[rr][e] *= alpha;
-        // P V: lane owns columns lane * kCols .. + kCols - 1 of every key's V row.
+        // P V over the unit's keys: lane owns columns lane * kCols .. + kCols - 1 of each V row.
+        const int kb = splits == 2 ? 32 * split : 0, ke = splits == 2 ? kb + 32 : kDecodeTile;
 #pragma unroll 8
-        for (int key = 0; key < kDecodeTile; ++key) {
+        for (int key = kb; key < ke; ++key) {
           const float pk = __shfl_sync(0xffffffffu, key < 32 ? p0 : p1, key % 32);
           const T* vr = reinterpret_cast<const T*>(sv + key * Tr::kRowBytes) + lane * kCols;
 #pragma unroll
@@ -158,20 +196,21 @@ __global__ void __launch_bounds__(kDecodeThreads) attention_decode_kernel(const 
     __syncthreads();  // (the stage is refilled next)
   }
 
-  // This chunk's partial state of each owned row.
+  // This chunk's partial state of each owned unit.
   const int64_t task = (b * p.kv_heads + hk) * s.chunks + c;
 #pragma unroll
   for (int rr = 0; rr < kRPW; ++rr) {
-    const int r = rr * kDecodeWarps + warp;
-    if (r >= rows) break;
-    float* out = s.part + (task * rows + r) * (kD + 2);
+    const int u = rr * kDecodeWarps + warp;
+    if (u >= units) break;
+    const int r = u % rows, split = u / rows;
+    float* out = s.part + ((task * splits + split) * rows + r) * (kD + 2);
 #pragma unroll
     for (int e = 0; e < kCols; ++e) out[lane * kCols + e] = o[rr][e];
     if (lane == 0) out[kD] = m[rr], out[kD + 1] = l[rr];
   }
 }
 
-// One warp a query row: the chunks' partial states merged in chunk order; output and LSE.
+// One warp a query row: the partial states merged in (chunk, split) order; output and LSE.
 template <int kD, typename T>
 __global__ void __launch_bounds__(128) attention_decode_merge_kernel(const AttentionCudaArgs a, const DecodeSplit s) {
   constexpr int kCols = kD / 32;
@@ -182,12 +221,15 @@ __global__ void __launch_bounds__(128) attention_decode_merge_kernel(const Atten
   if (row >= total) return;
   const int64_t r = row % s.rows, bh = row / s.rows, hk = bh % p.kv_heads, b = bh / p.kv_heads;
   const int64_t group = p.heads / p.kv_heads, sq = p.pattern.sq, h = hk * group + r / sq, i = r % sq;
+  const int parts = s.chunks * s.splits;
+  const float* first = s.part + (bh * parts * s.rows + r) * (kD + 2);
+  const int64_t step = int64_t{s.rows} * (kD + 2);  // from one (chunk, split) to the next
   float mx = kNegInf;
-  for (int c = 0; c < s.chunks; ++c) mx = fmaxf(mx, s.part[((bh * s.chunks + c) * s.rows + r) * (kD + 2) + kD]);
+  for (int c = 0; c < parts; ++c) mx = fmaxf(mx, first[c * step + kD]);
   float acc[kCols] = {}, sum = 0.f;
   if (mx != kNegInf) {
-    for (int c = 0; c < s.chunks; ++c) {
-      const float* part = s.part + ((bh * s.chunks + c) * s.rows + r) * (kD + 2);
+    for (int c = 0; c < parts; ++c) {
+      const float* part = first + c * step;
       if (part[kD] == kNegInf) continue;
       const float w = __expf(part[kD] - mx);
       sum += w * part[kD + 1];
@@ -205,22 +247,25 @@ __global__ void __launch_bounds__(128) attention_decode_merge_kernel(const Atten
   }
 }
 
+// The kernel's shared-memory limit raised once (its stages exceed the default 48 KB).
+template <typename Tr, typename T>
+cudaError_t configure_decode() {
+  static const cudaError_t err = cudaFuncSetAttribute(attention_decode_kernel<Tr, T>,
+                                                      cudaFuncAttributeMaxDynamicSharedMemorySize, 227 * 1024);
+  return err;
+}
+
 template <int kD, typename T>
 cudaError_t launch_decode(const AttentionCudaArgs& a, DecodeSplit s, cudaStream_t stream) {
   using Tr = DecodeTraits<kD>;
   const AttentionParams& p = a.g.fwd;
-  const int smem = Tr::smem_bytes(s.rows);
-  static bool configured = false;
-  if (!configured) {
-    const cudaError_t err = cudaFuncSetAttribute(attention_decode_kernel<Tr, T>,
-                                                 cudaFuncAttributeMaxDynamicSharedMemorySize, 227 * 1024);
-    if (err != cudaSuccess) return err;
-    configured = true;
-  }
-  const dim3 grid(static_cast<unsigned>(s.chunks), static_cast<unsigned>(p.kv_heads), static_cast<unsigned>(p.batch));
-  attention_decode_kernel<Tr, T><<<grid, kDecodeThreads, smem, stream>>>(a, s);
-  cudaError_t err = cudaGetLastError();
+  if (s.rows < 1 || s.rows > Tr::kMaxRows || s.rows * s.splits > Tr::kMaxRows) return cudaErrorInvalidValue;
+  const cudaError_t err = configure_decode<Tr, T>();
   if (err != cudaSuccess) return err;
+  const dim3 grid(static_cast<unsigned>(s.chunks), static_cast<unsigned>(p.kv_heads), static_cast<unsigned>(p.batch));
+  attention_decode_kernel<Tr, T><<<grid, kDecodeThreads, Tr::smem_bytes(s.rows), stream>>>(a, s);
+  cudaError_t launched = cudaGetLastError();
+  if (launched != cudaSuccess) return launched;
   const int64_t rows = p.batch * p.kv_heads * s.rows;
   attention_decode_merge_kernel<kD, T><<<static_cast<unsigned>((rows + 3) / 4), 128, 0, stream>>>(a, s);
   return cudaGetLastError();
@@ -234,6 +279,21 @@ int run_decode(const AttentionCudaArgs& a, const DecodeSplit& s, void* stream) {
     case DType::kFloat16: return launch_decode<kD, __half>(a, s, st);
     default: return cudaErrorInvalidValue;
   }
+}
+
+// Resident decode blocks of `rows` query rows an SM holds (the float16 and bfloat16 kernels use the
+// same resources); 0 where the binary has no kernel for this GPU.
+template <int kD>
+int decode_blocks_per_sm(int rows) {
+  using Tr = DecodeTraits<kD>;
+  if (configure_decode<Tr, __nv_bfloat16>() != cudaSuccess) return 0;
+  int blocks = 0;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, attention_decode_kernel<Tr, __nv_bfloat16>,
+                                                    kDecodeThreads, Tr::smem_bytes(rows)) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return blocks;
 }
 
 }  // namespace attention_cuda

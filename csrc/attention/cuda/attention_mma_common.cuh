@@ -127,10 +127,8 @@ __device__ __forceinline__ TileClass classify(const AttentionPattern& p, int64_t
 // and every tile from 0 under a prefix. Tiles inside are classified one by one.
 template <int kBlockN>
 __device__ __forceinline__ void key_tiles(const AttentionPattern& p, int64_t i0, int64_t i1, int& begin, int& end) {
-  int64_t lo = 0, hi = p.sk;
-  if (p.window_left >= 0 && p.prefix_len == 0) lo = max(int64_t{0}, p.pos(i0) - p.window_left);
-  const int64_t right = p.band_right();
-  if (right >= 0) hi = min(p.sk, max(p.pos(i1 - 1) + right + 1, p.prefix_len));
+  int64_t lo, hi;
+  band_key_range(p, i0, i1, lo, hi);
   begin = static_cast<int>(lo / kBlockN);
   end = hi <= lo ? begin : static_cast<int>((hi + kBlockN - 1) / kBlockN);
 }
