@@ -49,7 +49,7 @@ inline bool use_decode(const AttentionParams& p, int head_dim) {
 }
 
 // The split for `slots` resident decode blocks on the GPU: enough chunks to fill them once, each of
-// at least four tiles.
+// at least two tiles.
 inline DecodeSplit decode_split(const AttentionParams& p, int64_t slots) {
   DecodeSplit s;
   const AttentionPattern& pat = p.pattern;
@@ -59,7 +59,7 @@ inline DecodeSplit decode_split(const AttentionParams& p, int64_t slots) {
   int64_t tiles = hi <= lo ? 0 : (hi + kDecodeTile - 1) / kDecodeTile - lo / kDecodeTile;
   if (pat.kv_lens) tiles = std::min<int64_t>(tiles + 1, (pat.sk + kDecodeTile - 1) / kDecodeTile);
   const int64_t pairs = p.batch * p.kv_heads;
-  s.chunks = static_cast<int>(std::max<int64_t>(1, std::min(slots / std::max<int64_t>(pairs, 1), tiles / 4)));
+  s.chunks = static_cast<int>(std::max<int64_t>(1, std::min(slots / std::max<int64_t>(pairs, 1), tiles / 2)));
   s.rows = static_cast<int>((p.heads / p.kv_heads) * pat.sq);
   s.splits = s.rows <= 2 ? 2 : 1;
   return s;

@@ -22,17 +22,22 @@
 #include "common/cuda/cp_async.cuh"
 #include "common/cuda/math.cuh"
 #include "common/cuda/mma_sync.cuh"
+#include "common/cuda/vector.cuh"
 
 namespace opforge {
 namespace attention_cuda {
 
 constexpr int kDecodeThreads = 128, kDecodeWarps = 4;
 
-template <int kD_>
+
+// kMaxRows_: the most (row, key half) units a block takes; each warp holds kMaxRows_ / 4 rows'
+// outputs in registers (x kD / 32), so a kernel for few rows keeps its register count low (more
+// blocks an SM) and one for many rows exists beside it.
+template <int kD_, int kMaxRows_>
 struct DecodeTraits {
   static constexpr int kD = kD_;
-  static constexpr int kRowsPerWarp = decode_max_rows(kD_) / kDecodeWarps;  // output registers: x kD / 32
-  static constexpr int kMaxRows = kRowsPerWarp * kDecodeWarps;
+  static constexpr int kRowsPerWarp = kMaxRows_ / kDecodeWarps;
+  static constexpr int kMaxRows = kMaxRows_;
   static constexpr int kRowBytes = kD_ * 2 + 16;  // a staged K / V row, padded: lanes' rows in distinct banks
   static constexpr int kTileBytes = kDecodeTile * kRowBytes;
   // q rows (16-bit, unpadded: read as broadcasts), then two stages of K and V
@@ -145,27 +150,44 @@ __global__ void __launch_bounds__(kDecodeThreads) attention_decode_kernel(const 
         const int r = u % rows, split = u / rows;
         const int64_t h = hk * group + r / sq, i = r % sq;
         const T* qr = sq_rows + r * kD;
+        // Scores of keys lane and lane + 32 (one of them with two units a row): eight partial sums a
+        // key, so that the dot products are short dependency chains.
+        const bool lo_half = splits == 1 || split == 0, hi_half = splits == 1 || split == 1;
+        const T* k0 = reinterpret_cast<const T*>(sk + lane * Tr::kRowBytes);
+        const T* k1 = reinterpret_cast<const T*>(sk + (lane + 32) * Tr::kRowBytes);
+        float acc0[8] = {}, acc1[8] = {};
+#pragma unroll 2
+        for (int d = 0; d < kD; d += 8) {
+          const uint4 qv = *reinterpret_cast<const uint4*>(qr + d);
+          const T* qe = reinterpret_cast<const T*>(&qv);
+          float qf[8];
+#pragma unroll
+          for (int e = 0; e < 8; ++e) qf[e] = cuda::to_float(qe[e]);
+          if (lo_half) {
+            const uint4 kv = *reinterpret_cast<const uint4*>(k0 + d);
+            const T* ke = reinterpret_cast<const T*>(&kv);
+#pragma unroll
+            for (int e = 0; e < 8; ++e) acc0[e] = fmaf(qf[e], cuda::to_float(ke[e]), acc0[e]);
+          }
+          if (hi_half) {
+            const uint4 kv = *reinterpret_cast<const uint4*>(k1 + d);
+            const T* ke = reinterpret_cast<const T*>(&kv);
+#pragma unroll
+            for (int e = 0; e < 8; ++e) acc1[e] = fmaf(qf[e], cuda::to_float(ke[e]), acc1[e]);
+          }
+        }
         float sc[2];
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
-          sc[half] = kNegInf;
-          if (splits == 2 && half != split) continue;  // the other warp's keys
-          const int key = lane + 32 * half;
-          const T* kr = reinterpret_cast<const T*>(sk + key * Tr::kRowBytes);
-          float acc = 0.f;
-#pragma unroll 4
-          for (int d = 0; d < kD; d += 8) {
-            const uint4 qv = *reinterpret_cast<const uint4*>(qr + d);
-            const uint4 kv = *reinterpret_cast<const uint4*>(kr + d);
-            const T* qe = reinterpret_cast<const T*>(&qv);
-            const T* ke = reinterpret_cast<const T*>(&kv);
-#pragma unroll
-            for (int e = 0; e < 8; ++e) acc = fmaf(cuda::to_float(qe[e]), cuda::to_float(ke[e]), acc);
-          }
-          float x = acc * scale;
+          const float* acc = half == 0 ? acc0 : acc1;
+          float x = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+          x *= scale;
           if (cap != 0.f) x = cap * tanhf(x / cap);
-          const int64_t j = j0 + key;
-          if (kind == BlockKind::kPartial && (j >= j1 || !pat.visible(b, h, i, j))) x = kNegInf;
+          const int64_t j = j0 + lane + 32 * half;
+          if (!(half == 0 ? lo_half : hi_half) ||
+              (kind == BlockKind::kPartial && (j >= j1 || !pat.visible(b, h, i, j)))) {
+            x = kNegInf;
+          }
           sc[half] = x;
         }
         float mx = fmaxf(sc[0], sc[1]);
@@ -187,7 +209,9 @@ __global__ void __launch_bounds__(kDecodeThreads) attention_decode_kernel(const 
 #pragma unroll 8
         for (int key = kb; key < ke; ++key) {
           const float pk = __shfl_sync(0xffffffffu, key < 32 ? p0 : p1, key % 32);
-          const T* vr = reinterpret_cast<const T*>(sv + key * Tr::kRowBytes) + lane * kCols;
+          // (kCols 16-bit values: one 4- / 8- / 16-byte shared load)
+          const auto raw = *reinterpret_cast<const cuda::Pack<T, kCols>*>(sv + key * Tr::kRowBytes + lane * kCols * 2);
+          const T* vr = raw.v;
 #pragma unroll
           for (int e = 0; e < kCols; ++e) o[rr][e] = fmaf(pk, cuda::to_float(vr[e]), o[rr][e]);
         }
@@ -255,11 +279,10 @@ cudaError_t configure_decode() {
   return err;
 }
 
-template <int kD, typename T>
+template <typename Tr, typename T>
 cudaError_t launch_decode(const AttentionCudaArgs& a, DecodeSplit s, cudaStream_t stream) {
-  using Tr = DecodeTraits<kD>;
   const AttentionParams& p = a.g.fwd;
-  if (s.rows < 1 || s.rows > Tr::kMaxRows || s.rows * s.splits > Tr::kMaxRows) return cudaErrorInvalidValue;
+  if (s.rows < 1 || s.rows * s.splits > Tr::kMaxRows) return cudaErrorInvalidValue;
   const cudaError_t err = configure_decode<Tr, T>();
   if (err != cudaSuccess) return err;
   const dim3 grid(static_cast<unsigned>(s.chunks), static_cast<unsigned>(p.kv_heads), static_cast<unsigned>(p.batch));
@@ -267,25 +290,34 @@ cudaError_t launch_decode(const AttentionCudaArgs& a, DecodeSplit s, cudaStream_
   cudaError_t launched = cudaGetLastError();
   if (launched != cudaSuccess) return launched;
   const int64_t rows = p.batch * p.kv_heads * s.rows;
-  attention_decode_merge_kernel<kD, T><<<static_cast<unsigned>((rows + 3) / 4), 128, 0, stream>>>(a, s);
+  attention_decode_merge_kernel<Tr::kD, T><<<static_cast<unsigned>((rows + 3) / 4), 128, 0, stream>>>(a, s);
   return cudaGetLastError();
 }
+
+// The decode kernel for few rows (at most 8 units: GQA groups up to 8 with Sq = 1) and the one for
+// the most rows at this head dim.
+template <int kD>
+using FewRows = DecodeTraits<kD, 8>;
+template <int kD>
+using ManyRows = DecodeTraits<kD, decode_max_rows(kD)>;
 
 template <int kD>
 int run_decode(const AttentionCudaArgs& a, const DecodeSplit& s, void* stream) {
   const auto st = static_cast<cudaStream_t>(stream);
+  const bool few = s.rows * s.splits <= FewRows<kD>::kMaxRows;
   switch (a.g.fwd.dtype) {
-    case DType::kBFloat16: return launch_decode<kD, __nv_bfloat16>(a, s, st);
-    case DType::kFloat16: return launch_decode<kD, __half>(a, s, st);
+    case DType::kBFloat16:
+      return few ? launch_decode<FewRows<kD>, __nv_bfloat16>(a, s, st) : launch_decode<ManyRows<kD>, __nv_bfloat16>(a, s, st);
+    case DType::kFloat16:
+      return few ? launch_decode<FewRows<kD>, __half>(a, s, st) : launch_decode<ManyRows<kD>, __half>(a, s, st);
     default: return cudaErrorInvalidValue;
   }
 }
 
 // Resident decode blocks of `rows` query rows an SM holds (the float16 and bfloat16 kernels use the
 // same resources); 0 where the binary has no kernel for this GPU.
-template <int kD>
-int decode_blocks_per_sm(int rows) {
-  using Tr = DecodeTraits<kD>;
+template <typename Tr>
+int decode_occupancy(int rows) {
   if (configure_decode<Tr, __nv_bfloat16>() != cudaSuccess) return 0;
   int blocks = 0;
   if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, attention_decode_kernel<Tr, __nv_bfloat16>,
@@ -294,6 +326,12 @@ int decode_blocks_per_sm(int rows) {
     return 0;
   }
   return blocks;
+}
+
+template <int kD>
+int decode_blocks_per_sm(int rows) {
+  const int units = rows * (rows <= 2 ? 2 : 1);  // (decode_split's key halves)
+  return units <= FewRows<kD>::kMaxRows ? decode_occupancy<FewRows<kD>>(rows) : decode_occupancy<ManyRows<kD>>(rows);
 }
 
 }  // namespace attention_cuda
