@@ -28,13 +28,15 @@ struct AttentionCudaArgs {
 
 // The decode path's split (attention_decode_kernel.cuh). Each (batch, kv head) spreads the 64-key
 // tiles its queries may see over `chunks` blocks (a block finds its own tiles: with per-sequence key
-// counts only the device knows where they are); with one or two query rows the block's warps also
-// split each tile's keys in two (`splits`), so that four warps have work. part: the partial states,
-// (B, Hkv, chunks, splits, rows) x (head_dim + 2) floats (output, max, sum).
-constexpr int kDecodeTile = 64;
+// counts only the device knows where they are). Up to 16 query rows run on tensor cores, each of
+// the block's four warps on a quarter of every tile's keys (splits = 4); more rows on the CUDA cores,
+// warps owning rows (with one or two rows, also halves of the keys: splits = 2). part: the partial
+// states, (B, Hkv, chunks, splits, rows) x (head_dim + 2) floats (output, max, sum).
+constexpr int kDecodeTile = 64, kDecodeMmaRows = 16;
 struct DecodeSplit {
   float* part = nullptr;
   int chunks = 1, splits = 1, rows = 0;
+  bool tensor_cores = false;
 };
 
 // The most query rows (the GQA group x Sq) a decode block takes: 4 warps x 8 / 16 / 8 rows, the
@@ -61,7 +63,8 @@ inline DecodeSplit decode_split(const AttentionParams& p, int64_t slots) {
   const int64_t pairs = p.batch * p.kv_heads;
   s.chunks = static_cast<int>(std::max<int64_t>(1, std::min(slots / std::max<int64_t>(pairs, 1), tiles / 2)));
   s.rows = static_cast<int>((p.heads / p.kv_heads) * pat.sq);
-  s.splits = s.rows <= 2 ? 2 : 1;
+  s.tensor_cores = s.rows <= kDecodeMmaRows;
+  s.splits = s.tensor_cores ? 4 : s.rows <= 2 ? 2 : 1;
   return s;
 }
 

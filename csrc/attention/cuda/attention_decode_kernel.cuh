@@ -234,6 +234,197 @@ __global__ void __launch_bounds__(kDecodeThreads) attention_decode_kernel(const 
   }
 }
 
+// The tensor-core decode kernel, for up to 16 query rows (GQA groups up to 16 at Sq = 1): the rows
+// are one m16 tile (padded with zeros), warp w takes keys [16 w, 16 w + 16) of every staged tile
+// (S = Q K^T and O += P V by mma.sync, P reused from the accumulators) and keeps its own softmax
+// state, written as split w for the merge. No element conversions or redundant per-row work: the
+// kernel reads K and V at the memory's pace.
+template <int kD_>
+struct DecodeMmaTraits {
+  static constexpr int kD = kD_;
+  static constexpr int kRows = 16;
+  static constexpr int kRowBytes = kD_ * 2 + 16;  // staged K / V rows padded: ldmatrix rows in distinct banks
+  static constexpr int kTileBytes = kDecodeTile * kRowBytes;
+  static constexpr int smem_bytes() { return kRows * kRowBytes + 2 * 2 * kTileBytes; }
+};
+
+template <typename Tr, typename T>
+__global__ void __launch_bounds__(kDecodeThreads) attention_decode_mma_kernel(const AttentionCudaArgs a, const DecodeSplit s) {
+  constexpr int kD = Tr::kD, kSteps = kD / 16, kNd = kD / 8;
+  extern __shared__ __align__(16) unsigned char smem[];
+  const AttentionParams& p = a.g.fwd;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int64_t b = blockIdx.z, hk = blockIdx.y, c = blockIdx.x;
+  const AttentionPattern pat = p.pattern.at(b);
+  const int64_t group = p.heads / p.kv_heads, sq = pat.sq;
+  const int rows = s.rows;
+  unsigned char* sq_rows = smem;
+  unsigned char* stages = smem + Tr::kRows * Tr::kRowBytes;
+
+  // The rows (row r: head hk * group + r / sq, query r % sq), zeros past `rows`.
+  for (int idx = threadIdx.x; idx < Tr::kRows * (kD / 8); idx += kDecodeThreads) {
+    const int r = idx / (kD / 8), chunk = idx % (kD / 8);
+    const bool in = r < rows;
+    const int64_t h = hk * group + (in ? r / sq : 0), i = in ? r % sq : 0;
+    cuda::cp_async16(sq_rows + r * Tr::kRowBytes + chunk * 16,
+                     static_cast<const T*>(p.q) + b * p.q_bs + h * p.q_hs + i * p.q_ss + chunk * 8, in ? 16 : 0);
+  }
+  cuda::cp_async_commit();
+
+  int64_t lo, hi;
+  band_key_range(pat, 0, sq, lo, hi);
+  const int tb = static_cast<int>(lo / kDecodeTile);
+  const int te = hi <= lo ? tb : static_cast<int>((hi + kDecodeTile - 1) / kDecodeTile);
+  const int per = (te - tb + s.chunks - 1) / s.chunks;
+  const int t0 = tb + static_cast<int>(c) * per, t1 = min(te, t0 + per);
+  const SegmentRange q_range =
+      pat.q_segments ? block_segment_range(pat.q_seg_blocks, pat.q_seg_nblocks, b, 0, sq) : SegmentRange{};
+
+  const T* kbase = static_cast<const T*>(p.k) + b * p.k_bs + hk * p.k_hs;
+  const T* vbase = static_cast<const T*>(p.v) + b * p.v_bs + hk * p.v_hs;
+  const auto load_tile = [&](int tile, int stage) {
+    const int64_t j0 = int64_t{tile} * kDecodeTile, j1 = min(j0 + kDecodeTile, pat.sk);
+    const BlockKind kind = decode_tile_kind(pat, b, hk * group, group, j0, j1, q_range);
+    if (kind != BlockKind::kEmpty) {
+      unsigned char* sk = stages + stage * 2 * Tr::kTileBytes;
+      unsigned char* sv = sk + Tr::kTileBytes;
+      for (int idx = threadIdx.x; idx < kDecodeTile * (kD / 8); idx += kDecodeThreads) {
+        const int row = idx / (kD / 8), chunk = idx % (kD / 8);
+        const int64_t j = j0 + row;
+        const bool in = j < j1;
+        const int64_t jj = in ? j : j0;
+        cuda::cp_async16(sk + row * Tr::kRowBytes + chunk * 16, kbase + jj * p.k_ss + chunk * 8, in ? 16 : 0);
+        cuda::cp_async16(sv + row * Tr::kRowBytes + chunk * 16, vbase + jj * p.v_ss + chunk * 8, in ? 16 : 0);
+      }
+    }
+    cuda::cp_async_commit();
+    return kind;
+  };
+
+  // Rows g and g + 8 of the tile: their heads and queries (for element tests), -1 for padding rows.
+  int64_t row_h[2], row_i[2];
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int r = g + 8 * half;
+    row_h[half] = r < rows ? hk * group + r / sq : -1;
+    row_i[half] = r < rows ? r % sq : 0;
+  }
+  uint32_t qa[kSteps][4];
+  float o[kNd][4] = {}, m[2] = {kNegInf, kNegInf}, l[2] = {0.f, 0.f};
+  const float scale = a.scale, cap = a.cap_log2 != 0.f ? a.cap_log2 / 1.4426950408889634f : 0.f;
+
+  BlockKind next = t0 < t1 ? load_tile(t0, 0) : BlockKind::kEmpty;
+  for (int tile = t0, it = 0; tile < t1; ++tile, ++it) {
+    const BlockKind kind = next;
+    if (tile + 1 < t1) {
+      next = load_tile(tile + 1, (it + 1) & 1);
+      cuda::cp_async_wait<1>();
+    } else {
+      cuda::cp_async_wait<0>();
+    }
+    __syncthreads();
+    if (it == 0) {  // the rows' A fragments, kept for every tile
+#pragma unroll
+      for (int kk = 0; kk < kSteps; ++kk) {
+        const int r = (lane % 8) + 8 * ((lane / 8) % 2), col = kk * 16 + 8 * (lane / 16);
+        cuda::ldmatrix_x4(qa[kk], sq_rows + r * Tr::kRowBytes + col * 2);
+      }
+    }
+    const unsigned char* sk = stages + (it & 1) * 2 * Tr::kTileBytes;
+    const unsigned char* sv = sk + Tr::kTileBytes;
+    const int64_t j0 = int64_t{tile} * kDecodeTile, j1 = min(j0 + kDecodeTile, pat.sk);
+    if (kind != BlockKind::kEmpty) {
+      // S (16 rows x this warp's 16 keys): two n-tiles of 8 keys.
+      float sc[2][4] = {};
+#pragma unroll
+      for (int kk = 0; kk < kSteps; ++kk) {
+        uint32_t kb[4];
+        const int key = 16 * warp + (lane % 8) + 8 * (lane / 16), col = kk * 16 + 8 * ((lane / 8) % 2);
+        cuda::ldmatrix_x4(kb, sk + key * Tr::kRowBytes + col * 2);
+        cuda::mma_m16n8k16<T>(sc[0], qa[kk], kb);
+        cuda::mma_m16n8k16<T>(sc[1], qa[kk], kb + 2);
+      }
+      // Scale, softcap, the element tests; the rows' running max (over the quad of a row).
+      float mx[2] = {kNegInf, kNegInf};
+#pragma unroll
+      for (int n = 0; n < 2; ++n) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int half = e / 2;
+          const int64_t j = j0 + 16 * warp + 8 * n + 2 * t + (e % 2);
+          float x = sc[n][e] * scale;
+          if (cap != 0.f) x = cap * tanhf(x / cap);
+          if (row_h[half] < 0 ||
+              (kind == BlockKind::kPartial && (j >= j1 || !pat.visible(b, row_h[half], row_i[half], j)))) {
+            x = kNegInf;
+          }
+          sc[n][e] = x;
+          mx[half] = fmaxf(mx[half], x);
+        }
+      }
+      uint32_t pa[4];
+      float alpha[2];
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        mx[half] = fmaxf(mx[half], __shfl_xor_sync(0xffffffffu, mx[half], 1));
+        mx[half] = fmaxf(mx[half], __shfl_xor_sync(0xffffffffu, mx[half], 2));
+        const float m_new = fmaxf(m[half], mx[half]);
+        // (a row with nothing visible yet keeps m = -inf: its p are 0, alpha 1)
+        alpha[half] = m_new == kNegInf ? 1.f : __expf(m[half] - m_new);
+        m[half] = m_new;
+      }
+#pragma unroll
+      for (int n = 0; n < 2; ++n) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int half = e / 2;
+          sc[n][e] = m[half] == kNegInf ? 0.f : __expf(sc[n][e] - m[half]);
+          l[half] = (e % 2 == 0 && n == 0 ? l[half] * alpha[half] : l[half]) + sc[n][e];
+        }
+      }
+      // P as the A operand (16 rows x 16 keys): pairs of the accumulators.
+      pa[0] = cuda::pack2<T>(sc[0][0], sc[0][1]);
+      pa[1] = cuda::pack2<T>(sc[0][2], sc[0][3]);
+      pa[2] = cuda::pack2<T>(sc[1][0], sc[1][1]);
+      pa[3] = cuda::pack2<T>(sc[1][2], sc[1][3]);
+#pragma unroll
+      for (int nd = 0; nd < kNd; ++nd) {
+        o[nd][0] *= alpha[0], o[nd][1] *= alpha[0], o[nd][2] *= alpha[1], o[nd][3] *= alpha[1];
+      }
+      // O += P V: V (this warp's 16 keys x kD), two 8-column n-tiles per transposed ldmatrix.
+#pragma unroll
+      for (int nd = 0; nd < kNd; nd += 2) {
+        uint32_t vb[4];
+        const int key = 16 * warp + (lane % 8) + 8 * ((lane / 8) % 2), col = 8 * (nd + lane / 16);
+        cuda::ldmatrix_x4_trans(vb, sv + key * Tr::kRowBytes + col * 2);
+        cuda::mma_m16n8k16<T>(o[nd], pa, vb);
+        cuda::mma_m16n8k16<T>(o[nd + 1], pa, vb + 2);
+      }
+    }
+    __syncthreads();  // (the stage is refilled next)
+  }
+
+  // This warp's partial state (split `warp`) of rows g and g + 8.
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    l[half] += __shfl_xor_sync(0xffffffffu, l[half], 1);
+    l[half] += __shfl_xor_sync(0xffffffffu, l[half], 2);
+  }
+  const int64_t task = (b * p.kv_heads + hk) * s.chunks + c;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int r = g + 8 * half;
+    if (r >= rows) continue;
+    float* out = s.part + ((task * s.splits + warp) * rows + r) * (kD + 2);
+#pragma unroll
+    for (int nd = 0; nd < kNd; ++nd) {
+      out[8 * nd + 2 * t] = o[nd][2 * half];
+      out[8 * nd + 2 * t + 1] = o[nd][2 * half + 1];
+    }
+    if (t == 0) out[kD] = m[half], out[kD + 1] = l[half];
+  }
+}
+
 // One warp a query row: the partial states merged in (chunk, split) order; output and LSE.
 template <int kD, typename T>
 __global__ void __launch_bounds__(128) attention_decode_merge_kernel(const AttentionCudaArgs a, const DecodeSplit s) {
@@ -301,10 +492,40 @@ using FewRows = DecodeTraits<kD, 8>;
 template <int kD>
 using ManyRows = DecodeTraits<kD, decode_max_rows(kD)>;
 
+template <typename Tr, typename T>
+cudaError_t configure_decode_mma() {
+  static const cudaError_t err = cudaFuncSetAttribute(attention_decode_mma_kernel<Tr, T>,
+                                                      cudaFuncAttributeMaxDynamicSharedMemorySize, 227 * 1024);
+  return err;
+}
+
+template <int kD, typename T>
+cudaError_t launch_decode_mma(const AttentionCudaArgs& a, DecodeSplit s, cudaStream_t stream) {
+  using Tr = DecodeMmaTraits<kD>;
+  const AttentionParams& p = a.g.fwd;
+  if (s.rows < 1 || s.rows > Tr::kRows || s.splits != kDecodeWarps) return cudaErrorInvalidValue;
+  const cudaError_t err = configure_decode_mma<Tr, T>();
+  if (err != cudaSuccess) return err;
+  const dim3 grid(static_cast<unsigned>(s.chunks), static_cast<unsigned>(p.kv_heads), static_cast<unsigned>(p.batch));
+  attention_decode_mma_kernel<Tr, T><<<grid, kDecodeThreads, Tr::smem_bytes(), stream>>>(a, s);
+  cudaError_t launched = cudaGetLastError();
+  if (launched != cudaSuccess) return launched;
+  const int64_t rows = p.batch * p.kv_heads * s.rows;
+  attention_decode_merge_kernel<kD, T><<<static_cast<unsigned>((rows + 3) / 4), 128, 0, stream>>>(a, s);
+  return cudaGetLastError();
+}
+
 template <int kD>
 int run_decode(const AttentionCudaArgs& a, const DecodeSplit& s, void* stream) {
   const auto st = static_cast<cudaStream_t>(stream);
   const bool few = s.rows * s.splits <= FewRows<kD>::kMaxRows;
+  if (s.tensor_cores) {
+    switch (a.g.fwd.dtype) {
+      case DType::kBFloat16: return launch_decode_mma<kD, __nv_bfloat16>(a, s, st);
+      case DType::kFloat16: return launch_decode_mma<kD, __half>(a, s, st);
+      default: return cudaErrorInvalidValue;
+    }
+  }
   switch (a.g.fwd.dtype) {
     case DType::kBFloat16:
       return few ? launch_decode<FewRows<kD>, __nv_bfloat16>(a, s, st) : launch_decode<ManyRows<kD>, __nv_bfloat16>(a, s, st);
@@ -330,6 +551,17 @@ int decode_occupancy(int rows) {
 
 template <int kD>
 int decode_blocks_per_sm(int rows) {
+  if (rows <= kDecodeMmaRows) {
+    using Tr = DecodeMmaTraits<kD>;
+    if (configure_decode_mma<Tr, __nv_bfloat16>() != cudaSuccess) return 0;
+    int blocks = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, attention_decode_mma_kernel<Tr, __nv_bfloat16>,
+                                                      kDecodeThreads, Tr::smem_bytes()) != cudaSuccess) {
+      cudaGetLastError();
+      return 0;
+    }
+    return blocks;
+  }
   const int units = rows * (rows <= 2 ? 2 : 1);  // (decode_split's key halves)
   return units <= FewRows<kD>::kMaxRows ? decode_occupancy<FewRows<kD>>(rows) : decode_occupancy<ManyRows<kD>>(rows);
 }
