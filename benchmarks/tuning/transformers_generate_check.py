@@ -40,7 +40,7 @@ def main(prompt: int, new: int) -> None:
                 for a, b in zip(out[impl].logits[:4], ref.logits[:4], strict=True)
             ]
             print(
-                f"cache {cache}: {impl} vs sdpa tokens agree {same:.0%}; first-step logit diffs {['%.3f' % d for d in diffs]}"
+                f"cache {cache}: {impl} vs sdpa tokens agree {same:.0%}; first-step logit diffs {[round(d, 3) for d in diffs]}"
             )
         top = torch.stack(ref.logits[:4]).float().topk(2, dim=-1).values
         print(
