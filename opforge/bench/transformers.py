@@ -123,13 +123,31 @@ def _generate_case(
     fns = {impl: partial(generate, m) for impl, m in models.items()}
 
     def check() -> str | None:
+        # Greedy paths of a random-weight model part at near-ties (bf16 on the H200: top-2 logit gaps
+        # down to 0.016 against a 0.06-0.09 spread between sdpa's and eager's logits), so the tokens
+        # of a long generate() are not compared: the logits of generate()'s first steps (prefill and
+        # cache decode steps, on a shorter prompt) are, opforge's distance from sdpa's within twice
+        # eager's.
         if error := _off_implementation(models):
             return error
-        got, want = fns["opforge"](), fns["sdpa"]()
-        same = (got[:, prompt:] == want[:, prompt:]).float().mean().item()
-        # (bf16: greedy paths may part at a near-tie; most tokens must agree)
-        if same < 0.5:
-            return f"only {same:.0%} of the new tokens agree with sdpa's"
+        eager = models["eager"] if "eager" in models else _models(device, shape, ["eager"])[1]["eager"]
+        short = dict(max_new_tokens=4, min_new_tokens=4, output_logits=True, return_dict_in_generate=True)
+        n = min(prompt, 256)
+        with torch.no_grad():
+            logits = {
+                impl: m.generate(ids[:, :n], attention_mask=attn[:, :n], **{**gen, **short}).logits
+                for impl, m in (("opforge", models["opforge"]), ("sdpa", models["sdpa"]), ("eager", eager))
+            }
+
+        def dist(impl):
+            return max(
+                (a.float() - b.float()).abs().max().item()
+                for a, b in zip(logits[impl], logits["sdpa"], strict=True)
+            )
+
+        got, spread = dist("opforge"), dist("eager")
+        if got > 2 * spread + 1e-3:
+            return f"logits {got:.3g} from sdpa's over the first steps (eager's: {spread:.3g})"
         params["peak memory MiB"] = _peak_memory(fns, device)
         return None
 

@@ -439,15 +439,25 @@ __global__ void __launch_bounds__(128) attention_decode_merge_kernel(const Atten
   const int parts = s.chunks * s.splits;
   const float* first = s.part + (bh * parts * s.rows + r) * (kD + 2);
   const int64_t step = int64_t{s.rows} * (kD + 2);  // from one (chunk, split) to the next
+  // The max and the weighted sum over the parts, lanes taking parts side by side (the reductions'
+  // order is fixed: deterministic); then the output columns, parts in order, eight loads in flight.
   float mx = kNegInf;
-  for (int c = 0; c < parts; ++c) mx = fmaxf(mx, first[c * step + kD]);
+  for (int c = lane; c < parts; c += 32) mx = fmaxf(mx, first[c * step + kD]);
+#pragma unroll
+  for (int off = 16; off > 0; off /= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
   float acc[kCols] = {}, sum = 0.f;
   if (mx != kNegInf) {
+    for (int c = lane; c < parts; c += 32) {
+      const float mc = first[c * step + kD];
+      if (mc != kNegInf) sum += __expf(mc - mx) * first[c * step + kD + 1];
+    }
+#pragma unroll
+    for (int off = 16; off > 0; off /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+#pragma unroll 8
     for (int c = 0; c < parts; ++c) {
       const float* part = first + c * step;
-      if (part[kD] == kNegInf) continue;
-      const float w = __expf(part[kD] - mx);
-      sum += w * part[kD + 1];
+      const float mc = part[kD];
+      const float w = mc == kNegInf ? 0.f : __expf(mc - mx);
 #pragma unroll
       for (int e = 0; e < kCols; ++e) acc[e] += w * part[lane * kCols + e];
     }
