@@ -2,7 +2,8 @@
 ones) x odd lengths (1, 17, 127, 1000, 4097) against a float64 reference with an explicit boolean
 mask, within 2x PyTorch's own error in the dtype; Sq != Sk, GQA, fully masked rows, block and
 function masks, softcap, gradients, determinism, the LSE's gradient, layouts, streams, CUDA graphs,
-opcheck, compile, errors."""
+opcheck, compile, errors; the decode kernels (few rows, long caches) and per-sequence key counts
+(kv_lens: NaN past each count, ragged batches, a CUDA graph replayed with new counts)."""
 
 from __future__ import annotations
 

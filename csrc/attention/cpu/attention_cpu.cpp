@@ -288,10 +288,13 @@ void decode_kernel(const AttentionParams& p) {
   const AttentionPattern& pat = p.pattern;
   const int64_t D = p.head_dim, Sq = pat.sq, Sk = pat.sk, group = p.heads / p.kv_heads, rows = group * Sq;
   const int64_t blocks = (Sk + kDecodeBlock - 1) / kDecodeBlock, heads = p.batch * p.kv_heads;
-  // About four tasks a thread, each of at least four key blocks.
+  // About four tasks a thread, each of at least four key blocks. A task (chunk c of a (batch, kv
+  // head)) takes the c-th share of its sequence's visible blocks (per-sequence key counts and a
+  // band make those differ), and tasks run chunk-major, so that each thread's range holds every
+  // sequence's shares alike (ragged lengths stay balanced).
   const int64_t threads = at::get_num_threads();
-  const int64_t want = std::min<int64_t>(std::max<int64_t>(1, (4 * threads + heads - 1) / heads), (blocks + 3) / 4);
-  const int64_t per_chunk = (blocks + want - 1) / want, chunks = (blocks + per_chunk - 1) / per_chunk;
+  const int64_t chunks =
+      std::min<int64_t>(std::max<int64_t>(1, (4 * threads + heads - 1) / heads), std::max<int64_t>(1, (blocks + 3) / 4));
   const int64_t tasks = heads * chunks;
   const int64_t flops = 4 * p.batch * p.heads * Sq * Sk * D;
   const int64_t grain = flops < (int64_t{1} << 22) ? tasks : 1;
@@ -301,26 +304,32 @@ void decode_kernel(const AttentionParams& p) {
     std::vector<A> qs(rows * D), kb(kDecodeBlock * D), vb(kDecodeBlock * D), sc(rows * kDecodeBlock);
     std::vector<BlockKind> kinds(group);
     for (int64_t task = begin; task < end; ++task) {
-      const int64_t c = task % chunks, bh = task / chunks, hk = bh % p.kv_heads, b = bh / p.kv_heads;
+      const int64_t c = task / heads, bh = task % heads, hk = bh % p.kv_heads, b = bh / p.kv_heads;
+      const int64_t slot = bh * chunks + c;  // (the partial states sit by (batch, kv head) for the merge)
       // This sequence's pattern: its own key count with per-sequence counts (kv_lens).
       AttentionParams bp = p;
       bp.pattern = pat.at(b);
       const AttentionPattern& bpat = bp.pattern;
+      int64_t lo, hi;
+      band_key_range(bpat, 0, Sq, lo, hi);
+      const int64_t first = lo / kDecodeBlock, last = hi <= lo ? first : (hi + kDecodeBlock - 1) / kDecodeBlock;
+      const int64_t per_chunk = (last - first + chunks - 1) / chunks;
+      const int64_t blk0 = first + c * per_chunk, blk1 = std::min(last, blk0 + per_chunk);
       for (int64_t g = 0; g < group; ++g) {
         const int64_t h = hk * group + g;
         load_rows(at_<T>(p.q, b * p.q_bs + h * p.q_hs), p.q_ss, p.q_ds, Sq, D, qs.data() + g * Sq * D);
       }
       for (A& x : qs) x *= scale;
-      A* o = part_o.data() + task * rows * D;
-      A* m = part_m.data() + task * rows;
-      A* l = part_l.data() + task * rows;
+      A* o = part_o.data() + slot * rows * D;
+      A* m = part_m.data() + slot * rows;
+      A* l = part_l.data() + slot * rows;
       std::fill(o, o + rows * D, A(0));
       std::fill(m, m + rows, neg_inf);
       std::fill(l, l + rows, A(0));
       const SegmentRange q_range = segment_range(pat.q_segments, pat.q_seg_bs, b, 0, Sq);
       const T* kbase = at_<T>(p.k, b * p.k_bs + hk * p.k_hs);
       const T* vbase = at_<T>(p.v, b * p.v_bs + hk * p.v_hs);
-      for (int64_t blk = c * per_chunk; blk < std::min(blocks, (c + 1) * per_chunk); ++blk) {
+      for (int64_t blk = blk0; blk < blk1; ++blk) {
         const int64_t j0 = blk * kDecodeBlock, cols = std::min(kDecodeBlock, bpat.sk - j0);
         if (cols <= 0) break;  // past this sequence's keys
         const SegmentRange kv_range =
