@@ -5,6 +5,8 @@
 #   NCU="random blocks 30%|--fwd-only;causal|"   rows whose Hopper kernels ncu profiles (sections + stalls)
 #   SRC="random blocks 30%|--fwd-only"  rows whose first Hopper kernel gets source-level stall sampling
 #   TESTS=0 BENCH=1 MEMCHECK=1         skip the tests / run the full benchmark / the memcheck subset
+#   CASES_FLAGS=--graphs               extra flags for the CASES rows (attention_cases.py)
+#   KERNEL=decode                      the kernel-name regex NCU / SRC profile (default: hopper)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/attn}
@@ -21,7 +23,7 @@ if [ "${TESTS:-1}" = 1 ]; then
 fi
 IFS=';' read -ra rows <<< "${CASES:-}"
 if [ ${#rows[@]} -gt 0 ]; then
-  timeout 300 python3 benchmarks/tuning/attention_cases.py "${rows[@]}" 2>&1 | grep -v Warn | tee "$OUT/cases.txt"
+  timeout 300 python3 benchmarks/tuning/attention_cases.py "${rows[@]}" ${CASES_FLAGS:-} 2>&1 | grep -v Warn | tee "$OUT/cases.txt"
 fi
 metrics=sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active,sm__inst_executed_pipe_tensor_op_gmma.sum,smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio,smsp__average_warps_issue_stalled_barrier_per_issue_active.ratio,smsp__average_warps_issue_stalled_wait_per_issue_active.ratio,smsp__average_warps_issue_stalled_math_pipe_throttle_per_issue_active.ratio,smsp__average_warps_issue_stalled_short_scoreboard_per_issue_active.ratio,smsp__average_warps_issue_stalled_membar_per_issue_active.ratio,l1tex__data_bank_conflicts_pipe_lsu_mem_shared.sum,lts__t_bytes.sum.per_second
 IFS=';' read -ra specs <<< "${NCU:-}"
@@ -29,7 +31,7 @@ n=0
 for spec in "${specs[@]}"; do
   name=${spec%%|*}; flag=${spec#*|}; n=$((n + 1))
   count=$([ -z "$flag" ] && echo 3 || echo 1)
-  timeout 200 ncu --clock-control none --kernel-name regex:hopper --launch-skip $((count + 1)) --launch-count $count \
+  timeout 200 ncu --clock-control none --kernel-name regex:${KERNEL:-hopper} --launch-skip $((count + 1)) --launch-count $count \
     --section SpeedOfLight --section WarpStateStats --section LaunchStats --section Occupancy --metrics "$metrics" \
     python3 benchmarks/tuning/attention_cases.py "$name" $flag --opforge-only > "$OUT/ncu$n.txt" 2>&1
   echo "== ncu $name $flag"
@@ -38,7 +40,7 @@ done
 IFS=';' read -ra specs <<< "${SRC:-}"
 for spec in "${specs[@]}"; do
   name=${spec%%|*}; flag=${spec#*|}; rep="$OUT/src"
-  timeout 200 ncu --clock-control none --kernel-name regex:hopper --launch-skip 2 --launch-count 1 \
+  timeout 200 ncu --clock-control none --kernel-name regex:${KERNEL:-hopper} --launch-skip 2 --launch-count 1 \
     --section SourceCounters --section WarpStateStats -o "$rep" -f \
     python3 benchmarks/tuning/attention_cases.py "$name" $flag --opforge-only > "$rep.log" 2>&1
   ncu -i "$rep.ncu-rep" --page source --print-source sass --csv > /tmp/src.csv 2>/dev/null
