@@ -244,27 +244,27 @@ bool use_decode(const AttentionParams& p) {
 }
 
 template <typename A>
-void decode_scores(const A* q, int64_t rows, const A* k, int64_t cols, int64_t d, A* s) {
+void decode_scores(const A* q, int64_t rows, const A* k, int64_t ld, int64_t cols, int64_t d, A* s) {
   if constexpr (std::is_same_v<A, float>) {
-    softmax_row_fns(cpu_isa()).scores(q, rows, k, cols, d, s);
+    softmax_row_fns(cpu_isa()).scores(q, rows, k, ld, cols, d, s);
   } else {
     for (int64_t c = 0; c < cols; ++c)
       for (int64_t r = 0; r < rows; ++r) {
         A sum = 0;
-        for (int64_t i = 0; i < d; ++i) sum += q[r * d + i] * k[c * d + i];
+        for (int64_t i = 0; i < d; ++i) sum += q[r * d + i] * k[c * ld + i];
         s[r * cols + c] = sum;
       }
   }
 }
 
 template <typename A>
-void decode_accumulate(const A* pr, int64_t rows, const A* v, int64_t cols, int64_t d, A* o) {
+void decode_accumulate(const A* pr, int64_t rows, const A* v, int64_t ld, int64_t cols, int64_t d, A* o) {
   if constexpr (std::is_same_v<A, float>) {
-    softmax_row_fns(cpu_isa()).accumulate(pr, rows, v, cols, d, o);
+    softmax_row_fns(cpu_isa()).accumulate(pr, rows, v, ld, cols, d, o);
   } else {
     for (int64_t r = 0; r < rows; ++r)
       for (int64_t c = 0; c < cols; ++c)
-        for (int64_t i = 0; i < d; ++i) o[r * d + i] += pr[r * cols + c] * v[c * d + i];
+        for (int64_t i = 0; i < d; ++i) o[r * d + i] += pr[r * cols + c] * v[c * ld + i];
   }
 }
 
@@ -297,7 +297,8 @@ void decode_kernel(const AttentionParams& p) {
       std::min<int64_t>(std::max<int64_t>(1, (4 * threads + heads - 1) / heads), std::max<int64_t>(1, (blocks + 3) / 4));
   const int64_t tasks = heads * chunks;
   const int64_t flops = 4 * p.batch * p.heads * Sq * Sk * D;
-  const int64_t grain = flops < (int64_t{1} << 22) ? tasks : 1;
+  // Serial below about 20 us of work (a parallel region costs a few us at two threads).
+  const int64_t grain = flops < (int64_t{1} << 19) ? tasks : 1;
   const A scale = static_cast<A>(p.scale), neg_inf = -std::numeric_limits<A>::infinity();
   std::vector<A> part_o(tasks * rows * D), part_m(tasks * rows), part_l(tasks * rows);
   at::parallel_for(0, tasks, grain, [&](int64_t begin, int64_t end) {
@@ -340,8 +341,15 @@ void decode_kernel(const AttentionParams& p) {
           any = any || kinds[g] != BlockKind::kEmpty;
         }
         if (!any) continue;
-        load_rows(kbase + j0 * p.k_ss, p.k_ss, p.k_ds, cols, D, kb.data());
-        decode_scores(qs.data(), rows, kb.data(), cols, D, sc.data());
+        // K and V in place when they are already the accumulation type with unit column stride
+        // (float32 / float64 caches), else converted into a block.
+        const A* kt = kb.data();
+        int64_t kld = D;
+        if constexpr (std::is_same_v<T, A>) {
+          if (p.k_ds == 1) kt = kbase + j0 * p.k_ss, kld = p.k_ss;
+        }
+        if (kt == kb.data()) load_rows(kbase + j0 * p.k_ss, p.k_ss, p.k_ds, cols, D, kb.data());
+        decode_scores(qs.data(), rows, kt, kld, cols, D, sc.data());
         for (int64_t g = 0; g < group; ++g) {
           A* s = sc.data() + g * Sq * cols;
           if (kinds[g] == BlockKind::kEmpty) {
@@ -365,8 +373,13 @@ void decode_kernel(const AttentionParams& p) {
             for (int64_t cc = 0; cc < cols; ++cc) row[cc] = static_cast<A>(static_cast<T>(row[cc]));
           }
         }
-        load_rows(vbase + j0 * p.v_ss, p.v_ss, p.v_ds, cols, D, vb.data());
-        decode_accumulate(sc.data(), rows, vb.data(), cols, D, o);
+        const A* vt = vb.data();
+        int64_t vld = D;
+        if constexpr (std::is_same_v<T, A>) {
+          if (p.v_ds == 1) vt = vbase + j0 * p.v_ss, vld = p.v_ss;
+        }
+        if (vt == vb.data()) load_rows(vbase + j0 * p.v_ss, p.v_ss, p.v_ds, cols, D, vb.data());
+        decode_accumulate(sc.data(), rows, vt, vld, cols, D, o);
       }
     }
   });
