@@ -30,7 +30,7 @@ struct AttentionCudaArgs {
 // tiles its queries may see over `chunks` blocks (a block finds its own tiles: with per-sequence key
 // counts only the device knows where they are). Up to 16 query rows run on tensor cores, each of
 // the block's four warps on a quarter of every tile's keys (splits = 4); more rows on the CUDA cores,
-// warps owning rows (with one or two rows, also halves of the keys: splits = 2). part: the partial
+// warps owning rows (splits = 1). part: the partial
 // states, (B, Hkv, chunks, splits, rows) x (head_dim + 2) floats (output, max, sum).
 constexpr int kDecodeTile = 64, kDecodeMmaRows = 16;
 struct DecodeSplit {
@@ -64,7 +64,7 @@ inline DecodeSplit decode_split(const AttentionParams& p, int64_t slots) {
   s.chunks = static_cast<int>(std::max<int64_t>(1, std::min(slots / std::max<int64_t>(pairs, 1), tiles / 2)));
   s.rows = static_cast<int>((p.heads / p.kv_heads) * pat.sq);
   s.tensor_cores = s.rows <= kDecodeMmaRows;
-  s.splits = s.tensor_cores ? 4 : s.rows <= 2 ? 2 : 1;
+  s.splits = s.tensor_cores ? 4 : 1;
   return s;
 }
 

@@ -29,10 +29,8 @@ namespace attention_cuda {
 
 constexpr int kDecodeThreads = 128, kDecodeWarps = 4;
 
-
-// kMaxRows_: the most (row, key half) units a block takes; each warp holds kMaxRows_ / 4 rows'
-// outputs in registers (x kD / 32), so a kernel for few rows keeps its register count low (more
-// blocks an SM) and one for many rows exists beside it.
+// The CUDA-core kernel (the rows the tensor-core one does not take). kMaxRows_: the most (row, key
+// half) units a block takes; each warp holds kMaxRows_ / 4 rows' outputs in registers (x kD / 32).
 template <int kD_, int kMaxRows_>
 struct DecodeTraits {
   static constexpr int kD = kD_;
@@ -495,10 +493,7 @@ cudaError_t launch_decode(const AttentionCudaArgs& a, DecodeSplit s, cudaStream_
   return cudaGetLastError();
 }
 
-// The decode kernel for few rows (at most 8 units: GQA groups up to 8 with Sq = 1) and the one for
-// the most rows at this head dim.
-template <int kD>
-using FewRows = DecodeTraits<kD, 8>;
+// The CUDA-core kernel at this head dim: up to decode_max_rows rows.
 template <int kD>
 using ManyRows = DecodeTraits<kD, decode_max_rows(kD)>;
 
@@ -528,7 +523,6 @@ cudaError_t launch_decode_mma(const AttentionCudaArgs& a, DecodeSplit s, cudaStr
 template <int kD>
 int run_decode(const AttentionCudaArgs& a, const DecodeSplit& s, void* stream) {
   const auto st = static_cast<cudaStream_t>(stream);
-  const bool few = s.rows * s.splits <= FewRows<kD>::kMaxRows;
   if (s.tensor_cores) {
     switch (a.g.fwd.dtype) {
       case DType::kBFloat16: return launch_decode_mma<kD, __nv_bfloat16>(a, s, st);
@@ -537,10 +531,8 @@ int run_decode(const AttentionCudaArgs& a, const DecodeSplit& s, void* stream) {
     }
   }
   switch (a.g.fwd.dtype) {
-    case DType::kBFloat16:
-      return few ? launch_decode<FewRows<kD>, __nv_bfloat16>(a, s, st) : launch_decode<ManyRows<kD>, __nv_bfloat16>(a, s, st);
-    case DType::kFloat16:
-      return few ? launch_decode<FewRows<kD>, __half>(a, s, st) : launch_decode<ManyRows<kD>, __half>(a, s, st);
+    case DType::kBFloat16: return launch_decode<ManyRows<kD>, __nv_bfloat16>(a, s, st);
+    case DType::kFloat16: return launch_decode<ManyRows<kD>, __half>(a, s, st);
     default: return cudaErrorInvalidValue;
   }
 }
@@ -572,8 +564,7 @@ int decode_blocks_per_sm(int rows) {
     }
     return blocks;
   }
-  const int units = rows * (rows <= 2 ? 2 : 1);  // (decode_split's key halves)
-  return units <= FewRows<kD>::kMaxRows ? decode_occupancy<FewRows<kD>>(rows) : decode_occupancy<ManyRows<kD>>(rows);
+  return decode_occupancy<ManyRows<kD>>(rows);
 }
 
 }  // namespace attention_cuda
