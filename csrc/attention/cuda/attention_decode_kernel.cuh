@@ -237,13 +237,16 @@ __global__ void __launch_bounds__(kDecodeThreads) attention_decode_kernel(const 
 // (S = Q K^T and O += P V by mma.sync, P reused from the accumulators) and keeps its own softmax
 // state, written as split w for the merge. No element conversions or redundant per-row work: the
 // kernel reads K and V at the memory's pace.
-template <int kD_>
+// kStages: K/V tiles staged at once (kStages - 1 in flight while one is computed). Two: three
+// blocks an SM at head dims up to 128; three (two blocks an SM) measured slower (LOG.md).
+template <int kD_, int kStages_ = 2>
 struct DecodeMmaTraits {
   static constexpr int kD = kD_;
   static constexpr int kRows = 16;
+  static constexpr int kStages = kStages_;
   static constexpr int kRowBytes = kD_ * 2 + 16;  // staged K / V rows padded: ldmatrix rows in distinct banks
   static constexpr int kTileBytes = kDecodeTile * kRowBytes;
-  static constexpr int smem_bytes() { return kRows * kRowBytes + 2 * 2 * kTileBytes; }
+  static constexpr int smem_bytes() { return kRows * kRowBytes + kStages * 2 * kTileBytes; }
 };
 
 template <typename Tr, typename T>
@@ -311,16 +314,28 @@ __global__ void __launch_bounds__(kDecodeThreads) attention_decode_mma_kernel(co
   float o[kNd][4] = {}, m[2] = {kNegInf, kNegInf}, l[2] = {0.f, 0.f};
   const float scale = a.scale, cap = a.cap_log2 != 0.f ? a.cap_log2 / 1.4426950408889634f : 0.f;
 
-  BlockKind next = t0 < t1 ? load_tile(t0, 0) : BlockKind::kEmpty;
-  for (int tile = t0, it = 0; tile < t1; ++tile, ++it) {
-    const BlockKind kind = next;
-    if (tile + 1 < t1) {
-      next = load_tile(tile + 1, (it + 1) & 1);
-      cuda::cp_async_wait<1>();
+  // The kinds of the staged tiles, two bits a stage (a register, not an indexed array).
+  uint32_t kinds = 0;
+#pragma unroll
+  for (int st = 0; st < Tr::kStages - 1; ++st) {
+    if (t0 + st < t1) {
+      kinds |= static_cast<uint32_t>(load_tile(t0 + st, st)) << (2 * st);
     } else {
-      cuda::cp_async_wait<0>();
+      cuda::cp_async_commit();  // (an empty group: the waits count groups)
     }
+  }
+  for (int tile = t0, it = 0; tile < t1; ++tile, ++it) {
+    const int stage = it % Tr::kStages;
+    const int ahead = tile + Tr::kStages - 1, ahead_stage = (it + Tr::kStages - 1) % Tr::kStages;
+    if (ahead < t1) {
+      kinds = (kinds & ~(3u << (2 * ahead_stage))) |
+              (static_cast<uint32_t>(load_tile(ahead, ahead_stage)) << (2 * ahead_stage));
+    } else {
+      cuda::cp_async_commit();
+    }
+    cuda::cp_async_wait<Tr::kStages - 1>();  // this tile (and the rows) landed
     __syncthreads();
+    const BlockKind kind = static_cast<BlockKind>((kinds >> (2 * stage)) & 3u);
     if (it == 0) {  // the rows' A fragments, kept for every tile
 #pragma unroll
       for (int kk = 0; kk < kSteps; ++kk) {
@@ -328,7 +343,7 @@ __global__ void __launch_bounds__(kDecodeThreads) attention_decode_mma_kernel(co
         cuda::ldmatrix_x4(qa[kk], sq_rows + r * Tr::kRowBytes + col * 2);
       }
     }
-    const unsigned char* sk = stages + (it & 1) * 2 * Tr::kTileBytes;
+    const unsigned char* sk = stages + stage * 2 * Tr::kTileBytes;
     const unsigned char* sv = sk + Tr::kTileBytes;
     const int64_t j0 = int64_t{tile} * kDecodeTile, j1 = min(j0 + kDecodeTile, pat.sk);
     if (kind != BlockKind::kEmpty) {
@@ -504,9 +519,9 @@ cudaError_t configure_decode_mma() {
   return err;
 }
 
-template <int kD, typename T>
+template <typename Tr, typename T>
 cudaError_t launch_decode_mma(const AttentionCudaArgs& a, DecodeSplit s, cudaStream_t stream) {
-  using Tr = DecodeMmaTraits<kD>;
+  constexpr int kD = Tr::kD;
   const AttentionParams& p = a.g.fwd;
   if (s.rows < 1 || s.rows > Tr::kRows || s.splits != kDecodeWarps) return cudaErrorInvalidValue;
   const cudaError_t err = configure_decode_mma<Tr, T>();
@@ -525,8 +540,8 @@ int run_decode(const AttentionCudaArgs& a, const DecodeSplit& s, void* stream) {
   const auto st = static_cast<cudaStream_t>(stream);
   if (s.tensor_cores) {
     switch (a.g.fwd.dtype) {
-      case DType::kBFloat16: return launch_decode_mma<kD, __nv_bfloat16>(a, s, st);
-      case DType::kFloat16: return launch_decode_mma<kD, __half>(a, s, st);
+      case DType::kBFloat16: return launch_decode_mma<DecodeMmaTraits<kD>, __nv_bfloat16>(a, s, st);
+      case DType::kFloat16: return launch_decode_mma<DecodeMmaTraits<kD>, __half>(a, s, st);
       default: return cudaErrorInvalidValue;
     }
   }

@@ -1,0 +1,75 @@
+// Tuning only (benchmarks/tuning/decode_variants.py builds it with torch's JIT): the tensor-core
+// decode kernel (csrc/attention/cuda/attention_decode_kernel.cuh) at other staging depths and chunk
+// counts than the shipped ones, on contiguous bf16 q (B, Hq, 1, D) and k, v (B, Hkv, S, D), causal,
+// optional per-sequence key counts. Not part of the product.
+#include <ATen/cuda/CUDAContext.h>
+#include <torch/extension.h>
+
+#include "attention/cuda/attention_decode_kernel.cuh"
+
+namespace {
+
+using opforge::AttentionCudaArgs;
+using opforge::DecodeSplit;
+
+template <int kStages>
+int launch(const AttentionCudaArgs& a, const DecodeSplit& s, cudaStream_t st) {
+  using Tr = opforge::attention_cuda::DecodeMmaTraits<128, kStages>;
+  return opforge::attention_cuda::launch_decode_mma<Tr, __nv_bfloat16>(a, s, st);
+}
+
+// out, lse; `chunks` blocks a (batch, kv head), `stages` K/V stages.
+std::vector<at::Tensor> run(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                            const std::optional<at::Tensor>& kv_lens, int64_t stages, int64_t chunks) {
+  TORCH_CHECK(q.is_contiguous() && k.is_contiguous() && v.is_contiguous() && q.scalar_type() == at::kBFloat16 &&
+              q.size(3) == 128 && q.size(2) == 1);
+  at::Tensor out = at::empty_like(q), lse = at::empty({q.size(0), q.size(1), 1}, q.options().dtype(at::kFloat));
+  at::Tensor lens = kv_lens ? kv_lens->to(at::kLong).contiguous() : at::Tensor();
+  opforge::AttentionParams p;
+  p.q = q.const_data_ptr(), p.k = k.const_data_ptr(), p.v = v.const_data_ptr();
+  p.q_bs = q.stride(0), p.q_hs = q.stride(1), p.q_ss = q.stride(2);
+  p.k_bs = k.stride(0), p.k_hs = k.stride(1), p.k_ss = k.stride(2);
+  p.v_bs = v.stride(0), p.v_hs = v.stride(1), p.v_ss = v.stride(2);
+  p.out = out.data_ptr(), p.o_bs = out.stride(0), p.o_hs = out.stride(1), p.o_ss = out.stride(2);
+  p.lse = lse.data_ptr();
+  p.batch = q.size(0), p.heads = q.size(1), p.kv_heads = k.size(1), p.head_dim = 128;
+  p.dtype = opforge::DType::kBFloat16;
+  p.scale = 1.0 / std::sqrt(128.0);
+  p.pattern.sq = 1, p.pattern.sk = k.size(2), p.pattern.causal = true;
+  if (lens.defined()) p.pattern.kv_lens = lens.const_data_ptr<int64_t>();
+  DecodeSplit s;
+  s.rows = static_cast<int>(p.heads / p.kv_heads);
+  TORCH_CHECK(s.rows <= opforge::kDecodeMmaRows);
+  s.tensor_cores = true, s.splits = 4, s.chunks = static_cast<int>(chunks);
+  at::Tensor part = at::empty({p.batch * p.kv_heads * s.chunks * s.splits * s.rows * (128 + 2)}, q.options().dtype(at::kFloat));
+  s.part = part.data_ptr<float>();
+  AttentionCudaArgs a;
+  a.g.fwd = p;
+  a.scale = static_cast<float>(p.scale);
+  const cudaStream_t st = at::cuda::getCurrentCUDAStream().stream();
+  int err = stages == 2 ? launch<2>(a, s, st) : stages == 3 ? launch<3>(a, s, st) : launch<4>(a, s, st);
+  TORCH_CHECK(err == 0, "launch failed: ", cudaGetErrorString(static_cast<cudaError_t>(err)));
+  return {out, lse};
+}
+
+int blocks_per_sm(int64_t stages, int64_t rows) {
+  int n = 0;
+  const auto occ = [&](auto tr) {
+    using Tr = decltype(tr);
+    opforge::attention_cuda::configure_decode_mma<Tr, __nv_bfloat16>();
+    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, opforge::attention_cuda::attention_decode_mma_kernel<Tr, __nv_bfloat16>,
+                                                  opforge::attention_cuda::kDecodeThreads, Tr::smem_bytes());
+  };
+  using namespace opforge::attention_cuda;
+  if (stages == 2) occ(DecodeMmaTraits<128, 2>{});
+  else if (stages == 3) occ(DecodeMmaTraits<128, 3>{});
+  else occ(DecodeMmaTraits<128, 4>{});
+  return n;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("run", &run);
+  m.def("blocks_per_sm", &blocks_per_sm);
+}
