@@ -40,13 +40,14 @@ std::vector<at::Tensor> run(const at::Tensor& q, const at::Tensor& k, const at::
   DecodeSplit s;
   s.rows = static_cast<int>(p.heads / p.kv_heads);
   TORCH_CHECK(s.rows <= opforge::kDecodeMmaRows);
-  s.tensor_cores = true, s.splits = 4, s.chunks = static_cast<int>(chunks);
-  at::Tensor part = at::empty({p.batch * p.kv_heads * s.chunks * s.splits * s.rows * (128 + 2)}, q.options().dtype(at::kFloat));
+  s.tensor_cores = true, s.chunks = static_cast<int>(chunks);
+  at::Tensor part = at::empty({p.batch * p.kv_heads * s.chunks * s.rows * opforge::decode_part_stride(128)}, q.options().dtype(at::kFloat));
   s.part = part.data_ptr<float>();
   AttentionCudaArgs a;
   a.g.fwd = p;
   a.scale = static_cast<float>(p.scale);
   const cudaStream_t st = at::cuda::getCurrentCUDAStream().stream();
+  (void)cudaGetLastError();  // (an earlier call's error is not this launch's)
   int err = stages == 2 ? launch<2>(a, s, st) : stages == 3 ? launch<3>(a, s, st) : launch<4>(a, s, st);
   TORCH_CHECK(err == 0, "launch failed: ", cudaGetErrorString(static_cast<cudaError_t>(err)));
   return {out, lse};
@@ -56,9 +57,11 @@ int blocks_per_sm(int64_t stages, int64_t rows) {
   int n = 0;
   const auto occ = [&](auto tr) {
     using Tr = decltype(tr);
-    opforge::attention_cuda::configure_decode_mma<Tr, __nv_bfloat16>();
-    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, opforge::attention_cuda::attention_decode_mma_kernel<Tr, __nv_bfloat16>,
-                                                  opforge::attention_cuda::kDecodeThreads, Tr::smem_bytes());
+    cudaError_t e = opforge::attention_cuda::configure_decode_mma<Tr, __nv_bfloat16>();
+    TORCH_CHECK(e == cudaSuccess, "configure (", Tr::smem_bytes(), " bytes): ", cudaGetErrorString(e));
+    e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, opforge::attention_cuda::attention_decode_mma_kernel<Tr, __nv_bfloat16>,
+                                                      opforge::attention_cuda::kDecodeThreads, Tr::smem_bytes());
+    TORCH_CHECK(e == cudaSuccess, "occupancy: ", cudaGetErrorString(e));
   };
   using namespace opforge::attention_cuda;
   if (stages == 2) occ(DecodeMmaTraits<128, 2>{});

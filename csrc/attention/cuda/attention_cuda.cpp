@@ -205,7 +205,7 @@ std::tuple<at::Tensor, at::Tensor> attention_cuda(const at::Tensor& q, const at:
     const int64_t slots = int64_t{at::cuda::getCurrentDeviceProperties()->multiProcessorCount} *
                           std::max(1, decode_blocks_per_sm(static_cast<int>(kd), rows));
     DecodeSplit s = decode_split(p, slots);
-    at::Tensor part = at::empty({p.batch * p.kv_heads * s.chunks * s.splits * s.rows * (kd + 2)},
+    at::Tensor part = at::empty({p.batch * p.kv_heads * s.chunks * s.rows * decode_part_stride(static_cast<int>(kd))},
                                 q.options().dtype(at::kFloat));
     s.part = part.data_ptr<float>();
     int err = cudaErrorInvalidValue;

@@ -29,15 +29,19 @@ struct AttentionCudaArgs {
 // The decode path's split (attention_decode_kernel.cuh). Each (batch, kv head) spreads the 64-key
 // tiles its queries may see over `chunks` blocks (a block finds its own tiles: with per-sequence key
 // counts only the device knows where they are). Up to 16 query rows run on tensor cores, each of
-// the block's four warps on a quarter of every tile's keys (splits = 4); more rows on the CUDA cores,
-// warps owning rows (splits = 1). part: the partial
-// states, (B, Hkv, chunks, splits, rows) x (head_dim + 2) floats (output, max, sum).
+// the block's four warps on a quarter of every tile's keys (combined in the block); more rows on the
+// CUDA cores, warps owning rows. part: each block's partial states, (B, Hkv, chunks, rows) x
+// decode_part_stride(head_dim) floats (output, max, sum).
 constexpr int kDecodeTile = 64, kDecodeMmaRows = 16;
 struct DecodeSplit {
   float* part = nullptr;
-  int chunks = 1, splits = 1, rows = 0;
+  int chunks = 1, rows = 0;
   bool tensor_cores = false;
 };
+
+// Floats a partial state takes in the workspace: the output, max, sum and two of padding (rows
+// 16-byte aligned for the merge's vector loads).
+constexpr int decode_part_stride(int head_dim) { return head_dim + 4; }
 
 // The most query rows (the GQA group x Sq) a decode block takes: 4 warps x 8 / 16 / 8 rows, the
 // most whose output registers fit with no spills (ptxas, sm_90a).
@@ -64,7 +68,6 @@ inline DecodeSplit decode_split(const AttentionParams& p, int64_t slots) {
   s.chunks = static_cast<int>(std::max<int64_t>(1, std::min(slots / std::max<int64_t>(pairs, 1), tiles / 2)));
   s.rows = static_cast<int>((p.heads / p.kv_heads) * pat.sq);
   s.tensor_cores = s.rows <= kDecodeMmaRows;
-  s.splits = s.tensor_cores ? 4 : 1;
   return s;
 }
 

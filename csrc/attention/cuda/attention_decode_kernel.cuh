@@ -1,14 +1,14 @@
 // attention CUDA decode (sm_80+): few query rows (the GQA group x Sq <= decode_max_rows) against a
 // long KV cache, split over the keys. A block is one (key chunk, kv head, batch row); it stages
 // 64-key K and V tiles in shared memory (cp.async, two stages) and every warp reads them there, so
-// each KV head is read from memory once for its whole query group. A warp owns query rows (and,
-// with one or two rows, half of each tile's keys); for a row, lane l scores keys l and l + 32 of a
-// tile, the online softmax runs across the warp, and P V accumulates with the lane owning kD / 32
-// output columns. Only the tiles a sequence's queries may see are visited (a sliding window reads
+// each KV head is read from memory once for its whole query group. Up to 16 rows run on tensor
+// cores (attention_decode_mma_kernel); more on the CUDA cores, where a warp owns query rows: for a
+// row, lane l scores keys l and l + 32 of a tile, the online softmax runs across the warp, and P V
+// accumulates with the lane owning kD / 32 output columns. Only the tiles a sequence's queries may see are visited (a sliding window reads
 // its last W keys; per-sequence key counts bound each sequence's own), tiles the segments or a
 // block mask leave empty are neither read nor computed, partial ones test each element. Each block
-// writes its rows' partial (max, sum, output) to a float workspace; a second kernel merges them in
-// chunk order (deterministic) into the output and the LSE.
+// writes its rows' partial (max, sum, output) to a float workspace; a second kernel merges them
+// (in a fixed order: deterministic) into the output and the LSE.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -29,8 +29,8 @@ namespace attention_cuda {
 
 constexpr int kDecodeThreads = 128, kDecodeWarps = 4;
 
-// The CUDA-core kernel (the rows the tensor-core one does not take). kMaxRows_: the most (row, key
-// half) units a block takes; each warp holds kMaxRows_ / 4 rows' outputs in registers (x kD / 32).
+// The CUDA-core kernel (the rows the tensor-core one does not take). kMaxRows_: the most rows a
+// block takes; each warp holds kMaxRows_ / 4 rows' outputs in registers (x kD / 32).
 template <int kD_, int kMaxRows_>
 struct DecodeTraits {
   static constexpr int kD = kD_;
@@ -73,7 +73,7 @@ __global__ void __launch_bounds__(kDecodeThreads) attention_decode_kernel(const 
   const int64_t b = blockIdx.z, hk = blockIdx.y, c = blockIdx.x;
   const AttentionPattern pat = p.pattern.at(b);  // this sequence's key count and query positions
   const int64_t group = p.heads / p.kv_heads, sq = pat.sq;
-  const int rows = s.rows, splits = s.splits, units = rows * splits;  // rows: group * sq
+  const int rows = s.rows;  // group * sq
   T* sq_rows = reinterpret_cast<T*>(smem);
   unsigned char* stages = smem + rows * kD * 2;
 
@@ -143,14 +143,12 @@ __global__ void __launch_bounds__(kDecodeThreads) attention_decode_kernel(const 
     if (kind != BlockKind::kEmpty) {
 #pragma unroll
       for (int rr = 0; rr < kRPW; ++rr) {
-        const int u = rr * kDecodeWarps + warp;  // (row, key half) unit
-        if (u >= units) break;
-        const int r = u % rows, split = u / rows;
+        const int r = rr * kDecodeWarps + warp;
+        if (r >= rows) break;
         const int64_t h = hk * group + r / sq, i = r % sq;
         const T* qr = sq_rows + r * kD;
-        // Scores of keys lane and lane + 32 (one of them with two units a row): eight partial sums a
-        // key, so that the dot products are short dependency chains.
-        const bool lo_half = splits == 1 || split == 0, hi_half = splits == 1 || split == 1;
+        // Scores of keys lane and lane + 32: eight partial sums a key, so that the dot products are
+        // short dependency chains.
         const T* k0 = reinterpret_cast<const T*>(sk + lane * Tr::kRowBytes);
         const T* k1 = reinterpret_cast<const T*>(sk + (lane + 32) * Tr::kRowBytes);
         float acc0[8] = {}, acc1[8] = {};
@@ -161,17 +159,13 @@ __global__ void __launch_bounds__(kDecodeThreads) attention_decode_kernel(const 
           float qf[8];
 #pragma unroll
           for (int e = 0; e < 8; ++e) qf[e] = cuda::to_float(qe[e]);
-          if (lo_half) {
-            const uint4 kv = *reinterpret_cast<const uint4*>(k0 + d);
-            const T* ke = reinterpret_cast<const T*>(&kv);
+          const uint4 kv0 = *reinterpret_cast<const uint4*>(k0 + d), kv1 = *reinterpret_cast<const uint4*>(k1 + d);
+          const T* ke0 = reinterpret_cast<const T*>(&kv0);
+          const T* ke1 = reinterpret_cast<const T*>(&kv1);
 #pragma unroll
-            for (int e = 0; e < 8; ++e) acc0[e] = fmaf(qf[e], cuda::to_float(ke[e]), acc0[e]);
-          }
-          if (hi_half) {
-            const uint4 kv = *reinterpret_cast<const uint4*>(k1 + d);
-            const T* ke = reinterpret_cast<const T*>(&kv);
-#pragma unroll
-            for (int e = 0; e < 8; ++e) acc1[e] = fmaf(qf[e], cuda::to_float(ke[e]), acc1[e]);
+          for (int e = 0; e < 8; ++e) {
+            acc0[e] = fmaf(qf[e], cuda::to_float(ke0[e]), acc0[e]);
+            acc1[e] = fmaf(qf[e], cuda::to_float(ke1[e]), acc1[e]);
           }
         }
         float sc[2];
@@ -182,8 +176,7 @@ __global__ void __launch_bounds__(kDecodeThreads) attention_decode_kernel(const 
           x *= scale;
           if (cap != 0.f) x = cap * tanhf(x / cap);
           const int64_t j = j0 + lane + 32 * half;
-          if (!(half == 0 ? lo_half : hi_half) ||
-              (kind == BlockKind::kPartial && (j >= j1 || !pat.visible(b, h, i, j)))) {
+          if (kind == BlockKind::kPartial && (j >= j1 || !pat.visible(b, h, i, j))) {
             x = kNegInf;
           }
           sc[half] = x;
@@ -202,10 +195,9 @@ __global__ void __launch_bounds__(kDecodeThreads) attention_decode_kernel(const 
         m[rr] = m_new;
 #pragma unroll
         for (int e = 0; e < kCols; ++e) o[rr][e] *= alpha;
-        // P V over the unit's keys: lane owns columns lane * kCols .. + kCols - 1 of each V row.
-        const int kb = splits == 2 ? 32 * split : 0, ke = splits == 2 ? kb + 32 : kDecodeTile;
+        // P V over the tile: lane owns columns lane * kCols .. + kCols - 1 of each V row.
 #pragma unroll 8
-        for (int key = kb; key < ke; ++key) {
+        for (int key = 0; key < kDecodeTile; ++key) {
           const float pk = __shfl_sync(0xffffffffu, key < 32 ? p0 : p1, key % 32);
           // (kCols 16-bit values: one 4- / 8- / 16-byte shared load)
           const auto raw = *reinterpret_cast<const cuda::Pack<T, kCols>*>(sv + key * Tr::kRowBytes + lane * kCols * 2);
@@ -218,14 +210,13 @@ __global__ void __launch_bounds__(kDecodeThreads) attention_decode_kernel(const 
     __syncthreads();  // (the stage is refilled next)
   }
 
-  // This chunk's partial state of each owned unit.
+  // This chunk's partial state of each owned row.
   const int64_t task = (b * p.kv_heads + hk) * s.chunks + c;
 #pragma unroll
   for (int rr = 0; rr < kRPW; ++rr) {
-    const int u = rr * kDecodeWarps + warp;
-    if (u >= units) break;
-    const int r = u % rows, split = u / rows;
-    float* out = s.part + ((task * splits + split) * rows + r) * (kD + 2);
+    const int r = rr * kDecodeWarps + warp;
+    if (r >= rows) break;
+    float* out = s.part + (task * rows + r) * decode_part_stride(kD);
 #pragma unroll
     for (int e = 0; e < kCols; ++e) out[lane * kCols + e] = o[rr][e];
     if (lane == 0) out[kD] = m[rr], out[kD + 1] = l[rr];
@@ -235,7 +226,7 @@ __global__ void __launch_bounds__(kDecodeThreads) attention_decode_kernel(const 
 // The tensor-core decode kernel, for up to 16 query rows (GQA groups up to 16 at Sq = 1): the rows
 // are one m16 tile (padded with zeros), warp w takes keys [16 w, 16 w + 16) of every staged tile
 // (S = Q K^T and O += P V by mma.sync, P reused from the accumulators) and keeps its own softmax
-// state, written as split w for the merge. No element conversions or redundant per-row work: the
+// state; the four are combined in shared memory into the block's one partial state. No element conversions or redundant per-row work: the
 // kernel reads K and V at the memory's pace.
 // kStages: K/V tiles staged at once (kStages - 1 in flight while one is computed). Two: three
 // blocks an SM at head dims up to 128; three (two blocks an SM) measured slower (LOG.md).
@@ -247,6 +238,8 @@ struct DecodeMmaTraits {
   static constexpr int kRowBytes = kD_ * 2 + 16;  // staged K / V rows padded: ldmatrix rows in distinct banks
   static constexpr int kTileBytes = kDecodeTile * kRowBytes;
   static constexpr int smem_bytes() { return kRows * kRowBytes + kStages * 2 * kTileBytes; }
+  // (the stages hold warps 1-3's states for the in-block combine after the last tile)
+  static_assert((kDecodeWarps - 1) * (kD_ / 8 + 1) * 32 * 16 <= kStages * 2 * kTileBytes);
 };
 
 template <typename Tr, typename T>
@@ -417,43 +410,87 @@ __global__ void __launch_bounds__(kDecodeThreads) attention_decode_mma_kernel(co
     __syncthreads();  // (the stage is refilled next)
   }
 
-  // This warp's partial state (split `warp`) of rows g and g + 8.
+  // The four warps' states combined (warps 1-3 hand theirs to warp 0 through the idle stages, each
+  // lane's fragments side by side), then written as this block's partial state of rows g, g + 8.
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     l[half] += __shfl_xor_sync(0xffffffffu, l[half], 1);
     l[half] += __shfl_xor_sync(0xffffffffu, l[half], 2);
+  }
+  cuda::cp_async_wait<0>();  // (no copy is left in flight where the states go)
+  float4* handoff = reinterpret_cast<float4*>(stages);  // [warp 1-3][kNd + 1][32 lanes]
+  if (warp > 0) {
+    float4* mine = handoff + (warp - 1) * (kNd + 1) * 32 + lane;
+#pragma unroll
+    for (int nd = 0; nd < kNd; ++nd) mine[nd * 32] = make_float4(o[nd][0], o[nd][1], o[nd][2], o[nd][3]);
+    mine[kNd * 32] = make_float4(m[0], m[1], l[0], l[1]);
+  }
+  __syncthreads();
+  if (warp > 0) return;
+  float f[kDecodeWarps][2];  // each warp's weight, per half
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    float mw[kDecodeWarps], mx = m[half];
+    mw[0] = m[half];
+#pragma unroll
+    for (int w = 1; w < kDecodeWarps; ++w) {
+      const float4 ml = handoff[((w - 1) * (kNd + 1) + kNd) * 32 + lane];
+      mw[w] = half == 0 ? ml.x : ml.y;
+      mx = fmaxf(mx, mw[w]);
+    }
+    float sum = 0.f;
+#pragma unroll
+    for (int w = 0; w < kDecodeWarps; ++w) {
+      f[w][half] = mw[w] == kNegInf ? 0.f : __expf(mw[w] - mx);
+      const float lw = w == 0 ? l[half] : [&] {
+        const float4 ml = handoff[((w - 1) * (kNd + 1) + kNd) * 32 + lane];
+        return half == 0 ? ml.z : ml.w;
+      }();
+      sum += f[w][half] * lw;
+    }
+    m[half] = mx, l[half] = sum;
+  }
+#pragma unroll
+  for (int nd = 0; nd < kNd; ++nd) {
+    o[nd][0] *= f[0][0], o[nd][1] *= f[0][0], o[nd][2] *= f[0][1], o[nd][3] *= f[0][1];
+#pragma unroll
+    for (int w = 1; w < kDecodeWarps; ++w) {
+      const float4 x = handoff[((w - 1) * (kNd + 1) + nd) * 32 + lane];
+      o[nd][0] += f[w][0] * x.x, o[nd][1] += f[w][0] * x.y, o[nd][2] += f[w][1] * x.z, o[nd][3] += f[w][1] * x.w;
+    }
   }
   const int64_t task = (b * p.kv_heads + hk) * s.chunks + c;
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     const int r = g + 8 * half;
     if (r >= rows) continue;
-    float* out = s.part + ((task * s.splits + warp) * rows + r) * (kD + 2);
+    float* out = s.part + (task * rows + r) * decode_part_stride(kD);
 #pragma unroll
     for (int nd = 0; nd < kNd; ++nd) {
-      out[8 * nd + 2 * t] = o[nd][2 * half];
-      out[8 * nd + 2 * t + 1] = o[nd][2 * half + 1];
+      *reinterpret_cast<float2*>(out + 8 * nd + 2 * t) = make_float2(o[nd][2 * half], o[nd][2 * half + 1]);
     }
     if (t == 0) out[kD] = m[half], out[kD + 1] = l[half];
   }
 }
 
-// One warp a query row: the partial states merged in (chunk, split) order; output and LSE.
+// One block a query row: the chunks' partial states merged into the output and the LSE. Every warp
+// finds the max and the weighted sum over all parts (lanes over parts, reductions in a fixed order);
+// warp w sums the outputs of parts w, w + 4, ..., and the four sums are added in warp order
+// (deterministic). Lane l owns output columns l * kD / 32 onwards.
+constexpr int kMergeThreads = 128;
+
 template <int kD, typename T>
-__global__ void __launch_bounds__(128) attention_decode_merge_kernel(const AttentionCudaArgs a, const DecodeSplit s) {
-  constexpr int kCols = kD / 32;
+__global__ void __launch_bounds__(kMergeThreads) attention_decode_merge_kernel(const AttentionCudaArgs a, const DecodeSplit s) {
+  constexpr int kCols = kD / 32, kWarps = kMergeThreads / 32;
+  __shared__ float partial[kWarps - 1][kD];
   const AttentionParams& p = a.g.fwd;
-  const int lane = threadIdx.x % 32;
-  const int64_t row = int64_t{blockIdx.x} * 4 + threadIdx.x / 32;  // (b, hk, r)
-  const int64_t total = p.batch * p.kv_heads * s.rows;
-  if (row >= total) return;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t row = blockIdx.x;  // (b, hk, r)
   const int64_t r = row % s.rows, bh = row / s.rows, hk = bh % p.kv_heads, b = bh / p.kv_heads;
   const int64_t group = p.heads / p.kv_heads, sq = p.pattern.sq, h = hk * group + r / sq, i = r % sq;
-  const int parts = s.chunks * s.splits;
-  const float* first = s.part + (bh * parts * s.rows + r) * (kD + 2);
-  const int64_t step = int64_t{s.rows} * (kD + 2);  // from one (chunk, split) to the next
-  // The max and the weighted sum over the parts, lanes taking parts side by side (the reductions'
-  // order is fixed: deterministic); then the output columns, parts in order, eight loads in flight.
+  const int parts = s.chunks;
+  const float* first = s.part + (bh * parts * s.rows + r) * decode_part_stride(kD);
+  const int64_t step = int64_t{s.rows} * decode_part_stride(kD);  // from one chunk's state to the next
   float mx = kNegInf;
   for (int c = lane; c < parts; c += 32) mx = fmaxf(mx, first[c * step + kD]);
 #pragma unroll
@@ -466,14 +503,30 @@ __global__ void __launch_bounds__(128) attention_decode_merge_kernel(const Atten
     }
 #pragma unroll
     for (int off = 16; off > 0; off /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, off);
-#pragma unroll 8
-    for (int c = 0; c < parts; ++c) {
+#pragma unroll 4
+    for (int c = warp; c < parts; c += kWarps) {
       const float* part = first + c * step;
       const float mc = part[kD];
       const float w = mc == kNegInf ? 0.f : __expf(mc - mx);
+      constexpr int kVec = kCols < 4 ? kCols : 4;  // (16-byte loads at most: the states' rows are 16-byte aligned)
 #pragma unroll
-      for (int e = 0; e < kCols; ++e) acc[e] += w * part[lane * kCols + e];
+      for (int e0 = 0; e0 < kCols; e0 += kVec) {
+        const auto x = *reinterpret_cast<const cuda::Pack<float, kVec>*>(part + lane * kCols + e0);
+#pragma unroll
+        for (int e = 0; e < kVec; ++e) acc[e0 + e] += w * x.v[e];
+      }
     }
+  }
+  if (warp > 0) {
+#pragma unroll
+    for (int e = 0; e < kCols; ++e) partial[warp - 1][lane * kCols + e] = acc[e];
+  }
+  __syncthreads();
+  if (warp > 0) return;
+#pragma unroll
+  for (int w = 0; w < kWarps - 1; ++w) {
+#pragma unroll
+    for (int e = 0; e < kCols; ++e) acc[e] += partial[w][lane * kCols + e];
   }
   const float inv = sum > 0.f ? 1.f / sum : 0.f;
   T* out = static_cast<T*>(p.out) + b * p.o_bs + h * p.o_hs + i * p.o_ss + lane * kCols;
@@ -496,7 +549,7 @@ cudaError_t configure_decode() {
 template <typename Tr, typename T>
 cudaError_t launch_decode(const AttentionCudaArgs& a, DecodeSplit s, cudaStream_t stream) {
   const AttentionParams& p = a.g.fwd;
-  if (s.rows < 1 || s.rows * s.splits > Tr::kMaxRows) return cudaErrorInvalidValue;
+  if (s.rows < 1 || s.rows > Tr::kMaxRows) return cudaErrorInvalidValue;
   const cudaError_t err = configure_decode<Tr, T>();
   if (err != cudaSuccess) return err;
   const dim3 grid(static_cast<unsigned>(s.chunks), static_cast<unsigned>(p.kv_heads), static_cast<unsigned>(p.batch));
@@ -504,7 +557,7 @@ cudaError_t launch_decode(const AttentionCudaArgs& a, DecodeSplit s, cudaStream_
   cudaError_t launched = cudaGetLastError();
   if (launched != cudaSuccess) return launched;
   const int64_t rows = p.batch * p.kv_heads * s.rows;
-  attention_decode_merge_kernel<Tr::kD, T><<<static_cast<unsigned>((rows + 3) / 4), 128, 0, stream>>>(a, s);
+  attention_decode_merge_kernel<Tr::kD, T><<<static_cast<unsigned>(rows), kMergeThreads, 0, stream>>>(a, s);
   return cudaGetLastError();
 }
 
@@ -523,7 +576,7 @@ template <typename Tr, typename T>
 cudaError_t launch_decode_mma(const AttentionCudaArgs& a, DecodeSplit s, cudaStream_t stream) {
   constexpr int kD = Tr::kD;
   const AttentionParams& p = a.g.fwd;
-  if (s.rows < 1 || s.rows > Tr::kRows || s.splits != kDecodeWarps) return cudaErrorInvalidValue;
+  if (s.rows < 1 || s.rows > Tr::kRows) return cudaErrorInvalidValue;
   const cudaError_t err = configure_decode_mma<Tr, T>();
   if (err != cudaSuccess) return err;
   const dim3 grid(static_cast<unsigned>(s.chunks), static_cast<unsigned>(p.kv_heads), static_cast<unsigned>(p.batch));
@@ -531,7 +584,7 @@ cudaError_t launch_decode_mma(const AttentionCudaArgs& a, DecodeSplit s, cudaStr
   cudaError_t launched = cudaGetLastError();
   if (launched != cudaSuccess) return launched;
   const int64_t rows = p.batch * p.kv_heads * s.rows;
-  attention_decode_merge_kernel<kD, T><<<static_cast<unsigned>((rows + 3) / 4), 128, 0, stream>>>(a, s);
+  attention_decode_merge_kernel<kD, T><<<static_cast<unsigned>(rows), kMergeThreads, 0, stream>>>(a, s);
   return cudaGetLastError();
 }
 
