@@ -109,7 +109,16 @@ def _generate_case(
     device: torch.device, name: str, B: int, prompt: int, new: int, impls: list[str], static: bool, **shape
 ) -> Case:
     """generate(): a prompt of `prompt` tokens and `new` greedy tokens (forced: no early stop);
-    tokens/s count the new tokens."""
+    tokens/s count the new tokens.
+
+    With a static cache generate() compiles the model's decode step. Compiled code is kept per code
+    object, so every model of every row adds entries to the same cache: each row starts from an
+    empty one (dynamo reset) and the recompile limit is raised for the bench's models, or the last
+    implementations of a later row would run uncompiled (dynamo's limit of 8 was met on the H200);
+    meeting the raised one fails the row."""
+    torch._dynamo.reset()
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
+    torch._dynamo.config.fail_on_recompile_limit_hit = True  # (a row that still meets it fails)
     cfg, models = _models(device, shape, impls)
     ids = torch.randint(0, cfg.vocab_size, (B, prompt), device=device)
     attn = torch.ones_like(ids)
