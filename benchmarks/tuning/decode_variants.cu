@@ -12,9 +12,15 @@ namespace {
 using opforge::AttentionCudaArgs;
 using opforge::DecodeSplit;
 
+// The sweep's own traits type: kernels of this module must not share a mangled name with those of
+// opforge._C, loaded in the same process (the two-stage variant, named like the shipped kernel,
+// failed to launch with "invalid argument" when it did).
+template <int kStages>
+struct SweepTraits : opforge::attention_cuda::DecodeMmaTraits<128, kStages> {};
+
 template <int kStages>
 int launch(const AttentionCudaArgs& a, const DecodeSplit& s, cudaStream_t st) {
-  using Tr = opforge::attention_cuda::DecodeMmaTraits<128, kStages>;
+  using Tr = SweepTraits<kStages>;
   return opforge::attention_cuda::launch_decode_mma<Tr, __nv_bfloat16>(a, s, st);
 }
 
@@ -64,9 +70,9 @@ int blocks_per_sm(int64_t stages, int64_t rows) {
     TORCH_CHECK(e == cudaSuccess, "occupancy: ", cudaGetErrorString(e));
   };
   using namespace opforge::attention_cuda;
-  if (stages == 2) occ(DecodeMmaTraits<128, 2>{});
-  else if (stages == 3) occ(DecodeMmaTraits<128, 3>{});
-  else occ(DecodeMmaTraits<128, 4>{});
+  if (stages == 2) occ(SweepTraits<2>{});
+  else if (stages == 3) occ(SweepTraits<3>{});
+  else occ(SweepTraits<4>{});
   return n;
 }
 
