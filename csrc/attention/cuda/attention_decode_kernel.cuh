@@ -64,6 +64,43 @@ __device__ __forceinline__ BlockKind decode_tile_kind(const AttentionPattern& pa
   return kind;
 }
 
+// This block's share [t0, t1) of its sequence's visible 64-key tiles (chunk c of s.chunks).
+__device__ __forceinline__ void decode_chunk_tiles(const AttentionPattern& pat, int chunks, int64_t c, int& t0, int& t1) {
+  int64_t lo, hi;
+  band_key_range(pat, 0, pat.sq, lo, hi);
+  const int tb = static_cast<int>(lo / kDecodeTile);
+  const int te = hi <= lo ? tb : static_cast<int>((hi + kDecodeTile - 1) / kDecodeTile);
+  const int per = (te - tb + chunks - 1) / chunks;
+  t0 = tb + static_cast<int>(c) * per, t1 = min(te, t0 + per);
+}
+
+// Classifies tile `tile` for the block's queries and, unless nothing in it is visible, stages its K
+// and V rows (Tr::kRowBytes apart, V Tr::kTileBytes after K) into stage `stage` of `stages`; one
+// commit group either way.
+template <typename Tr, typename T>
+__device__ __forceinline__ BlockKind stage_decode_tile(const AttentionParams& p, const AttentionPattern& pat, int64_t b,
+                                                       int64_t hk, int64_t group, SegmentRange q_range, const T* kbase,
+                                                       const T* vbase, unsigned char* stages, int stage,
+                                                       int tile) {
+  constexpr int kD = Tr::kD;
+  const int64_t j0 = int64_t{tile} * kDecodeTile, j1 = min(j0 + kDecodeTile, pat.sk);
+  const BlockKind kind = decode_tile_kind(pat, b, hk * group, group, j0, j1, q_range);
+  if (kind != BlockKind::kEmpty) {
+    unsigned char* sk = stages + stage * 2 * Tr::kTileBytes;
+    unsigned char* sv = sk + Tr::kTileBytes;
+    for (int idx = threadIdx.x; idx < kDecodeTile * (kD / 8); idx += kDecodeThreads) {
+      const int row = idx / (kD / 8), chunk = idx % (kD / 8);
+      const int64_t j = j0 + row;
+      const bool in = j < j1;
+      const int64_t jj = in ? j : j0;
+      cuda::cp_async16(sk + row * Tr::kRowBytes + chunk * 16, kbase + jj * p.k_ss + chunk * 8, in ? 16 : 0);
+      cuda::cp_async16(sv + row * Tr::kRowBytes + chunk * 16, vbase + jj * p.v_ss + chunk * 8, in ? 16 : 0);
+    }
+  }
+  cuda::cp_async_commit();
+  return kind;
+}
+
 template <typename Tr, typename T>
 __global__ void __launch_bounds__(kDecodeThreads) attention_decode_kernel(const AttentionCudaArgs a, const DecodeSplit s) {
   constexpr int kD = Tr::kD, kCols = kD / 32, kRPW = Tr::kRowsPerWarp;
@@ -87,35 +124,15 @@ __global__ void __launch_bounds__(kDecodeThreads) attention_decode_kernel(const 
   cuda::cp_async_commit();
 
   // This chunk's share of the sequence's visible tiles.
-  int64_t lo, hi;
-  band_key_range(pat, 0, sq, lo, hi);
-  const int tb = static_cast<int>(lo / kDecodeTile);
-  const int te = hi <= lo ? tb : static_cast<int>((hi + kDecodeTile - 1) / kDecodeTile);
-  const int per = (te - tb + s.chunks - 1) / s.chunks;
-  const int t0 = tb + static_cast<int>(c) * per, t1 = min(te, t0 + per);
+  int t0, t1;
+  decode_chunk_tiles(pat, s.chunks, c, t0, t1);
   const SegmentRange q_range =
       pat.q_segments ? block_segment_range(pat.q_seg_blocks, pat.q_seg_nblocks, b, 0, sq) : SegmentRange{};
 
   const T* kbase = static_cast<const T*>(p.k) + b * p.k_bs + hk * p.k_hs;
   const T* vbase = static_cast<const T*>(p.v) + b * p.v_bs + hk * p.v_hs;
-  // Classifies tile `tile` and stages it unless nothing in it is visible (one commit group either way).
   const auto load_tile = [&](int tile, int stage) {
-    const int64_t j0 = int64_t{tile} * kDecodeTile, j1 = min(j0 + kDecodeTile, pat.sk);
-    const BlockKind kind = decode_tile_kind(pat, b, hk * group, group, j0, j1, q_range);
-    if (kind != BlockKind::kEmpty) {
-      unsigned char* sk = stages + stage * 2 * Tr::kTileBytes;
-      unsigned char* sv = sk + Tr::kTileBytes;
-      for (int idx = threadIdx.x; idx < kDecodeTile * (kD / 8); idx += kDecodeThreads) {
-        const int row = idx / (kD / 8), chunk = idx % (kD / 8);
-        const int64_t j = j0 + row;
-        const bool in = j < j1;
-        const int64_t jj = in ? j : j0;
-        cuda::cp_async16(sk + row * Tr::kRowBytes + chunk * 16, kbase + jj * p.k_ss + chunk * 8, in ? 16 : 0);
-        cuda::cp_async16(sv + row * Tr::kRowBytes + chunk * 16, vbase + jj * p.v_ss + chunk * 8, in ? 16 : 0);
-      }
-    }
-    cuda::cp_async_commit();
-    return kind;
+    return stage_decode_tile<Tr>(p, pat, b, hk, group, q_range, kbase, vbase, stages, stage, tile);
   };
 
   float o[kRPW][kCols], m[kRPW], l[kRPW];
@@ -265,34 +282,15 @@ __global__ void __launch_bounds__(kDecodeThreads) attention_decode_mma_kernel(co
   }
   cuda::cp_async_commit();
 
-  int64_t lo, hi;
-  band_key_range(pat, 0, sq, lo, hi);
-  const int tb = static_cast<int>(lo / kDecodeTile);
-  const int te = hi <= lo ? tb : static_cast<int>((hi + kDecodeTile - 1) / kDecodeTile);
-  const int per = (te - tb + s.chunks - 1) / s.chunks;
-  const int t0 = tb + static_cast<int>(c) * per, t1 = min(te, t0 + per);
+  int t0, t1;
+  decode_chunk_tiles(pat, s.chunks, c, t0, t1);
   const SegmentRange q_range =
       pat.q_segments ? block_segment_range(pat.q_seg_blocks, pat.q_seg_nblocks, b, 0, sq) : SegmentRange{};
 
   const T* kbase = static_cast<const T*>(p.k) + b * p.k_bs + hk * p.k_hs;
   const T* vbase = static_cast<const T*>(p.v) + b * p.v_bs + hk * p.v_hs;
   const auto load_tile = [&](int tile, int stage) {
-    const int64_t j0 = int64_t{tile} * kDecodeTile, j1 = min(j0 + kDecodeTile, pat.sk);
-    const BlockKind kind = decode_tile_kind(pat, b, hk * group, group, j0, j1, q_range);
-    if (kind != BlockKind::kEmpty) {
-      unsigned char* sk = stages + stage * 2 * Tr::kTileBytes;
-      unsigned char* sv = sk + Tr::kTileBytes;
-      for (int idx = threadIdx.x; idx < kDecodeTile * (kD / 8); idx += kDecodeThreads) {
-        const int row = idx / (kD / 8), chunk = idx % (kD / 8);
-        const int64_t j = j0 + row;
-        const bool in = j < j1;
-        const int64_t jj = in ? j : j0;
-        cuda::cp_async16(sk + row * Tr::kRowBytes + chunk * 16, kbase + jj * p.k_ss + chunk * 8, in ? 16 : 0);
-        cuda::cp_async16(sv + row * Tr::kRowBytes + chunk * 16, vbase + jj * p.v_ss + chunk * 8, in ? 16 : 0);
-      }
-    }
-    cuda::cp_async_commit();
-    return kind;
+    return stage_decode_tile<Tr>(p, pat, b, hk, group, q_range, kbase, vbase, stages, stage, tile);
   };
 
   // Rows g and g + 8 of the tile: their heads and queries (for element tests), -1 for padding rows.
