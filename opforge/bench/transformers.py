@@ -115,7 +115,7 @@ def _generate_case(
     object, so every model of every row adds entries to the same cache: each row starts from an
     empty one (dynamo reset) and the recompile limit is raised for the bench's models, or the last
     implementations of a later row would run uncompiled (dynamo's limit of 8 was met on the H200);
-    meeting the raised one fails the row."""
+    meeting the raised one fails the row. (Both settings stay for the rest of the bench process.)"""
     torch._dynamo.reset()
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
     torch._dynamo.config.fail_on_recompile_limit_hit = True  # (a row that still meets it fails)
