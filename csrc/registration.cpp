@@ -23,12 +23,19 @@ TORCH_LIBRARY(opforge, m) {
   m.def(
       "attention(Tensor q, Tensor k, Tensor v, float scale, float softcap, bool causal, int window_left, "
       "int window_right, int prefix_len, Tensor? q_segments, Tensor? kv_segments, Tensor? mask_kinds, "
-      "Tensor? mask_index, Tensor? mask_bits, int block_q, int block_k, Tensor? kv_lens=None) -> (Tensor, Tensor)");
+      "Tensor? mask_index, Tensor? mask_bits, int block_q, int block_k, Tensor? kv_lens=None, *, "
+      "str variant=\"auto\") -> (Tensor, Tensor)");
   m.def(
       "attention_backward(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor? grad_lse, "
       "float scale, float softcap, bool causal, int window_left, int window_right, int prefix_len, "
       "Tensor? q_segments, Tensor? kv_segments, Tensor? mask_kinds, Tensor? mask_index, Tensor? mask_bits, "
-      "int block_q, int block_k) -> (Tensor, Tensor, Tensor)");
+      "int block_q, int block_k, *, str variant=\"auto\") -> (Tensor, Tensor, Tensor)");
+  // The attention kernel a call of these sizes gets on `device` under `variant` (the one rule the
+  // CPU and CUDA backends follow: attention/attention_heuristics.h); a ValueError where a named
+  // variant cannot serve it.
+  m.def(
+      "_attention_kernel(Device device, int heads, int kv_heads, int sq, int sk, int head_dim, bool kv_lens=False, "
+      "str variant=\"auto\", bool backward=False) -> str");
   // Which CPU variant of the kernels runs here ("avx2" or "default"), for tests and benchmark
   // reports (common/cpu_isa.cpp).
   m.def("_cpu_isa() -> str");

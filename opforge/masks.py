@@ -6,7 +6,8 @@ FlashAttention does, so that a KV cache's new tokens see all the old ones). Key 
 - ``segments``: the two tokens' segment ids are equal (packed documents), and
 - ``j < prefix_len`` (the prefix is seen by every query), or the band allows it:
   ``causal``: ``j <= pos``; ``window=(left, right)``: ``pos - left <= j <= pos + right`` (None: that
-  side unbounded), and
+  side unbounded); a prefix with neither causal nor a window is prefix-LM (causal after the
+  prefix, `prefix_means_causal`), and
 - a block mask (`BlockMask`, from any ``fn(b, h, q, kv) -> bool``), when given, allows it.
 
 `pattern_mask` and `BlockMask.to_dense` are the reference's masks; the kernels evaluate the same
@@ -23,6 +24,16 @@ import torch
 OP = "opforge.block_mask"
 
 
+def prefix_means_causal(
+    causal: bool, window: tuple[int | None, int | None] | None, prefix_len: int | None
+) -> bool:
+    """Whether the pattern is causal: as asked, or implied by a prefix alone. ``prefix_len`` with
+    neither ``causal`` nor a bounded ``window`` is prefix-LM (bidirectional over the prefix, causal
+    after it): a prefix adds keys to a band, and without one every key is visible already."""
+    no_band = window is None or tuple(window) == (None, None)
+    return causal or bool(prefix_len and no_band)
+
+
 def pattern_mask(
     sq: int,
     sk: int,
@@ -37,7 +48,7 @@ def pattern_mask(
     kv = torch.arange(sk, device=device)[None, :]
     ok = torch.ones(sq, sk, dtype=torch.bool, device=device)
     left, right = window if window is not None else (None, None)
-    if causal:
+    if prefix_means_causal(causal, window, prefix_len):
         right = 0
     reach = sq + sk  # a side this long sees every key: clamped so that int64 positions cannot overflow
     if right is not None:
@@ -126,6 +137,7 @@ class BlockMask:
         self.kinds, self.index, self.bits = kinds, index, bits
         self.shape = tuple(int(s) for s in shape)
         self.block_size = (int(block_size[0]), int(block_size[1]))
+        self._copies: dict[torch.device, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
 
     @classmethod
     def from_dense(cls, mask: torch.Tensor, block_size: int | tuple[int, int] = 128) -> BlockMask:
@@ -152,8 +164,27 @@ class BlockMask:
     def device(self) -> torch.device:
         return self.kinds.device
 
+    def tensors_on(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(kinds, index, bits) on ``device``: the mask's own tensors there, else a copy made the
+        first time and kept on the mask (a mask built on the CPU and used with CUDA inputs is moved
+        once, not at every call). Under torch.compile the copy is part of the graph instead."""
+        device = torch.device(device)
+        if device == self.kinds.device:
+            return self.kinds, self.index, self.bits
+        if device.type == "cuda" and device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+        if torch.compiler.is_compiling():
+            return self.kinds.to(device), self.index.to(device), self.bits.to(device)
+        copy = self._copies.get(device)
+        if copy is None:
+            copy = self._copies[device] = (self.kinds.to(device), self.index.to(device), self.bits.to(device))
+        return copy
+
     def visible_fraction(self) -> float:
-        """The share of (query, key) pairs visible (of B x H x Sq x Sk)."""
+        """The share of (query, key) pairs visible (of B x H x Sq x Sk); 0.0 when there are none
+        (Sq or Sk = 0)."""
+        if 0 in self.shape:
+            return 0.0
         return float(self.to_dense().float().mean())
 
     def block_counts(self) -> dict[str, int]:
@@ -227,7 +258,16 @@ def block_mask(
             out = fn(b, h, q, kv)
             if not isinstance(out, torch.Tensor) or out.dtype != torch.bool:
                 raise TypeError(f"{OP}: fn must return a bool tensor, got {_describe(out)}")
-            yield torch.broadcast_to(out, (nb, nh, q.shape[2], Sk))
+            want = (nb, nh, q.shape[2], Sk)
+            try:
+                out = torch.broadcast_to(out, want)
+            except RuntimeError:
+                raise ValueError(
+                    f"{OP}: fn must return a bool tensor that broadcasts to (B, H, rows, Sk) = {want} "
+                    f"(it is called with b {tuple(b.shape)}, h {tuple(h.shape)}, q {tuple(q.shape)} and "
+                    f"kv {tuple(kv.shape)}), got shape {tuple(out.shape)}"
+                ) from None
+            yield out
 
     kinds, index, bits = _classify(chunks(), Sq, Sk, bq, bk, nb, nh, device)
     return BlockMask(kinds, index, bits, (nb, nh, Sq, Sk), (bq, bk))

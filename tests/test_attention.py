@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import time
+from functools import partial
 
 import pytest
 import torch
@@ -49,6 +50,8 @@ DECODE_SHAPES = [
     (1, 32, 1, 1, 2000, 16),
 ]
 TOL = {torch.float64: 1e-10, torch.float32: 2e-5}
+# The raw ops' pattern arguments for no pattern (causal .. block_k).
+NO_PATTERN = (False, -1, -1, 0, None, None, None, None, None, 128, 128)
 
 
 def qkv(B, Hq, Hkv, Sq, Sk, D, dtype=torch.float32, device="cpu"):
@@ -678,3 +681,299 @@ def test_kv_lens_raw_op_errors():
     out, _ = raw(qg, k, v, 0.25, 0.0, *base, torch.tensor([5, 20]))
     with pytest.raises(NotImplementedError, match=r"no gradient through kv_lens"):
         out.sum().backward()
+
+
+# ---- autograd transforms, double backward, numbers, prefix-LM, kernel choice --------------------
+
+# Patterns for the transforms' tests (every mask mechanism: band, prefix, segments, block mask, softcap).
+TRANSFORM_PATTERNS = ["full", "causal", "sliding", "prefix", "documents", "block mask", "softcap"]
+
+
+def small_case(name, B=1, Hq=2, Hkv=1, Sq=9, Sk=11, D=4):
+    kw = pattern_kwargs(name, B, Hq, Sq, Sk)
+    q, k, v = (t.double() for t in qkv(B, Hq, Hkv, Sq, Sk, D))
+    return q, k, v, kw
+
+
+@pytest.mark.parametrize("name", TRANSFORM_PATTERNS)
+def test_forward_mode_ad(name):
+    """torch.func.jvp and torch.autograd.forward_ad give the reference's tangents (output and LSE)."""
+    import torch.autograd.forward_ad as fwad
+
+    q, k, v, kw = small_case(name)
+    tangents = tuple(torch.randn_like(t) for t in (q, k, v))
+
+    def ours(q, k, v):
+        return opforge.attention(q, k, v, return_lse=True, **kw)
+
+    def ref(q, k, v):
+        out, lse = reference.attention(q, k, v, return_lse=True, **kw)
+        return out, torch.where(lse.isfinite(), lse, 0.0)
+
+    (_, lse), (t_out, t_lse) = torch.func.jvp(ours, (q, k, v), tangents)
+    _, (w_out, w_lse) = torch.func.jvp(ref, (q, k, v), tangents)
+    assert t_out.abs().max() > 0  # a tangent, not zeros
+    seen = lse.isfinite()  # (the reference's tangent is NaN on rows that see nothing; ours 0)
+    torch.testing.assert_close(t_out[seen], w_out[seen], atol=1e-9, rtol=1e-7)
+    torch.testing.assert_close(t_lse[seen], w_lse[seen], atol=1e-9, rtol=1e-7)
+    assert (t_out[~seen] == 0).all() and (t_lse[~seen] == 0).all()
+    with fwad.dual_level():
+        duals = [fwad.make_dual(t, d) for t, d in zip((q, k, v), tangents, strict=True)]
+        tangent = fwad.unpack_dual(opforge.attention(*duals, **kw)).tangent
+    torch.testing.assert_close(tangent[seen], w_out[seen], atol=1e-9, rtol=1e-7)
+
+
+def test_forward_mode_ad_one_operand_and_float32():
+    """A tangent for v alone (the others None), and float32 inputs (tangents in float32)."""
+    q, k, v = qkv(2, 4, 2, 20, 30, 8)
+    dv = torch.randn_like(v)
+    _, t = torch.func.jvp(lambda v: opforge.attention(q, k, v, causal=True), (v,), (dv,))
+    _, w = torch.func.jvp(
+        lambda v: reference.attention(q.double(), k.double(), v, causal=True), (v.double(),), (dv.double(),)
+    )
+    assert t.dtype == torch.float32
+    assert (t.double() - w).abs().max() < 1e-5
+
+
+@pytest.mark.parametrize("name", TRANSFORM_PATTERNS)
+def test_func_grad_vjp_jacrev_jacfwd(name):
+    q, k, v, kw = small_case(name, Sq=5, Sk=6, D=3)
+    w = torch.randn(1, 2, 5, 3, dtype=torch.float64)
+
+    def loss(f):
+        return lambda q, k, v: (f(q, k, v, **kw) * w).sum()
+
+    got = torch.func.grad(loss(opforge.attention), argnums=(0, 1, 2))(q, k, v)
+    want = torch.func.grad(loss(reference.attention), argnums=(0, 1, 2))(q, k, v)
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-10, rtol=1e-8)
+    _, pull = torch.func.vjp(lambda q, k, v: opforge.attention(q, k, v, **kw), q, k, v)
+    _, ref_pull = torch.func.vjp(lambda q, k, v: reference.attention(q, k, v, **kw), q, k, v)
+    for a, b in zip(pull(w), ref_pull(w), strict=True):
+        torch.testing.assert_close(a, b, atol=1e-10, rtol=1e-8)
+    for jac in (torch.func.jacrev, torch.func.jacfwd):
+        got = jac(lambda k: opforge.attention(q, k, v, **kw))(k)
+        want = jac(lambda k: reference.attention(q, k, v, **kw))(k)
+        torch.testing.assert_close(got, want, atol=1e-10, rtol=1e-8)
+
+
+def test_vmap():
+    """vmap over q alone, and over q, k, v with segments and a block mask (the mapped dimension joins
+    the batch); in_dims other than 0."""
+    qs, ks, vs = (torch.randn(3, *t.shape) for t in qkv(2, 4, 2, 30, 40, 8))
+    seg = random_segments(2, 40)
+    mask = random_block_mask(2, 4, 30, 40)
+    for kw in (dict(causal=True), dict(segment_ids=seg, mask=mask, softcap=2.0)):
+        got = torch.func.vmap(partial(opforge.attention, **kw))(qs, ks, vs)
+        want = torch.stack([reference.attention(qs[i], ks[i], vs[i], **kw) for i in range(3)])
+        assert (got - want).abs().max() < 2e-5
+    got = torch.func.vmap(lambda q: opforge.attention(q, ks[0], vs[0], causal=True), in_dims=2)(
+        qs.movedim(0, 2)
+    )
+    want = torch.stack([reference.attention(qs[i], ks[0], vs[0], causal=True) for i in range(3)])
+    assert (got - want).abs().max() < 2e-5
+
+
+@pytest.mark.parametrize("name", ["causal", "prefix", "documents", "block mask", "softcap"])
+def test_gradgradcheck(name):
+    q, k, v, kw = small_case(name, Sq=5, Sk=7, D=3)
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+
+    def f(q, k, v):
+        out, lse = opforge.attention(q, k, v, return_lse=True, **kw)
+        return out, torch.where(lse.isfinite(), lse, 0.0)
+
+    assert torch.autograd.gradgradcheck(f, (q, k, v))
+
+
+def test_double_backward_matches_reference():
+    """A gradient penalty: d/dk of |d out/dq . g|^2 equals the reference's, float32 inputs (the dense
+    recomputation in float32) and fully masked rows (no NaN)."""
+    B, H, S, D = 1, 2, 70, 16
+    dense = torch.rand(B, H, S, S) < 0.3
+    dense[:, :, 5] = False
+    mask = BlockMask.from_dense(dense, block_size=64)
+    q, k, v = (t.requires_grad_() for t in qkv(B, H, H, S, S, D))
+    g = torch.randn(B, H, S, D)
+
+    def penalty(f, q, k, v):
+        (dq,) = torch.autograd.grad(f(q, k, v, mask=mask), q, g, create_graph=True)
+        return torch.autograd.grad(dq.pow(2).sum(), (k, v))
+
+    got = penalty(opforge.attention, q, k, v)
+    qd, kd, vd = (t.detach().double().requires_grad_() for t in (q, k, v))
+    want = penalty(reference.attention, qd, kd, vd)
+    for a, b in zip(got, want, strict=True):
+        assert a.isfinite().all()
+        assert (a.double() - b).abs().max() <= 1e-4 * max(1.0, b.abs().max().item())
+
+
+def test_backward_op_alone_is_not_differentiable():
+    q, k, v = (t.requires_grad_() for t in qkv(1, 2, 2, 6, 6, 4))
+    out, lse = torch.ops.opforge.attention.default(
+        q, k, v, 0.5, 0.0, False, -1, -1, 0, *(None,) * 5, 128, 128
+    )
+    dq, _, _ = torch.ops.opforge.attention_backward.default(
+        torch.ones_like(out), q, k, v, out.detach(), lse.detach(), None, 0.5, 0.0, *NO_PATTERN
+    )
+    with pytest.raises(
+        RuntimeError, match=r"opforge.attention_backward is not differentiable when called directly"
+    ):
+        dq.sum().backward()
+
+
+@pytest.mark.parametrize(
+    "kw,msg",
+    [
+        (dict(scale=1e39), r"scale = 1e\+39 is outside the range of the float32 arithmetic"),
+        (dict(scale=1e-40), r"scale = 1e-40 is outside"),
+        (dict(softcap=1e39), r"softcap = 1e\+39 is outside"),
+        (dict(softcap=1e-46), r"softcap = 1e-46 is outside"),
+        (dict(softcap=1e38), r"1 / \(softcap \* log2\(e\)\) = 6.93.*e-39 is outside"),
+        (dict(scale=1e30, softcap=1e-10), r"scale / softcap = 1e\+40 is outside"),
+    ],
+)
+def test_numbers_beyond_float32(kw, msg):
+    """Scales and softcaps the float32 kernels cannot hold are refused (they gave zeros with an LSE
+    of -inf, or a softcap silently dropped); float64 inputs compute in double and take them."""
+    for dtype in (torch.float32, torch.bfloat16):
+        q, k, v = qkv(1, 2, 2, 8, 8, 4, dtype=dtype)
+        with pytest.raises(ValueError, match=r"opforge.attention: " + msg):
+            opforge.attention(q, k, v, **kw)
+    q, k, v = (t.double() for t in qkv(1, 2, 2, 8, 8, 4))
+    torch.testing.assert_close(opforge.attention(q, k, v, **kw), reference.attention(q, k, v, **kw))
+
+
+def test_small_and_large_numbers_in_range():
+    q, k, v = qkv(1, 2, 2, 8, 8, 4)
+    for kw in (dict(scale=0.0), dict(scale=1e-30), dict(softcap=1e-30, scale=1e-20), dict(softcap=1e30)):
+        want = reference.attention(q.double(), k.double(), v.double(), **kw)
+        assert (opforge.attention(q, k, v, **kw).double() - want).abs().max() < 1e-5, kw
+
+
+def test_prefix_alone_is_prefix_lm():
+    """prefix_len without causal or a window: prefix-LM (bidirectional over the prefix, causal after),
+    never full attention; the raw op refuses a prefix with no band."""
+    q, k, v = qkv(1, 2, 2, 40, 40, 8)
+    got = opforge.attention(q, k, v, prefix_len=10)
+    assert torch.equal(got, opforge.attention(q, k, v, prefix_len=10, causal=True))
+    want = reference.attention(q.double(), k.double(), v.double(), prefix_len=10)
+    assert (got.double() - want).abs().max() < 2e-5
+    assert (got - opforge.attention(q, k, v)).abs().max() > 1e-3
+    visible = attention_mask(1, 1, 40, 40, prefix_len=10)[0, 0]
+    assert visible[0, :10].all() and not visible[0, 10:].any() and visible[20, :21].all()
+    # With a window the prefix adds to it (no causal implied)
+    got = opforge.attention(q, k, v, prefix_len=5, window=(3, 3))
+    want = reference.attention(q.double(), k.double(), v.double(), prefix_len=5, window=(3, 3))
+    assert (got.double() - want).abs().max() < 2e-5
+    raw = torch.ops.opforge.attention.default
+    with pytest.raises(ValueError, match=r"prefix_len \(10\) without causal or a window would see every key"):
+        raw(q, k, v, 0.25, 0.0, False, -1, -1, 10, *(None,) * 5, 128, 128)
+
+
+def test_block_mask_device_copy_is_kept():
+    """A mask used on another device is copied there once and the copy kept on the mask."""
+    m = block_mask(lambda b, h, qi, kv: kv <= qi, None, None, 100, 100, block_size=64)
+    first = m.tensors_on(torch.device("meta"))
+    assert all(t.device.type == "meta" for t in first)
+    assert all(a is b for a, b in zip(first, m.tensors_on("meta"), strict=True))
+    assert all(a is b for a, b in zip(m.tensors_on("cpu"), (m.kinds, m.index, m.bits), strict=True))
+
+
+def test_block_mask_fn_shape_and_empty_fraction():
+    with pytest.raises(
+        ValueError,
+        match=r"opforge.block_mask: fn must return a bool tensor that broadcasts to "
+        r"\(B, H, rows, Sk\) = \(1, 2, 10, 12\).*got shape \(3, 12\)",
+    ):
+        block_mask(lambda b, h, qi, kv: torch.ones(3, 12, dtype=torch.bool), 1, 2, 10, 12)
+    assert block_mask(lambda b, h, qi, kv: qi >= kv, 1, 1, 0, 10).visible_fraction() == 0.0
+    assert block_mask(lambda b, h, qi, kv: qi >= kv, 1, 1, 10, 0).visible_fraction() == 0.0
+    half = block_mask(lambda b, h, qi, kv: kv < 5, 1, 1, 10, 10).visible_fraction()
+    assert half == 0.5
+
+
+def ran(fn, prefix="opforge.attention"):
+    """The names of opforge's kernel scopes a call ran (profiler events)."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        fn()
+    return {e.name for e in prof.events() if e.name.startswith(prefix + ".")}
+
+
+def test_variants_cpu():
+    """variant= names the kernel; "auto" follows the rule (decode for few rows against many keys);
+    the profiler shows which kernel ran; a named kernel gives the same numbers."""
+    q, k, v = qkv(2, 8, 2, 1, 700, 16)  # 4 rows a kv head, 700 keys: auto decodes
+    want = reference.attention(q.double(), k.double(), v.double(), causal=True)
+    assert ran(lambda: opforge.attention(q, k, v, causal=True)) == {"opforge.attention.decode"}
+    assert ran(lambda: opforge.attention(q, k, v, causal=True, variant="tiled")) == {
+        "opforge.attention.tiled"
+    }
+    for variant in ("auto", "tiled", "decode"):
+        assert (opforge.attention(q, k, v, causal=True, variant=variant).double() - want).abs().max() < 2e-5
+    q2, k2, v2 = qkv(1, 2, 2, 50, 60, 16)  # 50 rows: auto tiles, decode takes up to 32
+    assert ran(lambda: opforge.attention(q2, k2, v2)) == {"opforge.attention.tiled"}
+    assert ran(lambda: opforge.attention(q2[:, :, :3], k2, v2, variant="decode")) == {
+        "opforge.attention.decode"
+    }
+    assert torch.ops.opforge._attention_kernel("cpu", 8, 2, 1, 700, 16) == "decode"
+    assert torch.ops.opforge._attention_kernel("cpu", 8, 2, 1, 100, 16) == "tiled"
+    assert torch.ops.opforge._attention_kernel("cpu", 8, 2, 1, 100, 16, kv_lens=True) == "decode"
+    # The backward after a decode forward runs the tiled backward
+    qg = q.clone().requires_grad_()
+    out = opforge.attention(qg, k, v, causal=True, variant="decode")
+    assert ran(lambda: out.sum().backward(), "opforge.attention_backward") == {
+        "opforge.attention_backward.tiled"
+    }
+
+
+@pytest.mark.parametrize(
+    "variant,shape,err,msg",
+    [
+        (
+            "hopper",
+            (1, 2, 2, 8, 8, 4),
+            ValueError,
+            r"variant 'hopper' has no kernel here; on the CPU the variants are: "
+            r"auto, tiled, decode",
+        ),
+        ("mma_sync", (1, 2, 2, 8, 8, 4), ValueError, r"variant 'mma_sync' has no kernel here"),
+        ("fast", (1, 2, 2, 8, 8, 4), ValueError, r"variant 'fast' is unknown"),
+        (
+            "decode",
+            (1, 2, 2, 40, 8, 4),
+            ValueError,
+            r"variant 'decode' takes at most 32 query rows \(Sq x the GQA group\) "
+            r"per kv head, got 40",
+        ),
+        (3, (1, 2, 2, 8, 8, 4), TypeError, r"opforge.attention: variant must be a str, got int"),
+    ],
+)
+def test_variant_errors(variant, shape, err, msg):
+    q, k, v = qkv(*shape)
+    with pytest.raises(err, match=msg):
+        opforge.attention(q, k, v, variant=variant)
+
+
+def test_variant_errors_backward_and_kv_lens():
+    q, k, v = qkv(2, 2, 2, 3, 20, 4)
+    with pytest.raises(
+        ValueError,
+        match=r"opforge.attention_backward: variant 'decode' has no kernel here; on the "
+        r"CPU the backward's variants are: auto, tiled",
+    ):
+        torch.ops.opforge.attention_backward.default(
+            q, q, k, v, q, torch.zeros(2, 2, 3), None, 0.5, 0.0, *NO_PATTERN, variant="decode"
+        )
+    lens = torch.tensor([3, 20])
+    raw = torch.ops.opforge.attention.default
+    with pytest.raises(
+        ValueError,
+        match=r"kv_lens \(per-sequence key counts\) runs on the decode kernel only, "
+        r"not variant 'tiled'",
+    ):
+        raw(q, k, v, 0.5, 0.0, *NO_PATTERN, lens, variant="tiled")
+    # The wrapper builds the block mask for the other kernels
+    got = opforge.attention(q, k, v, kv_lens=lens, causal=True, variant="tiled")
+    want = reference.attention(q.double(), k.double(), v.double(), kv_lens=lens, causal=True)
+    assert (got.double() - want).abs().max() < 2e-5

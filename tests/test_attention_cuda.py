@@ -75,9 +75,9 @@ def max_err(got, want):
     return (got.double() - want).abs().max().item() if want.numel() else 0.0
 
 
-def check_forward(q, k, v, kw):
+def check_forward(q, k, v, kw, variant="auto"):
     poison_cuda_allocator(q.numel() * q.element_size() * 4, DEV)
-    out, lse = opforge.attention(q, k, v, return_lse=True, **kw)
+    out, lse = opforge.attention(q, k, v, return_lse=True, variant=variant, **kw)
     # (the references read k and v without NaN: the kv_lens tests put NaN past each count, which
     # nothing may read)
     k, v = k.nan_to_num(0.0), v.nan_to_num(0.0)
@@ -136,10 +136,37 @@ def test_function_masks(block):
     check_gradients(q, k, v, dict(mask=m))  # the dK/dV pass reads the bits by query (block sizes)
 
 
-def grads(q, k, v, go, kw):
+def grads(q, k, v, go, kw, variant="auto"):
     leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
-    out = opforge.attention(*leaves, **kw) if kw is not None else None
+    out = opforge.attention(*leaves, variant=variant, **kw) if kw is not None else None
     return torch.autograd.grad(out, leaves, go)
+
+
+def kernels_run(fn):
+    """The names of the CUDA kernels fn launched (profiler), opforge's attention ones."""
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    names = set()
+    for e in prof.events():
+        for kernel in KERNELS:
+            if kernel + "<" in e.name or e.name.endswith(kernel):
+                names.add(kernel)
+    return names
+
+
+# Every attention kernel by its name (csrc/attention/cuda), for kernels_run.
+KERNELS = (
+    "attention_fwd_hopper_kernel",
+    "attention_fwd_kernel",
+    "attention_decode_mma_kernel",
+    "attention_decode_kernel",
+    "attention_bwd_kv_hopper_kernel",
+    "attention_bwd_q_hopper_kernel",
+    "attention_bwd_kv_kernel",
+    "attention_bwd_q_kernel",
+)
 
 
 def reference_grads(q, k, v, go, kw):
@@ -302,22 +329,24 @@ def test_errors():
 
 @pytest.mark.parametrize("d", [64, 128, 256])
 @pytest.mark.parametrize("name", ["full", "causal", "sliding", "documents", "block mask", "softcap"])
-def test_mma_sync_forward_matches_hopper(monkeypatch, name, d):
-    """The mma.sync forward (other GPUs' kernel) on this GPU too, against the reference, and the
-    default kernel (the Hopper one on an H100/H200) agrees with it."""
+def test_mma_sync_forward_matches_hopper(name, d):
+    """The mma.sync forward (other GPUs' kernel) on this GPU too (variant="mma_sync"), against the
+    reference, and the default kernel (the Hopper one on an H100/H200) agrees with it."""
     B, Hq, Hkv, Sq, Sk = 2, 4, 2, 300, 333
     q, k, v = qkv(B, Hq, Hkv, Sq, Sk, d)
     kw = pattern_kwargs(name, B, Hq, Sq, Sk)
     default = opforge.attention(q, k, v, **kw)
-    monkeypatch.setenv("OPFORGE_ATTENTION_KERNEL", "mma_sync")
-    check_forward(q, k, v, kw)
-    mma = opforge.attention(q, k, v, **kw)
+    check_forward(q, k, v, kw, variant="mma_sync")
+    mma = opforge.attention(q, k, v, variant="mma_sync", **kw)
     assert (default.float() - mma.float()).abs().max().item() <= 2e-2
+    assert kernels_run(lambda: opforge.attention(q, k, v, variant="mma_sync", **kw)) == {
+        "attention_fwd_kernel"
+    }
 
 
 @pytest.mark.parametrize("d", [64, 128])
 @pytest.mark.parametrize("name", ["causal", "sliding", "prefix", "documents", "block mask", "softcap"])
-def test_mma_sync_gradients(monkeypatch, name, d):
+def test_mma_sync_gradients(name, d):
     """The mma.sync backward passes (other GPUs' kernels) on this GPU too: against the reference,
     and close to the default (Hopper) passes."""
     B, Hq, Hkv, Sq, Sk = 2, 4, 2, 200, 333
@@ -325,14 +354,103 @@ def test_mma_sync_gradients(monkeypatch, name, d):
     go = torch.randn_like(q)
     kw = pattern_kwargs(name, B, Hq, Sq, Sk)
     default = grads(q, k, v, go, kw)
-    monkeypatch.setenv("OPFORGE_ATTENTION_KERNEL", "mma_sync")
-    got = grads(q, k, v, go, kw)
+    got = grads(q, k, v, go, kw, variant="mma_sync")
     want = reference_grads(q.double(), k.double(), v.double(), go.double(), kw)
     low = reference_grads(q, k, v, go, kw)
     for g, dflt, w, lo in zip(got, default, want, low, strict=True):
         err, torch_err = max_err(g, w), max_err(lo, w)
         assert err <= 2 * torch_err + 2e-3, (err, torch_err)
         assert max_err(dflt, w) <= 2 * torch_err + 2e-3
+    ran = kernels_run(lambda: grads(q, k, v, go, kw, variant="mma_sync"))
+    assert ran == {"attention_fwd_kernel", "attention_bwd_kv_kernel", "attention_bwd_q_kernel"}
+
+
+def test_kernel_choice():
+    """ "auto" follows the documented rule on this GPU (an H100/H200: the Hopper kernels, the
+    mma.sync backward at head dim 256, the decode kernels for few rows against many keys), as the
+    profiler sees it, and Python asks the same rule (torch.ops.opforge._attention_kernel)."""
+    assert torch.cuda.get_device_capability() == (9, 0), "these expectations are an sm_90 GPU's"
+    rule = torch.ops.opforge._attention_kernel
+    for d, fwd, bwd in ((64, "hopper", "hopper"), (128, "hopper", "hopper"), (256, "hopper", "mma_sync")):
+        q, k, v = qkv(1, 4, 2, 300, 300, d)
+        assert rule(q.device, 4, 2, 300, 300, d) == fwd
+        assert rule(q.device, 4, 2, 300, 300, d, backward=True) == bwd
+        go = torch.randn_like(q)
+        want = {"attention_fwd_hopper_kernel"} | (
+            {"attention_bwd_kv_hopper_kernel", "attention_bwd_q_hopper_kernel"}
+            if bwd == "hopper"
+            else {"attention_bwd_kv_kernel", "attention_bwd_q_kernel"}
+        )
+        assert kernels_run(lambda q=q, k=k, v=v, go=go: grads(q, k, v, go, dict(causal=True))) == want
+        assert kernels_run(lambda q=q, k=k, v=v: opforge.attention(q, k, v, variant="hopper")) == {
+            "attention_fwd_hopper_kernel"
+        }
+    # Decode: 4 rows a kv head against 3000 keys (tensor cores up to 16 rows), 32 rows (CUDA cores)
+    q, k, v = qkv(2, 8, 2, 1, 3000, 128)
+    assert rule(q.device, 8, 2, 1, 3000, 128) == "decode"
+    assert kernels_run(lambda: opforge.attention(q, k, v, causal=True)) == {"attention_decode_mma_kernel"}
+    q32 = torch.randn(2, 8, 8, 128, dtype=torch.bfloat16, device=DEV)
+    assert kernels_run(lambda: opforge.attention(q32, k, v, causal=True)) == {"attention_decode_kernel"}
+    # Few rows but few keys: the tiled kernel; "decode" forces the split
+    q, k, v = qkv(2, 8, 2, 1, 300, 128)
+    assert kernels_run(lambda: opforge.attention(q, k, v)) == {"attention_fwd_hopper_kernel"}
+    check_forward(q, k, v, dict(causal=True), variant="decode")
+    assert kernels_run(lambda: opforge.attention(q, k, v, variant="decode")) == {
+        "attention_decode_mma_kernel"
+    }
+
+
+def test_variant_errors_cuda():
+    q, k, v = qkv(1, 4, 2, 100, 100, 256)
+    with pytest.raises(
+        ValueError,
+        match=r"variant 'tiled' has no kernel here; on CUDA the variants are: auto, "
+        r"decode, hopper, mma_sync",
+    ):
+        opforge.attention(q, k, v, variant="tiled")
+    with pytest.raises(
+        ValueError,
+        match=r"variant 'decode' takes at most 32 query rows \(Sq x the GQA group\) per "
+        r"kv head at head dim 256, got 200",
+    ):
+        opforge.attention(q, k, v, variant="decode")
+    leaves = [t.requires_grad_() for t in (q, k, v)]
+    out = opforge.attention(*leaves, variant="hopper")
+    with pytest.raises(
+        ValueError,
+        match=r"opforge.attention_backward: variant 'hopper' cannot run here: the Hopper "
+        r"backward covers head dims up to 128",
+    ):
+        out.sum().backward()
+
+
+def test_operands_tma_cannot_address():
+    """Operands whose strides TMA cannot take (a zero batch stride: an expanded tensor) are copied
+    for the Hopper kernels, not sent to another kernel."""
+    q = torch.randn(1, 4, 200, 64, dtype=torch.bfloat16, device=DEV).expand(3, 4, 200, 64)
+    k, v = (
+        torch.randn(1, 2, 200, 64, dtype=torch.bfloat16, device=DEV).expand(3, 2, 200, 64) for _ in range(2)
+    )
+    assert q.stride(0) == 0
+    check_forward(q, k, v, dict(causal=True), variant="hopper")
+    assert kernels_run(lambda: opforge.attention(q, k, v, causal=True)) == {"attention_fwd_hopper_kernel"}
+
+
+def test_block_mask_built_on_the_cpu():
+    """A mask built without device= (on the CPU) serves CUDA inputs: moved to q's device once and
+    kept on the mask, so later calls copy nothing."""
+    q, k, v = qkv(2, 4, 2, 300, 300, 128)
+    m = block_mask(lambda b, h, i, j: (j <= i) & ((i - j) % 3 != 1), None, None, 300, 300)
+    assert m.device.type == "cpu"
+    check_forward(q, k, v, dict(mask=m))
+    kinds = m.tensors_on(q.device)[0]
+    assert kinds.device == q.device
+    opforge.attention(q, k, v, mask=m)
+    assert m.tensors_on(q.device)[0] is kinds
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        opforge.attention(q, k, v, mask=m)
+        torch.cuda.synchronize()
+    assert not any("Memcpy HtoD" in e.name for e in prof.events())
 
 
 @pytest.mark.parametrize("d", [64, 128])

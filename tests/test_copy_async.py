@@ -217,6 +217,52 @@ def test_error_compile_same_words():
         f(torch.zeros(3), torch.ones(4))
 
 
+def test_autograd_sees_the_write():
+    """As Tensor.copy_: the destination's version counter moves, so a backward that saved its old
+    values raises instead of computing a gradient from the new ones."""
+    x = torch.randn(4, requires_grad=True)
+    a = x * 2
+    b = a.sin()  # saves a
+    version = a._version
+    opforge.copy_async(a, torch.zeros(4))
+    assert a._version > version and torch.equal(a, torch.zeros(4))
+    with pytest.raises(RuntimeError, match=r"modified by an inplace operation"):
+        b.sum().backward()
+
+
+def test_autograd_refuses_a_leaf_that_requires_grad():
+    w = torch.randn(4, requires_grad=True)
+    with pytest.raises(
+        RuntimeError, match=r"a leaf Variable that requires grad is being used in an in-place"
+    ):
+        opforge.copy_async(w, torch.zeros(4))
+    with torch.no_grad():  # as with copy_: allowed outside autograd
+        opforge.copy_async(w, torch.ones(4))
+    assert torch.equal(w.detach(), torch.ones(4))
+
+
+def test_autograd_gradient_as_copy_():
+    """The gradient flows as through Tensor.copy_: to src, none to dst's old values."""
+    x = torch.randn(4, requires_grad=True)
+    src = torch.randn(4, requires_grad=True)
+    for copy in (opforge.copy_async, torch.Tensor.copy_):
+        x.grad = src.grad = None
+        dst = x * 2
+        copy(dst, src * 5)
+        assert torch.equal(dst, (src * 5).detach())
+        (dst * 3).sum().backward()
+        assert torch.equal(src.grad, torch.full((4,), 15.0))
+        assert x.grad is None or (x.grad == 0).all()
+    # into a view: the base's other elements keep their history
+    x.grad = src.grad = None
+    base = x * 1
+    opforge.copy_async(base[1:3], src[:2])
+    base.sum().backward()
+    assert torch.equal(x.grad, torch.tensor([1.0, 0.0, 0.0, 1.0])) and torch.equal(
+        src.grad[:2], torch.ones(2)
+    )
+
+
 def test_opcheck():
     samples = [
         (torch.empty(3, 5), torch.randn(3, 5)),

@@ -4,7 +4,10 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/ops/empty.h>
 
+#include <torch/library.h>
+
 #include <algorithm>
+#include <cfloat>
 #include <cmath>
 
 #include "common/checks.h"
@@ -40,14 +43,42 @@ void check_qkv(const char* op, const at::Tensor& q, const at::Tensor& k, const a
                     " and ", k.size(1));
 }
 
+// A number the float32 kernels hold (those of float16, bfloat16 and float32 inputs: float64 runs in
+// double on the CPU): 0 or a normal float32 magnitude. Beyond it a scale or softcap would become
+// inf or 0 inside the kernel (zeros and an LSE of -inf, or a softcap silently dropped).
+void check_float32_number(const char* op, const char* what, double value) {
+  const double a = std::abs(value);
+  TORCH_CHECK_VALUE(a == 0.0 || (a >= FLT_MIN && a <= FLT_MAX), op, ": ", what, " = ", value,
+                    " is outside the range of the float32 arithmetic the kernels use for ", "float16, bfloat16 and ",
+                    "float32 inputs (magnitudes ", FLT_MIN, " to ", FLT_MAX, ", or 0)");
+}
+
 void check_pattern(const char* op, const at::Tensor& q, const at::Tensor& k, double scale, double softcap,
                    const AttentionPatternArgs& p) {
   TORCH_CHECK_VALUE(std::isfinite(scale), op, ": scale must be finite, got ", scale);
   TORCH_CHECK_VALUE(std::isfinite(softcap) && softcap >= 0.0, op, ": softcap must be positive (0: none), got ",
                     softcap);
+  if (q.scalar_type() != at::kDouble) {
+    // The scale and softcap, and the factors the kernels derive from them (the CUDA kernels' exp2
+    // arithmetic: scale * log2(e); with a softcap, softcap * log2(e), scale / softcap and its inverse).
+    constexpr double kLog2e = 1.4426950408889634;
+    check_float32_number(op, "scale", scale);
+    check_float32_number(op, "scale * log2(e)", scale * kLog2e);
+    if (softcap > 0.0) {
+      check_float32_number(op, "softcap", softcap);
+      check_float32_number(op, "softcap * log2(e)", softcap * kLog2e);
+      check_float32_number(op, "1 / (softcap * log2(e))", 1.0 / (softcap * kLog2e));
+      check_float32_number(op, "scale / softcap", scale / softcap);
+    }
+  }
   TORCH_CHECK_VALUE(p.window_left >= -1 && p.window_right >= -1, op,
                     ": window sides must be >= 0 (-1: unbounded), got (", p.window_left, ", ", p.window_right, ")");
   TORCH_CHECK_VALUE(p.prefix_len >= 0, op, ": prefix_len must be >= 0, got ", p.prefix_len);
+  // A prefix adds keys to a band; with no band every key is visible already, which a caller asking
+  // for a prefix never means (opforge.attention turns a prefix alone into prefix-LM: causal).
+  TORCH_CHECK_VALUE(p.prefix_len == 0 || p.causal || p.window_left >= 0 || p.window_right >= 0, op,
+                    ": prefix_len (", p.prefix_len, ") without causal or a window would see every key: pass ",
+                    "causal=true for prefix-LM (bidirectional over the prefix, causal after it)");
   const int64_t B = q.size(0), H = q.size(1), Sq = q.size(2), Sk = k.size(2);
   TORCH_CHECK_VALUE(p.q_segments.has_value() == p.kv_segments.has_value(), op,
                     ": q_segments and kv_segments go together");
@@ -152,6 +183,83 @@ void check_attention_backward_inputs(const at::Tensor& grad_out, const at::Tenso
   }
 }
 
+AttentionCall attention_call(const at::Tensor& q, const at::Tensor& k, bool kv_lens, bool backward) {
+  AttentionCall call;
+  call.cuda = q.is_cuda();
+  call.heads = q.size(1), call.kv_heads = k.size(1), call.sq = q.size(2), call.sk = k.size(2);
+  call.head_dim = q.size(3);
+  call.kv_lens = kv_lens;
+  call.backward = backward;
+  return call;
+}
+
+AttentionKernel choose_attention_kernel(const char* op, const AttentionCall& call, c10::string_view variant) {
+  const char* device = call.cuda ? "CUDA" : "the CPU";
+  const char* variants = call.backward ? (call.cuda ? "auto, hopper, mma_sync" : "auto, tiled")
+                                       : (call.cuda ? "auto, decode, hopper, mma_sync" : "auto, tiled, decode");
+  const int64_t rows = call.rows(), max_rows = call.decode_max_rows();
+  AttentionKernel kernel;
+  if (variant == "auto") {
+    kernel = call.decodes()     ? AttentionKernel::kDecode
+             : !call.cuda       ? AttentionKernel::kTiled
+             : call.hopper_missing ? AttentionKernel::kMmaSync
+                                   : AttentionKernel::kHopper;
+  } else if (variant == "decode" && !call.backward) {
+    TORCH_CHECK_VALUE(rows <= max_rows, op, ": variant 'decode' takes at most ", max_rows,
+                      " query rows (Sq x the GQA group) per kv head", call.cuda ? " at head dim " : "",
+                      call.cuda ? std::to_string(call.head_dim) : std::string(), ", got ", rows);
+    kernel = AttentionKernel::kDecode;
+  } else if (variant == "tiled" && !call.cuda) {
+    kernel = AttentionKernel::kTiled;
+  } else if (variant == "hopper" && call.cuda) {
+    TORCH_CHECK_VALUE(!call.hopper_missing, op, ": variant 'hopper' cannot run here: ", call.hopper_missing);
+    kernel = AttentionKernel::kHopper;
+  } else if (variant == "mma_sync" && call.cuda) {
+    kernel = AttentionKernel::kMmaSync;
+  } else {
+    const bool known = variant == "tiled" || variant == "decode" || variant == "hopper" || variant == "mma_sync";
+    TORCH_CHECK_VALUE(false, op, ": variant '", variant, known ? "' has no kernel here" : "' is unknown", "; on ",
+                      device, " the ", call.backward ? "backward's " : "", "variants are: ", variants);
+  }
+  return kernel;
+}
+
+void check_kv_lens_kernel(const char* op, const AttentionCall& call, AttentionKernel kernel,
+                          c10::string_view variant) {
+  if (!call.kv_lens || kernel == AttentionKernel::kDecode) return;
+  TORCH_CHECK_VALUE(variant != "auto", op, ": kv_lens (per-sequence key counts) takes at most ",
+                    call.decode_max_rows(), " query rows (Sq x the GQA group) per kv head",
+                    call.cuda ? " at head dim " : "", call.cuda ? std::to_string(call.head_dim) : std::string(),
+                    ", got ", call.rows(), " (opforge.attention builds a block mask for more)");
+  TORCH_CHECK_VALUE(false, op, ": kv_lens (per-sequence key counts) runs on the decode kernel only, not variant '",
+                    variant, "' (opforge.attention builds a block mask for the other kernels)");
+}
+
+#if !OPFORGE_WITH_CUDA
+const char* attention_hopper_missing(at::Device, int64_t, bool) { return "this build has no CUDA kernels"; }
+#endif
+
+namespace {
+
+// torch.ops.opforge._attention_kernel: the kernel the rule picks for a call of these sizes on `device`
+// (opforge.attention asks it whether per-sequence key counts reach the decode kernel).
+std::string attention_kernel_op(at::Device device, int64_t heads, int64_t kv_heads, int64_t sq, int64_t sk,
+                                int64_t head_dim, bool kv_lens, c10::string_view variant, bool backward) {
+  TORCH_CHECK_VALUE(device.is_cpu() || device.is_cuda(), kOp, ": no kernels on ", device);
+  TORCH_CHECK_VALUE(heads > 0 && kv_heads > 0 && heads % kv_heads == 0 && sq >= 0 && sk >= 0 && head_dim > 0, kOp,
+                    ": _attention_kernel needs heads a multiple of kv_heads (both > 0), sizes >= 0, got heads ",
+                    heads, ", kv_heads ", kv_heads, ", sq ", sq, ", sk ", sk, ", head_dim ", head_dim);
+  AttentionCall call;
+  call.cuda = device.is_cuda();
+  call.heads = heads, call.kv_heads = kv_heads, call.sq = sq, call.sk = sk, call.head_dim = head_dim;
+  call.kv_lens = kv_lens;
+  call.backward = backward;
+  if (call.cuda) call.hopper_missing = attention_hopper_missing(device, head_dim, backward);
+  return attention_kernel_name(choose_attention_kernel(backward ? "opforge.attention_backward" : kOp, call, variant));
+}
+
+}  // namespace
+
 at::Tensor empty_attention_like(const at::Tensor& like) {
   if (like.stride(1) < like.stride(2) && like.size(1) > 1 && like.size(2) > 1) {
     return at::empty({like.size(0), like.size(2), like.size(1), like.size(3)}, like.options()).transpose(1, 2);
@@ -237,16 +345,28 @@ std::tuple<at::Tensor, at::Tensor> attention(const at::Tensor& q, const at::Tens
                                              const std::optional<at::Tensor>& mask_kinds,
                                              const std::optional<at::Tensor>& mask_index,
                                              const std::optional<at::Tensor>& mask_bits, int64_t block_q,
-                                             int64_t block_k, const std::optional<at::Tensor>& kv_lens) {
+                                             int64_t block_k, const std::optional<at::Tensor>& kv_lens,
+                                             c10::string_view variant) {
   static auto op = c10::Dispatcher::singleton()
                        .findSchemaOrThrow("opforge::attention", "")
                        .typed<std::tuple<at::Tensor, at::Tensor>(
                            const at::Tensor&, const at::Tensor&, const at::Tensor&, double, double, bool, int64_t,
                            int64_t, int64_t, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&,
                            const std::optional<at::Tensor>&, const std::optional<at::Tensor>&,
-                           const std::optional<at::Tensor>&, int64_t, int64_t, const std::optional<at::Tensor>&)>();
+                           const std::optional<at::Tensor>&, int64_t, int64_t, const std::optional<at::Tensor>&,
+                           c10::string_view)>();
   return op.call(q, k, v, scale, softcap, causal, window_left, window_right, prefix_len, q_segments, kv_segments,
-                 mask_kinds, mask_index, mask_bits, block_q, block_k, kv_lens);
+                 mask_kinds, mask_index, mask_bits, block_q, block_k, kv_lens, variant);
 }
+
+}  // namespace opforge
+
+// The rule's query op (schema in registration.cpp): no tensor argument, so one kernel serves every
+// dispatch key.
+TORCH_LIBRARY_IMPL(opforge, CompositeExplicitAutograd, m) {
+  m.impl("_attention_kernel", &opforge::attention_kernel_op);
+}
+
+namespace opforge {
 
 }  // namespace opforge

@@ -2,9 +2,11 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <c10/util/string_view.h>
 
 #include <optional>
 
+#include "attention/attention_heuristics.h"
 #include "attention/attention_params.h"
 
 namespace opforge {
@@ -40,6 +42,18 @@ void check_attention_backward_inputs(const at::Tensor& grad_out, const at::Tenso
                                      const at::Tensor& v, const at::Tensor& out, const at::Tensor& lse,
                                      const std::optional<at::Tensor>& grad_lse, double scale, double softcap,
                                      const AttentionPatternArgs& pattern);
+
+// The kernel that serves `call` under `variant` ("auto": the rule of attention_heuristics.h; a named
+// kernel that cannot serve the call raises a ValueError naming `op` and saying why).
+AttentionKernel choose_attention_kernel(const char* op, const AttentionCall& call, c10::string_view variant);
+// Per-sequence key counts reach the decode kernels only: a ValueError when `kernel` is another.
+void check_kv_lens_kernel(const char* op, const AttentionCall& call, AttentionKernel kernel,
+                          c10::string_view variant);
+// The call as the rule sees it (hopper_missing left for the CUDA launcher to fill in).
+AttentionCall attention_call(const at::Tensor& q, const at::Tensor& k, bool kv_lens, bool backward);
+// CUDA builds: why the Hopper kernels cannot serve a call on `device` (the current one when it has
+// no index) at this head dim, or null when they can.
+const char* attention_hopper_missing(at::Device device, int64_t head_dim, bool backward);
 
 // A tensor of `like`'s shape whose memory follows like's order of the (S, H) dims: (B, S, H, D)
 // underneath when like is such a transposed view (as transformers passes q, k, v), else

@@ -7,10 +7,16 @@
 #include <ATen/Parallel.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/ops/empty_like.h>
+#include <ATen/ops/zeros_like.h>
+#include <torch/csrc/autograd/VariableTypeUtils.h>
+#include <torch/csrc/autograd/function.h>
 #include <torch/library.h>
 
 #include <algorithm>
 #include <cstring>
+#include <memory>
+#include <type_traits>
+#include <utility>
 
 #include "common/checks.h"
 #include "common/host_pool.h"
@@ -95,5 +101,56 @@ at::Tensor to_device_async(const at::Tensor& src, at::Device device) {
 }
 
 TORCH_LIBRARY_IMPL(opforge, CompositeImplicitAutograd, m) { m.impl("to_device_async", &to_device_async_impl); }
+
+namespace {
+
+// The copy's gradient, as Tensor.copy_'s, with an in-place op's edges (dst's old values first, as
+// CopySlices expects when dst is a view): zeros for dst's values before the copy, dst's incoming
+// gradient for src (on src's device).
+struct CopyAsyncBackward final : torch::autograd::Node {
+  explicit CopyAsyncBackward(at::TensorOptions src) : src_options(src) {}
+  at::TensorOptions src_options;
+  torch::autograd::variable_list apply(torch::autograd::variable_list&& grads) override {
+    const at::Tensor& g = grads[0];
+    if (!g.defined()) return {at::Tensor(), at::Tensor()};
+    return {at::zeros_like(g), should_compute_output(1) ? g.to(src_options) : at::Tensor()};
+  }
+  std::string name() const override { return "CopyAsyncBackward"; }
+};
+
+// torch 2.14 holds autograd nodes in c10::intrusive_ptr, earlier releases in std::shared_ptr.
+using NodePtr = decltype(torch::autograd::Edge::function);
+template <typename T, typename... Args>
+NodePtr make_node(Args&&... args) {
+  if constexpr (std::is_same_v<NodePtr, std::shared_ptr<torch::autograd::Node>>) {
+    return std::make_shared<T>(std::forward<Args>(args)...);
+  } else {
+    return c10::make_intrusive<T>(std::forward<Args>(args)...);
+  }
+}
+
+// Under autograd copy_async writes dst as Tensor.copy_ does: a leaf that requires grad is refused
+// (outside torch.no_grad), dst's version counter moves on (a backward that saved dst's old values
+// then raises instead of using the new ones), and dst's history becomes the copy's (the gradient
+// flows to src; dst's old values get none).
+void copy_async_autograd(const at::Tensor& dst, const at::Tensor& src) {
+  NodePtr grad_fn;
+  if (at::GradMode::is_enabled() && (dst.requires_grad() || src.requires_grad())) {
+    torch::autograd::check_inplace(dst, true);
+    grad_fn = make_node<CopyAsyncBackward>(src.options());
+    grad_fn->set_next_edges(torch::autograd::collect_next_edges(dst, src));
+  }
+  {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    at::Tensor target = dst;
+    copy_async(target, src);
+  }
+  torch::autograd::increment_version(dst);
+  if (grad_fn) torch::autograd::rebase_history(dst, std::move(grad_fn));
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(opforge, Autograd, m) { m.impl("copy_async", &copy_async_autograd); }
 
 }  // namespace opforge

@@ -8,8 +8,15 @@ import numbers
 
 import torch
 
-from opforge.masks import BlockMask, block_mask, split_segments
-from opforge.ops._common import check_dtype_in, check_same_device, check_same_dtype, require_tensor
+from opforge import reference
+from opforge.masks import BlockMask, attention_mask, block_mask, prefix_means_causal, split_segments
+from opforge.ops._common import (
+    check_dtype_in,
+    check_same_device,
+    check_same_dtype,
+    require_tensor,
+    transforms_active,
+)
 
 OP = "opforge.attention"
 # Window sides and prefixes beyond any sequence length mean "unbounded"; larger values are clamped
@@ -32,6 +39,7 @@ def attention(
     softcap: float | None = None,
     kv_lens: torch.Tensor | None = None,
     return_lse: bool = False,
+    variant: str = "auto",
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """softmax(q k^T * scale, masked by the pattern) v, without an Sq x Sk matrix in memory.
 
@@ -44,13 +52,16 @@ def attention(
             keys, as FlashAttention does).
         window: (left, right): keys within ``left`` before and ``right`` after the query's position
             (None: unbounded). ``window=(W - 1, 0)`` with causal is the Mistral sliding window.
-        prefix_len: the first ``prefix_len`` keys are visible to every query (prefix-LM: with causal,
-            bidirectional over the prefix and causal after it).
+        prefix_len: the first ``prefix_len`` keys are visible to every query. Alone (no causal, no
+            window) it means prefix-LM: bidirectional over the prefix and causal after it, as with
+            ``causal=True``; with a window it adds the prefix to the window's keys.
         segment_ids: (B, Sk) ids (the queries take those of the last Sq positions) or a pair
             (q_segments (B, Sq), kv_segments (B, Sk)): tokens see only their own segment (packed
             documents). Combines with the rest.
         mask: a `BlockMask` (`opforge.block_mask(fn, B, H, Sq, Sk)` or `BlockMask.from_dense`) made
-            for this B (or 1), Hq (or 1), Sq and Sk: any pattern; combines with the rest.
+            for this B (or 1), Hq (or 1), Sq and Sk: any pattern; combines with the rest. A mask
+            built on another device (the CPU, without ``device=``) is copied to q's device at its
+            first use there and the copy kept on the mask.
         scale: the scores' factor (default 1 / sqrt(D)).
         softcap: scores become ``softcap * tanh(s / softcap)`` (Gemma 2), after the scale.
         kv_lens: per-sequence key counts for batched decoding against a preallocated cache, a (B,)
@@ -63,18 +74,35 @@ def attention(
             mask first, which reads the counts on the host. segment_ids must then be a pair.
         return_lse: also return the log-sum-exp of each query's scores, (B, Hq, Sq) float32
             (float64 for float64 inputs).
+        variant: the kernel. ``"auto"`` (default) follows the rule of docs/attention.md: the decode
+            kernel for few query rows (Sq x the GQA group) against many keys, else on the CPU the
+            tiled kernel and on CUDA the Hopper one (TMA + wgmma; sm_90 GPUs, sm_90a builds) or the
+            mma.sync one (sm_80+). A kernel can be named: ``"tiled"``, ``"decode"`` on the CPU;
+            ``"decode"``, ``"hopper"``, ``"mma_sync"`` on CUDA; one that cannot serve the call
+            raises a ValueError saying why. The backward runs on the same kind of kernel (the tiled
+            one after ``"decode"``: decoding has no backward kernel).
 
     Returns the output (B, Hq, Sq, D) in q's dtype (laid out like q: (B, S, H, D) underneath when q
     is such a view), and the LSE when asked. A query that sees no key gets zeros and an LSE of -inf.
-    Differentiable in q, k and v (the backward is opforge.attention_backward, deterministic).
+    Differentiable in q, k and v (the backward is opforge.attention_backward, deterministic), also
+    under the torch.func transforms (grad, vjp, jacrev, jacfwd, jvp, vmap) and forward-mode AD (the
+    tangent is computed densely, query rows in chunks); double backward (create_graph=True, e.g.
+    gradgradcheck or a gradient penalty) recomputes the first backward densely in float32 (float64
+    for float64 inputs), which takes memory for the (B, Hq, Sq, Sk) scores.
+
+    ``scale`` and ``softcap`` must be numbers the kernels' float32 arithmetic holds (for float16,
+    bfloat16 and float32 inputs): magnitudes from about 1.2e-38 to 3.4e38, or 0; a ValueError
+    otherwise.
     """
     for name, t in (("q", q), ("k", k), ("v", v)):
         require_tensor(OP, name, t)
     _check_ranks(OP, q, k, v)  # (the pattern arguments read the sizes)
     if kv_lens is not None:
         _check_kv_lens(q, kv_lens, segment_ids)
+    if not isinstance(variant, str):
+        raise TypeError(f"{OP}: variant must be a str, got {type(variant).__name__}")
     args = _pattern_args(q, k, causal, window, prefix_len, segment_ids, mask)
-    if kv_lens is not None and not _decodes(q, k, v):
+    if kv_lens is not None and not _decodes(q, k, v, variant):
         (args, k, v), kv_lens = _kv_lens_as_mask(q, k, v, kv_lens, args, mask), None
     if scale is None:
         # head_dim ** -0.5 keeps a symbolic size symbolic under torch.compile(dynamic=True)
@@ -92,10 +120,14 @@ def attention(
         softcap = 0.0
     if not isinstance(softcap, numbers.Real) or isinstance(softcap, bool) or not 0 <= softcap < math.inf:
         raise ValueError(f"{OP}: softcap must be a positive number (or None), got {softcap!r}")
-    if kv_lens is None:
-        out, lse = torch.ops.opforge.attention.default(q, k, v, scale, float(softcap), *args)
+    if transforms_active():  # torch.func / forward-mode AD: the Python autograd.Function
+        out, lse = _Attention.apply(q, k, v, scale, float(softcap), variant, *args, kv_lens)
+    elif kv_lens is None:
+        out, lse = torch.ops.opforge.attention.default(q, k, v, scale, float(softcap), *args, variant=variant)
     else:
-        out, lse = torch.ops.opforge.attention.default(q, k, v, scale, float(softcap), *args, kv_lens)
+        out, lse = torch.ops.opforge.attention.default(
+            q, k, v, scale, float(softcap), *args, kv_lens, variant=variant
+        )
     return (out, lse) if return_lse else out
 
 
@@ -115,15 +147,27 @@ def _check_kv_lens(q, kv_lens, segment_ids) -> None:
         )
 
 
-def _decodes(q, k, v) -> bool:
-    """Whether the decode kernel takes this call with per-sequence key counts (csrc: use_decode,
-    decode_max_rows): no gradient to record and at most 32 query rows a kv head (64 at CUDA head
-    dims 65-128)."""
+def _decodes(q, k, v, variant: str) -> bool:
+    """Whether the decode kernel takes this call with per-sequence key counts: no gradient to record
+    (the decode kernel has no backward) and the kernel rule's answer (csrc/attention/
+    attention_heuristics.h, asked through torch.ops.opforge._attention_kernel)."""
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
         return False
-    rows = q.shape[2] * (q.shape[1] // max(k.shape[1], 1))
-    d = q.shape[3]
-    return rows <= (64 if q.is_cuda and 64 < d <= 128 else 32)
+    if variant not in ("auto", "decode"):
+        return False
+    sizes = (q.shape[1], k.shape[1], q.shape[2], k.shape[2], q.shape[3])
+    return _kernel(q.device, *(int(n) for n in sizes), variant) == "decode"
+
+
+@torch.compiler.assume_constant_result
+def _kernel(device, heads: int, kv_heads: int, sq: int, sk: int, head_dim: int, variant: str) -> str:
+    """The rule's kernel for a call with per-sequence key counts (a constant for torch.compile: it
+    depends on the sizes only, which the compiled graph is specialised on)."""
+    if kv_heads <= 0 or heads % kv_heads:  # (the op's own checks name the error)
+        return "tiled"
+    return torch.ops.opforge._attention_kernel.default(
+        device, heads, kv_heads, sq, sk, head_dim, kv_lens=True, variant=variant
+    )
 
 
 def _kv_lens_as_mask(q, k, v, kv_lens, args, mask):
@@ -183,6 +227,7 @@ def _pattern_args(q, k, causal, window, prefix_len, segment_ids, mask) -> tuple:
         if not isinstance(prefix_len, numbers.Integral) or isinstance(prefix_len, bool) or prefix_len < 0:
             raise ValueError(f"{OP}: prefix_len must be an int >= 0, got {prefix_len!r}")
         prefix = min(int(prefix_len), _REACH)
+    causal = prefix_means_causal(causal, window, prefix)  # (a prefix alone: prefix-LM)
     q_seg = kv_seg = None
     if segment_ids is not None:
         sq, sk = q.shape[2], k.shape[2]
@@ -219,7 +264,7 @@ def _pattern_args(q, k, causal, window, prefix_len, segment_ids, mask) -> tuple:
                 f"{OP}: the mask was made for (B, H, Sq, Sk) = {mask.shape}, this call has "
                 f"({B}, {H}, {sq}, {sk}) (B and H may be 1)"
             )
-        kinds, index, bits = mask.kinds, mask.index, mask.bits
+        kinds, index, bits = mask.tensors_on(q.device)  # (a mask built elsewhere: moved once, kept)
         block_q, block_k = mask.block_size
     return (causal, left, right, prefix, q_seg, kv_seg, kinds, index, bits, block_q, block_k)
 
@@ -276,17 +321,25 @@ def _(grad_out, q, k, v, out, lse, grad_lse, *rest):
 _PATTERN_ARGS = 11  # causal .. block_k: what the backward takes (kv_lens, the forward's last, it does not)
 
 
-def _setup_context(ctx, inputs, output):
+def _backward_variant(variant: str) -> str:
+    """The backward's kernel for the forward's variant (decoding has no backward kernel)."""
+    return "auto" if variant == "decode" else variant
+
+
+def _setup_context(ctx, inputs, keyword_only_inputs, output):
     q, k, v, scale, softcap, *pattern = inputs
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse)
     ctx.scale, ctx.softcap, ctx.pattern = scale, softcap, pattern[:_PATTERN_ARGS]
+    ctx.variant = _backward_variant(keyword_only_inputs.get("variant", "auto"))
     ctx.kv_lens = len(pattern) > _PATTERN_ARGS and pattern[_PATTERN_ARGS] is not None
     ctx.inputs = len(inputs)
     ctx.set_materialize_grads(False)
 
 
-def _backward(ctx, grad_out, grad_lse):
+def _gradients(ctx, grad_out, grad_lse):
+    """(dq, dk, dv) by the backward kernels; differentiable again (double backward) when the
+    gradients are being recorded (create_graph=True, torch.func)."""
     if ctx.kv_lens:
         raise NotImplementedError(
             "opforge.attention_backward: no gradient through kv_lens' decode kernel; call opforge.attention, "
@@ -295,13 +348,279 @@ def _backward(ctx, grad_out, grad_lse):
     q, k, v, out, lse = ctx.saved_tensors
     if grad_out is None:
         grad_out = torch.zeros_like(out)
-    dq, dk, dv = torch.ops.opforge.attention_backward.default(
-        grad_out, q, k, v, out, lse, grad_lse, ctx.scale, ctx.softcap, *ctx.pattern
+    rest = (ctx.scale, ctx.softcap, ctx.variant, *ctx.pattern)
+    if torch.is_grad_enabled():
+        return _AttentionBackward.apply(grad_out, q, k, v, out, lse, grad_lse, *rest)
+    return torch.ops.opforge.attention_backward.default(
+        grad_out, q, k, v, out, lse, grad_lse, ctx.scale, ctx.softcap, *ctx.pattern, variant=ctx.variant
     )
-    return (dq, dk, dv) + (None,) * (ctx.inputs - 3)
+
+
+def _backward(ctx, grad_out, grad_lse):
+    return (*_gradients(ctx, grad_out, grad_lse), *(None,) * (ctx.inputs - 3))
 
 
 torch.library.register_autograd("opforge::attention", _backward, setup_context=_setup_context)
+
+
+def _not_differentiable(ctx, *grads):
+    raise RuntimeError(
+        "opforge.attention_backward is not differentiable when called directly; differentiate "
+        "opforge.attention's gradients instead (create_graph=True), which opforge.attention supports"
+    )
+
+
+def _no_context(ctx, inputs, keyword_only_inputs, output):
+    pass
+
+
+torch.library.register_autograd("opforge::attention_backward", _not_differentiable, setup_context=_no_context)
+
+
+class _Attention(torch.autograd.Function):
+    """opforge.attention under the torch.func transforms (grad, vjp, jacrev, jacfwd, jvp, vmap) and
+    forward-mode AD, which the op's registered autograd cannot serve: the same backward, the tangent
+    computed densely (_tangent) and vmap by the ops' own rules (below)."""
+
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(q, k, v, scale, softcap, variant, *pattern):
+        return torch.ops.opforge.attention.default(q, k, v, scale, softcap, *pattern, variant=variant)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        q, k, v, scale, softcap, variant, *pattern = inputs
+        out, lse = output
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.save_for_forward(q, k, v, out, lse)
+        ctx.scale, ctx.softcap, ctx.pattern = scale, softcap, pattern[:_PATTERN_ARGS]
+        ctx.variant = _backward_variant(variant)
+        ctx.kv_lens = pattern[_PATTERN_ARGS] if len(pattern) > _PATTERN_ARGS else None
+        ctx.inputs = len(inputs)
+        ctx.set_materialize_grads(False)
+
+    @staticmethod
+    def backward(ctx, grad_out, grad_lse):
+        return (*_gradients(ctx, grad_out, grad_lse), *(None,) * (ctx.inputs - 3))
+
+    @staticmethod
+    def jvp(ctx, dq, dk, dv, *_):
+        q, k, v, out, lse = ctx.saved_tensors
+        return _tangent(q, k, v, out, lse, dq, dk, dv, ctx.scale, ctx.softcap, ctx.pattern, ctx.kv_lens)
+
+
+class _AttentionBackward(torch.autograd.Function):
+    """opforge.attention's backward as a function that can be differentiated again (double backward):
+    the forward is the backward kernels; its own backward differentiates a dense recomputation of
+    the first backward (_dense) in float32 (float64 for float64 inputs)."""
+
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(grad_out, q, k, v, out, lse, grad_lse, scale, softcap, variant, *pattern):
+        return torch.ops.opforge.attention_backward.default(
+            grad_out, q, k, v, out, lse, grad_lse, scale, softcap, *pattern, variant=variant
+        )
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        grad_out, q, k, v, _out, _lse, grad_lse, scale, softcap, _variant, *pattern = inputs
+        ctx.save_for_backward(grad_out, q, k, v, grad_lse)
+        ctx.scale, ctx.softcap, ctx.pattern = scale, softcap, pattern
+        ctx.inputs = len(inputs)
+        ctx.set_materialize_grads(False)
+
+    @staticmethod
+    def backward(ctx, ggq, ggk, ggv):
+        grad_out, q, k, v, grad_lse = ctx.saved_tensors
+        # out and lse are q, k, v's forward: the recomputation below differentiates through them,
+        # so they get no gradient of their own (they would count the same path twice).
+        create = torch.is_grad_enabled()
+        with torch.enable_grad():
+            ins = [t if t.requires_grad else t.detach().requires_grad_() for t in (grad_out, q, k, v)]
+            go, qd, kd, vd = ins
+            out_d, lse_d = _dense(qd, kd, vd, ctx.scale, ctx.softcap, ctx.pattern)
+            outs, cots = [out_d], [go.to(out_d.dtype)]
+            if grad_lse is not None:
+                gl = grad_lse if grad_lse.requires_grad else grad_lse.detach().requires_grad_()
+                ins.append(gl)
+                outs.append(lse_d)
+                cots.append(gl.to(lse_d.dtype))
+            first = torch.autograd.grad(outs, (qd, kd, vd), cots, create_graph=True)
+            pairs = [
+                (g, gg.to(g.dtype)) for g, gg in zip(first, (ggq, ggk, ggv), strict=True) if gg is not None
+            ]
+            if not pairs:
+                return (None,) * ctx.inputs
+            grads = torch.autograd.grad(
+                [g for g, _ in pairs], ins, [gg for _, gg in pairs], create_graph=create, allow_unused=True
+            )
+        grads = [None if g is None else g.to(t.dtype) for g, t in zip(grads, ins, strict=True)]
+        d_go, d_q, d_k, d_v = grads[:4]
+        d_gl = grads[4] if grad_lse is not None else None
+        return (d_go, d_q, d_k, d_v, None, None, d_gl, *(None,) * (ctx.inputs - 7))
+
+    @staticmethod
+    def jvp(ctx, *tangents):
+        raise NotImplementedError(
+            "opforge.attention: forward-mode AD of its gradients (e.g. torch.func.hessian / jacfwd of "
+            "jacrev) is not supported; reverse-over-reverse (torch.autograd.grad with create_graph=True, "
+            "jacrev of jacrev) is"
+        )
+
+
+def _pattern_kwargs(pattern, sq: int, sk: int, kv_lens=None) -> dict:
+    """The schema's pattern arguments as the reference's (opforge.masks.attention_mask) keywords."""
+    causal, left, right, prefix, q_seg, kv_seg, kinds, index, bits, block_q, block_k = pattern
+    kw = dict(
+        causal=causal,
+        window=(None if left < 0 else left, None if right < 0 else right),
+        prefix_len=prefix,
+        kv_lens=kv_lens,
+    )
+    if q_seg is not None:
+        kw["segment_ids"] = (q_seg, kv_seg)
+    if kinds is not None:
+        kw["mask"] = BlockMask(
+            kinds, index, bits, (kinds.shape[0], kinds.shape[1], sq, sk), (block_q, block_k)
+        )
+    return kw
+
+
+def _visible(q, k, pattern, kv_lens=None) -> torch.Tensor:
+    """(B, Hq, Sq, Sk) bool: what each query sees."""
+    B, H, sq, sk = q.shape[0], q.shape[1], q.shape[2], k.shape[2]
+    return attention_mask(B, H, sq, sk, device=q.device, **_pattern_kwargs(pattern, sq, sk, kv_lens))
+
+
+def _scores(q, k, scale, softcap):
+    """scale * q k^T (softcapped) in the computation's type, and tanh(...) with a softcap."""
+    group = q.shape[1] // k.shape[1]
+    s = torch.matmul(q, k.repeat_interleave(group, dim=1).transpose(-1, -2)) * scale
+    if not softcap:
+        return s, None
+    t = torch.tanh(s / softcap)
+    return softcap * t, t
+
+
+def _compute_dtype(t: torch.Tensor) -> torch.dtype:
+    return torch.float64 if t.dtype == torch.float64 else torch.float32
+
+
+def _dense(q, k, v, scale, softcap, pattern):
+    """(out, lse) of opforge.attention in plain, twice differentiable PyTorch ops: the reference,
+    in float32 (float64 for float64 inputs)."""
+    dt = _compute_dtype(q)
+    sq, sk = q.shape[2], k.shape[2]
+    kw = _pattern_kwargs(pattern, sq, sk)
+    return reference.attention(
+        q.to(dt), k.to(dt), v.to(dt), scale=scale, softcap=softcap or None, return_lse=True, **kw
+    )
+
+
+def _tangent(q, k, v, out, lse, dq, dk, dv, scale, softcap, pattern, kv_lens):
+    """The forward-mode derivative (tangents of out and lse) of attention at (q, k, v) along (dq, dk,
+    dv), from the forward's out and LSE: with P = exp(S - lse) the probabilities and dS the scores'
+    tangent, d lse = rowsum(P dS) and d out = (P dS) V - d lse * out + P dV. Dense over query rows
+    in chunks (about 2^24 scores at a time), in float32 (float64 for float64 inputs)."""
+    dt = _compute_dtype(q)
+    group = q.shape[1] // k.shape[1]
+    B, H, sq, sk = q.shape[0], q.shape[1], q.shape[2], k.shape[2]
+    visible = _visible(q, k, pattern, kv_lens) & torch.isfinite(lse)[..., None]
+    vf = v.to(dt).repeat_interleave(group, dim=1)
+    dvf = dv.to(dt).repeat_interleave(group, dim=1) if dv is not None else None
+    d_out, d_lse = [], []
+    step = max(1, (1 << 24) // max(1, B * H * sk))
+    for i0 in range(0, sq, step):
+        rows = slice(i0, min(sq, i0 + step))
+        qc, lc = q[:, :, rows].to(dt), lse[:, :, rows].to(dt)
+        s, t = _scores(qc, k.to(dt), scale, softcap)
+        p = torch.where(visible[:, :, rows], torch.exp(s - lc[..., None]), 0.0)
+        ds = None
+        if dq is not None:
+            ds = _scores(dq[:, :, rows].to(dt), k.to(dt), scale, 0.0)[0]
+        if dk is not None:
+            term = _scores(qc, dk.to(dt), scale, 0.0)[0]
+            ds = term if ds is None else ds + term
+        do = torch.zeros_like(out[:, :, rows], dtype=dt)
+        dl = torch.zeros_like(lc)
+        if ds is not None:
+            if t is not None:
+                ds = ds * (1 - t * t)
+            pds = p * ds
+            dl = pds.sum(-1)
+            do = torch.matmul(pds, vf) - dl[..., None] * out[:, :, rows].to(dt)
+        if dvf is not None:
+            do = do + torch.matmul(p, dvf)
+        d_out.append(do)
+        d_lse.append(dl)
+    if sq == 0:
+        return torch.zeros_like(out), torch.zeros_like(lse)
+    return torch.cat(d_out, dim=2).to(out.dtype), torch.cat(d_lse, dim=2).to(lse.dtype)
+
+
+# ---- vmap: the mapped dimension joins the batch dimension ---------------------------------------
+
+
+def _fold(t, dim, size):
+    """(size, B, ...) with the mapped dimension first (an unmapped operand broadcast), flattened to
+    (size * B, ...)."""
+    if t is None:
+        return None
+    t = t.movedim(dim, 0) if dim is not None else t.expand(size, *t.shape)
+    return t.flatten(0, 1)
+
+
+def _fold_mask(kinds, index, size):
+    """A block mask's kinds and index for the folded batch (bits are shared)."""
+    if kinds is None or kinds.shape[0] == 1:
+        return kinds, index
+    return kinds.repeat(size, 1, 1, 1), index.repeat(size, 1, 1, 1)
+
+
+def _unfold(t, size):
+    return t.unflatten(0, (size, t.shape[0] // size))
+
+
+def _vmap_loop(op, info, in_dims, args, kwargs):
+    """The op once per mapped index (for calls whose mask tensors are mapped), stacked."""
+    outs = []
+    for i in range(info.batch_size):
+        sliced = [a.select(d, i) if d is not None else a for a, d in zip(args, in_dims, strict=True)]
+        outs.append(op(*sliced, **kwargs))
+    return tuple(torch.stack(parts) for parts in zip(*outs, strict=True)), (0,) * len(outs[0])
+
+
+def _vmap_rule(op, batched: tuple[int, ...], mask: tuple[int, int, int]):
+    """A vmap rule for `op`: the arguments at `batched` (those with a batch dimension: operands,
+    segment ids, key counts) get the mapped dimension folded into it; a block mask (kinds, index,
+    bits at `mask`) is shared, repeated along the batch where it has one; outputs unfolded."""
+
+    def rule(info, in_dims, *args, variant="auto"):
+        kwargs = dict(variant=variant)
+        if any(in_dims[i] is not None for i in mask):
+            return _vmap_loop(op, info, in_dims, args, kwargs)
+        size, args = info.batch_size, list(args)
+        for i in batched:
+            if i < len(args):  # (kv_lens at its default is not passed)
+                args[i] = _fold(args[i], in_dims[i], size)
+        args[mask[0]], args[mask[1]] = _fold_mask(args[mask[0]], args[mask[1]], size)
+        outs = op(*args, **kwargs)
+        return tuple(_unfold(t, size) for t in outs), (0,) * len(outs)
+
+    return rule
+
+
+# attention: q, k, v, q_segments, kv_segments, kv_lens; attention_backward: grad_out, q, k, v, out,
+# lse, grad_lse, q_segments, kv_segments (the schemas' positions).
+torch.library.register_vmap(
+    "opforge::attention", _vmap_rule(torch.ops.opforge.attention.default, (0, 1, 2, 9, 10, 16), (11, 12, 13))
+)
+torch.library.register_vmap(
+    "opforge::attention_backward",
+    _vmap_rule(torch.ops.opforge.attention_backward.default, (0, 1, 2, 3, 4, 5, 6, 13, 14), (15, 16, 17)),
+)
 
 
 __all__ = ["attention"]

@@ -31,7 +31,9 @@ def copy_async(dst: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
     this stream (or after an event), and do not write a pinned ``src`` before then.
 
     A mutating op (``dst`` is ``Tensor(a!)`` in the schema), so ``torch.compile`` and
-    functionalization see the write.
+    functionalization see the write. Under autograd it behaves as ``Tensor.copy_``: ``dst``'s
+    version counter moves on (a backward that saved its old values raises), a leaf that requires
+    grad is refused outside ``torch.no_grad()``, and the gradient flows to ``src``.
     """
     require_tensor(OP, "dst", dst)
     require_tensor(OP, "src", src)

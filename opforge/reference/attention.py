@@ -1,5 +1,6 @@
 """Attention in plain PyTorch: the scores matrix, the pattern as an explicit boolean mask
-(opforge.masks.attention_mask), softmax, and the values. The tests' oracle in float64."""
+(opforge.masks.attention_mask), softmax, and the values. The tests' oracle in float64, and the
+dense computation opforge.attention differentiates for its double backward."""
 
 from __future__ import annotations
 
@@ -46,8 +47,12 @@ def attention(
         kv_lens=kv_lens,
         device=q.device,
     )
-    s = s.masked_fill(~visible, -math.inf)
-    lse = torch.logsumexp(s, dim=-1)
-    p = torch.exp(s - lse[..., None]).nan_to_num(0.0)  # a row with nothing visible: zeros
+    # A row with nothing visible gets zeros and an LSE of -inf; its scores are set to 0 first so
+    # that no inf - inf appears anywhere, in the values or in any derivative (opforge.attention's
+    # double backward and tangents differentiate this function).
+    seen = visible.any(-1, keepdim=True)
+    s = s.masked_fill(~visible, -math.inf).masked_fill(~seen, 0.0)
+    lse = torch.logsumexp(s, dim=-1).masked_fill(~seen[..., 0], -math.inf)
+    p = torch.softmax(s, dim=-1).masked_fill(~seen, 0.0)
     out = torch.matmul(p, vf)
     return (out, lse) if return_lse else out

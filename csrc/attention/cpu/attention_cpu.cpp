@@ -11,6 +11,7 @@
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 #include <ATen/ops/empty.h>
+#include <ATen/record_function.h>
 #include <c10/core/CPUAllocator.h>
 #include <torch/library.h>
 
@@ -236,12 +237,8 @@ void forward_kernel(const AttentionParams& p) {
 // cache twice more for one query row). Key blocks the pattern leaves empty are never read (a sliding
 // window reads its last W keys). The chunks' partial softmax states (max, sum, output) merge in chunk
 // order afterwards: deterministic, and parallel over the keys when batch x kv heads is small.
-constexpr int64_t kDecodeRows = 32, kDecodeBlock = 128;
-
-bool use_decode(const AttentionParams& p) {
-  return p.pattern.sq * (p.heads / p.kv_heads) <= kDecodeRows &&
-         (p.pattern.kv_lens != nullptr || p.pattern.sk > 2 * kDecodeBlock);
-}
+// (When it serves: attention_heuristics.h, up to kAttentionCpuDecodeMaxRows rows.)
+constexpr int64_t kDecodeBlock = 128;
 
 template <typename A>
 void decode_scores(const A* q, int64_t rows, const A* k, int64_t ld, int64_t cols, int64_t d, A* s) {
@@ -610,23 +607,28 @@ std::tuple<at::Tensor, at::Tensor> attention_cpu(const at::Tensor& q, const at::
                                                  const std::optional<at::Tensor>& mask_kinds,
                                                  const std::optional<at::Tensor>& mask_index,
                                                  const std::optional<at::Tensor>& mask_bits, int64_t block_q,
-                                                 int64_t block_k, const std::optional<at::Tensor>& kv_lens) {
+                                                 int64_t block_k, const std::optional<at::Tensor>& kv_lens,
+                                                 c10::string_view variant) {
+  constexpr const char* op = "opforge.attention";
   AttentionPatternArgs args = attention_pattern_args(causal, window_left, window_right, prefix_len, q_segments,
                                                      kv_segments, mask_kinds, mask_index, mask_bits, block_q, block_k);
   args.kv_lens = kv_lens;
   check_attention_inputs(q, k, v, scale, softcap, args);
+  const AttentionCall call = attention_call(q, k, kv_lens.has_value(), false);
+  const AttentionKernel kernel = choose_attention_kernel(op, call, variant);
+  check_kv_lens_kernel(op, call, kernel, variant);
   at::Tensor out = empty_attention_like(q);
   at::Tensor lse = at::empty({q.size(0), q.size(1), q.size(2)}, q.options().dtype(attention_lse_dtype(q)));
   if (out.numel() == 0) return {out, lse.fill_(-std::numeric_limits<double>::infinity())};
   const AttentionPlan plan = plan_attention(q, k, v, out, lse, scale, softcap, args);
   check_mask_values(plan.params.pattern, mask_bits ? mask_bits->size(0) : 0);
+  // (Named in profiler traces: "opforge.attention.tiled" / ".decode".)
+  RECORD_FUNCTION(kernel == AttentionKernel::kDecode ? "opforge.attention.decode" : "opforge.attention.tiled",
+                  std::vector<c10::IValue>());
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, q.scalar_type(), "opforge.attention", [&] {
-    if (use_decode(plan.params)) {
+    if (kernel == AttentionKernel::kDecode) {
       decode_kernel<scalar_t>(plan.params);
     } else {
-      TORCH_CHECK_VALUE(!kv_lens, "opforge.attention: kv_lens (per-sequence key counts) takes at most ", kDecodeRows,
-                        " query rows (Sq x the GQA group) per kv head, got ", q.size(2) * (q.size(1) / k.size(1)),
-                        " (opforge.attention builds a block mask for more)");
       forward_kernel<scalar_t>(plan.params);
     }
   });
@@ -639,10 +641,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_cpu(
     int64_t window_left, int64_t window_right, int64_t prefix_len, const std::optional<at::Tensor>& q_segments,
     const std::optional<at::Tensor>& kv_segments, const std::optional<at::Tensor>& mask_kinds,
     const std::optional<at::Tensor>& mask_index, const std::optional<at::Tensor>& mask_bits, int64_t block_q,
-    int64_t block_k) {
+    int64_t block_k, c10::string_view variant) {
   const AttentionPatternArgs args = attention_pattern_args(causal, window_left, window_right, prefix_len, q_segments,
                                                  kv_segments, mask_kinds, mask_index, mask_bits, block_q, block_k);
   check_attention_backward_inputs(grad_out, q, k, v, out, lse, grad_lse, scale, softcap, args);
+  choose_attention_kernel("opforge.attention_backward", attention_call(q, k, false, true), variant);  // (tiled)
+  RECORD_FUNCTION("opforge.attention_backward.tiled", std::vector<c10::IValue>());
   at::Tensor dq = empty_attention_like(q), dk = empty_attention_like(k), dv = empty_attention_like(v);
   if (q.numel() == 0 || k.numel() == 0) {  // nothing visible anywhere: every gradient is 0
     return {dq.zero_(), dk.zero_(), dv.zero_()};

@@ -1,6 +1,7 @@
-// attention CUDA launcher: checks -> device guard -> operands in a form the kernels read (head dim
-// zero-padded to the kernel's 64 / 128 / 256, a contiguous copy only of rows they cannot read)
-// -> the forward kernel, or the backward's prep, dK/dV and dQ passes, on the current stream.
+// attention CUDA launcher: checks -> device guard -> the kernel the rule picks (attention_heuristics.h:
+// `variant`, or "auto"'s rule; never a fallback after a failed launch) -> operands in a form it reads
+// (head dim zero-padded to the kernel's 64 / 128 / 256, a contiguous copy only of rows it cannot
+// read) -> the forward kernel, or the backward's prep, dK/dV and dQ passes, on the current stream.
 #include <ATen/cuda/CUDAContext.h>
 #include <ATen/ops/cat.h>
 #include <ATen/ops/constant_pad_nd.h>
@@ -12,9 +13,7 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
 #include <limits>
-#include <string>
 
 #include "attention/attention.h"
 #include "attention/cuda/attention_cuda.h"
@@ -22,38 +21,27 @@
 
 namespace opforge {
 
-int run_attention_fwd_cuda(const AttentionCudaArgs& a, int head_dim, bool use_mma_sync, void* stream) {
-  if (!use_mma_sync) {
-    int err;
-    switch (head_dim) {
-      case 64: err = run_attention_fwd_hopper_d64(a, stream); break;
-      case 128: err = run_attention_fwd_hopper_d128(a, stream); break;
-      case 256: err = run_attention_fwd_hopper_d256(a, stream); break;
-      default: return cudaErrorInvalidValue;
-    }
-    // (Without Hopper code, or operands TMA cannot address: the mma.sync kernel.)
-    if (err != cudaErrorNoKernelImageForDevice && err != cudaErrorInvalidValue) return err;
-    (void)cudaGetLastError();
-  }
+int run_attention_fwd_cuda(const AttentionCudaArgs& a, int head_dim, AttentionKernel kernel, void* stream) {
+  const bool hopper = kernel == AttentionKernel::kHopper;
   switch (head_dim) {
-    case 64: return run_attention_fwd_d64(a, stream);
-    case 128: return run_attention_fwd_d128(a, stream);
-    case 256: return run_attention_fwd_d256(a, stream);
+    case 64: return hopper ? run_attention_fwd_hopper_d64(a, stream) : run_attention_fwd_d64(a, stream);
+    case 128: return hopper ? run_attention_fwd_hopper_d128(a, stream) : run_attention_fwd_d128(a, stream);
+    case 256: return hopper ? run_attention_fwd_hopper_d256(a, stream) : run_attention_fwd_d256(a, stream);
     default: return cudaErrorInvalidValue;
   }
 }
 
-int run_attention_bwd_cuda(const AttentionCudaArgs& a, int head_dim, bool use_mma_sync, void* stream) {
+int run_attention_bwd_cuda(const AttentionCudaArgs& a, int head_dim, AttentionKernel kernel, void* stream) {
   int err = run_attention_bwd_prep(a, stream);
   if (err != cudaSuccess) return err;
-  if (!use_mma_sync && (head_dim == 64 || head_dim == 128)) {
-    err = head_dim == 64 ? run_attention_bwd_hopper_kv_d64(a, stream) : run_attention_bwd_hopper_kv_d128(a, stream);
-    if (err == cudaSuccess) {
-      return head_dim == 64 ? run_attention_bwd_hopper_q_d64(a, stream) : run_attention_bwd_hopper_q_d128(a, stream);
+  if (kernel == AttentionKernel::kHopper) {  // (the rule offers it at head dims 64 and 128)
+    switch (head_dim) {
+      case 64: err = run_attention_bwd_hopper_kv_d64(a, stream); break;
+      case 128: err = run_attention_bwd_hopper_kv_d128(a, stream); break;
+      default: return cudaErrorInvalidValue;
     }
-    // (Without Hopper code, or operands TMA cannot address: the mma.sync passes.)
-    if (err != cudaErrorNoKernelImageForDevice && err != cudaErrorInvalidValue) return err;
-    (void)cudaGetLastError();
+    if (err != cudaSuccess) return err;
+    return head_dim == 64 ? run_attention_bwd_hopper_q_d64(a, stream) : run_attention_bwd_hopper_q_d128(a, stream);
   }
   switch (head_dim) {
     case 64: err = run_attention_bwd_kv_d64(a, stream); break;
@@ -70,18 +58,27 @@ int run_attention_bwd_cuda(const AttentionCudaArgs& a, int head_dim, bool use_mm
   }
 }
 
+const char* attention_hopper_missing(at::Device device, int64_t head_dim, bool backward) {
+  if (backward && attention_cuda_head_dim(head_dim) == 256) {
+    return "the Hopper backward covers head dims up to 128 (this call's is 129-256)";
+  }
+  const c10::cuda::OptionalCUDAGuard guard(device.has_index() ? std::optional<at::Device>(device) : std::nullopt);
+  const int err = attention_hopper_status();
+  if (err == cudaErrorNoKernelImageForDevice) {
+    (void)cudaGetLastError();
+    return "this build has no sm_90a code for this GPU (the Hopper kernels run on sm_90 GPUs such as the H100 "
+           "and H200, from a build whose arch list holds 9.0a)";
+  }
+  TORCH_CHECK(err == cudaSuccess, "opforge.attention: CUDA error while asking for the Hopper kernels: ",
+              cudaGetErrorString(static_cast<cudaError_t>(err)));
+  return nullptr;
+}
+
 namespace {
 
 constexpr int64_t kMaxHeadDim = 256;
 
-// OPFORGE_ATTENTION_KERNEL=mma_sync: the mma.sync kernels even where the Hopper ones serve (tests
-// and comparisons; read at every call).
-bool forced_mma_sync() {
-  const char* v = std::getenv("OPFORGE_ATTENTION_KERNEL");
-  return v != nullptr && std::string(v) == "mma_sync";
-}
-
-int64_t kernel_head_dim(int64_t d) { return d <= 64 ? 64 : d <= 128 ? 128 : 256; }
+int64_t kernel_head_dim(int64_t d) { return attention_cuda_head_dim(d); }
 
 void check_cuda_call(const char* op, const at::Tensor& q, const at::Tensor& k) {
   TORCH_CHECK_VALUE(q.scalar_type() == at::kHalf || q.scalar_type() == at::kBFloat16, op,
@@ -105,10 +102,31 @@ bool rows_readable(const at::Tensor& t) {
   return reinterpret_cast<uintptr_t>(t.const_data_ptr()) % 16 == 0;
 }
 
-// t with the kernel's head dim in rows it can read: t itself, a zero-padded copy or a contiguous one.
-at::Tensor kernel_operand(const at::Tensor& t, int64_t kd) {
+// Rows TMA can address too (the Hopper kernels): positive strides below 2^40 bytes.
+bool tma_addressable(const at::Tensor& t) {
+  if (!rows_readable(t)) return false;
+  for (int d = 0; d < 3; ++d) {
+    if (t.size(d) > 1 && (t.stride(d) <= 0 || t.stride(d) >= (int64_t{1} << 39))) return false;
+  }
+  return true;
+}
+
+// t with the kernel's head dim in rows the kernel can read: t itself, a zero-padded copy or a
+// contiguous one.
+at::Tensor kernel_operand(const at::Tensor& t, int64_t kd, AttentionKernel kernel) {
   if (t.size(3) != kd) return at::constant_pad_nd(t, {0, kd - t.size(3)});
-  return rows_readable(t) ? t : t.contiguous();
+  const bool readable = kernel == AttentionKernel::kHopper ? tma_addressable(t) : rows_readable(t);
+  return readable ? t : t.contiguous();
+}
+
+// The call as the rule sees it on q's device, and the kernel it gets.
+AttentionKernel cuda_kernel(const char* op, const at::Tensor& q, const at::Tensor& k, bool kv_lens, bool backward,
+                            c10::string_view variant) {
+  AttentionCall call = attention_call(q, k, kv_lens, backward);
+  call.hopper_missing = attention_hopper_missing(q.device(), call.head_dim, backward);
+  const AttentionKernel kernel = choose_attention_kernel(op, call, variant);
+  check_kv_lens_kernel(op, call, kernel, variant);
+  return kernel;
 }
 
 // Segment ids (B, S) int64 summarised per 32 rows: (B, ceil(S / 32), 2) min and max (the last
@@ -179,7 +197,8 @@ std::tuple<at::Tensor, at::Tensor> attention_cuda(const at::Tensor& q, const at:
                                                   const std::optional<at::Tensor>& mask_kinds,
                                                   const std::optional<at::Tensor>& mask_index,
                                                   const std::optional<at::Tensor>& mask_bits, int64_t block_q,
-                                                  int64_t block_k, const std::optional<at::Tensor>& kv_lens) {
+                                                  int64_t block_k, const std::optional<at::Tensor>& kv_lens,
+                                                  c10::string_view variant) {
   constexpr const char* op = "opforge.attention";
   AttentionPatternArgs args = attention_pattern_args(causal, window_left, window_right, prefix_len, q_segments,
                                                      kv_segments, mask_kinds, mask_index, mask_bits, block_q, block_k);
@@ -187,17 +206,19 @@ std::tuple<at::Tensor, at::Tensor> attention_cuda(const at::Tensor& q, const at:
   check_attention_inputs(q, k, v, scale, softcap, args);
   check_cuda_call(op, q, k);
   const c10::cuda::CUDAGuard guard(q.device());
+  const AttentionKernel kernel = cuda_kernel(op, q, k, kv_lens.has_value(), false, variant);
   at::Tensor out = empty_attention_like(q);
   at::Tensor lse = at::empty({q.size(0), q.size(1), q.size(2)}, q.options().dtype(at::kFloat));
   constexpr double kInf = std::numeric_limits<double>::infinity();
   if (out.numel() == 0) return {out, lse.fill_(-kInf)};
   if (k.size(2) == 0) return {out.zero_(), lse.fill_(-kInf)};
   const int64_t d = q.size(3), kd = kernel_head_dim(d);
-  const at::Tensor qk = kernel_operand(q, kd), kk = kernel_operand(k, kd), vk = kernel_operand(v, kd);
+  const at::Tensor qk = kernel_operand(q, kd, kernel), kk = kernel_operand(k, kd, kernel);
+  const at::Tensor vk = kernel_operand(v, kd, kernel);
   at::Tensor out_k = kd == d ? out : empty_attention_like(qk);
   AttentionPlan plan = plan_attention(qk, kk, vk, out_k, lse, scale, softcap, args);
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream().stream();
-  if (use_decode(plan.params, static_cast<int>(kd))) {
+  if (kernel == AttentionKernel::kDecode) {
     // Few query rows against many keys: the split-KV decode kernel and its merge.
     add_segment_blocks(plan);
     const AttentionParams& p = plan.params;
@@ -216,11 +237,8 @@ std::tuple<at::Tensor, at::Tensor> attention_cuda(const at::Tensor& q, const at:
     }
     check_launch(op, err);
   } else {
-    TORCH_CHECK_VALUE(!kv_lens, op, ": kv_lens (per-sequence key counts) takes at most ",
-                      decode_max_rows(static_cast<int>(kd)), " query rows (Sq x the GQA group) per kv head at head dim ",
-                      d, ", got ", q.size(2) * (q.size(1) / k.size(1)), " (opforge.attention builds a block mask for more)");
     add_segment_blocks(plan);
-    check_launch(op, run_attention_fwd_cuda(cuda_args(plan.params), static_cast<int>(kd), forced_mma_sync(), stream));
+    check_launch(op, run_attention_fwd_cuda(cuda_args(plan.params), static_cast<int>(kd), kernel, stream));
   }
   if (kd != d) out.copy_(out_k.narrow(3, 0, d));
   return {out, lse};
@@ -232,7 +250,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_cuda(
     int64_t window_left, int64_t window_right, int64_t prefix_len, const std::optional<at::Tensor>& q_segments,
     const std::optional<at::Tensor>& kv_segments, const std::optional<at::Tensor>& mask_kinds,
     const std::optional<at::Tensor>& mask_index, const std::optional<at::Tensor>& mask_bits, int64_t block_q,
-    int64_t block_k) {
+    int64_t block_k, c10::string_view variant) {
   constexpr const char* op = "opforge.attention_backward";
   const AttentionPatternArgs args = attention_pattern_args(causal, window_left, window_right, prefix_len, q_segments,
                                                            kv_segments, mask_kinds, mask_index, mask_bits, block_q,
@@ -240,11 +258,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_cuda(
   check_attention_backward_inputs(grad_out, q, k, v, out, lse, grad_lse, scale, softcap, args);
   check_cuda_call(op, q, k);
   const c10::cuda::CUDAGuard guard(q.device());
+  const AttentionKernel kernel = cuda_kernel(op, q, k, false, true, variant);
   at::Tensor dq = empty_attention_like(q), dk = empty_attention_like(k), dv = empty_attention_like(v);
   if (q.numel() == 0 || k.numel() == 0) return {dq.zero_(), dk.zero_(), dv.zero_()};
   const int64_t d = q.size(3), kd = kernel_head_dim(d);
-  const at::Tensor qk = kernel_operand(q, kd), kk = kernel_operand(k, kd), vk = kernel_operand(v, kd);
-  const at::Tensor ok = kernel_operand(out, kd), gk = kernel_operand(grad_out, kd);
+  const at::Tensor qk = kernel_operand(q, kd, kernel), kk = kernel_operand(k, kd, kernel);
+  const at::Tensor vk = kernel_operand(v, kd, kernel), ok = kernel_operand(out, kd, kernel);
+  const at::Tensor gk = kernel_operand(grad_out, kd, kernel);
   const at::Tensor lse_c = lse.contiguous();
   const at::Tensor grad_lse_c = grad_lse ? grad_lse->contiguous() : at::Tensor();
   at::Tensor dq_k = kd == d ? dq : empty_attention_like(qk);
@@ -258,8 +278,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_cuda(
   at::Tensor scratch = at::empty({2, q.size(0), q.size(1), a.lse2_ld}, q.options().dtype(at::kFloat));
   a.lse2 = scratch[0].data_ptr<float>();
   a.delta = scratch[1].data_ptr<float>();
-  check_launch(op, run_attention_bwd_cuda(a, static_cast<int>(kd), forced_mma_sync(),
-                                          at::cuda::getCurrentCUDAStream().stream()));
+  check_launch(op, run_attention_bwd_cuda(a, static_cast<int>(kd), kernel, at::cuda::getCurrentCUDAStream().stream()));
   if (kd != d) {
     dq.copy_(dq_k.narrow(3, 0, d));
     dk.copy_(dk_k.narrow(3, 0, d));

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "attention/attention_heuristics.h"
 #include "attention/attention_params.h"
 
 namespace opforge {
@@ -43,16 +44,8 @@ struct DecodeSplit {
 // 16-byte aligned for the merge's vector loads).
 constexpr int decode_part_stride(int head_dim) { return head_dim + 4; }
 
-// The most query rows (the GQA group x Sq) a decode block takes: 4 warps x 8 / 16 / 8 rows, the
-// most whose output registers fit with no spills (ptxas, sm_90a).
-constexpr int decode_max_rows(int head_dim) { return head_dim == 128 ? 64 : 32; }
-
-// Few query rows against many keys, or any call with per-sequence key counts (only the decode
-// kernel takes those): the decode kernel serves.
-inline bool use_decode(const AttentionParams& p, int head_dim) {
-  const int64_t rows = (p.heads / p.kv_heads) * p.pattern.sq;
-  return rows <= decode_max_rows(head_dim) && (p.pattern.kv_lens != nullptr || p.pattern.sk >= 512);
-}
+// The most query rows (the GQA group x Sq) a decode block takes (attention_heuristics.h).
+constexpr int decode_max_rows(int head_dim) { return static_cast<int>(attention_cuda_decode_max_rows(head_dim)); }
 
 // The split for `slots` resident decode blocks on the GPU: enough chunks to fill them once, each of
 // at least two tiles.
@@ -73,13 +66,15 @@ inline DecodeSplit decode_split(const AttentionParams& p, int64_t slots) {
 
 // Launchers, on `stream`; each returns a cudaError_t (cudaErrorNoKernelImageForDevice where the
 // binary has no sm_80+ code for this GPU).
-// The forward: the Hopper kernel where it serves (unless use_mma_sync), else the mma.sync one.
-int run_attention_fwd_cuda(const AttentionCudaArgs& a, int head_dim, bool use_mma_sync, void* stream);
-// The backward: prep, then the Hopper passes where they serve (unless use_mma_sync), else the
-// mma.sync ones.
-int run_attention_bwd_cuda(const AttentionCudaArgs& a, int head_dim, bool use_mma_sync, void* stream);
-// The Hopper forward (sm_90a; TMA needs 16-byte strides): cudaErrorNoKernelImageForDevice without
-// its code, cudaErrorInvalidValue where TMA cannot address the operands.
+// The forward on `kernel` (kHopper or kMmaSync, as the rule chose).
+int run_attention_fwd_cuda(const AttentionCudaArgs& a, int head_dim, AttentionKernel kernel, void* stream);
+// The backward: prep, then the dK/dV and dQ passes on `kernel` (kHopper: head dims 64 and 128).
+int run_attention_bwd_cuda(const AttentionCudaArgs& a, int head_dim, AttentionKernel kernel, void* stream);
+// cudaSuccess where this binary runs the Hopper kernels on the current GPU (sm_90a code on an sm_90
+// GPU), cudaErrorNoKernelImageForDevice where it does not.
+int attention_hopper_status();
+// The Hopper forward (sm_90a; TMA needs positive 16-byte strides, which the launcher gives it):
+// cudaErrorNoKernelImageForDevice without its code.
 int run_attention_fwd_hopper_d64(const AttentionCudaArgs& a, void* stream);
 int run_attention_fwd_hopper_d128(const AttentionCudaArgs& a, void* stream);
 int run_attention_fwd_hopper_d256(const AttentionCudaArgs& a, void* stream);

@@ -20,6 +20,7 @@
 #include "attention/cuda/attention_cuda.h"
 #include "attention/cuda/attention_mma_common.cuh"
 #include "common/cuda/cp_async.cuh"
+#include "common/cuda/launch.cuh"
 #include "common/cuda/math.cuh"
 #include "common/cuda/mma_sync.cuh"
 #include "common/cuda/vector.cuh"
@@ -536,12 +537,13 @@ __global__ void __launch_bounds__(kMergeThreads) attention_decode_merge_kernel(c
   }
 }
 
-// The kernel's shared-memory limit raised once (its stages exceed the default 48 KB).
+// The kernel's shared-memory limit raised to what it takes at most (its largest row count), once per
+// device (cuda::configure_once; a binary without its code answers cudaErrorNoKernelImageForDevice).
 template <typename Tr, typename T>
 cudaError_t configure_decode() {
-  static const cudaError_t err = cudaFuncSetAttribute(attention_decode_kernel<Tr, T>,
-                                                      cudaFuncAttributeMaxDynamicSharedMemorySize, 227 * 1024);
-  return err;
+  static signed char state[64] = {};
+  return cuda::configure_once(attention_decode_kernel<Tr, T>, Tr::smem_bytes(Tr::kMaxRows), state,
+                              [](const cudaFuncAttributes&) { return true; });
 }
 
 template <typename Tr, typename T>
@@ -565,9 +567,9 @@ using ManyRows = DecodeTraits<kD, decode_max_rows(kD)>;
 
 template <typename Tr, typename T>
 cudaError_t configure_decode_mma() {
-  static const cudaError_t err = cudaFuncSetAttribute(attention_decode_mma_kernel<Tr, T>,
-                                                      cudaFuncAttributeMaxDynamicSharedMemorySize, 227 * 1024);
-  return err;
+  static signed char state[64] = {};
+  return cuda::configure_once(attention_decode_mma_kernel<Tr, T>, Tr::smem_bytes(), state,
+                              [](const cudaFuncAttributes&) { return true; });
 }
 
 template <typename Tr, typename T>

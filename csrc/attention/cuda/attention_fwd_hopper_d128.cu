@@ -7,4 +7,6 @@ int run_attention_fwd_hopper_d128(const AttentionCudaArgs& a, void* stream) {
   return attention_cuda::run_hopper_fwd<attention_cuda::HopperFwdTraitsD128>(a, stream);
 }
 
+int attention_hopper_status() { return attention_cuda::hopper_status<attention_cuda::HopperFwdTraitsD128>(); }
+
 }  // namespace opforge

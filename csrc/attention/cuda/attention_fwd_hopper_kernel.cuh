@@ -10,7 +10,8 @@
 //     overlap on the SM.
 // Tiles are 128-byte swizzled boxes of 64 columns (TMA writes them, wgmma descriptors read them);
 // rows past the sequence come in as zeros. Both roles walk the same visible tiles (KeyWalk).
-// Without sm_90a device code the kernel traps and the launcher uses the mma.sync kernel.
+// Without sm_90a device code the kernel traps; the launcher's rule (attention_heuristics.h) asks
+// hopper_status() first and takes the mma.sync kernel there.
 #pragma once
 
 #include <cuda.h>
@@ -189,10 +190,24 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
 #endif
 }
 
+// The kernel's one-time setup on the current device (prepare_hopper).
+template <typename Tr, typename T>
+cudaError_t prepare_hopper_fwd() {
+  static signed char state[64] = {};
+  return prepare_hopper(attention_fwd_hopper_kernel<Tr, T>, Tr::kSmemBytes, state);
+}
+
+// cudaSuccess where this binary runs the Hopper kernels on the current GPU, else
+// cudaErrorNoKernelImageForDevice (every Hopper kernel is built for the same arches, so one stands
+// for all).
+template <typename Tr>
+int hopper_status() {
+  return prepare_hopper_fwd<Tr, __nv_bfloat16>();
+}
+
 template <typename Tr, typename T>
 cudaError_t launch_hopper_fwd(const AttentionCudaArgs& a, cudaStream_t stream) {
-  static signed char state[64] = {};
-  const cudaError_t err = prepare_hopper(attention_fwd_hopper_kernel<Tr, T>, Tr::kSmemBytes, state);
+  const cudaError_t err = prepare_hopper_fwd<Tr, T>();
   if (err != cudaSuccess) return err;
   CUtensorMap mq, mk, mv;
   if (!make_attention_maps(a, Tr::kD, Tr::kBlockM, Tr::kBlockN, &mq, &mk, &mv)) return cudaErrorInvalidValue;
