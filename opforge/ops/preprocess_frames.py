@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import struct
 from collections.abc import Sequence
 from typing import NamedTuple
 
@@ -15,6 +16,15 @@ from opforge.ops._common import dtype_name, require_tensor
 OP = "opforge.preprocess_frames"
 OUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _ORDERS = {"rgb": 0, "bgr": 1, "rgba": 0, "bgra": 1}
+# A number x rounds to a finite value of the type when |x| is below these (to nearest even: the
+# midpoint between the largest finite value and the next power of two rounds up, to inf).
+_OVERFLOW = {
+    torch.float16: 2.0**16 - 2.0**4,
+    torch.bfloat16: 2.0**128 - 2.0**119,
+    torch.float32: 2.0**128 - 2.0**103,
+}
+_F32_ZERO = 2.0**-150  # |x| up to this rounds to 0 in float32
+_IN_F32 = "(the kernels compute in float32)"
 
 
 class FrameInfo(NamedTuple):
@@ -106,12 +116,45 @@ def _three(arg: str, value) -> list[float]:
         raise ValueError(f"{OP}: {arg} must be a number or 3 numbers (one per output channel), got {value!r}")
     if len(value) != 3:
         raise ValueError(f"{OP}: {arg} must have 3 values (one per output channel), got {len(value)}")
-    out = [float(v) for v in value]
-    if not all(abs(v) < math.inf for v in out):  # (NaN too; symbolic-friendly under torch.compile)
-        raise ValueError(f"{OP}: {arg} must be finite, got {out}")
-    if arg == "std" and any(v == 0.0 for v in out):
-        raise ValueError(f"{OP}: std must be finite and nonzero, got {out}")
-    return out
+    return [float(v) for v in value]
+
+
+def _check_float32(scale: float, mean: list[float], std: list[float]) -> None:
+    """check_preprocess_frames_inputs' words: scale, mean and std are numbers float32 holds, std
+    nonzero in it. (Comparisons only, also under torch.compile; NaN fails them.)"""
+    f32 = _OVERFLOW[torch.float32]
+    if not abs(scale) < f32:
+        raise ValueError(f"{OP}: scale must be finite in float32 {_IN_F32}, got {scale!r}")
+    if not all(abs(v) < f32 for v in mean):
+        raise ValueError(f"{OP}: mean must be finite in float32 {_IN_F32}, got {mean}")
+    if not all(_F32_ZERO < abs(v) < f32 for v in std):
+        raise ValueError(f"{OP}: std must be finite and nonzero in float32 {_IN_F32}, got {std}")
+
+
+def _f32(x: float) -> float:
+    """x rounded to float32 (to nearest even; inf beyond its range). On two float32 values, one
+    operation in double rounded so equals the float32 operation (double has over 2 x 24 + 2 bits)."""
+    if not abs(x) < _OVERFLOW[torch.float32]:
+        return math.copysign(math.inf, x)
+    return struct.unpack("f", struct.pack("f", x))[0]
+
+
+def _check_outputs(scale: float, mean: list[float], std: list[float], out_dtype: torch.dtype) -> None:
+    """check_preprocess_frames_inputs' output check, in the same float32 arithmetic: pixel values 0
+    and 255 normalize to finite values of out_dtype (and so does everything between them, the pad
+    value included: the normalization is monotonic)."""
+    s = _f32(scale)
+    for k in range(3):
+        for v in (0.0, 255.0):
+            out = _f32(_f32(v * s) - (_f32(mean[k]) if mean else 0.0))
+            if std:
+                out = _f32(out / _f32(std[k]))
+            if not abs(out) < _OVERFLOW[out_dtype]:
+                raise ValueError(
+                    f"{OP}: scale, mean and std must keep the normalized pixel values (0 to 255, and "
+                    f"pad_value) finite in float32 and within {dtype_name(out_dtype)}'s range (largest "
+                    f"{torch.finfo(out_dtype).max:g}), got {out:g} for pixel value {v:g} in output channel {k}"
+                )
 
 
 def _check_frames(frames: torch.Tensor) -> None:
@@ -175,6 +218,10 @@ def preprocess_frames(
     float frames, and within one uint8 step of OpenCV's ``cv2.resize(INTER_LINEAR)`` (which rounds
     to uint8 in 11-bit fixed point). Without a resize the output is bit-identical to the chain
     ``((x.float() * scale - mean) / std).to(out_dtype)``.
+
+    The arithmetic is float32's: ``scale``, ``mean`` and ``std`` must be finite in float32 (``std``
+    nonzero in it: 1e-50 is 0), and the normalized values of pixels 0 and 255 finite in float32 and
+    within ``out_dtype``'s range (float16: 65504), else a ValueError (no output of inf).
     """
     require_tensor(OP, "frames", frames)
     if layout not in ("NHWC", "NCHW"):
@@ -196,6 +243,7 @@ def preprocess_frames(
     if not isinstance(pad_value, numbers.Real) or not 0 <= pad_value <= 255:
         raise ValueError(f"{OP}: pad_value must be a pixel value in [0, 255], got {pad_value!r}")
     mean_l, std_l = _three("mean", mean), _three("std", std)
+    _check_float32(float(scale), mean_l, std_l)
     channels = [0, 1, 2] if _ORDERS[channels_in] == _ORDERS[channels_out] else [2, 1, 0]
     height, width = int(frames.shape[1]), int(frames.shape[2])
     if letterbox:
@@ -227,7 +275,12 @@ def _(frames, size, region, scale, mean, std, pad_value, channels, out_dtype):
     _check_frames(frames)
     if len(size) != 2 or size[0] <= 0 or size[1] <= 0:
         raise ValueError(f"{OP}: size must be positive, got {list(size)}")
+    for arg, values in (("mean", mean), ("std", std)):
+        if len(values) not in (0, 3):
+            raise ValueError(f"{OP}: {arg} must have 3 values (one per output channel), got {len(values)}")
+    _check_float32(scale, list(mean), list(std))
     if out_dtype not in OUT_DTYPES:
         names = ", ".join(dtype_name(d) for d in OUT_DTYPES)
         raise TypeError(f"{OP}: out_dtype must be one of ({names}), got {out_dtype}")
+    _check_outputs(scale, list(mean), list(std), out_dtype)
     return frames.new_empty((frames.shape[0], 3, size[0], size[1]), dtype=out_dtype)
