@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 
+import numpy as np
 import pytest
 import torch
 from conftest import DEVICES, poison_cuda_allocator
@@ -24,6 +25,8 @@ NORMS = {
     "scale 1 mean std": dict(scale=1.0, mean=[123.675, 116.28, 103.53], std=[58.395, 57.12, 57.375]),
     "to [-1, 1] tensor mean": dict(scale=1 / 127.5, mean=torch.tensor([1.0, 1.0, 1.0]), std=1.0),
     "odd scale": dict(scale=0.0123, mean=[-1.5, 0.0, 2.25], pad_value=0),
+    "numpy mean std": dict(mean=np.array(IMAGENET["mean"]), std=np.array(IMAGENET["std"], dtype=np.float32)),
+    "one-value numpy mean, tensor std": dict(mean=np.array([0.5]), std=torch.tensor(0.25)),
 }
 # (N, H, W): 1x1, a 3-channel row of one pixel, odd sizes, vector-width rows, a wide frame, N = 0.
 SHAPES = [(1, 1, 1), (2, 3, 1), (2, 17, 31), (3, 8, 16), (1, 127, 1000), (0, 5, 7)]
@@ -188,6 +191,17 @@ def test_empty_batch(device):
         for dtype in OUT_DTYPES:
             out = tensor_of(opforge.preprocess_frames(x, out_dtype=dtype, **kw))
             assert out.shape == (0, 3, *hw) and out.dtype == dtype and out.device == x.device
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("hw", [(0, 0), (0, 7), (5, 0)], ids=str)
+def test_empty_batch_of_empty_frames_info(device, hw):
+    """FrameInfo.shape is the frames' (H, W) even when a side is 0 (an empty batch)."""
+    x = frames(0, *hw, device=device)
+    out, info = opforge.preprocess_frames(x, size=(32, 48), letterbox=True)
+    assert out.shape == (0, 3, 32, 48) and info.shape == hw and info.size == (32, 48)
+    out = opforge.preprocess_frames(x, size=(32, 48))
+    assert out.shape == (0, 3, 32, 48)
 
 
 # --- 2. non-contiguous frames ----------------------------------------------------------------
@@ -561,6 +575,21 @@ BAD_CALLS = [
     ("pad 300", dict(pad_value=300), ValueError, r"pad_value must be a pixel value in \[0, 255\], got 300"),
     ("pad -1", dict(pad_value=-1), ValueError, r"pad_value must be a pixel value in \[0, 255\], got -1"),
     ("scale inf", dict(scale=float("inf")), ValueError, r"scale must be a finite number"),
+    (
+        "pad bool",
+        dict(pad_value=True),
+        ValueError,
+        r"pad_value must be a pixel value in \[0, 255\], got True",
+    ),
+    ("stride 0 without letterbox", dict(stride=0), ValueError, r"stride must be a positive integer, got 0"),
+    (
+        "stride negative without letterbox",
+        dict(size=8, stride=-32),
+        ValueError,
+        r"stride must be a positive integer, got -32",
+    ),
+    ("stride bool", dict(stride=True), ValueError, r"stride must be a positive integer, got True"),
+    ("stride float", dict(stride=32.0), ValueError, r"stride must be a positive integer, got 32\.0"),
     # Numbers float32 (the kernels' arithmetic) cannot hold, or outputs beyond the output dtype.
     ("scale 1e39", dict(scale=1e39), ValueError, r"scale must be finite in float32 .*, got 1e\+39"),
     (

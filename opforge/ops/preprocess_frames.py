@@ -9,6 +9,7 @@ import struct
 from collections.abc import Sequence
 from typing import NamedTuple
 
+import numpy as np
 import torch
 
 from opforge.ops._common import dtype_name, require_tensor
@@ -73,8 +74,7 @@ def letterbox_geometry(
     new_w, new_h = max(new_w, 1), max(new_h, 1)
     dw, dh = out_w - new_w, out_h - new_h
     if stride is not None:
-        if not isinstance(stride, numbers.Integral) or isinstance(stride, bool) or stride <= 0:
-            raise ValueError(f"{OP}: stride must be a positive integer, got {stride!r}")
+        _check_stride(stride)
         dw, dh = dw % stride, dh % stride
     if center:
         top, bottom = round(dh / 2 - 0.1), round(dh / 2 + 0.1)
@@ -88,6 +88,11 @@ def letterbox_geometry(
         pad=(top, left),
         ratio=(r, r),
     )
+
+
+def _check_stride(stride) -> None:
+    if not isinstance(stride, numbers.Integral) or isinstance(stride, bool) or stride <= 0:
+        raise ValueError(f"{OP}: stride must be a positive integer, got {stride!r}")
 
 
 def _pair(arg: str, value) -> tuple[int, int]:
@@ -105,11 +110,14 @@ def _pair(arg: str, value) -> tuple[int, int]:
 
 
 def _three(arg: str, value) -> list[float]:
-    """mean / std: None (= none), a number (the same for the 3 channels) or 3 numbers."""
+    """mean / std: None (= none), a number (the same for the 3 channels) or 3 numbers; a numpy
+    array or tensor holds 3 numbers, or one (for all 3)."""
     if value is None:
         return []
-    if isinstance(value, torch.Tensor):
+    if isinstance(value, (torch.Tensor, np.ndarray)):
         value = value.flatten().tolist()
+        if len(value) == 1:
+            value = value * 3
     if isinstance(value, numbers.Real):
         value = [value] * 3
     if not isinstance(value, Sequence) or isinstance(value, str):
@@ -200,8 +208,8 @@ def preprocess_frames(
         letterbox: resize keeping the aspect ratio and pad to ``size`` by Ultralytics' ``LetterBox``
             rules (:func:`letterbox_geometry`; ``scaleup``, ``stride`` and ``center`` as there).
         pad_value: the border's pixel value in [0, 255], normalized like the pixels (114: YOLO's gray).
-        mean, std: per output channel (3 numbers, or one for all), after ``scale``: the output is
-            ``(x * scale - mean) / std``; None = 0 and 1.
+        mean, std: per output channel (3 numbers, or one for all; a sequence, numpy array or tensor),
+            after ``scale``: the output is ``(x * scale - mean) / std``; None = 0 and 1.
         scale: multiplies the uint8 value first (1/255: to [0, 1]).
         out_dtype: float16, bfloat16 or float32.
         channels_in: the frames' channel order, ``"rgb"`` or ``"bgr"`` (OpenCV's); ``"rgba"`` and
@@ -240,18 +248,21 @@ def preprocess_frames(
         raise TypeError(f"{OP}: out_dtype must be one of ({names}), got {out_dtype}")
     if not isinstance(scale, numbers.Real) or not abs(scale) < math.inf:  # (NaN too; symbolic-friendly)
         raise ValueError(f"{OP}: scale must be a finite number, got {scale!r}")
-    if not isinstance(pad_value, numbers.Real) or not 0 <= pad_value <= 255:
+    if isinstance(pad_value, bool) or not isinstance(pad_value, numbers.Real) or not 0 <= pad_value <= 255:
         raise ValueError(f"{OP}: pad_value must be a pixel value in [0, 255], got {pad_value!r}")
     mean_l, std_l = _three("mean", mean), _three("std", std)
     _check_float32(float(scale), mean_l, std_l)
+    if stride is not None:
+        _check_stride(stride)
     channels = [0, 1, 2] if _ORDERS[channels_in] == _ORDERS[channels_out] else [2, 1, 0]
     height, width = int(frames.shape[1]), int(frames.shape[2])
     if letterbox:
         if size is None:
             raise ValueError(f"{OP}: letterbox=True needs a size")
+        # (An empty batch of 0 x 0 frames: the geometry of a 1 x 1 frame, the frames' own shape.)
         info = letterbox_geometry(
             (max(height, 1), max(width, 1)), size, scaleup=scaleup, stride=stride, center=center
-        )
+        )._replace(shape=(height, width))
     else:
         out_h, out_w = (height, width) if size is None else _pair("size", size)
         info = FrameInfo(
