@@ -6,6 +6,8 @@ import json
 import os
 import platform
 import re
+import subprocess
+import sys
 import weakref
 from functools import partial
 
@@ -343,6 +345,23 @@ def test_cli_rejects_unknown_op(capsys):
 
     assert main(["bench", "--device", "cpu", "--ops", "nope"]) == 2
     assert "unknown op" in capsys.readouterr().err
+
+
+def test_python_dash_m_opforge():
+    """`python -m opforge ...` is the `opforge` command (opforge/cli.py), run from the tree tested."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(opforge.__file__)))
+
+    def run(*args: str) -> subprocess.CompletedProcess:
+        cmd = [sys.executable, "-m", "opforge", *args]
+        return subprocess.run(cmd, cwd=root, capture_output=True, text=True, timeout=300)
+
+    done = run("--help")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("usage: opforge") and "bench" in done.stdout and "demo" in done.stdout
+    done = run("bench", "--ops", "nonexistent")
+    assert done.returncode == 2 and "opforge bench: unknown op(s) ['nonexistent']" in done.stderr
+    done = run("demo", "detect", "--help")
+    assert done.returncode == 0 and "opforge demo detect" in done.stdout and "--graph" in done.stdout
 
 
 def test_extension_uses_torchs_libstdcxx():
