@@ -171,7 +171,8 @@ void check_preprocess_frames_inputs(const at::Tensor& frames, c10::IntArrayRef o
                       ": mean must be finite in float32 (the kernels compute in float32), got ", mean);
   for (double s : std)
     TORCH_CHECK_VALUE(std::isfinite(static_cast<float>(s)) && static_cast<float>(s) != 0.0f, kOp,
-                      ": std must be finite and nonzero in float32 (the kernels compute in float32), got ", std);
+                      ": std must be finite and nonzero in float32 (the kernels compute in float32), got ",
+                      std);
   TORCH_CHECK_VALUE(pad_value >= 0.0 && pad_value <= 255.0, kOp,
                     ": pad_value must be a pixel value in [0, 255], got ", pad_value);
   const bool same_order = channels.size() == 3 && channels[0] == 0 && channels[1] == 1 && channels[2] == 2;
@@ -199,8 +200,8 @@ void check_preprocess_frames_inputs(const at::Tensor& frames, c10::IntArrayRef o
     for (float v : {0.0f, 255.0f}) {
       const float out = normalize_exact(v, p, k);
       TORCH_CHECK_VALUE(finite_in(out, out_dtype), kOp,
-                        ": scale, mean and std must keep the normalized pixel values (0 to 255, and pad_value) "
-                        "finite in float32 and within ",
+                        ": scale, mean and std must keep the normalized pixel values (0 to 255, and "
+                        "pad_value) finite in float32 and within ",
                         dtype_str(out_dtype), "'s range (largest ", largest(out_dtype), "), got ", out,
                         " for pixel value ", v, " in output channel ", k);
     }
