@@ -6,6 +6,8 @@ import json
 import os
 import platform
 import re
+import subprocess
+import sys
 import weakref
 from functools import partial
 
@@ -321,6 +323,78 @@ def test_matmul_ladder_plot(tmp_path):
     assert not any(p.endswith("ladder.png") for p in paths)
 
 
+def _meta(device_type: str) -> dict:
+    return {
+        "device": "D",
+        "device_type": device_type,
+        "torch": "x",
+        "cuda": None,
+        "python": "3",
+        "mode": "quick",
+        "date": "d",
+        "commit": "c",
+        "copy_gbps": 50.0,
+    }
+
+
+def _check_value_axes(figs: list, want: list[str]) -> None:
+    """Each panel's value axis: linear from 0, or log and labelled so; ``want`` the scales in order."""
+    axes = [ax for fig in figs for ax in fig.axes]
+    assert [ax.get_yscale() for ax in axes] == want
+    for ax in axes:
+        if ax.get_yscale() == "log":
+            assert ax.get_ylabel().endswith("(log scale)"), ax.get_ylabel()
+        else:
+            assert ax.get_ylim()[0] == 0 and "log" not in ax.get_ylabel(), (ax.get_title(), ax.get_ylim())
+
+
+def test_plot_value_axes_start_at_zero_or_are_log(tmp_path, monkeypatch):
+    """A bar's length is its value: linear axes start at 0 (tokens/s 9% apart must not look fivefold
+    apart), and a panel whose values span decades is on a log scale that its label names."""
+    import matplotlib.pyplot as plt
+
+    def row(op, case, key, values):
+        impls = {name: {"ms": 1.0, key: v, "speedup_of_opforge": 1.0} for name, v in values.items()}
+        return {"op": op, "case": case, "params": {}, "bytes": None, "error": None, "impls": impls}
+
+    base = float(torch.randint(20_000, 30_000, ()))  # tokens/s
+    rows = [
+        row("transformers", "prefill", "tps", {"opforge": base * 1.09, "sdpa": base}),
+        row("transformers", "decode", "tps", {"opforge": base * 1.02, "sdpa": base * 1.05}),
+        row("video", "1080p", "fps", {"opforge": base, "torch chain": base / 40}),
+        row("vector_add", "64M", "gbps", {"opforge": 41.0, "torch.add": 40.0}),
+    ]
+    figs = []
+    monkeypatch.setattr(plt, "close", figs.append)
+    assert harness.plot({"meta": _meta("cpu"), "rows": rows}, str(tmp_path / "results.png"))
+    _check_value_axes(figs, ["linear", "log", "linear"])
+    assert [ax.get_ylabel() for ax in figs[0].axes] == ["tokens/s", "frames/s (log scale)", "GB/s"]
+
+
+def test_ladder_plot_value_axes(tmp_path, monkeypatch):
+    import matplotlib.pyplot as plt
+
+    from opforge.bench.ladder import plot_ladder
+
+    def row(dtype, variant, tflops):
+        ms = 2 * 64**3 / (tflops * 1e9)
+        impls = {"opforge": {"ms": ms}, "cuBLAS (torch.matmul)": {"ms": ms * 0.9}}
+        params = {"m": 64, "k": 64, "n": 64, "dtype": dtype, "variant": variant}
+        return {"op": "matmul", "case": variant, "params": params, "error": None, "impls": impls}
+
+    rate = float(torch.rand(())) + 1.0
+    rows = [
+        row("torch.float32", "naive", rate),
+        row("torch.float32", "warp_tiled", rate * 40),  # (decades apart: log)
+        row("torch.bfloat16", "mma", rate * 300),
+        row("torch.bfloat16", "wgmma", rate * 400),
+    ]
+    figs = []
+    monkeypatch.setattr(plt, "close", figs.append)
+    assert plot_ladder({"meta": _meta("cuda"), "rows": rows}, str(tmp_path / "ladder.png"))
+    _check_value_axes(figs, ["log", "linear"])
+
+
 def test_cli_bench_cpu(tmp_path, capsys):
     from opforge.cli import main
 
@@ -343,6 +417,23 @@ def test_cli_rejects_unknown_op(capsys):
 
     assert main(["bench", "--device", "cpu", "--ops", "nope"]) == 2
     assert "unknown op" in capsys.readouterr().err
+
+
+def test_python_dash_m_opforge():
+    """`python -m opforge ...` is the `opforge` command (opforge/cli.py), run from the tree tested."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(opforge.__file__)))
+
+    def run(*args: str) -> subprocess.CompletedProcess:
+        cmd = [sys.executable, "-m", "opforge", *args]
+        return subprocess.run(cmd, cwd=root, capture_output=True, text=True, timeout=300)
+
+    done = run("--help")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("usage: opforge") and "bench" in done.stdout and "demo" in done.stdout
+    done = run("bench", "--ops", "nonexistent")
+    assert done.returncode == 2 and "opforge bench: unknown op(s) ['nonexistent']" in done.stderr
+    done = run("demo", "detect", "--help")
+    assert done.returncode == 0 and "opforge demo detect" in done.stdout and "--graph" in done.stdout
 
 
 def test_extension_uses_torchs_libstdcxx():

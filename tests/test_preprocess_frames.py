@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 
+import numpy as np
 import pytest
 import torch
 from conftest import DEVICES, poison_cuda_allocator
@@ -24,6 +25,8 @@ NORMS = {
     "scale 1 mean std": dict(scale=1.0, mean=[123.675, 116.28, 103.53], std=[58.395, 57.12, 57.375]),
     "to [-1, 1] tensor mean": dict(scale=1 / 127.5, mean=torch.tensor([1.0, 1.0, 1.0]), std=1.0),
     "odd scale": dict(scale=0.0123, mean=[-1.5, 0.0, 2.25], pad_value=0),
+    "numpy mean std": dict(mean=np.array(IMAGENET["mean"]), std=np.array(IMAGENET["std"], dtype=np.float32)),
+    "one-value numpy mean, tensor std": dict(mean=np.array([0.5]), std=torch.tensor(0.25)),
 }
 # (N, H, W): 1x1, a 3-channel row of one pixel, odd sizes, vector-width rows, a wide frame, N = 0.
 SHAPES = [(1, 1, 1), (2, 3, 1), (2, 17, 31), (3, 8, 16), (1, 127, 1000), (0, 5, 7)]
@@ -188,6 +191,17 @@ def test_empty_batch(device):
         for dtype in OUT_DTYPES:
             out = tensor_of(opforge.preprocess_frames(x, out_dtype=dtype, **kw))
             assert out.shape == (0, 3, *hw) and out.dtype == dtype and out.device == x.device
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("hw", [(0, 0), (0, 7), (5, 0)], ids=str)
+def test_empty_batch_of_empty_frames_info(device, hw):
+    """FrameInfo.shape is the frames' (H, W) even when a side is 0 (an empty batch)."""
+    x = frames(0, *hw, device=device)
+    out, info = opforge.preprocess_frames(x, size=(32, 48), letterbox=True)
+    assert out.shape == (0, 3, 32, 48) and info.shape == hw and info.size == (32, 48)
+    out = opforge.preprocess_frames(x, size=(32, 48))
+    assert out.shape == (0, 3, 32, 48)
 
 
 # --- 2. non-contiguous frames ----------------------------------------------------------------
@@ -476,6 +490,15 @@ def test_frame_info_without_letterbox():
 
 # --- 7. errors: each message names the op and the argument -------------------------------------
 
+
+def out_range(dtype: str, largest: str, got: str) -> str:
+    """The message (a regex) of outputs beyond the output dtype's range."""
+    return (
+        r"scale, mean and std must keep the normalized pixel values \(0 to 255, and pad_value\) finite in "
+        rf"float32 and within {dtype}'s range \(largest {largest}\), got {got}"
+    )
+
+
 _X = frames(1, 4, 6)
 BAD_CALLS = [
     ("list", dict(frames=[[1, 2, 3]]), TypeError, r"frames must be a torch\.Tensor, got list"),
@@ -552,6 +575,54 @@ BAD_CALLS = [
     ("pad 300", dict(pad_value=300), ValueError, r"pad_value must be a pixel value in \[0, 255\], got 300"),
     ("pad -1", dict(pad_value=-1), ValueError, r"pad_value must be a pixel value in \[0, 255\], got -1"),
     ("scale inf", dict(scale=float("inf")), ValueError, r"scale must be a finite number"),
+    (
+        "pad bool",
+        dict(pad_value=True),
+        ValueError,
+        r"pad_value must be a pixel value in \[0, 255\], got True",
+    ),
+    ("stride 0 without letterbox", dict(stride=0), ValueError, r"stride must be a positive integer, got 0"),
+    (
+        "stride negative without letterbox",
+        dict(size=8, stride=-32),
+        ValueError,
+        r"stride must be a positive integer, got -32",
+    ),
+    ("stride bool", dict(stride=True), ValueError, r"stride must be a positive integer, got True"),
+    ("stride float", dict(stride=32.0), ValueError, r"stride must be a positive integer, got 32\.0"),
+    # Numbers float32 (the kernels' arithmetic) cannot hold, or outputs beyond the output dtype.
+    ("scale 1e39", dict(scale=1e39), ValueError, r"scale must be finite in float32 .*, got 1e\+39"),
+    (
+        "mean 1e39",
+        dict(mean=[0, 1e39, 0]),
+        ValueError,
+        r"mean must be finite in float32 .*, got \[0\.0, 1e\+39",
+    ),
+    ("std 1e-50", dict(std=1e-50), ValueError, r"std must be finite and nonzero in float32 .*, got \[1e-50"),
+    (
+        "float16 overflow",
+        dict(scale=1.0, std=1e-3),
+        ValueError,
+        out_range("float16", "65504", "255000 for pixel value 255 in output channel 0"),
+    ),
+    (
+        "bfloat16 overflow",
+        dict(scale=1.0, mean=[0, 0, -3.4e38], out_dtype=torch.bfloat16),
+        ValueError,
+        out_range("bfloat16", r"3\.38953e\+38", r"3\.4e\+38 for pixel value 0 in output channel 2"),
+    ),
+    (
+        "float32 overflow",
+        dict(scale=1e37, out_dtype=torch.float32),
+        ValueError,
+        out_range("float32", r"3\.40282e\+38", "inf for pixel value 255 in output channel 0"),
+    ),
+    (
+        "float32 overflow in the division",
+        dict(mean=-1, std=[1, -1e-39, 1], out_dtype=torch.float32),
+        ValueError,
+        out_range("float32", r"3\.40282e\+38", "-inf for pixel value 0 in output channel 1"),
+    ),
 ]
 
 
@@ -634,6 +705,48 @@ RAW_BAD = [
     ),
 ]
 
+# Numbers float32 (the kernels' arithmetic) cannot hold, outputs beyond the output dtype's range:
+# the C++ checks and the fake kernel's (meta tensors, torch.compile) say the same words.
+RAW_RANGE_BAD = [
+    (
+        "scale 1e39",
+        dict(scale=1e39),
+        ValueError,
+        r"scale must be finite in float32 \(the kernels compute in float32\), got 1e\+39",
+    ),
+    (
+        "mean -1e39",
+        dict(mean=(1.5, -1e39, 1.5)),
+        ValueError,
+        r"mean must be finite in float32 \(the kernels compute in float32\), got \[1\.5, -1e\+39, 1\.5\]",
+    ),
+    (
+        "std 1e-50",
+        dict(std=(1e-50, 1e-50, 1e-50)),
+        ValueError,
+        r"std must be finite and nonzero in float32 \(the kernels compute in float32\), got \[1e-50, 1e-50, 1e-50\]",
+    ),
+    (
+        "float16 overflow",
+        dict(std=(1e-3, 1e-3, 1e-3), dtype=torch.float16),
+        ValueError,
+        out_range("float16", "65504", "255000 for pixel value 255 in output channel 0"),
+    ),
+    (
+        "bfloat16 overflow",
+        dict(mean=(1.5, 1.5, -3.4e38), dtype=torch.bfloat16),
+        ValueError,
+        out_range("bfloat16", r"3\.38953e\+38", r"3\.4e\+38 for pixel value 0 in output channel 2"),
+    ),
+    (
+        "float32 overflow",
+        dict(scale=1e37),
+        ValueError,
+        out_range("float32", r"3\.40282e\+38", "inf for pixel value 255 in output channel 0"),
+    ),
+]
+RAW_BAD += RAW_RANGE_BAD
+
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("name, kw, err, msg", RAW_BAD, ids=[c[0] for c in RAW_BAD])
@@ -641,6 +754,27 @@ def test_errors_raw_op(device, name, kw, err, msg):
     """The C++ checks (the raw op, as torch.ops sees it) raise the same kinds, naming the argument."""
     with pytest.raises(err, match=r"opforge\.preprocess_frames: " + msg):
         _raw(_X.to(device), **kw)
+
+
+@pytest.mark.parametrize("name, kw, err, msg", RAW_RANGE_BAD, ids=[c[0] for c in RAW_RANGE_BAD])
+def test_errors_raw_op_meta_range(name, kw, err, msg):
+    """The fake kernel checks the numbers against float32 and the output dtype as the C++ checks do."""
+    with pytest.raises(err, match=r"opforge\.preprocess_frames: " + msg):
+        _raw(_X.to("meta"), **kw)
+
+
+def test_range_edges_are_accepted():
+    """Outputs up to the largest finite value of the output dtype pass the checks, bit-identical to
+    the chain: 255 / std rounding to fp16's 65504, float32 outputs near 3.4e38."""
+    x = frames(2, 5, 7)
+    x[0, 0, 0] = 255
+    for kw in (
+        dict(scale=1.0, std=255 / 65519, out_dtype=torch.float16),
+        dict(scale=1.0, std=255 / 3.4e38, out_dtype=torch.float32),
+        dict(scale=1e36, mean=[-8e37, 0, 8e37], out_dtype=torch.float32),
+    ):
+        out = check_exact(x, **kw)
+        assert torch.isfinite(out).all() and out.abs().max() > torch.finfo(out.dtype).max / 2
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -730,6 +864,14 @@ def test_error_compile_same_words():
     f = torch.compile(lambda x: opforge.preprocess_frames(x, size=8), fullgraph=True)
     with pytest.raises(Exception, match=r"opforge\.preprocess_frames: frames must have 3 or 4 channels"):
         f(frames(1, 4, 4, c=2))
+
+
+def test_error_compile_range_same_words():
+    """An output beyond the output dtype's range, found by the fake kernel while tracing."""
+    torch._dynamo.reset()
+    f = torch.compile(lambda x: opforge.preprocess_frames(x, scale=1.0, std=1e-3), fullgraph=True)
+    with pytest.raises(Exception, match=r"opforge\.preprocess_frames: scale, mean and std must keep"):
+        f(frames(1, 4, 4))
 
 
 # --- 9. CUDA: agreement with the CPU, streams, graphs, decoder frames ----------------------------

@@ -355,6 +355,29 @@ def test_four_d_mask_given_by_the_user():
         )
 
 
+def test_four_d_integer_mask():
+    """An integer 0/1 mask reads as the bool mask it holds (1 = visible); any other integer is refused
+    with a message that says what a 4-D mask may hold."""
+    model = build("llama", "opforge")
+    ids = torch.randint(1, VOCAB, (2, 12))
+    allowed = torch.rand(2, 1, 12, 12) < 0.5
+    allowed |= torch.eye(12, dtype=torch.bool)  # every row sees itself
+    with torch.no_grad():
+        want = model(ids, attention_mask=allowed).logits
+        for dtype in (torch.int64, torch.int32, torch.int8, torch.uint8):
+            assert torch.equal(model(ids, attention_mask=allowed.to(dtype)).logits, want), dtype
+    attn = model.model.layers[0].self_attn
+    q = torch.randn(1, 4, 12, 16)
+    k = v = torch.randn(1, 2, 12, 16)
+    for bad, value in ((allowed[:1].long() * 2, 2), (allowed[:1].int() - 1, -1)):
+        with pytest.raises(
+            ValueError,
+            match=rf"opforge\.integrations\.transformers: an integer attention_mask must hold only 0 \(masked\) "
+            rf"and 1 \(visible\), as a bool one holds False and True, got {value}",
+        ):
+            otf.opforge_attention(attn, q, k, v, bad)
+
+
 def test_four_d_mask_classified_once_a_forward():
     allowed = torch.rand(1, 1, 40, 40) < 0.5
     first = otf._block_mask_of(allowed)

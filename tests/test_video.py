@@ -449,6 +449,33 @@ def test_close_mid_iteration(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_close_with_the_source_blocked(device):
+    """close() returns at once while the source is stuck in its own next() (a stalled camera): the
+    staging thread is abandoned to it, and ends when next() returns, touching nothing more."""
+    release = threading.Event()
+    frames = rand(3, 8, 12)
+
+    def camera():
+        yield frames[0].numpy()
+        yield frames[1].numpy()
+        release.wait(30)  # stalled
+        yield frames[2].numpy()
+
+    fs = FrameStream(camera(), batch_size=2, device=device)
+    it = iter(fs)
+    first = next(it)
+    time.sleep(0.1)  # the staging thread is inside the source's next() by now
+    t0 = time.perf_counter()
+    fs.close()
+    elapsed = time.perf_counter() - t0
+    release.set()
+    assert elapsed < 0.5
+    check_stream([first], list(frames[:2]), 2, {}, device)
+    assert list(it) == []  # the pass ended at the close
+    assert wait_stagers_gone() == []
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_dropped_iterator_stops(device):
     items = [f.numpy() for f in rand(40, 8, 12)]
     fs = FrameStream(items, batch_size=4, device=device, ring=2)
@@ -581,14 +608,84 @@ def test_bad_items(device, name):
         (dict(raw=True, size=32), ValueError, "raw=True takes no preprocessing arguments"),
         (dict(raw=True, mean=0.5), ValueError, "raw=True takes no preprocessing arguments"),
         (dict(device="meta"), ValueError, "device must be a CUDA device or the CPU"),
+        (dict(batch_size=True), ValueError, "batch_size must be a positive int, got True"),
+        (dict(raw=1), TypeError, "raw must be a bool, got 1"),
+        (dict(model=5), TypeError, "model must be callable or None, got int"),
+        (dict(device=True), TypeError, "device must be a torch.device, a string or None, got True"),
+        (dict(device="gpu"), ValueError, "device must be a CUDA device or the CPU, got 'gpu'"),
+        (dict(source=7), TypeError, "source must be an iterable of frames, got int"),
+        (dict(sise=32), TypeError, r"unknown preprocessing argument\(s\) \['sise'\]"),
     ],
-    ids=["batch 0", "batch -3", "batch 2.0", "ring 1", "ring 0", "ring 3.0", "raw size", "raw mean", "meta"],
+    ids=[
+        "batch 0",
+        "batch -3",
+        "batch 2.0",
+        "ring 1",
+        "ring 0",
+        "ring 3.0",
+        "raw size",
+        "raw mean",
+        "meta",
+        "batch True",
+        "raw 1",
+        "model 5",
+        "device True",
+        "device gpu",
+        "source 7",
+        "misspelt size",
+    ],
 )
 def test_bad_arguments(kw, err, msg):
     kw = {"device": "cpu", **kw}
+    source = kw.pop("source", [rand(1, 4, 4)[0].numpy()])
     with pytest.raises(err, match=r"opforge\.video\.FrameStream: " + msg):
-        FrameStream([rand(1, 4, 4)[0].numpy()], **kw)
+        FrameStream(source, **kw)
     assert stagers() == []  # nothing started
+
+
+@pytest.mark.parametrize(
+    "kw, msg",
+    [
+        (dict(size=0), r"size must be positive"),
+        (dict(letterbox=True), r"letterbox=True needs a size"),
+        (dict(std=[1, 0, 1]), r"std must be finite and nonzero"),
+        (dict(stride=0), r"stride must be a positive integer, got 0"),
+        (dict(scale=1.0, std=1e-3), r"scale, mean and std must keep the normalized pixel values"),
+    ],
+    ids=["size 0", "letterbox without size", "std 0", "stride 0", "float16 overflow"],
+)
+def test_bad_preprocess_arguments_raise_in_the_constructor(kw, msg):
+    """The preprocessing arguments are checked when the stream is made, not in its first batch."""
+    with pytest.raises(ValueError, match=r"opforge\.preprocess_frames: " + msg):
+        FrameStream([rand(1, 4, 4)[0].numpy()], device="cpu", **kw)
+    assert stagers() == []
+
+
+def test_cuda_device_without_cuda(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ValueError, match=r"opforge\.video\.FrameStream: device cuda:0 needs CUDA"):
+        FrameStream([rand(1, 4, 4)[0].numpy()], device="cuda:0")
+    assert stagers() == []
+
+
+@pytest.mark.filterwarnings("error")
+@pytest.mark.parametrize("device", DEVICES)
+def test_read_only_numpy_frames(device, monkeypatch):
+    """Read-only numpy frames (a decoder's buffer, np.frombuffer of bytes) are copied once, as the
+    flipped views are, before torch wraps them: no "non-writable" warning. (torch warns once a
+    process, so the spy also checks each array torch wraps, whichever test warned first.)"""
+    wrapped = []
+    real = torch.from_numpy
+    monkeypatch.setattr(torch, "from_numpy", lambda a: wrapped.append(a.flags.writeable) or real(a))
+    frames = rand(6, 8, 12)
+    items = [np.frombuffer(frames[:2].numpy().tobytes(), np.uint8).reshape(2, 8, 12, 3)]
+    for f in frames[2:]:
+        a = f.numpy().copy()
+        a.setflags(write=False)
+        items.append(a)
+    assert not any(a.flags.writeable for a in items) and all(a.flags.c_contiguous for a in items)
+    check_stream(list(FrameStream(items, batch_size=4, device=device)), list(frames), 4, {}, device)
+    assert wrapped and all(wrapped)
 
 
 @pytest.mark.parametrize("device", DEVICES)

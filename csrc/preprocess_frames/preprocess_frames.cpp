@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 
 #include "common/checks.h"
 #include "opforge.h"
@@ -38,6 +39,18 @@ uint32_t output_bits(float v, DType t) {
   uint32_t bits = 0;
   std::memcpy(&bits, &v, sizeof(bits));
   return bits;
+}
+
+// Whether a float32 value rounds to a finite value of the output type, and the type's largest.
+bool finite_in(float v, at::ScalarType t) {
+  if (t == at::kHalf) return std::isfinite(static_cast<float>(c10::Half(v)));
+  if (t == at::kBFloat16) return std::isfinite(static_cast<float>(c10::BFloat16(v)));
+  return std::isfinite(v);
+}
+float largest(at::ScalarType t) {
+  if (t == at::kHalf) return std::numeric_limits<c10::Half>::max();
+  if (t == at::kBFloat16) return std::numeric_limits<c10::BFloat16>::max();
+  return std::numeric_limits<float>::max();
 }
 
 // Whether fma(v, a, b) rounds to the same output value as the exact chain for every uint8 v.
@@ -146,14 +159,20 @@ void check_preprocess_frames_inputs(const at::Tensor& frames, c10::IntArrayRef o
   TORCH_CHECK_VALUE(region[2] > 0 && region[3] > 0 && region[0] >= 0 && region[1] >= 0 &&
                         region[0] + region[2] <= out_size[0] && region[1] + region[3] <= out_size[1],
                     kOp, ": region ", region, " must lie inside the output size ", out_size);
-  TORCH_CHECK_VALUE(std::isfinite(scale), kOp, ": scale must be finite, got ", scale);
+  // The kernels compute in float32: the numbers must be float32 ones (1e-50 rounds to 0, 1e39 to inf).
+  TORCH_CHECK_VALUE(std::isfinite(static_cast<float>(scale)), kOp,
+                    ": scale must be finite in float32 (the kernels compute in float32), got ", scale);
   TORCH_CHECK_VALUE(mean.empty() || mean.size() == 3, kOp, ": mean must have 3 values (one per output channel), got ",
                     mean.size());
   TORCH_CHECK_VALUE(std.empty() || std.size() == 3, kOp, ": std must have 3 values (one per output channel), got ",
                     std.size());
-  for (double m : mean) TORCH_CHECK_VALUE(std::isfinite(m), kOp, ": mean must be finite, got ", mean);
+  for (double m : mean)
+    TORCH_CHECK_VALUE(std::isfinite(static_cast<float>(m)), kOp,
+                      ": mean must be finite in float32 (the kernels compute in float32), got ", mean);
   for (double s : std)
-    TORCH_CHECK_VALUE(std::isfinite(s) && s != 0.0, kOp, ": std must be finite and nonzero, got ", std);
+    TORCH_CHECK_VALUE(std::isfinite(static_cast<float>(s)) && static_cast<float>(s) != 0.0f, kOp,
+                      ": std must be finite and nonzero in float32 (the kernels compute in float32), got ",
+                      std);
   TORCH_CHECK_VALUE(pad_value >= 0.0 && pad_value <= 255.0, kOp,
                     ": pad_value must be a pixel value in [0, 255], got ", pad_value);
   const bool same_order = channels.size() == 3 && channels[0] == 0 && channels[1] == 1 && channels[2] == 2;
@@ -166,6 +185,27 @@ void check_preprocess_frames_inputs(const at::Tensor& frames, c10::IntArrayRef o
   TORCH_CHECK_VALUE(frames.size(1) < (int64_t{1} << 31) && frames.size(2) < (int64_t{1} << 31) &&
                         out_size[0] < (int64_t{1} << 31) && out_size[1] < (int64_t{1} << 31),
                     kOp, ": frame sides must be below 2^31");
+  // Every output is (v * scale - mean[k]) / std[k] in float32 (normalize_exact, as the plan and the
+  // kernels compute it), rounded once to out_dtype. That is monotonic in v, so pixel values 0 and
+  // 255 bound it: the pad value (in [0, 255]) and bilinear blends (in [0, 255] up to a float32
+  // rounding) normalize to values between theirs.
+  PreprocessParams p;
+  p.scale = static_cast<float>(scale);
+  p.has_std = !std.empty();
+  for (int k = 0; k < 3; ++k) {
+    if (!mean.empty()) p.mean[k] = static_cast<float>(mean[k]);
+    if (p.has_std) p.std[k] = static_cast<float>(std[k]);
+  }
+  for (int k = 0; k < 3; ++k) {
+    for (float v : {0.0f, 255.0f}) {
+      const float out = normalize_exact(v, p, k);
+      TORCH_CHECK_VALUE(finite_in(out, out_dtype), kOp,
+                        ": scale, mean and std must keep the normalized pixel values (0 to 255, and "
+                        "pad_value) finite in float32 and within ",
+                        dtype_str(out_dtype), "'s range (largest ", largest(out_dtype), "), got ", out,
+                        " for pixel value ", v, " in output channel ", k);
+    }
+  }
 }
 
 PreprocessPlan plan_preprocess_frames(const at::Tensor& frames, c10::IntArrayRef out_size, c10::IntArrayRef region,

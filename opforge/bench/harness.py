@@ -34,6 +34,8 @@ from opforge.bench.timing import copy_bandwidth_gbps, last_level_cache_bytes, ma
 # reads uncounted: H200 vector_add at 1 GiB per operand ran 2.5% over it), so only a clear excess
 # says "served from cache".
 _OVER_CEILING = 1.25
+# A bar chart whose values span more than this factor (largest / smallest) is drawn on a log scale.
+_LOG_SPAN = 30
 
 
 @dataclass
@@ -363,9 +365,23 @@ def to_table(result: dict[str, Any]) -> str:
     return "\n".join([*out, "", memory] if memory else out)
 
 
+def value_axis(ax, values: Iterable[float], label: str) -> None:
+    """A bar chart's value axis, set once its bars are drawn: linear from 0 (a bar's length is its
+    value), or, when the positive values span more than _LOG_SPAN (decades), a log scale that the
+    label names."""
+    positive = [v for v in values if v > 0]
+    if positive and max(positive) / min(positive) > _LOG_SPAN:
+        ax.set_yscale("log")
+        ax.set_ylabel(f"{label} (log scale)")
+    else:
+        ax.set_ylim(bottom=0)
+        ax.set_ylabel(label)
+
+
 def plot(result: dict[str, Any], path: str) -> bool:
     """One panel per op: the rate (or time) of every implementation per case, cache-resident rows
-    hatched. False without matplotlib."""
+    hatched; each value axis linear from 0, or log (and labelled so) where the values span decades.
+    False without matplotlib."""
     try:
         import matplotlib
 
@@ -398,16 +414,16 @@ def plot(result: dict[str, Any], path: str) -> bool:
         )
         width = 0.8 / len(impls)
         handles = []
+        heights: list[float] = []
         for k, name in enumerate(impls):
             xs = [i + (k - (len(impls) - 1) / 2) * width for i in range(len(rows))]
             ys = [row["impls"].get(name, {}).get(key, 0.0) for row in rows]
+            heights += ys
             bars = ax.bar(xs, ys, width, color=f"C{k}")
             handles.append(Patch(color=f"C{k}", label=name))  # unhatched, whichever bar comes first
             for bar, row in zip(bars, rows, strict=True):
                 if row.get("cache_resident"):
                     bar.set_hatch("//")
-        if key in ("ms", "fps", "tps"):
-            ax.set_yscale("log")
         if key == "gbps":
             handles.append(
                 ax.axhline(meta["copy_gbps"], color="gray", ls="--", lw=1, label="copy ceiling (same run)")
@@ -419,7 +435,7 @@ def plot(result: dict[str, Any], path: str) -> bool:
             ha="right",
             fontsize=8,
         )
-        ax.set_ylabel(label)
+        value_axis(ax, heights, label)
         ax.set_title(
             f"{op} on {meta['device']} (torch {meta['torch']}, {meta['date']}, {meta['commit']})", fontsize=9
         )

@@ -8,6 +8,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from opforge.bench.harness import value_axis
+
 
 def _rate(entry: dict[str, Any], m: int, k: int, n: int) -> float:
     return 2 * m * n * k / (entry["ms"] * 1e9)
@@ -43,20 +45,23 @@ def plot_ladder(result: dict[str, Any], path: str) -> bool:
         shapes = list(dict.fromkeys((r["params"]["m"], r["params"]["k"], r["params"]["n"]) for r in sel))
         variants = list(dict.fromkeys(r["params"]["variant"] for r in sel))
         width = 0.8 / (len(variants) + 1)
+        heights: list[float] = []
         for i, shape in enumerate(shapes):
             here = [r for r in sel if (r["params"]["m"], r["params"]["k"], r["params"]["n"]) == shape]
             peers = [_rate(e, *shape) for r in here for name, e in r["impls"].items() if name != "opforge"]
             for j, variant in enumerate(variants):
                 for r in here:
                     if r["params"]["variant"] == variant:
+                        heights.append(_rate(r["impls"]["opforge"], *shape))
                         ax.bar(
                             i + j * width,
-                            _rate(r["impls"]["opforge"], *shape),
+                            heights[-1],
                             width,
                             color=f"C{j}",
                             label=variant if i == 0 else None,
                         )
             if peers:
+                heights.append(max(peers))
                 ax.bar(
                     i + len(variants) * width,
                     max(peers),
@@ -66,7 +71,7 @@ def plot_ladder(result: dict[str, Any], path: str) -> bool:
                 )
         ax.set_xticks([i + 0.4 - width / 2 for i in range(len(shapes))])
         ax.set_xticklabels(["{}x{}x{}".format(*s) if len(set(s)) > 1 else f"{s[0]}³" for s in shapes])
-        ax.set_ylabel("TFLOP/s")
+        value_axis(ax, heights, "TFLOP/s")
         ax.set_title(title, fontsize=10)
         ax.grid(axis="y", alpha=0.3)
         ax.legend(fontsize=8, loc="upper left")

@@ -265,20 +265,28 @@ _LAST_DENSE: tuple | None = None
 
 
 def _block_mask_of(mask: torch.Tensor) -> opforge.BlockMask:
-    """A 4-D mask given to the model as is: bool, True = visible (SDPA's reading); float, added to
-    the scores (eager's), so 0 = visible and the dtype's most negative values = masked."""
+    """A 4-D mask given to the model as is: bool, True = visible (SDPA's reading); integer, 0 or 1
+    (1 = visible, as bool); float, added to the scores (eager's), so 0 = visible and the dtype's most
+    negative values = masked."""
     global _LAST_DENSE
     if _LAST_DENSE is not None and _LAST_DENSE[0]() is mask and _LAST_DENSE[1] == mask._version:
         return _LAST_DENSE[2]
     m = mask
-    if m.dtype != torch.bool:
-        low = torch.finfo(m.dtype).min / 2 if m.dtype.is_floating_point else -1
-        if not bool(((m == 0) | (m <= low)).all()):
+    if m.dtype.is_floating_point:
+        if not bool(((m == 0) | (m <= torch.finfo(m.dtype).min / 2)).all()):
             raise ValueError(
                 f"{OP}: a float attention_mask must hold 0 (visible) or large negative values (masked); "
                 "opforge attention takes masks, not additive score biases"
             )
         m = m == 0
+    elif m.dtype != torch.bool:
+        other = m[(m != 0) & (m != 1)]
+        if other.numel():
+            raise ValueError(
+                f"{OP}: an integer attention_mask must hold only 0 (masked) and 1 (visible), as a bool one "
+                f"holds False and True, got {other[0].item()}"
+            )
+        m = m != 0
     block = opforge.BlockMask.from_dense(m)
     _LAST_DENSE = (weakref.ref(mask), mask._version, block)
     return block

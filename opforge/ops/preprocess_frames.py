@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import math
 import numbers
+import struct
 from collections.abc import Sequence
 from typing import NamedTuple
 
+import numpy as np
 import torch
 
 from opforge.ops._common import dtype_name, require_tensor
@@ -15,6 +17,15 @@ from opforge.ops._common import dtype_name, require_tensor
 OP = "opforge.preprocess_frames"
 OUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _ORDERS = {"rgb": 0, "bgr": 1, "rgba": 0, "bgra": 1}
+# A number x rounds to a finite value of the type when |x| is below these (to nearest even: the
+# midpoint between the largest finite value and the next power of two rounds up, to inf).
+_OVERFLOW = {
+    torch.float16: 2.0**16 - 2.0**4,
+    torch.bfloat16: 2.0**128 - 2.0**119,
+    torch.float32: 2.0**128 - 2.0**103,
+}
+_F32_ZERO = 2.0**-150  # |x| up to this rounds to 0 in float32
+_IN_F32 = "(the kernels compute in float32)"
 
 
 class FrameInfo(NamedTuple):
@@ -63,8 +74,7 @@ def letterbox_geometry(
     new_w, new_h = max(new_w, 1), max(new_h, 1)
     dw, dh = out_w - new_w, out_h - new_h
     if stride is not None:
-        if not isinstance(stride, numbers.Integral) or isinstance(stride, bool) or stride <= 0:
-            raise ValueError(f"{OP}: stride must be a positive integer, got {stride!r}")
+        _check_stride(stride)
         dw, dh = dw % stride, dh % stride
     if center:
         top, bottom = round(dh / 2 - 0.1), round(dh / 2 + 0.1)
@@ -78,6 +88,11 @@ def letterbox_geometry(
         pad=(top, left),
         ratio=(r, r),
     )
+
+
+def _check_stride(stride) -> None:
+    if not isinstance(stride, numbers.Integral) or isinstance(stride, bool) or stride <= 0:
+        raise ValueError(f"{OP}: stride must be a positive integer, got {stride!r}")
 
 
 def _pair(arg: str, value) -> tuple[int, int]:
@@ -95,23 +110,59 @@ def _pair(arg: str, value) -> tuple[int, int]:
 
 
 def _three(arg: str, value) -> list[float]:
-    """mean / std: None (= none), a number (the same for the 3 channels) or 3 numbers."""
+    """mean / std: None (= none), a number (the same for the 3 channels) or 3 numbers; a numpy
+    array or tensor holds 3 numbers, or one (for all 3)."""
     if value is None:
         return []
-    if isinstance(value, torch.Tensor):
+    if isinstance(value, (torch.Tensor, np.ndarray)):
         value = value.flatten().tolist()
+        if len(value) == 1:
+            value = value * 3
     if isinstance(value, numbers.Real):
         value = [value] * 3
     if not isinstance(value, Sequence) or isinstance(value, str):
         raise ValueError(f"{OP}: {arg} must be a number or 3 numbers (one per output channel), got {value!r}")
     if len(value) != 3:
         raise ValueError(f"{OP}: {arg} must have 3 values (one per output channel), got {len(value)}")
-    out = [float(v) for v in value]
-    if not all(abs(v) < math.inf for v in out):  # (NaN too; symbolic-friendly under torch.compile)
-        raise ValueError(f"{OP}: {arg} must be finite, got {out}")
-    if arg == "std" and any(v == 0.0 for v in out):
-        raise ValueError(f"{OP}: std must be finite and nonzero, got {out}")
-    return out
+    return [float(v) for v in value]
+
+
+def _check_float32(scale: float, mean: list[float], std: list[float]) -> None:
+    """check_preprocess_frames_inputs' words: scale, mean and std are numbers float32 holds, std
+    nonzero in it. (Comparisons only, also under torch.compile; NaN fails them.)"""
+    f32 = _OVERFLOW[torch.float32]
+    if not abs(scale) < f32:
+        raise ValueError(f"{OP}: scale must be finite in float32 {_IN_F32}, got {scale!r}")
+    if not all(abs(v) < f32 for v in mean):
+        raise ValueError(f"{OP}: mean must be finite in float32 {_IN_F32}, got {mean}")
+    if not all(_F32_ZERO < abs(v) < f32 for v in std):
+        raise ValueError(f"{OP}: std must be finite and nonzero in float32 {_IN_F32}, got {std}")
+
+
+def _f32(x: float) -> float:
+    """x rounded to float32 (to nearest even; inf beyond its range). On two float32 values, one
+    operation in double rounded so equals the float32 operation (double has over 2 x 24 + 2 bits)."""
+    if not abs(x) < _OVERFLOW[torch.float32]:
+        return math.copysign(math.inf, x)
+    return struct.unpack("f", struct.pack("f", x))[0]
+
+
+def _check_outputs(scale: float, mean: list[float], std: list[float], out_dtype: torch.dtype) -> None:
+    """check_preprocess_frames_inputs' output check, in the same float32 arithmetic: pixel values 0
+    and 255 normalize to finite values of out_dtype (and so does everything between them, the pad
+    value included: the normalization is monotonic)."""
+    s = _f32(scale)
+    for k in range(3):
+        for v in (0.0, 255.0):
+            out = _f32(_f32(v * s) - (_f32(mean[k]) if mean else 0.0))
+            if std:
+                out = _f32(out / _f32(std[k]))
+            if not abs(out) < _OVERFLOW[out_dtype]:
+                raise ValueError(
+                    f"{OP}: scale, mean and std must keep the normalized pixel values (0 to 255, and "
+                    f"pad_value) finite in float32 and within {dtype_name(out_dtype)}'s range (largest "
+                    f"{torch.finfo(out_dtype).max:g}), got {out:g} for pixel value {v:g} in output channel {k}"
+                )
 
 
 def _check_frames(frames: torch.Tensor) -> None:
@@ -157,8 +208,8 @@ def preprocess_frames(
         letterbox: resize keeping the aspect ratio and pad to ``size`` by Ultralytics' ``LetterBox``
             rules (:func:`letterbox_geometry`; ``scaleup``, ``stride`` and ``center`` as there).
         pad_value: the border's pixel value in [0, 255], normalized like the pixels (114: YOLO's gray).
-        mean, std: per output channel (3 numbers, or one for all), after ``scale``: the output is
-            ``(x * scale - mean) / std``; None = 0 and 1.
+        mean, std: per output channel (3 numbers, or one for all; a sequence, numpy array or tensor),
+            after ``scale``: the output is ``(x * scale - mean) / std``; None = 0 and 1.
         scale: multiplies the uint8 value first (1/255: to [0, 1]).
         out_dtype: float16, bfloat16 or float32.
         channels_in: the frames' channel order, ``"rgb"`` or ``"bgr"`` (OpenCV's); ``"rgba"`` and
@@ -175,6 +226,10 @@ def preprocess_frames(
     float frames, and within one uint8 step of OpenCV's ``cv2.resize(INTER_LINEAR)`` (which rounds
     to uint8 in 11-bit fixed point). Without a resize the output is bit-identical to the chain
     ``((x.float() * scale - mean) / std).to(out_dtype)``.
+
+    The arithmetic is float32's: ``scale``, ``mean`` and ``std`` must be finite in float32 (``std``
+    nonzero in it: 1e-50 is 0), and the normalized values of pixels 0 and 255 finite in float32 and
+    within ``out_dtype``'s range (float16: 65504), else a ValueError (no output of inf).
     """
     require_tensor(OP, "frames", frames)
     if layout not in ("NHWC", "NCHW"):
@@ -193,17 +248,21 @@ def preprocess_frames(
         raise TypeError(f"{OP}: out_dtype must be one of ({names}), got {out_dtype}")
     if not isinstance(scale, numbers.Real) or not abs(scale) < math.inf:  # (NaN too; symbolic-friendly)
         raise ValueError(f"{OP}: scale must be a finite number, got {scale!r}")
-    if not isinstance(pad_value, numbers.Real) or not 0 <= pad_value <= 255:
+    if isinstance(pad_value, bool) or not isinstance(pad_value, numbers.Real) or not 0 <= pad_value <= 255:
         raise ValueError(f"{OP}: pad_value must be a pixel value in [0, 255], got {pad_value!r}")
     mean_l, std_l = _three("mean", mean), _three("std", std)
+    _check_float32(float(scale), mean_l, std_l)
+    if stride is not None:
+        _check_stride(stride)
     channels = [0, 1, 2] if _ORDERS[channels_in] == _ORDERS[channels_out] else [2, 1, 0]
     height, width = int(frames.shape[1]), int(frames.shape[2])
     if letterbox:
         if size is None:
             raise ValueError(f"{OP}: letterbox=True needs a size")
+        # (An empty batch of 0 x 0 frames: the geometry of a 1 x 1 frame, the frames' own shape.)
         info = letterbox_geometry(
             (max(height, 1), max(width, 1)), size, scaleup=scaleup, stride=stride, center=center
-        )
+        )._replace(shape=(height, width))
     else:
         out_h, out_w = (height, width) if size is None else _pair("size", size)
         info = FrameInfo(
@@ -227,7 +286,12 @@ def _(frames, size, region, scale, mean, std, pad_value, channels, out_dtype):
     _check_frames(frames)
     if len(size) != 2 or size[0] <= 0 or size[1] <= 0:
         raise ValueError(f"{OP}: size must be positive, got {list(size)}")
+    for arg, values in (("mean", mean), ("std", std)):
+        if len(values) not in (0, 3):
+            raise ValueError(f"{OP}: {arg} must have 3 values (one per output channel), got {len(values)}")
+    _check_float32(scale, list(mean), list(std))
     if out_dtype not in OUT_DTYPES:
         names = ", ".join(dtype_name(d) for d in OUT_DTYPES)
         raise TypeError(f"{OP}: out_dtype must be one of ({names}), got {out_dtype}")
+    _check_outputs(scale, list(mean), list(std), out_dtype)
     return frames.new_empty((frames.shape[0], 3, size[0], size[1]), dtype=out_dtype)

@@ -18,6 +18,7 @@ for a pinned slot's previous transfer before refilling it.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import queue
 import threading
 import time
@@ -32,6 +33,9 @@ from opforge.ops.copy_async import copy_async
 from opforge.ops.preprocess_frames import FrameInfo, preprocess_frames
 
 _POLL_S = 0.05  # how often blocked threads look for a stop request
+FS = "opforge.video.FrameStream"
+# preprocess_frames' keyword arguments (all but the frames).
+_PREPROCESS_ARGS = tuple(inspect.signature(preprocess_frames).parameters)[1:]
 
 
 class StreamBatch(NamedTuple):
@@ -60,23 +64,19 @@ def _as_frames(item: Any) -> torch.Tensor:
     """A source item as a uint8 (n, H, W, C) tensor, without copying."""
     if isinstance(item, np.ndarray):
         if not item.flags.writeable or any(st < 0 for st in item.strides):
-            item = np.ascontiguousarray(
-                item
-            )  # a flipped view (frame[..., ::-1]) or read-only buffer: one copy
+            item = item.copy()  # a flipped view (frame[..., ::-1]) or a read-only buffer: one copy
         t = torch.from_numpy(item)
     elif isinstance(item, torch.Tensor):
         t = item
     else:
-        raise TypeError(
-            f"opforge.video.FrameStream: the source must yield numpy arrays or tensors, got {type(item).__name__}"
-        )
+        raise TypeError(f"{FS}: the source must yield numpy arrays or tensors, got {type(item).__name__}")
     if t.dtype != torch.uint8:
-        raise TypeError(f"opforge.video.FrameStream: frames must be uint8, got {t.dtype}")
+        raise TypeError(f"{FS}: frames must be uint8, got {t.dtype}")
     if t.dim() == 3:
         t = t.unsqueeze(0)
     if t.dim() != 4 or t.shape[3] not in (3, 4):
         raise ValueError(
-            f"opforge.video.FrameStream: frames must be (H, W, C) or (N, H, W, C) with C = 3 or 4, got {list(t.shape)}"
+            f"{FS}: frames must be (H, W, C) or (N, H, W, C) with C = 3 or 4, got {list(t.shape)}"
         )
     return t
 
@@ -104,6 +104,7 @@ class _Pipeline:
         self.stage_s = 0.0  # time the stager spent packing frames (host memcpy)
         self.wait_s = 0.0  # time the caller waited for a batch
         self.slot_wait_s = 0.0  # time the stager waited for a ring slot (its last transfer, or the caller)
+        self.in_source = False  # the stager is inside the source (iter() or next()), touching no buffer
         self.thread = threading.Thread(target=self._stage, name="opforge-framestream", daemon=True)
         self.thread.start()
 
@@ -167,13 +168,28 @@ class _Pipeline:
         event.record(torch.cuda.current_stream(joined.device))
         return self._put(_Item(-1, joined, first, joined.shape[0], event, None))
 
+    def _items(self) -> Iterator[Any]:
+        """The source's items; ``in_source`` is set while the source runs (its iter() or next()):
+        close() does not wait for a source blocked there."""
+        it = None
+        while True:
+            self.in_source = True
+            try:
+                it = iter(self.source) if it is None else it
+                item = next(it)
+            except StopIteration:
+                return
+            finally:
+                self.in_source = False
+            yield item
+
     def _stage(self) -> None:
         try:
             first = 0  # index of the next frame to deliver
             k, filled, shape = None, 0, None  # the ring slot being packed from host frames
             gpu: list[torch.Tensor] = []  # GPU frames gathered for the next batch
             gpu_count = 0
-            for item in self.source:
+            for item in self._items():
                 if self.stop.is_set():
                     return
                 frames = _as_frames(item)
@@ -249,9 +265,7 @@ class _Pipeline:
                 break
             except queue.Empty:
                 if not self.thread.is_alive() and self.ready.empty():
-                    raise RuntimeError(
-                        "opforge.video.FrameStream: the staging thread ended unexpectedly"
-                    ) from None
+                    raise RuntimeError(f"{FS}: the staging thread ended unexpectedly") from None
         self.wait_s += time.perf_counter() - t0
         if isinstance(value, StopIteration):
             return None
@@ -269,9 +283,11 @@ class _Pipeline:
 
     def close(self) -> None:
         self.stop.set()
-        # A source blocked in its own next() (a stalled camera) is left to finish on its own: the
-        # thread is a daemon and exits at its next step.
-        self.thread.join(timeout=5.0)
+        # The stager stops at its next step. A source blocked in its own next() (a stalled camera)
+        # is not waited for: the daemon thread is abandoned to it and, when next() returns, sees the
+        # stop and exits without touching a buffer.
+        while self.thread.is_alive() and not self.in_source:
+            self.thread.join(timeout=_POLL_S)
         # In-flight transfers read the pinned slots: wait for them before the buffers go.
         if self.cuda:
             self.copy_stream.synchronize()
@@ -308,7 +324,10 @@ class FrameStream:
     Iterating yields :class:`StreamBatch` ``(frames, info, indices, output)`` in source order,
     every frame exactly once. Batches are ready on the caller's current stream (no host sync).
     An exception in the source or the model surfaces in the caller; closing (``with``, ``close()``,
-    ``break``, or dropping the iterator) stops the staging thread and frees the buffers.
+    ``break``, or dropping the iterator) stops the staging thread and frees the buffers, and
+    returns promptly: a source blocked in its own ``next()`` (a stalled camera) is abandoned, not
+    waited for (the daemon thread ends when that ``next()`` returns, its item dropped). Every
+    argument is checked by the constructor (the preprocessing ones too).
     ``frames_delivered``, ``fps``, ``elapsed_s`` and :meth:`stats` report progress.
     """
 
@@ -323,20 +342,41 @@ class FrameStream:
         raw: bool = False,
         **preprocess_kwargs: Any,
     ):
-        if not isinstance(batch_size, int) or batch_size <= 0:
-            raise ValueError(
-                f"opforge.video.FrameStream: batch_size must be a positive int, got {batch_size!r}"
-            )
-        if not isinstance(ring, int) or ring < 2:
-            raise ValueError(f"opforge.video.FrameStream: ring must be an int >= 2, got {ring!r}")
+        # Every argument is checked here, not in the staging thread (bools are not ints).
+        if not isinstance(source, Iterable):
+            raise TypeError(f"{FS}: source must be an iterable of frames, got {type(source).__name__}")
+        if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size <= 0:
+            raise ValueError(f"{FS}: batch_size must be a positive int, got {batch_size!r}")
+        if not isinstance(ring, int) or isinstance(ring, bool) or ring < 2:
+            raise ValueError(f"{FS}: ring must be an int >= 2, got {ring!r}")
+        if model is not None and not callable(model):
+            raise TypeError(f"{FS}: model must be callable or None, got {type(model).__name__}")
+        if not isinstance(raw, bool):
+            raise TypeError(f"{FS}: raw must be a bool, got {raw!r}")
+        if device is not None and not isinstance(device, (str, torch.device)):
+            raise TypeError(f"{FS}: device must be a torch.device, a string or None, got {device!r}")
         if device is None:
             device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else "cpu"
-        device = torch.device(device)
+        try:
+            device = torch.device(device)
+        except RuntimeError:
+            raise ValueError(f"{FS}: device must be a CUDA device or the CPU, got {device!r}") from None
+        if device.type not in ("cuda", "cpu"):
+            raise ValueError(f"{FS}: device must be a CUDA device or the CPU, got {device}")
+        if device.type == "cuda" and not torch.cuda.is_available():
+            raise ValueError(f"{FS}: device {device} needs CUDA, which is not available")
         if device.type == "cuda" and device.index is None:
             device = torch.device("cuda", torch.cuda.current_device())
-        if device.type not in ("cuda", "cpu"):
-            raise ValueError(
-                f"opforge.video.FrameStream: device must be a CUDA device or the CPU, got {device}"
+        unknown = sorted(set(preprocess_kwargs) - set(_PREPROCESS_ARGS))
+        if unknown:
+            raise TypeError(
+                f"{FS}: unknown preprocessing argument(s) {unknown}; preprocess_frames takes {list(_PREPROCESS_ARGS)}"
+            )
+        if raw and preprocess_kwargs:
+            raise ValueError(f"{FS}: raw=True takes no preprocessing arguments")
+        if not raw:  # the preprocessing arguments' own checks, on an empty batch of meta frames
+            preprocess_frames(
+                torch.empty((0, 3, 3, 3), dtype=torch.uint8, device="meta"), **preprocess_kwargs
             )
         self.source = source
         self.batch_size = batch_size
@@ -345,8 +385,6 @@ class FrameStream:
         self.ring = ring
         self.preprocess_kwargs = preprocess_kwargs
         self.raw = raw
-        if raw and preprocess_kwargs:
-            raise ValueError("opforge.video.FrameStream: raw=True takes no preprocessing arguments")
         self.total = _count_frames(source)
         self.frames_delivered = 0
         self.batches_delivered = 0
@@ -358,7 +396,7 @@ class FrameStream:
 
     def __iter__(self) -> Iterator[StreamBatch]:
         if self._active is not None:
-            raise RuntimeError("opforge.video.FrameStream: already being iterated (one pass at a time)")
+            raise RuntimeError(f"{FS}: already being iterated (one pass at a time)")
         token = self._active = object()
         gen = self._run(token)
         # An iterator dropped before its first next() never runs _run's finally: release its claim
@@ -407,7 +445,10 @@ class FrameStream:
             self._release(token)
 
     def close(self) -> None:
-        """Stop the staging thread and free the buffers (also done by ``with`` and at the end)."""
+        """Stop the staging thread and free the buffers (also done by ``with`` and at the end).
+
+        Returns promptly: a source blocked in its own ``next()`` is abandoned to finish on its own
+        (the daemon thread then ends, dropping the item, and reads nothing more from it)."""
         if self._pipeline is not None:
             self._pipeline.close()
 
