@@ -25,12 +25,13 @@ $(TORCH_STAMP): FORCE | setup
 
 # A binary wheel in DIST for this Python and the installed torch, which its metadata pins (the C++
 # ABI); CUDA kernels included when the build has them (OPFORGE_CUDA=0: the CPU wheel). -v shows the
-# build configuration. ninja's objects in build/temp.* are kept, so a rebuild compiles only what
-# changed; build/lib.* is cleared so that nothing stale is packed. It leaves the editable build alone.
+# build configuration; --no-cache-dir keeps a copy of every build out of pip's cache. ninja's
+# objects in build/temp.* are kept, so a rebuild compiles only what changed; build/lib.* is cleared
+# so that nothing stale is packed. It leaves the editable build alone.
 wheel:
 	@$(PYTHON) scripts/ensure_deps.py
 	rm -rf build/lib.* build/bdist.*
-	$(PYTHON) -m pip wheel -v --no-build-isolation --no-deps -w $(DIST) .
+	$(PYTHON) -m pip wheel -v --no-cache-dir --no-build-isolation --no-deps -w $(DIST) .
 
 test: build
 	$(PYTHON) -m pytest tests -q
