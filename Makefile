@@ -2,11 +2,12 @@
 # changed, then does its job. PYTHON picks the interpreter (default: python3).
 PYTHON ?= python3
 OUT ?=
+DIST ?= dist
 STAMP := build/.opforge-built
 TORCH_STAMP := build/.torch-version
 SOURCES := $(shell find csrc -name '*.cpp' -o -name '*.cu' -o -name '*.h' -o -name '*.cuh') setup.py pyproject.toml
 
-.PHONY: setup build test bench bench-full gpu-check cpp-example lint format clean FORCE
+.PHONY: setup build wheel test bench bench-full gpu-check cpp-example lint format clean FORCE
 
 setup:
 	@$(PYTHON) scripts/ensure_deps.py test bench
@@ -21,6 +22,16 @@ $(STAMP): $(SOURCES) $(TORCH_STAMP) | setup
 $(TORCH_STAMP): FORCE | setup
 	@mkdir -p build; v=$$($(PYTHON) -c 'import torch; print(torch.__version__)'); \
 	  [ "$$v" = "$$(cat $@ 2>/dev/null)" ] || echo "$$v" > $@
+
+# A binary wheel in DIST for this Python and the installed torch, which its metadata pins (the C++
+# ABI); CUDA kernels included when the build has them (OPFORGE_CUDA=0: the CPU wheel). -v shows the
+# build configuration; --no-cache-dir keeps a copy of every build out of pip's cache. ninja's
+# objects in build/temp.* are kept, so a rebuild compiles only what changed; build/lib.* is cleared
+# so that nothing stale is packed. It leaves the editable build alone.
+wheel:
+	@$(PYTHON) scripts/ensure_deps.py
+	rm -rf build/lib.* build/bdist.*
+	$(PYTHON) -m pip wheel -v --no-cache-dir --no-build-isolation --no-deps -w $(DIST) .
 
 test: build
 	$(PYTHON) -m pytest tests -q
@@ -50,4 +61,4 @@ format:
 	find csrc examples -name '*.cpp' -o -name '*.h' -o -name '*.cu' -o -name '*.cuh' | xargs clang-format -i
 
 clean:
-	rm -rf build opforge/_C*.so opforge/_build_config.py bench-out *.egg-info
+	rm -rf build dist opforge/_C*.so opforge/_build_config.py bench-out *.egg-info

@@ -184,6 +184,21 @@ class BuildExt(BuildExtension):
                 setattr(self.compiler, attr, [arg for arg in cmd if "Bsymbolic" not in arg])
         super().build_extensions()
 
+    # opforge/_build_config.py's text, set by main(). The loader compares its TORCH_VERSION with the
+    # torch it runs under, to fail with a clear message.
+    build_config = ""
+
+    def run(self) -> None:
+        super().run()
+        # Next to the built _C: build_lib is what a wheel packs. In-place and editable builds load it
+        # from the source tree; a wheel build leaves the source tree's copy alone, since it describes
+        # the _C the developer's editable build put there (CPU or CUDA).
+        dirs = [self.build_lib, ROOT] if self.inplace else [self.build_lib]
+        for d in dirs:
+            os.makedirs(os.path.join(d, "opforge"), exist_ok=True)
+            with open(os.path.join(d, "opforge", "_build_config.py"), "w") as f:
+                f.write(self.build_config)
+
 
 def main() -> None:
     want_cuda = env_flag("OPFORGE_CUDA")
@@ -257,17 +272,19 @@ def main() -> None:
         flush=True,
     )
 
-    # The loader compares this with the torch it runs under, to fail with a clear message.
-    with open(os.path.join(ROOT, "opforge", "_build_config.py"), "w") as f:
-        f.write(
-            "# Written by setup.py at build time.\n"
-            f"TORCH_VERSION = {torch.__version__!r}\n"
-            f"TORCH_CUDA = {torch.version.cuda!r}\n"
-            f"WITH_CUDA = {bool(with_cuda)!r}\n"
-            f"CUDA_ARCH_LIST = {arch_list!r}\n"
-        )
+    BuildExt.build_config = (
+        "# Written by setup.py at build time.\n"
+        f"TORCH_VERSION = {torch.__version__!r}\n"
+        f"TORCH_CUDA = {torch.version.cuda!r}\n"
+        f"WITH_CUDA = {bool(with_cuda)!r}\n"
+        f"CUDA_ARCH_LIST = {arch_list!r}\n"
+    )
 
     setup(
+        # The extension's C++ ABI is torch's of this exact release, so the package (a wheel above
+        # all) requires it. A requirement can't name a local version (+cu130, +cpu): that part is
+        # checked by the loader against TORCH_VERSION, with a message naming the build it needs.
+        install_requires=[f"torch=={torch.__version__.split('+')[0]}", "numpy"],
         packages=find_packages(include=["opforge", "opforge.*"]),
         ext_modules=[ext],
         cmdclass={"build_ext": BuildExt.with_options(use_ninja=True)},

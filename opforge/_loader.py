@@ -6,7 +6,10 @@ import importlib
 
 import torch
 
-REBUILD = "rebuild it against this torch: pip install --no-build-isolation -e . (or: make build)"
+REBUILD = (
+    "rebuild opforge against this torch from a source checkout: pip install --no-build-isolation -e . "
+    "(or: make build)"
+)
 
 
 def _build_config():
@@ -22,6 +25,13 @@ def _same_torch(built: str, running: str) -> bool:
     return built == running
 
 
+def _install_hint(built: str) -> str:
+    # A requirement can't name a local version: torch==2.14.1 is what pip takes, and the index
+    # decides whether that is the +cu130 or the +cpu build.
+    release, _, local = built.partition("+")
+    return f"pip install torch=={release}" + (f" (its +{local} build)" if local else "")
+
+
 def load_extension() -> None:
     """Import opforge._C, whose load registers the ops in torch.ops.opforge."""
     config = _build_config()
@@ -29,7 +39,9 @@ def load_extension() -> None:
     running = torch.__version__
     if built is not None and not _same_torch(built, running):
         raise ImportError(
-            f"opforge was built against torch {built} but torch {running} is installed; {REBUILD}"
+            f"opforge was built against torch {built} but torch {running} is installed, and its compiled "
+            f"extension only works with the torch it was built against. Install that torch: "
+            f"{_install_hint(built)}; or {REBUILD}"
         )
     try:
         importlib.import_module("opforge._C")

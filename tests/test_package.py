@@ -35,7 +35,22 @@ def test_loader_reports_version_mismatch(monkeypatch):
     with pytest.raises(
         ImportError,
         match=rf"built against torch 1\.0\.0 but torch {re.escape(torch.__version__)} is installed",
-    ):
+    ) as e:
+        _loader.load_extension()
+    # Both ways out: the torch it was built against (a wheel's user), or a rebuild (a checkout's).
+    message = str(e.value)
+    assert "Install that torch: pip install torch==1.0.0; or rebuild opforge against this torch" in message
+
+
+def test_loader_names_the_torch_build_it_needs(monkeypatch):
+    """A local version (+cu130, +cpu) can't be pinned in a requirement: the message names it."""
+    config = _loader._build_config()
+    monkeypatch.setattr(config, "TORCH_VERSION", "1.0.0+cu999")
+    with pytest.raises(ImportError, match=r"pip install torch==1\.0\.0 \(its \+cu999 build\)"):
+        _loader.load_extension()
+    release = torch.__version__.split("+")[0]
+    monkeypatch.setattr(config, "TORCH_VERSION", release + "+other")  # same release, other build
+    with pytest.raises(ImportError, match=rf"built against torch {re.escape(release)}\+other but"):
         _loader.load_extension()
 
 
