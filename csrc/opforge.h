@@ -62,7 +62,8 @@ at::Tensor to_device_async(const at::Tensor& src, at::Device device);
 // Attention of q (B, Hq, Sq, D) over k, v (B, Hkv, Sk, D) with a pattern (csrc/attention/attention_params.h):
 // (out (B, Hq, Sq, D), lse (B, Hq, Sq)). The Python opforge.attention builds the arguments. `variant`
 // names the kernel ("auto", "tiled" / "decode" on the CPU, "decode" / "hopper" / "mma_sync" on CUDA:
-// docs/attention.md); one that cannot serve the call raises a ValueError saying why.
+// docs/attention.md); one that cannot serve the call raises a ValueError saying why. `deterministic` is
+// the backward's (the forward is always deterministic): the autograd of the Python API reads it here.
 std::tuple<at::Tensor, at::Tensor> attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                              double scale, double softcap = 0.0, bool causal = false,
                                              int64_t window_left = -1, int64_t window_right = -1,
@@ -74,6 +75,7 @@ std::tuple<at::Tensor, at::Tensor> attention(const at::Tensor& q, const at::Tens
                                              const std::optional<at::Tensor>& mask_bits = std::nullopt,
                                              int64_t block_q = 128, int64_t block_k = 128,
                                              const std::optional<at::Tensor>& kv_lens = std::nullopt,
-                                             c10::string_view variant = "auto");
+                                             c10::string_view variant = "auto",
+                                             std::optional<bool> deterministic = std::nullopt);
 
 }  // namespace opforge

@@ -24,12 +24,12 @@ TORCH_LIBRARY(opforge, m) {
       "attention(Tensor q, Tensor k, Tensor v, float scale, float softcap, bool causal, int window_left, "
       "int window_right, int prefix_len, Tensor? q_segments, Tensor? kv_segments, Tensor? mask_kinds, "
       "Tensor? mask_index, Tensor? mask_bits, int block_q, int block_k, Tensor? kv_lens=None, *, "
-      "str variant=\"auto\") -> (Tensor, Tensor)");
+      "str variant=\"auto\", bool? deterministic=None) -> (Tensor, Tensor)");
   m.def(
       "attention_backward(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor? grad_lse, "
       "float scale, float softcap, bool causal, int window_left, int window_right, int prefix_len, "
       "Tensor? q_segments, Tensor? kv_segments, Tensor? mask_kinds, Tensor? mask_index, Tensor? mask_bits, "
-      "int block_q, int block_k, *, str variant=\"auto\") -> (Tensor, Tensor, Tensor)");
+      "int block_q, int block_k, *, str variant=\"auto\", bool? deterministic=None) -> (Tensor, Tensor, Tensor)");
   // The attention kernel a call of these sizes gets on `device` under `variant` (the one rule the
   // CPU and CUDA backends follow: attention/attention_heuristics.h); a ValueError where a named
   // variant cannot serve it.

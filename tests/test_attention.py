@@ -927,6 +927,40 @@ def test_variants_cpu():
     }
 
 
+def test_deterministic_argument():
+    """deterministic= (None, True, False) reaches the backward through every path (the op's
+    autograd, the torch.func Function, double backward); the CPU backward is deterministic in every
+    mode; anything but a bool or None is refused."""
+    q, k, v = qkv(1, 4, 2, 40, 70, 16)
+    go = torch.randn_like(q)
+    got = []
+    for det in (None, True, False):
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        got.append(
+            torch.autograd.grad(opforge.attention(*leaves, causal=True, deterministic=det), leaves, go)
+        )
+        grad_q = torch.func.grad(
+            lambda x, d=det: (opforge.attention(x, k, v, causal=True, deterministic=d) * go).sum()
+        )
+        assert torch.equal(grad_q(q), got[-1][0])
+    for a in got[1:]:
+        for x, y in zip(got[0], a, strict=True):
+            assert torch.equal(x, y)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    first = torch.autograd.grad(
+        opforge.attention(*leaves, causal=True, deterministic=True), leaves, go, create_graph=True
+    )
+    assert first[0].requires_grad
+    pattern = (True, -1, -1, 0, None, None, None, None, None, 128, 128)  # causal .. block_k
+    out, lse = torch.ops.opforge.attention.default(q, k, v, 0.25, 0.0, *pattern, deterministic=True)
+    raw_backward = torch.ops.opforge.attention_backward.default
+    dq, _, _ = raw_backward(go, q, k, v, out, lse, None, 0.25, 0.0, *pattern, deterministic=False)
+    assert dq.shape == q.shape
+    for bad in (1, "yes", torch.tensor(True)):
+        with pytest.raises(TypeError, match=r"opforge.attention: deterministic must be a bool or None, got"):
+            opforge.attention(q, k, v, deterministic=bad)
+
+
 @pytest.mark.parametrize(
     "variant,shape,err,msg",
     [

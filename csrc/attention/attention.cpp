@@ -346,7 +346,7 @@ std::tuple<at::Tensor, at::Tensor> attention(const at::Tensor& q, const at::Tens
                                              const std::optional<at::Tensor>& mask_index,
                                              const std::optional<at::Tensor>& mask_bits, int64_t block_q,
                                              int64_t block_k, const std::optional<at::Tensor>& kv_lens,
-                                             c10::string_view variant) {
+                                             c10::string_view variant, std::optional<bool> deterministic) {
   static auto op = c10::Dispatcher::singleton()
                        .findSchemaOrThrow("opforge::attention", "")
                        .typed<std::tuple<at::Tensor, at::Tensor>(
@@ -354,9 +354,9 @@ std::tuple<at::Tensor, at::Tensor> attention(const at::Tensor& q, const at::Tens
                            int64_t, int64_t, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&,
                            const std::optional<at::Tensor>&, const std::optional<at::Tensor>&,
                            const std::optional<at::Tensor>&, int64_t, int64_t, const std::optional<at::Tensor>&,
-                           c10::string_view)>();
+                           c10::string_view, std::optional<bool>)>();
   return op.call(q, k, v, scale, softcap, causal, window_left, window_right, prefix_len, q_segments, kv_segments,
-                 mask_kinds, mask_index, mask_bits, block_q, block_k, kv_lens, variant);
+                 mask_kinds, mask_index, mask_bits, block_q, block_k, kv_lens, variant, deterministic);
 }
 
 }  // namespace opforge

@@ -1,7 +1,10 @@
 """Benchmark spec for opforge.attention, in the same run as its peers; TFLOP/s count the visible
-work only. CUDA (bfloat16): FlexAttention (compiled, with the equivalent block mask), SDPA's flash
-and cuDNN backends where the pattern is causal or full, SDPA with a dense mask otherwise, plain
-PyTorch attention. CPU (float32): SDPA (is_causal, or a dense mask) and plain PyTorch."""
+work only. CUDA (bfloat16): FlexAttention (compiled, with the equivalent block mask; softcap as its
+score_mod), SDPA's flash and cuDNN backends where the pattern is causal or full, SDPA with a dense
+mask otherwise, plain PyTorch attention, and FlashAttention-4 (flash_attn.cute) where it is
+installed (a peer only, never a dependency: ../shared/tools/fa4_peer.sh) for the patterns it has
+(causal, full, windows, softcap); rows "... deterministic" time the deterministic backward against
+FlashAttention-4's. CPU (float32): SDPA (is_causal, or a dense mask) and plain PyTorch."""
 
 from __future__ import annotations
 
@@ -17,18 +20,37 @@ from opforge.bench.harness import Case, CaseBuilder, Spec
 from opforge.masks import attention_mask
 
 
-def _with_backward(impls: dict, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> dict:
-    """Each impl followed by its backward (gradients of q, k, v for a random output gradient)."""
+def _with_backward(
+    impls: dict, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, own: dict | None = None
+) -> dict:
+    """Each impl followed by its backward (gradients of q, k, v for a random output gradient).
+    own: impls that read their own (B, S, H, D) copies of the operands: name -> (q, k, v)."""
+    own = own or {}
     grads = torch.randn_like(q)
     leaves = [t.requires_grad_() for t in (q, k, v)]
+    for copies in own.values():
+        for t in copies:
+            t.requires_grad_()
 
-    def fwd_bwd(fn):
+    def fwd_bwd(name, fn):
+        mine = list(own[name]) if name in own else leaves
+        cot = grads.transpose(1, 2).contiguous() if name in own else grads
+
         def run():
-            torch.autograd.grad(fn(), leaves, grads)
+            torch.autograd.grad(fn(), mine, cot)
 
         return run
 
-    return {name: fwd_bwd(fn) for name, fn in impls.items()}
+    return {name: fwd_bwd(name, fn) for name, fn in impls.items()}
+
+
+def _fa4():
+    """FlashAttention-4's flash_attn_func where it is installed (a same-run peer), else None."""
+    try:
+        from flash_attn.cute import flash_attn_func
+    except Exception:
+        return None
+    return flash_attn_func
 
 
 def _case(device: torch.device, name: str, B: int, H: int, S: int, D: int, kw: dict, backward: bool) -> Case:
@@ -132,6 +154,7 @@ def _cuda_case(
     backward: bool,
     docs: int = 0,
     random_blocks: float = 0.0,
+    deterministic: bool = False,
 ) -> Case:
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.nn.attention.flex_attention import create_block_mask
@@ -159,18 +182,26 @@ def _cuda_case(
         torch.cuda.synchronize(device)
         extra["opforge first result s"] = round(time.perf_counter() - t0, 3)
         kw["mask"] = mask
-    mask_mod = _flex_mask_mod(kw, doc, table)
-    needs_mask = bool(kw) and kw != {"causal": True}
+    cap = kw.get("softcap")
+    masking = {key: val for key, val in kw.items() if key != "softcap"}  # the visibility pattern
+    score_mod = None
+    if cap:
+
+        def score_mod(score, b, h, i, j):
+            return cap * torch.tanh(score / cap)
+
+    mask_mod = _flex_mask_mod(masking, doc, table)
+    needs_mask = bool(masking) and masking != {"causal": True}
     torch.cuda.synchronize(device)
     t0 = time.perf_counter()
     flex_mask = (
         create_block_mask(mask_mod, B if docs else None, None, S, S, device=device, BLOCK_SIZE=128)
-        if kw
+        if masking
         else None
     )
     gqa = Hq != Hkv
     flex = _flex()
-    flex(q, k, v, block_mask=flex_mask, enable_gqa=gqa)
+    flex(q, k, v, block_mask=flex_mask, enable_gqa=gqa, score_mod=score_mod)
     torch.cuda.synchronize(device)
     if random_blocks:
         extra["FlexAttention first result s"] = round(time.perf_counter() - t0, 3)
@@ -180,17 +211,30 @@ def _cuda_case(
         if table is not None:
             dense = table[None, None]
         else:
-            pattern = {key: val for key, val in kw.items() if key != "segment_ids"}
+            pattern = {key: val for key, val in masking.items() if key != "segment_ids"}
             dense = attention_mask(1, 1, S, S, device=device, **pattern)
             if doc is not None:
                 dense = dense & (doc[:, None, :, None] == doc[:, None, None, :])
         visible = int(dense.sum()) * Hq * (B if dense.shape[0] == 1 else 1)
     else:
-        visible = B * Hq * (S * (S + 1) // 2 if kw else S * S)
+        visible = B * Hq * (S * (S + 1) // 2 if masking else S * S)
 
-    impls = {"opforge": lambda: opforge.attention(q, k, v, **kw)}
-    impls["FlexAttention"] = lambda: flex(q, k, v, block_mask=flex_mask, enable_gqa=gqa)
-    if not needs_mask:
+    impls = {"opforge": lambda: opforge.attention(q, k, v, **kw, deterministic=deterministic)}
+    impls["FlexAttention"] = lambda: flex(q, k, v, block_mask=flex_mask, enable_gqa=gqa, score_mod=score_mod)
+    fa4, own = _fa4(), {}
+    if fa4 is not None and not docs and not random_blocks and set(kw) <= {"causal", "window", "softcap"}:
+        # FlashAttention-4 reads (B, S, H, D): its own contiguous copies.
+        q4, k4, v4 = (t.transpose(1, 2).contiguous() for t in (q, k, v))
+        fa4_kw = dict(
+            causal=kw.get("causal", False), softcap=kw.get("softcap", 0.0), deterministic=deterministic
+        )
+        if "window" in kw:
+            fa4_kw["window_size"] = kw["window"]
+        label = "FlashAttention-4" + (" deterministic" if deterministic else "")
+        impls[label] = lambda: fa4(q4, k4, v4, **fa4_kw)[0]
+        own[label] = (q4, k4, v4)
+        impls[label]()  # (its JIT compilation, before timing)
+    if not needs_mask and not cap:
         causal = kw.get("causal", False)
         for label, backend in (
             ("SDPA flash", SDPBackend.FLASH_ATTENTION),
@@ -208,8 +252,12 @@ def _cuda_case(
         )
     if not backward and name.startswith("sliding 512") and Hq == Hkv:
         impls["plain PyTorch"] = lambda: reference.attention(q, k, v, **kw)
+    if deterministic:  # the deterministic backwards only
+        impls = {
+            name: fn for name, fn in impls.items() if name == "opforge" or name.endswith("deterministic")
+        }
     if backward:
-        impls = _with_backward(impls, q, k, v)
+        impls = _with_backward(impls, q, k, v, own)
 
     def check() -> str | None:
         # Batch row 0, the first two heads' group, against float64.
@@ -219,7 +267,7 @@ def _cuda_case(
             if "mask" in kw:
                 sub["mask"] = opforge.BlockMask.from_dense(table[None, None], block_size=128)
             qs, ks, vs = q[:1, :2], k[:1, :hk], v[:1, :hk]
-            got = opforge.attention(qs, ks, vs, **sub).double()
+            got = opforge.attention(qs, ks, vs, **sub, deterministic=deterministic).double()
             want = reference.attention(qs.double(), ks.double(), vs.double(), **sub)
             err = (got - want).abs().max().item()
         return None if err <= 2e-2 else f"max error {err:.2e} against the float64 reference"
@@ -227,11 +275,22 @@ def _cuda_case(
     per_pair = 4 * D * (3.5 if backward else 1.0)
     return Case(
         op="attention",
-        name=f"{name} B{B} H{Hq}{'/' + str(Hkv) if gqa else ''} S{S} D{D} bf16 {'fwd+bwd' if backward else 'fwd'}",
+        name=f"{name} B{B} H{Hq}{'/' + str(Hkv) if gqa else ''} S{S} D{D} bf16 {'fwd+bwd' if backward else 'fwd'}"
+        + (" deterministic" if deterministic else ""),
         impls=impls,
         check=check,
         flops=int(visible * per_pair),
-        params={"pattern": name, "B": B, "H": Hq, "Hkv": Hkv, "S": S, "D": D, "backward": backward, **extra},
+        params={
+            "pattern": name,
+            "B": B,
+            "H": Hq,
+            "Hkv": Hkv,
+            "S": S,
+            "D": D,
+            "backward": backward,
+            "deterministic": deterministic,
+            **extra,
+        },
     )
 
 
@@ -250,11 +309,21 @@ def _cuda_cases(device: torch.device, full: bool) -> list[CaseBuilder]:
             ("sliding 512 GQA", 4, 32, 8, 4096, 128, sliding, {}),
             ("sliding 512 D256", 4, 16, 16, 4096, 256, sliding, {}),
             ("random blocks 30%", 4, 16, 16, 4096, 128, {}, {"random_blocks": 0.3}),
+            ("GQA 32/8 causal", 2, 32, 8, 8192, 128, dict(causal=True), {}),
+            ("causal D64", 4, 32, 32, 4096, 64, dict(causal=True), {}),
+            ("causal D256", 4, 8, 8, 4096, 256, dict(causal=True), {}),
+            ("softcap 50 causal", 4, 16, 16, 4096, 128, dict(causal=True, softcap=50.0), {}),
         ]
     builders: list[CaseBuilder] = []
     for name, B, Hq, Hkv, S, D, kw, extra in rows:
         for backward in (False, True):
             builders.append(partial(_cuda_case, device, name, B, Hq, Hkv, S, D, kw, backward, **extra))
+    if full:  # the deterministic backward against FlashAttention-4's
+        for name, B, Hq, Hkv, S, D, kw, extra in rows:
+            if name in ("causal", "full", "GQA 32/8 causal", "causal D64", "causal D256"):
+                builders.append(
+                    partial(_cuda_case, device, name, B, Hq, Hkv, S, D, kw, True, **extra, deterministic=True)
+                )
     return builders
 
 

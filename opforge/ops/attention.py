@@ -40,6 +40,7 @@ def attention(
     kv_lens: torch.Tensor | None = None,
     return_lse: bool = False,
     variant: str = "auto",
+    deterministic: bool | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """softmax(q k^T * scale, masked by the pattern) v, without an Sq x Sk matrix in memory.
 
@@ -81,10 +82,17 @@ def attention(
             ``"decode"``, ``"hopper"``, ``"mma_sync"`` on CUDA; one that cannot serve the call
             raises a ValueError saying why. The backward runs on the same kind of kernel (the tiled
             one after ``"decode"``: decoding has no backward kernel).
+        deterministic: the backward's. ``None`` (default) follows
+            ``torch.are_deterministic_algorithms_enabled()`` when the backward runs, as PyTorch's own
+            ops do; ``True`` / ``False`` override it. The CUDA Hopper backward adds each key block's
+            share of dQ into a float32 workspace in whatever order the blocks finish (fast; dQ may
+            differ in its last bits from run to run); deterministic mode orders those additions
+            (slower). dK and dV, the forward, the CPU and the mma.sync kernels are always
+            deterministic.
 
     Returns the output (B, Hq, Sq, D) in q's dtype (laid out like q: (B, S, H, D) underneath when q
     is such a view), and the LSE when asked. A query that sees no key gets zeros and an LSE of -inf.
-    Differentiable in q, k and v (the backward is opforge.attention_backward, deterministic), also
+    Differentiable in q, k and v (the backward is opforge.attention_backward), also
     under the torch.func transforms (grad, vjp, jacrev, jacfwd, jvp, vmap) and forward-mode AD (the
     tangent is computed densely, query rows in chunks); double backward (create_graph=True, e.g.
     gradgradcheck or a gradient penalty) recomputes the first backward densely in float32 (float64
@@ -101,6 +109,8 @@ def attention(
         _check_kv_lens(q, kv_lens, segment_ids)
     if not isinstance(variant, str):
         raise TypeError(f"{OP}: variant must be a str, got {type(variant).__name__}")
+    if deterministic is not None and not isinstance(deterministic, bool):
+        raise TypeError(f"{OP}: deterministic must be a bool or None, got {type(deterministic).__name__}")
     args = _pattern_args(q, k, causal, window, prefix_len, segment_ids, mask)
     if kv_lens is not None and not _decodes(q, k, v, variant):
         (args, k, v), kv_lens = _kv_lens_as_mask(q, k, v, kv_lens, args, mask), None
@@ -121,12 +131,18 @@ def attention(
     if not isinstance(softcap, numbers.Real) or isinstance(softcap, bool) or not 0 <= softcap < math.inf:
         raise ValueError(f"{OP}: softcap must be a positive number (or None), got {softcap!r}")
     if transforms_active():  # torch.func / forward-mode AD: the Python autograd.Function
-        out, lse = _Attention.apply(q, k, v, scale, float(softcap), variant, *args, kv_lens)
-    elif kv_lens is None:
-        out, lse = torch.ops.opforge.attention.default(q, k, v, scale, float(softcap), *args, variant=variant)
+        out, lse = _Attention.apply(q, k, v, scale, float(softcap), variant, deterministic, *args, kv_lens)
     else:
         out, lse = torch.ops.opforge.attention.default(
-            q, k, v, scale, float(softcap), *args, kv_lens, variant=variant
+            q,
+            k,
+            v,
+            scale,
+            float(softcap),
+            *args,
+            *(() if kv_lens is None else (kv_lens,)),
+            variant=variant,
+            deterministic=deterministic,
         )
     return (out, lse) if return_lse else out
 
@@ -307,13 +323,13 @@ def _lse_dtype(q: torch.Tensor) -> torch.dtype:
 
 
 @torch.library.register_fake("opforge::attention")
-def _(q, k, v, scale, softcap, causal, window_left, window_right, prefix_len, *rest):
+def _(q, k, v, scale, softcap, causal, window_left, window_right, prefix_len, *rest, **options):
     _check_qkv(OP, q, k, v)
     return _like(q), q.new_empty(q.shape[:3], dtype=_lse_dtype(q))
 
 
 @torch.library.register_fake("opforge::attention_backward")
-def _(grad_out, q, k, v, out, lse, grad_lse, *rest):
+def _(grad_out, q, k, v, out, lse, grad_lse, *rest, **options):
     _check_qkv("opforge.attention_backward", q, k, v)
     return _like(q), _like(k), _like(v)
 
@@ -332,6 +348,7 @@ def _setup_context(ctx, inputs, keyword_only_inputs, output):
     ctx.save_for_backward(q, k, v, out, lse)
     ctx.scale, ctx.softcap, ctx.pattern = scale, softcap, pattern[:_PATTERN_ARGS]
     ctx.variant = _backward_variant(keyword_only_inputs.get("variant", "auto"))
+    ctx.deterministic = keyword_only_inputs.get("deterministic")
     ctx.kv_lens = len(pattern) > _PATTERN_ARGS and pattern[_PATTERN_ARGS] is not None
     ctx.inputs = len(inputs)
     ctx.set_materialize_grads(False)
@@ -348,11 +365,22 @@ def _gradients(ctx, grad_out, grad_lse):
     q, k, v, out, lse = ctx.saved_tensors
     if grad_out is None:
         grad_out = torch.zeros_like(out)
-    rest = (ctx.scale, ctx.softcap, ctx.variant, *ctx.pattern)
+    rest = (ctx.scale, ctx.softcap, ctx.variant, ctx.deterministic, *ctx.pattern)
     if torch.is_grad_enabled():
         return _AttentionBackward.apply(grad_out, q, k, v, out, lse, grad_lse, *rest)
     return torch.ops.opforge.attention_backward.default(
-        grad_out, q, k, v, out, lse, grad_lse, ctx.scale, ctx.softcap, *ctx.pattern, variant=ctx.variant
+        grad_out,
+        q,
+        k,
+        v,
+        out,
+        lse,
+        grad_lse,
+        ctx.scale,
+        ctx.softcap,
+        *ctx.pattern,
+        variant=ctx.variant,
+        deterministic=ctx.deterministic,
     )
 
 
@@ -385,17 +413,20 @@ class _Attention(torch.autograd.Function):
     generate_vmap_rule = True
 
     @staticmethod
-    def forward(q, k, v, scale, softcap, variant, *pattern):
-        return torch.ops.opforge.attention.default(q, k, v, scale, softcap, *pattern, variant=variant)
+    def forward(q, k, v, scale, softcap, variant, deterministic, *pattern):
+        return torch.ops.opforge.attention.default(
+            q, k, v, scale, softcap, *pattern, variant=variant, deterministic=deterministic
+        )
 
     @staticmethod
     def setup_context(ctx, inputs, output):
-        q, k, v, scale, softcap, variant, *pattern = inputs
+        q, k, v, scale, softcap, variant, deterministic, *pattern = inputs
         out, lse = output
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.save_for_forward(q, k, v, out, lse)
         ctx.scale, ctx.softcap, ctx.pattern = scale, softcap, pattern[:_PATTERN_ARGS]
         ctx.variant = _backward_variant(variant)
+        ctx.deterministic = deterministic
         ctx.kv_lens = pattern[_PATTERN_ARGS] if len(pattern) > _PATTERN_ARGS else None
         ctx.inputs = len(inputs)
         ctx.set_materialize_grads(False)
@@ -418,14 +449,25 @@ class _AttentionBackward(torch.autograd.Function):
     generate_vmap_rule = True
 
     @staticmethod
-    def forward(grad_out, q, k, v, out, lse, grad_lse, scale, softcap, variant, *pattern):
+    def forward(grad_out, q, k, v, out, lse, grad_lse, scale, softcap, variant, deterministic, *pattern):
         return torch.ops.opforge.attention_backward.default(
-            grad_out, q, k, v, out, lse, grad_lse, scale, softcap, *pattern, variant=variant
+            grad_out,
+            q,
+            k,
+            v,
+            out,
+            lse,
+            grad_lse,
+            scale,
+            softcap,
+            *pattern,
+            variant=variant,
+            deterministic=deterministic,
         )
 
     @staticmethod
     def setup_context(ctx, inputs, output):
-        grad_out, q, k, v, _out, _lse, grad_lse, scale, softcap, _variant, *pattern = inputs
+        grad_out, q, k, v, _out, _lse, grad_lse, scale, softcap, _variant, _deterministic, *pattern = inputs
         ctx.save_for_backward(grad_out, q, k, v, grad_lse)
         ctx.scale, ctx.softcap, ctx.pattern = scale, softcap, pattern
         ctx.inputs = len(inputs)
@@ -597,8 +639,8 @@ def _vmap_rule(op, batched: tuple[int, ...], mask: tuple[int, int, int]):
     segment ids, key counts) get the mapped dimension folded into it; a block mask (kinds, index,
     bits at `mask`) is shared, repeated along the batch where it has one; outputs unfolded."""
 
-    def rule(info, in_dims, *args, variant="auto"):
-        kwargs = dict(variant=variant)
+    def rule(info, in_dims, *args, variant="auto", deterministic=None):
+        kwargs = dict(variant=variant, deterministic=deterministic)
         if any(in_dims[i] is not None for i in mask):
             return _vmap_loop(op, info, in_dims, args, kwargs)
         size, args = info.batch_size, list(args)

@@ -608,7 +608,7 @@ std::tuple<at::Tensor, at::Tensor> attention_cpu(const at::Tensor& q, const at::
                                                  const std::optional<at::Tensor>& mask_index,
                                                  const std::optional<at::Tensor>& mask_bits, int64_t block_q,
                                                  int64_t block_k, const std::optional<at::Tensor>& kv_lens,
-                                                 c10::string_view variant) {
+                                                 c10::string_view variant, std::optional<bool> /*deterministic*/) {
   constexpr const char* op = "opforge.attention";
   AttentionPatternArgs args = attention_pattern_args(causal, window_left, window_right, prefix_len, q_segments,
                                                      kv_segments, mask_kinds, mask_index, mask_bits, block_q, block_k);
@@ -641,7 +641,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_cpu(
     int64_t window_left, int64_t window_right, int64_t prefix_len, const std::optional<at::Tensor>& q_segments,
     const std::optional<at::Tensor>& kv_segments, const std::optional<at::Tensor>& mask_kinds,
     const std::optional<at::Tensor>& mask_index, const std::optional<at::Tensor>& mask_bits, int64_t block_q,
-    int64_t block_k, c10::string_view variant) {
+    int64_t block_k, c10::string_view variant, std::optional<bool> /*deterministic: always*/) {
   const AttentionPatternArgs args = attention_pattern_args(causal, window_left, window_right, prefix_len, q_segments,
                                                  kv_segments, mask_kinds, mask_index, mask_bits, block_q, block_k);
   check_attention_backward_inputs(grad_out, q, k, v, out, lse, grad_lse, scale, softcap, args);

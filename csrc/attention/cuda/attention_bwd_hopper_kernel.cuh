@@ -1,15 +1,23 @@
-// attention CUDA backward for Hopper (sm_90a): the dK/dV and dQ passes of attention_bwd_kernel.cuh
-// (same prep, same deterministic order) as warp-specialised wgmma kernels, three warpgroups each:
-//   kv: one block per 128 keys of one (batch, kv head); the producer warp loads K and V once, then
-//       for every q head of the GQA group and every visible query tile (64 queries) Q, dO, lse2 and
-//       delta into a ring; consumer warpgroup c owns keys 64c..64c+63 and computes S^T = K Q^T and
-//       dP^T = V dO^T (both operands in shared memory), P^T and dS^T in registers, then
-//       dV += P^T dO and dK += dS^T Q with P^T / dS^T as register operands (dO, Q read MN-major);
-//   q:  one block per 128 queries of one (batch, head); Q and dO once, K and V tiles (128 keys) of
-//       the visible key tiles through the ring; S = Q K^T, dP = dO V^T, then dQ += dS K.
-// Head dims 64 and 128 (dK and dV of 64 keys x 256 do not fit a warpgroup's registers: head dim
-// 256 keeps the mma.sync passes). Without sm_90a device code the kernels trap and the launcher
-// uses the mma.sync passes.
+// attention CUDA backward for Hopper (sm_90a): one pass over key blocks with five GEMMs a tile
+// (FlashAttention-3's design). One block per 128 keys of one (batch, kv head), three warpgroups:
+//   producer warpgroup: warp 0 loads K and V once by TMA, then, for every q head of the GQA group
+//     and every visible query tile, Q, dO, lse2 and delta into a ring (cuda::Pipeline); warp 1
+//     adds each tile's dQ into a float32 workspace by bulk reduce-add (cp.reduce.async.bulk, done
+//     at L2) as the consumers hand it over through shared memory;
+//   consumer warpgroup c owns keys 64c..64c+63: S^T = K Q^T and dP^T = V dO^T (both operands in
+//     shared memory), P^T and dS^T in registers; dV += P^T dO and dK += dS^T Q with P^T / dS^T as
+//     register operands (dO and Q read MN-major); dS^T also goes to shared memory, where after a
+//     barrier over both warpgroups dQ = dS K (dS read MN-major) gives the warpgroup's 64 x 64 part
+//     of the tile's dQ.
+// dK and dV stay in registers until the block's last tile. Deterministic mode (a.dq_semaphore): the
+// additions into each query tile's dQ come in a fixed order, from the last key block that sees the
+// tile to the first, each block waiting for the later ones' additions to complete (a counter per
+// (batch, head, query tile)). Later key blocks reach a query tile sooner (causal and windows walk
+// query tiles from their diagonal on) and are launched first, so blocks rarely wait and never wait
+// for one not yet launched. The prep kernel (delta, lse2, the
+// workspace zeroed; attention_bwd_kernel.cuh) runs before, attention_bwd_hopper_dq_kernel
+// (workspace -> dQ) after. Head dims 64 (query tiles of 128) and 128 (of 64). Without sm_90a
+// device code the kernel traps; the launcher's rule asks attention_hopper_status() first.
 #pragma once
 
 #include <cuda.h>
@@ -17,7 +25,9 @@
 #include "attention/cuda/attention_hopper_common.cuh"
 #include "attention/cuda/attention_mma_common.cuh"
 #include "common/cuda/mbarrier.cuh"
+#include "common/cuda/pipeline.cuh"
 #include "common/cuda/ptx.cuh"
+#include "common/cuda/tile_order.cuh"
 #include "common/cuda/tma.cuh"
 #include "common/cuda/wgmma.cuh"
 
@@ -28,100 +38,202 @@
 namespace opforge {
 namespace attention_cuda {
 
-template <int kD_, int kStages_>
-struct HopperBwdKVTraits {
-  static constexpr int kD = kD_, kBlockN = 128, kBlockM = 64, kStages = kStages_;
-  static constexpr int kThreads = 384;
+template <int kD_, int kBlockM_, int kStages_>
+struct HopperBwdTraits {
+  static constexpr int kD = kD_, kBlockN = 128, kBlockM = kBlockM_, kStages = kStages_;
+  static constexpr int kThreads = 384;  // producer warpgroup + 2 consumer warpgroups
   static constexpr int kPanels = kD / 64;
   static constexpr int kKPanelBytes = kBlockN * 128, kQPanelBytes = kBlockM * 128;
   static constexpr int kKBytes = kPanels * kKPanelBytes, kQBytes = kPanels * kQPanelBytes;
-  // A stage: Q, dO, then lse2 and delta (kBlockM floats each), padded to the swizzle atom.
-  static constexpr int kStageBytes = (2 * kQBytes + 2 * kBlockM * 4 + 1023) / 1024 * 1024;
-  static constexpr int kSmemBytes = 1024 + 2 * kKBytes + kStages * kStageBytes + (1 + 2 * kStages) * 8;
+  // A stage: Q, dO, then lse2 and delta (kBlockM floats each) and the tile's BwdTileInfo (16 bytes),
+  // padded to the swizzle atom.
+  static constexpr int kStageBytes = (2 * kQBytes + 2 * kBlockM * 4 + 16 + 1023) / 1024 * 1024;
+  // dS^T: kBlockN key rows of kBlockM queries in 64-query panels; two buffers, so that one
+  // warpgroup may write the next tile's while the other still reads this one's.
+  static constexpr int kDSPanelBytes = kBlockN * 128, kDSBytes = (kBlockM / 64) * kDSPanelBytes;
+  // A tile's dQ (kBlockM x kD) in two 64 x 64 parts, one per consumer warpgroup: split along the
+  // head dim (kBlockM 64) or along the queries (kBlockM 128).
+  static_assert(kBlockM * kD == 2 * 64 * 64, "two 64 x 64 dQ parts a tile");
+  static constexpr bool kDQSplitD = kBlockM == 64;
+  static constexpr int kDQPartFloats = 64 * 64, kDQPartBytes = kDQPartFloats * 4;
+  static constexpr int kSmemBytes =
+      1024 + 2 * kKBytes + kStages * kStageBytes + 2 * kDSBytes + 2 * kDQPartBytes + 2 * 16 + (1 + 2 * kStages) * 8;
   static_assert(kSmemBytes <= 227 * 1024, "shared memory");
 };
-using HopperBwdKVTraitsD64 = HopperBwdKVTraits<64, 4>;
-using HopperBwdKVTraitsD128 = HopperBwdKVTraits<128, 2>;
+using HopperBwdTraitsD64 = HopperBwdTraits<64, 128, 2>;
+using HopperBwdTraitsD128 = HopperBwdTraits<128, 64, 2>;
+
+// Named barriers (0 is __syncthreads's; 1 and 2 are the epilogue's, store_accumulator_rows).
+constexpr int kBwdBarDS = 3;       // both consumer warpgroups' dS^T rows are in shared memory
+constexpr int kBwdBarDQFull = 4;   // + c: warpgroup c's dQ part is in shared memory
+constexpr int kBwdBarDQEmpty = 6;  // + c: warp 1 has read it (the buffer is free)
+
+// The float32 workspace of dQ: (B, Hq, lse2_ld, kD) values, a query tile's kBlockM x kD as two
+// parts of 64 x 64 in the wgmma accumulator's register order (float4 n * 128 + t holds thread t's
+// fragment n: rows 16 (t / 32) + (t % 32) / 4 and + 8, columns 8 n + 2 (t % 4) and + 1), so that
+// both the consumers' shared-memory writes and the post kernel's reads are whole 16-byte vectors.
+template <typename Tr>
+__device__ __forceinline__ int64_t dq_tile_offset(const AttentionCudaArgs& a, int64_t b, int64_t h, int64_t tile) {
+  return ((b * a.g.fwd.heads + h) * a.lse2_ld + tile * Tr::kBlockM) * Tr::kD;
+}
+
+// What the producer tells the consumers about the tile in a stage (written into the stage before
+// its arrival, read after the wait), and the consumers tell warp 1 with a dQ part: the query tile
+// (-1: no more tiles), its head, and its class (TileClass as bits).
+struct BwdTileInfo {
+  int tile, head, bits, unused;
+};
+__device__ __forceinline__ int tile_class_bits(const TileClass& c) {
+  return static_cast<int>(c.kind) | (c.band << 2) | (c.seg << 3) | (c.mask << 4);
+}
+__device__ __forceinline__ TileClass tile_class_from_bits(int bits) {
+  TileClass c;
+  c.kind = static_cast<BlockKind>(bits & 3);
+  c.band = (bits >> 2) & 1;
+  c.seg = (bits >> 3) & 1;
+  c.mask = (bits >> 4) & 1;
+  return c;
+}
 
 template <typename Tr, typename T>
 __global__ void __launch_bounds__(Tr::kThreads, 1)
-    attention_bwd_kv_hopper_kernel(const __grid_constant__ CUtensorMap map_q, const __grid_constant__ CUtensorMap map_k,
-                                   const __grid_constant__ CUtensorMap map_v, const __grid_constant__ CUtensorMap map_do,
-                                   const AttentionCudaArgs a) {
+    attention_bwd_hopper_kernel(const __grid_constant__ CUtensorMap map_q, const __grid_constant__ CUtensorMap map_k,
+                                const __grid_constant__ CUtensorMap map_v, const __grid_constant__ CUtensorMap map_do,
+                                const AttentionCudaArgs a, const int group_pairs) {
 #ifdef OPFORGE_ATTENTION_BWD_WGMMA_DEVICE
   constexpr int kD = Tr::kD, kBN = Tr::kBlockN, kBM = Tr::kBlockM, kStages = Tr::kStages;
   constexpr int kMT = kBM / 8, kDT = kD / 8;
+  constexpr int kInfoOffset = 2 * Tr::kQBytes + 2 * kBM * 4;  // in a stage, after Q, dO, lse2, delta
+  static_assert(kInfoOffset + 16 <= Tr::kStageBytes, "the tile info fits the stage");
   using cuda::smem_addr;
+  using State = cuda::PipelineState<kStages>;
   extern __shared__ unsigned char smem_raw[];
-  unsigned char* smem = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
+  unsigned char* smem = cuda::align_shared<1024>(smem_raw);
   unsigned char* const sK = smem;
   unsigned char* const sV = smem + Tr::kKBytes;
   unsigned char* const sStages = sV + Tr::kKBytes;
-  uint64_t* bars = reinterpret_cast<uint64_t*>(sStages + kStages * Tr::kStageBytes);
+  unsigned char* const sDS = sStages + kStages * Tr::kStageBytes;
+  unsigned char* const sDQ = sDS + 2 * Tr::kDSBytes;
+  BwdTileInfo* const dq_info = reinterpret_cast<BwdTileInfo*>(sDQ + 2 * Tr::kDQPartBytes);  // one per part
+  uint64_t* bars = reinterpret_cast<uint64_t*>(dq_info + 2);
   uint64_t* const bar_kv = bars;
-  uint64_t* const full = bars + 1;
-  uint64_t* const empty = full + kStages;
+  const cuda::Pipeline<kStages> pipe{bars + 1, bars + 1 + kStages};
   const AttentionParams& p = a.g.fwd;
   const AttentionPattern& pat = p.pattern;
   const int wg = threadIdx.x / 128, t = threadIdx.x % 128, warp = t / 32, lane = t % 32;
-  const int64_t b = blockIdx.z, hk = blockIdx.y, j0 = int64_t{blockIdx.x} * kBN, j1 = min(j0 + kBN, pat.sk);
+  // The block's (batch, kv head) pair and key block: groups of group_pairs pairs (whose Q, dO and
+  // dQ workspace fit in L2 together) one after the other, each walking its key blocks across its
+  // pairs: the first key blocks first (with causal, the most query tiles: longest first); in
+  // deterministic mode the last ones first, which reach each query tile first (see rank).
+  const int blocks = static_cast<int>((pat.sk + kBN - 1) / kBN);
+  int pair, kblock;
+  cuda::grouped_tile(static_cast<int>(blockIdx.x), group_pairs, static_cast<int>(p.batch * p.kv_heads), blocks, false,
+                     pair, kblock);
+  if (a.dq_semaphore) kblock = blocks - 1 - kblock;
+  const int64_t b = pair / p.kv_heads, hk = pair % p.kv_heads, j0 = int64_t{kblock} * kBN, j1 = min(j0 + kBN, pat.sk);
   const int64_t group = p.heads / p.kv_heads;
   if (threadIdx.x == 0) {
     cuda::mbar_init(smem_addr(bar_kv), 1);
-    for (int s = 0; s < kStages; ++s) {
-      cuda::mbar_init(smem_addr(&full[s]), 1);
-      cuda::mbar_init(smem_addr(&empty[s]), 2);
-    }
+    pipe.init(2);  // one arrival per consumer warpgroup
     cuda::fence_mbarrier_init();
   }
   __syncthreads();
-  QueryWalk<kBM> walk(pat, b, j0, j1);
 
-  if (wg == 0) {  // producer
+  if (wg == 0) {
     cuda::setmaxnreg_dec<24>();
-    if (warp != 0) return;
-    if (lane == 0) {
-      cuda::mbar_arrive_expect_tx(smem_addr(bar_kv), 2 * Tr::kKBytes);
+    if (warp == 0) {  // loads: K and V, then every visible (head, query tile), then the end
+      QueryWalk<kBM> walk(pat, b, j0, j1);
+      if (lane == 0) {
+        cuda::mbar_arrive_expect_tx(smem_addr(bar_kv), 2 * Tr::kKBytes);
 #pragma unroll
-      for (int pn = 0; pn < Tr::kPanels; ++pn) {
-        cuda::tma_load_4d(smem_addr(sK + pn * Tr::kKPanelBytes), &map_k, pn * 64, static_cast<int>(j0),
-                          static_cast<int>(hk), static_cast<int>(b), smem_addr(bar_kv));
-        cuda::tma_load_4d(smem_addr(sV + pn * Tr::kKPanelBytes), &map_v, pn * 64, static_cast<int>(j0),
-                          static_cast<int>(hk), static_cast<int>(b), smem_addr(bar_kv));
+        for (int pn = 0; pn < Tr::kPanels; ++pn) {
+          cuda::tma_load_4d(smem_addr(sK + pn * Tr::kKPanelBytes), &map_k, pn * 64, static_cast<int>(j0),
+                            static_cast<int>(hk), static_cast<int>(b), smem_addr(bar_kv));
+          cuda::tma_load_4d(smem_addr(sV + pn * Tr::kKPanelBytes), &map_v, pn * 64, static_cast<int>(j0),
+                            static_cast<int>(hk), static_cast<int>(b), smem_addr(bar_kv));
+        }
       }
-    }
-    int it = 0;
-    for (int64_t gi = 0; gi < group; ++gi) {
-      const int h = static_cast<int>(hk * group + gi);
-      const float* lse2 = a.lse2 + (b * p.heads + h) * a.lse2_ld;
-      const float* delta = a.delta + (b * p.heads + h) * a.lse2_ld;
-      TileClass tc;
-      for (int tile = walk.next(h, walk.begin, tc, lane); tile < walk.end; tile = walk.next(h, tile + 1, tc, lane), ++it) {
-        const int s = it % kStages;
-        if (lane == 0) {
-          cuda::mbar_wait(smem_addr(&empty[s]), ((it / kStages) & 1) ^ 1);
-          unsigned char* const st = sStages + s * Tr::kStageBytes;
-          const uint32_t bar = smem_addr(&full[s]);
-          cuda::mbar_arrive_expect_tx(bar, 2 * Tr::kQBytes + 2 * kBM * 4);
+      State wr;
+      for (int64_t gi = 0; gi < group; ++gi) {
+        const int h = static_cast<int>(hk * group + gi);
+        const float* lse2 = a.lse2 + (b * p.heads + h) * a.lse2_ld;
+        const float* delta = a.delta + (b * p.heads + h) * a.lse2_ld;
+        TileClass tc;
+        for (int tile = walk.next(h, walk.begin, tc, lane); tile < walk.end;
+             tile = walk.next(h, tile + 1, tc, lane), wr.advance()) {
+          if (lane == 0) {
+            pipe.producer_acquire(wr);
+            unsigned char* const st = sStages + wr.index * Tr::kStageBytes;
+            *reinterpret_cast<int4*>(st + kInfoOffset) = make_int4(tile, h, tile_class_bits(tc), 0);
+            const uint32_t bar = pipe.producer_commit(wr, 2 * Tr::kQBytes + 2 * kBM * 4);
 #pragma unroll
-          for (int pn = 0; pn < Tr::kPanels; ++pn) {
-            cuda::tma_load_4d(smem_addr(st + pn * Tr::kQPanelBytes), &map_q, pn * 64, tile * kBM, h,
-                              static_cast<int>(b), bar);
-            cuda::tma_load_4d(smem_addr(st + Tr::kQBytes + pn * Tr::kQPanelBytes), &map_do, pn * 64, tile * kBM, h,
-                              static_cast<int>(b), bar);
+            for (int pn = 0; pn < Tr::kPanels; ++pn) {
+              cuda::tma_load_4d(smem_addr(st + pn * Tr::kQPanelBytes), &map_q, pn * 64, tile * kBM, h,
+                                static_cast<int>(b), bar);
+              cuda::tma_load_4d(smem_addr(st + Tr::kQBytes + pn * Tr::kQPanelBytes), &map_do, pn * 64, tile * kBM, h,
+                                static_cast<int>(b), bar);
+            }
+            cuda::bulk_load(smem_addr(st + 2 * Tr::kQBytes), lse2 + tile * kBM, kBM * 4, bar);
+            cuda::bulk_load(smem_addr(st + 2 * Tr::kQBytes + kBM * 4), delta + tile * kBM, kBM * 4, bar);
           }
-          cuda::bulk_load(smem_addr(st + 2 * Tr::kQBytes), lse2 + tile * kBM, kBM * 4, bar);
-          cuda::bulk_load(smem_addr(st + 2 * Tr::kQBytes + kBM * 4), delta + tile * kBM, kBM * 4, bar);
+          __syncwarp();
+        }
+      }
+      if (lane == 0) {  // the end: a stage with no tile (an arrival without bytes)
+        pipe.producer_acquire(wr);
+        *reinterpret_cast<int4*>(sStages + wr.index * Tr::kStageBytes + kInfoOffset) = make_int4(-1, 0, 0, 0);
+        cuda::mbar_arrive(smem_addr(&pipe.full[wr.index]));
+      }
+    } else if (warp == 1) {  // dQ: shared memory -> the workspace, one part a warpgroup, until the end
+#pragma unroll
+      for (int c = 0; c < 2; ++c) cuda::named_barrier_arrive<160>(kBwdBarDQEmpty + c);  // both buffers free
+      for (;;) {
+        cuda::named_barrier_sync<160>(kBwdBarDQFull);
+        const int tile = dq_info[0].tile, h = dq_info[0].head;
+        if (tile < 0) {
+          cuda::named_barrier_sync<160>(kBwdBarDQFull + 1);  // (warpgroup 2's end)
+          break;
+        }
+        float* const dst = a.dq_accum + dq_tile_offset<Tr>(a, b, h, tile);
+        int* const sem = a.dq_semaphore ? a.dq_semaphore + (b * p.heads + h) * (a.lse2_ld / kBM) + tile : nullptr;
+        if (sem) {  // deterministic: this block adds after every later key block that sees the tile
+          const int turn = QueryWalk<kBM>(pat, b, j0, j1).template rank<kBN>(h, tile, kblock, blocks, lane);
+          if (lane == 0) {
+            while (cuda::ld_acquire_gpu(sem) != turn) {
+            }
+            cuda::fence_proxy_async_global();
+          }
+          __syncwarp();
+        }
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          if (c == 1) cuda::named_barrier_sync<160>(kBwdBarDQFull + 1);
+          if (lane == 0) {
+            cuda::bulk_reduce_add_f32(dst + c * Tr::kDQPartFloats, smem_addr(sDQ + c * Tr::kDQPartBytes),
+                                      Tr::kDQPartBytes);
+            cuda::bulk_commit_group();
+            cuda::bulk_wait_group_read();
+          }
+          __syncwarp();
+          cuda::named_barrier_arrive<160>(kBwdBarDQEmpty + c);
+        }
+        if (sem && lane == 0) {  // the next block's turn once both additions are complete
+          cuda::bulk_wait_group();
+          cuda::fence_proxy_async_global();
+          cuda::red_release_gpu_add(sem, 1);
         }
         __syncwarp();
       }
+      if (lane == 0) cuda::bulk_wait_group();
     }
     return;
   }
 
   cuda::setmaxnreg_inc<240>();
-  const int half = wg - 1, t4 = lane % 4;
+  const int half = wg - 1, g = lane / 4, t4 = lane % 4;
   const int64_t key0 = j0 + half * 64 + warp * 16;  // this warp's first key
+  // This warpgroup's part of a tile's dQ: query rows 64 mrow.., head-dim columns 64 ncol...
+  const int mrow = Tr::kDQSplitD ? 0 : half, ncol = Tr::kDQSplitD ? half : 0;
   float dk[kDT][4], dv[kDT][4];
 #pragma unroll
   for (int n = 0; n < kDT; ++n) {
@@ -131,68 +243,107 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   cuda::mbar_wait(smem_addr(bar_kv), 0);
   const unsigned char* k_rows = sK + half * 64 * 128;
   const unsigned char* v_rows = sV + half * 64 * 128;
-  int it = 0;
-  for (int64_t gi = 0; gi < group; ++gi) {
-    const int64_t h = hk * group + gi;
-    TileClass tc;
-    for (int tile = walk.next(h, walk.begin, tc, lane); tile < walk.end; ++it) {
-      const int s = it % kStages;
-      const unsigned char* sQ = sStages + s * Tr::kStageBytes;
-      const unsigned char* sdO = sQ + Tr::kQBytes;
-      const float* lse2s = reinterpret_cast<const float*>(sQ + 2 * Tr::kQBytes);
-      const float* deltas = lse2s + kBM;
-      float st[kMT][4], dpt[kMT][4];
-      cuda::mbar_wait(smem_addr(&full[s]), (it / kStages) & 1);
-      cuda::wgmma_fence();
+  for (State rd;; rd.advance()) {
+    const unsigned char* sQ = sStages + rd.index * Tr::kStageBytes;
+    const unsigned char* sdO = sQ + Tr::kQBytes;
+    const float* lse2s = reinterpret_cast<const float*>(sQ + 2 * Tr::kQBytes);
+    const float* deltas = lse2s + kBM;
+    unsigned char* const ds = sDS + (rd.count & 1) * Tr::kDSBytes;
+    pipe.consumer_wait(rd);
+    const int4 info = *reinterpret_cast<const int4*>(sQ + kInfoOffset);
+    const int tile = info.x;
+    if (tile < 0) break;
+    const int64_t h = info.y;
+    const TileClass tc = tile_class_from_bits(info.z);
+    float st[kMT][4], dpt[kMT][4];
+    cuda::wgmma_fence();
 #pragma unroll
-      for (int kk = 0; kk < kD / 16; ++kk) {
-        const int pn = kk / 4, off = (kk % 4) * 32;
-        cuda::Wgmma<T, kBM>::template mma<0>(&st[0][0], cuda::smem_desc_k_major(k_rows + pn * Tr::kKPanelBytes + off),
-                                             cuda::smem_desc_k_major(sQ + pn * Tr::kQPanelBytes + off), kk > 0);
-      }
-#pragma unroll
-      for (int kk = 0; kk < kD / 16; ++kk) {
-        const int pn = kk / 4, off = (kk % 4) * 32;
-        cuda::Wgmma<T, kBM>::template mma<0>(&dpt[0][0], cuda::smem_desc_k_major(v_rows + pn * Tr::kKPanelBytes + off),
-                                             cuda::smem_desc_k_major(sdO + pn * Tr::kQPanelBytes + off), kk > 0);
-      }
-      cuda::wgmma_commit();
-      cuda::wgmma_wait<0>();
-      cuda::fence_operands(st);
-      cuda::fence_operands(dpt);
-      TileClass tn_class;
-      const int tn = walk.next(h, tile + 1, tn_class, lane);
-
-      scores_log2(st, a);
-      if (tc.kind == BlockKind::kPartial) {
-        mask_tile<true, kBM>(st, pat, tc, b, h, key0, int64_t{tile} * kBM, lane);
-      }
-      score_grads_by_column(st, dpt, lse2s, deltas, a, t4);
-      uint32_t ap[kBM / 16][4], ads[kBM / 16][4];
-#pragma unroll
-      for (int kk = 0; kk < kBM / 16; ++kk) {
-        acc_to_a<T>(ap[kk], st, kk);
-        acc_to_a<T>(ads[kk], dpt, kk);
-      }
-      cuda::fence_operands(dv);
-      cuda::fence_operands(dk);
-      cuda::wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < kBM / 16; ++kk) {  // 16 queries = 16 rows of 128 bytes of dO and Q
-        cuda::WgmmaRS<T, kD>::template mma<1>(&dv[0][0], ap[kk],
-                                              cuda::smem_desc_mn_major(sdO + kk * 2048, Tr::kQPanelBytes), 1);
-        cuda::WgmmaRS<T, kD>::template mma<1>(&dk[0][0], ads[kk],
-                                              cuda::smem_desc_mn_major(sQ + kk * 2048, Tr::kQPanelBytes), 1);
-      }
-      cuda::wgmma_commit();
-      cuda::wgmma_wait<0>();
-      cuda::fence_operands(dv);
-      cuda::fence_operands(dk);
-      if (t == 0) cuda::mbar_arrive(smem_addr(&empty[s]));
-      tile = tn;
-      tc = tn_class;
+    for (int kk = 0; kk < kD / 16; ++kk) {
+      const int pn = kk / 4, off = (kk % 4) * 32;
+      cuda::Wgmma<T, kBM>::template mma<0>(&st[0][0], cuda::smem_desc_k_major(k_rows + pn * Tr::kKPanelBytes + off),
+                                           cuda::smem_desc_k_major(sQ + pn * Tr::kQPanelBytes + off), kk > 0);
     }
+    cuda::wgmma_commit();
+#pragma unroll
+    for (int kk = 0; kk < kD / 16; ++kk) {
+      const int pn = kk / 4, off = (kk % 4) * 32;
+      cuda::Wgmma<T, kBM>::template mma<0>(&dpt[0][0], cuda::smem_desc_k_major(v_rows + pn * Tr::kKPanelBytes + off),
+                                           cuda::smem_desc_k_major(sdO + pn * Tr::kQPanelBytes + off), kk > 0);
+    }
+    cuda::wgmma_commit();
+    cuda::wgmma_wait<1>();  // S^T (dP^T still running)
+    cuda::fence_operands(st);
+    scores_log2(st, a);
+    if (tc.kind == BlockKind::kPartial) {
+      mask_tile<true, kBM>(st, pat, tc, b, h, key0, int64_t{tile} * kBM, lane);
+    }
+    probs_by_column(st, lse2s, t4);
+    cuda::wgmma_wait<0>();
+    cuda::fence_operands(dpt);
+    score_grads_from_probs(st, dpt, lse2s, deltas, a, t4);
+    uint32_t ap[kBM / 16][4], ads[kBM / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < kBM / 16; ++kk) {
+      acc_to_a<T>(ap[kk], st, kk);
+      acc_to_a<T>(ads[kk], dpt, kk);
+    }
+    // dS^T rows (this warpgroup's 64 keys) into shared memory: A fragment word i of ads[kk] holds
+    // row g + 8 (i % 2), columns 8 (2 kk + i / 2) + 2 t4 and + 1.
+#pragma unroll
+    for (int kk = 0; kk < kBM / 16; ++kk) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int row = half * 64 + warp * 16 + g + 8 * (i % 2), n = 2 * kk + i / 2;
+        cuda::st_shared_u32(
+            smem_addr(ds + (n / 8) * Tr::kDSPanelBytes + row * 128 + cuda::swizzle128_chunk(row, n % 8) * 16 + t4 * 4),
+            ads[kk][i]);
+      }
+    }
+    cuda::fence_operands(dv);
+    cuda::wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kBM / 16; ++kk) {  // 16 queries = 16 rows of 128 bytes of dO
+      cuda::WgmmaRS<T, kD>::template mma<1>(&dv[0][0], ap[kk], cuda::smem_desc_mn_major(sdO + kk * 2048, Tr::kQPanelBytes),
+                                            1);
+    }
+    cuda::wgmma_commit();
+    cuda::fence_proxy_async_shared();  // the dS^T stores, before wgmma reads them
+    cuda::named_barrier_sync<256>(kBwdBarDS);
+    float dq[8][4];
+    cuda::wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kBN / 16; ++kk) {  // 16 keys = 16 rows of 128 bytes of dS^T and K
+      cuda::Wgmma<T, 64>::template mma<1, 1>(
+          &dq[0][0], cuda::smem_desc_mn_major(ds + mrow * Tr::kDSPanelBytes + kk * 2048, Tr::kDSPanelBytes),
+          cuda::smem_desc_mn_major(sK + ncol * Tr::kKPanelBytes + kk * 2048, Tr::kKPanelBytes), kk > 0);
+    }
+    cuda::wgmma_commit();
+    cuda::fence_operands(dk);
+    cuda::wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kBM / 16; ++kk) {  // 16 queries = 16 rows of 128 bytes of Q
+      cuda::WgmmaRS<T, kD>::template mma<1>(&dk[0][0], ads[kk], cuda::smem_desc_mn_major(sQ + kk * 2048, Tr::kQPanelBytes),
+                                            1);
+    }
+    cuda::wgmma_commit();
+    cuda::wgmma_wait<1>();  // dV and dQ (dK still running)
+    cuda::fence_operands(dq);
+    cuda::named_barrier_sync<160>(kBwdBarDQEmpty + half);
+    float4* const dq_part = reinterpret_cast<float4*>(sDQ + half * Tr::kDQPartBytes);
+#pragma unroll
+    for (int n = 0; n < 8; ++n) dq_part[n * 128 + t] = make_float4(dq[n][0], dq[n][1], dq[n][2], dq[n][3]);
+    if (t == 0) dq_info[half] = BwdTileInfo{tile, static_cast<int>(h), 0, 0};
+    cuda::fence_proxy_async_shared();  // before the bulk reduction reads them
+    cuda::named_barrier_arrive<160>(kBwdBarDQFull + half);
+    cuda::wgmma_wait<0>();
+    cuda::fence_operands(dv);
+    cuda::fence_operands(dk);
+    if (t == 0) pipe.consumer_release(rd);
   }
+  // The end, for warp 1 (after its last read of this warpgroup's buffer).
+  cuda::named_barrier_sync<160>(kBwdBarDQEmpty + half);
+  if (t == 0) dq_info[half] = BwdTileInfo{-1, 0, 0, 0};
+  cuda::named_barrier_arrive<160>(kBwdBarDQFull + half);
 
   // dK and dV through this warpgroup's own rows of the K and V tiles (16-byte stores).
   const float one[2] = {1.f, 1.f};
@@ -208,217 +359,68 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
 #endif
 }
 
-template <int kD_, int kBlockN_, int kStages_>
-struct HopperBwdQTraits {
-  static constexpr int kD = kD_, kBlockM = 128, kBlockN = kBlockN_, kStages = kStages_;
-  static constexpr int kThreads = 384;
-  static constexpr int kPanels = kD / 64;
-  static constexpr int kQPanelBytes = kBlockM * 128, kKVPanelBytes = kBlockN * 128;
-  static constexpr int kQBytes = kPanels * kQPanelBytes, kKVBytes = kPanels * kKVPanelBytes;
-  static constexpr int kStageBytes = 2 * kKVBytes;  // K then V
-  static constexpr int kSmemBytes = 1024 + 2 * kQBytes + kStages * kStageBytes + (1 + 2 * kStages) * 8;
-  static_assert(kSmemBytes <= 227 * 1024, "shared memory");
-};
-using HopperBwdQTraitsD64 = HopperBwdQTraits<64, 128, 3>;
-using HopperBwdQTraitsD128 = HopperBwdQTraits<128, 128, 2>;
-
+// dQ from the workspace: one block of 128 threads per 64 x 64 part (thread t reads its 8 float4s,
+// consecutive threads consecutive vectors, and writes its value pairs as T).
 template <typename Tr, typename T>
-__global__ void __launch_bounds__(Tr::kThreads, 1)
-    attention_bwd_q_hopper_kernel(const __grid_constant__ CUtensorMap map_q, const __grid_constant__ CUtensorMap map_k,
-                                  const __grid_constant__ CUtensorMap map_v, const __grid_constant__ CUtensorMap map_do,
-                                  const AttentionCudaArgs a) {
-#ifdef OPFORGE_ATTENTION_BWD_WGMMA_DEVICE
-  constexpr int kD = Tr::kD, kBM = Tr::kBlockM, kBN = Tr::kBlockN, kStages = Tr::kStages;
-  constexpr int kNT = kBN / 8, kDT = kD / 8;
-  using cuda::smem_addr;
-  extern __shared__ unsigned char smem_raw[];
-  unsigned char* smem = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
-  unsigned char* const sQ = smem;
-  unsigned char* const sdO = smem + Tr::kQBytes;
-  unsigned char* const sKV = sdO + Tr::kQBytes;
-  uint64_t* bars = reinterpret_cast<uint64_t*>(sKV + kStages * Tr::kStageBytes);
-  uint64_t* const bar_q = bars;
-  uint64_t* const full = bars + 1;
-  uint64_t* const empty = full + kStages;
+__global__ void __launch_bounds__(128) attention_bwd_hopper_dq_kernel(const AttentionCudaArgs a) {
   const AttentionParams& p = a.g.fwd;
-  const AttentionPattern& pat = p.pattern;
-  const int wg = threadIdx.x / 128, t = threadIdx.x % 128, warp = t / 32, lane = t % 32;
-  const int64_t b = blockIdx.z, h = blockIdx.y;
-  const int64_t qb = gridDim.x - 1 - blockIdx.x;
-  const int64_t i0 = qb * kBM, i1 = min(i0 + kBM, pat.sq);
-  if (threadIdx.x == 0) {
-    cuda::mbar_init(smem_addr(bar_q), 1);
-    for (int s = 0; s < kStages; ++s) {
-      cuda::mbar_init(smem_addr(&full[s]), 1);
-      cuda::mbar_init(smem_addr(&empty[s]), 2);
+  const int64_t parts = a.lse2_ld / Tr::kBlockM * 2;  // per (b, h)
+  const int64_t bh = blockIdx.x / parts, rem = blockIdx.x % parts, tile = rem / 2;
+  const int c = static_cast<int>(rem % 2);
+  const int64_t b = bh / p.heads, h = bh % p.heads;
+  const int t = threadIdx.x, warp = t / 32, lane = t % 32, g = lane / 4, t4 = lane % 4;
+  const float4* src =
+      reinterpret_cast<const float4*>(a.dq_accum + dq_tile_offset<Tr>(a, b, h, tile) + c * Tr::kDQPartFloats);
+  const int64_t row0 = tile * Tr::kBlockM + (Tr::kDQSplitD ? 0 : c * 64) + warp * 16 + g;
+  const int col0 = (Tr::kDQSplitD ? c * 64 : 0) + 2 * t4;
+  T* dq = static_cast<T*>(a.g.dq) + b * a.g.dq_bs + h * a.g.dq_hs;
+  const int64_t sq = p.pattern.sq;
+#pragma unroll
+  for (int n = 0; n < 8; ++n) {
+    const float4 v = src[n * 128 + t];
+    if (row0 < sq) *reinterpret_cast<uint32_t*>(dq + row0 * a.g.dq_ss + col0 + 8 * n) = cuda::pack2<T>(v.x, v.y);
+    if (row0 + 8 < sq) {
+      *reinterpret_cast<uint32_t*>(dq + (row0 + 8) * a.g.dq_ss + col0 + 8 * n) = cuda::pack2<T>(v.z, v.w);
     }
-    cuda::fence_mbarrier_init();
   }
-  __syncthreads();
-  KeyWalk<kBN, kD, 32, T> walk(p, b, h, i0, i1);
-
-  if (wg == 0) {  // producer
-    cuda::setmaxnreg_dec<24>();
-    if (warp != 0) return;
-    const int hk = static_cast<int>(h / (p.heads / p.kv_heads));
-    if (lane == 0) {
-      cuda::mbar_arrive_expect_tx(smem_addr(bar_q), 2 * Tr::kQBytes);
-#pragma unroll
-      for (int pn = 0; pn < Tr::kPanels; ++pn) {
-        cuda::tma_load_4d(smem_addr(sQ + pn * Tr::kQPanelBytes), &map_q, pn * 64, static_cast<int>(i0),
-                          static_cast<int>(h), static_cast<int>(b), smem_addr(bar_q));
-        cuda::tma_load_4d(smem_addr(sdO + pn * Tr::kQPanelBytes), &map_do, pn * 64, static_cast<int>(i0),
-                          static_cast<int>(h), static_cast<int>(b), smem_addr(bar_q));
-      }
-    }
-    TileClass tc;
-    int it = 0;
-    for (int tile = walk.next(walk.begin, tc, lane); tile < walk.end; tile = walk.next(tile + 1, tc, lane), ++it) {
-      const int s = it % kStages;
-      if (lane == 0) {
-        cuda::mbar_wait(smem_addr(&empty[s]), ((it / kStages) & 1) ^ 1);
-        unsigned char* const st = sKV + s * Tr::kStageBytes;
-        const uint32_t bar = smem_addr(&full[s]);
-        cuda::mbar_arrive_expect_tx(bar, 2 * Tr::kKVBytes);
-#pragma unroll
-        for (int pn = 0; pn < Tr::kPanels; ++pn) {
-          cuda::tma_load_4d(smem_addr(st + pn * Tr::kKVPanelBytes), &map_k, pn * 64, tile * kBN, hk,
-                            static_cast<int>(b), bar);
-          cuda::tma_load_4d(smem_addr(st + Tr::kKVBytes + pn * Tr::kKVPanelBytes), &map_v, pn * 64, tile * kBN, hk,
-                            static_cast<int>(b), bar);
-        }
-      }
-      __syncwarp();
-    }
-    return;
-  }
-
-  cuda::setmaxnreg_inc<240>();
-  const int half = wg - 1, g = lane / 4;
-  const int64_t row0 = i0 + half * 64 + warp * 16;
-  float lse2[2], delta[2];
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int64_t i = row0 + g + 8 * r, row = (b * p.heads + h) * a.lse2_ld + (i < pat.sq ? i : 0);
-    lse2[r] = a.lse2[row];
-    delta[r] = a.delta[row];
-  }
-  float dq[kDT][4];
-#pragma unroll
-  for (int n = 0; n < kDT; ++n) dq[n][0] = dq[n][1] = dq[n][2] = dq[n][3] = 0.f;
-  cuda::mbar_wait(smem_addr(bar_q), 0);
-  const unsigned char* q_rows = sQ + half * 64 * 128;
-  const unsigned char* do_rows = sdO + half * 64 * 128;
-  TileClass tc;
-  int it = 0;
-  for (int tile = walk.next(walk.begin, tc, lane); tile < walk.end; ++it) {
-    const int s = it % kStages;
-    const unsigned char* sK = sKV + s * Tr::kStageBytes;
-    const unsigned char* sV = sK + Tr::kKVBytes;
-    float sc[kNT][4], dp[kNT][4];
-    cuda::mbar_wait(smem_addr(&full[s]), (it / kStages) & 1);
-    cuda::wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < kD / 16; ++kk) {
-      const int pn = kk / 4, off = (kk % 4) * 32;
-      cuda::Wgmma<T, kBN>::template mma<0>(&sc[0][0], cuda::smem_desc_k_major(q_rows + pn * Tr::kQPanelBytes + off),
-                                           cuda::smem_desc_k_major(sK + pn * Tr::kKVPanelBytes + off), kk > 0);
-    }
-#pragma unroll
-    for (int kk = 0; kk < kD / 16; ++kk) {
-      const int pn = kk / 4, off = (kk % 4) * 32;
-      cuda::Wgmma<T, kBN>::template mma<0>(&dp[0][0], cuda::smem_desc_k_major(do_rows + pn * Tr::kQPanelBytes + off),
-                                           cuda::smem_desc_k_major(sV + pn * Tr::kKVPanelBytes + off), kk > 0);
-    }
-    cuda::wgmma_commit();
-    uint32_t mask_rows[2];  // a partial block-mask tile's bits, read while S and dP are computed
-    if (tc.mask) mask_rows_ahead<kBN>(pat, b, h, row0, int64_t{tile} * kBN, lane, mask_rows);
-    cuda::wgmma_wait<0>();
-    cuda::fence_operands(sc);
-    cuda::fence_operands(dp);
-    TileClass tn_class;
-    const int tn = walk.next(tile + 1, tn_class, lane);
-
-    scores_log2(sc, a);
-    if (tc.kind == BlockKind::kPartial) {
-      mask_tile<false, kBN>(sc, pat, tc, b, h, row0, int64_t{tile} * kBN, lane, mask_rows);
-    }
-    score_grads_by_row(sc, dp, lse2, delta, a);
-    uint32_t ads[kBN / 16][4];
-#pragma unroll
-    for (int kk = 0; kk < kBN / 16; ++kk) acc_to_a<T>(ads[kk], dp, kk);
-    cuda::fence_operands(dq);
-    cuda::wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < kBN / 16; ++kk) {  // 16 keys = 16 rows of 128 bytes of K
-      cuda::WgmmaRS<T, kD>::template mma<1>(&dq[0][0], ads[kk],
-                                            cuda::smem_desc_mn_major(sK + kk * 2048, Tr::kKVPanelBytes), 1);
-    }
-    cuda::wgmma_commit();
-    cuda::wgmma_wait<0>();
-    cuda::fence_operands(dq);
-    if (t == 0) cuda::mbar_arrive(smem_addr(&empty[s]));
-    tile = tn;
-    tc = tn_class;
-  }
-
-  // dQ through this warpgroup's own rows of the Q tile (16-byte stores).
-  const float one[2] = {1.f, 1.f};
-  store_accumulator_rows<kD, T>(dq, one, sQ + half * 64 * 128, Tr::kQPanelBytes,
-                                static_cast<T*>(a.g.dq) + b * a.g.dq_bs + h * a.g.dq_hs, a.g.dq_ss, i0 + half * 64,
-                                pat.sq, t, 1 + half);
-#else
-  __trap();
-#endif
 }
 
 // ---- launch ---------------------------------------------------------------------------------
 
 template <typename Tr, typename T>
-cudaError_t launch_hopper_bwd_kv(const AttentionCudaArgs& a, cudaStream_t stream) {
+cudaError_t launch_hopper_bwd(const AttentionCudaArgs& a, cudaStream_t stream) {
   static signed char state[64] = {};
-  const cudaError_t err = prepare_hopper(attention_bwd_kv_hopper_kernel<Tr, T>, Tr::kSmemBytes, state);
+  const cudaError_t err = prepare_hopper(attention_bwd_hopper_kernel<Tr, T>, Tr::kSmemBytes, state);
   if (err != cudaSuccess) return err;
   CUtensorMap mq, mk, mv, mdo;
   if (!make_attention_maps(a, Tr::kD, Tr::kBlockM, Tr::kBlockN, &mq, &mk, &mv, &mdo)) return cudaErrorInvalidValue;
   const AttentionParams& p = a.g.fwd;
-  const dim3 grid(static_cast<unsigned>((p.pattern.sk + Tr::kBlockN - 1) / Tr::kBlockN),
-                  static_cast<unsigned>(p.kv_heads), static_cast<unsigned>(p.batch));
-  attention_bwd_kv_hopper_kernel<Tr, T><<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(mq, mk, mv, mdo, a);
+  const int64_t parts = p.batch * p.heads * (a.lse2_ld / Tr::kBlockM) * 2;
+  const int64_t pairs = p.batch * p.kv_heads, blocks = (p.pattern.sk + Tr::kBlockN - 1) / Tr::kBlockN;
+  if (a.dq_accum == nullptr || a.lse2_ld % Tr::kBlockM != 0 || parts > 0x7fffffff || pairs * blocks > 0x7fffffff) {
+    return cudaErrorInvalidValue;
+  }
+  // Pairs a group: what one pair's blocks read and add into (Q, dO, the dQ workspace of its GQA group
+  // of heads) times the group within about half of the H100/H200's 50 MB L2.
+  const int64_t pair_bytes = (p.heads / p.kv_heads) * p.pattern.sq * Tr::kD * (2 + 2 + 4);
+  const int group_pairs = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(pairs, (24 << 20) / std::max<int64_t>(pair_bytes, 1))));
+  attention_bwd_hopper_kernel<Tr, T><<<static_cast<unsigned>(pairs * blocks), Tr::kThreads, Tr::kSmemBytes, stream>>>(
+      mq, mk, mv, mdo, a, group_pairs);
+  cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) return e;
+  attention_bwd_hopper_dq_kernel<Tr, T><<<static_cast<unsigned>(parts), 128, 0, stream>>>(a);
   return cudaGetLastError();
 }
 
-template <typename Tr, typename T>
-cudaError_t launch_hopper_bwd_q(const AttentionCudaArgs& a, cudaStream_t stream) {
-  static signed char state[64] = {};
-  const cudaError_t err = prepare_hopper(attention_bwd_q_hopper_kernel<Tr, T>, Tr::kSmemBytes, state);
-  if (err != cudaSuccess) return err;
-  CUtensorMap mq, mk, mv, mdo;
-  if (!make_attention_maps(a, Tr::kD, Tr::kBlockM, Tr::kBlockN, &mq, &mk, &mv, &mdo)) return cudaErrorInvalidValue;
-  const AttentionParams& p = a.g.fwd;
-  const dim3 grid(static_cast<unsigned>((p.pattern.sq + Tr::kBlockM - 1) / Tr::kBlockM),
-                  static_cast<unsigned>(p.heads), static_cast<unsigned>(p.batch));
-  attention_bwd_q_hopper_kernel<Tr, T><<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(mq, mk, mv, mdo, a);
-  return cudaGetLastError();
-}
-
-template <typename Tr, template <typename, typename> class Launch>
-int run_hopper_pass(const AttentionCudaArgs& a, void* stream) {
+template <typename Tr>
+int run_hopper_bwd(const AttentionCudaArgs& a, void* stream) {
   const auto s = static_cast<cudaStream_t>(stream);
   switch (a.g.fwd.dtype) {
-    case DType::kBFloat16: return Launch<Tr, __nv_bfloat16>::run(a, s);
-    case DType::kFloat16: return Launch<Tr, __half>::run(a, s);
+    case DType::kBFloat16: return launch_hopper_bwd<Tr, __nv_bfloat16>(a, s);
+    case DType::kFloat16: return launch_hopper_bwd<Tr, __half>(a, s);
     default: return cudaErrorInvalidValue;
   }
 }
-template <typename Tr, typename T>
-struct LaunchBwdKV {
-  static cudaError_t run(const AttentionCudaArgs& a, cudaStream_t s) { return launch_hopper_bwd_kv<Tr, T>(a, s); }
-};
-template <typename Tr, typename T>
-struct LaunchBwdQ {
-  static cudaError_t run(const AttentionCudaArgs& a, cudaStream_t s) { return launch_hopper_bwd_q<Tr, T>(a, s); }
-};
 
 }  // namespace attention_cuda
 }  // namespace opforge

@@ -39,6 +39,10 @@ __global__ void __launch_bounds__(256) attention_bwd_prep_kernel(const Attention
   }
 #pragma unroll
   for (int off = kLanes / 2; off > 0; off /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, off);
+  if (a.dq_accum && row < rows) {  // the Hopper backward's dQ workspace: row's kD values
+    float4* z = reinterpret_cast<float4*>(a.dq_accum + row * kD + c * 8);
+    z[0] = z[1] = make_float4(0.f, 0.f, 0.f, 0.f);
+  }
   if (row < rows && c == 0) {
     // Padding rows (i >= Sq): P = 0 (lse2 +inf), delta 0.
     const int64_t src = bh * sq + i;

@@ -2,11 +2,13 @@
 // `variant`, or "auto"'s rule; never a fallback after a failed launch) -> operands in a form it reads
 // (head dim zero-padded to the kernel's 64 / 128 / 256, a contiguous copy only of rows it cannot
 // read) -> the forward kernel, or the backward's prep, dK/dV and dQ passes, on the current stream.
+#include <ATen/Context.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <ATen/ops/cat.h>
 #include <ATen/ops/constant_pad_nd.h>
 #include <ATen/ops/stack.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <cuda_runtime.h>
 #include <torch/library.h>
@@ -36,12 +38,10 @@ int run_attention_bwd_cuda(const AttentionCudaArgs& a, int head_dim, AttentionKe
   if (err != cudaSuccess) return err;
   if (kernel == AttentionKernel::kHopper) {  // (the rule offers it at head dims 64 and 128)
     switch (head_dim) {
-      case 64: err = run_attention_bwd_hopper_kv_d64(a, stream); break;
-      case 128: err = run_attention_bwd_hopper_kv_d128(a, stream); break;
+      case 64: return run_attention_bwd_hopper_d64(a, stream);
+      case 128: return run_attention_bwd_hopper_d128(a, stream);
       default: return cudaErrorInvalidValue;
     }
-    if (err != cudaSuccess) return err;
-    return head_dim == 64 ? run_attention_bwd_hopper_q_d64(a, stream) : run_attention_bwd_hopper_q_d128(a, stream);
   }
   switch (head_dim) {
     case 64: err = run_attention_bwd_kv_d64(a, stream); break;
@@ -198,7 +198,7 @@ std::tuple<at::Tensor, at::Tensor> attention_cuda(const at::Tensor& q, const at:
                                                   const std::optional<at::Tensor>& mask_index,
                                                   const std::optional<at::Tensor>& mask_bits, int64_t block_q,
                                                   int64_t block_k, const std::optional<at::Tensor>& kv_lens,
-                                                  c10::string_view variant) {
+                                                  c10::string_view variant, std::optional<bool> /*deterministic*/) {
   constexpr const char* op = "opforge.attention";
   AttentionPatternArgs args = attention_pattern_args(causal, window_left, window_right, prefix_len, q_segments,
                                                      kv_segments, mask_kinds, mask_index, mask_bits, block_q, block_k);
@@ -250,7 +250,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_cuda(
     int64_t window_left, int64_t window_right, int64_t prefix_len, const std::optional<at::Tensor>& q_segments,
     const std::optional<at::Tensor>& kv_segments, const std::optional<at::Tensor>& mask_kinds,
     const std::optional<at::Tensor>& mask_index, const std::optional<at::Tensor>& mask_bits, int64_t block_q,
-    int64_t block_k, c10::string_view variant) {
+    int64_t block_k, c10::string_view variant, std::optional<bool> deterministic) {
   constexpr const char* op = "opforge.attention_backward";
   const AttentionPatternArgs args = attention_pattern_args(causal, window_left, window_right, prefix_len, q_segments,
                                                            kv_segments, mask_kinds, mask_index, mask_bits, block_q,
@@ -274,10 +274,22 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_cuda(
   add_segment_blocks(plan);
   AttentionCudaArgs a = cuda_args(plan.params);
   a.g = attention_grad_params(plan.params, gk, grad_lse_c, dq_k, dk_k, dv_k);
-  a.lse2_ld = (q.size(2) + 63) / 64 * 64;
+  a.lse2_ld = (q.size(2) + 127) / 128 * 128;
   at::Tensor scratch = at::empty({2, q.size(0), q.size(1), a.lse2_ld}, q.options().dtype(at::kFloat));
   a.lse2 = scratch[0].data_ptr<float>();
   a.delta = scratch[1].data_ptr<float>();
+  at::Tensor dq_accum;  // (zeroed by the prep kernel)
+  if (kernel == AttentionKernel::kHopper) {
+    dq_accum = at::empty({q.size(0), q.size(1), a.lse2_ld, kd}, q.options().dtype(at::kFloat));
+    a.dq_accum = dq_accum.data_ptr<float>();
+  }
+  // The Hopper kernel adds dQ in any order unless asked (None: as torch.use_deterministic_algorithms
+  // says); the mma.sync passes are deterministic by construction.
+  at::Tensor dq_semaphore;
+  if (kernel == AttentionKernel::kHopper && deterministic.value_or(at::globalContext().deterministicAlgorithms())) {
+    dq_semaphore = at::zeros({q.size(0), q.size(1), a.lse2_ld / 64}, q.options().dtype(at::kInt));
+    a.dq_semaphore = dq_semaphore.data_ptr<int>();
+  }
   check_launch(op, run_attention_bwd_cuda(a, static_cast<int>(kd), kernel, at::cuda::getCurrentCUDAStream().stream()));
   if (kd != d) {
     dq.copy_(dq_k.narrow(3, 0, d));

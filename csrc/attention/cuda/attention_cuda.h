@@ -24,7 +24,13 @@ struct AttentionCudaArgs {
   // rowsum(dO * O) - grad_lse.
   float* lse2 = nullptr;
   float* delta = nullptr;
-  int64_t lse2_ld = 0;  // their row length: Sq rounded up to 64 (padding rows: lse2 +inf, delta 0)
+  int64_t lse2_ld = 0;  // their row length: Sq rounded up to 128 (padding rows: lse2 +inf, delta 0)
+  // The Hopper backward's dQ workspace, (B, Hq, lse2_ld, head_dim) float32 (the prep kernel zeroes
+  // it), or null for the mma.sync passes.
+  float* dq_accum = nullptr;
+  // Deterministic mode of the Hopper backward: (B, Hq, lse2_ld / its query tile) zeroed counters
+  // that order the dQ additions; null: additions in any order (fast).
+  int* dq_semaphore = nullptr;
 };
 
 // The decode path's split (attention_decode_kernel.cuh). Each (batch, kv head) spreads the 64-key
@@ -68,7 +74,8 @@ inline DecodeSplit decode_split(const AttentionParams& p, int64_t slots) {
 // binary has no sm_80+ code for this GPU).
 // The forward on `kernel` (kHopper or kMmaSync, as the rule chose).
 int run_attention_fwd_cuda(const AttentionCudaArgs& a, int head_dim, AttentionKernel kernel, void* stream);
-// The backward: prep, then the dK/dV and dQ passes on `kernel` (kHopper: head dims 64 and 128).
+// The backward: prep, then on `kernel` the one-pass kernel and its dQ conversion (kHopper: head
+// dims 64 and 128), or the dK/dV and dQ passes (kMmaSync).
 int run_attention_bwd_cuda(const AttentionCudaArgs& a, int head_dim, AttentionKernel kernel, void* stream);
 // cudaSuccess where this binary runs the Hopper kernels on the current GPU (sm_90a code on an sm_90
 // GPU), cudaErrorNoKernelImageForDevice where it does not.
@@ -78,11 +85,9 @@ int attention_hopper_status();
 int run_attention_fwd_hopper_d64(const AttentionCudaArgs& a, void* stream);
 int run_attention_fwd_hopper_d128(const AttentionCudaArgs& a, void* stream);
 int run_attention_fwd_hopper_d256(const AttentionCudaArgs& a, void* stream);
-// The Hopper backward passes (head dims 64 and 128), same return values.
-int run_attention_bwd_hopper_kv_d64(const AttentionCudaArgs& a, void* stream);
-int run_attention_bwd_hopper_kv_d128(const AttentionCudaArgs& a, void* stream);
-int run_attention_bwd_hopper_q_d64(const AttentionCudaArgs& a, void* stream);
-int run_attention_bwd_hopper_q_d128(const AttentionCudaArgs& a, void* stream);
+// The Hopper backward (head dims 64 and 128; needs a.dq_accum), same return values.
+int run_attention_bwd_hopper_d64(const AttentionCudaArgs& a, void* stream);
+int run_attention_bwd_hopper_d128(const AttentionCudaArgs& a, void* stream);
 int run_attention_fwd_d64(const AttentionCudaArgs& a, void* stream);
 int run_attention_fwd_d128(const AttentionCudaArgs& a, void* stream);
 int run_attention_fwd_d256(const AttentionCudaArgs& a, void* stream);

@@ -54,7 +54,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   constexpr int kNT = kBN / 8, kDT = kD / 8;
   using cuda::smem_addr;
   extern __shared__ unsigned char smem_raw[];
-  unsigned char* smem = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
+  unsigned char* smem = cuda::align_shared<1024>(smem_raw);
   unsigned char* const sQ = smem;
   unsigned char* const sKV = smem + Tr::kQBytes;
   uint64_t* bars = reinterpret_cast<uint64_t*>(sKV + kStages * Tr::kStageBytes);

@@ -239,6 +239,17 @@ __device__ __forceinline__ void query_tiles(const AttentionPattern& p, int64_t j
   end = hi <= lo ? begin : static_cast<int>((hi + kBlockM - 1) / kBlockM);
 }
 
+// Does key block [j0, j1) of batch row b see query tile `tile` (kBlockM queries) of head h? The
+// decision QueryWalk makes for each tile, for one tile (kv_range: the block's key segment ids).
+template <int kBlockM>
+__device__ __forceinline__ bool query_tile_visible(const AttentionPattern& pat, int64_t b, int64_t h, int64_t j0,
+                                                   int64_t j1, SegmentRange kv_range, int tile) {
+  const int64_t i0 = int64_t{tile} * kBlockM, i1 = min(i0 + kBlockM, pat.sq);
+  const SegmentRange qr =
+      pat.q_segments ? block_segment_range(pat.q_seg_blocks, pat.q_seg_nblocks, b, i0, i1) : SegmentRange{};
+  return classify(pat, b, h, i0, i1, j0, j1, qr, kv_range, false).kind != BlockKind::kEmpty;
+}
+
 // A key block [j0, j1) of batch row b walking, for one query head h at a time, the query tiles
 // (kBlockM queries) that see it: the next one with something visible (every warp finds the same,
 // 32 tiles classified at a time).
@@ -274,6 +285,30 @@ struct QueryWalk {
       from = chunk.first + 32;
     }
     return end;
+  }
+
+  // How many key blocks (of kBlockN keys) after block `block` (of `blocks`) see query tile `tile`
+  // of head h: this block's turn among them (the same decisions as their walks; every lane gets the
+  // count).
+  template <int kBlockN>
+  __device__ int rank(int64_t h, int tile, int block, int blocks, int lane) const {
+    int n = 0;
+    for (int base = block + 1; base < blocks; base += 32) {
+      const int kb = base + lane;
+      bool seen = false;
+      if (kb < blocks) {
+        const int64_t k0 = int64_t{kb} * kBlockN, k1 = min(k0 + kBlockN, pat.sk);
+        int qb, qe;
+        query_tiles<kBlockM>(pat, k0, k1, qb, qe);
+        if (tile >= qb && tile < qe) {
+          const SegmentRange kr =
+              pat.q_segments ? block_segment_range(pat.kv_seg_blocks, pat.kv_seg_nblocks, b, k0, k1) : SegmentRange{};
+          seen = query_tile_visible<kBlockM>(pat, b, h, k0, k1, kr, tile);
+        }
+      }
+      n += __popc(__ballot_sync(0xffffffffu, seen));
+    }
+    return n;
   }
 };
 
@@ -488,19 +523,34 @@ __device__ __forceinline__ float score_grad(float prob, float dp, float delta, f
 // The backward's P and dS of a warp's 16 x kN block from scores in the log2 domain: by columns
 // (the dK/dV passes: columns are queries, their lse2 and delta from shared memory; P stays in s)
 // or by rows (the dQ passes: the thread's two rows' lse2 and delta; only dS is kept, in dp).
+// By columns in two steps, so that P can be computed while dP is: probs_by_column turns the
+// scores into P, score_grads_from_probs dP into dS.
 template <int kN>
-__device__ __forceinline__ void score_grads_by_column(float (&s)[kN][4], float (&dp)[kN][4], const float* lse2,
-                                                      const float* delta, const AttentionCudaArgs& a, int t4) {
+__device__ __forceinline__ void probs_by_column(float (&s)[kN][4], const float* lse2, int t4) {
+#pragma unroll
+  for (int n = 0; n < kN; ++n) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) s[n][e] = cuda::fast_exp2(s[n][e] - lse2[n * 8 + 2 * t4 + (e & 1)]);
+  }
+}
+template <int kN>
+__device__ __forceinline__ void score_grads_from_probs(const float (&prob)[kN][4], float (&dp)[kN][4],
+                                                       const float* lse2, const float* delta,
+                                                       const AttentionCudaArgs& a, int t4) {
 #pragma unroll
   for (int n = 0; n < kN; ++n) {
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int c = n * 8 + 2 * t4 + (e & 1);
-      const float l2 = lse2[c];
-      s[n][e] = cuda::fast_exp2(s[n][e] - l2);
-      dp[n][e] = score_grad(s[n][e], dp[n][e], delta[c], l2, a);
+      dp[n][e] = score_grad(prob[n][e], dp[n][e], delta[c], lse2[c], a);
     }
   }
+}
+template <int kN>
+__device__ __forceinline__ void score_grads_by_column(float (&s)[kN][4], float (&dp)[kN][4], const float* lse2,
+                                                      const float* delta, const AttentionCudaArgs& a, int t4) {
+  probs_by_column(s, lse2, t4);
+  score_grads_from_probs(s, dp, lse2, delta, a, t4);
 }
 template <int kN>
 __device__ __forceinline__ void score_grads_by_row(const float (&s)[kN][4], float (&dp)[kN][4], const float (&lse2)[2],

@@ -16,6 +16,14 @@ __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
+// The first kAlign-byte boundary at or after `base` (a pointer into shared memory), computed as an
+// offset from base so that the compiler still knows it points into shared memory: loads and stores
+// through it are LDS / STS, not generic accesses (which wait on the long scoreboard).
+template <int kAlign>
+__device__ __forceinline__ unsigned char* align_shared(unsigned char* base) {
+  return base + ((kAlign - (smem_addr(base) & (kAlign - 1))) & (kAlign - 1));
+}
+
 // One 32-bit store to shared memory at a shared-memory address.
 __device__ __forceinline__ void st_shared_u32(uint32_t addr, uint32_t v) {
   asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
@@ -25,6 +33,12 @@ __device__ __forceinline__ void st_shared_u32(uint32_t addr, uint32_t v) {
 template <int kThreads>
 __device__ __forceinline__ void named_barrier_sync(int id) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "n"(kThreads) : "memory");
+}
+// Arrives at named barrier `id` without waiting: the barrier completes when kThreads threads in
+// all have arrived or synced on it (a producer signalling consumers that sync).
+template <int kThreads>
+__device__ __forceinline__ void named_barrier_arrive(int id) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "n"(kThreads) : "memory");
 }
 
 // Warp specialisation (sm_90a): a warpgroup gives back registers down to kRegs a thread, or takes
@@ -47,6 +61,17 @@ __device__ __forceinline__ uint32_t cluster_ctarank() {
 }
 __device__ __forceinline__ void cluster_sync() {
   asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+
+// A global counter read with acquire, and added to with release, at GPU scope (semaphores between
+// blocks: what a block wrote before its release is visible to the block whose acquire sees it).
+__device__ __forceinline__ int ld_acquire_gpu(const int* p) {
+  int v;
+  asm volatile("ld.acquire.gpu.global.s32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ void red_release_gpu_add(int* p, int v) {
+  asm volatile("red.release.gpu.global.add.s32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
 }
 
 // atomicAdd(+1) on a shared-memory counter with acquire-release ordering at block scope: what

@@ -9,15 +9,20 @@
 namespace opforge {
 namespace cuda {
 
-// Tile (tm, tn) of a tiles_m x tiles_n grid for linear index lin in grouped order. kSnake: odd
-// groups walk their columns right to left (the b panels the previous group read last come first).
+// Tile (tm, tn) of a tiles_m x tiles_n grid for linear index lin in grouped order, groups of
+// group_rows rows. snake: odd groups walk their columns right to left (the b panels the previous
+// group read last come first).
+__device__ __forceinline__ void grouped_tile(int lin, int group_rows, int tiles_m, int tiles_n, bool snake, int& tm,
+                                             int& tn) {
+  const int group = lin / (group_rows * tiles_n), first = group * group_rows;
+  const int rows = tiles_m - first < group_rows ? tiles_m - first : group_rows;
+  const int w = lin - group * group_rows * tiles_n;
+  tm = first + w % rows;
+  tn = snake && (group & 1) ? tiles_n - 1 - w / rows : w / rows;
+}
 template <int kGroupRows, bool kSnake = false>
 __device__ __forceinline__ void grouped_tile(int lin, int tiles_m, int tiles_n, int& tm, int& tn) {
-  const int group = lin / (kGroupRows * tiles_n), first = group * kGroupRows;
-  const int rows = tiles_m - first < kGroupRows ? tiles_m - first : kGroupRows;
-  const int w = lin - group * kGroupRows * tiles_n;
-  tm = first + w % rows;
-  tn = kSnake && (group & 1) ? tiles_n - 1 - w / rows : w / rows;
+  grouped_tile(lin, kGroupRows, tiles_m, tiles_n, kSnake, tm, tn);
 }
 
 // The same over a batch of grids, batch outermost: lin -> (batch, tm, tn).

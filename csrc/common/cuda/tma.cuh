@@ -125,6 +125,14 @@ __device__ __forceinline__ void tma_store_3d(const CUtensorMap* map, uint32_t sr
                "r"(src), "r"(x), "r"(y), "r"(z)
                : "memory");
 }
+// `bytes` (a multiple of 16) float32 values at shared address src added element-wise into global
+// memory at dst (both 16-byte aligned), in this thread's current bulk group: the reduction is
+// done at L2, atomically per element, so blocks may add into the same values concurrently.
+__device__ __forceinline__ void bulk_reduce_add_f32(float* dst, uint32_t src, uint32_t bytes) {
+  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(dst), "r"(src),
+               "r"(bytes)
+               : "memory");
+}
 // Closes this thread's bulk group; waits until its groups have read their shared memory (it may
 // be written again), or until they have completed.
 __device__ __forceinline__ void bulk_commit_group() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
@@ -132,6 +140,11 @@ __device__ __forceinline__ void bulk_wait_group_read() {
   asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
 }
 __device__ __forceinline__ void bulk_wait_group() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
+
+// Orders this thread's async-proxy accesses to global memory (bulk copies and reductions it has
+// waited for) with its generic-proxy ones (a release that publishes them, or an acquire after which
+// it issues more).
+__device__ __forceinline__ void fence_proxy_async_global() { asm volatile("fence.proxy.async.global;\n" ::: "memory"); }
 
 // Orders this thread's generic-proxy accesses to shared memory (its stores, or its reads of a
 // stage about to be refilled) before later async-proxy ones (bulk copies, wgmma).

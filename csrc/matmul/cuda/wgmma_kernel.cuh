@@ -87,7 +87,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   constexpr int kStages = C::kStages, kStageBytes = C::kStageBytes;
   using cuda::smem_addr;
   extern __shared__ unsigned char smem_raw[];
-  unsigned char* smem = reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
+  unsigned char* smem = cuda::align_shared<1024>(smem_raw);
   unsigned char* const c_stage = smem + kStages * kStageBytes;  // kTmaStore: 2 x 16 KB
   uint64_t* full = reinterpret_cast<uint64_t*>(c_stage + (kTmaStore ? C::kStoreBytes : 0));
   uint64_t* empty = full + kStages;
