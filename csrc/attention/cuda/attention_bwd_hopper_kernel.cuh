@@ -22,6 +22,8 @@
 
 #include <cuda.h>
 
+#include <algorithm>
+
 #include "attention/cuda/attention_hopper_common.cuh"
 #include "attention/cuda/attention_mma_common.cuh"
 #include "common/cuda/mbarrier.cuh"
@@ -79,21 +81,10 @@ __device__ __forceinline__ int64_t dq_tile_offset(const AttentionCudaArgs& a, in
 
 // What the producer tells the consumers about the tile in a stage (written into the stage before
 // its arrival, read after the wait), and the consumers tell warp 1 with a dQ part: the query tile
-// (-1: no more tiles), its head, and its class (TileClass as bits).
+// (-1: no more tiles), its head, and its class (tile_class_bits).
 struct BwdTileInfo {
   int tile, head, bits, unused;
 };
-__device__ __forceinline__ int tile_class_bits(const TileClass& c) {
-  return static_cast<int>(c.kind) | (c.band << 2) | (c.seg << 3) | (c.mask << 4);
-}
-__device__ __forceinline__ TileClass tile_class_from_bits(int bits) {
-  TileClass c;
-  c.kind = static_cast<BlockKind>(bits & 3);
-  c.band = (bits >> 2) & 1;
-  c.seg = (bits >> 3) & 1;
-  c.mask = (bits >> 4) & 1;
-  return c;
-}
 
 template <typename Tr, typename T>
 __global__ void __launch_bounds__(Tr::kThreads, 1)
@@ -303,8 +294,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     cuda::wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kBM / 16; ++kk) {  // 16 queries = 16 rows of 128 bytes of dO
-      cuda::WgmmaRS<T, kD>::template mma<1>(&dv[0][0], ap[kk], cuda::smem_desc_mn_major(sdO + kk * 2048, Tr::kQPanelBytes),
-                                            1);
+      cuda::WgmmaRS<T, kD>::template mma<1>(&dv[0][0], ap[kk],
+                                            cuda::smem_desc_mn_major(sdO + kk * 2048, Tr::kQPanelBytes), 1);
     }
     cuda::wgmma_commit();
     cuda::fence_proxy_async_shared();  // the dS^T stores, before wgmma reads them
@@ -322,8 +313,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     cuda::wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kBM / 16; ++kk) {  // 16 queries = 16 rows of 128 bytes of Q
-      cuda::WgmmaRS<T, kD>::template mma<1>(&dk[0][0], ads[kk], cuda::smem_desc_mn_major(sQ + kk * 2048, Tr::kQPanelBytes),
-                                            1);
+      cuda::WgmmaRS<T, kD>::template mma<1>(&dk[0][0], ads[kk],
+                                            cuda::smem_desc_mn_major(sQ + kk * 2048, Tr::kQPanelBytes), 1);
     }
     cuda::wgmma_commit();
     cuda::wgmma_wait<1>();  // dV and dQ (dK still running)
@@ -359,10 +350,13 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
 #endif
 }
 
-// dQ from the workspace: one block of 128 threads per 64 x 64 part (thread t reads its 8 float4s,
-// consecutive threads consecutive vectors, and writes its value pairs as T).
+// dQ from the workspace: one block of 128 threads per 64 x 64 part. Thread t reads its 8 float4s
+// (consecutive threads, consecutive vectors), the values go through shared memory as T (rows of 36
+// words: the threads of a warp write 32 different banks), and each row leaves as 16-byte stores.
 template <typename Tr, typename T>
 __global__ void __launch_bounds__(128) attention_bwd_hopper_dq_kernel(const AttentionCudaArgs a) {
+  constexpr int kRowWords = 36;
+  __shared__ __align__(16) uint32_t rows[64 * kRowWords];
   const AttentionParams& p = a.g.fwd;
   const int64_t parts = a.lse2_ld / Tr::kBlockM * 2;  // per (b, h)
   const int64_t bh = blockIdx.x / parts, rem = blockIdx.x % parts, tile = rem / 2;
@@ -371,16 +365,23 @@ __global__ void __launch_bounds__(128) attention_bwd_hopper_dq_kernel(const Atte
   const int t = threadIdx.x, warp = t / 32, lane = t % 32, g = lane / 4, t4 = lane % 4;
   const float4* src =
       reinterpret_cast<const float4*>(a.dq_accum + dq_tile_offset<Tr>(a, b, h, tile) + c * Tr::kDQPartFloats);
-  const int64_t row0 = tile * Tr::kBlockM + (Tr::kDQSplitD ? 0 : c * 64) + warp * 16 + g;
-  const int col0 = (Tr::kDQSplitD ? c * 64 : 0) + 2 * t4;
-  T* dq = static_cast<T*>(a.g.dq) + b * a.g.dq_bs + h * a.g.dq_hs;
-  const int64_t sq = p.pattern.sq;
+  const int r0 = warp * 16 + g;
 #pragma unroll
   for (int n = 0; n < 8; ++n) {
     const float4 v = src[n * 128 + t];
-    if (row0 < sq) *reinterpret_cast<uint32_t*>(dq + row0 * a.g.dq_ss + col0 + 8 * n) = cuda::pack2<T>(v.x, v.y);
-    if (row0 + 8 < sq) {
-      *reinterpret_cast<uint32_t*>(dq + (row0 + 8) * a.g.dq_ss + col0 + 8 * n) = cuda::pack2<T>(v.z, v.w);
+    rows[r0 * kRowWords + 4 * n + t4] = cuda::pack2<T>(v.x, v.y);
+    rows[(r0 + 8) * kRowWords + 4 * n + t4] = cuda::pack2<T>(v.z, v.w);
+  }
+  __syncthreads();
+  const int64_t first = tile * Tr::kBlockM + (Tr::kDQSplitD ? 0 : c * 64);
+  const int col0 = Tr::kDQSplitD ? c * 64 : 0;
+  T* dq = static_cast<T*>(a.g.dq) + b * a.g.dq_bs + h * a.g.dq_hs;
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const int chunk = t + 128 * k, row = chunk / 8, part = chunk % 8;
+    if (first + row < p.pattern.sq) {
+      *reinterpret_cast<uint4*>(dq + (first + row) * a.g.dq_ss + col0 + part * 8) =
+          *reinterpret_cast<const uint4*>(&rows[row * kRowWords + part * 4]);
     }
   }
 }
@@ -403,7 +404,8 @@ cudaError_t launch_hopper_bwd(const AttentionCudaArgs& a, cudaStream_t stream) {
   // Pairs a group: what one pair's blocks read and add into (Q, dO, the dQ workspace of its GQA group
   // of heads) times the group within about half of the H100/H200's 50 MB L2.
   const int64_t pair_bytes = (p.heads / p.kv_heads) * p.pattern.sq * Tr::kD * (2 + 2 + 4);
-  const int group_pairs = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(pairs, (24 << 20) / std::max<int64_t>(pair_bytes, 1))));
+  const int64_t fit = (int64_t{24} << 20) / std::max<int64_t>(pair_bytes, 1);
+  const int group_pairs = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(pairs, fit)));
   attention_bwd_hopper_kernel<Tr, T><<<static_cast<unsigned>(pairs * blocks), Tr::kThreads, Tr::kSmemBytes, stream>>>(
       mq, mk, mv, mdo, a, group_pairs);
   cudaError_t e = cudaGetLastError();

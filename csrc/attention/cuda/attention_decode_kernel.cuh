@@ -192,7 +192,7 @@ __global__ void __launch_bounds__(kDecodeThreads) attention_decode_kernel(const 
           const float* acc = half == 0 ? acc0 : acc1;
           float x = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
           x *= scale;
-          if (cap != 0.f) x = cap * tanhf(x / cap);
+          if (cap != 0.f) x = cap * cuda::fast_tanh(x / cap);
           const int64_t j = j0 + lane + 32 * half;
           if (kind == BlockKind::kPartial && (j >= j1 || !pat.visible(b, h, i, j))) {
             x = kNegInf;
@@ -358,7 +358,7 @@ __global__ void __launch_bounds__(kDecodeThreads) attention_decode_mma_kernel(co
           const int half = e / 2;
           const int64_t j = j0 + 16 * warp + 8 * n + 2 * t + (e % 2);
           float x = sc[n][e] * scale;
-          if (cap != 0.f) x = cap * tanhf(x / cap);
+          if (cap != 0.f) x = cap * cuda::fast_tanh(x / cap);
           if (row_h[half] < 0 ||
               (kind == BlockKind::kPartial && (j >= j1 || !pat.visible(b, row_h[half], row_i[half], j)))) {
             x = kNegInf;

@@ -1,17 +1,21 @@
-// attention CUDA forward for Hopper (sm_90a): warp-specialised, TMA + mbarrier + wgmma. One block
-// per 128 queries of one (batch, head) and three warpgroups:
-//   producer (warp 0 of warpgroup 0, few registers): TMA of the Q tile once, then of the K and V
-//     tiles of every key tile the pattern leaves visible into a kStages ring (full_k / full_v
-//     barriers count the bytes; empty barriers hand a stage back);
-//   consumers (warpgroups 1 and 2, 64 query rows each): S = Q K^T by wgmma with both operands in
-//     shared memory, the partial tiles' masked elements -inf, online softmax in registers
-//     (attention_mma_common.cuh's, same accumulator layout as mma.sync), then O += P V by wgmma
-//     with P from registers and V read MN-major; the two warpgroups' softmax and matrix products
-//     overlap on the SM.
+// attention CUDA forward for Hopper (sm_90a): FlashAttention-3's design. One block per 64 x kConsumers
+// queries of one (batch, head), a producer warpgroup and kConsumers consumer warpgroups:
+//   producer (warp 0 of warpgroup 0, 40 registers: its tile walk spills at 24): TMA of the Q tile
+//     once, then of the K and V tiles of every key tile the pattern leaves visible, each through its
+//     own ring
+//     (cuda::Pipeline), with the tile's index and class written into the K stage; an empty stage
+//     ends the walk;
+//   consumers (warpgroups 1.., 64 query rows each; 232 registers with 2): per key tile, S = Q K^T by
+//     wgmma with both operands in shared memory, then O += P V for the previous tile's P (from
+//     registers, V read MN-major), both issued before the softmax of this tile runs, so that the
+//     softmax overlaps the P V product (intra-warpgroup overlap); the K stage is handed back as soon
+//     as S is done, the V stage when P V is. The warpgroups take turns to issue their products
+//     (named barriers: ping-pong), so one's softmax runs while another's products occupy the
+//     tensor cores.
 // Tiles are 128-byte swizzled boxes of 64 columns (TMA writes them, wgmma descriptors read them);
-// rows past the sequence come in as zeros. Both roles walk the same visible tiles (KeyWalk).
-// Without sm_90a device code the kernel traps; the launcher's rule (attention_heuristics.h) asks
-// hopper_status() first and takes the mma.sync kernel there.
+// rows past the sequence come in as zeros. Without sm_90a device code the kernel traps; the
+// launcher's rule (attention_heuristics.h) asks hopper_status() first and takes the mma.sync kernel
+// there.
 #pragma once
 
 #include <cuda.h>
@@ -19,6 +23,7 @@
 #include "attention/cuda/attention_hopper_common.cuh"
 #include "attention/cuda/attention_mma_common.cuh"
 #include "common/cuda/mbarrier.cuh"
+#include "common/cuda/pipeline.cuh"
 #include "common/cuda/ptx.cuh"
 #include "common/cuda/tma.cuh"
 #include "common/cuda/wgmma.cuh"
@@ -30,20 +35,32 @@
 namespace opforge {
 namespace attention_cuda {
 
-template <int kD_, int kBlockN_, int kStages_>
+template <int kD_, int kBlockN_, int kStages_, int kConsumers_ = 2>
 struct HopperFwdTraits {
-  static constexpr int kD = kD_, kBlockM = 128, kBlockN = kBlockN_, kStages = kStages_;
-  static constexpr int kThreads = 384;       // producer warpgroup + 2 consumer warpgroups
+  static constexpr int kD = kD_, kBlockN = kBlockN_, kStages = kStages_, kConsumers = kConsumers_;
+  static constexpr int kBlockM = 64 * kConsumers;
+  static constexpr int kThreads = 128 * (1 + kConsumers);  // producer warpgroup + consumer warpgroups
+  // Registers a thread after setmaxnreg (FA3's split: the launch's 65536 / kThreads, rounded down to
+  // 8, moved from the producer warpgroup to the consumers).
+  static constexpr int kProducerRegs = kConsumers == 2 ? 40 : 32, kConsumerRegs = kConsumers == 2 ? 232 : 160;
+  static_assert(kProducerRegs + kConsumers * kConsumerRegs <= (65536 / kThreads / 8 * 8) * (1 + kConsumers),
+                "register split");
   static constexpr int kPanels = kD / 64;    // 64-column (128-byte) boxes a row
   static constexpr int kQPanelBytes = kBlockM * 128, kKVPanelBytes = kBlockN * 128;
   static constexpr int kQBytes = kPanels * kQPanelBytes, kKVBytes = kPanels * kKVPanelBytes;
   static constexpr int kStageBytes = 2 * kKVBytes;  // K then V
-  static constexpr int kSmemBytes = 1024 /* alignment */ + kQBytes + kStages * kStageBytes + (1 + 3 * kStages) * 8;
+  // Q, the stages, a tile's (index, class) per stage, the barriers (Q; K full / empty; V full / empty).
+  static constexpr int kSmemBytes = 1024 /* alignment */ + kQBytes + kStages * kStageBytes + kStages * 16 +
+                                    (1 + 4 * kStages) * 8;
   static_assert(kBlockN <= 256 && kSmemBytes <= 227 * 1024, "TMA box rows / shared memory");
 };
-using HopperFwdTraitsD64 = HopperFwdTraits<64, 128, 3>;
+using HopperFwdTraitsD64 = HopperFwdTraits<64, 128, 2, 3>;
 using HopperFwdTraitsD128 = HopperFwdTraits<128, 128, 2>;
 using HopperFwdTraitsD256 = HopperFwdTraits<256, 64, 2>;
+
+// Named barriers (0 is __syncthreads's; 1 + c consumer warpgroup c's epilogue): + c, consumer
+// warpgroup c's turn to issue its products.
+constexpr int kFwdBarTurn = 4;
 
 template <typename Tr, typename T>
 __global__ void __launch_bounds__(Tr::kThreads, 1)
@@ -53,15 +70,16 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   constexpr int kD = Tr::kD, kBM = Tr::kBlockM, kBN = Tr::kBlockN, kStages = Tr::kStages;
   constexpr int kNT = kBN / 8, kDT = kD / 8;
   using cuda::smem_addr;
+  using State = cuda::PipelineState<kStages>;
   extern __shared__ unsigned char smem_raw[];
   unsigned char* smem = cuda::align_shared<1024>(smem_raw);
   unsigned char* const sQ = smem;
   unsigned char* const sKV = smem + Tr::kQBytes;
-  uint64_t* bars = reinterpret_cast<uint64_t*>(sKV + kStages * Tr::kStageBytes);
+  int4* const info = reinterpret_cast<int4*>(sKV + kStages * Tr::kStageBytes);  // (tile, class bits) a stage
+  uint64_t* bars = reinterpret_cast<uint64_t*>(info + kStages);
   uint64_t* const bar_q = bars;
-  uint64_t* const full_k = bars + 1;
-  uint64_t* const full_v = full_k + kStages;
-  uint64_t* const empty = full_v + kStages;
+  const cuda::Pipeline<kStages> pk{bars + 1, bars + 1 + kStages};
+  const cuda::Pipeline<kStages> pv{bars + 1 + 2 * kStages, bars + 1 + 3 * kStages};
   const AttentionParams& p = a.g.fwd;
   const AttentionPattern& pat = p.pattern;
   const int wg = threadIdx.x / 128, t = threadIdx.x % 128, warp = t / 32, lane = t % 32;
@@ -70,17 +88,14 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   const int64_t i0 = qb * kBM, i1 = min(i0 + kBM, pat.sq);
   if (threadIdx.x == 0) {
     cuda::mbar_init(smem_addr(bar_q), 1);
-    for (int s = 0; s < kStages; ++s) {
-      cuda::mbar_init(smem_addr(&full_k[s]), 1);
-      cuda::mbar_init(smem_addr(&full_v[s]), 1);
-      cuda::mbar_init(smem_addr(&empty[s]), 2);  // one arrival per consumer warpgroup
-    }
+    pk.init(Tr::kConsumers);  // one arrival per consumer warpgroup
+    pv.init(Tr::kConsumers);
     cuda::fence_mbarrier_init();
   }
   __syncthreads();
 
   if (wg == 0) {  // producer
-    cuda::setmaxnreg_dec<40>();
+    cuda::setmaxnreg_dec<Tr::kProducerRegs>();
     if (warp != 0) return;
     KeyWalk<kBN, kD, 32, T> walk(p, b, h, i0, i1);
     const int hk = static_cast<int>(h / (p.heads / p.kv_heads));
@@ -93,52 +108,52 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       }
     }
     TileClass tc;
-    int it = 0;
-    for (int tile = walk.next(walk.begin, tc, lane); tile < walk.end; tile = walk.next(tile + 1, tc, lane), ++it) {
-      const int s = it % kStages;
+    State w;
+    for (int tile = walk.next(walk.begin, tc, lane); tile < walk.end;
+         tile = walk.next(tile + 1, tc, lane), w.advance()) {
       if (lane == 0) {
-        cuda::mbar_wait(smem_addr(&empty[s]), ((it / kStages) & 1) ^ 1);  // the first pass finds every stage free
-        unsigned char* const sK = sKV + s * Tr::kStageBytes;
-        cuda::mbar_arrive_expect_tx(smem_addr(&full_k[s]), Tr::kKVBytes);
+        unsigned char* const sK = sKV + w.index * Tr::kStageBytes;
+        pk.producer_acquire(w);
+        info[w.index] = make_int4(tile, tile_class_bits(tc), 0, 0);
+        uint32_t bar = pk.producer_commit(w, Tr::kKVBytes);
 #pragma unroll
         for (int pn = 0; pn < Tr::kPanels; ++pn) {
           cuda::tma_load_4d(smem_addr(sK + pn * Tr::kKVPanelBytes), &map_k, pn * 64, tile * kBN, hk,
-                            static_cast<int>(b), smem_addr(&full_k[s]));
+                            static_cast<int>(b), bar);
         }
-        cuda::mbar_arrive_expect_tx(smem_addr(&full_v[s]), Tr::kKVBytes);
+        pv.producer_acquire(w);
+        bar = pv.producer_commit(w, Tr::kKVBytes);
 #pragma unroll
         for (int pn = 0; pn < Tr::kPanels; ++pn) {
           cuda::tma_load_4d(smem_addr(sK + Tr::kKVBytes + pn * Tr::kKVPanelBytes), &map_v, pn * 64, tile * kBN, hk,
-                            static_cast<int>(b), smem_addr(&full_v[s]));
+                            static_cast<int>(b), bar);
         }
       }
       __syncwarp();
+    }
+    if (lane == 0) {  // the end: a K stage with no tile (an arrival without bytes)
+      pk.producer_acquire(w);
+      info[w.index] = make_int4(-1, 0, 0, 0);
+      cuda::mbar_arrive(smem_addr(&pk.full[w.index]));
     }
     return;
   }
 
   // consumers: warpgroup 1 takes query rows 0-63 of the block, warpgroup 2 rows 64-127
-  cuda::setmaxnreg_inc<232>();
-  const int half = wg - 1;
+  cuda::setmaxnreg_inc<Tr::kConsumerRegs>();
+  const int half = wg - 1, next = (half + 1) % Tr::kConsumers;  // this warpgroup, the one after it
   const int64_t row0 = i0 + half * 64 + warp * 16;  // this warp's first query row
-  KeyWalk<kBN, kD, 32, T> walk(p, b, h, i0, i1);
   float o[kDT][4];
 #pragma unroll
   for (int n = 0; n < kDT; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
   float m_run[2] = {kNegInf, kNegInf}, l_run[2] = {0.f, 0.f};
+  uint32_t pa[kBN / 16][4];  // the previous tile's P, the A operand of its P V product
   cuda::mbar_wait(smem_addr(bar_q), 0);
   const unsigned char* q_rows = sQ + half * 64 * 128;
-
-  TileClass tc;
-  int it = 0;
-  for (int tile = walk.next(walk.begin, tc, lane); tile < walk.end; ++it) {
-    const int s = it % kStages;
-    const uint32_t parity = (it / kStages) & 1;
-    const unsigned char* sK = sKV + s * Tr::kStageBytes;
-    const unsigned char* sV = sK + Tr::kKVBytes;
-    float sc[kNT][4];
-    cuda::mbar_wait(smem_addr(&full_k[s]), parity);
-    cuda::wgmma_fence();
+  if (half == Tr::kConsumers - 1) cuda::named_barrier_arrive<256>(kFwdBarTurn);  // warpgroup 1 issues first
+  // S = Q K^T of the tile in K stage rk (its index and class in ti), issued in this warpgroup's turn.
+  const auto issue_s = [&](float (&sc)[kNT][4], const State& st) {
+    const unsigned char* sK = sKV + st.index * Tr::kStageBytes;
 #pragma unroll
     for (int kk = 0; kk < kD / 16; ++kk) {  // 16 deep = 32 bytes along the swizzled 128-byte rows
       const int pn = kk / 4, off = (kk % 4) * 32;
@@ -146,37 +161,92 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
                                            cuda::smem_desc_k_major(sK + pn * Tr::kKVPanelBytes + off), kk > 0);
     }
     cuda::wgmma_commit();
-    uint32_t mask_rows[2];  // a partial block-mask tile's bits, read while S is computed
-    if (tc.mask) mask_rows_ahead<kBN>(pat, b, h, row0, int64_t{tile} * kBN, lane, mask_rows);
-    cuda::wgmma_wait<0>();
+  };
+  // O += P V for the tile in V stage st.
+  const auto issue_pv = [&](const State& st) {
+    const unsigned char* sV = sKV + st.index * Tr::kStageBytes + Tr::kKVBytes;
+#pragma unroll
+    for (int kk = 0; kk < kBN / 16; ++kk) {  // 16 keys = 16 rows of 128 bytes
+      cuda::WgmmaRS<T, kD>::template mma<1>(&o[0][0], pa[kk],
+                                            cuda::smem_desc_mn_major(sV + kk * 2048, Tr::kKVPanelBytes), 1);
+    }
+    cuda::wgmma_commit();
+  };
+  // Once S of the tile in K stage st is done: the stage handed back, the scores in the log2 domain
+  // with the partial elements masked (mask_rows: a partial block-mask tile's bits, read ahead), the
+  // softmax step (corr: O's rescale factors).
+  const auto softmax_tile = [&](float (&sc)[kNT][4], const State& st, int tile, const TileClass& tc,
+                                const uint32_t (&mask_rows)[2], float (&corr)[2]) {
     cuda::fence_operands(sc);
-    // The next visible tile (the producer finds the same), while nothing is in flight.
-    TileClass tn_class;
-    const int tn = walk.next(tile + 1, tn_class, lane);
-
+    if (t == 0) pk.consumer_release(st);
     scores_log2(sc, a);
     if (tc.kind == BlockKind::kPartial) {
       mask_tile<false, kBN>(sc, pat, tc, b, h, row0, int64_t{tile} * kBN, lane, mask_rows);
     }
-    online_softmax(sc, o, m_run, l_run);
-    uint32_t pa[kBN / 16][4];
+    softmax_step(sc, m_run, l_run, corr);
+  };
+  State rk, rv;
+  pk.consumer_wait(rk);
+  int4 ti = info[rk.index];
+  if (ti.x >= 0) {
+    {  // the first tile: S, softmax, P (nothing to rescale yet)
+      const TileClass tc = tile_class_from_bits(ti.y);
+      float sc[kNT][4];
+      cuda::named_barrier_sync<256>(kFwdBarTurn + half);
+      cuda::wgmma_fence();
+      issue_s(sc, rk);
+      cuda::named_barrier_arrive<256>(kFwdBarTurn + next);
+      uint32_t mask_rows[2];
+      if (tc.mask) mask_rows_ahead<kBN>(pat, b, h, row0, int64_t{ti.x} * kBN, lane, mask_rows);
+      cuda::wgmma_wait<0>();
+      float corr[2];
+      softmax_tile(sc, rk, ti.x, tc, mask_rows, corr);
 #pragma unroll
-    for (int kk = 0; kk < kBN / 16; ++kk) acc_to_a<T>(pa[kk], sc, kk);
-    cuda::fence_operands(o);
-    cuda::mbar_wait(smem_addr(&full_v[s]), parity);
-    cuda::wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < kBN / 16; ++kk) {  // 16 keys = 16 rows of 128 bytes
-      cuda::WgmmaRS<T, kD>::template mma<1>(&o[0][0], pa[kk], cuda::smem_desc_mn_major(sV + kk * 2048, Tr::kKVPanelBytes),
-                                            1);
+      for (int kk = 0; kk < kBN / 16; ++kk) acc_to_a<T>(pa[kk], sc, kk);
+      rk.advance();
     }
-    cuda::wgmma_commit();
+    for (;; rk.advance()) {  // S of this tile and the previous tile's P V, then this tile's softmax
+      pk.consumer_wait(rk);
+      ti = info[rk.index];
+      if (ti.x < 0) break;
+      const TileClass tc = tile_class_from_bits(ti.y);
+      float sc[kNT][4];
+      cuda::named_barrier_sync<256>(kFwdBarTurn + half);
+      cuda::fence_operands(o);
+      cuda::wgmma_fence();
+      issue_s(sc, rk);
+      pv.consumer_wait(rv);
+      cuda::wgmma_fence();
+      issue_pv(rv);
+      cuda::named_barrier_arrive<256>(kFwdBarTurn + next);  // the next warpgroup's turn
+      uint32_t mask_rows[2];  // a partial block-mask tile's bits, read while S is computed
+      if (tc.mask) mask_rows_ahead<kBN>(pat, b, h, row0, int64_t{ti.x} * kBN, lane, mask_rows);
+      // A partial tile's mask code needs more registers than the P V product in flight leaves free:
+      // that product is awaited first (partial tiles are few: a band's edges).
+      if (tc.kind == BlockKind::kPartial) {
+        cuda::wgmma_wait<0>();
+      } else {
+        cuda::wgmma_wait<1>();
+      }
+      float corr[2];
+      softmax_tile(sc, rk, ti.x, tc, mask_rows, corr);
+      cuda::wgmma_wait<0>();
+      cuda::fence_operands(o);
+      if (t == 0) pv.consumer_release(rv);
+      rv.advance();
+      rescale_rows(o, corr);
+#pragma unroll
+      for (int kk = 0; kk < kBN / 16; ++kk) acc_to_a<T>(pa[kk], sc, kk);
+    }
+    // the last tile's P V
+    pv.consumer_wait(rv);
+    cuda::fence_operands(o);
+    cuda::wgmma_fence();
+    issue_pv(rv);
     cuda::wgmma_wait<0>();
     cuda::fence_operands(o);
-    if (t == 0) cuda::mbar_arrive(smem_addr(&empty[s]));
-    tile = tn;
-    tc = tn_class;
   }
+  if (half == 0) cuda::named_barrier_sync<256>(kFwdBarTurn);  // the last warpgroup's last hand-over (balanced)
 
   // Epilogue: O / l through this warpgroup's rows of the Q tile (only it reads them); the LSE by
   // the quad's first lane.

@@ -97,6 +97,20 @@ struct TileClass {
   bool band = false, seg = false, mask = false;
 };
 
+// A TileClass as the bits of an int, for kernels whose producer hands tiles to consumers through
+// shared memory.
+__device__ __forceinline__ int tile_class_bits(const TileClass& c) {
+  return static_cast<int>(c.kind) | (c.band << 2) | (c.seg << 3) | (c.mask << 4);
+}
+__device__ __forceinline__ TileClass tile_class_from_bits(int bits) {
+  TileClass c;
+  c.kind = static_cast<BlockKind>(bits & 3);
+  c.band = (bits >> 2) & 1;
+  c.seg = (bits >> 3) & 1;
+  c.mask = (bits >> 4) & 1;
+  return c;
+}
+
 // Tile [i0, i1) x [j0, j1) of (b, h). q_range: the queries' segment ids (unused without
 // segments); the keys' are summarised here. ragged: the tile has fewer columns than the kernel's
 // tile (which must then be masked).
@@ -459,14 +473,15 @@ __device__ __forceinline__ void mask_tile(float (&x)[kCols / 8][4], const Attent
   }
 }
 
-// Scores in the log2 domain: s * scale * log2(e), or with a softcap c: c log2(e) tanh(s scale / c).
+// Scores in the log2 domain: s * scale * log2(e), or with a softcap c: c log2(e) tanh(s scale / c)
+// (tanh.approx, as every CUDA kernel computes it: a backward recomputes the forward's P).
 template <int kN>
 __device__ __forceinline__ void scores_log2(float (&s)[kN][4], const AttentionCudaArgs& a) {
   if (a.cap_log2 != 0.f) {
 #pragma unroll
     for (int n = 0; n < kN; ++n)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) s[n][e] = a.cap_log2 * tanhf(s[n][e] * a.cap_inv_scale);
+      for (int e = 0; e < 4; ++e) s[n][e] = a.cap_log2 * cuda::fast_tanh(s[n][e] * a.cap_inv_scale);
   } else {
 #pragma unroll
     for (int n = 0; n < kN; ++n)
@@ -477,12 +492,13 @@ __device__ __forceinline__ void scores_log2(float (&s)[kN][4], const AttentionCu
 
 // One key tile of the online softmax for a warp's 16 rows (elements 0, 1: row g; 2, 3: row g + 8):
 // the running max and sum updated from the tile's log2-domain scores, the scores turned into P in
-// place, and the output accumulator rescaled by the change of max (a row that has seen nothing yet
-// keeps max -inf and P 0).
-template <int kN, int kDT>
-__device__ __forceinline__ void online_softmax(float (&s)[kN][4], float (&o)[kDT][4], float (&m_run)[2],
-                                               float (&l_run)[2]) {
-  float corr[2];
+// place, and each row's factor corr by which the output accumulated so far must be rescaled (a
+// row that has seen nothing yet keeps max -inf and P 0). softmax_step leaves the output alone (a
+// kernel whose P V product of the previous tile is still running rescales it afterwards,
+// rescale_rows); online_softmax does both.
+template <int kN>
+__device__ __forceinline__ void softmax_step(float (&s)[kN][4], float (&m_run)[2], float (&l_run)[2],
+                                             float (&corr)[2]) {
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     float mx = m_run[r];
@@ -502,11 +518,21 @@ __device__ __forceinline__ void online_softmax(float (&s)[kN][4], float (&o)[kDT
     }
     l_run[r] = l_run[r] * corr[r] + sum;
   }
+}
+template <int kDT>
+__device__ __forceinline__ void rescale_rows(float (&o)[kDT][4], const float (&corr)[2]) {
 #pragma unroll
   for (int n = 0; n < kDT; ++n) {
     o[n][0] *= corr[0], o[n][1] *= corr[0];
     o[n][2] *= corr[1], o[n][3] *= corr[1];
   }
+}
+template <int kN, int kDT>
+__device__ __forceinline__ void online_softmax(float (&s)[kN][4], float (&o)[kDT][4], float (&m_run)[2],
+                                               float (&l_run)[2]) {
+  float corr[2];
+  softmax_step(s, m_run, l_run, corr);
+  rescale_rows(o, corr);
 }
 
 // dS from P, dP and the row's delta: P (dP - delta) scale, times (1 - tanh^2) under a softcap
