@@ -241,6 +241,18 @@ def test_gradients_many_key_blocks(name, d):
     check_gradients(q, k, v, dict(kw, deterministic=True))
 
 
+@pytest.mark.parametrize("kw", [{}, dict(causal=True)], ids=["full", "causal"])
+def test_backward_rows_past_the_last_key(kw):
+    """The one-pass backward sums every key row of a block into dQ: the rows past the last key
+    (Sk not a multiple of 128) must count for nothing, also when every score is far below zero
+    (float16: those rows' P and dS would overflow, and inf times their zero K rows is NaN)."""
+    D, Sq, Sk = 64, 130, 200
+    base = 1.6 + 0.05 * torch.randn(1, 2, Sk, D, device=DEV)  # q . k about -160: scaled, about -20
+    q, k = (-base[:, :, :Sq]).half(), base.half()
+    v = torch.randn(1, 2, Sk, D, device=DEV, dtype=torch.float16)
+    check_gradients(q, k, v, kw)
+
+
 @pytest.mark.parametrize("d", [64, 128])
 def test_backward_deterministic_mode(d):
     """deterministic=True, or None under torch.use_deterministic_algorithms(True): bit-identical

@@ -133,7 +133,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   if (wg == 0) {
     cuda::setmaxnreg_dec<24>();
     if (warp == 0) {  // loads: K and V, then every visible (head, query tile), then the end
-      QueryWalk<kBM> walk(pat, b, j0, j1);
+      QueryWalk<kBM> walk(pat, b, j0, j1, j1 - j0 < kBN);
       if (lane == 0) {
         cuda::mbar_arrive_expect_tx(smem_addr(bar_kv), 2 * Tr::kKBytes);
 #pragma unroll
@@ -188,7 +188,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
         float* const dst = a.dq_accum + dq_tile_offset<Tr>(a, b, h, tile);
         int* const sem = a.dq_semaphore ? a.dq_semaphore + (b * p.heads + h) * (a.lse2_ld / kBM) + tile : nullptr;
         if (sem) {  // deterministic: this block adds after every later key block that sees the tile
-          const int turn = QueryWalk<kBM>(pat, b, j0, j1).template rank<kBN>(h, tile, kblock, blocks, lane);
+          const int turn = QueryWalk<kBM>(pat, b, j0, j1, false).template rank<kBN>(h, tile, kblock, blocks, lane);
           if (lane == 0) {
             while (cuda::ld_acquire_gpu(sem) != turn) {
             }
@@ -331,6 +331,9 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     cuda::fence_operands(dk);
     if (t == 0) pipe.consumer_release(rd);
   }
+  // Both warpgroups' last dQ products read every row of K: only then may the epilogue stage dK over
+  // it (the other warpgroup's rows included).
+  cuda::named_barrier_sync<256>(kBwdBarDS);
   // The end, for warp 1 (after its last read of this warpgroup's buffer).
   cuda::named_barrier_sync<160>(kBwdBarDQEmpty + half);
   if (t == 0) dq_info[half] = BwdTileInfo{-1, 0, 0, 0};

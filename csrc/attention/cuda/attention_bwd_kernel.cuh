@@ -88,7 +88,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) attention_bwd_kv_kernel(const
   load_rows<kBN, kD, kThreads>(sV, vg, p.v_ss, j0, pat.sk, tid);
   cuda::cp_async_commit();
 
-  QueryWalk<kBM> walk(pat, b, j0, j1);
+  QueryWalk<kBM> walk(pat, b, j0, j1, j1 - j0 < kBN);
 
   float dk[kPT][4], dv[kPT][4];
 #pragma unroll

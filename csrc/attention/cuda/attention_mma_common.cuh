@@ -267,16 +267,19 @@ __device__ __forceinline__ bool query_tile_visible(const AttentionPattern& pat, 
 // A key block [j0, j1) of batch row b walking, for one query head h at a time, the query tiles
 // (kBlockM queries) that see it: the next one with something visible (every warp finds the same,
 // 32 tiles classified at a time).
+// ragged: the block has fewer keys than the kernel's block, so every tile is partial (its rows past
+// the last key must be masked: the one-pass backward's dQ sums over every row of the block).
 template <int kBlockM>
 struct QueryWalk {
   const AttentionPattern& pat;
   int64_t b, j0, j1;
+  bool ragged;
   SegmentRange kv_range;  // the block's key segment ids
   int begin = 0, end = 0;
   TileChunk chunk;
 
-  __device__ QueryWalk(const AttentionPattern& p, int64_t b_, int64_t j0_, int64_t j1_)
-      : pat(p), b(b_), j0(j0_), j1(j1_) {
+  __device__ QueryWalk(const AttentionPattern& p, int64_t b_, int64_t j0_, int64_t j1_, bool ragged_)
+      : pat(p), b(b_), j0(j0_), j1(j1_), ragged(ragged_) {
     if (pat.q_segments) kv_range = block_segment_range(pat.kv_seg_blocks, pat.kv_seg_nblocks, b, j0, j1);
     query_tiles<kBlockM>(pat, j0, j1, begin, end);
   }
@@ -290,7 +293,7 @@ struct QueryWalk {
           const int64_t i0 = int64_t{t} * kBlockM, i1 = min(i0 + kBlockM, pat.sq);
           const SegmentRange qr = pat.q_segments ? block_segment_range(pat.q_seg_blocks, pat.q_seg_nblocks, b, i0, i1)
                                                  : SegmentRange{};
-          c = classify(pat, b, h, i0, i1, j0, j1, qr, kv_range, false);
+          c = classify(pat, b, h, i0, i1, j0, j1, qr, kv_range, ragged);
         }
         chunk.set(from, h, c);
       }
@@ -396,7 +399,12 @@ __device__ __forceinline__ void mask_tile(float (&x)[kCols / 8][4], const Attent
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int64_t row = row0 + g + 8 * r;
-    if (row >= (kKeysAsRows ? p.sk : p.sq)) continue;  // (a row past the end is never stored)
+    // A row past the end sees nothing (the one-pass backward's dQ sums over every key row).
+    if (row >= (kKeysAsRows ? p.sk : p.sq)) {
+#pragma unroll
+      for (int nt = 0; nt < kCols / 8; ++nt) x[nt][2 * r] = x[nt][2 * r + 1] = kNegInf;
+      continue;
+    }
     // Columns [lo, hi] are in the band; columns below pc see the row by the prefix; cmax bounds them.
     int lo = -1, hi = kCols, pc = -1, cmax;
     const int64_t right = p.band_right();
