@@ -2,7 +2,9 @@
 CUDA rows or any shape: where the time of a fwd+bwd goes (forward, prep, main backward, dQ
 conversion, allocations' fills).
 
-    python benchmarks/tuning/attention_kernel_times.py [B H Hkv S D] [--causal] [--deterministic]
+    python benchmarks/tuning/attention_kernel_times.py [B H Hkv S D] [--full] [--deterministic]
+
+causal unless --full.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import opforge
 def main(argv: list[str]) -> None:
     nums = [int(a) for a in argv if not a.startswith("--")] or [4, 16, 16, 4096, 128]
     B, H, Hkv, S, D = nums
-    causal = "--causal" in argv or "--full" not in argv
+    causal = "--full" not in argv
     det = "--deterministic" in argv
     dev = torch.device("cuda")
     q = torch.randn(B, H, S, D, device=dev, dtype=torch.bfloat16, requires_grad=True)
