@@ -8,18 +8,21 @@
 #   TESTS=0 BENCH=1 MEMCHECK=1         skip the tests / run the full benchmark / the memcheck subset
 #   CASES_FLAGS=--graphs               extra flags for the CASES rows (attention_cases.py)
 #   KERNEL=decode                      the kernel-name regex NCU profiles (default: hopper)
+#   TESTS_K="forward" TESTS_FILES="tests/test_attention_cuda.py tests/test_matmul.py"   a test subset
+# FlashAttention-4, where fa4_peer.sh installed it into /root/site on this machine, is on the path.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/attn}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
+[ -d /root/site ] && export PYTHONPATH=$PWD:/root/site:/root/site/nvidia_cutlass_dsl/dsl_packages
 status=0
 { date -u; nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv; echo "commit ${OPFORGE_COMMIT:-?}"; } > "$OUT/env.txt" 2>&1
 start=$(date +%s)
 MAX_JOBS=16 python3 -m pip install --no-build-isolation --no-deps -e . > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
 echo "built in $(( $(date +%s) - start )) s"
 if [ "${TESTS:-1}" = 1 ]; then
-  timeout 300 python3 -m pytest tests/test_attention_cuda.py -q -n 8 -p no:cacheprovider > "$OUT/tests.log" 2>&1 || status=1
+  timeout 300 python3 -m pytest ${TESTS_FILES:-tests/test_attention_cuda.py} -q -n 8 -p no:cacheprovider -k "${TESTS_K:-}" > "$OUT/tests.log" 2>&1 || status=1
   tail -3 "$OUT/tests.log"
 fi
 IFS=';' read -ra rows <<< "${CASES:-}"
