@@ -64,6 +64,8 @@ at::Tensor to_device_async(const at::Tensor& src, at::Device device);
 // names the kernel ("auto", "tiled" / "decode" on the CPU, "decode" / "hopper" / "mma_sync" on CUDA:
 // docs/attention.md); one that cannot serve the call raises a ValueError saying why. `deterministic` is
 // the backward's (the forward is always deterministic): the autograd of the Python API reads it here.
+// cu_seqlens_q / cu_seqlens_k (int32 (B + 1,)): q, k, v hold B variable-length sequences packed along
+// their sequence dim in a batch of one (the Python opforge.attention_varlen takes (total, H, D)).
 std::tuple<at::Tensor, at::Tensor> attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                              double scale, double softcap = 0.0, bool causal = false,
                                              int64_t window_left = -1, int64_t window_right = -1,
@@ -76,6 +78,8 @@ std::tuple<at::Tensor, at::Tensor> attention(const at::Tensor& q, const at::Tens
                                              int64_t block_q = 128, int64_t block_k = 128,
                                              const std::optional<at::Tensor>& kv_lens = std::nullopt,
                                              c10::string_view variant = "auto",
-                                             std::optional<bool> deterministic = std::nullopt);
+                                             std::optional<bool> deterministic = std::nullopt,
+                                             const std::optional<at::Tensor>& cu_seqlens_q = std::nullopt,
+                                             const std::optional<at::Tensor>& cu_seqlens_k = std::nullopt);
 
 }  // namespace opforge

@@ -20,16 +20,20 @@ TORCH_LIBRARY(opforge, m) {
   // Attention over (B, H, S, D) q and (B, Hkv, S, D) k, v with a pattern (attention/attention_params.h
   // defines it): causal, a window (-1: unbounded side), a prefix, segment ids, a block mask (kinds,
   // partial index, bits), per-sequence key counts (the forward only). Returns the output and the log-sum-exp of each query's scores.
+  // cu_seqlens_q / cu_seqlens_k (B + 1,) offsets: packed variable-length sequences (varlen) in a
+  // batch of one (q (1, Hq, total_q, D), k and v (1, Hkv, total_k, D)), each its own sequence.
   m.def(
       "attention(Tensor q, Tensor k, Tensor v, float scale, float softcap, bool causal, int window_left, "
       "int window_right, int prefix_len, Tensor? q_segments, Tensor? kv_segments, Tensor? mask_kinds, "
-      "Tensor? mask_index, Tensor? mask_bits, int block_q, int block_k, Tensor? kv_lens=None, *, "
-      "str variant=\"auto\", bool? deterministic=None) -> (Tensor, Tensor)");
+      "Tensor? mask_index, Tensor? mask_bits, int block_q, int block_k, Tensor? kv_lens=None, "
+      "Tensor? cu_seqlens_q=None, Tensor? cu_seqlens_k=None, *, str variant=\"auto\", bool? deterministic=None) -> "
+      "(Tensor, Tensor)");
   m.def(
       "attention_backward(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor? grad_lse, "
       "float scale, float softcap, bool causal, int window_left, int window_right, int prefix_len, "
       "Tensor? q_segments, Tensor? kv_segments, Tensor? mask_kinds, Tensor? mask_index, Tensor? mask_bits, "
-      "int block_q, int block_k, *, str variant=\"auto\", bool? deterministic=None) -> (Tensor, Tensor, Tensor)");
+      "int block_q, int block_k, Tensor? cu_seqlens_q=None, Tensor? cu_seqlens_k=None, *, str variant=\"auto\", "
+      "bool? deterministic=None) -> (Tensor, Tensor, Tensor)");
   // The attention kernel a call of these sizes gets on `device` under `variant` (the one rule the
   // CPU and CUDA backends follow: attention/attention_heuristics.h); a ValueError where a named
   // variant cannot serve it.

@@ -9,7 +9,7 @@ from opforge._loader import built_with_cuda, load_extension
 load_extension()
 
 from opforge.masks import BlockMask, block_mask  # noqa: E402
-from opforge.ops.attention import attention  # noqa: E402
+from opforge.ops.attention import attention, attention_varlen  # noqa: E402
 from opforge.ops.copy_async import copy_async, to_device_async  # noqa: E402
 from opforge.ops.matmul import matmul  # noqa: E402
 from opforge.ops.nms import batched_nms, nms, nms_padded  # noqa: E402
@@ -22,6 +22,7 @@ __all__ = [
     "FrameInfo",
     "__version__",
     "attention",
+    "attention_varlen",
     "batched_nms",
     "block_mask",
     "built_with_cuda",

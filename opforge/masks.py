@@ -10,6 +10,9 @@ FlashAttention does, so that a KV cache's new tokens see all the old ones). Key 
   prefix, `prefix_means_causal`), and
 - a block mask (`BlockMask`, from any ``fn(b, h, q, kv) -> bool``), when given, allows it.
 
+Packed variable-length sequences (``cu_seqlens``, `varlen_mask`) apply the causal / window part
+to each sequence on its own, queries aligned to the end of their sequence's keys.
+
 `pattern_mask` and `BlockMask.to_dense` are the reference's masks; the kernels evaluate the same
 rules (csrc/attention/attention_params.h) tile by tile.
 """
@@ -57,6 +60,25 @@ def pattern_mask(
         ok &= kv >= q - min(left, reach)
     if prefix_len:
         ok |= kv < min(prefix_len, reach)
+    return ok
+
+
+def varlen_mask(
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    *,
+    causal: bool = False,
+    window: tuple[int | None, int | None] | None = None,
+    device: torch.device | str | None = None,
+) -> torch.Tensor:
+    """(total_q, total_k) bool: what each query of packed variable-length sequences sees
+    (opforge.attention_varlen). Sequence b holds queries ``[cu_seqlens_q[b], cu_seqlens_q[b + 1])``
+    and keys ``[cu_seqlens_k[b], cu_seqlens_k[b + 1])``; a query sees keys of its own sequence only,
+    as `pattern_mask` of that sequence's lengths allows (its queries at the end of its keys)."""
+    cu_q, cu_k = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
+    ok = torch.zeros(cu_q[-1], cu_k[-1], dtype=torch.bool, device=device)
+    for q0, q1, k0, k1 in zip(cu_q[:-1], cu_q[1:], cu_k[:-1], cu_k[1:], strict=True):
+        ok[q0:q1, k0:k1] = pattern_mask(q1 - q0, k1 - k0, causal=causal, window=window, device=device)
     return ok
 
 

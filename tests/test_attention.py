@@ -1,7 +1,7 @@
 """opforge.attention: every pattern against a float64 reference with an explicit boolean mask,
 dtypes, odd lengths, Sq != Sk, GQA, fully masked rows, block masks, softcap, gradients (gradcheck,
 against the reference, determinism, the LSE's gradient), layouts, errors, opcheck, compile,
-training; opforge.block_mask."""
+training; opforge.block_mask; packed variable-length sequences (opforge.attention_varlen)."""
 
 from __future__ import annotations
 
@@ -1011,3 +1011,431 @@ def test_variant_errors_backward_and_kv_lens():
     got = opforge.attention(q, k, v, kv_lens=lens, causal=True, variant="tiled")
     want = reference.attention(q.double(), k.double(), v.double(), kv_lens=lens, causal=True)
     assert (got.double() - want).abs().max() < 2e-5
+
+
+# ---- packed variable-length sequences (opforge.attention_varlen, cu_seqlens) --------------------
+
+VARLEN_PATTERNS = {
+    "full": {},
+    "causal": dict(causal=True),
+    "sliding": dict(causal=True, window=(9, 0)),
+    "window both sides": dict(window=(5, 3)),
+    "softcap": dict(causal=True, softcap=3.0),
+}
+# Per-sequence (queries, keys): Sq != Sk both ways, empty on either side and on both, one token,
+# sequences of more than one query tile (96) and key tile (128).
+VARLEN_LENGTHS = [(5, 9), (0, 4), (130, 100), (7, 0), (1, 1), (0, 0), (150, 270), (3, 3)]
+
+
+def cu_seqlens(lengths, dtype=torch.int32):
+    return torch.tensor([0, *torch.tensor(lengths, dtype=torch.int64).cumsum(0).tolist()], dtype=dtype)
+
+
+def varlen_case(lengths, Hq, Hkv, D, dtype=torch.float32, index_dtype=torch.int32):
+    """Packed q (total_q, Hq, D), k and v (total_k, Hkv, D) and their offsets."""
+    lq, lk = [n for n, _ in lengths], [n for _, n in lengths]
+    q = torch.randn(sum(lq), Hq, D, dtype=dtype)
+    k = torch.randn(sum(lk), Hkv, D, dtype=dtype)
+    v = torch.randn(sum(lk), Hkv, D, dtype=dtype)
+    return q, k, v, cu_seqlens(lq, index_dtype), cu_seqlens(lk, index_dtype)
+
+
+def poison_cpu_allocator(nbytes: int) -> None:
+    """Leave NaN in memory the CPU allocator hands out next (glibc reuses a freed block of a similar
+    size), so that an output element a kernel fails to write shows up as NaN instead of a lucky
+    zero (in 32- and 16-bit dtypes; as float64 the pattern reads about 2e307, still not zero)."""
+    blocks = [torch.full((max(nbytes, 4) // 4 + 64,), 0x7FC07FC0, dtype=torch.int32) for _ in range(3)]
+    del blocks
+
+
+def assert_varlen_rows(out, lse, lengths, cu_q):
+    """Queries of sequences without keys: zeros and an LSE of -inf, exactly."""
+    for b, (sq, sk) in enumerate(lengths):
+        if sq and not sk:
+            rows = slice(int(cu_q[b]), int(cu_q[b + 1]))
+            assert (out[rows] == 0).all() and (lse[:, rows] == -math.inf).all()
+
+
+@pytest.mark.parametrize("heads", [(4, 2, 80), (3, 3, 13)], ids=["gqa d80", "d13"])
+@pytest.mark.parametrize("name", list(VARLEN_PATTERNS))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16], ids=str)
+def test_varlen_matches_reference(dtype, name, heads):
+    """Forward (output, LSE) and backward (dq, dk, dv) against the float64 reference run one
+    sequence at a time; outputs poisoned before the kernels write them."""
+    Hq, Hkv, D = heads
+    kw = VARLEN_PATTERNS[name]
+    q, k, v, cu_q, cu_k = varlen_case(VARLEN_LENGTHS, Hq, Hkv, D, dtype)
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    poison_cpu_allocator(q.numel() * q.element_size())
+    out, lse = opforge.attention_varlen(q, k, v, cu_q, cu_k, return_lse=True, **kw)
+    qd, kd, vd = (t.detach().double().requires_grad_() for t in (q, k, v))
+    want, want_lse = reference.attention_varlen(qd, kd, vd, cu_q, cu_k, return_lse=True, **kw)
+    assert out.shape == q.shape and out.dtype == dtype and out.is_contiguous()
+    assert lse.shape == (Hq, q.shape[0]) and lse.dtype == (
+        torch.float64 if dtype == torch.float64 else torch.float32
+    )
+    assert not out.isnan().any() and not lse.isnan().any()
+    assert torch.equal(lse.isinf(), want_lse.isinf())
+    assert_varlen_rows(out, lse, VARLEN_LENGTHS, cu_q)
+    finite = want_lse.isfinite()
+    lse_err = (lse.double() - want_lse)[finite].abs().max().item()
+    go = torch.randn_like(out)
+    poison_cpu_allocator(k.numel() * k.element_size())
+    grads = torch.autograd.grad(out, (q, k, v), go)
+    wants = torch.autograd.grad(want, (qd, kd, vd), go.double())
+    for g in grads:
+        assert not g.isnan().any()
+    if dtype in TOL:
+        assert (out.double() - want).abs().max().item() <= TOL[dtype] and lse_err <= TOL[dtype] * 10
+        for g, w in zip(grads, wants, strict=True):
+            assert (g.double() - w).abs().max().item() <= 10 * TOL[dtype] * max(1.0, w.abs().max().item())
+    else:  # 16-bit: within 2x the error of PyTorch's own arithmetic in that dtype (the reference in bf16)
+        ql, kl, vl = (t.detach().clone().requires_grad_() for t in (q, k, v))
+        low = reference.attention_varlen(ql, kl, vl, cu_q, cu_k, **kw)
+        err, torch_err = errors(out, want, low)
+        assert err <= 2 * torch_err + 1e-3, (err, torch_err)
+        assert lse_err <= 1e-3 * max(1.0, want_lse[finite].abs().max().item())
+        lows = torch.autograd.grad(low, (ql, kl, vl), go)
+        for g, w, lg in zip(grads, wants, lows, strict=True):
+            err, torch_err = errors(g, w, lg)
+            assert err <= 2 * torch_err + 1e-3 * max(1.0, w.abs().max().item()), (err, torch_err)
+    # Keys of sequences without queries get exactly zero gradients.
+    for b, (sq, sk) in enumerate(VARLEN_LENGTHS):
+        if sk and not sq:
+            rows = slice(int(cu_k[b]), int(cu_k[b + 1]))
+            assert (grads[1][rows] == 0).all() and (grads[2][rows] == 0).all()
+
+
+def test_varlen_random_lengths():
+    """Many sequences of random lengths (fresh every run; int64 offsets), sliding window, float32."""
+    B = 12
+    lengths = [(int(a), int(b)) for a, b in torch.randint(0, 160, (B, 2))]
+    q, k, v, cu_q, cu_k = varlen_case(lengths, 4, 1, 32, index_dtype=torch.int64)
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    kw = dict(causal=True, window=(40, 0))
+    poison_cpu_allocator(q.numel() * 4)
+    out, lse = opforge.attention_varlen(q, k, v, cu_q, cu_k, return_lse=True, **kw)
+    qd, kd, vd = (t.detach().double().requires_grad_() for t in (q, k, v))
+    want, want_lse = reference.attention_varlen(qd, kd, vd, cu_q, cu_k, return_lse=True, **kw)
+    assert (out.double() - want).abs().max() < 2e-5 and torch.equal(lse.isinf(), want_lse.isinf())
+    assert_varlen_rows(out, lse, lengths, cu_q)
+    go = torch.randn_like(out)
+    poison_cpu_allocator(k.numel() * 4)
+    for g, w in zip(
+        torch.autograd.grad(out, (q, k, v), go),
+        torch.autograd.grad(want, (qd, kd, vd), go.double()),
+        strict=True,
+    ):
+        assert (g.double() - w).abs().max().item() <= 1e-4 * max(1.0, w.abs().max().item())
+
+
+def test_varlen_one_sequence_is_attention():
+    """One packed sequence is opforge.attention of the (1, H, S, D) view (Sq != Sk: the end of the
+    keys); each sequence of several is opforge.attention of that sequence alone."""
+    q, k, v, cu_q, cu_k = varlen_case([(70, 150)], 4, 2, 16)
+    got = opforge.attention_varlen(q, k, v, cu_q, cu_k, causal=True, window=(30, 5))
+    view = [t.transpose(0, 1)[None] for t in (q, k, v)]
+    want = opforge.attention(*view, causal=True, window=(30, 5))[0].transpose(0, 1)
+    torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-6)
+    lengths = [(40, 60), (100, 20), (17, 17)]
+    q, k, v, cu_q, cu_k = varlen_case(lengths, 2, 2, 24)
+    got = opforge.attention_varlen(q, k, v, cu_q, cu_k, causal=True)
+    for b in range(len(lengths)):
+        rq, rk = slice(int(cu_q[b]), int(cu_q[b + 1])), slice(int(cu_k[b]), int(cu_k[b + 1]))
+        alone = opforge.attention(
+            q[rq].transpose(0, 1)[None], k[rk].transpose(0, 1)[None], v[rk].transpose(0, 1)[None], causal=True
+        )
+        torch.testing.assert_close(got[rq], alone[0].transpose(0, 1), atol=1e-6, rtol=1e-6)
+
+
+def test_varlen_layouts_and_arguments():
+    """Strided inputs (q, k, v as views of one packed (total, 3, H, D) tensor), int64 offsets,
+    max_seqlen_* accepted and changing nothing, the LSE's layout (Hq, total_q), deterministic=."""
+    lengths = [(30, 30), (0, 0), (50, 50), (9, 9)]
+    total = sum(n for n, _ in lengths)
+    qkv_packed = torch.randn(total, 3, 4, 16)
+    q, k, v = qkv_packed.unbind(1)
+    cu = cu_seqlens([n for n, _ in lengths])
+    out, lse = opforge.attention_varlen(q, k, v, cu, cu, causal=True, return_lse=True)
+    want, want_lse = reference.attention_varlen(
+        q.double(), k.double(), v.double(), cu, cu, causal=True, return_lse=True
+    )
+    assert (out.double() - want).abs().max() < 2e-5
+    assert lse.shape == (4, total) and lse.is_contiguous()
+    assert (lse.double() - want_lse).abs().max() < 1e-4
+    for kw in (dict(max_seqlen_q=50, max_seqlen_k=50), dict(max_seqlen_q=1, max_seqlen_k=0)):
+        assert torch.equal(opforge.attention_varlen(q, k, v, cu.long(), cu.long(), causal=True, **kw), out)
+    go = torch.randn_like(out)
+    got = []
+    for det in (None, True, False):
+        leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+        o = opforge.attention_varlen(*leaves, cu, cu, causal=True, deterministic=det)
+        got.append(torch.autograd.grad(o, leaves, go))
+    for a in got[1:]:
+        for x, y in zip(got[0], a, strict=True):
+            assert torch.equal(x, y)
+
+
+@pytest.mark.parametrize(
+    "kw", [dict(causal=True), dict(window=(2, 1), softcap=1.5)], ids=["causal", "window softcap"]
+)
+def test_varlen_gradcheck(kw):
+    q, k, v, cu_q, cu_k = varlen_case([(3, 5), (0, 2), (4, 4), (2, 0), (2, 1)], 2, 1, 4, torch.float64)
+
+    def f(q, k, v):
+        out, lse = opforge.attention_varlen(q, k, v, cu_q, cu_k, return_lse=True, **kw)
+        return out, torch.where(lse.isfinite(), lse, 0.0)
+
+    assert torch.autograd.gradcheck(f, tuple(t.requires_grad_() for t in (q, k, v)))
+
+
+def test_varlen_transforms():
+    """torch.func.grad and jvp (forward mode) match the reference; vmap over q, k, v folds the mapped
+    dimension into the heads; double backward (gradgradcheck); mapped offsets are refused."""
+    lengths = [(3, 5), (0, 2), (4, 4), (2, 0)]
+    q, k, v, cu_q, cu_k = varlen_case(lengths, 2, 1, 3, torch.float64)
+    kw = dict(causal=True, softcap=2.0)
+    w = torch.randn_like(q)
+
+    def loss(f):
+        return lambda q, k, v: (f(q, k, v, cu_q, cu_k, **kw) * w).sum()
+
+    got = torch.func.grad(loss(opforge.attention_varlen), argnums=(0, 1, 2))(q, k, v)
+    want = torch.func.grad(loss(reference.attention_varlen), argnums=(0, 1, 2))(q, k, v)
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-10, rtol=1e-8)
+    tangents = tuple(torch.randn_like(t) for t in (q, k, v))
+    _, t_out = torch.func.jvp(
+        lambda q, k, v: opforge.attention_varlen(q, k, v, cu_q, cu_k, **kw), (q, k, v), tangents
+    )
+    _, w_out = torch.func.jvp(
+        lambda q, k, v: reference.attention_varlen(q, k, v, cu_q, cu_k, **kw), (q, k, v), tangents
+    )
+    # (the last sequence has no keys: the reference's tangent is NaN there, ours 0)
+    seen = torch.ones(q.shape[0], dtype=torch.bool)
+    seen[int(cu_q[3]) : int(cu_q[4])] = False
+    assert t_out.abs().max() > 0
+    torch.testing.assert_close(t_out[seen], w_out[seen], atol=1e-9, rtol=1e-7)
+    assert (t_out[~seen] == 0).all()
+    qs, ks, vs = (torch.randn(3, *t.shape, dtype=torch.float64) for t in (q, k, v))
+    mapped = torch.func.vmap(lambda q, k, v: opforge.attention_varlen(q, k, v, cu_q, cu_k, **kw))(qs, ks, vs)
+    loop = torch.stack([reference.attention_varlen(qs[i], ks[i], vs[i], cu_q, cu_k, **kw) for i in range(3)])
+    torch.testing.assert_close(mapped, loop, atol=1e-10, rtol=1e-8)
+    one_k = torch.func.vmap(lambda q: opforge.attention_varlen(q, k, v, cu_q, cu_k, **kw), in_dims=1)(
+        qs.movedim(0, 1)
+    )
+    torch.testing.assert_close(
+        one_k, torch.stack([reference.attention_varlen(qs[i], k, v, cu_q, cu_k, **kw) for i in range(3)])
+    )
+    jac = torch.func.jacrev(lambda v: opforge.attention_varlen(q, k, v, cu_q, cu_k, **kw))(v)
+    torch.testing.assert_close(
+        jac, torch.func.jacrev(lambda v: reference.attention_varlen(q, k, v, cu_q, cu_k, **kw))(v)
+    )
+
+    def f(q, k, v):
+        out, lse = opforge.attention_varlen(q, k, v, cu_q, cu_k, return_lse=True, **kw)
+        return out, torch.where(lse.isfinite(), lse, 0.0)
+
+    assert torch.autograd.gradgradcheck(f, tuple(t.clone().requires_grad_() for t in (q, k, v)))
+    with pytest.raises(
+        NotImplementedError, match=r"opforge.attention_varlen: vmap over cu_seqlens_q is not supported"
+    ):
+        torch.func.vmap(lambda c: opforge.attention_varlen(q, k, v, c, cu_k))(torch.stack([cu_q, cu_q]))
+
+
+def test_varlen_torch_compile_fullgraph():
+    q, k, v, cu_q, cu_k = varlen_case([(20, 30), (0, 5), (40, 40)], 4, 2, 16)
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+
+    def f(q, k, v, cu_q, cu_k):
+        return opforge.attention_varlen(
+            q, k, v, cu_q, cu_k, 40, 40, causal=True, window=(8, 0), return_lse=True
+        )
+
+    out, lse = torch.compile(f, fullgraph=True)(q, k, v, cu_q, cu_k)
+    want, want_lse = f(q, k, v, cu_q, cu_k)
+    torch.testing.assert_close(out, want)
+    torch.testing.assert_close(lse, want_lse)
+    go = torch.randn_like(out)
+    got = torch.autograd.grad(out, (q, k, v), go)
+    for a, b in zip(got, torch.autograd.grad(want, (q, k, v), go), strict=True):
+        torch.testing.assert_close(a, b)
+
+
+def test_varlen_opcheck():
+    """torch.library.opcheck of the raw ops (forward and backward) with the offsets, on the (1, H,
+    total, D) views of packed tensors."""
+    q, k, v, cu_q, cu_k = varlen_case([(7, 11), (0, 3), (20, 9), (5, 0)], 4, 2, 16)
+    q4, k4, v4 = (t.unsqueeze(0).transpose(1, 2).requires_grad_() for t in (q, k, v))
+    offsets = dict(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k)
+    for causal, left, right, softcap in ((True, -1, -1, 0.0), (False, 3, 2, 2.0)):
+        args = (q4, k4, v4, 0.25, softcap, causal, left, right, 0, *(None,) * 5, 128, 128)
+        torch.library.opcheck(torch.ops.opforge.attention.default, args, offsets)
+    out, lse = torch.ops.opforge.attention.default(*args, **offsets)
+    bwd = (torch.randn_like(out), q4.detach(), k4.detach(), v4.detach(), out.detach(), lse.detach(), None)
+    torch.library.opcheck(
+        torch.ops.opforge.attention_backward.default,
+        (*bwd, 0.25, 2.0, False, 3, 2, 0, *(None,) * 5, 128, 128),
+        offsets,
+    )
+
+
+VARLEN_ERRORS = [
+    (
+        "q 4-D",
+        lambda a: a.update(q=a["q"][None]),
+        ValueError,
+        r"opforge.attention_varlen: q must be 3-D \(total tokens, heads, head_dim\), got 4-D",
+    ),
+    ("v 2-D", lambda a: a.update(v=a["v"][:, 0]), ValueError, r"opforge.attention_varlen: v must be 3-D"),
+    (
+        "cu float",
+        lambda a: a.update(cu_seqlens_q=a["cu_seqlens_q"].float()),
+        TypeError,
+        r"opforge.attention_varlen: cu_seqlens_q must be int32 or int64, got float32",
+    ),
+    (
+        "cu 2-D",
+        lambda a: a.update(cu_seqlens_k=a["cu_seqlens_k"][None]),
+        ValueError,
+        r"opforge.attention_varlen: cu_seqlens_k must be 1-D \(number of sequences \+ 1,\), "
+        r"got shape \[1, 4\]",
+    ),
+    (
+        "cu not a tensor",
+        lambda a: a.update(cu_seqlens_q=[0, 5]),
+        TypeError,
+        r"opforge.attention_varlen: cu_seqlens_q must be a torch.Tensor, got list",
+    ),
+    (
+        "cu lengths",
+        lambda a: a.update(cu_seqlens_k=a["cu_seqlens_k"][:3]),
+        ValueError,
+        r"opforge.attention_varlen: cu_seqlens_q and cu_seqlens_k must have the same length "
+        r"\(sequences \+ 1\), got 4 and 3",
+    ),
+    (
+        "cu start",
+        lambda a: a["cu_seqlens_q"].add_(1),
+        ValueError,
+        r"opforge.attention: cu_seqlens_q must start at 0, got 1",
+    ),
+    (
+        "cu decreasing",
+        lambda a: a["cu_seqlens_k"].copy_(torch.tensor([0, 9, 4, 20])),
+        ValueError,
+        r"opforge.attention: cu_seqlens_k must not decrease, got 9 then 4 at index 2",
+    ),
+    (
+        "cu end",
+        lambda a: a["cu_seqlens_q"][-1].sub_(1),
+        ValueError,
+        r"opforge.attention: cu_seqlens_q must end at the packed length 17 \(every row in one "
+        r"sequence\), got 16",
+    ),
+    (
+        "q dtype",
+        lambda a: a.update(q=a["q"].int(), k=a["k"].int(), v=a["v"].int()),
+        RuntimeError,
+        r"q must be one of \(float16",
+    ),
+    ("k dtype", lambda a: a.update(k=a["k"].double()), RuntimeError, r"k must have the same dtype as q"),
+    ("gqa ratio", lambda a: a.update(q=a["q"][:, :3]), ValueError, r"multiple of k's and v's heads"),
+    (
+        "window",
+        lambda a: a.update(window=(-1, 0)),
+        ValueError,
+        r"opforge.attention_varlen: window sides must be ints >= 0 or None",
+    ),
+    (
+        "softcap",
+        lambda a: a.update(softcap=-2.0),
+        ValueError,
+        r"opforge.attention_varlen: softcap must be a positive number",
+    ),
+    (
+        "scale",
+        lambda a: a.update(scale=math.inf),
+        ValueError,
+        r"opforge.attention_varlen: scale must be a finite number",
+    ),
+    (
+        "causal",
+        lambda a: a.update(causal=None),
+        TypeError,
+        r"opforge.attention_varlen: causal must be a bool, got NoneType",
+    ),
+    (
+        "max_seqlen negative",
+        lambda a: a.update(max_seqlen_q=-1),
+        ValueError,
+        r"opforge.attention_varlen: max_seqlen_q must be >= 0, got -1",
+    ),
+    (
+        "max_seqlen type",
+        lambda a: a.update(max_seqlen_k=2.5),
+        TypeError,
+        r"opforge.attention_varlen: max_seqlen_k must be an int or None, got float",
+    ),
+    (
+        "deterministic",
+        lambda a: a.update(deterministic="yes"),
+        TypeError,
+        r"opforge.attention_varlen: deterministic must be a bool or None, got str",
+    ),
+    (
+        "variant decode",
+        lambda a: a.update(variant="decode"),
+        ValueError,
+        r"opforge.attention: variant 'decode' does not take packed sequences \(cu_seqlens\); on the "
+        r"CPU they run on: auto, tiled",
+    ),
+]
+
+
+@pytest.mark.parametrize("name,change,err,msg", VARLEN_ERRORS, ids=[e[0] for e in VARLEN_ERRORS])
+def test_varlen_errors(name, change, err, msg):
+    q, k, v, cu_q, cu_k = varlen_case([(5, 9), (2, 4), (10, 7)], 4, 2, 8)
+    args = dict(q=q, k=k, v=v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k)
+    change(args)
+    with pytest.raises(err, match=msg):
+        opforge.attention_varlen(**args)
+
+
+def test_varlen_errors_raw_op():
+    """The raw ops' checks: a batch of one, offsets in pairs, what combines with them, the
+    backward's offsets."""
+    q, k, v, cu_q, cu_k = varlen_case([(5, 9), (2, 4)], 2, 2, 8)
+    q4, k4, v4 = (t.unsqueeze(0).transpose(1, 2) for t in (q, k, v))
+    raw = torch.ops.opforge.attention.default
+    offsets = dict(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k)
+    with pytest.raises(
+        ValueError,
+        match=r"opforge.attention: with cu_seqlens, q, k and v hold the packed sequences in a batch of "
+        r"one, got a batch of 2",
+    ):
+        raw(*(t.expand(2, -1, -1, -1) for t in (q4, k4, v4)), 0.5, 0.0, *NO_PATTERN, **offsets)
+    with pytest.raises(ValueError, match=r"cu_seqlens_q and cu_seqlens_k go together"):
+        raw(q4, k4, v4, 0.5, 0.0, *NO_PATTERN, cu_seqlens_q=cu_q)
+    combine = r"cu_seqlens \(packed sequences\) combine with causal, a window and softcap only, not with "
+    seg_q, seg_k = torch.zeros(1, 7, dtype=torch.long), torch.zeros(1, 13, dtype=torch.long)
+    with pytest.raises(ValueError, match=combine + "segment ids"):
+        raw(q4, k4, v4, 0.5, 0.0, False, -1, -1, 0, seg_q, seg_k, None, None, None, 128, 128, **offsets)
+    with pytest.raises(ValueError, match=combine + "a prefix"):
+        raw(q4, k4, v4, 0.5, 0.0, True, -1, -1, 3, *(None,) * 5, 128, 128, **offsets)
+    m = block_mask(lambda b, h, i, j: i >= j, None, None, 7, 13, block_size=64)
+    with pytest.raises(ValueError, match=combine + "a block mask"):
+        raw(q4, k4, v4, 0.5, 0.0, False, -1, -1, 0, None, None, m.kinds, m.index, m.bits, 64, 64, **offsets)
+    with pytest.raises(ValueError, match=combine + "kv_lens"):
+        raw(q4, k4, v4, 0.5, 0.0, *NO_PATTERN, torch.tensor([13]), **offsets)
+    with pytest.raises(RuntimeError, match=r"cu_seqlens_k must be one of \(int32, int64\), got float32"):
+        raw(q4, k4, v4, 0.5, 0.0, *NO_PATTERN, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k.float())
+    out, lse = raw(q4, k4, v4, 0.5, 0.0, *NO_PATTERN, **offsets)
+    bad = cu_k.clone()
+    bad[1] = 20
+    with pytest.raises(
+        ValueError, match=r"opforge.attention_backward: cu_seqlens_k must not decrease, got 20 then 13"
+    ):
+        torch.ops.opforge.attention_backward.default(
+            out, q4, k4, v4, out, lse, None, 0.5, 0.0, *NO_PATTERN, cu_seqlens_q=cu_q, cu_seqlens_k=bad
+        )

@@ -7,6 +7,7 @@ opcheck, compile, errors; the decode kernels (few rows, long caches) and per-seq
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import pytest
@@ -578,3 +579,186 @@ def test_kv_lens_cuda_graph():
         assert torch.equal(out, opforge.attention(q, k, v, kv_lens=lens, **kw))
         want = reference.attention(q.double(), k.double(), v.double(), kv_lens=lens, **kw)
         assert max_err(out, want) < 2e-2
+
+
+# ---- packed variable-length sequences (cu_seqlens) -------------------------------------------
+
+# Query and key lengths of the packed sequences: empty ones on either side, one row, tile edges
+# (63 / 64 / 65, 127 / 128 / 129), Sq != Sk both ways.
+VARLEN_Q = [0, 1, 63, 64, 65, 127, 128, 129, 300, 1000, 7]
+VARLEN_K = [5, 0, 64, 200, 65, 127, 128, 129, 280, 1000, 7]
+VARLEN_PATTERNS = {
+    "full": {},
+    "causal": dict(causal=True),
+    "sliding": dict(causal=True, window=(64, 0)),
+    "window": dict(window=(100, 30)),
+    "softcap": dict(causal=True, softcap=30.0),
+}
+
+
+def varlen_case(lens_q, lens_k, hq, hkv, d, dtype=torch.bfloat16):
+    """Packed (total, H, D) q, k, v and their int32 offsets."""
+    cu = [
+        torch.tensor([0, *torch.tensor(n).cumsum(0).tolist()], dtype=torch.int32, device=DEV)
+        for n in (lens_q, lens_k)
+    ]
+    q = torch.randn(sum(lens_q), hq, d, dtype=dtype, device=DEV)
+    k, v = (torch.randn(sum(lens_k), hkv, d, dtype=dtype, device=DEV) for _ in range(2))
+    return q, k, v, cu[0], cu[1]
+
+
+def varlen_args(kw):
+    window = kw.get("window", (-1, -1))
+    return (
+        kw.get("softcap", 0.0),
+        kw.get("causal", False),
+        window[0],
+        window[1],
+        0,
+        None,
+        None,
+        None,
+        None,
+        None,
+        128,
+        128,
+    )
+
+
+def varlen_forward(q, k, v, cu_q, cu_k, kw, variant="auto", deterministic=None):
+    """The op on the (1, H, total, D) views: out (total, H, D), lse (H, total)."""
+    q4, k4, v4 = (t.unsqueeze(0).transpose(1, 2) for t in (q, k, v))
+    out, lse = torch.ops.opforge.attention.default(
+        q4,
+        k4,
+        v4,
+        q.shape[-1] ** -0.5,
+        *varlen_args(kw),
+        variant=variant,
+        deterministic=deterministic,
+        cu_seqlens_q=cu_q,
+        cu_seqlens_k=cu_k,
+    )
+    return out, lse
+
+
+def varlen_backward(q, k, v, cu_q, cu_k, go, kw, variant="auto", deterministic=None):
+    q4, k4, v4, go4 = (t.unsqueeze(0).transpose(1, 2) for t in (q, k, v, go))
+    out, lse = varlen_forward(q, k, v, cu_q, cu_k, kw, variant, deterministic)
+    grads = torch.ops.opforge.attention_backward.default(
+        go4,
+        q4,
+        k4,
+        v4,
+        out,
+        lse,
+        None,
+        q.shape[-1] ** -0.5,
+        *varlen_args(kw),
+        variant=variant,
+        deterministic=deterministic,
+        cu_seqlens_q=cu_q,
+        cu_seqlens_k=cu_k,
+    )
+    return [g.transpose(1, 2).squeeze(0) for g in grads]
+
+
+def sequences(t, cu):
+    """The packed sequences of t (total, H, D) as (1, H, S, D) views."""
+    cu = cu.tolist()
+    return [t[a:b].unsqueeze(0).transpose(1, 2) for a, b in itertools.pairwise(cu)]
+
+
+@pytest.mark.parametrize(
+    "d, variant", [(64, "hopper"), (128, "hopper"), (128, "mma_sync"), (256, "auto"), (80, "auto")]
+)
+@pytest.mark.parametrize("name", list(VARLEN_PATTERNS))
+def test_varlen_matches_reference(name, d, variant):
+    """Each packed sequence as its own attention (float64 reference, within 2x PyTorch's error in
+    bfloat16): the forward (out, LSE) and the backward (dq, dk, dv), a GQA group of 2."""
+    kw = VARLEN_PATTERNS[name]
+    q, k, v, cu_q, cu_k = varlen_case(VARLEN_Q, VARLEN_K, 4, 2, d)
+    go = torch.randn_like(q)
+    poison_cuda_allocator(q.numel() * 32, DEV)
+    out, lse = varlen_forward(q, k, v, cu_q, cu_k, kw, variant)
+    out = out.transpose(1, 2).squeeze(0)
+    assert out.shape == q.shape and lse.shape == (1, 4, q.shape[0])
+    got_grads = varlen_backward(q, k, v, cu_q, cu_k, go, kw, variant)
+    lse = lse[0]
+    for b, (qb, kb, vb, gob) in enumerate(
+        zip(*(sequences(t, c) for t, c in ((q, cu_q), (k, cu_k), (v, cu_k), (go, cu_q))), strict=True)
+    ):
+        a, e = cu_q[b].item(), cu_q[b + 1].item()
+        ka, ke = cu_k[b].item(), cu_k[b + 1].item()
+        got = out[a:e].unsqueeze(0).transpose(1, 2)
+        if qb.shape[2] and kb.shape[2]:
+            want, want_lse = reference.attention(qb.double(), kb.double(), vb.double(), return_lse=True, **kw)
+            low = reference.attention(qb, kb, vb, **kw)
+            assert max_err(got, want) <= 2 * max_err(low, want) + 1e-3, b
+            finite = want_lse[0].isfinite()
+            assert torch.equal(lse[:, a:e].isinf(), ~finite), b
+            if finite.any():
+                assert (lse[:, a:e].double() - want_lse[0])[finite].abs().max().item() <= 2e-2, b
+            want_g = reference_grads(qb.double(), kb.double(), vb.double(), gob.double(), kw)
+            low_g = reference_grads(qb, kb, vb, gob, kw)
+            for name_, g, w, lo in zip("qkv", got_grads, want_g, low_g, strict=True):
+                rows = (a, e) if name_ == "q" else (ka, ke)
+                gb = g[rows[0] : rows[1]].unsqueeze(0).transpose(1, 2)
+                assert not gb.isnan().any(), (b, name_)
+                assert max_err(gb, w) <= 2 * max_err(lo, w) + 2e-3, (b, name_)
+        else:  # nothing to see: zeros, LSE -inf, zero gradients
+            assert (got == 0).all() and lse[:, a:e].isneginf().all(), b
+            assert (got_grads[0][a:e] == 0).all() and (got_grads[1][ka:ke] == 0).all(), b
+            assert (got_grads[2][ka:ke] == 0).all(), b
+
+
+def test_varlen_deterministic_and_kernels():
+    """deterministic=True: bit-identical gradients from run to run over many packed sequences;
+    the Hopper kernels serve varlen calls (head dims 64 and 128)."""
+    lens = [700, 1500, 3, 129, 900]
+    q, k, v, cu_q, cu_k = varlen_case(lens, lens, 8, 2, 128)
+    go = torch.randn_like(q)
+    kw = dict(causal=True)
+    first = varlen_backward(q, k, v, cu_q, cu_k, go, kw, deterministic=True)
+    for _ in range(2):
+        again = varlen_backward(q, k, v, cu_q, cu_k, go, kw, deterministic=True)
+        for x, y in zip(first, again, strict=True):
+            assert torch.equal(x, y)
+    fast = varlen_backward(q, k, v, cu_q, cu_k, go, kw)
+    for x, y in zip(first, fast, strict=True):
+        assert (x.float() - y.float()).abs().max().item() <= 2e-2 * y.float().abs().max().item()
+    names = kernels_run(lambda: varlen_backward(q, k, v, cu_q, cu_k, go, kw))
+    assert {"attention_fwd_hopper_kernel", "attention_bwd_hopper_kernel"} <= names, names
+
+
+def test_varlen_cuda_graph_with_new_offsets():
+    """A varlen call captured in a CUDA graph (no host synchronization in it) replays with offsets
+    updated in place: the same result as a fresh call with the new offsets."""
+    q, k, v, cu_q, cu_k = varlen_case([300, 200, 524], [300, 200, 524], 4, 4, 128)
+    kw = dict(causal=True)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        varlen_forward(q, k, v, cu_q, cu_k, kw)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out, _ = varlen_forward(q, k, v, cu_q, cu_k, kw)
+    new = torch.tensor([0, 100, 700, 1024], dtype=torch.int32, device=DEV)
+    cu_q.copy_(new)
+    cu_k.copy_(new)
+    graph.replay()
+    want, _ = varlen_forward(q, k, v, new.clone(), new.clone(), kw)
+    assert torch.equal(out, want)
+
+
+def test_varlen_errors_cuda():
+    """Offsets read on the host: a ValueError naming the op and the argument."""
+    q, k, v, cu_q, cu_k = varlen_case([10, 20], [10, 20], 2, 2, 64)
+    bad = torch.tensor([0, 25, 20], dtype=torch.int32, device=DEV)
+    with pytest.raises(ValueError, match=r"opforge\.attention: cu_seqlens_q must not decrease"):
+        varlen_forward(q, k, v, bad, cu_k, {})
+    with pytest.raises(ValueError, match="cu_seqlens_k must end at the packed length 30"):
+        varlen_forward(q, k, v, cu_q, torch.tensor([0, 10, 29], dtype=torch.int32, device=DEV), {})
+    with pytest.raises(ValueError, match="variant 'decode' does not take packed sequences"):
+        varlen_forward(q, k, v, cu_q, cu_k, {}, variant="decode")

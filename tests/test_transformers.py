@@ -179,6 +179,30 @@ def test_packed_sequences_match_one_by_one(kind, masks_made):
 
 
 @pytest.mark.parametrize("kind", ["llama", "mistral", "gemma2"])
+def test_packed_sequences_with_flash_kwargs_run_varlen(kind, monkeypatch):
+    """DataCollatorWithFlattening(return_flash_attn_kwargs=True)'s cu_seq_lens_q / cu_seq_lens_k
+    reach the attention function: opforge.attention_varlen runs every layer, and the logits and
+    gradients are those of the sequences one by one."""
+    lengths = [11, 20, 7]
+    seqs = [torch.randint(1, VOCAB, (1, n)) for n in lengths]
+    ids = torch.cat(seqs, dim=1)
+    position_ids = torch.cat([torch.arange(n) for n in lengths])[None]
+    cu = torch.tensor([0, 11, 31, 38], dtype=torch.int32)
+    calls = []
+    real = opforge.attention_varlen
+    monkeypatch.setattr(opforge, "attention_varlen", lambda *a, **k: calls.append(k) or real(*a, **k))
+    model = build(kind, "opforge")
+    flash = dict(cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=20, max_length_k=20)
+    packed = model(ids, position_ids=position_ids, use_cache=False, **flash).logits
+    assert len(calls) == model.config.num_hidden_layers
+    with torch.no_grad():
+        alone = torch.cat([model(s).logits for s in seqs], dim=1)
+    assert close(packed.detach(), alone)
+    packed.sum().backward()  # (the varlen backward through every layer)
+    assert all(p.grad is not None and p.grad.isfinite().all() for p in model.parameters() if p.requires_grad)
+
+
+@pytest.mark.parametrize("kind", ["llama", "mistral", "gemma2"])
 def test_training_step_gradients_match(kind):
     ids = torch.randint(1, VOCAB, (2, 30))
     grads = {}

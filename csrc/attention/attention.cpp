@@ -123,6 +123,28 @@ void check_pattern(const char* op, const at::Tensor& q, const at::Tensor& k, dou
     TORCH_CHECK_VALUE(bits.dim() == 3 && bits.size(1) == p.block_q && bits.size(2) == p.block_k / 32, op,
                       ": mask_bits must be (partial blocks, ", p.block_q, ", ", p.block_k / 32, "), got ", bits.sizes());
   }
+  TORCH_CHECK_VALUE(p.cu_seqlens_q.has_value() == p.cu_seqlens_k.has_value(), op,
+                    ": cu_seqlens_q and cu_seqlens_k go together");
+  if (p.varlen()) {
+    TORCH_CHECK_VALUE(B == 1, op, ": with cu_seqlens, q, k and v hold the packed sequences in a batch of one, got a ",
+                      "batch of ", B);
+    TORCH_CHECK_VALUE(!p.q_segments && !p.mask_kinds && !p.kv_lens && p.prefix_len == 0, op,
+                      ": cu_seqlens (packed sequences) combine with causal, a window and softcap only, not with ",
+                      p.q_segments ? "segment ids" : p.mask_kinds ? "a block mask" : p.kv_lens ? "kv_lens" : "a prefix");
+    for (auto [name, t, total] : {std::tuple<const char*, const at::Tensor*, int64_t>{"cu_seqlens_q", &*p.cu_seqlens_q, Sq},
+                                  {"cu_seqlens_k", &*p.cu_seqlens_k, Sk}}) {
+      check_defined(op, name, *t);
+      check_dtype_in(op, name, *t, {at::kInt, at::kLong});
+      check_same_device(op, name, *t, "q", q);
+      TORCH_CHECK_VALUE(t->dim() == 1 && t->size(0) >= 1, op, ": ", name,
+                        " must be 1-D (number of sequences + 1,), got ", t->sizes());
+      TORCH_CHECK_VALUE(total < (int64_t{1} << 31), op, ": with cu_seqlens the packed sequences may hold at most ",
+                        "2^31 - 1 rows (int32 offsets), got ", total);
+    }
+    TORCH_CHECK_VALUE(p.cu_seqlens_q->size(0) == p.cu_seqlens_k->size(0), op,
+                      ": cu_seqlens_q and cu_seqlens_k must have the same length (sequences + 1), got ",
+                      p.cu_seqlens_q->size(0), " and ", p.cu_seqlens_k->size(0));
+  }
   if (p.kv_lens) {
     const at::Tensor& n = *p.kv_lens;
     check_defined(op, "kv_lens", n);
@@ -133,6 +155,20 @@ void check_pattern(const char* op, const at::Tensor& q, const at::Tensor& k, dou
 }
 
 at::Tensor int64_contiguous(const at::Tensor& t) { return t.to(at::kLong).contiguous(); }
+
+// Offsets that start at 0, end at `total` and never decrease (values on the host).
+void check_offsets(const char* op, const char* name, const at::Tensor& cu, int64_t total) {
+  const at::Tensor h = cu.to(at::kCPU, at::kLong).contiguous();
+  const int64_t* v = h.const_data_ptr<int64_t>();
+  const int64_t n = h.numel();
+  TORCH_CHECK_VALUE(v[0] == 0, op, ": ", name, " must start at 0, got ", v[0]);
+  for (int64_t i = 1; i < n; ++i) {
+    TORCH_CHECK_VALUE(v[i] >= v[i - 1], op, ": ", name, " must not decrease, got ", v[i - 1], " then ", v[i],
+                      " at index ", i);
+  }
+  TORCH_CHECK_VALUE(v[n - 1] == total, op, ": ", name, " must end at the packed length ", total,
+                    " (every row in one sequence), got ", v[n - 1]);
+}
 
 }  // namespace
 
@@ -183,13 +219,20 @@ void check_attention_backward_inputs(const at::Tensor& grad_out, const at::Tenso
   }
 }
 
-AttentionCall attention_call(const at::Tensor& q, const at::Tensor& k, bool kv_lens, bool backward) {
+void check_varlen_offsets(const char* op, const AttentionPatternArgs& pattern, int64_t total_q, int64_t total_k) {
+  if (!pattern.varlen()) return;
+  check_offsets(op, "cu_seqlens_q", *pattern.cu_seqlens_q, total_q);
+  check_offsets(op, "cu_seqlens_k", *pattern.cu_seqlens_k, total_k);
+}
+
+AttentionCall attention_call(const at::Tensor& q, const at::Tensor& k, bool kv_lens, bool backward, bool varlen) {
   AttentionCall call;
   call.cuda = q.is_cuda();
   call.heads = q.size(1), call.kv_heads = k.size(1), call.sq = q.size(2), call.sk = k.size(2);
   call.head_dim = q.size(3);
   call.kv_lens = kv_lens;
   call.backward = backward;
+  call.varlen = varlen;
   return call;
 }
 
@@ -205,6 +248,8 @@ AttentionKernel choose_attention_kernel(const char* op, const AttentionCall& cal
              : call.hopper_missing ? AttentionKernel::kMmaSync
                                    : AttentionKernel::kHopper;
   } else if (variant == "decode" && !call.backward) {
+    TORCH_CHECK_VALUE(!call.varlen, op, ": variant 'decode' does not take packed sequences (cu_seqlens); on ", device,
+                      " they run on: ", call.cuda ? "auto, hopper, mma_sync" : "auto, tiled");
     TORCH_CHECK_VALUE(rows <= max_rows, op, ": variant 'decode' takes at most ", max_rows,
                       " query rows (Sq x the GQA group) per kv head", call.cuda ? " at head dim " : "",
                       call.cuda ? std::to_string(call.head_dim) : std::string(), ", got ", rows);
@@ -281,6 +326,7 @@ AttentionPlan plan_attention(const at::Tensor& q, const at::Tensor& k, const at:
   p.o_bs = out.stride(0), p.o_hs = out.stride(1), p.o_ss = out.stride(2);
   p.lse = lse.data_ptr();
   p.batch = q.size(0), p.heads = q.size(1), p.kv_heads = k.size(1), p.head_dim = q.size(3);
+  if (pattern.varlen()) p.batch = pattern.cu_seqlens_q->size(0) - 1;  // (the sequences)
   p.dtype = to_dtype(q.scalar_type());
   p.scale = scale;
   p.softcap = softcap;
@@ -315,6 +361,14 @@ AttentionPlan plan_attention(const at::Tensor& q, const at::Tensor& k, const at:
     plan.keep.push_back(index);
     plan.keep.push_back(bits);
   }
+  if (pattern.varlen()) {
+    plan.cu_seqlens_q = pattern.cu_seqlens_q->to(at::kInt).contiguous();
+    plan.cu_seqlens_k = pattern.cu_seqlens_k->to(at::kInt).contiguous();
+    pat.cu_seqlens_q = plan.cu_seqlens_q.const_data_ptr<int32_t>();
+    pat.cu_seqlens_k = plan.cu_seqlens_k.const_data_ptr<int32_t>();
+    pat.total_q = pat.sq;
+    pat.total_k = pat.sk;
+  }
   if (pattern.kv_lens) {
     plan.kv_lens = int64_contiguous(*pattern.kv_lens);
     pat.kv_lens = plan.kv_lens.const_data_ptr<int64_t>();
@@ -346,7 +400,9 @@ std::tuple<at::Tensor, at::Tensor> attention(const at::Tensor& q, const at::Tens
                                              const std::optional<at::Tensor>& mask_index,
                                              const std::optional<at::Tensor>& mask_bits, int64_t block_q,
                                              int64_t block_k, const std::optional<at::Tensor>& kv_lens,
-                                             c10::string_view variant, std::optional<bool> deterministic) {
+                                             c10::string_view variant, std::optional<bool> deterministic,
+                                             const std::optional<at::Tensor>& cu_seqlens_q,
+                                             const std::optional<at::Tensor>& cu_seqlens_k) {
   static auto op = c10::Dispatcher::singleton()
                        .findSchemaOrThrow("opforge::attention", "")
                        .typed<std::tuple<at::Tensor, at::Tensor>(
@@ -354,9 +410,11 @@ std::tuple<at::Tensor, at::Tensor> attention(const at::Tensor& q, const at::Tens
                            int64_t, int64_t, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&,
                            const std::optional<at::Tensor>&, const std::optional<at::Tensor>&,
                            const std::optional<at::Tensor>&, int64_t, int64_t, const std::optional<at::Tensor>&,
-                           c10::string_view, std::optional<bool>)>();
+                           const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, c10::string_view,
+                           std::optional<bool>)>();
   return op.call(q, k, v, scale, softcap, causal, window_left, window_right, prefix_len, q_segments, kv_segments,
-                 mask_kinds, mask_index, mask_bits, block_q, block_k, kv_lens, variant, deterministic);
+                 mask_kinds, mask_index, mask_bits, block_q, block_k, kv_lens, cu_seqlens_q, cu_seqlens_k, variant,
+                 deterministic);
 }
 
 }  // namespace opforge

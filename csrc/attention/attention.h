@@ -19,6 +19,10 @@ struct AttentionPatternArgs {
   std::optional<at::Tensor> mask_kinds, mask_index, mask_bits;
   int64_t block_q = 128, block_k = 128;
   std::optional<at::Tensor> kv_lens;  // (B,) per-sequence key counts: the forward's decode paths only
+  // (B + 1,) offsets of packed variable-length sequences (varlen) along q's and k's sequence dims,
+  // in a batch of one; int32 or int64 (the plan makes int32 copies).
+  std::optional<at::Tensor> cu_seqlens_q, cu_seqlens_k;
+  bool varlen() const { return cu_seqlens_q.has_value(); }
 };
 
 // The schema's pattern arguments gathered (every backend's entry takes them one by one).
@@ -43,6 +47,12 @@ void check_attention_backward_inputs(const at::Tensor& grad_out, const at::Tenso
                                      const std::optional<at::Tensor>& grad_lse, double scale, double softcap,
                                      const AttentionPatternArgs& pattern);
 
+// Varlen: the offsets' values read on the host (a copy from the GPU, so a synchronization; the CUDA
+// entries skip it while a CUDA graph is being captured, where the kernels' clamping keeps every
+// access inside the tensors): a ValueError naming `op` unless each starts at 0, ends at its packed
+// dim's length (every row belongs to one sequence) and never decreases.
+void check_varlen_offsets(const char* op, const AttentionPatternArgs& pattern, int64_t total_q, int64_t total_k);
+
 // The kernel that serves `call` under `variant` ("auto": the rule of attention_heuristics.h; a named
 // kernel that cannot serve the call raises a ValueError naming `op` and saying why).
 AttentionKernel choose_attention_kernel(const char* op, const AttentionCall& call, c10::string_view variant);
@@ -50,7 +60,8 @@ AttentionKernel choose_attention_kernel(const char* op, const AttentionCall& cal
 void check_kv_lens_kernel(const char* op, const AttentionCall& call, AttentionKernel kernel,
                           c10::string_view variant);
 // The call as the rule sees it (hopper_missing left for the CUDA launcher to fill in).
-AttentionCall attention_call(const at::Tensor& q, const at::Tensor& k, bool kv_lens, bool backward);
+AttentionCall attention_call(const at::Tensor& q, const at::Tensor& k, bool kv_lens, bool backward,
+                             bool varlen = false);
 // CUDA builds: why the Hopper kernels cannot serve a call on `device` (the current one when it has
 // no index) at this head dim, or null when they can.
 const char* attention_hopper_missing(at::Device device, int64_t head_dim, bool backward);
@@ -66,6 +77,7 @@ struct AttentionPlan {
   AttentionParams params;
   at::Tensor q_segments, kv_segments;  // the int64 ids the pattern points to (undefined: none)
   at::Tensor kv_lens;                  // the int64 counts it points to (undefined: none)
+  at::Tensor cu_seqlens_q, cu_seqlens_k;  // varlen: the int32 offsets it points to (undefined: none)
   std::vector<at::Tensor> keep;
 };
 AttentionPlan plan_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,

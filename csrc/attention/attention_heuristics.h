@@ -43,6 +43,7 @@ struct AttentionCall {
   int64_t heads = 1, kv_heads = 1, sq = 0, sk = 0, head_dim = 0;
   bool kv_lens = false;   // per-sequence key counts: only the decode kernels take them
   bool backward = false;  // the backward's kernels (no decode kernel there)
+  bool varlen = false;    // packed variable-length sequences: the tiled, Hopper and mma.sync kernels
   // CUDA: why the Hopper kernels cannot serve this call (no sm_90a code for this GPU in the build,
   // no Hopper kernel at this head dim), or null when they can.
   const char* hopper_missing = nullptr;
@@ -53,7 +54,7 @@ struct AttentionCall {
   }
   // "auto"'s decode rule: few enough rows, and per-sequence counts or enough keys to split.
   bool decodes() const {
-    return !backward && rows() <= decode_max_rows() &&
+    return !backward && !varlen && rows() <= decode_max_rows() &&
            (kv_lens || sk >= (cuda ? kAttentionCudaDecodeMinKeys : kAttentionCpuDecodeMinKeys));
   }
 };

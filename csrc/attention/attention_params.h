@@ -11,6 +11,11 @@
 //                (i % block_q, j % block_k) set.
 // With per-sequence key counts (kv_lens, the decode paths only), sequence b has keys [0, kv_lens[b])
 // and its queries sit at the end of those: `at(b)` is the pattern of batch row b.
+// Packed variable-length sequences (varlen, FlashAttention's cu_seqlens): the tensors hold one batch
+// row whose sequence dims pack `batch` sequences one after another; sequence b is the kernels'
+// batch row b, with queries [cu_seqlens_q[b], cu_seqlens_q[b + 1]) and keys [cu_seqlens_k[b],
+// cu_seqlens_k[b + 1]) of the packed dims, and the pattern applies to each sequence on its own
+// (`at(b)`: its lengths; the `*_start(b)` rows where it begins).
 #pragma once
 
 #include <cstdint>
@@ -53,10 +58,31 @@ struct AttentionPattern {
   int64_t block_q = 128, block_k = 128;
   // Per-sequence key counts (B,) int64 (clamped to [0, sk]), or null: every sequence has sk keys.
   const int64_t* kv_lens = nullptr;
+  // Varlen: (B + 1,) int32 row offsets into the packed query and key dims of total_q and total_k
+  // rows, or null. Offsets are clamped into [0, total] and each sequence's length to at least 0, so
+  // that no value reaches outside the tensors (the entries check them where they can). sq and sk
+  // are the packed dims' lengths in the plan's pattern, a sequence's own in at(b)'s.
+  const int32_t* cu_seqlens_q = nullptr;
+  const int32_t* cu_seqlens_k = nullptr;
+  int64_t total_q = 0, total_k = 0;
+
+  OPFORGE_HD bool varlen() const { return cu_seqlens_q != nullptr; }
+  // Sequence b's first query / key row in the packed dims (0 without varlen).
+  OPFORGE_HD int64_t q_start(int64_t b) const { return cu_seqlens_q ? clamp_row(cu_seqlens_q[b], total_q) : 0; }
+  OPFORGE_HD int64_t k_start(int64_t b) const { return cu_seqlens_k ? clamp_row(cu_seqlens_k[b], total_k) : 0; }
+  // The batch row of the tensors that holds sequence b (0 under varlen).
+  OPFORGE_HD int64_t tensor_batch(int64_t b) const { return cu_seqlens_q ? 0 : b; }
+  OPFORGE_HD static int64_t clamp_row(int64_t r, int64_t n) { return r < 0 ? 0 : (r > n ? n : r); }
 
   // The pattern of batch row b: its own key count (and so its queries' positions).
   OPFORGE_HD AttentionPattern at(int64_t b) const {
     AttentionPattern p = *this;
+    if (cu_seqlens_q) {
+      const int64_t q0 = q_start(b), k0 = k_start(b);
+      const int64_t q1 = clamp_row(cu_seqlens_q[b + 1], total_q), k1 = clamp_row(cu_seqlens_k[b + 1], total_k);
+      p.sq = q1 > q0 ? q1 - q0 : 0;
+      p.sk = k1 > k0 ? k1 - k0 : 0;
+    }
     if (kv_lens) {
       const int64_t n = kv_lens[b];
       p.sk = n < 0 ? 0 : (n > sk ? sk : n);
@@ -198,6 +224,24 @@ struct AttentionParams {
   double scale = 1.0;    // the kernels round it to their accumulation type
   double softcap = 0.0;  // 0: none
   AttentionPattern pattern;
+
+  // Element offsets of batch row b's (sequence b's under varlen) head h: of its first query row in
+  // q and out, its first key row in k and v, and of its first LSE value.
+  OPFORGE_HD int64_t q_at(int64_t b, int64_t h) const {
+    return pattern.tensor_batch(b) * q_bs + h * q_hs + pattern.q_start(b) * q_ss;
+  }
+  OPFORGE_HD int64_t o_at(int64_t b, int64_t h) const {
+    return pattern.tensor_batch(b) * o_bs + h * o_hs + pattern.q_start(b) * o_ss;
+  }
+  OPFORGE_HD int64_t k_at(int64_t b, int64_t hk) const {
+    return pattern.tensor_batch(b) * k_bs + hk * k_hs + pattern.k_start(b) * k_ss;
+  }
+  OPFORGE_HD int64_t v_at(int64_t b, int64_t hk) const {
+    return pattern.tensor_batch(b) * v_bs + hk * v_hs + pattern.k_start(b) * v_ss;
+  }
+  OPFORGE_HD int64_t lse_at(int64_t b, int64_t h) const {
+    return pattern.varlen() ? h * pattern.total_q + pattern.q_start(b) : (b * heads + h) * pattern.sq;
+  }
 };
 
 // The backward's extra inputs and outputs (strides in elements; dq, dk, dv like q, k, v).
@@ -212,6 +256,53 @@ struct AttentionGradParams {
   int64_t dq_bs = 0, dq_hs = 0, dq_ss = 0;
   int64_t dk_bs = 0, dk_hs = 0, dk_ss = 0;
   int64_t dv_bs = 0, dv_hs = 0, dv_ss = 0;
+
+  // As AttentionParams' offsets, for grad_out, dq, dk and dv.
+  OPFORGE_HD int64_t g_at(int64_t b, int64_t h) const {
+    return fwd.pattern.tensor_batch(b) * g_bs + h * g_hs + fwd.pattern.q_start(b) * g_ss;
+  }
+  OPFORGE_HD int64_t dq_at(int64_t b, int64_t h) const {
+    return fwd.pattern.tensor_batch(b) * dq_bs + h * dq_hs + fwd.pattern.q_start(b) * dq_ss;
+  }
+  OPFORGE_HD int64_t dk_at(int64_t b, int64_t hk) const {
+    return fwd.pattern.tensor_batch(b) * dk_bs + hk * dk_hs + fwd.pattern.k_start(b) * dk_ss;
+  }
+  OPFORGE_HD int64_t dv_at(int64_t b, int64_t hk) const {
+    return fwd.pattern.tensor_batch(b) * dv_bs + hk * dv_hs + fwd.pattern.k_start(b) * dv_ss;
+  }
 };
+
+// Varlen on the GPU: each sequence's rows padded to whole tiles of `rows` in a layout where
+// sequence b starts at row padded_start(b) = (cu[b] + rows b) rounded down to a multiple of rows
+// (FlashAttention's): its tiles never overlap the next sequence's, and the layout has at most
+// padded_rows(total, batch) rows. Kernels launch one block per padded tile and find their
+// sequence by a binary search (padded_tile).
+OPFORGE_HD int64_t padded_rows(int64_t total, int64_t batch, int64_t rows) {
+  return (total + rows * batch + rows - 1) / rows * rows;
+}
+OPFORGE_HD int64_t padded_start(const int32_t* cu, int64_t total, int64_t b, int64_t rows) {
+  return (AttentionPattern::clamp_row(cu[b], total) + rows * b) / rows * rows;
+}
+// The sequence (of `batch`, offsets cu into a packed dim of `total` rows, clamped as the pattern
+// clamps them) whose padded rows hold padded tile `tile` (of `rows` rows), and the tile's index in
+// that sequence; false where the tile is padding (past the sequence's last row).
+OPFORGE_HD bool padded_tile(const int32_t* cu, int64_t total, int64_t batch, int64_t rows, int64_t tile, int64_t& b,
+                            int64_t& local) {
+  const int64_t row = tile * rows;
+  int64_t lo = 0, hi = batch - 1;  // the last sequence starting at or before `row`
+  if (batch <= 0 || padded_start(cu, total, 0, rows) > row) return false;
+  while (lo < hi) {
+    const int64_t mid = (lo + hi + 1) / 2;
+    if (padded_start(cu, total, mid, rows) <= row) {
+      lo = mid;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  b = lo;
+  local = (row - padded_start(cu, total, lo, rows)) / rows;
+  const int64_t q0 = AttentionPattern::clamp_row(cu[lo], total), q1 = AttentionPattern::clamp_row(cu[lo + 1], total);
+  return local * rows < q1 - q0;
+}
 
 }  // namespace opforge

@@ -3,8 +3,10 @@ work only. CUDA (bfloat16): FlexAttention (compiled, with the equivalent block m
 score_mod), SDPA's flash and cuDNN backends where the pattern is causal or full, SDPA with a dense
 mask otherwise, plain PyTorch attention, and FlashAttention-4 (flash_attn.cute) where it is
 installed (a peer only, never a dependency: ../shared/tools/fa4_peer.sh) for the patterns it has
-(causal, full, windows, softcap); rows "... deterministic" time the deterministic backward against
-FlashAttention-4's. CPU (float32): SDPA (is_causal, or a dense mask) and plain PyTorch."""
+(causal, full, windows, softcap; its varlen function on packed documents); rows "... deterministic"
+time the deterministic backward against FlashAttention-4's; "16 packed causal documents" times
+opforge.attention_varlen and opforge.attention with segment ids on the same documents. CPU (float32):
+SDPA (is_causal, or a dense mask) and plain PyTorch."""
 
 from __future__ import annotations
 
@@ -44,13 +46,14 @@ def _with_backward(
     return {name: fwd_bwd(name, fn) for name, fn in impls.items()}
 
 
-def _fa4():
-    """FlashAttention-4's flash_attn_func where it is installed (a same-run peer), else None."""
+def _fa4(varlen: bool = False):
+    """FlashAttention-4's flash_attn_func (flash_attn_varlen_func) where it is installed (a same-run
+    peer), else None."""
     try:
-        from flash_attn.cute import flash_attn_func
+        from flash_attn.cute import flash_attn_func, flash_attn_varlen_func
     except Exception:
         return None
-    return flash_attn_func
+    return flash_attn_varlen_func if varlen else flash_attn_func
 
 
 def _case(device: torch.device, name: str, B: int, H: int, S: int, D: int, kw: dict, backward: bool) -> Case:
@@ -318,6 +321,11 @@ def _cuda_cases(device: torch.device, full: bool) -> list[CaseBuilder]:
     for name, B, Hq, Hkv, S, D, kw, extra in rows:
         for backward in (False, True):
             builders.append(partial(_cuda_case, device, name, B, Hq, Hkv, S, D, kw, backward, **extra))
+    if full:  # packed causal documents: varlen against FlashAttention-4's varlen and Flex
+        for backward in (False, True):
+            builders.append(
+                partial(_packed_case, device, "16 packed causal documents", 16, 16384, 32, 8, 128, backward)
+            )
     if full:  # the deterministic backward against FlashAttention-4's
         for name, B, Hq, Hkv, S, D, kw, extra in rows:
             if name in ("causal", "full", "GQA 32/8 causal", "causal D64", "causal D256"):
@@ -325,6 +333,86 @@ def _cuda_cases(device: torch.device, full: bool) -> list[CaseBuilder]:
                     partial(_cuda_case, device, name, B, Hq, Hkv, S, D, kw, True, **extra, deterministic=True)
                 )
     return builders
+
+
+def _document_lengths(S: int, docs: int) -> list[int]:
+    """docs lengths around S / docs (within +-128, most not multiples of 128) that sum to S."""
+    lengths = [S // docs + (i * 397) % 256 - 128 for i in range(docs)]
+    lengths[-1] += S - sum(lengths)
+    return lengths
+
+
+def _packed_case(
+    device: torch.device, name: str, docs: int, S: int, Hq: int, Hkv: int, D: int, backward: bool
+) -> Case:
+    """Causal documents packed into one row of S tokens: opforge.attention_varlen (each document's
+    tiles on their own), opforge.attention with the documents as segment ids (tiles straddling two
+    documents partly computed), FlexAttention with the document mask, FlashAttention-4's varlen."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    dtype = torch.bfloat16
+    lengths = _document_lengths(S, docs)
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device=device)
+    doc = torch.repeat_interleave(torch.arange(docs, device=device), torch.tensor(lengths, device=device))[
+        None
+    ]
+    # (1, H, S, D) for opforge.attention and Flex; packed (S, H, D) copies for the varlen impls.
+    q = torch.randn(1, Hq, S, D, device=device, dtype=dtype)
+    k, v = (torch.randn(1, Hkv, S, D, device=device, dtype=dtype) for _ in range(2))
+    qp, kp, vp = (t[0].transpose(0, 1).contiguous() for t in (q, k, v))
+    gqa = Hq != Hkv
+    flex = _flex()
+
+    def mask_mod(b, h, i, j):
+        return (i >= j) & (doc[0, i] == doc[0, j])
+
+    flex_mask = create_block_mask(mask_mod, None, None, S, S, device=device, BLOCK_SIZE=128)
+    impls = {
+        "opforge varlen": lambda: opforge.attention_varlen(qp, kp, vp, cu, cu, causal=True).unsqueeze(0),
+        "opforge segment_ids": lambda: opforge.attention(q, k, v, causal=True, segment_ids=doc),
+        "FlexAttention": lambda: flex(q, k, v, block_mask=flex_mask, enable_gqa=gqa),
+    }
+    own = {"opforge varlen": (qp, kp, vp)}
+    fa4 = _fa4(varlen=True)
+    if fa4 is not None:
+        longest = max(lengths)
+        impls["FlashAttention-4 varlen"] = lambda: fa4(qp, kp, vp, cu, cu, longest, longest, causal=True)[
+            0
+        ].unsqueeze(0)
+        own["FlashAttention-4 varlen"] = (qp, kp, vp)
+        impls["FlashAttention-4 varlen"]()  # (its JIT compilation, before timing)
+    if backward:
+        impls = _with_backward(impls, q, k, v, own)
+
+    def check() -> str | None:
+        # The first two documents, heads 0-1 (and their kv heads), against float64.
+        with torch.no_grad():
+            n, hk = lengths[0] + lengths[1], max(1, 2 * Hkv // Hq)
+            got = opforge.attention_varlen(qp[:n, :2], kp[:n, :hk], vp[:n, :hk], cu[:3], cu[:3], causal=True)
+            want = reference.attention_varlen(
+                qp[:n, :2].double(), kp[:n, :hk].double(), vp[:n, :hk].double(), cu[:3], cu[:3], causal=True
+            )
+            err = (got.double() - want).abs().max().item()
+        return None if err <= 2e-2 else f"max error {err:.2e} against the float64 reference"
+
+    visible = Hq * sum(n * (n + 1) // 2 for n in lengths)
+    return Case(
+        op="attention",
+        name=f"{name} B1 H{Hq}/{Hkv} S{S} D{D} bf16 {'fwd+bwd' if backward else 'fwd'}",
+        impls=impls,
+        check=check,
+        flops=int(visible * 4 * D * (3.5 if backward else 1.0)),
+        params={
+            "pattern": name,
+            "B": 1,
+            "H": Hq,
+            "Hkv": Hkv,
+            "S": S,
+            "D": D,
+            "docs": docs,
+            "backward": backward,
+        },
+    )
 
 
 def _decode_case(

@@ -19,6 +19,12 @@ causality). The attention function reads q, k, v as transformers passes them ((B
 cache appended, grouped-query heads without ``repeat_kv``), ``scaling`` and ``softcap`` (Gemma 2),
 and returns (B, S, H, D) as the other implementations do.
 
+Packed sequences with FlashAttention's boundary kwargs (``cu_seq_lens_q`` / ``cu_seq_lens_k``, which
+``DataCollatorWithFlattening(return_flash_attn_kwargs=True)`` adds and the models hand every attention
+function) run on ``opforge.attention_varlen``: each sequence's tiles on their own, no tile straddling
+two sequences. Without those kwargs (position ids alone) the mask function's segment ids say where
+the sequences are (packed documents of one row).
+
 Not supported (a clear error instead of a silent difference): attention dropout while training
 (``attention_dropout > 0``), ``output_attentions=True`` (no S x S matrix exists to return).
 """
@@ -331,8 +337,27 @@ def opforge_attention(
             f"{OP}: attention_mask must come from the 'opforge' mask function (register()), be None or a "
             f"4-D tensor, got {type(attention_mask).__name__}"
         )
+    varlen = _varlen(query, key, kw, kwargs)
+    if varlen is not None:
+        cu_q, cu_k = varlen
+        kw = {n: x for n, x in kw.items() if n != "segment_ids"}
+        q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))  # (S, H, D) views
+        out = opforge.attention_varlen(q, k, v, cu_q, cu_k, scale=scaling, softcap=softcap or None, **kw)
+        return out.unsqueeze(0), None
     out = opforge.attention(query, key, value, scale=scaling, softcap=softcap or None, **kw)
     return out.transpose(1, 2).contiguous(), None
+
+
+def _varlen(query, key, kw, kwargs):
+    """FlashAttention's packed-sequence kwargs, where they describe this call: (cu_seq_lens_q,
+    cu_seq_lens_k) for one row of packed sequences whose pattern is causal / a window (the
+    sequences' segment ids then say nothing more), else None."""
+    cu_q, cu_k = kwargs.get("cu_seq_lens_q"), kwargs.get("cu_seq_lens_k")
+    if not isinstance(cu_q, torch.Tensor) or not isinstance(cu_k, torch.Tensor):
+        return None
+    if query.shape[0] != 1 or "mask" in kw or cu_q.dim() != 1 or cu_k.dim() != 1:
+        return None
+    return cu_q.to(query.device), cu_k.to(query.device)
 
 
 def register(name: str = NAME) -> None:

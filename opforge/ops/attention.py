@@ -1,5 +1,7 @@
 """opforge.attention: fused attention with custom patterns (causal, sliding window, prefix-LM,
-packed documents, any block mask), forward and backward, grouped-query attention natively."""
+packed documents, any block mask), forward and backward, grouped-query attention natively; and
+opforge.attention_varlen: the same over variable-length sequences packed without padding
+(FlashAttention's cu_seqlens layout)."""
 
 from __future__ import annotations
 
@@ -9,16 +11,25 @@ import numbers
 import torch
 
 from opforge import reference
-from opforge.masks import BlockMask, attention_mask, block_mask, prefix_means_causal, split_segments
+from opforge.masks import (
+    BlockMask,
+    attention_mask,
+    block_mask,
+    prefix_means_causal,
+    split_segments,
+    varlen_mask,
+)
 from opforge.ops._common import (
     check_dtype_in,
     check_same_device,
     check_same_dtype,
+    dtype_name,
     require_tensor,
     transforms_active,
 )
 
 OP = "opforge.attention"
+VARLEN_OP = "opforge.attention_varlen"
 # Window sides and prefixes beyond any sequence length mean "unbounded"; larger values are clamped
 # (the kernels clamp further, to Sq + Sk), so that the schema's int64 holds them.
 _REACH = 2**62
@@ -107,44 +118,197 @@ def attention(
     _check_ranks(OP, q, k, v)  # (the pattern arguments read the sizes)
     if kv_lens is not None:
         _check_kv_lens(q, kv_lens, segment_ids)
-    if not isinstance(variant, str):
-        raise TypeError(f"{OP}: variant must be a str, got {type(variant).__name__}")
-    if deterministic is not None and not isinstance(deterministic, bool):
-        raise TypeError(f"{OP}: deterministic must be a bool or None, got {type(deterministic).__name__}")
+    _check_options(OP, variant, deterministic)
     args = _pattern_args(q, k, causal, window, prefix_len, segment_ids, mask)
     if kv_lens is not None and not _decodes(q, k, v, variant):
         (args, k, v), kv_lens = _kv_lens_as_mask(q, k, v, kv_lens, args, mask), None
-    if scale is None:
-        # head_dim ** -0.5 keeps a symbolic size symbolic under torch.compile(dynamic=True)
-        scale = q.shape[-1] ** -0.5 if q.shape[-1] > 0 else 1.0
-    # (abs(x) < inf: False for NaN too, and a symbolic value under torch.compile stays symbolic)
-    elif (
-        not isinstance(scale, (numbers.Real, torch.SymFloat))
-        or isinstance(scale, bool)
-        or not abs(scale) < math.inf
-    ):
-        raise ValueError(f"{OP}: scale must be a finite number, got {scale!r}")
-    elif not torch.compiler.is_compiling() and not isinstance(scale, torch.SymFloat):
-        scale = float(scale)
-    if softcap is None:
-        softcap = 0.0
-    if not isinstance(softcap, numbers.Real) or isinstance(softcap, bool) or not 0 <= softcap < math.inf:
-        raise ValueError(f"{OP}: softcap must be a positive number (or None), got {softcap!r}")
+    scale, softcap = _scale_arg(OP, q, scale), _softcap_arg(OP, softcap)
     if transforms_active():  # torch.func / forward-mode AD: the Python autograd.Function
-        out, lse = _Attention.apply(q, k, v, scale, float(softcap), variant, deterministic, *args, kv_lens)
+        out, lse = _Attention.apply(
+            q, k, v, scale, softcap, variant, deterministic, None, None, *args, kv_lens
+        )
     else:
         out, lse = torch.ops.opforge.attention.default(
             q,
             k,
             v,
             scale,
-            float(softcap),
+            softcap,
             *args,
             *(() if kv_lens is None else (kv_lens,)),
             variant=variant,
             deterministic=deterministic,
         )
     return (out, lse) if return_lse else out
+
+
+def attention_varlen(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    max_seqlen_q: int | None = None,
+    max_seqlen_k: int | None = None,
+    *,
+    causal: bool = False,
+    window: tuple[int | None, int | None] | None = None,
+    softcap: float | None = None,
+    scale: float | None = None,
+    deterministic: bool | None = None,
+    return_lse: bool = False,
+    variant: str = "auto",
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """opforge.attention over variable-length sequences packed one after another (FlashAttention's
+    ``flash_attn_varlen_func`` layout), each attending to its own keys only, with no padding.
+
+    Args:
+        q: (total_q, Hq, D); k, v: (total_k, Hkv, D) with Hq a multiple of Hkv (grouped-query
+            attention): the B sequences' tokens one after another. Any strides (rows are read in
+            place). float16, bfloat16, float32 or float64.
+        cu_seqlens_q, cu_seqlens_k: (B + 1,) int32 or int64 on q's device: sequence b holds the
+            queries ``q[cu_seqlens_q[b]:cu_seqlens_q[b + 1]]`` and the keys
+            ``k[cu_seqlens_k[b]:cu_seqlens_k[b + 1]]`` (and v's). Each must start at 0, never
+            decrease and end at total_q / total_k (a ValueError otherwise; the check reads them on the
+            host, which on CUDA is a synchronization, skipped while a CUDA graph is captured).
+            Sequences may be empty on either side, and a sequence's query and key counts may differ.
+        max_seqlen_q, max_seqlen_k: ints >= 0 or None, accepted for FlashAttention's signature; the
+            kernels find every sequence's length from the offsets on the device, so they change
+            nothing.
+        causal: key j of a sequence visible to its query i when j <= i + sk - sq (sq, sk: that
+            sequence's lengths; queries aligned to the end of its keys, as FlashAttention does).
+        window: (left, right): keys within ``left`` before and ``right`` after the query's position
+            in its sequence (None: unbounded), as in opforge.attention.
+        softcap: scores become ``softcap * tanh(s / softcap)`` (Gemma 2), after the scale.
+        scale: the scores' factor (default 1 / sqrt(D)).
+        deterministic: the backward's, as in opforge.attention.
+        return_lse: also return the log-sum-exp of each query's scores, (Hq, total_q) float32
+            (float64 for float64 inputs), FlashAttention's varlen layout.
+        variant: the kernel, as in opforge.attention (``"decode"`` takes no packed sequences: a
+            ValueError).
+
+    Returns the output (total_q, Hq, D) in q's dtype (contiguous), and the LSE when asked. A query
+    whose sequence has no keys gets zeros and an LSE of -inf. The pattern (causal, window, softcap)
+    applies to each sequence on its own; prefixes, segment ids, block masks and kv_lens do not
+    combine with packed sequences. Differentiable in q, k and v (keys no query sees get zero
+    gradients), under torch.compile and the torch.func transforms as opforge.attention is (vmap
+    maps q, k and v by folding the mapped dimension into the heads; mapped offsets raise a
+    NotImplementedError).
+
+    Underneath: the registered op on the views ``x.unsqueeze(0).transpose(1, 2)`` (a batch of one,
+    (1, H, total, D)) with ``cu_seqlens_q=`` and ``cu_seqlens_k=``.
+    """
+    for name, t in (
+        ("q", q),
+        ("k", k),
+        ("v", v),
+        ("cu_seqlens_q", cu_seqlens_q),
+        ("cu_seqlens_k", cu_seqlens_k),
+    ):
+        require_tensor(VARLEN_OP, name, t)
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.dim() != 3:
+            raise ValueError(
+                f"{VARLEN_OP}: {name} must be 3-D (total tokens, heads, head_dim), got {t.dim()}-D"
+            )
+    for name, t in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
+        if t.dtype not in (torch.int32, torch.int64):
+            raise TypeError(f"{VARLEN_OP}: {name} must be int32 or int64, got {dtype_name(t.dtype)}")
+        if t.dim() != 1 or t.shape[0] < 1:
+            raise ValueError(
+                f"{VARLEN_OP}: {name} must be 1-D (number of sequences + 1,), got shape {list(t.shape)}"
+            )
+        check_same_device(VARLEN_OP, name, t, "q", q)
+    if cu_seqlens_q.shape[0] != cu_seqlens_k.shape[0]:
+        raise ValueError(
+            f"{VARLEN_OP}: cu_seqlens_q and cu_seqlens_k must have the same length (sequences + 1), "
+            f"got {cu_seqlens_q.shape[0]} and {cu_seqlens_k.shape[0]}"
+        )
+    for name, n in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
+        if n is None:
+            continue
+        if not isinstance(n, (numbers.Integral, torch.SymInt)) or isinstance(n, bool):
+            raise TypeError(f"{VARLEN_OP}: {name} must be an int or None, got {type(n).__name__}")
+        if n < 0:
+            raise ValueError(f"{VARLEN_OP}: {name} must be >= 0, got {n}")
+    if not isinstance(causal, bool):
+        raise TypeError(f"{VARLEN_OP}: causal must be a bool, got {type(causal).__name__}")
+    _check_options(VARLEN_OP, variant, deterministic)
+    left, right = _window_args(VARLEN_OP, window)
+    scale, softcap = _scale_arg(VARLEN_OP, q, scale), _softcap_arg(VARLEN_OP, softcap)
+    args = (causal, left, right, 0, None, None, None, None, None, 128, 128)
+    # (total, H, D) viewed as the op's batch of one, (1, H, total, D): read in place, and the
+    # outputs come back laid out (1, total, H, D) underneath (empty_attention_like).
+    q4, k4, v4 = (t.unsqueeze(0).transpose(1, 2) for t in (q, k, v))
+    if transforms_active():  # torch.func / forward-mode AD: the Python autograd.Function
+        out, lse = _Attention.apply(
+            q4, k4, v4, scale, softcap, variant, deterministic, cu_seqlens_q, cu_seqlens_k, *args, None
+        )
+    else:
+        out, lse = torch.ops.opforge.attention.default(
+            q4,
+            k4,
+            v4,
+            scale,
+            softcap,
+            *args,
+            variant=variant,
+            deterministic=deterministic,
+            cu_seqlens_q=cu_seqlens_q,
+            cu_seqlens_k=cu_seqlens_k,
+        )
+    out = out.transpose(1, 2).squeeze(0)
+    return (out, lse.squeeze(0)) if return_lse else out
+
+
+def _check_options(op: str, variant, deterministic) -> None:
+    if not isinstance(variant, str):
+        raise TypeError(f"{op}: variant must be a str, got {type(variant).__name__}")
+    if deterministic is not None and not isinstance(deterministic, bool):
+        raise TypeError(f"{op}: deterministic must be a bool or None, got {type(deterministic).__name__}")
+
+
+def _scale_arg(op: str, q: torch.Tensor, scale):
+    """The scores' factor: 1 / sqrt(head_dim) by default, else a finite number."""
+    if scale is None:
+        # head_dim ** -0.5 keeps a symbolic size symbolic under torch.compile(dynamic=True)
+        return q.shape[-1] ** -0.5 if q.shape[-1] > 0 else 1.0
+    # (abs(x) < inf: False for NaN too, and a symbolic value under torch.compile stays symbolic)
+    if (
+        not isinstance(scale, (numbers.Real, torch.SymFloat))
+        or isinstance(scale, bool)
+        or not abs(scale) < math.inf
+    ):
+        raise ValueError(f"{op}: scale must be a finite number, got {scale!r}")
+    if not torch.compiler.is_compiling() and not isinstance(scale, torch.SymFloat):
+        return float(scale)
+    return scale
+
+
+def _softcap_arg(op: str, softcap) -> float:
+    """The softcap as the schema takes it (0: none)."""
+    if softcap is None:
+        return 0.0
+    if not isinstance(softcap, numbers.Real) or isinstance(softcap, bool) or not 0 <= softcap < math.inf:
+        raise ValueError(f"{op}: softcap must be a positive number (or None), got {softcap!r}")
+    return float(softcap)
+
+
+def _window_args(op: str, window) -> tuple[int, int]:
+    """window=(left, right) as the schema's window_left, window_right (-1: unbounded)."""
+    if window is None:
+        return -1, -1
+    if not isinstance(window, (tuple, list)) or len(window) != 2:
+        raise ValueError(f"{op}: window must be a pair (left, right) of ints or None, got {window!r}")
+    sides = []
+    for side in window:
+        if side is None:
+            sides.append(-1)
+        elif isinstance(side, numbers.Integral) and not isinstance(side, bool) and side >= 0:
+            sides.append(min(int(side), _REACH))
+        else:
+            raise ValueError(f"{op}: window sides must be ints >= 0 or None, got {window!r}")
+    return sides[0], sides[1]
 
 
 def _check_kv_lens(q, kv_lens, segment_ids) -> None:
@@ -225,19 +389,7 @@ def _pattern_args(q, k, causal, window, prefix_len, segment_ids, mask) -> tuple:
     kv_segments, mask_kinds, mask_index, mask_bits, block_q, block_k."""
     if not isinstance(causal, bool):
         raise TypeError(f"{OP}: causal must be a bool, got {type(causal).__name__}")
-    left = right = -1
-    if window is not None:
-        if not isinstance(window, (tuple, list)) or len(window) != 2:
-            raise ValueError(f"{OP}: window must be a pair (left, right) of ints or None, got {window!r}")
-        sides = []
-        for side in window:
-            if side is None:
-                sides.append(-1)
-            elif isinstance(side, numbers.Integral) and not isinstance(side, bool) and side >= 0:
-                sides.append(min(int(side), _REACH))
-            else:
-                raise ValueError(f"{OP}: window sides must be ints >= 0 or None, got {window!r}")
-        left, right = sides
+    left, right = _window_args(OP, window)
     prefix = 0
     if prefix_len is not None:
         if not isinstance(prefix_len, numbers.Integral) or isinstance(prefix_len, bool) or prefix_len < 0:
@@ -334,7 +486,10 @@ def _(grad_out, q, k, v, out, lse, grad_lse, *rest, **options):
     return _like(q), _like(k), _like(v)
 
 
-_PATTERN_ARGS = 11  # causal .. block_k: what the backward takes (kv_lens, the forward's last, it does not)
+_PATTERN_ARGS = 11  # causal .. block_k: what the backward takes (kv_lens, the forward's next, it does not)
+# The schemas' positions of cu_seqlens_q and cu_seqlens_k (after kv_lens; the backward's after block_k).
+_VARLEN_ARGS = (17, 18)
+_VARLEN_BACKWARD_ARGS = (20, 21)
 
 
 def _backward_variant(variant: str) -> str:
@@ -349,6 +504,8 @@ def _setup_context(ctx, inputs, keyword_only_inputs, output):
     ctx.scale, ctx.softcap, ctx.pattern = scale, softcap, pattern[:_PATTERN_ARGS]
     ctx.variant = _backward_variant(keyword_only_inputs.get("variant", "auto"))
     ctx.deterministic = keyword_only_inputs.get("deterministic")
+    # Packed sequences' offsets (None, None without): the backward takes them as the forward did.
+    ctx.cu_seqlens = tuple(inputs[i] if i < len(inputs) else None for i in _VARLEN_ARGS)
     ctx.kv_lens = len(pattern) > _PATTERN_ARGS and pattern[_PATTERN_ARGS] is not None
     ctx.inputs = len(inputs)
     ctx.set_materialize_grads(False)
@@ -365,7 +522,8 @@ def _gradients(ctx, grad_out, grad_lse):
     q, k, v, out, lse = ctx.saved_tensors
     if grad_out is None:
         grad_out = torch.zeros_like(out)
-    rest = (ctx.scale, ctx.softcap, ctx.variant, ctx.deterministic, *ctx.pattern)
+    cu_q, cu_k = ctx.cu_seqlens
+    rest = (ctx.scale, ctx.softcap, ctx.variant, ctx.deterministic, cu_q, cu_k, *ctx.pattern)
     if torch.is_grad_enabled():
         return _AttentionBackward.apply(grad_out, q, k, v, out, lse, grad_lse, *rest)
     return torch.ops.opforge.attention_backward.default(
@@ -381,6 +539,8 @@ def _gradients(ctx, grad_out, grad_lse):
         *ctx.pattern,
         variant=ctx.variant,
         deterministic=ctx.deterministic,
+        cu_seqlens_q=cu_q,
+        cu_seqlens_k=cu_k,
     )
 
 
@@ -413,20 +573,30 @@ class _Attention(torch.autograd.Function):
     generate_vmap_rule = True
 
     @staticmethod
-    def forward(q, k, v, scale, softcap, variant, deterministic, *pattern):
+    def forward(q, k, v, scale, softcap, variant, deterministic, cu_seqlens_q, cu_seqlens_k, *pattern):
         return torch.ops.opforge.attention.default(
-            q, k, v, scale, softcap, *pattern, variant=variant, deterministic=deterministic
+            q,
+            k,
+            v,
+            scale,
+            softcap,
+            *pattern,
+            variant=variant,
+            deterministic=deterministic,
+            cu_seqlens_q=cu_seqlens_q,
+            cu_seqlens_k=cu_seqlens_k,
         )
 
     @staticmethod
     def setup_context(ctx, inputs, output):
-        q, k, v, scale, softcap, variant, deterministic, *pattern = inputs
+        q, k, v, scale, softcap, variant, deterministic, cu_q, cu_k, *pattern = inputs
         out, lse = output
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.save_for_forward(q, k, v, out, lse)
         ctx.scale, ctx.softcap, ctx.pattern = scale, softcap, pattern[:_PATTERN_ARGS]
         ctx.variant = _backward_variant(variant)
         ctx.deterministic = deterministic
+        ctx.cu_seqlens = (cu_q, cu_k)
         ctx.kv_lens = pattern[_PATTERN_ARGS] if len(pattern) > _PATTERN_ARGS else None
         ctx.inputs = len(inputs)
         ctx.set_materialize_grads(False)
@@ -438,7 +608,9 @@ class _Attention(torch.autograd.Function):
     @staticmethod
     def jvp(ctx, dq, dk, dv, *_):
         q, k, v, out, lse = ctx.saved_tensors
-        return _tangent(q, k, v, out, lse, dq, dk, dv, ctx.scale, ctx.softcap, ctx.pattern, ctx.kv_lens)
+        return _tangent(
+            q, k, v, out, lse, dq, dk, dv, ctx.scale, ctx.softcap, ctx.pattern, ctx.kv_lens, ctx.cu_seqlens
+        )
 
 
 class _AttentionBackward(torch.autograd.Function):
@@ -449,7 +621,22 @@ class _AttentionBackward(torch.autograd.Function):
     generate_vmap_rule = True
 
     @staticmethod
-    def forward(grad_out, q, k, v, out, lse, grad_lse, scale, softcap, variant, deterministic, *pattern):
+    def forward(
+        grad_out,
+        q,
+        k,
+        v,
+        out,
+        lse,
+        grad_lse,
+        scale,
+        softcap,
+        variant,
+        deterministic,
+        cu_seqlens_q,
+        cu_seqlens_k,
+        *pattern,
+    ):
         return torch.ops.opforge.attention_backward.default(
             grad_out,
             q,
@@ -463,13 +650,31 @@ class _AttentionBackward(torch.autograd.Function):
             *pattern,
             variant=variant,
             deterministic=deterministic,
+            cu_seqlens_q=cu_seqlens_q,
+            cu_seqlens_k=cu_seqlens_k,
         )
 
     @staticmethod
     def setup_context(ctx, inputs, output):
-        grad_out, q, k, v, _out, _lse, grad_lse, scale, softcap, _variant, _deterministic, *pattern = inputs
+        (
+            grad_out,
+            q,
+            k,
+            v,
+            _out,
+            _lse,
+            grad_lse,
+            scale,
+            softcap,
+            _variant,
+            _deterministic,
+            cu_q,
+            cu_k,
+            *pattern,
+        ) = inputs
         ctx.save_for_backward(grad_out, q, k, v, grad_lse)
         ctx.scale, ctx.softcap, ctx.pattern = scale, softcap, pattern
+        ctx.cu_seqlens = (cu_q, cu_k)
         ctx.inputs = len(inputs)
         ctx.set_materialize_grads(False)
 
@@ -482,7 +687,7 @@ class _AttentionBackward(torch.autograd.Function):
         with torch.enable_grad():
             ins = [t if t.requires_grad else t.detach().requires_grad_() for t in (grad_out, q, k, v)]
             go, qd, kd, vd = ins
-            out_d, lse_d = _dense(qd, kd, vd, ctx.scale, ctx.softcap, ctx.pattern)
+            out_d, lse_d = _dense(qd, kd, vd, ctx.scale, ctx.softcap, ctx.pattern, ctx.cu_seqlens)
             outs, cots = [out_d], [go.to(out_d.dtype)]
             if grad_lse is not None:
                 gl = grad_lse if grad_lse.requires_grad else grad_lse.detach().requires_grad_()
@@ -530,10 +735,14 @@ def _pattern_kwargs(pattern, sq: int, sk: int, kv_lens=None) -> dict:
     return kw
 
 
-def _visible(q, k, pattern, kv_lens=None) -> torch.Tensor:
-    """(B, Hq, Sq, Sk) bool: what each query sees."""
+def _visible(q, k, pattern, kv_lens=None, cu_seqlens=(None, None)) -> torch.Tensor:
+    """(B, Hq, Sq, Sk) bool: what each query sees (packed sequences: each its own block)."""
     B, H, sq, sk = q.shape[0], q.shape[1], q.shape[2], k.shape[2]
-    return attention_mask(B, H, sq, sk, device=q.device, **_pattern_kwargs(pattern, sq, sk, kv_lens))
+    kw = _pattern_kwargs(pattern, sq, sk, kv_lens)
+    if cu_seqlens[0] is not None:
+        ok = varlen_mask(*cu_seqlens, causal=kw["causal"], window=kw["window"], device=q.device)
+        return ok.expand(B, H, sq, sk)
+    return attention_mask(B, H, sq, sk, device=q.device, **kw)
 
 
 def _scores(q, k, scale, softcap):
@@ -550,18 +759,29 @@ def _compute_dtype(t: torch.Tensor) -> torch.dtype:
     return torch.float64 if t.dtype == torch.float64 else torch.float32
 
 
-def _dense(q, k, v, scale, softcap, pattern):
+def _dense(q, k, v, scale, softcap, pattern, cu_seqlens=(None, None)):
     """(out, lse) of opforge.attention in plain, twice differentiable PyTorch ops: the reference,
-    in float32 (float64 for float64 inputs)."""
+    in float32 (float64 for float64 inputs); packed sequences one at a time."""
     dt = _compute_dtype(q)
     sq, sk = q.shape[2], k.shape[2]
     kw = _pattern_kwargs(pattern, sq, sk)
+    if cu_seqlens[0] is not None:  # (1, H, total, D) <-> the reference's (total, H, D)
+        out, lse = reference.attention_varlen(
+            *(t[0].transpose(0, 1).to(dt) for t in (q, k, v)),
+            *cu_seqlens,
+            causal=kw["causal"],
+            window=kw["window"],
+            scale=scale,
+            softcap=softcap or None,
+            return_lse=True,
+        )
+        return out.transpose(0, 1)[None], lse[None]
     return reference.attention(
         q.to(dt), k.to(dt), v.to(dt), scale=scale, softcap=softcap or None, return_lse=True, **kw
     )
 
 
-def _tangent(q, k, v, out, lse, dq, dk, dv, scale, softcap, pattern, kv_lens):
+def _tangent(q, k, v, out, lse, dq, dk, dv, scale, softcap, pattern, kv_lens, cu_seqlens=(None, None)):
     """The forward-mode derivative (tangents of out and lse) of attention at (q, k, v) along (dq, dk,
     dv), from the forward's out and LSE: with P = exp(S - lse) the probabilities and dS the scores'
     tangent, d lse = rowsum(P dS) and d out = (P dS) V - d lse * out + P dV. Dense over query rows
@@ -569,7 +789,7 @@ def _tangent(q, k, v, out, lse, dq, dk, dv, scale, softcap, pattern, kv_lens):
     dt = _compute_dtype(q)
     group = q.shape[1] // k.shape[1]
     B, H, sq, sk = q.shape[0], q.shape[1], q.shape[2], k.shape[2]
-    visible = _visible(q, k, pattern, kv_lens) & torch.isfinite(lse)[..., None]
+    visible = _visible(q, k, pattern, kv_lens, cu_seqlens) & torch.isfinite(lse)[..., None]
     vf = v.to(dt).repeat_interleave(group, dim=1)
     dvf = dv.to(dt).repeat_interleave(group, dim=1) if dv is not None else None
     d_out, d_lse = [], []
@@ -634,13 +854,45 @@ def _vmap_loop(op, info, in_dims, args, kwargs):
     return tuple(torch.stack(parts) for parts in zip(*outs, strict=True)), (0,) * len(outs[0])
 
 
-def _vmap_rule(op, batched: tuple[int, ...], mask: tuple[int, int, int]):
+def _fold_heads(t, dim, size):
+    """Packed sequences: (1, size * H, ...) with the mapped dimension folded into the heads (their
+    batch stays one). Head n * Hq + h of the fold reads kv head (n * Hq + h) // group = n * Hkv +
+    h // group: still its own sample's."""
+    if t is None:
+        return None
+    t = t.movedim(dim, 1) if dim is not None else t.unsqueeze(1).expand(t.shape[0], size, *t.shape[1:])
+    return t.flatten(1, 2)
+
+
+def _vmap_varlen(op, info, in_dims, args, kwargs, operands: int, offsets: tuple[int, int]):
+    """vmap of packed sequences (cu_seqlens at `offsets`): the first `operands` arguments (q, k, v;
+    the backward's grad_out .. grad_lse) folded into the heads, the outputs unfolded from them."""
+    for i, name in zip(offsets, ("cu_seqlens_q", "cu_seqlens_k"), strict=True):
+        if in_dims[i] is not None:
+            raise NotImplementedError(
+                f"{VARLEN_OP}: vmap over {name} is not supported (every mapped index must share the "
+                "offsets); map over q, k and v, or call it once per packing"
+            )
+    size, args = info.batch_size, list(args)
+    for i in range(operands):
+        args[i] = _fold_heads(args[i], in_dims[i], size)
+    outs = op(*args, **kwargs)
+    return tuple(t.unflatten(1, (size, t.shape[1] // size)) for t in outs), (1,) * len(outs)
+
+
+def _vmap_rule(
+    op, batched: tuple[int, ...], mask: tuple[int, int, int], operands: int, offsets: tuple[int, int]
+):
     """A vmap rule for `op`: the arguments at `batched` (those with a batch dimension: operands,
     segment ids, key counts) get the mapped dimension folded into it; a block mask (kinds, index,
-    bits at `mask`) is shared, repeated along the batch where it has one; outputs unfolded."""
+    bits at `mask`) is shared, repeated along the batch where it has one; outputs unfolded. With
+    packed sequences (offsets at `offsets`) the mapped dimension joins the heads instead
+    (_vmap_varlen)."""
 
     def rule(info, in_dims, *args, variant="auto", deterministic=None):
         kwargs = dict(variant=variant, deterministic=deterministic)
+        if any(i < len(args) and args[i] is not None for i in offsets):  # (at their default: not passed)
+            return _vmap_varlen(op, info, in_dims, args, kwargs, operands, offsets)
         if any(in_dims[i] is not None for i in mask):
             return _vmap_loop(op, info, in_dims, args, kwargs)
         size, args = info.batch_size, list(args)
@@ -657,12 +909,19 @@ def _vmap_rule(op, batched: tuple[int, ...], mask: tuple[int, int, int]):
 # attention: q, k, v, q_segments, kv_segments, kv_lens; attention_backward: grad_out, q, k, v, out,
 # lse, grad_lse, q_segments, kv_segments (the schemas' positions).
 torch.library.register_vmap(
-    "opforge::attention", _vmap_rule(torch.ops.opforge.attention.default, (0, 1, 2, 9, 10, 16), (11, 12, 13))
+    "opforge::attention",
+    _vmap_rule(torch.ops.opforge.attention.default, (0, 1, 2, 9, 10, 16), (11, 12, 13), 3, _VARLEN_ARGS),
 )
 torch.library.register_vmap(
     "opforge::attention_backward",
-    _vmap_rule(torch.ops.opforge.attention_backward.default, (0, 1, 2, 3, 4, 5, 6, 13, 14), (15, 16, 17)),
+    _vmap_rule(
+        torch.ops.opforge.attention_backward.default,
+        (0, 1, 2, 3, 4, 5, 6, 13, 14),
+        (15, 16, 17),
+        7,
+        _VARLEN_BACKWARD_ARGS,
+    ),
 )
 
 
-__all__ = ["attention"]
+__all__ = ["attention", "attention_varlen"]

@@ -1,6 +1,7 @@
 """Attention in plain PyTorch: the scores matrix, the pattern as an explicit boolean mask
 (opforge.masks.attention_mask), softmax, and the values. The tests' oracle in float64, and the
-dense computation opforge.attention differentiates for its double backward."""
+dense computation opforge.attention (and attention_varlen, one sequence at a time) differentiates
+for its double backward."""
 
 from __future__ import annotations
 
@@ -55,4 +56,37 @@ def attention(
     lse = torch.logsumexp(s, dim=-1).masked_fill(~seen[..., 0], -math.inf)
     p = torch.softmax(s, dim=-1).masked_fill(~seen, 0.0)
     out = torch.matmul(p, vf)
+    return (out, lse) if return_lse else out
+
+
+def attention_varlen(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    *,
+    causal: bool = False,
+    window: tuple[int | None, int | None] | None = None,
+    scale: float | None = None,
+    softcap: float | None = None,
+    return_lse: bool = False,
+):
+    """What opforge.attention_varlen computes, in q's dtype: `attention` of each packed sequence on
+    its own. q (total_q, Hq, D), k and v (total_k, Hkv, D); sequence b is queries
+    ``[cu_seqlens_q[b], cu_seqlens_q[b + 1])`` and keys ``[cu_seqlens_k[b], cu_seqlens_k[b + 1])``.
+    Returns out (total_q, Hq, D) and, with return_lse, lse (Hq, total_q)."""
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    cu_q, cu_k = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
+    outs, lses = [], []
+    for q0, q1, k0, k1 in zip(cu_q[:-1], cu_q[1:], cu_k[:-1], cu_k[1:], strict=True):
+        # (S, H, D) rows of one sequence as a batch of one (1, H, S, D)
+        qs, ks, vs = (t[a:b].transpose(0, 1)[None] for t, a, b in ((q, q0, q1), (k, k0, k1), (v, k0, k1)))
+        out, lse = attention(
+            qs, ks, vs, causal=causal, window=window, scale=scale, softcap=softcap, return_lse=True
+        )
+        outs.append(out[0].transpose(0, 1))
+        lses.append(lse[0])
+    out = torch.cat(outs, dim=0) if outs else q.new_zeros(q.shape)
+    lse = torch.cat(lses, dim=1) if lses else q.new_zeros(q.shape[1], 0)
     return (out, lse) if return_lse else out

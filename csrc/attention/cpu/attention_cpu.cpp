@@ -8,6 +8,9 @@
 // sum runs in a fixed order, so gradients are deterministic. Accumulation in float (double for
 // float64 inputs); 16-bit inputs round P and dS to their type for the P V and dS K products, as
 // GPU flash attention does.
+// Packed variable-length sequences (cu_seqlens): every loop runs over sequences in place of batch
+// rows, each with its own lengths (pattern.at(b)) and tile counts (TileTasks), and finds its rows by
+// the params' offsets (q_at, k_at, ...); the offsets are host memory here.
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 #include <ATen/ops/empty.h>
@@ -64,6 +67,50 @@ const T* at_(const void* base, int64_t offset) {
   return static_cast<const T*>(base) + offset;
 }
 
+// The tasks of a loop over (sequence, head, tile of `tile` query or key rows), sequence-major,
+// then head, then tile (a thread's range keeps a head's tiles together: the forward packs a head's
+// K and V once for them). Batch rows share one tile count; packed sequences (varlen) each have
+// their own, so `first` holds where each sequence's tasks begin.
+struct TileTasks {
+  int64_t heads = 0, tiles = 0;  // tiles: per sequence, without varlen
+  std::vector<int64_t> first;    // varlen: (batch + 1) task offsets
+  int64_t count = 0;
+  double pairs = 0;  // the (query, key) pairs of every sequence, per head: sizes the grain
+
+  TileTasks(const AttentionPattern& pat, int64_t batch, int64_t heads_, int64_t tile, bool keys) : heads(heads_) {
+    auto tiles_of = [&](const AttentionPattern& s) { return ((keys ? s.sk : s.sq) + tile - 1) / tile; };
+    if (!pat.varlen()) {
+      tiles = tiles_of(pat);
+      count = batch * heads * tiles;
+      pairs = static_cast<double>(batch) * pat.sq * pat.sk;
+      return;
+    }
+    first.resize(batch + 1);
+    for (int64_t b = 0; b < batch; ++b) {
+      const AttentionPattern s = pat.at(b);
+      first[b] = count;
+      count += heads * tiles_of(s);
+      pairs += static_cast<double>(s.sq) * s.sk;
+    }
+    first[batch] = count;
+  }
+  // The sequence, head and tile of task t.
+  void locate(int64_t t, int64_t& b, int64_t& h, int64_t& tile) const {
+    if (first.empty()) {
+      tile = t % tiles;
+      h = (t / tiles) % heads;
+      b = t / tiles / heads;
+      return;
+    }
+    // The last sequence whose tasks start at or before t (sequences with no tiles start where the
+    // next one does, so this one has tasks).
+    b = std::upper_bound(first.begin(), first.end(), t) - first.begin() - 1;
+    const int64_t local = t - first[b], n = (first[b + 1] - first[b]) / heads;
+    h = local / n;
+    tile = local % n;
+  }
+};
+
 // The segment ids of rows [i0, i1) of one batch row, summarized.
 SegmentRange segment_range(const int64_t* ids, int64_t stride_b, int64_t b, int64_t i0, int64_t i1) {
   SegmentRange r{};
@@ -74,11 +121,13 @@ SegmentRange segment_range(const int64_t* ids, int64_t stride_b, int64_t b, int6
   return r;
 }
 
-// Scores of one tile: s = softcap(scale * q.k), masked elements -inf (scaled: q came scaled, s is
-// scale * q.k already). `t` keeps tanh(...) for the softcap's backward (when softcap is on).
+// Scores of one tile of batch row (or sequence) b, whose pattern is `pat` (p.pattern.at(b)):
+// s = softcap(scale * q.k), masked elements -inf (scaled: q came scaled, s is scale * q.k already).
+// `t` keeps tanh(...) for the softcap's backward (when softcap is on).
 template <typename A>
-void finish_scores(const AttentionParams& p, BlockKind kind, int64_t b, int64_t h, int64_t i0, int64_t rows,
-                   int64_t j0, int64_t cols, int64_t ld, A* s, A* t, bool scaled = false) {
+void finish_scores(const AttentionParams& p, const AttentionPattern& pat, BlockKind kind, int64_t b, int64_t h,
+                   int64_t i0, int64_t rows, int64_t j0, int64_t cols, int64_t ld, A* s, A* t,
+                   bool scaled = false) {
   const A scale = static_cast<A>(p.scale), cap = static_cast<A>(p.softcap);
   const A neg_inf = -std::numeric_limits<A>::infinity();
   for (int64_t r = 0; r < rows; ++r) {
@@ -94,7 +143,6 @@ void finish_scores(const AttentionParams& p, BlockKind kind, int64_t b, int64_t 
       }
     }
     if (kind == BlockKind::kPartial) {
-      const AttentionPattern& pat = p.pattern;
       if (!pat.q_segments && !pat.mask_kinds) {
         // Only the band and the prefix: each row's visible keys are an interval (and the prefix).
         const int64_t pos = pat.pos(i0 + r), right = pat.band_right();
@@ -152,13 +200,13 @@ template <typename T>
 void forward_kernel(const AttentionParams& p) {
   using A = acc_type<T>;
   const AttentionPattern& pat = p.pattern;
-  const int64_t D = p.head_dim, Sq = pat.sq, Sk = pat.sk, group = p.heads / p.kv_heads;
+  const int64_t D = p.head_dim, group = p.heads / p.kv_heads;
   const int64_t tq = tile_queries(pat), tk = tile_keys(pat);
-  const int64_t q_tiles = (Sq + tq - 1) / tq, k_tiles = (Sk + tk - 1) / tk;
-  const int64_t tasks = p.batch * p.heads * q_tiles;
+  const TileTasks work(pat, p.batch, p.heads, tq, false);
+  const int64_t tasks = work.count;
   // A small call is not worth a thread (a parallel region can cost a scheduler tick).
-  const int64_t flops = 4 * p.batch * p.heads * Sq * Sk * D;
-  const int64_t grain = flops < (int64_t{1} << 22) ? std::max<int64_t>(tasks, 1) : 1;
+  const double flops = 4.0 * p.heads * work.pairs * D;
+  const int64_t grain = flops < double(int64_t{1} << 22) ? std::max<int64_t>(tasks, 1) : 1;
   const CpuIsa isa = cpu_isa();
   const A scale = static_cast<A>(p.scale);
   // Inputs are packed by their type's packer, P (in the accumulation type) by the float one.
@@ -169,12 +217,15 @@ void forward_kernel(const AttentionParams& p) {
     std::vector<A> q_packed(in.a_size(tq, D)), p_packed(acc.a_size(tq, tk));
     PackedHead<A> kv;
     for (int64_t task = begin; task < end; ++task) {
-      const int64_t qt = task % q_tiles, bh = task / q_tiles, h = bh % p.heads, b = bh / p.heads;
+      int64_t b, h, qt;
+      work.locate(task, b, h, qt);
+      const AttentionPattern seq = pat.at(b);  // this sequence's lengths
+      const int64_t Sq = seq.sq, Sk = seq.sk, k_tiles = (Sk + tk - 1) / tk;
       const int64_t hk = h / group, i0 = qt * tq, rows = std::min(tq, Sq - i0);
-      const T* k = at_<T>(p.k, b * p.k_bs + hk * p.k_hs);
-      const T* v = at_<T>(p.v, b * p.v_bs + hk * p.v_hs);
+      const T* k = at_<T>(p.k, p.k_at(b, hk));
+      const T* v = at_<T>(p.v, p.v_at(b, hk));
       kv.reset(b * p.kv_heads + hk, k_tiles, in.b_size(D, tk), in.b_size(tk, D));
-      in.pack_a(at_<T>(p.q, b * p.q_bs + h * p.q_hs + i0 * p.q_ss), p.q_ss, p.q_ds, rows, D, q_packed.data());
+      in.pack_a(at_<T>(p.q, p.q_at(b, h) + i0 * p.q_ss), p.q_ss, p.q_ds, rows, D, q_packed.data());
       // The scale on the packed Q (in the accumulation type) once, instead of on every tile's scores.
       for (A& x : q_packed) x *= scale;
       std::fill(o.begin(), o.end(), A(0));
@@ -185,7 +236,7 @@ void forward_kernel(const AttentionParams& p) {
         const int64_t j0 = kt * tk, cols = std::min(tk, Sk - j0);
         const SegmentRange kv_range = pat.kv_segments ? segment_range(pat.kv_segments, pat.kv_seg_bs, b, j0, j0 + cols)
                                                       : SegmentRange{};
-        const BlockKind kind = tile_kind(pat, b, h, i0, i0 + rows, j0, j0 + cols, q_range, kv_range);
+        const BlockKind kind = tile_kind(seq, b, h, i0, i0 + rows, j0, j0 + cols, q_range, kv_range);
         if (kind == BlockKind::kEmpty) continue;
         A* keys = kv.keys.data() + kt * kv.key_tile;
         if (!kv.have_keys[kt]) {  // K^T tile: (D, cols) with rows along d
@@ -193,7 +244,7 @@ void forward_kernel(const AttentionParams& p) {
           kv.have_keys[kt] = true;
         }
         in.multiply(rows, cols, D, q_packed.data(), keys, s.data(), tk, false);
-        finish_scores<A>(p, kind, b, h, i0, rows, j0, cols, tk, s.data(), s.data(), true);
+        finish_scores<A>(p, seq, kind, b, h, i0, rows, j0, cols, tk, s.data(), s.data(), true);
         for (int64_t r = 0; r < rows; ++r) {
           A* row = s.data() + r * tk;
           const A mx = row_max(row, cols, m[r]);
@@ -219,8 +270,8 @@ void forward_kernel(const AttentionParams& p) {
         }
         acc.multiply(rows, D, cols, p_packed.data(), values, o.data(), D, true);  // o = o * alpha + P V
       }
-      T* out = static_cast<T*>(p.out) + b * p.o_bs + h * p.o_hs + i0 * p.o_ss;
-      A* lse = static_cast<A*>(p.lse) + (b * p.heads + h) * Sq + i0;
+      T* out = static_cast<T*>(p.out) + p.o_at(b, h) + i0 * p.o_ss;
+      A* lse = static_cast<A*>(p.lse) + p.lse_at(b, h) + i0;
       for (int64_t r = 0; r < rows; ++r) {
         // A row with nothing visible: zeros and an LSE of -inf (never NaN).
         const A inv = l[r] > 0 ? A(1) / l[r] : A(0);
@@ -283,6 +334,9 @@ template <typename T>
 void decode_kernel(const AttentionParams& p) {
   using A = acc_type<T>;
   const AttentionPattern& pat = p.pattern;
+  // Every batch row has Sq queries here: packed sequences (varlen) never reach this kernel (the
+  // rule gives them the tiled one, and variant 'decode' refuses them).
+  TORCH_INTERNAL_ASSERT(!pat.varlen(), "opforge.attention: the decode kernel takes no packed sequences");
   const int64_t D = p.head_dim, Sq = pat.sq, Sk = pat.sk, group = p.heads / p.kv_heads, rows = group * Sq;
   const int64_t blocks = (Sk + kDecodeBlock - 1) / kDecodeBlock, heads = p.batch * p.kv_heads;
   // About four tasks a thread, each of at least four key blocks. A task (chunk c of a (batch, kv
@@ -305,9 +359,7 @@ void decode_kernel(const AttentionParams& p) {
       const int64_t c = task / heads, bh = task % heads, hk = bh % p.kv_heads, b = bh / p.kv_heads;
       const int64_t slot = bh * chunks + c;  // (the partial states sit by (batch, kv head) for the merge)
       // This sequence's pattern: its own key count with per-sequence counts (kv_lens).
-      AttentionParams bp = p;
-      bp.pattern = pat.at(b);
-      const AttentionPattern& bpat = bp.pattern;
+      const AttentionPattern bpat = pat.at(b);
       int64_t lo, hi;
       band_key_range(bpat, 0, Sq, lo, hi);
       const int64_t first = lo / kDecodeBlock, last = hi <= lo ? first : (hi + kDecodeBlock - 1) / kDecodeBlock;
@@ -315,7 +367,7 @@ void decode_kernel(const AttentionParams& p) {
       const int64_t blk0 = first + c * per_chunk, blk1 = std::min(last, blk0 + per_chunk);
       for (int64_t g = 0; g < group; ++g) {
         const int64_t h = hk * group + g;
-        load_rows(at_<T>(p.q, b * p.q_bs + h * p.q_hs), p.q_ss, p.q_ds, Sq, D, qs.data() + g * Sq * D);
+        load_rows(at_<T>(p.q, p.q_at(b, h)), p.q_ss, p.q_ds, Sq, D, qs.data() + g * Sq * D);
       }
       for (A& x : qs) x *= scale;
       A* o = part_o.data() + slot * rows * D;
@@ -325,8 +377,8 @@ void decode_kernel(const AttentionParams& p) {
       std::fill(m, m + rows, neg_inf);
       std::fill(l, l + rows, A(0));
       const SegmentRange q_range = segment_range(pat.q_segments, pat.q_seg_bs, b, 0, Sq);
-      const T* kbase = at_<T>(p.k, b * p.k_bs + hk * p.k_hs);
-      const T* vbase = at_<T>(p.v, b * p.v_bs + hk * p.v_hs);
+      const T* kbase = at_<T>(p.k, p.k_at(b, hk));
+      const T* vbase = at_<T>(p.v, p.v_at(b, hk));
       for (int64_t blk = blk0; blk < blk1; ++blk) {
         const int64_t j0 = blk * kDecodeBlock, cols = std::min(kDecodeBlock, bpat.sk - j0);
         if (cols <= 0) break;  // past this sequence's keys
@@ -352,7 +404,7 @@ void decode_kernel(const AttentionParams& p) {
           if (kinds[g] == BlockKind::kEmpty) {
             std::fill(s, s + Sq * cols, neg_inf);
           } else {
-            finish_scores<A>(bp, kinds[g], b, hk * group + g, 0, Sq, j0, cols, cols, s, s, true);
+            finish_scores<A>(p, bpat, kinds[g], b, hk * group + g, 0, Sq, j0, cols, cols, s, s, true);
           }
         }
         for (int64_t r = 0; r < rows; ++r) {
@@ -388,8 +440,8 @@ void decode_kernel(const AttentionParams& p) {
       const int64_t g = r / Sq, i = r % Sq, h = hk * group + g;
       A mx = neg_inf;
       for (int64_t c = 0; c < chunks; ++c) mx = std::max(mx, part_m[(bh * chunks + c) * rows + r]);
-      T* out = static_cast<T*>(p.out) + b * p.o_bs + h * p.o_hs + i * p.o_ss;
-      A* lse = static_cast<A*>(p.lse) + (b * p.heads + h) * Sq + i;
+      T* out = static_cast<T*>(p.out) + p.o_at(b, h) + i * p.o_ss;
+      A* lse = static_cast<A*>(p.lse) + p.lse_at(b, h) + i;
       if (mx == neg_inf) {  // a row with nothing visible: zeros and an LSE of -inf
         for (int64_t d = 0; d < D; ++d) out[d] = static_cast<T>(0);
         *lse = neg_inf;
@@ -453,23 +505,25 @@ void backward_kernel(const AttentionGradParams& g) {
   using A = acc_type<T>;
   const AttentionParams& p = g.fwd;
   const AttentionPattern& pat = p.pattern;
-  const int64_t D = p.head_dim, Sq = pat.sq, Sk = pat.sk, group = p.heads / p.kv_heads;
+  const int64_t D = p.head_dim, group = p.heads / p.kv_heads;
   const int64_t tq = tile_queries(pat), tk = tile_keys(pat);
-  const int64_t q_tiles = (Sq + tq - 1) / tq, k_tiles = (Sk + tk - 1) / tk;
-  const int64_t flops = 10 * p.batch * p.heads * Sq * Sk * D;
-  const bool small = flops < (int64_t{1} << 22);
+  const TileTasks kv_work(pat, p.batch, p.kv_heads, tk, true), q_work(pat, p.batch, p.heads, tq, false);
+  const bool small = 10.0 * p.heads * q_work.pairs * D < double(int64_t{1} << 22);
   const CpuIsa isa = cpu_isa();
   const A* lse_all = static_cast<const A*>(p.lse);
   const A* grad_lse = static_cast<const A*>(g.grad_lse);
 
-  // delta[b, h, i] = sum_d dO * O - grad_lse: the softmax's backward term, per query.
-  std::vector<A> delta(p.batch * p.heads * Sq);
-  const int64_t rows_total = p.batch * p.heads * Sq;
+  // delta = sum_d dO * O - grad_lse: the softmax's backward term, per query, laid out like the LSE
+  // (row lse_at(b, h) + i). A pass over the tensors' rows: (B, Hq, Sq), or under varlen the packed
+  // (1, Hq, total_q), whose rows are the sequences' queries one after another.
+  const int64_t tensor_batch = pat.varlen() ? 1 : p.batch, Sq_all = pat.sq;
+  const int64_t rows_total = tensor_batch * p.heads * Sq_all;
+  std::vector<A> delta(rows_total);
   at::parallel_for(0, rows_total, small ? std::max<int64_t>(rows_total, 1) : 256, [&](int64_t begin, int64_t end) {
     for (int64_t row = begin; row < end; ++row) {
-      const int64_t i = row % Sq, bh = row / Sq, h = bh % p.heads, b = bh / p.heads;
-      const T* go = at_<T>(g.grad_out, b * g.g_bs + h * g.g_hs + i * g.g_ss);
-      const T* o = at_<T>(p.out, b * p.o_bs + h * p.o_hs + i * p.o_ss);
+      const int64_t i = row % Sq_all, bh = row / Sq_all, h = bh % p.heads, tb = bh / p.heads;  // (tensor row)
+      const T* go = at_<T>(g.grad_out, tb * g.g_bs + h * g.g_hs + i * g.g_ss);
+      const T* o = at_<T>(p.out, tb * p.o_bs + h * p.o_hs + i * p.o_ss);
       A sum = 0;
       for (int64_t d = 0; d < D; ++d) sum += static_cast<A>(go[d]) * static_cast<A>(o[d]);
       delta[row] = sum - (grad_lse ? grad_lse[row] : A(0));
@@ -506,31 +560,36 @@ void backward_kernel(const AttentionGradParams& g) {
     acc_fns.multiply(m, D, k, w.a_packed.data(), w.b_packed.data(), c, D, true);
   };
 
-  // Scores, probabilities and dS of tile (b, h, i0, j0) into the buffers; false when empty.
-  auto tile = [&](Buffers& w, int64_t b, int64_t h, int64_t i0, int64_t rows, int64_t j0, int64_t cols,
-                  SegmentRange q_range, SegmentRange kv_range) {
-    const BlockKind kind = tile_kind(pat, b, h, i0, i0 + rows, j0, j0 + cols, q_range, kv_range);
+  // Scores, probabilities and dS of tile (b, h, i0, j0) of sequence b (pattern seq) into the
+  // buffers; false when empty.
+  auto tile = [&](Buffers& w, const AttentionPattern& seq, int64_t b, int64_t h, int64_t i0, int64_t rows,
+                  int64_t j0, int64_t cols, SegmentRange q_range, SegmentRange kv_range) {
+    const BlockKind kind = tile_kind(seq, b, h, i0, i0 + rows, j0, j0 + cols, q_range, kv_range);
     if (kind == BlockKind::kEmpty) return false;
     const int64_t hk = h / group;
-    const T* q = at_<T>(p.q, b * p.q_bs + h * p.q_hs + i0 * p.q_ss);
-    const T* k = at_<T>(p.k, b * p.k_bs + hk * p.k_hs + j0 * p.k_ss);
-    const T* v = at_<T>(p.v, b * p.v_bs + hk * p.v_hs + j0 * p.v_ss);
-    const T* go = at_<T>(g.grad_out, b * g.g_bs + h * g.g_hs + i0 * g.g_ss);
+    const T* q = at_<T>(p.q, p.q_at(b, h) + i0 * p.q_ss);
+    const T* k = at_<T>(p.k, p.k_at(b, hk) + j0 * p.k_ss);
+    const T* v = at_<T>(p.v, p.v_at(b, hk) + j0 * p.v_ss);
+    const T* go = at_<T>(g.grad_out, g.g_at(b, h) + i0 * g.g_ss);
     w.gemm(rows, cols, D, q, p.q_ss, p.q_ds, k, p.k_ds, p.k_ss, w.s.data(), tk);
-    finish_scores<A>(p, kind, b, h, i0, rows, j0, cols, tk, w.s.data(), w.t.data());
-    probabilities<A>(rows, cols, tk, lse_all + (b * p.heads + h) * Sq + i0, w.s.data());
+    finish_scores<A>(p, seq, kind, b, h, i0, rows, j0, cols, tk, w.s.data(), w.t.data());
+    probabilities<A>(rows, cols, tk, lse_all + p.lse_at(b, h) + i0, w.s.data());
     w.gemm(rows, cols, D, go, g.g_ss, 1, v, p.v_ds, p.v_ss, w.dp.data(), tk);  // dP = dO V^T
-    score_grads<A>(p, rows, cols, tk, w.s.data(), w.t.data(), delta.data() + (b * p.heads + h) * Sq + i0, w.dp.data());
+    score_grads<A>(p, rows, cols, tk, w.s.data(), w.t.data(), delta.data() + p.lse_at(b, h) + i0, w.dp.data());
     return true;
   };
 
-  // dK, dV: a task per (batch, kv head, key tile), over the group's query heads and query tiles.
-  const int64_t kv_tasks = p.batch * p.kv_heads * k_tiles;
-  at::parallel_for(0, kv_tasks, small ? std::max<int64_t>(kv_tasks, 1) : 1, [&](int64_t begin, int64_t end) {
+  // dK, dV: a task per (sequence, kv head, key tile), over the group's query heads and query tiles
+  // (keys no query sees get zeros).
+  const int64_t kv_grain = small ? std::max<int64_t>(kv_work.count, 1) : 1;
+  at::parallel_for(0, kv_work.count, kv_grain, [&](int64_t begin, int64_t end) {
     Buffers w(p.dtype, isa, D, tq, tk, a_elems, b_elems);
     for (int64_t task = begin; task < end; ++task) {
-      const int64_t kt = task % k_tiles, bh = task / k_tiles, hk = bh % p.kv_heads, b = bh / p.kv_heads;
-      const int64_t j0 = kt * tk, cols = std::min(tk, Sk - j0);
+      int64_t b, hk, kt;
+      kv_work.locate(task, b, hk, kt);
+      const AttentionPattern seq = pat.at(b);
+      const int64_t Sq = seq.sq, q_tiles = (Sq + tq - 1) / tq;
+      const int64_t j0 = kt * tk, cols = std::min(tk, seq.sk - j0);
       std::fill(w.acc.begin(), w.acc.end(), A(0));   // dV
       std::fill(w.acc2.begin(), w.acc2.end(), A(0));  // dK
       const SegmentRange kv_range = segment_range(pat.kv_segments, pat.kv_seg_bs, b, j0, j0 + cols);
@@ -538,9 +597,9 @@ void backward_kernel(const AttentionGradParams& g) {
         for (int64_t qt = 0; qt < q_tiles; ++qt) {
           const int64_t i0 = qt * tq, rows = std::min(tq, Sq - i0);
           const SegmentRange q_range = segment_range(pat.q_segments, pat.q_seg_bs, b, i0, i0 + rows);
-          if (!tile(w, b, h, i0, rows, j0, cols, q_range, kv_range)) continue;
-          const T* q = at_<T>(p.q, b * p.q_bs + h * p.q_hs + i0 * p.q_ss);
-          const T* go = at_<T>(g.grad_out, b * g.g_bs + h * g.g_hs + i0 * g.g_ss);
+          if (!tile(w, seq, b, h, i0, rows, j0, cols, q_range, kv_range)) continue;
+          const T* q = at_<T>(p.q, p.q_at(b, h) + i0 * p.q_ss);
+          const T* go = at_<T>(g.grad_out, g.g_at(b, h) + i0 * g.g_ss);
           // dV += P^T dO, dK += dS^T Q (P and dS read transposed: (cols, rows) with strides (1, tk)).
           round_to_inputs(w.s);
           round_to_inputs(w.dp);
@@ -548,8 +607,8 @@ void backward_kernel(const AttentionGradParams& g) {
           accumulate(w, cols, rows, w.dp.data(), 1, tk, q, p.q_ss, p.q_ds, w.acc2.data());
         }
       }
-      T* dv = static_cast<T*>(g.dv) + b * g.dv_bs + hk * g.dv_hs + j0 * g.dv_ss;
-      T* dk = static_cast<T*>(g.dk) + b * g.dk_bs + hk * g.dk_hs + j0 * g.dk_ss;
+      T* dv = static_cast<T*>(g.dv) + g.dv_at(b, hk) + j0 * g.dv_ss;
+      T* dk = static_cast<T*>(g.dk) + g.dk_at(b, hk) + j0 * g.dk_ss;
       for (int64_t c = 0; c < cols; ++c)
         for (int64_t d = 0; d < D; ++d) {
           dv[c * g.dv_ss + d] = static_cast<T>(w.acc[c * D + d]);
@@ -558,24 +617,27 @@ void backward_kernel(const AttentionGradParams& g) {
     }
   });
 
-  // dQ: a task per (batch, head, query tile), over the key tiles.
-  const int64_t q_tasks = p.batch * p.heads * q_tiles;
-  at::parallel_for(0, q_tasks, small ? std::max<int64_t>(q_tasks, 1) : 1, [&](int64_t begin, int64_t end) {
+  // dQ: a task per (sequence, head, query tile), over the key tiles.
+  const int64_t q_grain = small ? std::max<int64_t>(q_work.count, 1) : 1;
+  at::parallel_for(0, q_work.count, q_grain, [&](int64_t begin, int64_t end) {
     Buffers w(p.dtype, isa, D, tq, tk, a_elems, b_elems);
     for (int64_t task = begin; task < end; ++task) {
-      const int64_t qt = task % q_tiles, bh = task / q_tiles, h = bh % p.heads, b = bh / p.heads;
-      const int64_t i0 = qt * tq, rows = std::min(tq, Sq - i0), hk = h / group;
+      int64_t b, h, qt;
+      q_work.locate(task, b, h, qt);
+      const AttentionPattern seq = pat.at(b);
+      const int64_t Sk = seq.sk, k_tiles = (Sk + tk - 1) / tk;
+      const int64_t i0 = qt * tq, rows = std::min(tq, seq.sq - i0), hk = h / group;
       std::fill(w.acc.begin(), w.acc.end(), A(0));
       const SegmentRange q_range = segment_range(pat.q_segments, pat.q_seg_bs, b, i0, i0 + rows);
       for (int64_t kt = 0; kt < k_tiles; ++kt) {
         const int64_t j0 = kt * tk, cols = std::min(tk, Sk - j0);
         const SegmentRange kv_range = segment_range(pat.kv_segments, pat.kv_seg_bs, b, j0, j0 + cols);
-        if (!tile(w, b, h, i0, rows, j0, cols, q_range, kv_range)) continue;
-        const T* k = at_<T>(p.k, b * p.k_bs + hk * p.k_hs + j0 * p.k_ss);
+        if (!tile(w, seq, b, h, i0, rows, j0, cols, q_range, kv_range)) continue;
+        const T* k = at_<T>(p.k, p.k_at(b, hk) + j0 * p.k_ss);
         round_to_inputs(w.dp);
         accumulate(w, rows, cols, w.dp.data(), tk, 1, k, p.k_ss, p.k_ds, w.acc.data());
       }
-      T* dq = static_cast<T*>(g.dq) + b * g.dq_bs + h * g.dq_hs + i0 * g.dq_ss;
+      T* dq = static_cast<T*>(g.dq) + g.dq_at(b, h) + i0 * g.dq_ss;
       for (int64_t r = 0; r < rows; ++r)
         for (int64_t d = 0; d < D; ++d) dq[r * g.dq_ss + d] = static_cast<T>(w.acc[r * D + d]);
     }
@@ -608,13 +670,18 @@ std::tuple<at::Tensor, at::Tensor> attention_cpu(const at::Tensor& q, const at::
                                                  const std::optional<at::Tensor>& mask_index,
                                                  const std::optional<at::Tensor>& mask_bits, int64_t block_q,
                                                  int64_t block_k, const std::optional<at::Tensor>& kv_lens,
+                                                 const std::optional<at::Tensor>& cu_seqlens_q,
+                                                 const std::optional<at::Tensor>& cu_seqlens_k,
                                                  c10::string_view variant, std::optional<bool> /*deterministic*/) {
   constexpr const char* op = "opforge.attention";
   AttentionPatternArgs args = attention_pattern_args(causal, window_left, window_right, prefix_len, q_segments,
                                                      kv_segments, mask_kinds, mask_index, mask_bits, block_q, block_k);
   args.kv_lens = kv_lens;
+  args.cu_seqlens_q = cu_seqlens_q;
+  args.cu_seqlens_k = cu_seqlens_k;
   check_attention_inputs(q, k, v, scale, softcap, args);
-  const AttentionCall call = attention_call(q, k, kv_lens.has_value(), false);
+  check_varlen_offsets(op, args, q.size(2), k.size(2));
+  const AttentionCall call = attention_call(q, k, kv_lens.has_value(), false, args.varlen());
   const AttentionKernel kernel = choose_attention_kernel(op, call, variant);
   check_kv_lens_kernel(op, call, kernel, variant);
   at::Tensor out = empty_attention_like(q);
@@ -641,11 +708,16 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_cpu(
     int64_t window_left, int64_t window_right, int64_t prefix_len, const std::optional<at::Tensor>& q_segments,
     const std::optional<at::Tensor>& kv_segments, const std::optional<at::Tensor>& mask_kinds,
     const std::optional<at::Tensor>& mask_index, const std::optional<at::Tensor>& mask_bits, int64_t block_q,
-    int64_t block_k, c10::string_view variant, std::optional<bool> /*deterministic: always*/) {
-  const AttentionPatternArgs args = attention_pattern_args(causal, window_left, window_right, prefix_len, q_segments,
-                                                 kv_segments, mask_kinds, mask_index, mask_bits, block_q, block_k);
+    int64_t block_k, const std::optional<at::Tensor>& cu_seqlens_q, const std::optional<at::Tensor>& cu_seqlens_k,
+    c10::string_view variant, std::optional<bool> /*deterministic: always*/) {
+  AttentionPatternArgs args = attention_pattern_args(causal, window_left, window_right, prefix_len, q_segments,
+                                                     kv_segments, mask_kinds, mask_index, mask_bits, block_q, block_k);
+  args.cu_seqlens_q = cu_seqlens_q;
+  args.cu_seqlens_k = cu_seqlens_k;
   check_attention_backward_inputs(grad_out, q, k, v, out, lse, grad_lse, scale, softcap, args);
-  choose_attention_kernel("opforge.attention_backward", attention_call(q, k, false, true), variant);  // (tiled)
+  check_varlen_offsets("opforge.attention_backward", args, q.size(2), k.size(2));
+  choose_attention_kernel("opforge.attention_backward", attention_call(q, k, false, true, args.varlen()),
+                          variant);  // (tiled)
   RECORD_FUNCTION("opforge.attention_backward.tiled", std::vector<c10::IValue>());
   at::Tensor dq = empty_attention_like(q), dk = empty_attention_like(k), dv = empty_attention_like(v);
   if (q.numel() == 0 || k.numel() == 0) {  // nothing visible anywhere: every gradient is 0

@@ -76,7 +76,7 @@ constexpr int kBwdBarDQEmpty = 6;  // + c: warp 1 has read it (the buffer is fre
 // both the consumers' shared-memory writes and the post kernel's reads are whole 16-byte vectors.
 template <typename Tr>
 __device__ __forceinline__ int64_t dq_tile_offset(const AttentionCudaArgs& a, int64_t b, int64_t h, int64_t tile) {
-  return ((b * a.g.fwd.heads + h) * a.lse2_ld + tile * Tr::kBlockM) * Tr::kD;
+  return (a.ws_row(b, h) + tile * Tr::kBlockM) * Tr::kD;
 }
 
 // What the producer tells the consumers about the tile in a stage (written into the stage before
@@ -110,18 +110,29 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   uint64_t* const bar_kv = bars;
   const cuda::Pipeline<kStages> pipe{bars + 1, bars + 1 + kStages};
   const AttentionParams& p = a.g.fwd;
-  const AttentionPattern& pat = p.pattern;
   const int wg = threadIdx.x / 128, t = threadIdx.x % 128, warp = t / 32, lane = t % 32;
   // The block's (batch, kv head) pair and key block: groups of group_pairs pairs (whose Q, dO and
   // dQ workspace fit in L2 together) one after the other, each walking its key blocks across its
   // pairs: the first key blocks first (with causal, the most query tiles: longest first); in
-  // deterministic mode the last ones first, which reach each query tile first (see rank).
+  // deterministic mode the last ones first, which reach each query tile first (see rank). Varlen:
+  // the padded key blocks of the packed keys in order, the kv heads of each together.
+  int64_t b, hk;
+  int kblock;
+  if (p.pattern.varlen()) {
+    int64_t x;
+    if (!padded_tile(p.pattern.cu_seqlens_k, p.pattern.total_k, p.batch, kBN, blockIdx.x / p.kv_heads, b, x)) return;
+    hk = blockIdx.x % p.kv_heads, kblock = static_cast<int>(x);
+  } else {
+    const int blocks = static_cast<int>((p.pattern.sk + kBN - 1) / kBN);
+    int pair;
+    cuda::grouped_tile(static_cast<int>(blockIdx.x), group_pairs, static_cast<int>(p.batch * p.kv_heads), blocks,
+                       false, pair, kblock);
+    b = pair / p.kv_heads, hk = pair % p.kv_heads;
+  }
+  const AttentionPattern pat = p.pattern.at(b);
   const int blocks = static_cast<int>((pat.sk + kBN - 1) / kBN);
-  int pair, kblock;
-  cuda::grouped_tile(static_cast<int>(blockIdx.x), group_pairs, static_cast<int>(p.batch * p.kv_heads), blocks, false,
-                     pair, kblock);
   if (a.dq_semaphore) kblock = blocks - 1 - kblock;
-  const int64_t b = pair / p.kv_heads, hk = pair % p.kv_heads, j0 = int64_t{kblock} * kBN, j1 = min(j0 + kBN, pat.sk);
+  const int64_t j0 = int64_t{kblock} * kBN, j1 = min(j0 + kBN, pat.sk);
   const int64_t group = p.heads / p.kv_heads;
   if (threadIdx.x == 0) {
     cuda::mbar_init(smem_addr(bar_kv), 1);
@@ -134,21 +145,24 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     cuda::setmaxnreg_dec<24>();
     if (warp == 0) {  // loads: K and V, then every visible (head, query tile), then the end
       QueryWalk<kBM> walk(pat, b, j0, j1, j1 - j0 < kBN);
+      // TMA coordinates: the tensors' batch row, the sequence's first rows (varlen: in the packed dims).
+      const int tb = static_cast<int>(p.pattern.tensor_batch(b));
+      const int q_row0 = static_cast<int>(p.pattern.q_start(b)), k_row0 = static_cast<int>(p.pattern.k_start(b));
       if (lane == 0) {
         cuda::mbar_arrive_expect_tx(smem_addr(bar_kv), 2 * Tr::kKBytes);
 #pragma unroll
         for (int pn = 0; pn < Tr::kPanels; ++pn) {
-          cuda::tma_load_4d(smem_addr(sK + pn * Tr::kKPanelBytes), &map_k, pn * 64, static_cast<int>(j0),
-                            static_cast<int>(hk), static_cast<int>(b), smem_addr(bar_kv));
-          cuda::tma_load_4d(smem_addr(sV + pn * Tr::kKPanelBytes), &map_v, pn * 64, static_cast<int>(j0),
-                            static_cast<int>(hk), static_cast<int>(b), smem_addr(bar_kv));
+          cuda::tma_load_4d(smem_addr(sK + pn * Tr::kKPanelBytes), &map_k, pn * 64, k_row0 + static_cast<int>(j0),
+                            static_cast<int>(hk), tb, smem_addr(bar_kv));
+          cuda::tma_load_4d(smem_addr(sV + pn * Tr::kKPanelBytes), &map_v, pn * 64, k_row0 + static_cast<int>(j0),
+                            static_cast<int>(hk), tb, smem_addr(bar_kv));
         }
       }
       State wr;
       for (int64_t gi = 0; gi < group; ++gi) {
         const int h = static_cast<int>(hk * group + gi);
-        const float* lse2 = a.lse2 + (b * p.heads + h) * a.lse2_ld;
-        const float* delta = a.delta + (b * p.heads + h) * a.lse2_ld;
+        const float* lse2 = a.lse2 + a.ws_row(b, h);
+        const float* delta = a.delta + a.ws_row(b, h);
         TileClass tc;
         for (int tile = walk.next(h, walk.begin, tc, lane); tile < walk.end;
              tile = walk.next(h, tile + 1, tc, lane), wr.advance()) {
@@ -159,10 +173,10 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
             const uint32_t bar = pipe.producer_commit(wr, 2 * Tr::kQBytes + 2 * kBM * 4);
 #pragma unroll
             for (int pn = 0; pn < Tr::kPanels; ++pn) {
-              cuda::tma_load_4d(smem_addr(st + pn * Tr::kQPanelBytes), &map_q, pn * 64, tile * kBM, h,
-                                static_cast<int>(b), bar);
-              cuda::tma_load_4d(smem_addr(st + Tr::kQBytes + pn * Tr::kQPanelBytes), &map_do, pn * 64, tile * kBM, h,
-                                static_cast<int>(b), bar);
+              cuda::tma_load_4d(smem_addr(st + pn * Tr::kQPanelBytes), &map_q, pn * 64, q_row0 + tile * kBM, h, tb,
+                                bar);
+              cuda::tma_load_4d(smem_addr(st + Tr::kQBytes + pn * Tr::kQPanelBytes), &map_do, pn * 64,
+                                q_row0 + tile * kBM, h, tb, bar);
             }
             cuda::bulk_load(smem_addr(st + 2 * Tr::kQBytes), lse2 + tile * kBM, kBM * 4, bar);
             cuda::bulk_load(smem_addr(st + 2 * Tr::kQBytes + kBM * 4), delta + tile * kBM, kBM * 4, bar);
@@ -186,7 +200,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
           break;
         }
         float* const dst = a.dq_accum + dq_tile_offset<Tr>(a, b, h, tile);
-        int* const sem = a.dq_semaphore ? a.dq_semaphore + (b * p.heads + h) * (a.lse2_ld / kBM) + tile : nullptr;
+        int* const sem = a.dq_semaphore ? a.dq_semaphore + a.ws_row(b, h) / kBM + tile : nullptr;
         if (sem) {  // deterministic: this block adds after every later key block that sees the tile
           const int turn = QueryWalk<kBM>(pat, b, j0, j1, false).template rank<kBN>(h, tile, kblock, blocks, lane);
           if (lane == 0) {
@@ -343,10 +357,10 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   const float one[2] = {1.f, 1.f};
   const int64_t first = j0 + half * 64;
   store_accumulator_rows<kD, T>(dk, one, sK + half * 64 * 128, Tr::kKPanelBytes,
-                                static_cast<T*>(a.g.dk) + b * a.g.dk_bs + hk * a.g.dk_hs, a.g.dk_ss, first, pat.sk, t,
+                                static_cast<T*>(a.g.dk) + a.g.dk_at(b, hk), a.g.dk_ss, first, pat.sk, t,
                                 1 + half);
   store_accumulator_rows<kD, T>(dv, one, sV + half * 64 * 128, Tr::kKPanelBytes,
-                                static_cast<T*>(a.g.dv) + b * a.g.dv_bs + hk * a.g.dv_hs, a.g.dv_ss, first, pat.sk, t,
+                                static_cast<T*>(a.g.dv) + a.g.dv_at(b, hk), a.g.dv_ss, first, pat.sk, t,
                                 1 + half);
 #else
   __trap();
@@ -361,10 +375,22 @@ __global__ void __launch_bounds__(128) attention_bwd_hopper_dq_kernel(const Atte
   constexpr int kRowWords = 36;
   __shared__ __align__(16) uint32_t rows[64 * kRowWords];
   const AttentionParams& p = a.g.fwd;
-  const int64_t parts = a.lse2_ld / Tr::kBlockM * 2;  // per (b, h)
-  const int64_t bh = blockIdx.x / parts, rem = blockIdx.x % parts, tile = rem / 2;
+  const AttentionPattern& pat = p.pattern;
+  const int64_t parts = a.lse2_ld / Tr::kBlockM * 2;  // per (b, h); varlen: per h
+  const int64_t bh = blockIdx.x / parts, rem = blockIdx.x % parts;
   const int c = static_cast<int>(rem % 2);
-  const int64_t b = bh / p.heads, h = bh % p.heads;
+  int64_t b, h, tile = rem / 2;
+  if (pat.varlen()) {  // the sequence whose padded rows hold this tile's
+    const int64_t r = tile * Tr::kBlockM;
+    int64_t unused;
+    h = bh;
+    if (!padded_tile(pat.cu_seqlens_q, pat.total_q, p.batch, 128, r / 128, b, unused)) return;
+    tile = (r - padded_start(pat.cu_seqlens_q, pat.total_q, b, 128)) / Tr::kBlockM;
+  } else {
+    b = bh / p.heads, h = bh % p.heads;
+  }
+  const int64_t sq = pat.at(b).sq;
+  if (tile * Tr::kBlockM >= sq) return;
   const int t = threadIdx.x, warp = t / 32, lane = t % 32, g = lane / 4, t4 = lane % 4;
   const float4* src =
       reinterpret_cast<const float4*>(a.dq_accum + dq_tile_offset<Tr>(a, b, h, tile) + c * Tr::kDQPartFloats);
@@ -378,11 +404,11 @@ __global__ void __launch_bounds__(128) attention_bwd_hopper_dq_kernel(const Atte
   __syncthreads();
   const int64_t first = tile * Tr::kBlockM + (Tr::kDQSplitD ? 0 : c * 64);
   const int col0 = Tr::kDQSplitD ? c * 64 : 0;
-  T* dq = static_cast<T*>(a.g.dq) + b * a.g.dq_bs + h * a.g.dq_hs;
+  T* dq = static_cast<T*>(a.g.dq) + a.g.dq_at(b, h);
 #pragma unroll
   for (int k = 0; k < 4; ++k) {
     const int chunk = t + 128 * k, row = chunk / 8, part = chunk % 8;
-    if (first + row < p.pattern.sq) {
+    if (first + row < sq) {
       *reinterpret_cast<uint4*>(dq + (first + row) * a.g.dq_ss + col0 + part * 8) =
           *reinterpret_cast<const uint4*>(&rows[row * kRowWords + part * 4]);
     }
@@ -399,8 +425,12 @@ cudaError_t launch_hopper_bwd(const AttentionCudaArgs& a, cudaStream_t stream) {
   CUtensorMap mq, mk, mv, mdo;
   if (!make_attention_maps(a, Tr::kD, Tr::kBlockM, Tr::kBlockN, &mq, &mk, &mv, &mdo)) return cudaErrorInvalidValue;
   const AttentionParams& p = a.g.fwd;
-  const int64_t parts = p.batch * p.heads * (a.lse2_ld / Tr::kBlockM) * 2;
-  const int64_t pairs = p.batch * p.kv_heads, blocks = (p.pattern.sk + Tr::kBlockN - 1) / Tr::kBlockN;
+  const bool varlen = p.pattern.varlen();
+  const int64_t parts = (varlen ? 1 : p.batch) * p.heads * (a.lse2_ld / Tr::kBlockM) * 2;
+  // Varlen: kv heads x the padded key blocks of the packed keys (padding blocks return at once).
+  const int64_t pairs = varlen ? p.kv_heads : p.batch * p.kv_heads;
+  const int64_t blocks = varlen ? padded_rows(p.pattern.total_k, p.batch, Tr::kBlockN) / Tr::kBlockN
+                                : (p.pattern.sk + Tr::kBlockN - 1) / Tr::kBlockN;
   if (a.dq_accum == nullptr || a.lse2_ld % Tr::kBlockM != 0 || parts > 0x7fffffff || pairs * blocks > 0x7fffffff) {
     return cudaErrorInvalidValue;
   }

@@ -23,15 +23,29 @@ template <int kD, typename T>
 __global__ void __launch_bounds__(256) attention_bwd_prep_kernel(const AttentionCudaArgs a) {
   constexpr int kLanes = kD / 8, kRowsPerBlock = 256 / kLanes;  // one 16-byte chunk a lane
   const AttentionParams& p = a.g.fwd;
-  const int64_t sq = p.pattern.sq, ld = a.lse2_ld, rows = p.batch * p.heads * ld;
+  const AttentionPattern& pat = p.pattern;
+  const int64_t ld = a.lse2_ld, rows = (pat.varlen() ? 1 : p.batch) * p.heads * ld;
   const int64_t row = blockIdx.x * int64_t{kRowsPerBlock} + threadIdx.x / kLanes;
   const int c = threadIdx.x % kLanes;
-  const int64_t i = row % ld, bh = row / ld;
+  // The row's (batch row, head, query): varlen rows by their sequence's padded start (padding rows
+  // between sequences have i >= sq).
+  int64_t b = 0, h = 0, i = row % ld, sq = pat.sq;
+  if (pat.varlen()) {
+    h = row / ld;
+    int64_t tile;
+    if (padded_tile(pat.cu_seqlens_q, pat.total_q, p.batch, 128, i / 128, b, tile)) {
+      i = tile * 128 + i % 128;
+      sq = pat.at(b).sq;
+    } else {
+      sq = 0;
+    }
+  } else {
+    b = row / ld / p.heads, h = row / ld % p.heads;
+  }
   float acc = 0.f;
   if (row < rows && i < sq) {
-    const int64_t h = bh % p.heads, b = bh / p.heads;
-    const T* go = static_cast<const T*>(a.g.grad_out) + b * a.g.g_bs + h * a.g.g_hs + i * a.g.g_ss + c * 8;
-    const T* o = static_cast<const T*>(p.out) + b * p.o_bs + h * p.o_hs + i * p.o_ss + c * 8;
+    const T* go = static_cast<const T*>(a.g.grad_out) + a.g.g_at(b, h) + i * a.g.g_ss + c * 8;
+    const T* o = static_cast<const T*>(p.out) + p.o_at(b, h) + i * p.o_ss + c * 8;
     const cuda::Pack<T, 8> x = *reinterpret_cast<const cuda::Pack<T, 8>*>(go);
     const cuda::Pack<T, 8> y = *reinterpret_cast<const cuda::Pack<T, 8>*>(o);
 #pragma unroll
@@ -45,7 +59,7 @@ __global__ void __launch_bounds__(256) attention_bwd_prep_kernel(const Attention
   }
   if (row < rows && c == 0) {
     // Padding rows (i >= Sq): P = 0 (lse2 +inf), delta 0.
-    const int64_t src = bh * sq + i;
+    const int64_t src = p.lse_at(b, h) + i;
     const float lse = i < sq ? static_cast<const float*>(p.lse)[src] : kNegInf;
     a.delta[row] = i < sq ? acc - (a.g.grad_lse ? static_cast<const float*>(a.g.grad_lse)[src] : 0.f) : 0.f;
     a.lse2[row] = lse == kNegInf ? -kNegInf : lse * kLog2e;
@@ -77,13 +91,16 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) attention_bwd_kv_kernel(const
   extern __shared__ __align__(1024) unsigned char smem[];
   const uint32_t sK = cuda::smem_addr(smem), sV = sK + Tr::kKVBytes, sStage0 = sV + Tr::kKVBytes;
   const AttentionParams& p = a.g.fwd;
-  const AttentionPattern& pat = p.pattern;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t4 = lane % 4;
   const int key_warp = warp % Tr::kKeyWarps, dpart = warp / Tr::kKeyWarps;
-  const int64_t b = blockIdx.z, hk = blockIdx.y, j0 = int64_t{blockIdx.x} * kBN, j1 = min(j0 + kBN, pat.sk);
+  const int64_t hk = blockIdx.y;
+  int64_t b, kblock;
+  if (!block_tile(p, true, kBN, blockIdx.x, blockIdx.z, b, kblock)) return;
+  const AttentionPattern pat = p.pattern.at(b);
+  const int64_t j0 = kblock * kBN, j1 = min(j0 + kBN, pat.sk);
   const int64_t group = p.heads / p.kv_heads;
-  const T* kg = static_cast<const T*>(p.k) + b * p.k_bs + hk * p.k_hs;
-  const T* vg = static_cast<const T*>(p.v) + b * p.v_bs + hk * p.v_hs;
+  const T* kg = static_cast<const T*>(p.k) + p.k_at(b, hk);
+  const T* vg = static_cast<const T*>(p.v) + p.v_at(b, hk);
   load_rows<kBN, kD, kThreads>(sK, kg, p.k_ss, j0, pat.sk, tid);
   load_rows<kBN, kD, kThreads>(sV, vg, p.v_ss, j0, pat.sk, tid);
   cuda::cp_async_commit();
@@ -99,10 +116,10 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) attention_bwd_kv_kernel(const
 
   for (int64_t gi = 0; gi < group; ++gi) {
     const int64_t h = hk * group + gi;
-    const T* qg = static_cast<const T*>(p.q) + b * p.q_bs + h * p.q_hs;
-    const T* gog = static_cast<const T*>(a.g.grad_out) + b * a.g.g_bs + h * a.g.g_hs;
-    const float* lse2g = a.lse2 + (b * p.heads + h) * a.lse2_ld;
-    const float* deltag = a.delta + (b * p.heads + h) * a.lse2_ld;
+    const T* qg = static_cast<const T*>(p.q) + p.q_at(b, h);
+    const T* gog = static_cast<const T*>(a.g.grad_out) + a.g.g_at(b, h);
+    const float* lse2g = a.lse2 + a.ws_row(b, h);
+    const float* deltag = a.delta + a.ws_row(b, h);
     auto load_q = [&](int t, int stage) {
       const uint32_t s = sStage0 + stage * Tr::kStageBytes;
       const int64_t i0 = int64_t{t} * kBM;
@@ -182,8 +199,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) attention_bwd_kv_kernel(const
   }
   cuda::cp_async_wait<0>();  // (K, V's group when no tile was visible)
 
-  T* dkg = static_cast<T*>(a.g.dk) + b * a.g.dk_bs + hk * a.g.dk_hs;
-  T* dvg = static_cast<T*>(a.g.dv) + b * a.g.dv_bs + hk * a.g.dv_hs;
+  T* dkg = static_cast<T*>(a.g.dk) + a.g.dk_at(b, hk);
+  T* dvg = static_cast<T*>(a.g.dv) + a.g.dv_at(b, hk);
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int64_t j = j0 + key_warp * 16 + g + 8 * r;
@@ -217,25 +234,26 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) attention_bwd_q_kernel(const 
   extern __shared__ __align__(1024) unsigned char smem[];
   const uint32_t sQ = cuda::smem_addr(smem), sdO = sQ + Tr::kQBytes, sKV = sdO + Tr::kQBytes;
   const AttentionParams& p = a.g.fwd;
-  const AttentionPattern& pat = p.pattern;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t4 = lane % 4;
-  const int64_t b = blockIdx.z, h = blockIdx.y;
-  const int64_t qb = gridDim.x - 1 - blockIdx.x;
+  const int64_t h = blockIdx.y;
+  int64_t b, qb;
+  if (!block_tile(p, false, kBM, gridDim.x - 1 - blockIdx.x, blockIdx.z, b, qb)) return;
+  const AttentionPattern pat = p.pattern.at(b);
   const int64_t i0 = qb * kBM, i1 = min(i0 + kBM, pat.sq);
-  const T* qg = static_cast<const T*>(p.q) + b * p.q_bs + h * p.q_hs;
-  const T* gog = static_cast<const T*>(a.g.grad_out) + b * a.g.g_bs + h * a.g.g_hs;
+  const T* qg = static_cast<const T*>(p.q) + p.q_at(b, h);
+  const T* gog = static_cast<const T*>(a.g.grad_out) + a.g.g_at(b, h);
   load_rows<kBM, kD, kThreads>(sQ, qg, p.q_ss, i0, pat.sq, tid);
   load_rows<kBM, kD, kThreads>(sdO, gog, a.g.g_ss, i0, pat.sq, tid);
   cuda::cp_async_commit();
   float lse2[2], delta[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    const int64_t i = i0 + warp * 16 + g + 8 * r, row = (b * p.heads + h) * a.lse2_ld + (i < pat.sq ? i : 0);
+    const int64_t i = i0 + warp * 16 + g + 8 * r, row = a.ws_row(b, h) + (i < pat.sq ? i : 0);
     lse2[r] = a.lse2[row];
     delta[r] = a.delta[row];
   }
 
-  KeyWalk<kBN, kD, kThreads, T> walk(p, b, h, i0, i1);
+  KeyWalk<kBN, kD, kThreads, T> walk(p, pat, b, h, i0, i1);
   TileClass tc;
   int tile = walk.next(walk.begin, tc, lane);
   if (tile < walk.end) walk.load(sKV, tile, tid);
@@ -297,7 +315,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) attention_bwd_q_kernel(const 
   }
   cuda::cp_async_wait<0>();
 
-  T* dqg = static_cast<T*>(a.g.dq) + b * a.g.dq_bs + h * a.g.dq_hs;
+  T* dqg = static_cast<T*>(a.g.dq) + a.g.dq_at(b, h);
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int64_t i = i0 + warp * 16 + g + 8 * r;
@@ -316,8 +334,10 @@ cudaError_t launch_bwd_kv(const AttentionCudaArgs& a, cudaStream_t stream) {
   static signed char state[64] = {};
   const cudaError_t err = prepare_kernel(attention_bwd_kv_kernel<Tr, T>, Tr::kSmemBytes, state);
   if (err != cudaSuccess) return err;
-  const dim3 grid(static_cast<unsigned>((a.g.fwd.pattern.sk + Tr::kBlockN - 1) / Tr::kBlockN),
-                  static_cast<unsigned>(a.g.fwd.kv_heads), static_cast<unsigned>(a.g.fwd.batch));
+  int64_t x, z;
+  tile_grid(a.g.fwd, true, Tr::kBlockN, x, z);
+  if (x > 0x7fffffff) return cudaErrorInvalidValue;
+  const dim3 grid(static_cast<unsigned>(x), static_cast<unsigned>(a.g.fwd.kv_heads), static_cast<unsigned>(z));
   attention_bwd_kv_kernel<Tr, T><<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(a);
   return cudaGetLastError();
 }
@@ -327,8 +347,10 @@ cudaError_t launch_bwd_q(const AttentionCudaArgs& a, cudaStream_t stream) {
   static signed char state[64] = {};
   const cudaError_t err = prepare_kernel(attention_bwd_q_kernel<Tr, T>, Tr::kSmemBytes, state);
   if (err != cudaSuccess) return err;
-  const dim3 grid(static_cast<unsigned>((a.g.fwd.pattern.sq + Tr::kBlockM - 1) / Tr::kBlockM),
-                  static_cast<unsigned>(a.g.fwd.heads), static_cast<unsigned>(a.g.fwd.batch));
+  int64_t x, z;
+  tile_grid(a.g.fwd, false, Tr::kBlockM, x, z);
+  if (x > 0x7fffffff) return cudaErrorInvalidValue;
+  const dim3 grid(static_cast<unsigned>(x), static_cast<unsigned>(a.g.fwd.heads), static_cast<unsigned>(z));
   attention_bwd_q_kernel<Tr, T><<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(a);
   return cudaGetLastError();
 }

@@ -8,7 +8,7 @@ namespace {
 template <int kD, typename T>
 int launch_prep(const AttentionCudaArgs& a, cudaStream_t stream) {
   constexpr int kRowsPerBlock = 256 / (kD / 8);
-  const int64_t rows = a.g.fwd.batch * a.g.fwd.heads * a.lse2_ld;
+  const int64_t rows = (a.g.fwd.pattern.varlen() ? 1 : a.g.fwd.batch) * a.g.fwd.heads * a.lse2_ld;
   const int64_t blocks = (rows + kRowsPerBlock - 1) / kRowsPerBlock;
   if (blocks > 0x7fffffff) return cudaErrorInvalidValue;
   attention_cuda::attention_bwd_prep_kernel<kD, T><<<static_cast<unsigned>(blocks), 256, 0, stream>>>(a);

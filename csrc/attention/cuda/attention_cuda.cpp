@@ -9,6 +9,7 @@
 #include <ATen/ops/stack.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/zeros.h>
+#include <c10/cuda/CUDAGraphsC10Utils.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <cuda_runtime.h>
 #include <torch/library.h>
@@ -119,10 +120,18 @@ at::Tensor kernel_operand(const at::Tensor& t, int64_t kd, AttentionKernel kerne
   return readable ? t : t.contiguous();
 }
 
+// Varlen offsets checked on the host (check_varlen_offsets), except while the current stream is
+// being captured into a CUDA graph: a copy to the host cannot be captured.
+void check_varlen_offsets_unless_capturing(const char* op, const AttentionPatternArgs& args, int64_t total_q,
+                                           int64_t total_k) {
+  if (!args.varlen() || c10::cuda::currentStreamCaptureStatusMayInitCtx() != c10::cuda::CaptureStatus::None) return;
+  check_varlen_offsets(op, args, total_q, total_k);
+}
+
 // The call as the rule sees it on q's device, and the kernel it gets.
 AttentionKernel cuda_kernel(const char* op, const at::Tensor& q, const at::Tensor& k, bool kv_lens, bool backward,
-                            c10::string_view variant) {
-  AttentionCall call = attention_call(q, k, kv_lens, backward);
+                            bool varlen, c10::string_view variant) {
+  AttentionCall call = attention_call(q, k, kv_lens, backward, varlen);
   call.hopper_missing = attention_hopper_missing(q.device(), call.head_dim, backward);
   const AttentionKernel kernel = choose_attention_kernel(op, call, variant);
   check_kv_lens_kernel(op, call, kernel, variant);
@@ -198,15 +207,20 @@ std::tuple<at::Tensor, at::Tensor> attention_cuda(const at::Tensor& q, const at:
                                                   const std::optional<at::Tensor>& mask_index,
                                                   const std::optional<at::Tensor>& mask_bits, int64_t block_q,
                                                   int64_t block_k, const std::optional<at::Tensor>& kv_lens,
+                                                  const std::optional<at::Tensor>& cu_seqlens_q,
+                                                  const std::optional<at::Tensor>& cu_seqlens_k,
                                                   c10::string_view variant, std::optional<bool> /*deterministic*/) {
   constexpr const char* op = "opforge.attention";
   AttentionPatternArgs args = attention_pattern_args(causal, window_left, window_right, prefix_len, q_segments,
                                                      kv_segments, mask_kinds, mask_index, mask_bits, block_q, block_k);
   args.kv_lens = kv_lens;
+  args.cu_seqlens_q = cu_seqlens_q;
+  args.cu_seqlens_k = cu_seqlens_k;
   check_attention_inputs(q, k, v, scale, softcap, args);
   check_cuda_call(op, q, k);
   const c10::cuda::CUDAGuard guard(q.device());
-  const AttentionKernel kernel = cuda_kernel(op, q, k, kv_lens.has_value(), false, variant);
+  check_varlen_offsets_unless_capturing(op, args, q.size(2), k.size(2));
+  const AttentionKernel kernel = cuda_kernel(op, q, k, kv_lens.has_value(), false, args.varlen(), variant);
   at::Tensor out = empty_attention_like(q);
   at::Tensor lse = at::empty({q.size(0), q.size(1), q.size(2)}, q.options().dtype(at::kFloat));
   constexpr double kInf = std::numeric_limits<double>::infinity();
@@ -250,15 +264,18 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_cuda(
     int64_t window_left, int64_t window_right, int64_t prefix_len, const std::optional<at::Tensor>& q_segments,
     const std::optional<at::Tensor>& kv_segments, const std::optional<at::Tensor>& mask_kinds,
     const std::optional<at::Tensor>& mask_index, const std::optional<at::Tensor>& mask_bits, int64_t block_q,
-    int64_t block_k, c10::string_view variant, std::optional<bool> deterministic) {
+    int64_t block_k, const std::optional<at::Tensor>& cu_seqlens_q, const std::optional<at::Tensor>& cu_seqlens_k,
+    c10::string_view variant, std::optional<bool> deterministic) {
   constexpr const char* op = "opforge.attention_backward";
-  const AttentionPatternArgs args = attention_pattern_args(causal, window_left, window_right, prefix_len, q_segments,
-                                                           kv_segments, mask_kinds, mask_index, mask_bits, block_q,
-                                                           block_k);
+  AttentionPatternArgs args = attention_pattern_args(causal, window_left, window_right, prefix_len, q_segments,
+                                                     kv_segments, mask_kinds, mask_index, mask_bits, block_q, block_k);
+  args.cu_seqlens_q = cu_seqlens_q;
+  args.cu_seqlens_k = cu_seqlens_k;
   check_attention_backward_inputs(grad_out, q, k, v, out, lse, grad_lse, scale, softcap, args);
   check_cuda_call(op, q, k);
   const c10::cuda::CUDAGuard guard(q.device());
-  const AttentionKernel kernel = cuda_kernel(op, q, k, false, true, variant);
+  check_varlen_offsets_unless_capturing(op, args, q.size(2), k.size(2));
+  const AttentionKernel kernel = cuda_kernel(op, q, k, false, true, args.varlen(), variant);
   at::Tensor dq = empty_attention_like(q), dk = empty_attention_like(k), dv = empty_attention_like(v);
   if (q.numel() == 0 || k.numel() == 0) return {dq.zero_(), dk.zero_(), dv.zero_()};
   const int64_t d = q.size(3), kd = kernel_head_dim(d);
@@ -274,7 +291,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_cuda(
   add_segment_blocks(plan);
   AttentionCudaArgs a = cuda_args(plan.params);
   a.g = attention_grad_params(plan.params, gk, grad_lse_c, dq_k, dk_k, dv_k);
-  a.lse2_ld = (q.size(2) + 127) / 128 * 128;
+  // Varlen: one row of scratch a head, each sequence at its padded start (padded_start).
+  a.lse2_ld = args.varlen() ? padded_rows(q.size(2), plan.params.batch, 128) : (q.size(2) + 127) / 128 * 128;
   at::Tensor scratch = at::empty({2, q.size(0), q.size(1), a.lse2_ld}, q.options().dtype(at::kFloat));
   a.lse2 = scratch[0].data_ptr<float>();
   a.delta = scratch[1].data_ptr<float>();

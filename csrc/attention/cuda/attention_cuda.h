@@ -20,18 +20,52 @@ struct AttentionCudaArgs {
   float cap_log2 = 0.f;       // softcap * log2(e); 0: no softcap
   float cap_inv_scale = 0.f;  // scale / softcap
   float inv_cap_log2 = 0.f;   // 1 / (softcap * log2(e))
-  // Backward scratch, (B, Hq, Sq) each: lse * log2(e) (+inf for rows that see nothing), and
-  // rowsum(dO * O) - grad_lse.
+  // Backward scratch, (B, Hq, lse2_ld) each: lse * log2(e) (+inf for rows that see nothing), and
+  // rowsum(dO * O) - grad_lse. Varlen: (1, Hq, lse2_ld), each sequence's rows at its padded start
+  // (padded_start, in tiles of 128).
   float* lse2 = nullptr;
   float* delta = nullptr;
-  int64_t lse2_ld = 0;  // their row length: Sq rounded up to 128 (padding rows: lse2 +inf, delta 0)
+  // Their row length: Sq rounded up to 128; varlen: padded_rows(total_q, B, 128). Padding rows:
+  // lse2 +inf, delta 0.
+  int64_t lse2_ld = 0;
   // The Hopper backward's dQ workspace, (B, Hq, lse2_ld, head_dim) float32 (the prep kernel zeroes
   // it), or null for the mma.sync passes.
   float* dq_accum = nullptr;
   // Deterministic mode of the Hopper backward: (B, Hq, lse2_ld / its query tile) zeroed counters
   // that order the dQ additions; null: additions in any order (fast).
   int* dq_semaphore = nullptr;
+
+  // The scratch row of batch row b's (sequence b's) query 0 of head h (in lse2, delta; times the head
+  // dim in dq_accum).
+  OPFORGE_HD int64_t ws_row(int64_t b, int64_t h) const {
+    const AttentionPattern& pat = g.fwd.pattern;
+    return pat.varlen() ? h * lse2_ld + padded_start(pat.cu_seqlens_q, pat.total_q, b, 128)
+                        : (b * g.fwd.heads + h) * lse2_ld;
+  }
 };
+
+// The (batch row, tile) of a block in a grid over tiles of `rows` queries (keys: keys) and batch
+// rows: without varlen the grid's x is the tile and z the batch row; with it, x runs over the padded
+// tiles of the packed dim (padded_tile) and z is 1. False: a padding block (nothing to do).
+OPFORGE_HD bool block_tile(const AttentionParams& p, bool keys, int64_t rows, int64_t x,
+                                                    int64_t z, int64_t& b, int64_t& tile) {
+  const AttentionPattern& pat = p.pattern;
+  if (!pat.varlen()) {
+    b = z, tile = x;
+    return true;
+  }
+  return keys ? padded_tile(pat.cu_seqlens_k, pat.total_k, p.batch, rows, x, b, tile)
+              : padded_tile(pat.cu_seqlens_q, pat.total_q, p.batch, rows, x, b, tile);
+}
+// The grid's x and z for block_tile.
+inline void tile_grid(const AttentionParams& p, bool keys, int64_t rows, int64_t& x, int64_t& z) {
+  const AttentionPattern& pat = p.pattern;
+  if (pat.varlen()) {
+    x = padded_rows(keys ? pat.total_k : pat.total_q, p.batch, rows) / rows, z = 1;
+  } else {
+    x = ((keys ? pat.sk : pat.sq) + rows - 1) / rows, z = p.batch;
+  }
+}
 
 // The decode path's split (attention_decode_kernel.cuh). Each (batch, kv head) spreads the 64-key
 // tiles its queries may see over `chunks` blocks (a block finds its own tiles: with per-sequence key

@@ -54,7 +54,7 @@ struct HopperFwdTraits {
                                     (1 + 4 * kStages) * 8;
   static_assert(kBlockN <= 256 && kSmemBytes <= 227 * 1024, "TMA box rows / shared memory");
 };
-using HopperFwdTraitsD64 = HopperFwdTraits<64, 128, 2, 3>;
+using HopperFwdTraitsD64 = HopperFwdTraits<64, 128, 2, 2>;  // (three consumers, 192 x 128: slower, spills at 160)
 using HopperFwdTraitsD128 = HopperFwdTraits<128, 128, 2>;
 using HopperFwdTraitsD256 = HopperFwdTraits<256, 64, 2>;
 
@@ -81,10 +81,11 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   const cuda::Pipeline<kStages> pk{bars + 1, bars + 1 + kStages};
   const cuda::Pipeline<kStages> pv{bars + 1 + 2 * kStages, bars + 1 + 3 * kStages};
   const AttentionParams& p = a.g.fwd;
-  const AttentionPattern& pat = p.pattern;
   const int wg = threadIdx.x / 128, t = threadIdx.x % 128, warp = t / 32, lane = t % 32;
-  const int64_t b = blockIdx.z, h = blockIdx.y;
-  const int64_t qb = gridDim.x - 1 - blockIdx.x;  // the last query blocks (the most keys when causal) first
+  const int64_t h = blockIdx.y;
+  int64_t b, qb;  // the last query blocks (the most keys when causal) first
+  if (!block_tile(p, false, kBM, gridDim.x - 1 - blockIdx.x, blockIdx.z, b, qb)) return;
+  const AttentionPattern pat = p.pattern.at(b);
   const int64_t i0 = qb * kBM, i1 = min(i0 + kBM, pat.sq);
   if (threadIdx.x == 0) {
     cuda::mbar_init(smem_addr(bar_q), 1);
@@ -97,14 +98,17 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   if (wg == 0) {  // producer
     cuda::setmaxnreg_dec<Tr::kProducerRegs>();
     if (warp != 0) return;
-    KeyWalk<kBN, kD, 32, T> walk(p, b, h, i0, i1);
+    KeyWalk<kBN, kD, 32, T> walk(p, pat, b, h, i0, i1);
     const int hk = static_cast<int>(h / (p.heads / p.kv_heads));
+    // TMA coordinates: the tensors' batch row, the sequence's first rows (varlen: in the packed dims).
+    const int tb = static_cast<int>(p.pattern.tensor_batch(b));
+    const int q_row0 = static_cast<int>(p.pattern.q_start(b)), k_row0 = static_cast<int>(p.pattern.k_start(b));
     if (lane == 0) {
       cuda::mbar_arrive_expect_tx(smem_addr(bar_q), Tr::kQBytes);
 #pragma unroll
       for (int pn = 0; pn < Tr::kPanels; ++pn) {
-        cuda::tma_load_4d(smem_addr(sQ + pn * Tr::kQPanelBytes), &map_q, pn * 64, static_cast<int>(i0),
-                          static_cast<int>(h), static_cast<int>(b), smem_addr(bar_q));
+        cuda::tma_load_4d(smem_addr(sQ + pn * Tr::kQPanelBytes), &map_q, pn * 64, q_row0 + static_cast<int>(i0),
+                          static_cast<int>(h), tb, smem_addr(bar_q));
       }
     }
     TileClass tc;
@@ -118,15 +122,15 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
         uint32_t bar = pk.producer_commit(w, Tr::kKVBytes);
 #pragma unroll
         for (int pn = 0; pn < Tr::kPanels; ++pn) {
-          cuda::tma_load_4d(smem_addr(sK + pn * Tr::kKVPanelBytes), &map_k, pn * 64, tile * kBN, hk,
-                            static_cast<int>(b), bar);
+          cuda::tma_load_4d(smem_addr(sK + pn * Tr::kKVPanelBytes), &map_k, pn * 64, k_row0 + tile * kBN, hk, tb,
+                            bar);
         }
         pv.producer_acquire(w);
         bar = pv.producer_commit(w, Tr::kKVBytes);
 #pragma unroll
         for (int pn = 0; pn < Tr::kPanels; ++pn) {
-          cuda::tma_load_4d(smem_addr(sK + Tr::kKVBytes + pn * Tr::kKVPanelBytes), &map_v, pn * 64, tile * kBN, hk,
-                            static_cast<int>(b), bar);
+          cuda::tma_load_4d(smem_addr(sK + Tr::kKVBytes + pn * Tr::kKVPanelBytes), &map_v, pn * 64,
+                            k_row0 + tile * kBN, hk, tb, bar);
         }
       }
       __syncwarp();
@@ -173,16 +177,24 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     cuda::wgmma_commit();
   };
   // Once S of the tile in K stage st is done: the stage handed back, the scores in the log2 domain
-  // with the partial elements masked (mask_rows: a partial block-mask tile's bits, read ahead), the
-  // softmax step (corr: O's rescale factors).
-  const auto softmax_tile = [&](float (&sc)[kNT][4], const State& st, int tile, const TileClass& tc,
-                                const uint32_t (&mask_rows)[2], float (&corr)[2]) {
+  // with a partial tile's elements masked (softmax_tile_masked; mask_rows: a partial block-mask
+  // tile's bits, read ahead), the softmax step (corr: O's rescale factors). The masked and the
+  // unmasked forms are separate code, so that registers are allocated for each on its own: the
+  // unmasked one runs while the previous tile's P V is in flight (its P operand live), the masked
+  // one after that product is done.
+  const auto scores_done = [&](float (&sc)[kNT][4], const State& st) {
     cuda::fence_operands(sc);
     if (t == 0) pk.consumer_release(st);
     scores_log2(sc, a);
-    if (tc.kind == BlockKind::kPartial) {
-      mask_tile<false, kBN>(sc, pat, tc, b, h, row0, int64_t{tile} * kBN, lane, mask_rows);
-    }
+  };
+  const auto softmax_tile = [&](float (&sc)[kNT][4], const State& st, float (&corr)[2]) {
+    scores_done(sc, st);
+    softmax_step(sc, m_run, l_run, corr);
+  };
+  const auto softmax_tile_masked = [&](float (&sc)[kNT][4], const State& st, int tile, const TileClass& tc,
+                                       const uint32_t (&mask_rows)[2], float (&corr)[2]) {
+    scores_done(sc, st);
+    mask_tile<false, kBN>(sc, pat, tc, b, h, row0, int64_t{tile} * kBN, lane, mask_rows);
     softmax_step(sc, m_run, l_run, corr);
   };
   State rk, rv;
@@ -200,7 +212,11 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       if (tc.mask) mask_rows_ahead<kBN>(pat, b, h, row0, int64_t{ti.x} * kBN, lane, mask_rows);
       cuda::wgmma_wait<0>();
       float corr[2];
-      softmax_tile(sc, rk, ti.x, tc, mask_rows, corr);
+      if (tc.kind == BlockKind::kPartial) {
+        softmax_tile_masked(sc, rk, ti.x, tc, mask_rows, corr);
+      } else {
+        softmax_tile(sc, rk, corr);
+      }
 #pragma unroll
       for (int kk = 0; kk < kBN / 16; ++kk) acc_to_a<T>(pa[kk], sc, kk);
       rk.advance();
@@ -223,13 +239,14 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       if (tc.mask) mask_rows_ahead<kBN>(pat, b, h, row0, int64_t{ti.x} * kBN, lane, mask_rows);
       // A partial tile's mask code needs more registers than the P V product in flight leaves free:
       // that product is awaited first (partial tiles are few: a band's edges).
+      float corr[2];
       if (tc.kind == BlockKind::kPartial) {
         cuda::wgmma_wait<0>();
+        softmax_tile_masked(sc, rk, ti.x, tc, mask_rows, corr);
       } else {
         cuda::wgmma_wait<1>();
+        softmax_tile(sc, rk, corr);
       }
-      float corr[2];
-      softmax_tile(sc, rk, ti.x, tc, mask_rows, corr);
       cuda::wgmma_wait<0>();
       cuda::fence_operands(o);
       if (t == 0) pv.consumer_release(rv);
@@ -251,9 +268,9 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   // Epilogue: O / l through this warpgroup's rows of the Q tile (only it reads them); the LSE by
   // the quad's first lane.
   float inv[2];
-  finish_rows(m_run, l_run, inv, p, b, h, row0, lane);
+  finish_rows(m_run, l_run, inv, p, pat.sq, b, h, row0, lane);
   store_accumulator_rows<kD, T>(o, inv, sQ + half * 64 * 128, Tr::kQPanelBytes,
-                                static_cast<T*>(p.out) + b * p.o_bs + h * p.o_hs, p.o_ss, i0 + half * 64, pat.sq, t,
+                                static_cast<T*>(p.out) + p.o_at(b, h), p.o_ss, i0 + half * 64, pat.sq, t,
                                 1 + half);
 #else
   __trap();
@@ -282,8 +299,10 @@ cudaError_t launch_hopper_fwd(const AttentionCudaArgs& a, cudaStream_t stream) {
   CUtensorMap mq, mk, mv;
   if (!make_attention_maps(a, Tr::kD, Tr::kBlockM, Tr::kBlockN, &mq, &mk, &mv)) return cudaErrorInvalidValue;
   const AttentionParams& p = a.g.fwd;
-  const dim3 grid(static_cast<unsigned>((p.pattern.sq + Tr::kBlockM - 1) / Tr::kBlockM),
-                  static_cast<unsigned>(p.heads), static_cast<unsigned>(p.batch));
+  int64_t x, z;
+  tile_grid(p, false, Tr::kBlockM, x, z);
+  if (x > 0x7fffffff) return cudaErrorInvalidValue;
+  const dim3 grid(static_cast<unsigned>(x), static_cast<unsigned>(p.heads), static_cast<unsigned>(z));
   attention_fwd_hopper_kernel<Tr, T><<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(mq, mk, mv, a);
   return cudaGetLastError();
 }

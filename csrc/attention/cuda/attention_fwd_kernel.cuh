@@ -32,16 +32,17 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) attention_fwd_kernel(const At
   extern __shared__ __align__(1024) unsigned char smem[];
   const uint32_t sQ = cuda::smem_addr(smem), sKV = sQ + Tr::kQBytes;
   const AttentionParams& p = a.g.fwd;
-  const AttentionPattern& pat = p.pattern;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t4 = lane % 4;
-  const int64_t b = blockIdx.z, h = blockIdx.y;
-  const int64_t qb = gridDim.x - 1 - blockIdx.x;  // the last query blocks (the most keys when causal) first
+  const int64_t h = blockIdx.y;
+  int64_t b, qb;  // the last query blocks (the most keys when causal) first
+  if (!block_tile(p, false, kBM, gridDim.x - 1 - blockIdx.x, blockIdx.z, b, qb)) return;
+  const AttentionPattern pat = p.pattern.at(b);
   const int64_t i0 = qb * kBM, i1 = min(i0 + kBM, pat.sq);
-  const T* qg = static_cast<const T*>(p.q) + b * p.q_bs + h * p.q_hs;
+  const T* qg = static_cast<const T*>(p.q) + p.q_at(b, h);
 
   load_rows<kBM, kD, kThreads>(sQ, qg, p.q_ss, i0, pat.sq, tid);
   cuda::cp_async_commit();
-  KeyWalk<kBN, kD, kThreads, T> walk(p, b, h, i0, i1);
+  KeyWalk<kBN, kD, kThreads, T> walk(p, pat, b, h, i0, i1);
   TileClass tc;
   int tile = walk.next(walk.begin, tc, lane);
   if (tile < walk.end) walk.load(sKV, tile, tid);
@@ -113,7 +114,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) attention_fwd_kernel(const At
   // Epilogue: O / l through this warp's rows of the Q tile (no other warp reads them) to 16-byte
   // stores; the LSE (natural log) by the quad's first lane.
   float inv[2];
-  finish_rows(m_run, l_run, inv, p, b, h, i0 + warp * 16, lane);
+  finish_rows(m_run, l_run, inv, p, pat.sq, b, h, i0 + warp * 16, lane);
   __syncwarp();
 #pragma unroll
   for (int n = 0; n < kDT; ++n) {
@@ -125,7 +126,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) attention_fwd_kernel(const At
     }
   }
   __syncwarp();
-  T* og = static_cast<T*>(p.out) + b * p.o_bs + h * p.o_hs;
+  T* og = static_cast<T*>(p.out) + p.o_at(b, h);
   constexpr int kChunks = kD / 8;
 #pragma unroll
   for (int n = 0; n < 16 * kChunks / 32; ++n) {
@@ -143,8 +144,10 @@ cudaError_t launch_fwd(const AttentionCudaArgs& a, cudaStream_t stream) {
   static signed char state[64] = {};
   const cudaError_t err = prepare_kernel(attention_fwd_kernel<Tr, T>, Tr::kSmemBytes, state);
   if (err != cudaSuccess) return err;
-  const dim3 grid(static_cast<unsigned>((a.g.fwd.pattern.sq + Tr::kBlockM - 1) / Tr::kBlockM),
-                  static_cast<unsigned>(a.g.fwd.heads), static_cast<unsigned>(a.g.fwd.batch));
+  int64_t x, z;
+  tile_grid(a.g.fwd, false, Tr::kBlockM, x, z);
+  if (x > 0x7fffffff) return cudaErrorInvalidValue;
+  const dim3 grid(static_cast<unsigned>(x), static_cast<unsigned>(a.g.fwd.heads), static_cast<unsigned>(z));
   attention_fwd_kernel<Tr, T><<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(a);
   return cudaGetLastError();
 }

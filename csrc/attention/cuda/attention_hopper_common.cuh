@@ -61,18 +61,17 @@ cudaError_t prepare_hopper(Kernel kernel, int smem_bytes, signed char (&state)[6
   return err == cudaErrorInvalidConfiguration ? cudaErrorNoKernelImageForDevice : err;
 }
 
-// 4-D maps (head dim, sequence, heads, batch) of q, k, v (and grad_out, when mdo is given) in
+// 4-D maps (head dim, sequence, heads, batch; varlen: the packed sequences in a batch of one) of q, k, v (and grad_out, when mdo is given) in
 // boxes of 64 columns x q_rows / kv_rows rows; false where TMA cannot address an operand.
 inline bool make_attention_maps(const AttentionCudaArgs& a, int d, uint32_t q_rows, uint32_t kv_rows, CUtensorMap* mq,
                                 CUtensorMap* mk, CUtensorMap* mv, CUtensorMap* mdo = nullptr) {
   const AttentionParams& p = a.g.fwd;
-  const int64_t sq = p.pattern.sq, sk = p.pattern.sk;
-  return cuda::make_tma_map_4d_16bit(mq, p.q, p.dtype, sq, d, p.heads, p.batch, p.q_ss, p.q_hs, p.q_bs, 64, q_rows) &&
-         cuda::make_tma_map_4d_16bit(mk, p.k, p.dtype, sk, d, p.kv_heads, p.batch, p.k_ss, p.k_hs, p.k_bs, 64,
-                                     kv_rows) &&
-         cuda::make_tma_map_4d_16bit(mv, p.v, p.dtype, sk, d, p.kv_heads, p.batch, p.v_ss, p.v_hs, p.v_bs, 64,
-                                     kv_rows) &&
-         (mdo == nullptr || cuda::make_tma_map_4d_16bit(mdo, a.g.grad_out, p.dtype, sq, d, p.heads, p.batch, a.g.g_ss,
+  // (Varlen: the packed dims of the tensors' one batch row.)
+  const int64_t sq = p.pattern.sq, sk = p.pattern.sk, nb = p.pattern.varlen() ? 1 : p.batch;
+  return cuda::make_tma_map_4d_16bit(mq, p.q, p.dtype, sq, d, p.heads, nb, p.q_ss, p.q_hs, p.q_bs, 64, q_rows) &&
+         cuda::make_tma_map_4d_16bit(mk, p.k, p.dtype, sk, d, p.kv_heads, nb, p.k_ss, p.k_hs, p.k_bs, 64, kv_rows) &&
+         cuda::make_tma_map_4d_16bit(mv, p.v, p.dtype, sk, d, p.kv_heads, nb, p.v_ss, p.v_hs, p.v_bs, 64, kv_rows) &&
+         (mdo == nullptr || cuda::make_tma_map_4d_16bit(mdo, a.g.grad_out, p.dtype, sq, d, p.heads, nb, a.g.g_ss,
                                                         a.g.g_hs, a.g.g_bs, 64, q_rows));
 }
 

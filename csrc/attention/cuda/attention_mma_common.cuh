@@ -192,7 +192,8 @@ struct TileChunk {
 
 // A query block [i0, i1) of (b, h) walking the key tiles (kBlockN keys) it sees: the next one
 // with something visible (every warp finds the same, classifying 32 tiles at a time), and the copy
-// of a tile's K and V rows into a stage (K, then V kBlockN * kD values after it).
+// of a tile's K and V rows into a stage (K, then V kBlockN * kD values after it). pat: batch row
+// b's pattern (p.pattern.at(b)).
 template <int kBlockN, int kD, int kThreads, typename T>
 struct KeyWalk {
   const AttentionPattern& pat;
@@ -204,11 +205,12 @@ struct KeyWalk {
   int begin = 0, end = 0;
   TileChunk chunk;
 
-  __device__ KeyWalk(const AttentionParams& p, int64_t b_, int64_t h_, int64_t i0_, int64_t i1_)
-      : pat(p.pattern), b(b_), h(h_), i0(i0_), i1(i1_), k_ss(p.k_ss), v_ss(p.v_ss) {
+  __device__ KeyWalk(const AttentionParams& p, const AttentionPattern& pat_, int64_t b_, int64_t h_, int64_t i0_,
+                     int64_t i1_)
+      : pat(pat_), b(b_), h(h_), i0(i0_), i1(i1_), k_ss(p.k_ss), v_ss(p.v_ss) {
     const int64_t hk = h / (p.heads / p.kv_heads);
-    k = static_cast<const T*>(p.k) + b * p.k_bs + hk * p.k_hs;
-    v = static_cast<const T*>(p.v) + b * p.v_bs + hk * p.v_hs;
+    k = static_cast<const T*>(p.k) + p.k_at(b, hk);
+    v = static_cast<const T*>(p.v) + p.v_at(b, hk);
     if (pat.q_segments) q_range = block_segment_range(pat.q_seg_blocks, pat.q_seg_nblocks, b, i0, i1);
     key_tiles<kBlockN>(pat, i0, i1, begin, end);
   }
@@ -602,11 +604,11 @@ __device__ __forceinline__ void score_grads_by_row(const float (&s)[kN][4], floa
 
 // The forward's row totals: each row's 1 / sum (0 for a row that saw nothing) into inv, and its
 // LSE (natural log; -inf for such a row) written by the quad's first lane. row0: the warp's first
-// query row.
+// query row; sq: batch row b's query count.
 __device__ __forceinline__ void finish_rows(const float (&m_run)[2], const float (&l_run)[2], float (&inv)[2],
-                                            const AttentionParams& p, int64_t b, int64_t h, int64_t row0, int lane) {
+                                            const AttentionParams& p, int64_t sq, int64_t b, int64_t h, int64_t row0,
+                                            int lane) {
   const int g = lane / 4, t4 = lane % 4;
-  const int64_t sq = p.pattern.sq;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     float l = l_run[r];
@@ -615,7 +617,7 @@ __device__ __forceinline__ void finish_rows(const float (&m_run)[2], const float
     inv[r] = l > 0.f ? 1.f / l : 0.f;
     const int64_t i = row0 + g + 8 * r;
     if (t4 == 0 && i < sq) {
-      static_cast<float*>(p.lse)[(b * p.heads + h) * sq + i] = l > 0.f ? (m_run[r] + log2f(l)) * kLn2 : kNegInf;
+      static_cast<float*>(p.lse)[p.lse_at(b, h) + i] = l > 0.f ? (m_run[r] + log2f(l)) * kLn2 : kNegInf;
     }
   }
 }
