@@ -762,3 +762,52 @@ def test_varlen_errors_cuda():
         varlen_forward(q, k, v, cu_q, torch.tensor([0, 10, 29], dtype=torch.int32, device=DEV), {})
     with pytest.raises(ValueError, match="variant 'decode' does not take packed sequences"):
         varlen_forward(q, k, v, cu_q, cu_k, {}, variant="decode")
+
+
+@pytest.mark.parametrize(
+    "d, lens_q, lens_k, bad_q, bad_k",
+    [
+        (
+            128,
+            [128, 128, 128],
+            [100, 100, 200],
+            None,
+            [0, 300, 100, 400],
+        ),  # a sequence's key block never runs
+        (
+            64,
+            [100, 100, 200],
+            [128, 128, 128],
+            [0, 300, 100, 400],
+            None,
+        ),  # two sequences' tiles share a counter
+    ],
+)
+def test_varlen_deterministic_replay_with_invalid_offsets_finishes(d, lens_q, lens_k, bad_q, bad_k):
+    """Offsets only a CUDA-graph replay can bring (no host check there) must not hang the
+    deterministic backward's ordered dQ additions: the prep kernel flags them and the replay
+    finishes (its values mean nothing); valid offsets replayed again give the fresh result."""
+    q, k, v, cu_q, cu_k = varlen_case(lens_q, lens_k, 4, 2, d)
+    go = torch.randn_like(q)
+    good_q, good_k = cu_q.clone(), cu_k.clone()
+    run = lambda: varlen_backward(q, k, v, cu_q, cu_k, go, {}, deterministic=True)  # noqa: E731
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        run()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        grads = run()
+    if bad_q is not None:
+        cu_q.copy_(torch.tensor(bad_q, dtype=torch.int32))
+    if bad_k is not None:
+        cu_k.copy_(torch.tensor(bad_k, dtype=torch.int32))
+    graph.replay()
+    torch.cuda.synchronize()  # (a hang would stop here)
+    cu_q.copy_(good_q)
+    cu_k.copy_(good_k)
+    graph.replay()
+    want = varlen_backward(q, k, v, good_q, good_k, go, {}, deterministic=True)
+    for x, y in zip(grads, want, strict=True):
+        assert torch.equal(x, y)

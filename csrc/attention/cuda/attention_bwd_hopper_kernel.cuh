@@ -200,11 +200,13 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
           break;
         }
         float* const dst = a.dq_accum + dq_tile_offset<Tr>(a, b, h, tile);
-        int* const sem = a.dq_semaphore ? a.dq_semaphore + a.ws_row(b, h) / kBM + tile : nullptr;
+        int* const sem = a.dq_semaphore && !(a.offsets_invalid && *a.offsets_invalid)
+                             ? a.dq_semaphore + a.ws_row(b, h) / kBM + tile
+                             : nullptr;
         if (sem) {  // deterministic: this block adds after every later key block that sees the tile
           const int turn = QueryWalk<kBM>(pat, b, j0, j1, false).template rank<kBN>(h, tile, kblock, blocks, lane);
           if (lane == 0) {
-            while (cuda::ld_acquire_gpu(sem) != turn) {
+            while (cuda::ld_acquire_gpu(sem) < turn) {
             }
             cuda::fence_proxy_async_global();
           }

@@ -305,8 +305,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_cuda(
   // says); the mma.sync passes are deterministic by construction.
   at::Tensor dq_semaphore;
   if (kernel == AttentionKernel::kHopper && deterministic.value_or(at::globalContext().deterministicAlgorithms())) {
-    dq_semaphore = at::zeros({q.size(0), q.size(1), a.lse2_ld / 64}, q.options().dtype(at::kInt));
+    // (one int more: the flag of invalid varlen offsets, AttentionCudaArgs::offsets_invalid)
+    const int64_t counters = q.size(0) * q.size(1) * (a.lse2_ld / 64);
+    dq_semaphore = at::zeros({counters + 1}, q.options().dtype(at::kInt));
     a.dq_semaphore = dq_semaphore.data_ptr<int>();
+    if (args.varlen()) a.offsets_invalid = a.dq_semaphore + counters;
   }
   check_launch(op, run_attention_bwd_cuda(a, static_cast<int>(kd), kernel, at::cuda::getCurrentCUDAStream().stream()));
   if (kd != d) {

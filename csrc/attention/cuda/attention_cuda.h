@@ -34,6 +34,12 @@ struct AttentionCudaArgs {
   // Deterministic mode of the Hopper backward: (B, Hq, lse2_ld / its query tile) zeroed counters
   // that order the dQ additions; null: additions in any order (fast).
   int* dq_semaphore = nullptr;
+  // Deterministic mode with varlen: a zeroed int the prep kernel sets when the offsets are not a
+  // valid partition (start 0, never decreasing, ending at the packed length), which only a CUDA-graph
+  // replay can bring (the host checks them otherwise). The backward then adds dQ in any order: with
+  // such offsets sequences' tiles may share a counter or have no block, and ordered additions would
+  // wait forever.
+  int* offsets_invalid = nullptr;
 
   // The scratch row of batch row b's (sequence b's) query 0 of head h (in lse2, delta; times the head
   // dim in dq_accum).
