@@ -40,10 +40,14 @@
 namespace opforge {
 namespace attention_cuda {
 
-template <int kD_, int kBlockM_, int kStages_>
+template <int kD_, int kBlockM_, int kStages_, int kProducerRegs_ = 24, int kConsumerRegs_ = 240>
 struct HopperBwdTraits {
   static constexpr int kD = kD_, kBlockN = 128, kBlockM = kBlockM_, kStages = kStages_;
   static constexpr int kThreads = 384;  // producer warpgroup + 2 consumer warpgroups
+  // Registers a thread after setmaxnreg. (At 224 ptxas serialises the consumers' wgmmas; 40 / 232
+  // halves the producer's spills and adds 16 spill instructions to the consumers': not yet timed.)
+  static constexpr int kProducerRegs = kProducerRegs_, kConsumerRegs = kConsumerRegs_;
+  static_assert(kProducerRegs + 2 * kConsumerRegs <= 3 * (65536 / kThreads / 8 * 8), "register split");
   static constexpr int kPanels = kD / 64;
   static constexpr int kKPanelBytes = kBlockN * 128, kQPanelBytes = kBlockM * 128;
   static constexpr int kKBytes = kPanels * kKPanelBytes, kQBytes = kPanels * kQPanelBytes;
@@ -142,7 +146,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   __syncthreads();
 
   if (wg == 0) {
-    cuda::setmaxnreg_dec<24>();
+    cuda::setmaxnreg_dec<Tr::kProducerRegs>();
     if (warp == 0) {  // loads: K and V, then every visible (head, query tile), then the end
       QueryWalk<kBM> walk(pat, b, j0, j1, j1 - j0 < kBN);
       // TMA coordinates: the tensors' batch row, the sequence's first rows (varlen: in the packed dims).
@@ -236,7 +240,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     return;
   }
 
-  cuda::setmaxnreg_inc<240>();
+  cuda::setmaxnreg_inc<Tr::kConsumerRegs>();
   const int half = wg - 1, g = lane / 4, t4 = lane % 4;
   const int64_t key0 = j0 + half * 64 + warp * 16;  // this warp's first key
   // This warpgroup's part of a tile's dQ: query rows 64 mrow.., head-dim columns 64 ncol...
