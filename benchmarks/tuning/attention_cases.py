@@ -70,11 +70,12 @@ def main(argv: list[str]) -> None:
     timer = CudaTimer(device)
     for build in spec.cases(device, full=True):
         label = build.args[1]
-        backward = build.func.__name__ != "_decode_case" and build.args[8]
+        # (the backward flag: _cuda_case's 9th argument, _packed_case's keyword, no decode backward)
+        backward = build.keywords.get("backward", build.func.__name__ == "_cuda_case" and build.args[8])
         if label not in names or (fwd_only and backward):
             continue
         if opforge_only:
-            run = build().impls["opforge"]
+            run = next(fn for name, fn in build().impls.items() if name.startswith("opforge"))
             for _ in range(3):
                 run()
             torch.cuda.synchronize(device)

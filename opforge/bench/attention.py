@@ -324,7 +324,17 @@ def _cuda_cases(device: torch.device, full: bool) -> list[CaseBuilder]:
     if full:  # packed causal documents: varlen against FlashAttention-4's varlen and Flex
         for backward in (False, True):
             builders.append(
-                partial(_packed_case, device, "16 packed causal documents", 16, 16384, 32, 8, 128, backward)
+                partial(
+                    _packed_case,
+                    device,
+                    "16 packed causal documents",
+                    16,
+                    16384,
+                    32,
+                    8,
+                    128,
+                    backward=backward,
+                )
             )
     if full:  # the deterministic backward against FlashAttention-4's
         for name, B, Hq, Hkv, S, D, kw, extra in rows:
