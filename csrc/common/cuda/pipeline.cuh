@@ -64,6 +64,13 @@ struct Pipeline {
   __device__ __forceinline__ void consumer_release(const PipelineState<kStages>& s) const {
     mbar_arrive(smem_addr(&empty[s.index]));
   }
+  // Consumer of a ring that the blocks of a cluster fill together (multicast): one arrival on the
+  // stage's empty barrier in each of the cluster's kCluster blocks.
+  template <int kCluster>
+  __device__ __forceinline__ void consumer_release_cluster(const PipelineState<kStages>& s) const {
+#pragma unroll
+    for (int q = 0; q < kCluster; ++q) mbar_arrive_cluster(smem_addr(&empty[s.index]), q);
+  }
 };
 
 }  // namespace cuda

@@ -30,6 +30,7 @@
 
 #include "common/cuda/launch.cuh"
 #include "common/cuda/mbarrier.cuh"
+#include "common/cuda/pipeline.cuh"
 #include "common/cuda/mma_sync.cuh"
 #include "common/cuda/swizzle.cuh"
 #include "common/cuda/tile_order.cuh"
@@ -90,14 +91,12 @@ __global__ void __launch_bounds__(kThreads, 1)
   unsigned char* smem = cuda::align_shared<1024>(smem_raw);
   unsigned char* const c_stage = smem + kStages * kStageBytes;  // kTmaStore: 2 x 16 KB
   uint64_t* full = reinterpret_cast<uint64_t*>(c_stage + (kTmaStore ? C::kStoreBytes : 0));
-  uint64_t* empty = full + kStages;
+  const cuda::Pipeline<kStages> pipe{full, full + kStages};
+  using State = cuda::PipelineState<kStages>;
   const int wg = threadIdx.x / 128, t = threadIdx.x % 128;
   const uint32_t rank = kCluster > 1 ? cuda::cluster_ctarank() : 0;
   if (threadIdx.x == 0) {
-    for (int s = 0; s < kStages; ++s) {
-      cuda::mbar_init(smem_addr(&full[s]), 1);
-      cuda::mbar_init(smem_addr(&empty[s]), 2 * kCluster);  // one arrival per consumer warpgroup of the cluster
-    }
+    pipe.init(2 * kCluster);  // one arrival per consumer warpgroup of the cluster
     cuda::fence_mbarrier_init();
   }
   if constexpr (kCluster > 1) cuda::cluster_sync();  // no block multicasts into barriers not yet set up
@@ -110,16 +109,15 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (wg == 0) {  // producer
     cuda::setmaxnreg_dec<40>();
     if (t == 0) {
-      int it = 0;
+      State w;
       for (int u = first_unit; u < units; u += unit_step) {
         int b, gm, nt;
         cuda::batched_grouped_tile<kGroupRows>(u, groups_m, tiles_n, b, gm, nt);
         const int m0 = (gm * kCluster + static_cast<int>(rank)) * kBM, n0 = nt * BN;
-        for (int kt = 0; kt < k_tiles; ++kt, ++it) {
-          const int s = it % kStages;
-          cuda::mbar_wait(smem_addr(&empty[s]), ((it / kStages) & 1) ^ 1);  // the first pass finds every stage free
-          const uint32_t stage = smem_addr(smem + s * kStageBytes), bar = smem_addr(&full[s]);
-          cuda::mbar_arrive_expect_tx(bar, kStageBytes);  // a, and all of b (part of it from the other blocks)
+        for (int kt = 0; kt < k_tiles; ++kt, w.advance()) {
+          pipe.producer_acquire(w);  // (the first pass finds every stage free)
+          const uint32_t stage = smem_addr(smem + w.index * kStageBytes);
+          const uint32_t bar = pipe.producer_commit(w, kStageBytes);  // a, and all of b (part from the other blocks)
           cuda::tma_load_3d(stage, &map_a, kt * kBK, m0, b, bar);
           if constexpr (kBNMajor) {
 #pragma unroll
@@ -140,27 +138,25 @@ __global__ void __launch_bounds__(kThreads, 1)
     // consumers: warpgroup 1 takes rows 0-63 of the tile, warpgroup 2 rows 64-127
     cuda::setmaxnreg_inc<232>();
     const int half = wg - 1, warp = t / 32, lane = t % 32;
-    auto release = [&](int s) {
+    auto release = [&](const State& st) {
       if (t != 0) return;
       if constexpr (kCluster == 1) {
-        cuda::mbar_arrive(smem_addr(&empty[s]));
+        pipe.consumer_release(st);
       } else {
-#pragma unroll
-        for (int q = 0; q < kCluster; ++q) cuda::mbar_arrive_cluster(smem_addr(&empty[s]), q);
+        pipe.template consumer_release_cluster<kCluster>(st);
       }
     };
     float d[BN / 2];
-    int it = 0;
+    State r, prev;  // the stage read now, and the one before it
     for (int u = first_unit; u < units; u += unit_step) {
       int b, gm, nt;
       cuda::batched_grouped_tile<kGroupRows>(u, groups_m, tiles_n, b, gm, nt);
       const int m0 = (gm * kCluster + static_cast<int>(rank)) * kBM, n0 = nt * BN;
 #pragma unroll
       for (int i = 0; i < BN / 2; ++i) d[i] = 0.0f;
-      for (int kt = 0; kt < k_tiles; ++kt, ++it) {
-        const int s = it % kStages;
-        cuda::mbar_wait(smem_addr(&full[s]), (it / kStages) & 1);
-        const unsigned char* stage = smem + s * kStageBytes;
+      for (int kt = 0; kt < k_tiles; ++kt, r.advance()) {
+        pipe.consumer_wait(r);
+        const unsigned char* stage = smem + r.index * kStageBytes;
         const unsigned char* a_tile = stage + half * (64 * kBK * 2);
         const unsigned char* b_tile = stage + C::kTileBytesA;
 #pragma unroll
@@ -179,12 +175,13 @@ __global__ void __launch_bounds__(kThreads, 1)
         cuda::wgmma_wait<1>();  // this stage's wgmmas may still run; the previous stage's are done
 #pragma unroll
         for (int i = 0; i < BN / 2; ++i) cuda::fence_operand(d[i]);
-        if (kt > 0) release((it - 1) % kStages);
+        if (kt > 0) release(prev);
+        prev = r;
       }
       cuda::wgmma_wait<0>();
 #pragma unroll
       for (int i = 0; i < BN / 2; ++i) cuda::fence_operand(d[i]);
-      if (k_tiles > 0) release((it - 1) % kStages);
+      if (k_tiles > 0) release(prev);
       // d[4j..4j+3]: rows (warp*16 + lane/4) and +8, columns 8j + 2*(lane%4) + {0, 1}
       if constexpr (kTmaStore) {
         unsigned char* const buf = c_stage + half * 16384;
