@@ -2,6 +2,7 @@
 #include "attention/attention.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/ops/cat.h>
 #include <ATen/ops/empty.h>
 
 #include <torch/library.h>
@@ -156,11 +157,8 @@ void check_pattern(const char* op, const at::Tensor& q, const at::Tensor& k, dou
 
 at::Tensor int64_contiguous(const at::Tensor& t) { return t.to(at::kLong).contiguous(); }
 
-// Offsets that start at 0, end at `total` and never decrease (values on the host).
-void check_offsets(const char* op, const char* name, const at::Tensor& cu, int64_t total) {
-  const at::Tensor h = cu.to(at::kCPU, at::kLong).contiguous();
-  const int64_t* v = h.const_data_ptr<int64_t>();
-  const int64_t n = h.numel();
+// n offsets v (host memory) that start at 0, end at `total` and never decrease.
+void check_offsets(const char* op, const char* name, const int64_t* v, int64_t n, int64_t total) {
   TORCH_CHECK_VALUE(v[0] == 0, op, ": ", name, " must start at 0, got ", v[0]);
   for (int64_t i = 1; i < n; ++i) {
     TORCH_CHECK_VALUE(v[i] >= v[i - 1], op, ": ", name, " must not decrease, got ", v[i - 1], " then ", v[i],
@@ -221,8 +219,12 @@ void check_attention_backward_inputs(const at::Tensor& grad_out, const at::Tenso
 
 void check_varlen_offsets(const char* op, const AttentionPatternArgs& pattern, int64_t total_q, int64_t total_k) {
   if (!pattern.varlen()) return;
-  check_offsets(op, "cu_seqlens_q", *pattern.cu_seqlens_q, total_q);
-  check_offsets(op, "cu_seqlens_k", *pattern.cu_seqlens_k, total_k);
+  // Both in one copy to the host (on CUDA one synchronization, not two).
+  const at::Tensor& cq = *pattern.cu_seqlens_q;
+  const at::Tensor h = at::cat({cq.to(at::kLong), pattern.cu_seqlens_k->to(at::kLong)}).to(at::kCPU).contiguous();
+  const int64_t* v = h.const_data_ptr<int64_t>();
+  check_offsets(op, "cu_seqlens_q", v, cq.numel(), total_q);
+  check_offsets(op, "cu_seqlens_k", v + cq.numel(), h.numel() - cq.numel(), total_k);
 }
 
 AttentionCall attention_call(const at::Tensor& q, const at::Tensor& k, bool kv_lens, bool backward, bool varlen) {
