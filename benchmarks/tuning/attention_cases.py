@@ -1,10 +1,14 @@
 """A few rows of the attention benchmark by name (the harness runs whole specs): each built,
 checked and timed against its peers exactly as `opforge bench --full --ops attention` does.
 
-    python benchmarks/tuning/attention_cases.py "documents 8x512" "random blocks 30%" [--fwd-only]
+    python benchmarks/tuning/attention_cases.py "documents 8x512" "random blocks 30%" [--fwd-only | --bwd-only]
+
+A deterministic backward's row is named with " deterministic" ("causal deterministic").
 
 --opforge-only: only opforge's impl of each row, run three times unchecked and untimed (for
 Nsight Compute: `ncu --kernel-name regex:hopper --launch-skip 3 --launch-count 3 ...`).
+--impl=NAME: the same for the first impl whose name starts with NAME (a peer's kernels under ncu,
+e.g. --impl=FlashAttention-4).
 
 --graphs: also each impl's call captured in a CUDA graph and its replay timed the same way (the GPU
 time without the host's launch path), and the host's time to enqueue one call (no sync): a row
@@ -63,19 +67,22 @@ def _graph_report(case, timer) -> None:
 
 def main(argv: list[str]) -> None:
     fwd_only = "--fwd-only" in argv
-    opforge_only = "--opforge-only" in argv
+    bwd_only = "--bwd-only" in argv
+    only = next((a.split("=", 1)[1] for a in argv if a.startswith("--impl=")), None)
+    only = "opforge" if "--opforge-only" in argv else only
     graphs = "--graphs" in argv
     names = [a for a in argv if not a.startswith("--")]
     device = torch.device("cuda")
     timer = CudaTimer(device)
     for build in spec.cases(device, full=True):
-        label = build.args[1]
+        # (a deterministic backward's row: the label plus " deterministic")
+        label = build.args[1] + (" deterministic" if build.keywords.get("deterministic") else "")
         # (the backward flag: _cuda_case's 9th argument, _packed_case's keyword, no decode backward)
         backward = build.keywords.get("backward", build.func.__name__ == "_cuda_case" and build.args[8])
-        if label not in names or (fwd_only and backward):
+        if label not in names or (fwd_only and backward) or (bwd_only and not backward):
             continue
-        if opforge_only:
-            run = next(fn for name, fn in build().impls.items() if name.startswith("opforge"))
+        if only:
+            run = next(fn for name, fn in build().impls.items() if name.startswith(only))
             for _ in range(3):
                 run()
             torch.cuda.synchronize(device)

@@ -2,7 +2,8 @@
 # Attention on the GPU in one lease: build, the CUDA tests, bench rows by name, Nsight Compute on
 # opforge's kernels of chosen rows, the full attention benchmark and a memcheck subset. Logs under $OUT.
 #   CASES="sliding 512;causal"        rows timed against their peers (attention_cases.py)
-#   NCU="random blocks 30%|--fwd-only;causal|"   rows whose kernel ncu profiles: one launch (the
+#   NCU="random blocks 30%|--fwd-only;causal|;causal|--impl=FlashAttention-4|BackwardSm90"
+#                                      rows whose kernel ncu profiles (row|flags|kernel regex): one launch (the
 #                                      NCU_SKIP-th, default 1), sections, metrics and source-level
 #                                      stall sampling (ncu_kernel.sh)
 #   TESTS=0 BENCH=1 MEMCHECK=1         skip the tests / run the full benchmark / the memcheck subset
@@ -31,8 +32,9 @@ if [ ${#rows[@]} -gt 0 ]; then
 fi
 IFS=';' read -ra specs <<< "${NCU:-}"
 for spec in "${specs[@]}"; do  # one launch of the row's kernel: sections, metrics, hottest SASS lines
-  echo "== ncu ${spec%%|*} ${spec#*|}"
-  bash benchmarks/tuning/ncu_kernel.sh "${spec%%|*}" "${KERNEL:-hopper}" "${NCU_SKIP:-1}" "$OUT" "${spec#*|}"
+  IFS='|' read -r nrow nflags nkernel <<< "$spec"
+  echo "== ncu $nrow $nflags ${nkernel:-${KERNEL:-hopper}}"
+  bash benchmarks/tuning/ncu_kernel.sh "$nrow" "${nkernel:-${KERNEL:-hopper}}" "${NCU_SKIP:-1}" "$OUT" "$nflags"
 done
 if [ "${BENCH:-0}" = 1 ]; then
   timeout 420 python3 -m opforge.bench --full --ops attention --out "$OUT/bench" > "$OUT/bench.log" 2>&1 || status=1
