@@ -386,9 +386,10 @@ def _packed_case(
     fa4 = _fa4(varlen=True)
     if fa4 is not None:
         longest = max(lengths)
-        impls["FlashAttention-4 varlen"] = lambda: fa4(qp, kp, vp, cu, cu, longest, longest, causal=True)[
-            0
-        ].unsqueeze(0)
+        # (keywords: its positional order has qv between v and the offsets)
+        impls["FlashAttention-4 varlen"] = lambda: fa4(
+            qp, kp, vp, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=longest, max_seqlen_k=longest, causal=True
+        )[0].unsqueeze(0)
         own["FlashAttention-4 varlen"] = (qp, kp, vp)
         impls["FlashAttention-4 varlen"]()  # (its JIT compilation, before timing)
     if backward:

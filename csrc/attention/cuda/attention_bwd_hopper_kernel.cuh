@@ -5,7 +5,8 @@
 //     adds each tile's dQ into a float32 workspace by bulk reduce-add (cp.reduce.async.bulk, done
 //     at L2) as the consumers hand it over through shared memory;
 //   consumer warpgroup c owns keys 64c..64c+63: S^T = K Q^T and dP^T = V dO^T (both operands in
-//     shared memory), P^T and dS^T in registers; dV += P^T dO and dK += dS^T Q with P^T / dS^T as
+//     shared memory), P^T and dS^T (without the softmax scale: dK's epilogue and the dQ conversion
+//     apply it) in registers; dV += P^T dO and dK += dS^T Q with P^T / dS^T as
 //     register operands (dO and Q read MN-major); dS^T also goes to shared memory, where after a
 //     barrier over both warpgroups dQ = dS K (dS read MN-major) gives the warpgroup's 64 x 64 part
 //     of the tile's dQ.
@@ -89,6 +90,43 @@ __device__ __forceinline__ int64_t dq_tile_offset(const AttentionCudaArgs& a, in
 struct BwdTileInfo {
   int tile, head, bits, unused;
 };
+
+// The backward's P^T and dS^T over a warp's keys x queries block (columns are queries: each
+// column's lse2 and delta from the stage, read as pairs). bwd_logits leaves the exponents
+// (scores in the log2 domain minus lse2; a masked element is then set to -inf and gives P = 0);
+// bwd_score_grads turns dP^T into dS^T = P (dP - delta), times 1 - tanh^2 under a softcap (tanh
+// recovered from P: log2(P) + lse2 = the capped score), without the softmax scale.
+template <bool kCap, int kN>
+__device__ __forceinline__ void bwd_logits(float (&s)[kN][4], const float* lse2, const AttentionCudaArgs& a, int t4) {
+#pragma unroll
+  for (int n = 0; n < kN; ++n) {
+    const float2 l = *reinterpret_cast<const float2*>(lse2 + n * 8 + 2 * t4);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const float le = e & 1 ? l.y : l.x;
+      s[n][e] = kCap ? a.cap_log2 * cuda::fast_tanh(s[n][e] * a.cap_inv_scale) - le : fmaf(s[n][e], a.scale_log2, -le);
+    }
+  }
+}
+template <bool kCap, int kN>
+__device__ __forceinline__ void bwd_score_grads(const float (&prob)[kN][4], float (&dp)[kN][4], const float* lse2,
+                                                const float* delta, const AttentionCudaArgs& a, int t4) {
+#pragma unroll
+  for (int n = 0; n < kN; ++n) {
+    const float2 d = *reinterpret_cast<const float2*>(delta + n * 8 + 2 * t4);
+    float2 l = make_float2(0.f, 0.f);
+    if (kCap) l = *reinterpret_cast<const float2*>(lse2 + n * 8 + 2 * t4);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      float ds = prob[n][e] * (dp[n][e] - (e & 1 ? d.y : d.x));
+      if (kCap) {
+        const float th = (cuda::fast_log2(prob[n][e]) + (e & 1 ? l.y : l.x)) * a.inv_cap_log2;
+        ds = prob[n][e] > 0.f ? ds * (1.f - th * th) : 0.f;
+      }
+      dp[n][e] = ds;
+    }
+  }
+}
 
 template <typename Tr, typename T>
 __global__ void __launch_bounds__(Tr::kThreads, 1)
@@ -241,7 +279,9 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   }
 
   cuda::setmaxnreg_inc<Tr::kConsumerRegs>();
-  const int half = wg - 1, g = lane / 4, t4 = lane % 4;
+  // (half through a shuffle: the compiler then knows it is warp-uniform and keeps what derives from
+  // it, the descriptors, in uniform registers)
+  const int half = __shfl_sync(0xffffffffu, wg, 0) - 1, g = lane / 4, t4 = lane % 4;
   const int64_t key0 = j0 + half * 64 + warp * 16;  // this warp's first key
   // This warpgroup's part of a tile's dQ: query rows 64 mrow.., head-dim columns 64 ncol...
   const int mrow = Tr::kDQSplitD ? 0 : half, ncol = Tr::kDQSplitD ? half : 0;
@@ -252,8 +292,9 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     for (int e = 0; e < 4; ++e) dk[n][e] = dv[n][e] = 0.f;
   }
   cuda::mbar_wait(smem_addr(bar_kv), 0);
-  const unsigned char* k_rows = sK + half * 64 * 128;
-  const unsigned char* v_rows = sV + half * 64 * 128;
+  const uint64_t k_desc = cuda::smem_desc_k_major(sK + half * 64 * 128);  // this warpgroup's key rows
+  const uint64_t v_desc = cuda::smem_desc_k_major(sV + half * 64 * 128);
+  const uint64_t k_mn_desc = cuda::smem_desc_mn_major(sK + ncol * Tr::kKPanelBytes, Tr::kKPanelBytes);
   for (State rd;; rd.advance()) {
     const unsigned char* sQ = sStages + rd.index * Tr::kStageBytes;
     const unsigned char* sdO = sQ + Tr::kQBytes;
@@ -266,32 +307,53 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     if (tile < 0) break;
     const int64_t h = info.y;
     const TileClass tc = tile_class_from_bits(info.z);
+    // The products' shared-memory descriptors, each GEMM's steps an offset from one base.
+    const uint64_t q_desc = cuda::smem_desc_k_major(sQ), do_desc = cuda::smem_desc_k_major(sdO);
+    const uint64_t q_mn_desc = cuda::smem_desc_mn_major(sQ, Tr::kQPanelBytes);
+    const uint64_t do_mn_desc = cuda::smem_desc_mn_major(sdO, Tr::kQPanelBytes);
+    const uint64_t ds_desc = cuda::smem_desc_mn_major(ds + mrow * Tr::kDSPanelBytes, Tr::kDSPanelBytes);
     float st[kMT][4], dpt[kMT][4];
     cuda::wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kD / 16; ++kk) {
       const int pn = kk / 4, off = (kk % 4) * 32;
-      cuda::Wgmma<T, kBM>::template mma<0>(&st[0][0], cuda::smem_desc_k_major(k_rows + pn * Tr::kKPanelBytes + off),
-                                           cuda::smem_desc_k_major(sQ + pn * Tr::kQPanelBytes + off), kk > 0);
+      cuda::Wgmma<T, kBM>::template mma<0>(&st[0][0], cuda::desc_advance(k_desc, pn * Tr::kKPanelBytes + off),
+                                           cuda::desc_advance(q_desc, pn * Tr::kQPanelBytes + off), kk > 0);
     }
     cuda::wgmma_commit();
 #pragma unroll
     for (int kk = 0; kk < kD / 16; ++kk) {
       const int pn = kk / 4, off = (kk % 4) * 32;
-      cuda::Wgmma<T, kBM>::template mma<0>(&dpt[0][0], cuda::smem_desc_k_major(v_rows + pn * Tr::kKPanelBytes + off),
-                                           cuda::smem_desc_k_major(sdO + pn * Tr::kQPanelBytes + off), kk > 0);
+      cuda::Wgmma<T, kBM>::template mma<0>(&dpt[0][0], cuda::desc_advance(v_desc, pn * Tr::kKPanelBytes + off),
+                                           cuda::desc_advance(do_desc, pn * Tr::kQPanelBytes + off), kk > 0);
     }
     cuda::wgmma_commit();
     cuda::wgmma_wait<1>();  // S^T (dP^T still running)
     cuda::fence_operands(st);
-    scores_log2(st, a);
-    if (tc.kind == BlockKind::kPartial) {
-      mask_tile<true, kBM>(st, pat, tc, b, h, key0, int64_t{tile} * kBM, lane);
+    // P^T, then (dP^T done) dS^T without the softmax scale (dK's epilogue and the dQ conversion
+    // apply it, as FA3 does: one multiply a key row or a dQ element instead of one a score). The
+    // softcap's forms are separate code: a runtime test inside the element loops is if-converted,
+    // and the plain path would pay the softcap's log2 and selects on every element.
+    // (The softcap's forms are separate instantiations, the masking shared.)
+    const bool cap = a.cap_log2 != 0.f;
+    if (cap) {
+      bwd_logits<true>(st, lse2s, a, t4);
+    } else {
+      bwd_logits<false>(st, lse2s, a, t4);
     }
-    probs_by_column(st, lse2s, t4);
+    if (tc.kind == BlockKind::kPartial) mask_tile<true, kBM>(st, pat, tc, b, h, key0, int64_t{tile} * kBM, lane);
+#pragma unroll
+    for (int n = 0; n < kMT; ++n) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) st[n][e] = cuda::fast_exp2(st[n][e]);
+    }
     cuda::wgmma_wait<0>();
     cuda::fence_operands(dpt);
-    score_grads_from_probs(st, dpt, lse2s, deltas, a, t4);
+    if (cap) {
+      bwd_score_grads<true>(st, dpt, lse2s, deltas, a, t4);
+    } else {
+      bwd_score_grads<false>(st, dpt, lse2s, deltas, a, t4);
+    }
     uint32_t ap[kBM / 16][4], ads[kBM / 16][4];
 #pragma unroll
     for (int kk = 0; kk < kBM / 16; ++kk) {
@@ -315,7 +377,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
 #pragma unroll
     for (int kk = 0; kk < kBM / 16; ++kk) {  // 16 queries = 16 rows of 128 bytes of dO
       cuda::WgmmaRS<T, kD>::template mma<1>(&dv[0][0], ap[kk],
-                                            cuda::smem_desc_mn_major(sdO + kk * 2048, Tr::kQPanelBytes), 1);
+                                            cuda::desc_advance(do_mn_desc, kk * 2048), 1);
     }
     cuda::wgmma_commit();
     cuda::fence_proxy_async_shared();  // the dS^T stores, before wgmma reads them
@@ -325,8 +387,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
 #pragma unroll
     for (int kk = 0; kk < kBN / 16; ++kk) {  // 16 keys = 16 rows of 128 bytes of dS^T and K
       cuda::Wgmma<T, 64>::template mma<1, 1>(
-          &dq[0][0], cuda::smem_desc_mn_major(ds + mrow * Tr::kDSPanelBytes + kk * 2048, Tr::kDSPanelBytes),
-          cuda::smem_desc_mn_major(sK + ncol * Tr::kKPanelBytes + kk * 2048, Tr::kKPanelBytes), kk > 0);
+          &dq[0][0], cuda::desc_advance(ds_desc, kk * 2048), cuda::desc_advance(k_mn_desc, kk * 2048), kk > 0);
     }
     cuda::wgmma_commit();
     cuda::fence_operands(dk);
@@ -334,7 +395,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
 #pragma unroll
     for (int kk = 0; kk < kBM / 16; ++kk) {  // 16 queries = 16 rows of 128 bytes of Q
       cuda::WgmmaRS<T, kD>::template mma<1>(&dk[0][0], ads[kk],
-                                            cuda::smem_desc_mn_major(sQ + kk * 2048, Tr::kQPanelBytes), 1);
+                                            cuda::desc_advance(q_mn_desc, kk * 2048), 1);
     }
     cuda::wgmma_commit();
     cuda::wgmma_wait<1>();  // dV and dQ (dK still running)
@@ -360,9 +421,9 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   cuda::named_barrier_arrive<160>(kBwdBarDQFull + half);
 
   // dK and dV through this warpgroup's own rows of the K and V tiles (16-byte stores).
-  const float one[2] = {1.f, 1.f};
+  const float one[2] = {1.f, 1.f}, scale[2] = {a.scale, a.scale};  // (dS^T was left unscaled)
   const int64_t first = j0 + half * 64;
-  store_accumulator_rows<kD, T>(dk, one, sK + half * 64 * 128, Tr::kKPanelBytes,
+  store_accumulator_rows<kD, T>(dk, scale, sK + half * 64 * 128, Tr::kKPanelBytes,
                                 static_cast<T*>(a.g.dk) + a.g.dk_at(b, hk), a.g.dk_ss, first, pat.sk, t,
                                 1 + half);
   store_accumulator_rows<kD, T>(dv, one, sV + half * 64 * 128, Tr::kKPanelBytes,
@@ -403,7 +464,8 @@ __global__ void __launch_bounds__(128) attention_bwd_hopper_dq_kernel(const Atte
   const int r0 = warp * 16 + g;
 #pragma unroll
   for (int n = 0; n < 8; ++n) {
-    const float4 v = src[n * 128 + t];
+    float4 v = src[n * 128 + t];  // (the sums of unscaled dS K: the softmax scale applied here)
+    v.x *= a.scale, v.y *= a.scale, v.z *= a.scale, v.w *= a.scale;
     rows[r0 * kRowWords + 4 * n + t4] = cuda::pack2<T>(v.x, v.y);
     rows[(r0 + 8) * kRowWords + 4 * n + t4] = cuda::pack2<T>(v.z, v.w);
   }

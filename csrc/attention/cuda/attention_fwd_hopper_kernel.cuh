@@ -157,22 +157,23 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   if (half == Tr::kConsumers - 1) cuda::named_barrier_arrive<256>(kFwdBarTurn);  // warpgroup 1 issues first
   // S = Q K^T of the tile in K stage rk (its index and class in ti), issued in this warpgroup's turn.
   const auto issue_s = [&](float (&sc)[kNT][4], const State& st) {
-    const unsigned char* sK = sKV + st.index * Tr::kStageBytes;
+    // (the stage's descriptors: one encoding, then an add a step; Q's, loop-invariant, are left to
+    // the compiler to rematerialise: sixteen at D 256 held across the loop would spill)
+    const uint64_t k_desc = cuda::smem_desc_k_major(sKV + st.index * Tr::kStageBytes);
 #pragma unroll
     for (int kk = 0; kk < kD / 16; ++kk) {  // 16 deep = 32 bytes along the swizzled 128-byte rows
       const int pn = kk / 4, off = (kk % 4) * 32;
       cuda::Wgmma<T, kBN>::template mma<0>(&sc[0][0], cuda::smem_desc_k_major(q_rows + pn * Tr::kQPanelBytes + off),
-                                           cuda::smem_desc_k_major(sK + pn * Tr::kKVPanelBytes + off), kk > 0);
+                                           cuda::desc_advance(k_desc, pn * Tr::kKVPanelBytes + off), kk > 0);
     }
     cuda::wgmma_commit();
   };
   // O += P V for the tile in V stage st.
   const auto issue_pv = [&](const State& st) {
-    const unsigned char* sV = sKV + st.index * Tr::kStageBytes + Tr::kKVBytes;
+    const uint64_t v_desc = cuda::smem_desc_mn_major(sKV + st.index * Tr::kStageBytes + Tr::kKVBytes, Tr::kKVPanelBytes);
 #pragma unroll
     for (int kk = 0; kk < kBN / 16; ++kk) {  // 16 keys = 16 rows of 128 bytes
-      cuda::WgmmaRS<T, kD>::template mma<1>(&o[0][0], pa[kk],
-                                            cuda::smem_desc_mn_major(sV + kk * 2048, Tr::kKVPanelBytes), 1);
+      cuda::WgmmaRS<T, kD>::template mma<1>(&o[0][0], pa[kk], cuda::desc_advance(v_desc, kk * 2048), 1);
     }
     cuda::wgmma_commit();
   };

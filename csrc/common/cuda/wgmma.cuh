@@ -44,6 +44,11 @@ __device__ __forceinline__ uint64_t smem_desc_mn_major(const void* p, uint32_t b
          (uint64_t{1} << 62);
 }
 
+// A descriptor moved `bytes` (a multiple of 16) further into shared memory: its start-address field
+// is the low 14 bits, address / 16, and shared addresses stay below 2^18, so the sum never carries
+// out of the field. (A loop's descriptors from one base: one add each, not the encoding again.)
+__device__ __forceinline__ uint64_t desc_advance(uint64_t desc, uint32_t bytes) { return desc + (bytes >> 4); }
+
 // Keeps the compiler from moving an accumulator across this point (wgmma reads and writes the
 // registers asynchronously, between its issue and the wait).
 __device__ __forceinline__ void fence_operand(float& x) { asm volatile("" : "+f"(x)::"memory"); }
