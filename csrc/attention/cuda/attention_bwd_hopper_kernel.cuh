@@ -1,29 +1,34 @@
 // attention CUDA backward for Hopper (sm_90a): one pass over key blocks with five GEMMs a tile
-// (FlashAttention-3's design). One block per 128 keys of one (batch, kv head), three warpgroups:
+// (FlashAttention-3's design). One block per key block (128 keys; 64 at head dim 256) of one
+// (batch, kv head), three warpgroups:
 //   producer warpgroup: warp 0 loads K and V once by TMA, then, for every q head of the GQA group
 //     and every visible query tile, Q, dO, lse2 and delta into a ring (cuda::Pipeline); warp 1
 //     adds each tile's dQ into a float32 workspace by bulk reduce-add (cp.reduce.async.bulk, done
 //     at L2) as the consumers hand it over through shared memory;
-//   consumer warpgroup c owns keys 64c..64c+63: S^T = K Q^T and dP^T = V dO^T (both operands in
-//     shared memory), P^T and dS^T (without the softmax scale: dK's epilogue and the dQ conversion
-//     apply it) in registers; dV += P^T dO and dK += dS^T Q with P^T / dS^T as
-//     register operands (dO and Q read MN-major); dS^T also goes to shared memory, where after a
-//     barrier over both warpgroups dQ = dS K (dS read MN-major) gives the warpgroup's 64 x 64 part
-//     of the tile's dQ.
+//   consumers, keys layout (head dims 64, 128): warpgroup c owns keys 64c..64c+63: S^T = K Q^T and
+//     dP^T = V dO^T (both operands in shared memory), P^T and dS^T (without the softmax scale:
+//     dK's epilogue and the dQ conversion apply it) in registers; dV += P^T dO and dK += dS^T Q with
+//     P^T / dS^T as register operands (dO and Q read MN-major); dS^T also goes to shared memory,
+//     where after a barrier over both warpgroups dQ = dS K (dS read MN-major) gives the
+//     warpgroup's 64 x 64 part of the tile's dQ;
+//   consumers, head-dim layout (head dim 256, 64 x 64 tiles: FlashAttention-4's SM90 choice): S and
+//     dP over each warpgroup's 32 keys, P and dS of both through shared memory, then each
+//     warpgroup's dV, dK and dQ over its 128 head-dim columns (all operands in shared memory).
 // dK and dV stay in registers until the block's last tile. Deterministic mode (a.dq_semaphore): the
 // additions into each query tile's dQ come in a fixed order, from the last key block that sees the
 // tile to the first, each block waiting for the later ones' additions to complete (a counter per
 // (batch, head, query tile)). Later key blocks reach a query tile sooner (causal and windows walk
 // query tiles from their diagonal on) and are launched first, so blocks rarely wait and never wait
-// for one not yet launched. The prep kernel (delta, lse2, the
-// workspace zeroed; attention_bwd_kernel.cuh) runs before, attention_bwd_hopper_dq_kernel
-// (workspace -> dQ) after. Head dims 64 (query tiles of 128) and 128 (of 64). Without sm_90a
-// device code the kernel traps; the launcher's rule asks attention_hopper_status() first.
+// for one not yet launched. The prep kernel (delta, lse2, the workspace zeroed;
+// attention_bwd_kernel.cuh) runs before, attention_bwd_hopper_dq_kernel (workspace -> dQ) after.
+// Query tiles: 128 at head dim 64, 64 at 128 and 256. Without sm_90a device code the kernel traps;
+// the launcher's rule asks attention_hopper_status() first.
 #pragma once
 
 #include <cuda.h>
 
 #include <algorithm>
+#include <type_traits>
 
 #include "attention/cuda/attention_hopper_common.cuh"
 #include "attention/cuda/attention_mma_common.cuh"
@@ -82,7 +87,7 @@ using HopperBwdTraitsD128 = HopperBwdTraits<128, 64, 128, 2>;
 using HopperBwdTraitsD256 = HopperBwdTraits<256, 64, 64, 1>;
 
 // Named barriers (0 is __syncthreads's; 1 and 2 are the epilogue's, store_accumulator_rows).
-constexpr int kBwdBarDS = 3;       // both consumer warpgroups' dS^T rows are in shared memory
+constexpr int kBwdBarDS = 3;       // both consumer warpgroups' dS^T (head-dim layout: P and dS) are in shared memory
 constexpr int kBwdBarDQFull = 4;   // + c: warpgroup c's dQ part is in shared memory
 constexpr int kBwdBarDQEmpty = 6;  // + c: warp 1 has read it (the buffer is free)
 
@@ -347,19 +352,45 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       cuda::wgmma_wait<1>();  // S (dP still running)
       cuda::fence_operands(sc);
       // Exponents (element e of fragment n: row g + 8 (e / 2)), masked, then P.
-      const bool cap = a.cap_log2 != 0.f;
+      // (The softcap's forms as separate code, as in the keys layout.)
+      const auto logits = [&](auto cap_tag) {
+        constexpr bool kCap = decltype(cap_tag)::value;
 #pragma unroll
-      for (int n = 0; n < 4; ++n) {
+        for (int n = 0; n < 4; ++n) {
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const float le = e < 2 ? l2.x : l2.y;
-          sc[n][e] = cap ? a.cap_log2 * cuda::fast_tanh(sc[n][e] * a.cap_inv_scale) - le
-                         : fmaf(sc[n][e], a.scale_log2, -le);
+          for (int e = 0; e < 4; ++e) {
+            const float le = e < 2 ? l2.x : l2.y;
+            sc[n][e] = kCap ? a.cap_log2 * cuda::fast_tanh(sc[n][e] * a.cap_inv_scale) - le
+                            : fmaf(sc[n][e], a.scale_log2, -le);
+          }
         }
+      };
+      const auto score_grads = [&](auto cap_tag) {
+        constexpr bool kCap = decltype(cap_tag)::value;
+#pragma unroll
+        for (int n = 0; n < 4; ++n) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            float d = sc[n][e] * (dp[n][e] - (e < 2 ? dl.x : dl.y));
+            if (kCap) {
+              const float th = (cuda::fast_log2(sc[n][e]) + (e < 2 ? l2.x : l2.y)) * a.inv_cap_log2;
+              d = sc[n][e] > 0.f ? d * (1.f - th * th) : 0.f;
+            }
+            dp[n][e] = d;
+          }
+        }
+      };
+      const bool cap = a.cap_log2 != 0.f;
+      if (cap) {
+        logits(std::true_type{});
+      } else {
+        logits(std::false_type{});
       }
+      uint32_t vis[2] = {~0u, ~0u};  // (every tile masked through its set, as in the keys layout)
       if (tc.kind == BlockKind::kPartial) {
-        mask_tile<false, 32>(sc, pat, tc, b, h, int64_t{tile} * kBM + row0, j0 + half * 32, lane);
+        mask_tile_bits<false, 32>(vis, pat, tc, b, h, int64_t{tile} * kBM + row0, j0 + half * 32, lane);
       }
+      apply_visibility(sc, vis);
 #pragma unroll
       for (int n = 0; n < 4; ++n) {
 #pragma unroll
@@ -367,17 +398,10 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       }
       cuda::wgmma_wait<0>();
       cuda::fence_operands(dp);
-#pragma unroll
-      for (int n = 0; n < 4; ++n) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          float d = sc[n][e] * (dp[n][e] - (e < 2 ? dl.x : dl.y));
-          if (cap) {
-            const float th = (cuda::fast_log2(sc[n][e]) + (e < 2 ? l2.x : l2.y)) * a.inv_cap_log2;
-            d = sc[n][e] > 0.f ? d * (1.f - th * th) : 0.f;
-          }
-          dp[n][e] = d;
-        }
+      if (cap) {
+        score_grads(std::true_type{});
+      } else {
+        score_grads(std::false_type{});
       }
       // P and dS into shared memory: row r (query) = row0 + g + 8 (e / 2), key column
       // 32 half + 8 n + 2 t4 (+ 1), 128-byte rows in the swizzle.
