@@ -73,7 +73,7 @@ struct WgmmaRS<{t}, {n}> {{
 
 
 body = HEAD
-for n in (64, 128, 256):
+for n in (32, 64, 128, 256):  # (32: the head-dim-256 backward's S and dP, 32 keys a warpgroup)
     for t, ptx in (("__nv_bfloat16", "bf16"), ("__half", "f16")):
         body += op(t, ptx, n)
 for n in (64, 128, 256):

@@ -228,13 +228,13 @@ def test_fully_masked_rows_and_their_gradients():
     assert out.shape == (1, 2, 4, 64) and (out == 0).all() and (lse == -math.inf).all()
 
 
-@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("d", [64, 128, 256])
 @pytest.mark.parametrize(
     "name", ["full", "causal", "sliding", "prefix", "documents", "block mask", "softcap"]
 )
 def test_gradients_many_key_blocks(name, d):
-    """dQ summed over many key blocks (9 of 128 keys, a GQA group of 4 in each), by the default
-    unordered additions and by the deterministic mode."""
+    """dQ summed over many key blocks (9 of 128 keys, 18 of 64 at head dim 256; a GQA group of 4 in
+    each), by the default unordered additions and by the deterministic mode."""
     B, Hq, Hkv, Sq, Sk = 1, 8, 2, 330, 1100
     q, k, v = qkv(B, Hq, Hkv, Sq, Sk, d)
     kw = pattern_kwargs(name, B, Hq, Sq, Sk)
@@ -242,19 +242,21 @@ def test_gradients_many_key_blocks(name, d):
     check_gradients(q, k, v, dict(kw, deterministic=True))
 
 
+@pytest.mark.parametrize("D", [64, 256])
 @pytest.mark.parametrize("kw", [{}, dict(causal=True)], ids=["full", "causal"])
-def test_backward_rows_past_the_last_key(kw):
+def test_backward_rows_past_the_last_key(kw, D):
     """The one-pass backward sums every key row of a block into dQ: the rows past the last key
-    (Sk not a multiple of 128) must count for nothing, also when every score is far below zero
-    (float16: those rows' P and dS would overflow, and inf times their zero K rows is NaN)."""
-    D, Sq, Sk = 64, 130, 200
-    base = 1.6 + 0.05 * torch.randn(1, 2, Sk, D, device=DEV)  # q . k about -160: scaled, about -20
+    (Sk not a multiple of the key block, 128 or 64) must count for nothing, also when every score
+    is far below zero (float16: those rows' P and dS would overflow, and inf times their zero K rows
+    is NaN)."""
+    Sq, Sk = 130, 200
+    base = (1.6 + 0.05 * torch.randn(1, 2, Sk, D, device=DEV)) * (64 / D) ** 0.5  # q . k about -160: scaled, -20
     q, k = (-base[:, :, :Sq]).half(), base.half()
     v = torch.randn(1, 2, Sk, D, device=DEV, dtype=torch.float16)
     check_gradients(q, k, v, kw)
 
 
-@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("d", [64, 128, 256])
 def test_backward_deterministic_mode(d):
     """deterministic=True, or None under torch.use_deterministic_algorithms(True): bit-identical
     gradients from run to run (many key blocks adding into each query tile's dQ, a GQA group of 8);
@@ -394,7 +396,7 @@ def test_mma_sync_forward_matches_hopper(name, d):
     }
 
 
-@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("d", [64, 128, 256])
 @pytest.mark.parametrize("name", ["causal", "sliding", "prefix", "documents", "block mask", "softcap"])
 def test_mma_sync_gradients(name, d):
     """The mma.sync backward passes (other GPUs' kernels) on this GPU too: against the reference,
@@ -416,12 +418,12 @@ def test_mma_sync_gradients(name, d):
 
 
 def test_kernel_choice():
-    """ "auto" follows the documented rule on this GPU (an H100/H200: the Hopper kernels, the
-    mma.sync backward at head dim 256, the decode kernels for few rows against many keys), as the
-    profiler sees it, and Python asks the same rule (torch.ops.opforge._attention_kernel)."""
+    """ "auto" follows the documented rule on this GPU (an H100/H200: the Hopper kernels at every
+    head dim, the decode kernels for few rows against many keys), as the profiler sees it, and
+    Python asks the same rule (torch.ops.opforge._attention_kernel)."""
     assert torch.cuda.get_device_capability() == (9, 0), "these expectations are an sm_90 GPU's"
     rule = torch.ops.opforge._attention_kernel
-    for d, fwd, bwd in ((64, "hopper", "hopper"), (128, "hopper", "hopper"), (256, "hopper", "mma_sync")):
+    for d, fwd, bwd in ((64, "hopper", "hopper"), (128, "hopper", "hopper"), (256, "hopper", "hopper")):
         q, k, v = qkv(1, 4, 2, 300, 300, d)
         assert rule(q.device, 4, 2, 300, 300, d) == fwd
         assert rule(q.device, 4, 2, 300, 300, d, backward=True) == bwd
@@ -465,13 +467,11 @@ def test_variant_errors_cuda():
     ):
         opforge.attention(q, k, v, variant="decode")
     leaves = [t.requires_grad_() for t in (q, k, v)]
-    out = opforge.attention(*leaves, variant="hopper")
-    with pytest.raises(
-        ValueError,
-        match=r"opforge.attention_backward: variant 'hopper' cannot run here: the Hopper "
-        r"backward covers head dims up to 128",
-    ):
-        out.sum().backward()
+    out = opforge.attention(*leaves, variant="hopper")  # (head dim 256 has a Hopper backward too)
+    assert kernels_run(lambda: out.float().sum().backward()) == {
+        "attention_bwd_hopper_kernel",
+        "attention_bwd_hopper_dq_kernel",
+    }
 
 
 def test_operands_tma_cannot_address():

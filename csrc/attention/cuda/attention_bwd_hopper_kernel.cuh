@@ -1,29 +1,34 @@
 // attention CUDA backward for Hopper (sm_90a): one pass over key blocks with five GEMMs a tile
-// (FlashAttention-3's design). One block per 128 keys of one (batch, kv head), three warpgroups:
+// (FlashAttention-3's design). One block per key block (128 keys; 64 at head dim 256) of one
+// (batch, kv head), three warpgroups:
 //   producer warpgroup: warp 0 loads K and V once by TMA, then, for every q head of the GQA group
 //     and every visible query tile, Q, dO, lse2 and delta into a ring (cuda::Pipeline); warp 1
 //     adds each tile's dQ into a float32 workspace by bulk reduce-add (cp.reduce.async.bulk, done
 //     at L2) as the consumers hand it over through shared memory;
-//   consumer warpgroup c owns keys 64c..64c+63: S^T = K Q^T and dP^T = V dO^T (both operands in
-//     shared memory), P^T and dS^T (without the softmax scale: dK's epilogue and the dQ conversion
-//     apply it) in registers; dV += P^T dO and dK += dS^T Q with P^T / dS^T as
-//     register operands (dO and Q read MN-major); dS^T also goes to shared memory, where after a
-//     barrier over both warpgroups dQ = dS K (dS read MN-major) gives the warpgroup's 64 x 64 part
-//     of the tile's dQ.
+//   consumers, keys layout (head dims 64, 128): warpgroup c owns keys 64c..64c+63: S^T = K Q^T and
+//     dP^T = V dO^T (both operands in shared memory), P^T and dS^T (without the softmax scale:
+//     dK's epilogue and the dQ conversion apply it) in registers; dV += P^T dO and dK += dS^T Q with
+//     P^T / dS^T as register operands (dO and Q read MN-major); dS^T also goes to shared memory,
+//     where after a barrier over both warpgroups dQ = dS K (dS read MN-major) gives the
+//     warpgroup's 64 x 64 part of the tile's dQ;
+//   consumers, head-dim layout (head dim 256, 64 x 64 tiles: FlashAttention-4's SM90 choice): S and
+//     dP over each warpgroup's 32 keys, P and dS of both through shared memory, then each
+//     warpgroup's dV, dK and dQ over its 128 head-dim columns (all operands in shared memory).
 // dK and dV stay in registers until the block's last tile. Deterministic mode (a.dq_semaphore): the
 // additions into each query tile's dQ come in a fixed order, from the last key block that sees the
 // tile to the first, each block waiting for the later ones' additions to complete (a counter per
 // (batch, head, query tile)). Later key blocks reach a query tile sooner (causal and windows walk
 // query tiles from their diagonal on) and are launched first, so blocks rarely wait and never wait
-// for one not yet launched. The prep kernel (delta, lse2, the
-// workspace zeroed; attention_bwd_kernel.cuh) runs before, attention_bwd_hopper_dq_kernel
-// (workspace -> dQ) after. Head dims 64 (query tiles of 128) and 128 (of 64). Without sm_90a
-// device code the kernel traps; the launcher's rule asks attention_hopper_status() first.
+// for one not yet launched. The prep kernel (delta, lse2, the workspace zeroed;
+// attention_bwd_kernel.cuh) runs before, attention_bwd_hopper_dq_kernel (workspace -> dQ) after.
+// Query tiles: 128 at head dim 64, 64 at 128 and 256. Without sm_90a device code the kernel traps;
+// the launcher's rule asks attention_hopper_status() first.
 #pragma once
 
 #include <cuda.h>
 
 #include <algorithm>
+#include <type_traits>
 
 #include "attention/cuda/attention_hopper_common.cuh"
 #include "attention/cuda/attention_mma_common.cuh"
@@ -41,12 +46,19 @@
 namespace opforge {
 namespace attention_cuda {
 
-template <int kD_, int kBlockM_, int kStages_, int kProducerRegs_ = 24, int kConsumerRegs_ = 240>
+template <int kD_, int kBlockM_, int kBlockN_, int kStages_, int kProducerRegs_ = 24, int kConsumerRegs_ = 240>
 struct HopperBwdTraits {
-  static constexpr int kD = kD_, kBlockN = 128, kBlockM = kBlockM_, kStages = kStages_;
+  static constexpr int kD = kD_, kBlockN = kBlockN_, kBlockM = kBlockM_, kStages = kStages_;
   static constexpr int kThreads = 384;  // producer warpgroup + 2 consumer warpgroups
-  // Registers a thread after setmaxnreg. (At 224 ptxas serialises the consumers' wgmmas; 40 / 232
-  // halves the producer's spills and adds 16 spill instructions to the consumers': not yet timed.)
+  // How the two consumer warpgroups share a tile. Keys (kBlockN 128, head dims 64 and 128): each
+  // owns 64 of the block's keys and all of the head dim (S^T, dP^T with keys as rows). Head dim
+  // (kBlockN 64, head dim 256, FlashAttention-4's SM90 layout): both work on all 64 keys, each owns
+  // half the head dim of dK, dV and dQ (128 columns: 64 accumulator registers each), and S, dP
+  // (queries as rows) are split by keys, 32 a warpgroup, P and dS exchanged through shared memory.
+  static constexpr bool kSplitHeadDim = kBlockN == 64;
+  static_assert(kBlockN == (kSplitHeadDim ? 64 : 128) && (!kSplitHeadDim || kBlockM == 64), "tile layout");
+  // Registers a thread after setmaxnreg (at 224 ptxas serialises the consumers' wgmmas; 40 / 232
+  // measured slower at head dim 128: fwd+bwd 2.41 ms against 2.30).
   static constexpr int kProducerRegs = kProducerRegs_, kConsumerRegs = kConsumerRegs_;
   static_assert(kProducerRegs + 2 * kConsumerRegs <= 3 * (65536 / kThreads / 8 * 8), "register split");
   static constexpr int kPanels = kD / 64;
@@ -55,28 +67,32 @@ struct HopperBwdTraits {
   // A stage: Q, dO, then lse2 and delta (kBlockM floats each) and the tile's BwdTileInfo (16 bytes),
   // padded to the swizzle atom.
   static constexpr int kStageBytes = (2 * kQBytes + 2 * kBlockM * 4 + 16 + 1023) / 1024 * 1024;
-  // dS^T: kBlockN key rows of kBlockM queries in 64-query panels; two buffers, so that one
-  // warpgroup may write the next tile's while the other still reads this one's.
+  // dS^T (keys layout): kBlockN key rows of kBlockM queries in 64-query panels; dS and P (head-dim
+  // layout): 64 query rows of 64 keys each. Two buffers, so that one warpgroup may write the next
+  // tile's while the other still reads this one's.
   static constexpr int kDSPanelBytes = kBlockN * 128, kDSBytes = (kBlockM / 64) * kDSPanelBytes;
-  // A tile's dQ (kBlockM x kD) in two 64 x 64 parts, one per consumer warpgroup: split along the
-  // head dim (kBlockM 64) or along the queries (kBlockM 128).
-  static_assert(kBlockM * kD == 2 * 64 * 64, "two 64 x 64 dQ parts a tile");
+  static constexpr int kPBytes = kSplitHeadDim ? kDSBytes : 0;
+  // A tile's dQ (kBlockM x kD) in two parts of 64 rows x kDQPartCols, one per consumer warpgroup:
+  // split along the head dim (kBlockM 64) or along the queries (kBlockM 128).
+  static constexpr int kDQPartCols = kBlockM * kD / 128;
+  static_assert(kDQPartCols == 64 || kDQPartCols == 128, "two dQ parts a tile, 64 rows each");
   static constexpr bool kDQSplitD = kBlockM == 64;
-  static constexpr int kDQPartFloats = 64 * 64, kDQPartBytes = kDQPartFloats * 4;
-  static constexpr int kSmemBytes =
-      1024 + 2 * kKBytes + kStages * kStageBytes + 2 * kDSBytes + 2 * kDQPartBytes + 2 * 16 + (1 + 2 * kStages) * 8;
+  static constexpr int kDQPartFloats = 64 * kDQPartCols, kDQPartBytes = kDQPartFloats * 4;
+  static constexpr int kSmemBytes = 1024 + 2 * kKBytes + kStages * kStageBytes + 2 * (kDSBytes + kPBytes) +
+                                    2 * kDQPartBytes + 2 * 16 + (1 + 2 * kStages) * 8;
   static_assert(kSmemBytes <= 227 * 1024, "shared memory");
 };
-using HopperBwdTraitsD64 = HopperBwdTraits<64, 128, 2>;
-using HopperBwdTraitsD128 = HopperBwdTraits<128, 64, 2>;
+using HopperBwdTraitsD64 = HopperBwdTraits<64, 128, 128, 2>;
+using HopperBwdTraitsD128 = HopperBwdTraits<128, 64, 128, 2>;
+using HopperBwdTraitsD256 = HopperBwdTraits<256, 64, 64, 1>;
 
 // Named barriers (0 is __syncthreads's; 1 and 2 are the epilogue's, store_accumulator_rows).
-constexpr int kBwdBarDS = 3;       // both consumer warpgroups' dS^T rows are in shared memory
+constexpr int kBwdBarDS = 3;       // both consumer warpgroups' dS^T (head-dim layout: P and dS) are in shared memory
 constexpr int kBwdBarDQFull = 4;   // + c: warpgroup c's dQ part is in shared memory
 constexpr int kBwdBarDQEmpty = 6;  // + c: warp 1 has read it (the buffer is free)
 
 // The float32 workspace of dQ: (B, Hq, lse2_ld, kD) values, a query tile's kBlockM x kD as two
-// parts of 64 x 64 in the wgmma accumulator's register order (float4 n * 128 + t holds thread t's
+// parts of 64 x kDQPartCols in the wgmma accumulator's register order (float4 n * 128 + t holds thread t's
 // fragment n: rows 16 (t / 32) + (t % 32) / 4 and + 8, columns 8 n + 2 (t % 4) and + 1), so that
 // both the consumers' shared-memory writes and the post kernel's reads are whole 16-byte vectors.
 template <typename Tr>
@@ -146,7 +162,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   unsigned char* const sV = smem + Tr::kKBytes;
   unsigned char* const sStages = sV + Tr::kKBytes;
   unsigned char* const sDS = sStages + kStages * Tr::kStageBytes;
-  unsigned char* const sDQ = sDS + 2 * Tr::kDSBytes;
+  unsigned char* const sP = sDS + 2 * Tr::kDSBytes;  // (the head-dim layout's P; none in the keys layout)
+  unsigned char* const sDQ = sP + 2 * Tr::kPBytes;
   BwdTileInfo* const dq_info = reinterpret_cast<BwdTileInfo*>(sDQ + 2 * Tr::kDQPartBytes);  // one per part
   uint64_t* bars = reinterpret_cast<uint64_t*>(dq_info + 2);
   uint64_t* const bar_kv = bars;
@@ -282,164 +299,345 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   // (half through a shuffle: the compiler then knows it is warp-uniform and keeps what derives from
   // it, the descriptors, in uniform registers)
   const int half = __shfl_sync(0xffffffffu, wg, 0) - 1, g = lane / 4, t4 = lane % 4;
-  const int64_t key0 = j0 + half * 64 + warp * 16;  // this warp's first key
-  // This warpgroup's part of a tile's dQ: query rows 64 mrow.., head-dim columns 64 ncol...
-  const int mrow = Tr::kDQSplitD ? 0 : half, ncol = Tr::kDQSplitD ? half : 0;
-  float dk[kDT][4], dv[kDT][4];
+  if constexpr (Tr::kSplitHeadDim) {
+    // Head-dim layout: S = Q K^T and dP = dO V^T over this warpgroup's 32 keys (queries as rows),
+    // P and dS (bf16, 64 queries x 64 keys, both warpgroups' halves) through shared memory, then
+    // dV += P^T dO, dK += dS^T Q and dQ = dS K over this warpgroup's 128 head-dim columns.
+    constexpr int kCols = kD / 2, kCT = kCols / 8;  // this warpgroup's head-dim columns
+    const int64_t row0 = warp * 16;                   // this warp's first query row in a tile
+    float dk[kCT][4], dv[kCT][4];
 #pragma unroll
-  for (int n = 0; n < kDT; ++n) {
+    for (int n = 0; n < kCT; ++n) {
 #pragma unroll
-    for (int e = 0; e < 4; ++e) dk[n][e] = dv[n][e] = 0.f;
-  }
-  cuda::mbar_wait(smem_addr(bar_kv), 0);
-  const uint64_t k_desc = cuda::smem_desc_k_major(sK + half * 64 * 128);  // this warpgroup's key rows
-  const uint64_t v_desc = cuda::smem_desc_k_major(sV + half * 64 * 128);
-  const uint64_t k_mn_desc = cuda::smem_desc_mn_major(sK + ncol * Tr::kKPanelBytes, Tr::kKPanelBytes);
-  for (State rd;; rd.advance()) {
-    const unsigned char* sQ = sStages + rd.index * Tr::kStageBytes;
-    const unsigned char* sdO = sQ + Tr::kQBytes;
-    const float* lse2s = reinterpret_cast<const float*>(sQ + 2 * Tr::kQBytes);
-    const float* deltas = lse2s + kBM;
-    unsigned char* const ds = sDS + (rd.count & 1) * Tr::kDSBytes;
-    pipe.consumer_wait(rd);
-    const int4 info = *reinterpret_cast<const int4*>(sQ + kInfoOffset);
-    const int tile = info.x;
-    if (tile < 0) break;
-    const int64_t h = info.y;
-    const TileClass tc = tile_class_from_bits(info.z);
-    // The products' shared-memory descriptors, each GEMM's steps an offset from one base.
-    const uint64_t q_desc = cuda::smem_desc_k_major(sQ), do_desc = cuda::smem_desc_k_major(sdO);
-    const uint64_t q_mn_desc = cuda::smem_desc_mn_major(sQ, Tr::kQPanelBytes);
-    const uint64_t do_mn_desc = cuda::smem_desc_mn_major(sdO, Tr::kQPanelBytes);
-    const uint64_t ds_desc = cuda::smem_desc_mn_major(ds + mrow * Tr::kDSPanelBytes, Tr::kDSPanelBytes);
-    float st[kMT][4], dpt[kMT][4];
-    cuda::wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < kD / 16; ++kk) {
-      const int pn = kk / 4, off = (kk % 4) * 32;
-      cuda::Wgmma<T, kBM>::template mma<0>(&st[0][0], cuda::desc_advance(k_desc, pn * Tr::kKPanelBytes + off),
-                                           cuda::desc_advance(q_desc, pn * Tr::kQPanelBytes + off), kk > 0);
+      for (int e = 0; e < 4; ++e) dk[n][e] = dv[n][e] = 0.f;
     }
-    cuda::wgmma_commit();
+    cuda::mbar_wait(smem_addr(bar_kv), 0);
+    const uint64_t k_desc = cuda::smem_desc_k_major(sK + half * 32 * 128);  // this warpgroup's 32 keys
+    const uint64_t v_desc = cuda::smem_desc_k_major(sV + half * 32 * 128);
+    // K as dQ's B (keys deep, this warpgroup's columns wide: two 64-column panels).
+    const uint64_t k_mn_desc = cuda::smem_desc_mn_major(sK + 2 * half * Tr::kKPanelBytes, Tr::kKPanelBytes);
+    for (State rd;; rd.advance()) {
+      const unsigned char* sQ = sStages + rd.index * Tr::kStageBytes;
+      const unsigned char* sdO = sQ + Tr::kQBytes;
+      const float* lse2s = reinterpret_cast<const float*>(sQ + 2 * Tr::kQBytes);
+      const float* deltas = lse2s + kBM;
+      unsigned char* const ps = sP + (rd.count & 1) * Tr::kPBytes;
+      unsigned char* const ds = sDS + (rd.count & 1) * Tr::kDSBytes;
+      pipe.consumer_wait(rd);
+      const int4 info = *reinterpret_cast<const int4*>(sQ + kInfoOffset);
+      const int tile = info.x;
+      if (tile < 0) break;
+      const int64_t h = info.y;
+      const TileClass tc = tile_class_from_bits(info.z);
+      const uint64_t q_desc = cuda::smem_desc_k_major(sQ), do_desc = cuda::smem_desc_k_major(sdO);
+      float sc[4][4], dp[4][4];  // 16 queries x 32 keys a warp
+      cuda::wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < kD / 16; ++kk) {
-      const int pn = kk / 4, off = (kk % 4) * 32;
-      cuda::Wgmma<T, kBM>::template mma<0>(&dpt[0][0], cuda::desc_advance(v_desc, pn * Tr::kKPanelBytes + off),
-                                           cuda::desc_advance(do_desc, pn * Tr::kQPanelBytes + off), kk > 0);
-    }
-    cuda::wgmma_commit();
-    cuda::wgmma_wait<1>();  // S^T (dP^T still running)
-    cuda::fence_operands(st);
-    // P^T, then (dP^T done) dS^T without the softmax scale (dK's epilogue and the dQ conversion
-    // apply it, as FA3 does: one multiply a key row or a dQ element instead of one a score). The
-    // softcap's forms are separate code: a runtime test inside the element loops is if-converted,
-    // and the plain path would pay the softcap's log2 and selects on every element.
-    // (The softcap's forms are separate instantiations, the masking shared.)
-    const bool cap = a.cap_log2 != 0.f;
-    if (cap) {
-      bwd_logits<true>(st, lse2s, a, t4);
-    } else {
-      bwd_logits<false>(st, lse2s, a, t4);
-    }
-    if (tc.kind == BlockKind::kPartial) mask_tile<true, kBM>(st, pat, tc, b, h, key0, int64_t{tile} * kBM, lane);
-#pragma unroll
-    for (int n = 0; n < kMT; ++n) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) st[n][e] = cuda::fast_exp2(st[n][e]);
-    }
-    cuda::wgmma_wait<0>();
-    cuda::fence_operands(dpt);
-    if (cap) {
-      bwd_score_grads<true>(st, dpt, lse2s, deltas, a, t4);
-    } else {
-      bwd_score_grads<false>(st, dpt, lse2s, deltas, a, t4);
-    }
-    uint32_t ap[kBM / 16][4], ads[kBM / 16][4];
-#pragma unroll
-    for (int kk = 0; kk < kBM / 16; ++kk) {
-      acc_to_a<T>(ap[kk], st, kk);
-      acc_to_a<T>(ads[kk], dpt, kk);
-    }
-    // dS^T rows (this warpgroup's 64 keys) into shared memory: A fragment word i of ads[kk] holds
-    // row g + 8 (i % 2), columns 8 (2 kk + i / 2) + 2 t4 and + 1.
-#pragma unroll
-    for (int kk = 0; kk < kBM / 16; ++kk) {
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int row = half * 64 + warp * 16 + g + 8 * (i % 2), n = 2 * kk + i / 2;
-        cuda::st_shared_u32(
-            smem_addr(ds + (n / 8) * Tr::kDSPanelBytes + row * 128 + cuda::swizzle128_chunk(row, n % 8) * 16 + t4 * 4),
-            ads[kk][i]);
+      for (int kk = 0; kk < kD / 16; ++kk) {
+        const int pn = kk / 4, off = (kk % 4) * 32;
+        cuda::Wgmma<T, 32>::template mma<0>(&sc[0][0], cuda::desc_advance(q_desc, pn * Tr::kQPanelBytes + off),
+                                            cuda::desc_advance(k_desc, pn * Tr::kKPanelBytes + off), kk > 0);
       }
-    }
-    cuda::fence_operands(dv);
-    cuda::wgmma_fence();
+      cuda::wgmma_commit();
 #pragma unroll
-    for (int kk = 0; kk < kBM / 16; ++kk) {  // 16 queries = 16 rows of 128 bytes of dO
-      cuda::WgmmaRS<T, kD>::template mma<1>(&dv[0][0], ap[kk],
-                                            cuda::desc_advance(do_mn_desc, kk * 2048), 1);
+      for (int kk = 0; kk < kD / 16; ++kk) {
+        const int pn = kk / 4, off = (kk % 4) * 32;
+        cuda::Wgmma<T, 32>::template mma<0>(&dp[0][0], cuda::desc_advance(do_desc, pn * Tr::kQPanelBytes + off),
+                                            cuda::desc_advance(v_desc, pn * Tr::kKPanelBytes + off), kk > 0);
+      }
+      cuda::wgmma_commit();
+      // The thread's two query rows' lse2 and delta.
+      const float2 l2 = make_float2(lse2s[row0 + g], lse2s[row0 + g + 8]);
+      const float2 dl = make_float2(deltas[row0 + g], deltas[row0 + g + 8]);
+      cuda::wgmma_wait<1>();  // S (dP still running)
+      cuda::fence_operands(sc);
+      // Exponents (element e of fragment n: row g + 8 (e / 2)), masked, then P.
+      // (The softcap's forms as separate code, as in the keys layout.)
+      const auto logits = [&](auto cap_tag) {
+        constexpr bool kCap = decltype(cap_tag)::value;
+#pragma unroll
+        for (int n = 0; n < 4; ++n) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const float le = e < 2 ? l2.x : l2.y;
+            sc[n][e] = kCap ? a.cap_log2 * cuda::fast_tanh(sc[n][e] * a.cap_inv_scale) - le
+                            : fmaf(sc[n][e], a.scale_log2, -le);
+          }
+        }
+      };
+      const auto score_grads = [&](auto cap_tag) {
+        constexpr bool kCap = decltype(cap_tag)::value;
+#pragma unroll
+        for (int n = 0; n < 4; ++n) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            float d = sc[n][e] * (dp[n][e] - (e < 2 ? dl.x : dl.y));
+            if (kCap) {
+              const float th = (cuda::fast_log2(sc[n][e]) + (e < 2 ? l2.x : l2.y)) * a.inv_cap_log2;
+              d = sc[n][e] > 0.f ? d * (1.f - th * th) : 0.f;
+            }
+            dp[n][e] = d;
+          }
+        }
+      };
+      const bool cap = a.cap_log2 != 0.f;
+      if (cap) {
+        logits(std::true_type{});
+      } else {
+        logits(std::false_type{});
+      }
+      uint32_t vis[2] = {~0u, ~0u};  // (every tile masked through its set, as in the keys layout)
+      if (tc.kind == BlockKind::kPartial) {
+        mask_tile_bits<false, 32>(vis, pat, tc, b, h, int64_t{tile} * kBM + row0, j0 + half * 32, lane);
+      }
+      apply_visibility(sc, vis);
+#pragma unroll
+      for (int n = 0; n < 4; ++n) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) sc[n][e] = cuda::fast_exp2(sc[n][e]);
+      }
+      cuda::wgmma_wait<0>();
+      cuda::fence_operands(dp);
+      if (cap) {
+        score_grads(std::true_type{});
+      } else {
+        score_grads(std::false_type{});
+      }
+      // P and dS into shared memory: row r (query) = row0 + g + 8 (e / 2), key column
+      // 32 half + 8 n + 2 t4 (+ 1), 128-byte rows in the swizzle.
+#pragma unroll
+      for (int n = 0; n < 4; ++n) {
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const int row = static_cast<int>(row0) + g + 8 * r;
+          const uint32_t off = row * 128 + cuda::swizzle128_chunk(row, 4 * half + n) * 16 + t4 * 4;
+          cuda::st_shared_u32(smem_addr(ps + off), cuda::pack2<T>(sc[n][2 * r], sc[n][2 * r + 1]));
+          cuda::st_shared_u32(smem_addr(ds + off), cuda::pack2<T>(dp[n][2 * r], dp[n][2 * r + 1]));
+        }
+      }
+      cuda::fence_proxy_async_shared();  // the stores, before wgmma reads them
+      cuda::named_barrier_sync<256>(kBwdBarDS);
+      float dq[kCT][4];
+      cuda::wgmma_fence();
+      const uint64_t ds_desc = cuda::smem_desc_k_major(ds);  // dS: query rows, keys deep
+#pragma unroll
+      for (int kk = 0; kk < kBN / 16; ++kk) {  // 16 keys = 32 bytes along dS's rows, 16 rows of K
+        cuda::Wgmma<T, kCols>::template mma<1, 0>(&dq[0][0], cuda::desc_advance(ds_desc, kk * 32),
+                                                  cuda::desc_advance(k_mn_desc, kk * 2048), kk > 0);
+      }
+      cuda::wgmma_commit();
+      cuda::fence_operands(dv);
+      // P^T and dS^T as A read MN-major (rows of P: 64 keys wide, 16 queries a step).
+      const uint64_t p_mn_desc = cuda::smem_desc_mn_major(ps, Tr::kPBytes);
+      const uint64_t ds_mn_desc = cuda::smem_desc_mn_major(ds, Tr::kDSBytes);
+      const uint64_t do_mn_desc = cuda::smem_desc_mn_major(sdO + 2 * half * Tr::kQPanelBytes, Tr::kQPanelBytes);
+      const uint64_t q_mn_desc = cuda::smem_desc_mn_major(sQ + 2 * half * Tr::kQPanelBytes, Tr::kQPanelBytes);
+#pragma unroll
+      for (int kk = 0; kk < kBM / 16; ++kk) {
+        cuda::Wgmma<T, kCols>::template mma<1, 1>(&dv[0][0], cuda::desc_advance(p_mn_desc, kk * 2048),
+                                                  cuda::desc_advance(do_mn_desc, kk * 2048), 1);
+      }
+      cuda::wgmma_commit();
+      cuda::fence_operands(dk);
+#pragma unroll
+      for (int kk = 0; kk < kBM / 16; ++kk) {
+        cuda::Wgmma<T, kCols>::template mma<1, 1>(&dk[0][0], cuda::desc_advance(ds_mn_desc, kk * 2048),
+                                                  cuda::desc_advance(q_mn_desc, kk * 2048), 1);
+      }
+      cuda::wgmma_commit();
+      cuda::wgmma_wait<2>();  // dQ (dV and dK still running)
+      cuda::fence_operands(dq);
+      cuda::named_barrier_sync<160>(kBwdBarDQEmpty + half);
+      float4* const dq_part = reinterpret_cast<float4*>(sDQ + half * Tr::kDQPartBytes);
+#pragma unroll
+      for (int n = 0; n < kCT; ++n) dq_part[n * 128 + t] = make_float4(dq[n][0], dq[n][1], dq[n][2], dq[n][3]);
+      if (t == 0) dq_info[half] = BwdTileInfo{tile, static_cast<int>(h), 0, 0};
+      cuda::fence_proxy_async_shared();  // before the bulk reduction reads them
+      cuda::named_barrier_arrive<160>(kBwdBarDQFull + half);
+      cuda::wgmma_wait<0>();
+      cuda::fence_operands(dv);
+      cuda::fence_operands(dk);
+      if (t == 0) pipe.consumer_release(rd);
     }
-    cuda::wgmma_commit();
-    cuda::fence_proxy_async_shared();  // the dS^T stores, before wgmma reads them
+    // Both warpgroups' last dQ products read every row of K: only then may the epilogue stage dK over it.
     cuda::named_barrier_sync<256>(kBwdBarDS);
-    float dq[8][4];
-    cuda::wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < kBN / 16; ++kk) {  // 16 keys = 16 rows of 128 bytes of dS^T and K
-      cuda::Wgmma<T, 64>::template mma<1, 1>(
-          &dq[0][0], cuda::desc_advance(ds_desc, kk * 2048), cuda::desc_advance(k_mn_desc, kk * 2048), kk > 0);
-    }
-    cuda::wgmma_commit();
-    cuda::fence_operands(dk);
-    cuda::wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < kBM / 16; ++kk) {  // 16 queries = 16 rows of 128 bytes of Q
-      cuda::WgmmaRS<T, kD>::template mma<1>(&dk[0][0], ads[kk],
-                                            cuda::desc_advance(q_mn_desc, kk * 2048), 1);
-    }
-    cuda::wgmma_commit();
-    cuda::wgmma_wait<1>();  // dV and dQ (dK still running)
-    cuda::fence_operands(dq);
-    cuda::named_barrier_sync<160>(kBwdBarDQEmpty + half);
-    float4* const dq_part = reinterpret_cast<float4*>(sDQ + half * Tr::kDQPartBytes);
-#pragma unroll
-    for (int n = 0; n < 8; ++n) dq_part[n * 128 + t] = make_float4(dq[n][0], dq[n][1], dq[n][2], dq[n][3]);
-    if (t == 0) dq_info[half] = BwdTileInfo{tile, static_cast<int>(h), 0, 0};
-    cuda::fence_proxy_async_shared();  // before the bulk reduction reads them
+    cuda::named_barrier_sync<160>(kBwdBarDQEmpty + half);  // the end, for warp 1
+    if (t == 0) dq_info[half] = BwdTileInfo{-1, 0, 0, 0};
     cuda::named_barrier_arrive<160>(kBwdBarDQFull + half);
-    cuda::wgmma_wait<0>();
-    cuda::fence_operands(dv);
-    cuda::fence_operands(dk);
-    if (t == 0) pipe.consumer_release(rd);
-  }
-  // Both warpgroups' last dQ products read every row of K: only then may the epilogue stage dK over
-  // it (the other warpgroup's rows included).
-  cuda::named_barrier_sync<256>(kBwdBarDS);
-  // The end, for warp 1 (after its last read of this warpgroup's buffer).
-  cuda::named_barrier_sync<160>(kBwdBarDQEmpty + half);
-  if (t == 0) dq_info[half] = BwdTileInfo{-1, 0, 0, 0};
-  cuda::named_barrier_arrive<160>(kBwdBarDQFull + half);
+    // dK and dV: the block's 64 keys, this warpgroup's columns, through its own two panels of the K
+    // and V tiles.
+    const float one[2] = {1.f, 1.f}, scale[2] = {a.scale, a.scale};  // (dS was left unscaled)
+    store_accumulator_rows<kCols, T>(dk, scale, sK + 2 * half * Tr::kKPanelBytes, Tr::kKPanelBytes,
+                                     static_cast<T*>(a.g.dk) + a.g.dk_at(b, hk) + half * kCols, a.g.dk_ss, j0,
+                                     pat.sk, t, 1 + half);
+    store_accumulator_rows<kCols, T>(dv, one, sV + 2 * half * Tr::kKPanelBytes, Tr::kKPanelBytes,
+                                     static_cast<T*>(a.g.dv) + a.g.dv_at(b, hk) + half * kCols, a.g.dv_ss, j0,
+                                     pat.sk, t, 1 + half);
+  } else {
+    const int64_t key0 = j0 + half * 64 + warp * 16;  // this warp's first key
+    // This warpgroup's part of a tile's dQ: query rows 64 mrow.., head-dim columns 64 ncol...
+    const int mrow = Tr::kDQSplitD ? 0 : half, ncol = Tr::kDQSplitD ? half : 0;
+    float dk[kDT][4], dv[kDT][4];
+  #pragma unroll
+    for (int n = 0; n < kDT; ++n) {
+  #pragma unroll
+      for (int e = 0; e < 4; ++e) dk[n][e] = dv[n][e] = 0.f;
+    }
+    cuda::mbar_wait(smem_addr(bar_kv), 0);
+    const uint64_t k_desc = cuda::smem_desc_k_major(sK + half * 64 * 128);  // this warpgroup's key rows
+    const uint64_t v_desc = cuda::smem_desc_k_major(sV + half * 64 * 128);
+    const uint64_t k_mn_desc = cuda::smem_desc_mn_major(sK + ncol * Tr::kKPanelBytes, Tr::kKPanelBytes);
+    for (State rd;; rd.advance()) {
+      const unsigned char* sQ = sStages + rd.index * Tr::kStageBytes;
+      const unsigned char* sdO = sQ + Tr::kQBytes;
+      const float* lse2s = reinterpret_cast<const float*>(sQ + 2 * Tr::kQBytes);
+      const float* deltas = lse2s + kBM;
+      unsigned char* const ds = sDS + (rd.count & 1) * Tr::kDSBytes;
+      pipe.consumer_wait(rd);
+      const int4 info = *reinterpret_cast<const int4*>(sQ + kInfoOffset);
+      const int tile = info.x;
+      if (tile < 0) break;
+      const int64_t h = info.y;
+      const TileClass tc = tile_class_from_bits(info.z);
+      // The products' shared-memory descriptors, each GEMM's steps an offset from one base.
+      const uint64_t q_desc = cuda::smem_desc_k_major(sQ), do_desc = cuda::smem_desc_k_major(sdO);
+      const uint64_t q_mn_desc = cuda::smem_desc_mn_major(sQ, Tr::kQPanelBytes);
+      const uint64_t do_mn_desc = cuda::smem_desc_mn_major(sdO, Tr::kQPanelBytes);
+      const uint64_t ds_desc = cuda::smem_desc_mn_major(ds + mrow * Tr::kDSPanelBytes, Tr::kDSPanelBytes);
+      float st[kMT][4], dpt[kMT][4];
+      cuda::wgmma_fence();
+  #pragma unroll
+      for (int kk = 0; kk < kD / 16; ++kk) {
+        const int pn = kk / 4, off = (kk % 4) * 32;
+        cuda::Wgmma<T, kBM>::template mma<0>(&st[0][0], cuda::desc_advance(k_desc, pn * Tr::kKPanelBytes + off),
+                                             cuda::desc_advance(q_desc, pn * Tr::kQPanelBytes + off), kk > 0);
+      }
+      cuda::wgmma_commit();
+  #pragma unroll
+      for (int kk = 0; kk < kD / 16; ++kk) {
+        const int pn = kk / 4, off = (kk % 4) * 32;
+        cuda::Wgmma<T, kBM>::template mma<0>(&dpt[0][0], cuda::desc_advance(v_desc, pn * Tr::kKPanelBytes + off),
+                                             cuda::desc_advance(do_desc, pn * Tr::kQPanelBytes + off), kk > 0);
+      }
+      cuda::wgmma_commit();
+      cuda::wgmma_wait<1>();  // S^T (dP^T still running)
+      cuda::fence_operands(st);
+      // P^T, then (dP^T done) dS^T without the softmax scale (dK's epilogue and the dQ conversion
+      // apply it, as FA3 does: one multiply a key row or a dQ element instead of one a score). The
+      // softcap's forms are separate code: a runtime test inside the element loops is if-converted,
+      // and the plain path would pay the softcap's log2 and selects on every element.
+      // (The softcap's forms are separate instantiations, the masking shared.)
+      const bool cap = a.cap_log2 != 0.f;
+      if (cap) {
+        bwd_logits<true>(st, lse2s, a, t4);
+      } else {
+        bwd_logits<false>(st, lse2s, a, t4);
+      }
+      // (Masked on every tile, all bits set on full ones: one path through the scores, so that the
+      // register allocation need not reconcile two.)
+      uint32_t vis[2] = {~0u, ~0u};
+      if (tc.kind == BlockKind::kPartial) mask_tile_bits<true, kBM>(vis, pat, tc, b, h, key0, int64_t{tile} * kBM, lane);
+      apply_visibility(st, vis);
+  #pragma unroll
+      for (int n = 0; n < kMT; ++n) {
+  #pragma unroll
+        for (int e = 0; e < 4; ++e) st[n][e] = cuda::fast_exp2(st[n][e]);
+      }
+      cuda::wgmma_wait<0>();
+      cuda::fence_operands(dpt);
+      if (cap) {
+        bwd_score_grads<true>(st, dpt, lse2s, deltas, a, t4);
+      } else {
+        bwd_score_grads<false>(st, dpt, lse2s, deltas, a, t4);
+      }
+      uint32_t ap[kBM / 16][4], ads[kBM / 16][4];
+  #pragma unroll
+      for (int kk = 0; kk < kBM / 16; ++kk) {
+        acc_to_a<T>(ap[kk], st, kk);
+        acc_to_a<T>(ads[kk], dpt, kk);
+      }
+      // dS^T rows (this warpgroup's 64 keys) into shared memory: A fragment word i of ads[kk] holds
+      // row g + 8 (i % 2), columns 8 (2 kk + i / 2) + 2 t4 and + 1.
+  #pragma unroll
+      for (int kk = 0; kk < kBM / 16; ++kk) {
+  #pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int row = half * 64 + warp * 16 + g + 8 * (i % 2), n = 2 * kk + i / 2;
+          cuda::st_shared_u32(
+              smem_addr(ds + (n / 8) * Tr::kDSPanelBytes + row * 128 + cuda::swizzle128_chunk(row, n % 8) * 16 + t4 * 4),
+              ads[kk][i]);
+        }
+      }
+      cuda::fence_operands(dv);
+      cuda::wgmma_fence();
+  #pragma unroll
+      for (int kk = 0; kk < kBM / 16; ++kk) {  // 16 queries = 16 rows of 128 bytes of dO
+        cuda::WgmmaRS<T, kD>::template mma<1>(&dv[0][0], ap[kk],
+                                              cuda::desc_advance(do_mn_desc, kk * 2048), 1);
+      }
+      cuda::wgmma_commit();
+      cuda::fence_proxy_async_shared();  // the dS^T stores, before wgmma reads them
+      cuda::named_barrier_sync<256>(kBwdBarDS);
+      float dq[8][4];
+      cuda::wgmma_fence();
+  #pragma unroll
+      for (int kk = 0; kk < kBN / 16; ++kk) {  // 16 keys = 16 rows of 128 bytes of dS^T and K
+        cuda::Wgmma<T, 64>::template mma<1, 1>(
+            &dq[0][0], cuda::desc_advance(ds_desc, kk * 2048), cuda::desc_advance(k_mn_desc, kk * 2048), kk > 0);
+      }
+      cuda::wgmma_commit();
+      cuda::fence_operands(dk);
+      cuda::wgmma_fence();
+  #pragma unroll
+      for (int kk = 0; kk < kBM / 16; ++kk) {  // 16 queries = 16 rows of 128 bytes of Q
+        cuda::WgmmaRS<T, kD>::template mma<1>(&dk[0][0], ads[kk],
+                                              cuda::desc_advance(q_mn_desc, kk * 2048), 1);
+      }
+      cuda::wgmma_commit();
+      cuda::wgmma_wait<1>();  // dV and dQ (dK still running)
+      cuda::fence_operands(dq);
+      cuda::named_barrier_sync<160>(kBwdBarDQEmpty + half);
+      float4* const dq_part = reinterpret_cast<float4*>(sDQ + half * Tr::kDQPartBytes);
+  #pragma unroll
+      for (int n = 0; n < 8; ++n) dq_part[n * 128 + t] = make_float4(dq[n][0], dq[n][1], dq[n][2], dq[n][3]);
+      if (t == 0) dq_info[half] = BwdTileInfo{tile, static_cast<int>(h), 0, 0};
+      cuda::fence_proxy_async_shared();  // before the bulk reduction reads them
+      cuda::named_barrier_arrive<160>(kBwdBarDQFull + half);
+      cuda::wgmma_wait<0>();
+      cuda::fence_operands(dv);
+      cuda::fence_operands(dk);
+      if (t == 0) pipe.consumer_release(rd);
+    }
+    // Both warpgroups' last dQ products read every row of K: only then may the epilogue stage dK over
+    // it (the other warpgroup's rows included).
+    cuda::named_barrier_sync<256>(kBwdBarDS);
+    // The end, for warp 1 (after its last read of this warpgroup's buffer).
+    cuda::named_barrier_sync<160>(kBwdBarDQEmpty + half);
+    if (t == 0) dq_info[half] = BwdTileInfo{-1, 0, 0, 0};
+    cuda::named_barrier_arrive<160>(kBwdBarDQFull + half);
 
-  // dK and dV through this warpgroup's own rows of the K and V tiles (16-byte stores).
-  const float one[2] = {1.f, 1.f}, scale[2] = {a.scale, a.scale};  // (dS^T was left unscaled)
-  const int64_t first = j0 + half * 64;
-  store_accumulator_rows<kD, T>(dk, scale, sK + half * 64 * 128, Tr::kKPanelBytes,
-                                static_cast<T*>(a.g.dk) + a.g.dk_at(b, hk), a.g.dk_ss, first, pat.sk, t,
-                                1 + half);
-  store_accumulator_rows<kD, T>(dv, one, sV + half * 64 * 128, Tr::kKPanelBytes,
-                                static_cast<T*>(a.g.dv) + a.g.dv_at(b, hk), a.g.dv_ss, first, pat.sk, t,
-                                1 + half);
+    // dK and dV through this warpgroup's own rows of the K and V tiles (16-byte stores).
+    const float one[2] = {1.f, 1.f}, scale[2] = {a.scale, a.scale};  // (dS^T was left unscaled)
+    const int64_t first = j0 + half * 64;
+    store_accumulator_rows<kD, T>(dk, scale, sK + half * 64 * 128, Tr::kKPanelBytes,
+                                  static_cast<T*>(a.g.dk) + a.g.dk_at(b, hk), a.g.dk_ss, first, pat.sk, t,
+                                  1 + half);
+    store_accumulator_rows<kD, T>(dv, one, sV + half * 64 * 128, Tr::kKPanelBytes,
+                                  static_cast<T*>(a.g.dv) + a.g.dv_at(b, hk), a.g.dv_ss, first, pat.sk, t,
+                                  1 + half);
+  }
 #else
   __trap();
 #endif
 }
 
-// dQ from the workspace: one block of 128 threads per 64 x 64 part. Thread t reads its 8 float4s
-// (consecutive threads, consecutive vectors), the values go through shared memory as T (rows of 36
-// words: the threads of a warp write 32 different banks), and each row leaves as 16-byte stores.
+// dQ from the workspace, times the softmax scale: one block of 128 threads per 64-row part. Thread t
+// reads its kDQPartCols / 8 float4s (consecutive threads, consecutive vectors), the values go
+// through shared memory as T (rows of kDQPartCols / 2 + 4 words: the threads of a warp write 32
+// different banks), and each row leaves as 16-byte stores.
 template <typename Tr, typename T>
 __global__ void __launch_bounds__(128) attention_bwd_hopper_dq_kernel(const AttentionCudaArgs a) {
-  constexpr int kRowWords = 36;
+  constexpr int kCols = Tr::kDQPartCols, kRowWords = kCols / 2 + 4;
   __shared__ __align__(16) uint32_t rows[64 * kRowWords];
   const AttentionParams& p = a.g.fwd;
   const AttentionPattern& pat = p.pattern;
@@ -463,7 +661,7 @@ __global__ void __launch_bounds__(128) attention_bwd_hopper_dq_kernel(const Atte
       reinterpret_cast<const float4*>(a.dq_accum + dq_tile_offset<Tr>(a, b, h, tile) + c * Tr::kDQPartFloats);
   const int r0 = warp * 16 + g;
 #pragma unroll
-  for (int n = 0; n < 8; ++n) {
+  for (int n = 0; n < kCols / 8; ++n) {
     float4 v = src[n * 128 + t];  // (the sums of unscaled dS K: the softmax scale applied here)
     v.x *= a.scale, v.y *= a.scale, v.z *= a.scale, v.w *= a.scale;
     rows[r0 * kRowWords + 4 * n + t4] = cuda::pack2<T>(v.x, v.y);
@@ -471,11 +669,12 @@ __global__ void __launch_bounds__(128) attention_bwd_hopper_dq_kernel(const Atte
   }
   __syncthreads();
   const int64_t first = tile * Tr::kBlockM + (Tr::kDQSplitD ? 0 : c * 64);
-  const int col0 = Tr::kDQSplitD ? c * 64 : 0;
+  const int col0 = Tr::kDQSplitD ? c * kCols : 0;
   T* dq = static_cast<T*>(a.g.dq) + a.g.dq_at(b, h);
+  constexpr int kChunks = kCols / 8;  // 16-byte chunks a row
 #pragma unroll
-  for (int k = 0; k < 4; ++k) {
-    const int chunk = t + 128 * k, row = chunk / 8, part = chunk % 8;
+  for (int k = 0; k < 64 * kChunks / 128; ++k) {
+    const int chunk = t + 128 * k, row = chunk / kChunks, part = chunk % kChunks;
     if (first + row < sq) {
       *reinterpret_cast<uint4*>(dq + (first + row) * a.g.dq_ss + col0 + part * 8) =
           *reinterpret_cast<const uint4*>(&rows[row * kRowWords + part * 4]);

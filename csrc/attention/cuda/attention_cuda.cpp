@@ -37,10 +37,11 @@ int run_attention_fwd_cuda(const AttentionCudaArgs& a, int head_dim, AttentionKe
 int run_attention_bwd_cuda(const AttentionCudaArgs& a, int head_dim, AttentionKernel kernel, void* stream) {
   int err = run_attention_bwd_prep(a, stream);
   if (err != cudaSuccess) return err;
-  if (kernel == AttentionKernel::kHopper) {  // (the rule offers it at head dims 64 and 128)
+  if (kernel == AttentionKernel::kHopper) {
     switch (head_dim) {
       case 64: return run_attention_bwd_hopper_d64(a, stream);
       case 128: return run_attention_bwd_hopper_d128(a, stream);
+      case 256: return run_attention_bwd_hopper_d256(a, stream);
       default: return cudaErrorInvalidValue;
     }
   }
@@ -60,9 +61,7 @@ int run_attention_bwd_cuda(const AttentionCudaArgs& a, int head_dim, AttentionKe
 }
 
 const char* attention_hopper_missing(at::Device device, int64_t head_dim, bool backward) {
-  if (backward && attention_cuda_head_dim(head_dim) == 256) {
-    return "the Hopper backward covers head dims up to 128 (this call's is 129-256)";
-  }
+  (void)head_dim, (void)backward;  // (every head dim has both Hopper kernels)
   const c10::cuda::OptionalCUDAGuard guard(device.has_index() ? std::optional<at::Device>(device) : std::nullopt);
   const int err = attention_hopper_status();
   if (err == cudaErrorNoKernelImageForDevice) {

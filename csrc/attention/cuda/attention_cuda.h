@@ -125,9 +125,10 @@ int attention_hopper_status();
 int run_attention_fwd_hopper_d64(const AttentionCudaArgs& a, void* stream);
 int run_attention_fwd_hopper_d128(const AttentionCudaArgs& a, void* stream);
 int run_attention_fwd_hopper_d256(const AttentionCudaArgs& a, void* stream);
-// The Hopper backward (head dims 64 and 128; needs a.dq_accum), same return values.
+// The Hopper backward (needs a.dq_accum), same return values.
 int run_attention_bwd_hopper_d64(const AttentionCudaArgs& a, void* stream);
 int run_attention_bwd_hopper_d128(const AttentionCudaArgs& a, void* stream);
+int run_attention_bwd_hopper_d256(const AttentionCudaArgs& a, void* stream);
 int run_attention_fwd_d64(const AttentionCudaArgs& a, void* stream);
 int run_attention_fwd_d128(const AttentionCudaArgs& a, void* stream);
 int run_attention_fwd_d256(const AttentionCudaArgs& a, void* stream);

@@ -388,11 +388,13 @@ inline __device__ int clamp_col(int64_t x, int n) {
 // once: the code stays small (a kernel whose loop outgrows the instruction cache stalls on
 // fetches), and the rarely used parts are loops, not unrolled copies.
 // mask_rows (rows are queries): the block mask's bits of the thread's two rows, read ahead by
-// mask_rows_ahead (nullptr: read here).
+// mask_rows_ahead (nullptr: read here). mask_tile_bits only computes the two rows' sets (a kernel
+// may then apply them on every tile, all bits set on full ones, without two code paths through
+// the scores: apply_visibility).
 template <bool kKeysAsRows, int kCols>
-__device__ __forceinline__ void mask_tile(float (&x)[kCols / 8][4], const AttentionPattern& p, const TileClass& tc,
-                                          int64_t b, int64_t h, int64_t row0, int64_t col0, int lane,
-                                          const uint32_t* mask_rows = nullptr) {
+__device__ __forceinline__ void mask_tile_bits(uint32_t (&vis_rows)[2], const AttentionPattern& p, const TileClass& tc,
+                                               int64_t b, int64_t h, int64_t row0, int64_t col0, int lane,
+                                               const uint32_t* mask_rows = nullptr) {
   static_assert(kCols % 32 == 0 && kCols <= 128, "a row's columns in one 32-bit set");
   constexpr int kBits = kCols / 4;
   const int g = lane / 4, t = lane % 4;
@@ -403,8 +405,7 @@ __device__ __forceinline__ void mask_tile(float (&x)[kCols / 8][4], const Attent
     const int64_t row = row0 + g + 8 * r;
     // A row past the end sees nothing (the one-pass backward's dQ sums over every key row).
     if (row >= (kKeysAsRows ? p.sk : p.sq)) {
-#pragma unroll
-      for (int nt = 0; nt < kCols / 8; ++nt) x[nt][2 * r] = x[nt][2 * r + 1] = kNegInf;
+      vis_rows[r] = 0;
       continue;
     }
     // Columns [lo, hi] are in the band; columns below pc see the row by the prefix; cmax bounds them.
@@ -473,14 +474,30 @@ __device__ __forceinline__ void mask_tile(float (&x)[kCols / 8][4], const Attent
       }
       vis &= bits;
     }
+    vis_rows[r] = vis;
+  }
+}
+// Sets to -inf the elements whose bit in vis_rows is clear (bit 2 nt + e of row r: x[nt][2 r + e]).
+template <int kN>
+__device__ __forceinline__ void apply_visibility(float (&x)[kN][4], const uint32_t (&vis_rows)[2]) {
 #pragma unroll
-    for (int nt = 0; nt < kCols / 8; ++nt) {
+  for (int r = 0; r < 2; ++r) {
+#pragma unroll
+    for (int nt = 0; nt < kN; ++nt) {
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
-        if (!((vis >> (2 * nt + e)) & 1u)) x[nt][2 * r + e] = kNegInf;
+        if (!((vis_rows[r] >> (2 * nt + e)) & 1u)) x[nt][2 * r + e] = kNegInf;
       }
     }
   }
+}
+template <bool kKeysAsRows, int kCols>
+__device__ __forceinline__ void mask_tile(float (&x)[kCols / 8][4], const AttentionPattern& p, const TileClass& tc,
+                                          int64_t b, int64_t h, int64_t row0, int64_t col0, int lane,
+                                          const uint32_t* mask_rows = nullptr) {
+  uint32_t vis[2];
+  mask_tile_bits<kKeysAsRows, kCols>(vis, p, tc, b, h, row0, col0, lane, mask_rows);
+  apply_visibility(x, vis);
 }
 
 // Scores in the log2 domain: s * scale * log2(e), or with a softcap c: c log2(e) tanh(s scale / c)
