@@ -46,9 +46,16 @@
 namespace opforge {
 namespace attention_cuda {
 
-template <int kD_, int kBlockM_, int kBlockN_, int kStages_, int kProducerRegs_ = 24, int kConsumerRegs_ = 240>
+template <int kD_, int kBlockM_, int kBlockN_, int kStages_, bool kDQAtomic_ = false, int kProducerRegs_ = 24,
+          int kConsumerRegs_ = 240>
 struct HopperBwdTraits {
   static constexpr int kD = kD_, kBlockN = kBlockN_, kBlockM = kBlockM_, kStages = kStages_;
+  // How a tile's dQ reaches the float32 workspace: through shared memory and warp 1's bulk
+  // reduce-add (false), or straight from the consumers' registers by vector reductions (true,
+  // the head-dim layout's choice outside deterministic mode, as FA3's at head dim 256: the 64 KB
+  // of staging then hold a second Q / dO stage). The deterministic mode's ordered additions need
+  // the staged form.
+  static constexpr bool kDQAtomic = kDQAtomic_;
   static constexpr int kThreads = 384;  // producer warpgroup + 2 consumer warpgroups
   // How the two consumer warpgroups share a tile. Keys (kBlockN 128, head dims 64 and 128): each
   // owns 64 of the block's keys and all of the head dim (S^T, dP^T with keys as rows). Head dim
@@ -64,9 +71,9 @@ struct HopperBwdTraits {
   static constexpr int kPanels = kD / 64;
   static constexpr int kKPanelBytes = kBlockN * 128, kQPanelBytes = kBlockM * 128;
   static constexpr int kKBytes = kPanels * kKPanelBytes, kQBytes = kPanels * kQPanelBytes;
-  // A stage: Q, dO, then lse2 and delta (kBlockM floats each) and the tile's BwdTileInfo (16 bytes),
-  // padded to the swizzle atom.
-  static constexpr int kStageBytes = (2 * kQBytes + 2 * kBlockM * 4 + 16 + 1023) / 1024 * 1024;
+  // A stage: Q and dO (whole swizzle atoms), and apart from them its stats: lse2 and delta (kBlockM
+  // floats each) and the tile's BwdTileInfo (16 bytes).
+  static constexpr int kStageBytes = 2 * kQBytes, kStatsBytes = 2 * kBlockM * 4 + 16;
   // dS^T (keys layout): kBlockN key rows of kBlockM queries in 64-query panels; dS and P (head-dim
   // layout): 64 query rows of 64 keys each. Two buffers, so that one warpgroup may write the next
   // tile's while the other still reads this one's.
@@ -78,13 +85,15 @@ struct HopperBwdTraits {
   static_assert(kDQPartCols == 64 || kDQPartCols == 128, "two dQ parts a tile, 64 rows each");
   static constexpr bool kDQSplitD = kBlockM == 64;
   static constexpr int kDQPartFloats = 64 * kDQPartCols, kDQPartBytes = kDQPartFloats * 4;
-  static constexpr int kSmemBytes = 1024 + 2 * kKBytes + kStages * kStageBytes + 2 * (kDSBytes + kPBytes) +
-                                    2 * kDQPartBytes + 2 * 16 + (1 + 2 * kStages) * 8;
+  static constexpr int kDQStageBytes = kDQAtomic ? 0 : 2 * kDQPartBytes;
+  static constexpr int kSmemBytes = 1024 + 2 * kKBytes + kStages * (kStageBytes + kStatsBytes) +
+                                    2 * (kDSBytes + kPBytes) + kDQStageBytes + 2 * 16 + (1 + 2 * kStages) * 8;
   static_assert(kSmemBytes <= 227 * 1024, "shared memory");
 };
 using HopperBwdTraitsD64 = HopperBwdTraits<64, 128, 128, 2>;
 using HopperBwdTraitsD128 = HopperBwdTraits<128, 64, 128, 2>;
-using HopperBwdTraitsD256 = HopperBwdTraits<256, 64, 64, 1>;
+using HopperBwdTraitsD256 = HopperBwdTraits<256, 64, 64, 2, true>;
+using HopperBwdTraitsD256Deterministic = HopperBwdTraits<256, 64, 64, 1>;
 
 // Named barriers (0 is __syncthreads's; 1 and 2 are the epilogue's, store_accumulator_rows).
 constexpr int kBwdBarDS = 3;       // both consumer warpgroups' dS^T (head-dim layout: P and dS) are in shared memory
@@ -152,8 +161,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
 #ifdef OPFORGE_ATTENTION_BWD_WGMMA_DEVICE
   constexpr int kD = Tr::kD, kBN = Tr::kBlockN, kBM = Tr::kBlockM, kStages = Tr::kStages;
   constexpr int kMT = kBM / 8, kDT = kD / 8;
-  constexpr int kInfoOffset = 2 * Tr::kQBytes + 2 * kBM * 4;  // in a stage, after Q, dO, lse2, delta
-  static_assert(kInfoOffset + 16 <= Tr::kStageBytes, "the tile info fits the stage");
+  constexpr int kInfoOffset = 2 * kBM * 4;  // in a stage's stats, after lse2 and delta
   using cuda::smem_addr;
   using State = cuda::PipelineState<kStages>;
   extern __shared__ unsigned char smem_raw[];
@@ -164,7 +172,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   unsigned char* const sDS = sStages + kStages * Tr::kStageBytes;
   unsigned char* const sP = sDS + 2 * Tr::kDSBytes;  // (the head-dim layout's P; none in the keys layout)
   unsigned char* const sDQ = sP + 2 * Tr::kPBytes;
-  BwdTileInfo* const dq_info = reinterpret_cast<BwdTileInfo*>(sDQ + 2 * Tr::kDQPartBytes);  // one per part
+  unsigned char* const sStats = sDQ + Tr::kDQStageBytes;  // each stage's lse2, delta and tile info
+  BwdTileInfo* const dq_info = reinterpret_cast<BwdTileInfo*>(sStats + kStages * Tr::kStatsBytes);  // one per part
   uint64_t* bars = reinterpret_cast<uint64_t*>(dq_info + 2);
   uint64_t* const bar_kv = bars;
   const cuda::Pipeline<kStages> pipe{bars + 1, bars + 1 + kStages};
@@ -228,7 +237,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
           if (lane == 0) {
             pipe.producer_acquire(wr);
             unsigned char* const st = sStages + wr.index * Tr::kStageBytes;
-            *reinterpret_cast<int4*>(st + kInfoOffset) = make_int4(tile, h, tile_class_bits(tc), 0);
+            unsigned char* const stats = sStats + wr.index * Tr::kStatsBytes;
+            *reinterpret_cast<int4*>(stats + kInfoOffset) = make_int4(tile, h, tile_class_bits(tc), 0);
             const uint32_t bar = pipe.producer_commit(wr, 2 * Tr::kQBytes + 2 * kBM * 4);
 #pragma unroll
             for (int pn = 0; pn < Tr::kPanels; ++pn) {
@@ -237,18 +247,18 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
               cuda::tma_load_4d(smem_addr(st + Tr::kQBytes + pn * Tr::kQPanelBytes), &map_do, pn * 64,
                                 q_row0 + tile * kBM, h, tb, bar);
             }
-            cuda::bulk_load(smem_addr(st + 2 * Tr::kQBytes), lse2 + tile * kBM, kBM * 4, bar);
-            cuda::bulk_load(smem_addr(st + 2 * Tr::kQBytes + kBM * 4), delta + tile * kBM, kBM * 4, bar);
+            cuda::bulk_load(smem_addr(stats), lse2 + tile * kBM, kBM * 4, bar);
+            cuda::bulk_load(smem_addr(stats + kBM * 4), delta + tile * kBM, kBM * 4, bar);
           }
           __syncwarp();
         }
       }
       if (lane == 0) {  // the end: a stage with no tile (an arrival without bytes)
         pipe.producer_acquire(wr);
-        *reinterpret_cast<int4*>(sStages + wr.index * Tr::kStageBytes + kInfoOffset) = make_int4(-1, 0, 0, 0);
+        *reinterpret_cast<int4*>(sStats + wr.index * Tr::kStatsBytes + kInfoOffset) = make_int4(-1, 0, 0, 0);
         cuda::mbar_arrive(smem_addr(&pipe.full[wr.index]));
       }
-    } else if (warp == 1) {  // dQ: shared memory -> the workspace, one part a warpgroup, until the end
+    } else if (warp == 1 && !Tr::kDQAtomic) {  // dQ: shared memory -> the workspace, one part a warpgroup, until the end
 #pragma unroll
       for (int c = 0; c < 2; ++c) cuda::named_barrier_arrive<160>(kBwdBarDQEmpty + c);  // both buffers free
       for (;;) {
@@ -319,12 +329,13 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     for (State rd;; rd.advance()) {
       const unsigned char* sQ = sStages + rd.index * Tr::kStageBytes;
       const unsigned char* sdO = sQ + Tr::kQBytes;
-      const float* lse2s = reinterpret_cast<const float*>(sQ + 2 * Tr::kQBytes);
+      const unsigned char* stats = sStats + rd.index * Tr::kStatsBytes;
+      const float* lse2s = reinterpret_cast<const float*>(stats);
       const float* deltas = lse2s + kBM;
       unsigned char* const ps = sP + (rd.count & 1) * Tr::kPBytes;
       unsigned char* const ds = sDS + (rd.count & 1) * Tr::kDSBytes;
       pipe.consumer_wait(rd);
-      const int4 info = *reinterpret_cast<const int4*>(sQ + kInfoOffset);
+      const int4 info = *reinterpret_cast<const int4*>(stats + kInfoOffset);
       const int tile = info.x;
       if (tile < 0) break;
       const int64_t h = info.y;
@@ -447,13 +458,19 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       cuda::wgmma_commit();
       cuda::wgmma_wait<2>();  // dQ (dV and dK still running)
       cuda::fence_operands(dq);
-      cuda::named_barrier_sync<160>(kBwdBarDQEmpty + half);
-      float4* const dq_part = reinterpret_cast<float4*>(sDQ + half * Tr::kDQPartBytes);
+      if constexpr (Tr::kDQAtomic) {  // this warpgroup's part, in the workspace's register order
+        float* const dst = a.dq_accum + dq_tile_offset<Tr>(a, b, h, tile) + half * Tr::kDQPartFloats;
 #pragma unroll
-      for (int n = 0; n < kCT; ++n) dq_part[n * 128 + t] = make_float4(dq[n][0], dq[n][1], dq[n][2], dq[n][3]);
-      if (t == 0) dq_info[half] = BwdTileInfo{tile, static_cast<int>(h), 0, 0};
-      cuda::fence_proxy_async_shared();  // before the bulk reduction reads them
-      cuda::named_barrier_arrive<160>(kBwdBarDQFull + half);
+        for (int n = 0; n < kCT; ++n) cuda::red_add_f32x4(dst + (n * 128 + t) * 4, dq[n][0], dq[n][1], dq[n][2], dq[n][3]);
+      } else {
+        cuda::named_barrier_sync<160>(kBwdBarDQEmpty + half);
+        float4* const dq_part = reinterpret_cast<float4*>(sDQ + half * Tr::kDQPartBytes);
+#pragma unroll
+        for (int n = 0; n < kCT; ++n) dq_part[n * 128 + t] = make_float4(dq[n][0], dq[n][1], dq[n][2], dq[n][3]);
+        if (t == 0) dq_info[half] = BwdTileInfo{tile, static_cast<int>(h), 0, 0};
+        cuda::fence_proxy_async_shared();  // before the bulk reduction reads them
+        cuda::named_barrier_arrive<160>(kBwdBarDQFull + half);
+      }
       cuda::wgmma_wait<0>();
       cuda::fence_operands(dv);
       cuda::fence_operands(dk);
@@ -461,9 +478,11 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     }
     // Both warpgroups' last dQ products read every row of K: only then may the epilogue stage dK over it.
     cuda::named_barrier_sync<256>(kBwdBarDS);
-    cuda::named_barrier_sync<160>(kBwdBarDQEmpty + half);  // the end, for warp 1
-    if (t == 0) dq_info[half] = BwdTileInfo{-1, 0, 0, 0};
-    cuda::named_barrier_arrive<160>(kBwdBarDQFull + half);
+    if constexpr (!Tr::kDQAtomic) {
+      cuda::named_barrier_sync<160>(kBwdBarDQEmpty + half);  // the end, for warp 1
+      if (t == 0) dq_info[half] = BwdTileInfo{-1, 0, 0, 0};
+      cuda::named_barrier_arrive<160>(kBwdBarDQFull + half);
+    }
     // dK and dV: the block's 64 keys, this warpgroup's columns, through its own two panels of the K
     // and V tiles.
     const float one[2] = {1.f, 1.f}, scale[2] = {a.scale, a.scale};  // (dS was left unscaled)
@@ -474,6 +493,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
                                      static_cast<T*>(a.g.dv) + a.g.dv_at(b, hk) + half * kCols, a.g.dv_ss, j0,
                                      pat.sk, t, 1 + half);
   } else {
+    static_assert(!Tr::kDQAtomic, "the keys layout stages dQ for warp 1");
     const int64_t key0 = j0 + half * 64 + warp * 16;  // this warp's first key
     // This warpgroup's part of a tile's dQ: query rows 64 mrow.., head-dim columns 64 ncol...
     const int mrow = Tr::kDQSplitD ? 0 : half, ncol = Tr::kDQSplitD ? half : 0;
@@ -490,11 +510,12 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     for (State rd;; rd.advance()) {
       const unsigned char* sQ = sStages + rd.index * Tr::kStageBytes;
       const unsigned char* sdO = sQ + Tr::kQBytes;
-      const float* lse2s = reinterpret_cast<const float*>(sQ + 2 * Tr::kQBytes);
+      const unsigned char* stats = sStats + rd.index * Tr::kStatsBytes;
+      const float* lse2s = reinterpret_cast<const float*>(stats);
       const float* deltas = lse2s + kBM;
       unsigned char* const ds = sDS + (rd.count & 1) * Tr::kDSBytes;
       pipe.consumer_wait(rd);
-      const int4 info = *reinterpret_cast<const int4*>(sQ + kInfoOffset);
+      const int4 info = *reinterpret_cast<const int4*>(stats + kInfoOffset);
       const int tile = info.x;
       if (tile < 0) break;
       const int64_t h = info.y;
@@ -698,7 +719,8 @@ cudaError_t launch_hopper_bwd(const AttentionCudaArgs& a, cudaStream_t stream) {
   const int64_t pairs = varlen ? p.kv_heads : p.batch * p.kv_heads;
   const int64_t blocks = varlen ? padded_rows(p.pattern.total_k, p.batch, Tr::kBlockN) / Tr::kBlockN
                                 : (p.pattern.sk + Tr::kBlockN - 1) / Tr::kBlockN;
-  if (a.dq_accum == nullptr || a.lse2_ld % Tr::kBlockM != 0 || parts > 0x7fffffff || pairs * blocks > 0x7fffffff) {
+  if (a.dq_accum == nullptr || a.lse2_ld % Tr::kBlockM != 0 || parts > 0x7fffffff || pairs * blocks > 0x7fffffff ||
+      (Tr::kDQAtomic && a.dq_semaphore != nullptr)) {  // (the ordered additions need the staged dQ)
     return cudaErrorInvalidValue;
   }
   // Pairs a group: what one pair's blocks read and add into (Q, dO, the dQ workspace of its GQA group

@@ -73,6 +73,14 @@ __device__ __forceinline__ int ld_acquire_gpu(const int* p) {
 __device__ __forceinline__ void red_release_gpu_add(int* p, int v) {
   asm volatile("red.release.gpu.global.add.s32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
 }
+// Adds four floats to 16 bytes of global memory (one vector reduction, done at L2; sm_90).
+__device__ __forceinline__ void red_add_f32x4(float* p, float a, float b, float c, float d) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(p), "f"(a), "f"(b), "f"(c), "f"(d) : "memory");
+#else
+  atomicAdd(p, a), atomicAdd(p + 1, b), atomicAdd(p + 2, c), atomicAdd(p + 3, d);
+#endif
+}
 
 // atomicAdd(+1) on a shared-memory counter with acquire-release ordering at block scope: what
 // this thread did before is visible to the thread that sees the count after. Returns the count
