@@ -62,6 +62,35 @@ def main() -> None:
                 op = r[src].split()[1]
             per_op[op.split(".")[0]] += num(r[allc])
     print("per opcode:", ", ".join(f"{op} {100 * v / total:.1f}%" for op, v in per_op.most_common(15)))
+    # Executed warp instructions per SASS line (SourceCounters' "Instructions Executed"), where the
+    # CSV has them: the total, per opcode, and the kernel's address ranges that execute the most
+    # (offsets from its first instruction, as cuobjdump prints them, in 256-instruction windows).
+    exc = col("Instructions Executed")
+    if exc is None:
+        return
+    addr = col("Address")
+    executed = [(r, num(r[exc])) for r in body if len(r) > exc]
+    total_x = sum(x for _, x in executed) or 1.0
+    print(f"executed warp instructions {total_x:.0f}")
+    per_op_x: collections.Counter[str] = collections.Counter()
+    for r, x in executed:
+        if r[src].strip():
+            words = r[src].split()
+            op = words[1] if words[0].startswith("@") and len(words) > 1 else words[0]
+            per_op_x[op.split(".")[0]] += x
+    print("executed per opcode:", ", ".join(f"{op} {100 * v / total_x:.1f}%" for op, v in per_op_x.most_common(15)))
+    if addr is not None:
+        try:
+            base = min(int(r[addr], 16) for r, _ in executed)
+        except ValueError:
+            return
+        windows: collections.Counter[int] = collections.Counter()
+        for r, x in executed:
+            windows[(int(r[addr], 16) - base) // (16 * 256)] += x
+        print(
+            "executed by 4 KB window (offset: share):",
+            ", ".join(f"{w * 4096:x}: {100 * v / total_x:.1f}%" for w, v in sorted(windows.items()) if v / total_x > 0.01),
+        )
 
 
 if __name__ == "__main__":
