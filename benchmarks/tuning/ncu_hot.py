@@ -78,7 +78,10 @@ def main() -> None:
             words = r[src].split()
             op = words[1] if words[0].startswith("@") and len(words) > 1 else words[0]
             per_op_x[op.split(".")[0]] += x
-    print("executed per opcode:", ", ".join(f"{op} {100 * v / total_x:.1f}%" for op, v in per_op_x.most_common(15)))
+    print(
+        "executed per opcode:",
+        ", ".join(f"{op} {100 * v / total_x:.1f}%" for op, v in per_op_x.most_common(15)),
+    )
     if addr is not None:
         try:
             base = min(int(r[addr], 16) for r, _ in executed)
@@ -89,7 +92,11 @@ def main() -> None:
             windows[(int(r[addr], 16) - base) // (16 * 256)] += x
         print(
             "executed by 4 KB window (offset: share):",
-            ", ".join(f"{w * 4096:x}: {100 * v / total_x:.1f}%" for w, v in sorted(windows.items()) if v / total_x > 0.01),
+            ", ".join(
+                f"{w * 4096:x}: {100 * v / total_x:.1f}%"
+                for w, v in sorted(windows.items())
+                if v / total_x > 0.01
+            ),
         )
 
 

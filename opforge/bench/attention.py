@@ -5,7 +5,9 @@ mask otherwise, plain PyTorch attention, and FlashAttention-4 (flash_attn.cute) 
 installed (a peer only, never a dependency: ../shared/tools/fa4_peer.sh) for the patterns it has
 (causal, full, windows, softcap; its varlen function on packed documents); rows "... deterministic"
 time the deterministic backward against FlashAttention-4's; "16 packed causal documents" times
-opforge.attention_varlen and opforge.attention with segment ids on the same documents. CPU (float32):
+opforge.attention_varlen and opforge.attention with segment ids on the same documents; the block-mask
+rows ("random blocks 30%": partial blocks from a table; "dilated 4 + 128 causal": a mask function,
+every fourth key and the 128 nearest) give FlexAttention the same mask. CPU (float32):
 SDPA (is_causal, or a dense mask) and plain PyTorch."""
 
 from __future__ import annotations
@@ -124,11 +126,20 @@ def _flex():
 _FLEX = None
 
 
-def _flex_mask_mod(kw: dict, doc: torch.Tensor | None, table: torch.Tensor | None):
-    """The FlexAttention mask_mod equivalent to opforge's pattern arguments."""
+def _dilated_mask(b, h, q, kv):
+    """Every fourth key, and the 128 nearest, causal (a mask with many partial blocks, as a function:
+    opforge.block_mask and FlexAttention's mask_mod take it alike)."""
+    return (((kv % 4) == 0) | ((q - kv).abs() < 128)) & (q >= kv)
+
+
+def _flex_mask_mod(kw: dict, doc: torch.Tensor | None, table: torch.Tensor | None, fn=None):
+    """The FlexAttention mask_mod equivalent to opforge's pattern arguments (fn: a mask function both
+    take as it is)."""
     window = kw.get("window")
     prefix = kw.get("prefix_len")
     causal = kw.get("causal", False)
+    if fn is not None:
+        return fn
 
     def mask_mod(b, h, q, kv):
         if table is not None:
@@ -158,6 +169,7 @@ def _cuda_case(
     docs: int = 0,
     random_blocks: float = 0.0,
     deterministic: bool = False,
+    mask_fn=None,
 ) -> Case:
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.nn.attention.flex_attention import create_block_mask
@@ -185,6 +197,16 @@ def _cuda_case(
         torch.cuda.synchronize(device)
         extra["opforge first result s"] = round(time.perf_counter() - t0, 3)
         kw["mask"] = mask
+    if mask_fn is not None:  # a mask function: opforge.block_mask and Flex's mask_mod both take it
+        pos = torch.arange(S, device=device)
+        table = mask_fn(None, None, pos[:, None], pos[None, :])  # (the dense form: checks, SDPA)
+        torch.cuda.synchronize(device)
+        t0 = time.perf_counter()
+        mask = opforge.block_mask(mask_fn, None, None, S, S, device=device)
+        opforge.attention(q, k, v, mask=mask)
+        torch.cuda.synchronize(device)
+        extra["opforge first result s"] = round(time.perf_counter() - t0, 3)
+        kw["mask"] = mask
     cap = kw.get("softcap")
     masking = {key: val for key, val in kw.items() if key != "softcap"}  # the visibility pattern
     score_mod = None
@@ -193,7 +215,7 @@ def _cuda_case(
         def score_mod(score, b, h, i, j):
             return cap * torch.tanh(score / cap)
 
-    mask_mod = _flex_mask_mod(masking, doc, table)
+    mask_mod = _flex_mask_mod(masking, doc, table, mask_fn)
     needs_mask = bool(masking) and masking != {"causal": True}
     torch.cuda.synchronize(device)
     t0 = time.perf_counter()
@@ -206,7 +228,7 @@ def _cuda_case(
     flex = _flex()
     flex(q, k, v, block_mask=flex_mask, enable_gqa=gqa, score_mod=score_mod)
     torch.cuda.synchronize(device)
-    if random_blocks:
+    if random_blocks or mask_fn is not None:
         extra["FlexAttention first result s"] = round(time.perf_counter() - t0, 3)
     # Visible pairs (one mask per batch row only where documents differ by row; per head alike).
     dense = None
@@ -225,7 +247,7 @@ def _cuda_case(
     impls = {"opforge": lambda: opforge.attention(q, k, v, **kw, deterministic=deterministic)}
     impls["FlexAttention"] = lambda: flex(q, k, v, block_mask=flex_mask, enable_gqa=gqa, score_mod=score_mod)
     fa4, own = _fa4(), {}
-    if fa4 is not None and not docs and not random_blocks and set(kw) <= {"causal", "window", "softcap"}:
+    if fa4 is not None and not docs and "mask" not in kw and set(kw) <= {"causal", "window", "softcap"}:
         # FlashAttention-4 reads (B, S, H, D): its own contiguous copies.
         q4, k4, v4 = (t.transpose(1, 2).contiguous() for t in (q, k, v))
         fa4_kw = dict(
@@ -249,7 +271,7 @@ def _cuda_case(
                     return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=gqa)
 
             impls[label] = sdpa
-    elif name.startswith("sliding 512") or random_blocks:
+    elif name.startswith("sliding 512") or "mask" in kw:
         impls["SDPA (dense mask)"] = lambda: F.scaled_dot_product_attention(
             q, k, v, attn_mask=dense, enable_gqa=gqa
         )
@@ -312,6 +334,7 @@ def _cuda_cases(device: torch.device, full: bool) -> list[CaseBuilder]:
             ("sliding 512 GQA", 4, 32, 8, 4096, 128, sliding, {}),
             ("sliding 512 D256", 4, 16, 16, 4096, 256, sliding, {}),
             ("random blocks 30%", 4, 16, 16, 4096, 128, {}, {"random_blocks": 0.3}),
+            ("dilated 4 + 128 causal", 4, 16, 16, 4096, 128, {}, {"mask_fn": _dilated_mask}),
             ("GQA 32/8 causal", 2, 32, 8, 8192, 128, dict(causal=True), {}),
             ("causal D64", 4, 32, 32, 4096, 64, dict(causal=True), {}),
             ("causal D256", 4, 8, 8, 4096, 256, dict(causal=True), {}),
@@ -388,7 +411,14 @@ def _packed_case(
         longest = max(lengths)
         # (keywords: its positional order has qv between v and the offsets)
         impls["FlashAttention-4 varlen"] = lambda: fa4(
-            qp, kp, vp, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=longest, max_seqlen_k=longest, causal=True
+            qp,
+            kp,
+            vp,
+            cu_seqlens_q=cu,
+            cu_seqlens_k=cu,
+            max_seqlen_q=longest,
+            max_seqlen_k=longest,
+            causal=True,
         )[0].unsqueeze(0)
         own["FlashAttention-4 varlen"] = (qp, kp, vp)
         impls["FlashAttention-4 varlen"]()  # (its JIT compilation, before timing)
