@@ -115,13 +115,6 @@ __device__ __forceinline__ int64_t dq_tile_offset(const AttentionCudaArgs& a, in
 struct BwdTileInfo {
   int tile, head, bits, unused;
 };
-struct BwdStage {
-  const unsigned char* q;
-  const float* lse2;
-  int tile;
-  int64_t h;
-  TileClass tc;
-};
 
 // The backward's P^T and dS^T over a warp's keys x queries block (columns are queries: each
 // column's lse2 and delta from the stage, read as pairs). bwd_logits leaves the exponents
@@ -316,15 +309,6 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   // (half through a shuffle: the compiler then knows it is warp-uniform and keeps what derives from
   // it, the descriptors, in uniform registers)
   const int half = __shfl_sync(0xffffffffu, wg, 0) - 1, g = lane / 4, t4 = lane % 4;
-  // A full stage as the consumers read it (after the wait): Q (dO follows it), lse2 (delta follows
-  // it) and the tile it holds (tile < 0: the end).
-  const auto wait_stage = [&](const State& rd) {
-    pipe.consumer_wait(rd);
-    const unsigned char* stats = sStats + rd.index * Tr::kStatsBytes;
-    const int4 info = *reinterpret_cast<const int4*>(stats + kInfoOffset);
-    return BwdStage{sStages + rd.index * Tr::kStageBytes, reinterpret_cast<const float*>(stats), info.x, info.y,
-                    tile_class_from_bits(info.z)};
-  };
   if constexpr (Tr::kSplitHeadDim) {
     // Head-dim layout: S = Q K^T and dP = dO V^T over this warpgroup's 32 keys (queries as rows),
     // P and dS (bf16, 64 queries x 64 keys, both warpgroups' halves) through shared memory, then
@@ -343,15 +327,19 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     // K as dQ's B (keys deep, this warpgroup's columns wide: two 64-column panels).
     const uint64_t k_mn_desc = cuda::smem_desc_mn_major(sK + 2 * half * Tr::kKPanelBytes, Tr::kKPanelBytes);
     for (State rd;; rd.advance()) {
-      const BwdStage sv = wait_stage(rd);
-      if (sv.tile < 0) break;
-      const unsigned char *sQ = sv.q, *sdO = sv.q + Tr::kQBytes;
-      const float *lse2s = sv.lse2, *deltas = sv.lse2 + kBM;
-      const int tile = sv.tile;
-      const int64_t h = sv.h;
-      const TileClass tc = sv.tc;
+      const unsigned char* sQ = sStages + rd.index * Tr::kStageBytes;
+      const unsigned char* sdO = sQ + Tr::kQBytes;
+      const unsigned char* stats = sStats + rd.index * Tr::kStatsBytes;
+      const float* lse2s = reinterpret_cast<const float*>(stats);
+      const float* deltas = lse2s + kBM;
       unsigned char* const ps = sP + (rd.count & 1) * Tr::kPBytes;
       unsigned char* const ds = sDS + (rd.count & 1) * Tr::kDSBytes;
+      pipe.consumer_wait(rd);
+      const int4 info = *reinterpret_cast<const int4*>(stats + kInfoOffset);
+      const int tile = info.x;
+      if (tile < 0) break;
+      const int64_t h = info.y;
+      const TileClass tc = tile_class_from_bits(info.z);
       const uint64_t q_desc = cuda::smem_desc_k_major(sQ), do_desc = cuda::smem_desc_k_major(sdO);
       float sc[4][4], dp[4][4];  // 16 queries x 32 keys a warp
       cuda::wgmma_fence();
@@ -520,14 +508,18 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     const uint64_t v_desc = cuda::smem_desc_k_major(sV + half * 64 * 128);
     const uint64_t k_mn_desc = cuda::smem_desc_mn_major(sK + ncol * Tr::kKPanelBytes, Tr::kKPanelBytes);
     for (State rd;; rd.advance()) {
-      const BwdStage sv = wait_stage(rd);
-      if (sv.tile < 0) break;
-      const unsigned char *sQ = sv.q, *sdO = sv.q + Tr::kQBytes;
-      const float *lse2s = sv.lse2, *deltas = sv.lse2 + kBM;
-      const int tile = sv.tile;
-      const int64_t h = sv.h;
-      const TileClass tc = sv.tc;
+      const unsigned char* sQ = sStages + rd.index * Tr::kStageBytes;
+      const unsigned char* sdO = sQ + Tr::kQBytes;
+      const unsigned char* stats = sStats + rd.index * Tr::kStatsBytes;
+      const float* lse2s = reinterpret_cast<const float*>(stats);
+      const float* deltas = lse2s + kBM;
       unsigned char* const ds = sDS + (rd.count & 1) * Tr::kDSBytes;
+      pipe.consumer_wait(rd);
+      const int4 info = *reinterpret_cast<const int4*>(stats + kInfoOffset);
+      const int tile = info.x;
+      if (tile < 0) break;
+      const int64_t h = info.y;
+      const TileClass tc = tile_class_from_bits(info.z);
       // The products' shared-memory descriptors, each GEMM's steps an offset from one base.
       const uint64_t q_desc = cuda::smem_desc_k_major(sQ), do_desc = cuda::smem_desc_k_major(sdO);
       const uint64_t q_mn_desc = cuda::smem_desc_mn_major(sQ, Tr::kQPanelBytes);
