@@ -283,7 +283,7 @@ void check_kv_lens_kernel(const char* op, const AttentionCall& call, AttentionKe
 }
 
 #if !OPFORGE_WITH_CUDA
-const char* attention_hopper_missing(at::Device, int64_t, bool) { return "this build has no CUDA kernels"; }
+const char* attention_hopper_missing(at::Device) { return "this build has no CUDA kernels"; }
 #endif
 
 namespace {
@@ -301,7 +301,7 @@ std::string attention_kernel_op(at::Device device, int64_t heads, int64_t kv_hea
   call.heads = heads, call.kv_heads = kv_heads, call.sq = sq, call.sk = sk, call.head_dim = head_dim;
   call.kv_lens = kv_lens;
   call.backward = backward;
-  if (call.cuda) call.hopper_missing = attention_hopper_missing(device, head_dim, backward);
+  if (call.cuda) call.hopper_missing = attention_hopper_missing(device);
   return attention_kernel_name(choose_attention_kernel(backward ? "opforge.attention_backward" : kOp, call, variant));
 }
 

@@ -63,8 +63,8 @@ void check_kv_lens_kernel(const char* op, const AttentionCall& call, AttentionKe
 AttentionCall attention_call(const at::Tensor& q, const at::Tensor& k, bool kv_lens, bool backward,
                              bool varlen = false);
 // CUDA builds: why the Hopper kernels cannot serve a call on `device` (the current one when it has
-// no index) at this head dim, or null when they can.
-const char* attention_hopper_missing(at::Device device, int64_t head_dim, bool backward);
+// no index), or null when they can.
+const char* attention_hopper_missing(at::Device device);
 
 // A tensor of `like`'s shape whose memory follows like's order of the (S, H) dims: (B, S, H, D)
 // underneath when like is such a transposed view (as transformers passes q, k, v), else

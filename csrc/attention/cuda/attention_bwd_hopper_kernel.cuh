@@ -116,21 +116,33 @@ struct BwdTileInfo {
   int tile, head, bits, unused;
 };
 
-// The backward's P^T and dS^T over a warp's keys x queries block (columns are queries: each
-// column's lse2 and delta from the stage, read as pairs). bwd_logits leaves the exponents
-// (scores in the log2 domain minus lse2; a masked element is then set to -inf and gives P = 0);
-// bwd_score_grads turns dP^T into dS^T = P (dP - delta), times 1 - tanh^2 under a softcap (tanh
-// recovered from P: log2(P) + lse2 = the capped score), without the softmax scale.
+// The backward's exponent and score gradient of one element, both consumer layouts': the exponent
+// is the score in the log2 domain minus its query's lse2 (a masked element is then set to -inf and
+// gives P = 0); the gradient dS = P (dP - delta), times 1 - tanh^2 under a softcap (tanh recovered
+// from P: log2(P) + lse2 = the capped score), without the softmax scale.
+template <bool kCap>
+__device__ __forceinline__ float bwd_logit(float s, float lse2, const AttentionCudaArgs& a) {
+  return kCap ? a.cap_log2 * cuda::fast_tanh(s * a.cap_inv_scale) - lse2 : fmaf(s, a.scale_log2, -lse2);
+}
+template <bool kCap>
+__device__ __forceinline__ float bwd_score_grad(float prob, float dp, float delta, float lse2,
+                                                const AttentionCudaArgs& a) {
+  float ds = prob * (dp - delta);
+  if (kCap) {
+    const float th = (cuda::fast_log2(prob) + lse2) * a.inv_cap_log2;
+    ds = prob > 0.f ? ds * (1.f - th * th) : 0.f;
+  }
+  return ds;
+}
+// The keys layout's P^T and dS^T over a warp's keys x queries block (columns are queries: each
+// column's lse2 and delta from the stage, read as pairs).
 template <bool kCap, int kN>
 __device__ __forceinline__ void bwd_logits(float (&s)[kN][4], const float* lse2, const AttentionCudaArgs& a, int t4) {
 #pragma unroll
   for (int n = 0; n < kN; ++n) {
     const float2 l = *reinterpret_cast<const float2*>(lse2 + n * 8 + 2 * t4);
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const float le = e & 1 ? l.y : l.x;
-      s[n][e] = kCap ? a.cap_log2 * cuda::fast_tanh(s[n][e] * a.cap_inv_scale) - le : fmaf(s[n][e], a.scale_log2, -le);
-    }
+    for (int e = 0; e < 4; ++e) s[n][e] = bwd_logit<kCap>(s[n][e], e & 1 ? l.y : l.x, a);
   }
 }
 template <bool kCap, int kN>
@@ -143,12 +155,7 @@ __device__ __forceinline__ void bwd_score_grads(const float (&prob)[kN][4], floa
     if (kCap) l = *reinterpret_cast<const float2*>(lse2 + n * 8 + 2 * t4);
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      float ds = prob[n][e] * (dp[n][e] - (e & 1 ? d.y : d.x));
-      if (kCap) {
-        const float th = (cuda::fast_log2(prob[n][e]) + (e & 1 ? l.y : l.x)) * a.inv_cap_log2;
-        ds = prob[n][e] > 0.f ? ds * (1.f - th * th) : 0.f;
-      }
-      dp[n][e] = ds;
+      dp[n][e] = bwd_score_grad<kCap>(prob[n][e], dp[n][e], e & 1 ? d.y : d.x, e & 1 ? l.y : l.x, a);
     }
   }
 }
@@ -365,29 +372,19 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       // Exponents (element e of fragment n: row g + 8 (e / 2)), masked, then P.
       // (The softcap's forms as separate code, as in the keys layout.)
       const auto logits = [&](auto cap_tag) {
-        constexpr bool kCap = decltype(cap_tag)::value;
 #pragma unroll
         for (int n = 0; n < 4; ++n) {
 #pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const float le = e < 2 ? l2.x : l2.y;
-            sc[n][e] = kCap ? a.cap_log2 * cuda::fast_tanh(sc[n][e] * a.cap_inv_scale) - le
-                            : fmaf(sc[n][e], a.scale_log2, -le);
-          }
+          for (int e = 0; e < 4; ++e) sc[n][e] = bwd_logit<decltype(cap_tag)::value>(sc[n][e], e < 2 ? l2.x : l2.y, a);
         }
       };
       const auto score_grads = [&](auto cap_tag) {
-        constexpr bool kCap = decltype(cap_tag)::value;
 #pragma unroll
         for (int n = 0; n < 4; ++n) {
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
-            float d = sc[n][e] * (dp[n][e] - (e < 2 ? dl.x : dl.y));
-            if (kCap) {
-              const float th = (cuda::fast_log2(sc[n][e]) + (e < 2 ? l2.x : l2.y)) * a.inv_cap_log2;
-              d = sc[n][e] > 0.f ? d * (1.f - th * th) : 0.f;
-            }
-            dp[n][e] = d;
+            dp[n][e] = bwd_score_grad<decltype(cap_tag)::value>(sc[n][e], dp[n][e], e < 2 ? dl.x : dl.y,
+                                                                e < 2 ? l2.x : l2.y, a);
           }
         }
       };

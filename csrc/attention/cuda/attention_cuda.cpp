@@ -60,8 +60,7 @@ int run_attention_bwd_cuda(const AttentionCudaArgs& a, int head_dim, AttentionKe
   }
 }
 
-const char* attention_hopper_missing(at::Device device, int64_t head_dim, bool backward) {
-  (void)head_dim, (void)backward;  // (every head dim has both Hopper kernels)
+const char* attention_hopper_missing(at::Device device) {  // (every head dim has both Hopper kernels)
   const c10::cuda::OptionalCUDAGuard guard(device.has_index() ? std::optional<at::Device>(device) : std::nullopt);
   const int err = attention_hopper_status();
   if (err == cudaErrorNoKernelImageForDevice) {
@@ -131,7 +130,7 @@ void check_varlen_offsets_unless_capturing(const char* op, const AttentionPatter
 AttentionKernel cuda_kernel(const char* op, const at::Tensor& q, const at::Tensor& k, bool kv_lens, bool backward,
                             bool varlen, c10::string_view variant) {
   AttentionCall call = attention_call(q, k, kv_lens, backward, varlen);
-  call.hopper_missing = attention_hopper_missing(q.device(), call.head_dim, backward);
+  call.hopper_missing = attention_hopper_missing(q.device());
   const AttentionKernel kernel = choose_attention_kernel(op, call, variant);
   check_kv_lens_kernel(op, call, kernel, variant);
   return kernel;
