@@ -35,9 +35,12 @@
 namespace opforge {
 namespace attention_cuda {
 
-template <int kD_, int kBlockN_, int kStages_, int kConsumers_ = 2>
+template <int kD_, int kBlockN_, int kStages_, int kConsumers_ = 2, bool kPingPong_ = true>
 struct HopperFwdTraits {
   static constexpr int kD = kD_, kBlockN = kBlockN_, kStages = kStages_, kConsumers = kConsumers_;
+  // The consumer warpgroups take turns to issue their products (named barriers of 256 threads: the
+  // warpgroup whose turn it is and the one before it).
+  static constexpr bool kPingPong = kPingPong_;
   static constexpr int kBlockM = 64 * kConsumers;
   static constexpr int kThreads = 128 * (1 + kConsumers);  // producer warpgroup + consumer warpgroups
   // Registers a thread after setmaxnreg (FA3's split: the launch's 65536 / kThreads, rounded down to
@@ -54,9 +57,9 @@ struct HopperFwdTraits {
                                     (1 + 4 * kStages) * 8;
   static_assert(kBlockN <= 256 && kSmemBytes <= 227 * 1024, "TMA box rows / shared memory");
 };
-using HopperFwdTraitsD64 = HopperFwdTraits<64, 128, 2, 2>;  // (three consumers, 192 x 128: slower, spills at 160)
+using HopperFwdTraitsD64 = HopperFwdTraits<64, 128, 2, 2>;  // (three consumers, 192 x 128: 2% faster causal, 11% slower sliding 512)
 using HopperFwdTraitsD128 = HopperFwdTraits<128, 128, 2>;
-using HopperFwdTraitsD256 = HopperFwdTraits<256, 64, 2>;
+using HopperFwdTraitsD256 = HopperFwdTraits<256, 64, 2, 2, false>;  // (no ping-pong: 3% faster, as FA4 above D 128)
 
 // Named barriers (0 is __syncthreads's; 1 + c consumer warpgroup c's epilogue): + c, consumer
 // warpgroup c's turn to issue its products.
@@ -145,7 +148,9 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
 
   // consumers: warpgroup 1 takes query rows 0-63 of the block, warpgroup 2 rows 64-127
   cuda::setmaxnreg_inc<Tr::kConsumerRegs>();
-  const int half = wg - 1, next = (half + 1) % Tr::kConsumers;  // this warpgroup, the one after it
+  // this warpgroup and the one after it (the index through a shuffle: the compiler then knows it is
+  // the same across the warp and keeps the descriptors built from it in uniform registers)
+  const int half = __shfl_sync(0xffffffffu, wg, 0) - 1, next = (half + 1) % Tr::kConsumers;
   const int64_t row0 = i0 + half * 64 + warp * 16;  // this warp's first query row
   float o[kDT][4];
 #pragma unroll
@@ -154,17 +159,20 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   uint32_t pa[kBN / 16][4];  // the previous tile's P, the A operand of its P V product
   cuda::mbar_wait(smem_addr(bar_q), 0);
   const unsigned char* q_rows = sQ + half * 64 * 128;
-  if (half == Tr::kConsumers - 1) cuda::named_barrier_arrive<256>(kFwdBarTurn);  // warpgroup 1 issues first
+  if (Tr::kPingPong && half == Tr::kConsumers - 1) cuda::named_barrier_arrive<256>(kFwdBarTurn);  // warpgroup 1 issues first
   // S = Q K^T of the tile in K stage rk (its index and class in ti), issued in this warpgroup's turn.
   const auto issue_s = [&](float (&sc)[kNT][4], const State& st) {
-    // (the stage's descriptors: one encoding, then an add a step; Q's, loop-invariant, are left to
-    // the compiler to rematerialise: sixteen at D 256 held across the loop would spill)
+    // (the descriptors: one encoding each, then an add a step; at D 256 ptxas hoists Q's sixteen,
+    // loop-invariant, out of the loop and spills: there they are encoded from the pointer each time)
     const uint64_t k_desc = cuda::smem_desc_k_major(sKV + st.index * Tr::kStageBytes);
+    const uint64_t q_desc = cuda::smem_desc_k_major(q_rows);
 #pragma unroll
     for (int kk = 0; kk < kD / 16; ++kk) {  // 16 deep = 32 bytes along the swizzled 128-byte rows
       const int pn = kk / 4, off = (kk % 4) * 32;
-      cuda::Wgmma<T, kBN>::template mma<0>(&sc[0][0], cuda::smem_desc_k_major(q_rows + pn * Tr::kQPanelBytes + off),
-                                           cuda::desc_advance(k_desc, pn * Tr::kKVPanelBytes + off), kk > 0);
+      const uint64_t qd = kD <= 128 ? cuda::desc_advance(q_desc, pn * Tr::kQPanelBytes + off)
+                                    : cuda::smem_desc_k_major(q_rows + pn * Tr::kQPanelBytes + off);
+      cuda::Wgmma<T, kBN>::template mma<0>(&sc[0][0], qd, cuda::desc_advance(k_desc, pn * Tr::kKVPanelBytes + off),
+                                           kk > 0);
     }
     cuda::wgmma_commit();
   };
@@ -177,26 +185,31 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     }
     cuda::wgmma_commit();
   };
-  // Once S of the tile in K stage st is done: the stage handed back, the scores in the log2 domain
-  // with a partial tile's elements masked (softmax_tile_masked; mask_rows: a partial block-mask
+  // Once S of the tile in K stage st is done: the stage handed back, the scores (raw or in the log2
+  // domain) with a partial tile's elements masked (softmax_tile_masked; mask_rows: a partial block-mask
   // tile's bits, read ahead), the softmax step (corr: O's rescale factors). The masked and the
   // unmasked forms are separate code, so that registers are allocated for each on its own: the
   // unmasked one runs while the previous tile's P V is in flight (its P operand live), the masked
   // one after that product is done.
+  // Raw scores go into the softmax with the scale in its exponent (k); a softcap or a non-positive
+  // scale (the max of raw scores would not be the max of scaled ones) takes them to the log2 domain
+  // first (k = 1).
+  const bool raw_scores = a.cap_log2 == 0.f && a.scale_log2 > 0.f;
+  const float k = raw_scores ? a.scale_log2 : 1.f;
   const auto scores_done = [&](float (&sc)[kNT][4], const State& st) {
     cuda::fence_operands(sc);
     if (t == 0) pk.consumer_release(st);
-    scores_log2(sc, a);
+    if (!raw_scores) scores_log2(sc, a);
   };
   const auto softmax_tile = [&](float (&sc)[kNT][4], const State& st, float (&corr)[2]) {
     scores_done(sc, st);
-    softmax_step(sc, m_run, l_run, corr);
+    softmax_step(sc, m_run, l_run, corr, k);
   };
   const auto softmax_tile_masked = [&](float (&sc)[kNT][4], const State& st, int tile, const TileClass& tc,
                                        const uint32_t (&mask_rows)[2], float (&corr)[2]) {
     scores_done(sc, st);
     mask_tile<false, kBN>(sc, pat, tc, b, h, row0, int64_t{tile} * kBN, lane, mask_rows);
-    softmax_step(sc, m_run, l_run, corr);
+    softmax_step(sc, m_run, l_run, corr, k);
   };
   State rk, rv;
   pk.consumer_wait(rk);
@@ -205,10 +218,10 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     {  // the first tile: S, softmax, P (nothing to rescale yet)
       const TileClass tc = tile_class_from_bits(ti.y);
       float sc[kNT][4];
-      cuda::named_barrier_sync<256>(kFwdBarTurn + half);
+      if (Tr::kPingPong) cuda::named_barrier_sync<256>(kFwdBarTurn + half);
       cuda::wgmma_fence();
       issue_s(sc, rk);
-      cuda::named_barrier_arrive<256>(kFwdBarTurn + next);
+      if (Tr::kPingPong) cuda::named_barrier_arrive<256>(kFwdBarTurn + next);
       uint32_t mask_rows[2];
       if (tc.mask) mask_rows_ahead<kBN>(pat, b, h, row0, int64_t{ti.x} * kBN, lane, mask_rows);
       cuda::wgmma_wait<0>();
@@ -228,14 +241,14 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       if (ti.x < 0) break;
       const TileClass tc = tile_class_from_bits(ti.y);
       float sc[kNT][4];
-      cuda::named_barrier_sync<256>(kFwdBarTurn + half);
+      if (Tr::kPingPong) cuda::named_barrier_sync<256>(kFwdBarTurn + half);
       cuda::fence_operands(o);
       cuda::wgmma_fence();
       issue_s(sc, rk);
       pv.consumer_wait(rv);
       cuda::wgmma_fence();
       issue_pv(rv);
-      cuda::named_barrier_arrive<256>(kFwdBarTurn + next);  // the next warpgroup's turn
+      if (Tr::kPingPong) cuda::named_barrier_arrive<256>(kFwdBarTurn + next);  // the next warpgroup's turn
       uint32_t mask_rows[2];  // a partial block-mask tile's bits, read while S is computed
       if (tc.mask) mask_rows_ahead<kBN>(pat, b, h, row0, int64_t{ti.x} * kBN, lane, mask_rows);
       // A partial tile's mask code needs more registers than the P V product in flight leaves free:
@@ -264,12 +277,12 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     cuda::wgmma_wait<0>();
     cuda::fence_operands(o);
   }
-  if (half == 0) cuda::named_barrier_sync<256>(kFwdBarTurn);  // the last warpgroup's last hand-over (balanced)
+  if (Tr::kPingPong && half == 0) cuda::named_barrier_sync<256>(kFwdBarTurn);  // the last warpgroup's last hand-over (balanced)
 
   // Epilogue: O / l through this warpgroup's rows of the Q tile (only it reads them); the LSE by
   // the quad's first lane.
   float inv[2];
-  finish_rows(m_run, l_run, inv, p, pat.sq, b, h, row0, lane);
+  finish_rows(m_run, l_run, inv, p, pat.sq, b, h, row0, lane, k);
   store_accumulator_rows<kD, T>(o, inv, sQ + half * 64 * 128, Tr::kQPanelBytes,
                                 static_cast<T*>(p.out) + p.o_at(b, h), p.o_ss, i0 + half * 64, pat.sq, t,
                                 1 + half);

@@ -518,29 +518,37 @@ __device__ __forceinline__ void scores_log2(float (&s)[kN][4], const AttentionCu
 }
 
 // One key tile of the online softmax for a warp's 16 rows (elements 0, 1: row g; 2, 3: row g + 8):
-// the running max and sum updated from the tile's log2-domain scores, the scores turned into P in
-// place, and each row's factor corr by which the output accumulated so far must be rescaled (a
-// row that has seen nothing yet keeps max -inf and P 0). softmax_step leaves the output alone (a
-// kernel whose P V product of the previous tile is still running rescales it afterwards,
-// rescale_rows); online_softmax does both.
+// the running max and sum updated from the tile's scores, the scores turned into P in place, and
+// each row's factor corr by which the output accumulated so far must be rescaled (a row that has
+// seen nothing yet keeps max -inf and P 0). The scores are x with log2-domain values x k (k > 0):
+// either already in the log2 domain (k = 1, scores_log2) or raw with k = scale log2(e), the scale
+// then applied in the exponent's FFMA (exp2(x k - max k), FlashAttention's form: one FMUL an
+// element less); m_run stays in x's units. softmax_step leaves the output alone (a kernel whose P V
+// product of the previous tile is still running rescales it afterwards, rescale_rows);
+// online_softmax does both.
 template <int kN>
 __device__ __forceinline__ void softmax_step(float (&s)[kN][4], float (&m_run)[2], float (&l_run)[2],
-                                             float (&corr)[2]) {
+                                             float (&corr)[2], float k = 1.f) {
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    float mx = m_run[r];
+    float v[kN];  // the row's max as a tree (log2 kN deep, not a chain of kN: it gates the exponentials)
 #pragma unroll
-    for (int n = 0; n < kN; ++n) mx = fmaxf(mx, fmaxf(s[n][2 * r], s[n][2 * r + 1]));
+    for (int n = 0; n < kN; ++n) v[n] = fmaxf(s[n][2 * r], s[n][2 * r + 1]);
+#pragma unroll
+    for (int w = 1; w < kN; w *= 2)
+#pragma unroll
+      for (int n = 0; n + w < kN; n += 2 * w) v[n] = fmaxf(v[n], v[n + w]);
+    float mx = fmaxf(m_run[r], v[0]);
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-    const float use = mx == kNegInf ? 0.f : mx;
-    corr[r] = cuda::fast_exp2(m_run[r] - use);
+    const float use = mx == kNegInf ? 0.f : mx * k;
+    corr[r] = cuda::fast_exp2(fmaf(m_run[r], k, -use));
     m_run[r] = mx;
     float sum = 0.f;
 #pragma unroll
     for (int n = 0; n < kN; ++n) {
-      s[n][2 * r] = cuda::fast_exp2(s[n][2 * r] - use);
-      s[n][2 * r + 1] = cuda::fast_exp2(s[n][2 * r + 1] - use);
+      s[n][2 * r] = cuda::fast_exp2(fmaf(s[n][2 * r], k, -use));
+      s[n][2 * r + 1] = cuda::fast_exp2(fmaf(s[n][2 * r + 1], k, -use));
       sum += s[n][2 * r] + s[n][2 * r + 1];
     }
     l_run[r] = l_run[r] * corr[r] + sum;
@@ -621,10 +629,10 @@ __device__ __forceinline__ void score_grads_by_row(const float (&s)[kN][4], floa
 
 // The forward's row totals: each row's 1 / sum (0 for a row that saw nothing) into inv, and its
 // LSE (natural log; -inf for such a row) written by the quad's first lane. row0: the warp's first
-// query row; sq: batch row b's query count.
+// query row; sq: batch row b's query count; k: softmax_step's.
 __device__ __forceinline__ void finish_rows(const float (&m_run)[2], const float (&l_run)[2], float (&inv)[2],
                                             const AttentionParams& p, int64_t sq, int64_t b, int64_t h, int64_t row0,
-                                            int lane) {
+                                            int lane, float k = 1.f) {
   const int g = lane / 4, t4 = lane % 4;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
@@ -634,7 +642,7 @@ __device__ __forceinline__ void finish_rows(const float (&m_run)[2], const float
     inv[r] = l > 0.f ? 1.f / l : 0.f;
     const int64_t i = row0 + g + 8 * r;
     if (t4 == 0 && i < sq) {
-      static_cast<float*>(p.lse)[p.lse_at(b, h) + i] = l > 0.f ? (m_run[r] + log2f(l)) * kLn2 : kNegInf;
+      static_cast<float*>(p.lse)[p.lse_at(b, h) + i] = l > 0.f ? fmaf(m_run[r], k, log2f(l)) * kLn2 : kNegInf;
     }
   }
 }

@@ -39,15 +39,18 @@ __device__ __forceinline__ void mbar_arrive_cluster(uint32_t bar, uint32_t cta) 
       "r"(cta)
       : "memory");
 }
-// Waits until the phase of parity `parity` has completed.
+// Waits until the phase of parity `parity` has completed. On sm_90 try_wait suspends the thread
+// until then or until a time limit: without a hint that limit is short, and a waiting warp (a
+// producer a ring ahead) spins, taking issue slots from the math warps on its scheduler; with a
+// 10 ms hint it sleeps until the phase completes (CUTLASS's ClusterBarrier does the same).
 __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
   uint32_t done = 0;
   while (!done) {
 #if __CUDA_ARCH__ >= 900
     asm volatile(
-        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
+        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2, %3;\n selp.u32 %0, 1, 0, p;\n}\n"
         : "=r"(done)
-        : "r"(bar), "r"(parity)
+        : "r"(bar), "r"(parity), "n"(10000000)
         : "memory");
 #else
     asm volatile(
