@@ -16,7 +16,7 @@ IMPL = re.compile(r"(?P<name>[A-Za-z][\w\- ()/.]*?) (?P<ms>[\d.]+) ms \((?P<rati
 
 
 def main(path: str) -> None:
-    print("| row | pass | opforge ms | " + " | ".join(f"{p} ms (opforge ×)" for p in PEERS) + " |")
+    print("| row | pass | opforge ms | " + " | ".join(f"{p} ms (opforge \u00d7)" for p in PEERS) + " |")
     print("|---|---|---|" + "---|" * len(PEERS))
     for line in open(path, encoding="utf-8"):
         m = LINE.match(line.strip())
@@ -26,7 +26,7 @@ def main(path: str) -> None:
         ours = times.get("opforge")
         if ours is None:
             continue
-        cells = [f"{times[p]:.3f} ({times[p] / ours:.2f}×)" if p in times else "—" for p in PEERS]
+        cells = [f"{times[p]:.3f} ({times[p] / ours:.2f}\u00d7)" if p in times else "—" for p in PEERS]
         print(f"| {m['row']} | {m['pass']} | {ours:.3f} | " + " | ".join(cells) + " |")
 
 
