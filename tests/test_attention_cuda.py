@@ -137,6 +137,25 @@ def test_function_masks(block):
     check_gradients(q, k, v, dict(mask=m))  # the dK/dV pass reads the bits by query (block sizes)
 
 
+@pytest.mark.parametrize("D", [64, 128, 256])
+@pytest.mark.parametrize("block", [(128, 128), (256, 128), (128, 256)], ids=str)
+def test_staged_mask_bits(D, block):
+    # Mask blocks that hold whole Hopper tiles: the producers stage each partial tile's bits in
+    # shared memory (at a row and column offset inside the block where the block is larger), the
+    # consumers read them there; ragged last tiles, some blocks empty or full, GQA.
+    B, Hq, Hkv, S = 1, 4, 2, 517
+    q, k, v = qkv(B, Hq, Hkv, S, S, D)
+    table = torch.rand(B, Hq, S, S, device=DEV) < 0.7
+    blocks = torch.rand(B, Hq, -(-S // block[0]), -(-S // block[1]), device=DEV)
+    full = (blocks > 0.8).repeat_interleave(block[0], 2).repeat_interleave(block[1], 3)[..., :S, :S]
+    empty = (blocks < 0.15).repeat_interleave(block[0], 2).repeat_interleave(block[1], 3)[..., :S, :S]
+    table = (table | full) & ~empty
+    m = block_mask(lambda b, h, i, j: table[b, h, i, j], B, Hq, S, S, block_size=block, device=DEV)
+    check_forward(q, k, v, dict(mask=m))
+    check_forward(q, k, v, dict(mask=m, causal=True))
+    check_gradients(q, k, v, dict(mask=m, causal=True))
+
+
 def grads(q, k, v, go, kw, variant="auto"):
     leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
     out = opforge.attention(*leaves, variant=variant, **kw) if kw is not None else None
@@ -711,6 +730,34 @@ def test_varlen_matches_reference(name, d, variant):
             assert (got == 0).all() and lse[:, a:e].isneginf().all(), b
             assert (got_grads[0][a:e] == 0).all() and (got_grads[1][ka:ke] == 0).all(), b
             assert (got_grads[2][ka:ke] == 0).all(), b
+
+
+@pytest.mark.parametrize("d", [64, 128, 256])
+def test_forward_more_work_than_multiprocessors(d):
+    """More query blocks than the GPU has multiprocessors (a persistent grid's blocks take several,
+    one after another): dense with GQA and a window, a block mask whose empty block rows leave
+    items with nothing to see between others, and many packed sequences (empty ones among them)."""
+    q, k, v = qkv(2, 16, 4, 1100, 1100, d)
+    check_forward(q, k, v, dict(causal=True, window=(700, 0)))
+    S = 1300
+    q, k, v = qkv(1, 24, 8, S, S, d)
+    rows = torch.rand(1, 24, -(-S // 128), 1, device=DEV) < 0.3  # block rows that see nothing
+    table = (torch.rand(1, 24, S, S, device=DEV) < 0.6) & ~rows.repeat_interleave(128, 2)[:, :, :S]
+    m = block_mask(lambda b, h, i, j: table[b, h, i, j], 1, 24, S, S, block_size=128, device=DEV)
+    check_forward(q, k, v, dict(mask=m))
+    lens = torch.randint(0, 400, (48,)).tolist()
+    lens[3] = lens[17] = 0
+    q, k, v, cu_q, cu_k = varlen_case(lens, lens, 8, 2, d)
+    out, _ = varlen_forward(q, k, v, cu_q, cu_k, dict(causal=True))
+    out = out.transpose(1, 2).squeeze(0)
+    for b, (qb, kb, vb) in enumerate(zip(*(sequences(t, cu_q) for t in (q, k, v)), strict=True)):
+        a, e = cu_q[b].item(), cu_q[b + 1].item()
+        if e == a:
+            continue
+        want = reference.attention(qb.double(), kb.double(), vb.double(), causal=True)
+        low = reference.attention(qb, kb, vb, causal=True)
+        got = out[a:e].unsqueeze(0).transpose(1, 2)
+        assert max_err(got, want) <= 2 * max_err(low, want) + 1e-3, b
 
 
 def test_varlen_deterministic_and_kernels():

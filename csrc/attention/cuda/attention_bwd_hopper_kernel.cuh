@@ -47,7 +47,7 @@ namespace opforge {
 namespace attention_cuda {
 
 template <int kD_, int kBlockM_, int kBlockN_, int kStages_, bool kDQAtomic_ = false, int kProducerRegs_ = 24,
-          int kConsumerRegs_ = 240>
+          int kConsumerRegs_ = 240, bool kStageMask_ = false>
 struct HopperBwdTraits {
   static constexpr int kD = kD_, kBlockN = kBlockN_, kBlockM = kBlockM_, kStages = kStages_;
   // How a tile's dQ reaches the float32 workspace: through shared memory and warp 1's bulk
@@ -72,8 +72,11 @@ struct HopperBwdTraits {
   static constexpr int kKPanelBytes = kBlockN * 128, kQPanelBytes = kBlockM * 128;
   static constexpr int kKBytes = kPanels * kKPanelBytes, kQBytes = kPanels * kQPanelBytes;
   // A stage: Q and dO (whole swizzle atoms), and apart from them its stats: lse2 and delta (kBlockM
-  // floats each) and the tile's BwdTileInfo (16 bytes).
-  static constexpr int kStageBytes = 2 * kQBytes, kStatsBytes = 2 * kBlockM * 4 + 16;
+  // floats each), the tile's BwdTileInfo (16 bytes), and in the block-mask form (kStageMask: launched
+  // for patterns with a block mask) a partial mask tile's bits, staged by the producer (kBlockM
+  // query rows of kBlockN / 32 words).
+  static constexpr bool kStageMask = kStageMask_;
+  static constexpr int kStageBytes = 2 * kQBytes;
   // dS^T (keys layout): kBlockN key rows of kBlockM queries in 64-query panels; dS and P (head-dim
   // layout): 64 query rows of 64 keys each. Two buffers, so that one warpgroup may write the next
   // tile's while the other still reads this one's.
@@ -86,14 +89,21 @@ struct HopperBwdTraits {
   static constexpr bool kDQSplitD = kBlockM == 64;
   static constexpr int kDQPartFloats = 64 * kDQPartCols, kDQPartBytes = kDQPartFloats * 4;
   static constexpr int kDQStageBytes = kDQAtomic ? 0 : 2 * kDQPartBytes;
-  static constexpr int kSmemBytes = 1024 + 2 * kKBytes + kStages * (kStageBytes + kStatsBytes) +
-                                    2 * (kDSBytes + kPBytes) + kDQStageBytes + 2 * 16 + (1 + 2 * kStages) * 8;
+  static constexpr int kBaseSmemBytes = 1024 + 2 * kKBytes + kStages * (kStageBytes + 2 * kBlockM * 4 + 16) +
+                                        2 * (kDSBytes + kPBytes) + kDQStageBytes + 2 * 16 + (1 + 2 * kStages) * 8;
+  static constexpr int kMaskWords = kStageMask ? kBlockM * kBlockN / 32 : 0;
+  static constexpr int kStatsBytes = 2 * kBlockM * 4 + 16 + kMaskWords * 4;
+  static constexpr int kSmemBytes = kBaseSmemBytes + kStages * kMaskWords * 4;
   static_assert(kSmemBytes <= 227 * 1024, "shared memory");
 };
 using HopperBwdTraitsD64 = HopperBwdTraits<64, 128, 128, 2>;
 using HopperBwdTraitsD128 = HopperBwdTraits<128, 64, 128, 2>;
 using HopperBwdTraitsD256 = HopperBwdTraits<256, 64, 64, 2, true>;
 using HopperBwdTraitsD256Deterministic = HopperBwdTraits<256, 64, 64, 1>;
+// The block-mask forms (head dim 256's two stages leave no room for the bits: its kernels read them
+// from global memory).
+using HopperBwdTraitsMaskD64 = HopperBwdTraits<64, 128, 128, 2, false, 24, 240, true>;
+using HopperBwdTraitsMaskD128 = HopperBwdTraits<128, 64, 128, 2, false, 24, 240, true>;
 
 // Named barriers (0 is __syncthreads's; 1 and 2 are the epilogue's, store_accumulator_rows).
 constexpr int kBwdBarDS = 3;       // both consumer warpgroups' dS^T (head-dim layout: P and dS) are in shared memory
@@ -111,9 +121,10 @@ __device__ __forceinline__ int64_t dq_tile_offset(const AttentionCudaArgs& a, in
 
 // What the producer tells the consumers about the tile in a stage (written into the stage before
 // its arrival, read after the wait), and the consumers tell warp 1 with a dQ part: the query tile
-// (-1: no more tiles), its head, and its class (tile_class_bits).
+// (-1: no more tiles), its head, its class (tile_class_bits), and whether the stage holds its
+// block-mask bits.
 struct BwdTileInfo {
-  int tile, head, bits, unused;
+  int tile, head, bits, staged;
 };
 
 // The backward's exponent and score gradient of one element, both consumer layouts': the exponent
@@ -168,7 +179,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
 #ifdef OPFORGE_ATTENTION_BWD_WGMMA_DEVICE
   constexpr int kD = Tr::kD, kBN = Tr::kBlockN, kBM = Tr::kBlockM, kStages = Tr::kStages;
   constexpr int kMT = kBM / 8, kDT = kD / 8;
-  constexpr int kInfoOffset = 2 * kBM * 4;  // in a stage's stats, after lse2 and delta
+  constexpr int kInfoOffset = 2 * kBM * 4;        // in a stage's stats, after lse2 and delta
+  constexpr int kMaskOffset = kInfoOffset + 16;  // then the mask bits
   using cuda::smem_addr;
   using State = cuda::PipelineState<kStages>;
   extern __shared__ unsigned char smem_raw[];
@@ -233,6 +245,9 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
                             static_cast<int>(hk), tb, smem_addr(bar_kv));
         }
       }
+      // A partial block-mask tile inside one mask block gets its bits copied into the stage by the
+      // warp's lanes (cp.async, which the stage's full barrier waits for), as in the forward.
+      const bool stage_bits = Tr::kStageMask && mask_stageable<kBM, kBN>(pat);
       State wr;
       for (int64_t gi = 0; gi < group; ++gi) {
         const int h = static_cast<int>(hk * group + gi);
@@ -241,11 +256,23 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
         TileClass tc;
         for (int tile = walk.next(h, walk.begin, tc, lane); tile < walk.end;
              tile = walk.next(h, tile + 1, tc, lane), wr.advance()) {
+          int staged = 0;
+          if constexpr (Tr::kStageMask) {
+            if (lane == 0) pipe.producer_acquire(wr);
+            __syncwarp();
+            if (stage_bits && tc.mask) {
+              staged = stage_mask_bits<kBM, kBN>(
+                  pat, b, h, int64_t{tile} * kBM, j0,
+                  reinterpret_cast<uint32_t*>(sStats + wr.index * Tr::kStatsBytes + kMaskOffset), &pipe.full[wr.index],
+                  lane);
+            }
+            __syncwarp();  // (the lanes' arrivals counted before lane 0's can complete the phase)
+          }
           if (lane == 0) {
-            pipe.producer_acquire(wr);
+            if (!Tr::kStageMask) pipe.producer_acquire(wr);
             unsigned char* const st = sStages + wr.index * Tr::kStageBytes;
             unsigned char* const stats = sStats + wr.index * Tr::kStatsBytes;
-            *reinterpret_cast<int4*>(stats + kInfoOffset) = make_int4(tile, h, tile_class_bits(tc), 0);
+            *reinterpret_cast<int4*>(stats + kInfoOffset) = make_int4(tile, h, tile_class_bits(tc), staged);
             const uint32_t bar = pipe.producer_commit(wr, 2 * Tr::kQBytes + 2 * kBM * 4);
 #pragma unroll
             for (int pn = 0; pn < Tr::kPanels; ++pn) {
@@ -396,7 +423,16 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       }
       uint32_t vis[2] = {~0u, ~0u};  // (every tile masked through its set, as in the keys layout)
       if (tc.kind == BlockKind::kPartial) {
-        mask_tile_bits<false, 32>(vis, pat, tc, b, h, int64_t{tile} * kBM + row0, j0 + half * 32, lane);
+        // The block mask's bits of the thread's two query rows over this warpgroup's 32 keys: from
+        // the stage where the producer staged them, else from global memory.
+        const uint32_t* words = reinterpret_cast<const uint32_t*>(stats + kMaskOffset);
+        uint32_t mask_rows[2] = {0u, 0u};
+        if (Tr::kStageMask && info.w) {
+#pragma unroll
+          for (int r = 0; r < 2; ++r) mask_rows[r] = quad_bits(words[(row0 + g + 8 * r) * (kBN / 32) + half], t4);
+        }
+        mask_tile_bits<false, 32>(vis, pat, tc, b, h, int64_t{tile} * kBM + row0, j0 + half * 32, lane,
+                                  Tr::kStageMask && info.w ? mask_rows : nullptr);
       }
       apply_visibility(sc, vis);
 #pragma unroll
@@ -554,7 +590,23 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       // (Masked on every tile, all bits set on full ones: one path through the scores, so that the
       // register allocation need not reconcile two.)
       uint32_t vis[2] = {~0u, ~0u};
-      if (tc.kind == BlockKind::kPartial) mask_tile_bits<true, kBM>(vis, pat, tc, b, h, key0, int64_t{tile} * kBM, lane);
+      if (tc.kind == BlockKind::kPartial) {
+        // The block mask's bits of the thread's two key rows over the tile's queries: from the stage
+        // where the producer staged them (query rows of kBN / 32 words), else from global memory.
+        uint32_t mask_rows[2] = {0u, 0u};
+        if (Tr::kStageMask && info.w) {
+          const int kl = half * 64 + warp * 16 + g;  // the thread's first key row in the block
+          const uint32_t* col = reinterpret_cast<const uint32_t*>(stats + kMaskOffset) + kl / 32;
+#pragma unroll
+          for (int n = 0; n < kBM / 4; ++n) {
+            const uint32_t w = col[((n / 2) * 8 + 2 * t4 + n % 2) * (kBN / 32)];
+            mask_rows[0] |= ((w >> (kl % 32)) & 1u) << n;
+            mask_rows[1] |= ((w >> (kl % 32 + 8)) & 1u) << n;
+          }
+        }
+        mask_tile_bits<true, kBM>(vis, pat, tc, b, h, key0, int64_t{tile} * kBM, lane,
+                                  Tr::kStageMask && info.w ? mask_rows : nullptr);
+      }
       apply_visibility(st, vis);
   #pragma unroll
       for (int n = 0; n < kMT; ++n) {

@@ -12,6 +12,9 @@
 //     as S is done, the V stage when P V is. The warpgroups take turns to issue their products
 //     (named barriers: ping-pong), so one's softmax runs while another's products occupy the
 //     tensor cores.
+// With a block mask the kernel's block-mask form runs (kStageMask): the producer's lanes also copy
+// each partial mask tile's bits into the K stage (stage_mask_bits), and the consumers compute a
+// partial tile's visibility from them while its S and the previous tile's P V run.
 // Tiles are 128-byte swizzled boxes of 64 columns (TMA writes them, wgmma descriptors read them);
 // rows past the sequence come in as zeros. Without sm_90a device code the kernel traps; the
 // launcher's rule (attention_heuristics.h) asks hopper_status() first and takes the mma.sync kernel
@@ -35,12 +38,17 @@
 namespace opforge {
 namespace attention_cuda {
 
-template <int kD_, int kBlockN_, int kStages_, int kConsumers_ = 2, bool kPingPong_ = true>
+template <int kD_, int kBlockN_, int kStages_, int kConsumers_ = 2, bool kPingPong_ = true, bool kStageMask_ = false>
 struct HopperFwdTraits {
   static constexpr int kD = kD_, kBlockN = kBlockN_, kStages = kStages_, kConsumers = kConsumers_;
   // The consumer warpgroups take turns to issue their products (named barriers of 256 threads: the
   // warpgroup whose turn it is and the one before it).
   static constexpr bool kPingPong = kPingPong_;
+  // The block-mask form (launched for patterns with a block mask): a partial mask tile's bits staged
+  // into the K stage by the producer (kMaskWords: kBlockM rows of kBlockN / 32 words), the stage
+  // handed back by every consumer warp (each reads the bits), a partial tile's visibility computed
+  // while its S and the previous P V run.
+  static constexpr bool kStageMask = kStageMask_;
   static constexpr int kBlockM = 64 * kConsumers;
   static constexpr int kThreads = 128 * (1 + kConsumers);  // producer warpgroup + consumer warpgroups
   // Registers a thread after setmaxnreg (FA3's split: the launch's 65536 / kThreads, rounded down to
@@ -52,14 +60,19 @@ struct HopperFwdTraits {
   static constexpr int kQPanelBytes = kBlockM * 128, kKVPanelBytes = kBlockN * 128;
   static constexpr int kQBytes = kPanels * kQPanelBytes, kKVBytes = kPanels * kKVPanelBytes;
   static constexpr int kStageBytes = 2 * kKVBytes;  // K then V
-  // Q, the stages, a tile's (index, class) per stage, the barriers (Q; K full / empty; V full / empty).
-  static constexpr int kSmemBytes = 1024 /* alignment */ + kQBytes + kStages * kStageBytes + kStages * 16 +
-                                    (1 + 4 * kStages) * 8;
+  static constexpr int kMaskWords = kStageMask ? kBlockM * kBlockN / 32 : 0;
+  // Q, the stages, their mask bits, a tile's (index, class, staged) per stage, the barriers (Q; K
+  // full / empty; V full / empty).
+  static constexpr int kSmemBytes = 1024 /* alignment */ + kQBytes + kStages * (kStageBytes + kMaskWords * 4) +
+                                    kStages * 16 + (1 + 4 * kStages) * 8;
   static_assert(kBlockN <= 256 && kSmemBytes <= 227 * 1024, "TMA box rows / shared memory");
 };
 using HopperFwdTraitsD64 = HopperFwdTraits<64, 128, 2, 2>;  // (three consumers, 192 x 128: 2% faster causal, 11% slower sliding 512)
 using HopperFwdTraitsD128 = HopperFwdTraits<128, 128, 2>;
 using HopperFwdTraitsD256 = HopperFwdTraits<256, 64, 2, 2, false>;  // (no ping-pong: 3% faster, as FA4 above D 128)
+using HopperFwdTraitsMaskD64 = HopperFwdTraits<64, 128, 2, 2, true, true>;
+using HopperFwdTraitsMaskD128 = HopperFwdTraits<128, 128, 2, 2, true, true>;
+using HopperFwdTraitsMaskD256 = HopperFwdTraits<256, 64, 2, 2, false, true>;
 
 // Named barriers (0 is __syncthreads's; 1 + c consumer warpgroup c's epilogue): + c, consumer
 // warpgroup c's turn to issue its products.
@@ -78,7 +91,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   unsigned char* smem = cuda::align_shared<1024>(smem_raw);
   unsigned char* const sQ = smem;
   unsigned char* const sKV = smem + Tr::kQBytes;
-  int4* const info = reinterpret_cast<int4*>(sKV + kStages * Tr::kStageBytes);  // (tile, class bits) a stage
+  uint32_t* const smask = reinterpret_cast<uint32_t*>(sKV + kStages * Tr::kStageBytes);  // a stage's mask bits
+  int4* const info = reinterpret_cast<int4*>(smask + kStages * Tr::kMaskWords);  // (tile, class bits, staged) a stage
   uint64_t* bars = reinterpret_cast<uint64_t*>(info + kStages);
   uint64_t* const bar_q = bars;
   const cuda::Pipeline<kStages> pk{bars + 1, bars + 1 + kStages};
@@ -92,7 +106,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   const int64_t i0 = qb * kBM, i1 = min(i0 + kBM, pat.sq);
   if (threadIdx.x == 0) {
     cuda::mbar_init(smem_addr(bar_q), 1);
-    pk.init(Tr::kConsumers);  // one arrival per consumer warpgroup
+    pk.init(Tr::kStageMask ? 4 * Tr::kConsumers : Tr::kConsumers);  // one arrival per consumer warp / warpgroup
     pv.init(Tr::kConsumers);
     cuda::fence_mbarrier_init();
   }
@@ -114,14 +128,30 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
                           static_cast<int>(h), tb, smem_addr(bar_q));
       }
     }
+    // The block-mask form: a partial mask tile inside one mask block gets its bits (the block's rows
+    // of the Q tile, the tile's columns) copied into the stage by the warp's lanes (cp.async, which
+    // the K stage's full barrier waits for), and the consumers read them from shared memory; other
+    // block masks' bits (blocks smaller than the tile, an unaligned bit table) they read from global
+    // memory.
+    const bool stage_bits = Tr::kStageMask && mask_stageable<kBM, kBN>(pat);
     TileClass tc;
     State w;
     for (int tile = walk.next(walk.begin, tc, lane); tile < walk.end;
          tile = walk.next(tile + 1, tc, lane), w.advance()) {
+      int staged = 0;
+      if constexpr (Tr::kStageMask) {
+        if (lane == 0) pk.producer_acquire(w);
+        __syncwarp();
+        if (stage_bits && tc.mask) {
+          staged = stage_mask_bits<kBM, kBN>(pat, b, h, i0, int64_t{tile} * kBN, smask + w.index * Tr::kMaskWords,
+                                             &pk.full[w.index], lane);
+        }
+        __syncwarp();  // (the lanes' arrivals counted before lane 0's can complete the phase)
+      }
       if (lane == 0) {
         unsigned char* const sK = sKV + w.index * Tr::kStageBytes;
-        pk.producer_acquire(w);
-        info[w.index] = make_int4(tile, tile_class_bits(tc), 0, 0);
+        if (!Tr::kStageMask) pk.producer_acquire(w);
+        info[w.index] = make_int4(tile, tile_class_bits(tc), staged, 0);
         uint32_t bar = pk.producer_commit(w, Tr::kKVBytes);
 #pragma unroll
         for (int pn = 0; pn < Tr::kPanels; ++pn) {
@@ -198,7 +228,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   const float k = raw_scores ? a.scale_log2 : 1.f;
   const auto scores_done = [&](float (&sc)[kNT][4], const State& st) {
     cuda::fence_operands(sc);
-    if (t == 0) pk.consumer_release(st);
+    if (Tr::kStageMask ? lane == 0 : t == 0) pk.consumer_release(st);
     if (!raw_scores) scores_log2(sc, a);
   };
   const auto softmax_tile = [&](float (&sc)[kNT][4], const State& st, float (&corr)[2]) {
@@ -209,6 +239,28 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
                                        const uint32_t (&mask_rows)[2], float (&corr)[2]) {
     scores_done(sc, st);
     mask_tile<false, kBN>(sc, pat, tc, b, h, row0, int64_t{tile} * kBN, lane, mask_rows);
+    softmax_step(sc, m_run, l_run, corr, k);
+  };
+  // The block-mask form's: a partial tile's visibility sets of the thread's two rows (band, segments,
+  // block mask: its bits from the stage where the producer staged them, else from global memory),
+  // computed before S is done; then the softmax of a tile so masked.
+  const auto tile_visibility = [&](const int4& ti, const TileClass& tc, const State& st, uint32_t (&vis)[2]) {
+    uint32_t mask_rows[2] = {0u, 0u};
+    if (tc.mask) {
+      if (ti.z) {
+        const uint32_t* rows = smask + st.index * Tr::kMaskWords + (half * 64 + warp * 16 + lane / 4) * (kBN / 32);
+        mask_rows[0] = mask_row_bits_staged<kBN>(rows, lane % 4);
+        mask_rows[1] = mask_row_bits_staged<kBN>(rows + 8 * (kBN / 32), lane % 4);
+      } else {
+        mask_rows_ahead<kBN>(pat, b, h, row0, int64_t{ti.x} * kBN, lane, mask_rows);
+      }
+    }
+    mask_tile_bits<false, kBN>(vis, pat, tc, b, h, row0, int64_t{ti.x} * kBN, lane, mask_rows);
+  };
+  const auto softmax_tile_visible = [&](float (&sc)[kNT][4], const State& st, const uint32_t (&vis)[2],
+                                        float (&corr)[2]) {
+    scores_done(sc, st);
+    apply_visibility(sc, vis);
     softmax_step(sc, m_run, l_run, corr, k);
   };
   State rk, rv;
@@ -222,14 +274,26 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       cuda::wgmma_fence();
       issue_s(sc, rk);
       if (Tr::kPingPong) cuda::named_barrier_arrive<256>(kFwdBarTurn + next);
-      uint32_t mask_rows[2];
-      if (tc.mask) mask_rows_ahead<kBN>(pat, b, h, row0, int64_t{ti.x} * kBN, lane, mask_rows);
-      cuda::wgmma_wait<0>();
       float corr[2];
-      if (tc.kind == BlockKind::kPartial) {
-        softmax_tile_masked(sc, rk, ti.x, tc, mask_rows, corr);
+      if constexpr (Tr::kStageMask) {
+        if (tc.kind == BlockKind::kPartial) {
+          uint32_t vis[2];
+          tile_visibility(ti, tc, rk, vis);
+          cuda::wgmma_wait<0>();
+          softmax_tile_visible(sc, rk, vis, corr);
+        } else {
+          cuda::wgmma_wait<0>();
+          softmax_tile(sc, rk, corr);
+        }
       } else {
-        softmax_tile(sc, rk, corr);
+        uint32_t mask_rows[2];
+        if (tc.mask) mask_rows_ahead<kBN>(pat, b, h, row0, int64_t{ti.x} * kBN, lane, mask_rows);
+        cuda::wgmma_wait<0>();
+        if (tc.kind == BlockKind::kPartial) {
+          softmax_tile_masked(sc, rk, ti.x, tc, mask_rows, corr);
+        } else {
+          softmax_tile(sc, rk, corr);
+        }
       }
 #pragma unroll
       for (int kk = 0; kk < kBN / 16; ++kk) acc_to_a<T>(pa[kk], sc, kk);
@@ -249,17 +313,29 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       cuda::wgmma_fence();
       issue_pv(rv);
       if (Tr::kPingPong) cuda::named_barrier_arrive<256>(kFwdBarTurn + next);  // the next warpgroup's turn
-      uint32_t mask_rows[2];  // a partial block-mask tile's bits, read while S is computed
-      if (tc.mask) mask_rows_ahead<kBN>(pat, b, h, row0, int64_t{ti.x} * kBN, lane, mask_rows);
-      // A partial tile's mask code needs more registers than the P V product in flight leaves free:
-      // that product is awaited first (partial tiles are few: a band's edges).
       float corr[2];
-      if (tc.kind == BlockKind::kPartial) {
-        cuda::wgmma_wait<0>();
-        softmax_tile_masked(sc, rk, ti.x, tc, mask_rows, corr);
+      if constexpr (Tr::kStageMask) {  // (a partial tile's visibility computed while S and P V are)
+        if (tc.kind == BlockKind::kPartial) {
+          uint32_t vis[2];
+          tile_visibility(ti, tc, rk, vis);
+          cuda::wgmma_wait<1>();
+          softmax_tile_visible(sc, rk, vis, corr);
+        } else {
+          cuda::wgmma_wait<1>();
+          softmax_tile(sc, rk, corr);
+        }
       } else {
-        cuda::wgmma_wait<1>();
-        softmax_tile(sc, rk, corr);
+        uint32_t mask_rows[2];  // a partial block-mask tile's bits, read while S is computed
+        if (tc.mask) mask_rows_ahead<kBN>(pat, b, h, row0, int64_t{ti.x} * kBN, lane, mask_rows);
+        // A partial tile's mask code needs more registers than the P V product in flight leaves
+        // free: that product is awaited first (partial tiles are few: a band's edges).
+        if (tc.kind == BlockKind::kPartial) {
+          cuda::wgmma_wait<0>();
+          softmax_tile_masked(sc, rk, ti.x, tc, mask_rows, corr);
+        } else {
+          cuda::wgmma_wait<1>();
+          softmax_tile(sc, rk, corr);
+        }
       }
       cuda::wgmma_wait<0>();
       cuda::fence_operands(o);

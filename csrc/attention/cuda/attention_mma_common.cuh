@@ -344,20 +344,44 @@ __device__ __forceinline__ uint32_t mask_word(const AttentionPattern& p, int64_t
   return p.mask_bits[(index * bq + i % bq) * (bk / 32) + (j % bk) / 32];
 }
 
+// Of a 32-column word of mask bits, the 8 bits thread t of a quad holds (bit 2 k + e: column
+// 8 k + 2 t + e; bit 8 k + u of the word is column 8 k + u).
+__device__ __forceinline__ uint32_t quad_bits(uint32_t word, int t) {
+  word >>= 2 * t;
+  return (word & 3u) | ((word >> 6) & 0xcu) | ((word >> 12) & 0x30u) | ((word >> 18) & 0xc0u);
+}
+
 // The block mask's bits of query row `row` over columns c0 .. c0 + kCols - 1 (c0 a multiple of 32)
 // that thread t of a quad holds (bit 2 nt + e: column nt * 8 + 2 t + e; as mask_tile's sets).
 // Words are read only where `want` has a bit (of their 8), and never past the last key.
 template <int kCols>
 __device__ __forceinline__ uint32_t mask_row_bits(const AttentionPattern& p, int64_t b, int64_t h, int row, int c0,
                                                   int t, uint32_t want) {
-  // Bit 8 k + u of word w is column 32 w + 8 k + u; the thread's are u = 2 t and 2 t + 1.
   uint32_t bits = 0;
 #pragma unroll
   for (int w = 0; w < kCols / 32; ++w) {
     if (!((want >> (8 * w)) & 0xffu) || c0 + 32 * w >= p.sk) continue;
-    const uint32_t word = mask_word(p, b, h, row, c0 + 32 * w) >> (2 * t);
-    bits |= ((word & 3u) | ((word >> 6) & 0xcu) | ((word >> 12) & 0x30u) | ((word >> 18) & 0xc0u)) << (8 * w);
+    bits |= quad_bits(mask_word(p, b, h, row, c0 + 32 * w), t) << (8 * w);
   }
+  return bits;
+}
+// The same from the row's kCols / 32 words already in shared memory (16-byte aligned when 4, 8
+// when 2; a producer staged them).
+template <int kCols>
+__device__ __forceinline__ uint32_t mask_row_bits_staged(const uint32_t* words, int t) {
+  constexpr int kW = kCols / 32;
+  static_assert(kW == 2 || kW == 4, "64 or 128 columns");
+  uint32_t w[kW];
+  if constexpr (kW == 4) {
+    const uint4 v = *reinterpret_cast<const uint4*>(words);
+    w[0] = v.x, w[1] = v.y, w[2] = v.z, w[3] = v.w;
+  } else {
+    const uint2 v = *reinterpret_cast<const uint2*>(words);
+    w[0] = v.x, w[1] = v.y;
+  }
+  uint32_t bits = 0;
+#pragma unroll
+  for (int i = 0; i < kW; ++i) bits |= quad_bits(w[i], t) << (8 * i);
   return bits;
 }
 
@@ -387,8 +411,8 @@ inline __device__ int clamp_col(int64_t x, int n) {
 // nt * 8 + 2 t + e), narrowed by the band, the segments and the block mask in turn, then applied
 // once: the code stays small (a kernel whose loop outgrows the instruction cache stalls on
 // fetches), and the rarely used parts are loops, not unrolled copies.
-// mask_rows (rows are queries): the block mask's bits of the thread's two rows, read ahead by
-// mask_rows_ahead (nullptr: read here). mask_tile_bits only computes the two rows' sets (a kernel
+// mask_rows: the block mask's bits of the thread's two rows (in the sets' order), read ahead
+// (mask_rows_ahead) or from bits a producer staged (nullptr: read here). mask_tile_bits only computes the two rows' sets (a kernel
 // may then apply them on every tile, all bits set on full ones, without two code paths through
 // the scores: apply_visibility).
 template <bool kKeysAsRows, int kCols>
@@ -443,7 +467,7 @@ __device__ __forceinline__ void mask_tile_bits(uint32_t (&vis_rows)[2], const At
     if (tc.mask) {  // (int arithmetic: positions are below 2^30 on CUDA.)
       const int rw = static_cast<int>(row), c0 = static_cast<int>(col0);
       uint32_t bits = 0;
-      if (!kKeysAsRows && mask_rows) {
+      if (mask_rows) {
         bits = mask_rows[r];
       } else if (!kKeysAsRows) {
         bits = mask_row_bits<kCols>(p, b, h, rw, c0, t, vis);

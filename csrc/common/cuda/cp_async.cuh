@@ -25,6 +25,29 @@ __device__ __forceinline__ void cp_async4(void* dst, const void* src, int src_by
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(src_bytes));
 }
 
+// 8 bytes global -> shared (cached in L1 too).
+__device__ __forceinline__ void cp_async8(void* dst, const void* src) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(smem_addr(dst)), "l"(src));
+}
+// kBytes (4, 8 or 16) global -> shared, all of them read.
+template <int kBytes>
+__device__ __forceinline__ void cp_async(void* dst, const void* src) {
+  static_assert(kBytes == 4 || kBytes == 8 || kBytes == 16, "cp.async copies 4, 8 or 16 bytes");
+  if constexpr (kBytes == 16) {
+    cp_async16(dst, src, 16);
+  } else if constexpr (kBytes == 8) {
+    cp_async8(dst, src);
+  } else {
+    cp_async4(dst, src, 4);
+  }
+}
+// The mbarrier at shared address `bar` tracks this thread's copies issued so far: its pending
+// count goes up by one now and down by one when they have landed (so that a phase a producer then
+// completes also waits for them; sm_80+).
+__device__ __forceinline__ void cp_async_mbar_arrive(uint32_t bar) {
+  asm volatile("cp.async.mbarrier.arrive.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+}
+
 // Closes this thread's group of copies issued since the last commit.
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 // Waits until at most kPending of this thread's committed groups are still in flight.
