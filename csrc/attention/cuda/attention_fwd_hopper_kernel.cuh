@@ -242,8 +242,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     softmax_step(sc, m_run, l_run, corr, k);
   };
   // The block-mask form's: a partial tile's visibility sets of the thread's two rows (band, segments,
-  // block mask: its bits from the stage where the producer staged them, else from global memory),
-  // computed before S is done; then the softmax of a tile so masked.
+  // block mask: its bits from the stage where the producer staged them, else from global memory);
+  // then the softmax of a tile so masked.
   const auto tile_visibility = [&](const int4& ti, const TileClass& tc, const State& st, uint32_t (&vis)[2]) {
     uint32_t mask_rows[2] = {0u, 0u};
     if (tc.mask) {
@@ -269,6 +269,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   if (ti.x >= 0) {
     {  // the first tile: S, softmax, P (nothing to rescale yet)
       const TileClass tc = tile_class_from_bits(ti.y);
+      uint32_t vis[2];  // (the block-mask form: a partial tile's visibility, before this warpgroup's turn)
+      if (Tr::kStageMask && tc.kind == BlockKind::kPartial) tile_visibility(ti, tc, rk, vis);
       float sc[kNT][4];
       if (Tr::kPingPong) cuda::named_barrier_sync<256>(kFwdBarTurn + half);
       cuda::wgmma_fence();
@@ -277,8 +279,6 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       float corr[2];
       if constexpr (Tr::kStageMask) {
         if (tc.kind == BlockKind::kPartial) {
-          uint32_t vis[2];
-          tile_visibility(ti, tc, rk, vis);
           cuda::wgmma_wait<0>();
           softmax_tile_visible(sc, rk, vis, corr);
         } else {
@@ -304,6 +304,10 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       ti = info[rk.index];
       if (ti.x < 0) break;
       const TileClass tc = tile_class_from_bits(ti.y);
+      // The block-mask form: a partial tile's visibility, computed while the other warpgroup has
+      // its turn (after the issue it would wait for S: ptxas hoists the wait above the branch).
+      uint32_t vis[2];
+      if (Tr::kStageMask && tc.kind == BlockKind::kPartial) tile_visibility(ti, tc, rk, vis);
       float sc[kNT][4];
       if (Tr::kPingPong) cuda::named_barrier_sync<256>(kFwdBarTurn + half);
       cuda::fence_operands(o);
@@ -314,10 +318,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       issue_pv(rv);
       if (Tr::kPingPong) cuda::named_barrier_arrive<256>(kFwdBarTurn + next);  // the next warpgroup's turn
       float corr[2];
-      if constexpr (Tr::kStageMask) {  // (a partial tile's visibility computed while S and P V are)
+      if constexpr (Tr::kStageMask) {
         if (tc.kind == BlockKind::kPartial) {
-          uint32_t vis[2];
-          tile_visibility(ti, tc, rk, vis);
           cuda::wgmma_wait<1>();
           softmax_tile_visible(sc, rk, vis, corr);
         } else {
