@@ -14,7 +14,7 @@
 //     tensor cores.
 // With a block mask the kernel's block-mask form runs (kStageMask): the producer's lanes also copy
 // each partial mask tile's bits into the K stage (stage_mask_bits), and the consumers compute a
-// partial tile's visibility from them while its S and the previous tile's P V run.
+// partial tile's visibility from them while the other warpgroup has its turn.
 // Tiles are 128-byte swizzled boxes of 64 columns (TMA writes them, wgmma descriptors read them);
 // rows past the sequence come in as zeros. Without sm_90a device code the kernel traps; the
 // launcher's rule (attention_heuristics.h) asks hopper_status() first and takes the mma.sync kernel
@@ -47,7 +47,7 @@ struct HopperFwdTraits {
   // The block-mask form (launched for patterns with a block mask): a partial mask tile's bits staged
   // into the K stage by the producer (kMaskWords: kBlockM rows of kBlockN / 32 words), the stage
   // handed back by every consumer warp (each reads the bits), a partial tile's visibility computed
-  // while its S and the previous P V run.
+  // before the warpgroup's turn to issue.
   static constexpr bool kStageMask = kStageMask_;
   static constexpr int kBlockM = 64 * kConsumers;
   static constexpr int kThreads = 128 * (1 + kConsumers);  // producer warpgroup + consumer warpgroups
