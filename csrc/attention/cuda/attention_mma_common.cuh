@@ -412,9 +412,9 @@ inline __device__ int clamp_col(int64_t x, int n) {
 // once: the code stays small (a kernel whose loop outgrows the instruction cache stalls on
 // fetches), and the rarely used parts are loops, not unrolled copies.
 // mask_rows: the block mask's bits of the thread's two rows (in the sets' order), read ahead
-// (mask_rows_ahead) or from bits a producer staged (nullptr: read here). mask_tile_bits only computes the two rows' sets (a kernel
-// may then apply them on every tile, all bits set on full ones, without two code paths through
-// the scores: apply_visibility).
+// (mask_rows_ahead) or from bits a producer staged (nullptr: read here). mask_tile_bits only
+// computes the two rows' sets (a kernel may then apply them on every tile, all bits set on full
+// ones, without two code paths through the scores: apply_visibility).
 template <bool kKeysAsRows, int kCols>
 __device__ __forceinline__ void mask_tile_bits(uint32_t (&vis_rows)[2], const AttentionPattern& p, const TileClass& tc,
                                                int64_t b, int64_t h, int64_t row0, int64_t col0, int lane,
