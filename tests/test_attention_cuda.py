@@ -156,6 +156,28 @@ def test_staged_mask_bits(D, block):
     check_gradients(q, k, v, dict(mask=m, causal=True))
 
 
+@pytest.mark.parametrize("D", [64, 128, 256])
+@pytest.mark.parametrize("block", [(128, 128), (256, 128), (128, 64), (128, 256)], ids=str)
+def test_sparse_mask_long_rows(D, block):
+    # More than 32 tiles a row and a column with long empty stretches: the block-mask forms' walks
+    # jump over the empty mask blocks (next_mask_block) from the tile where they stand, to a block
+    # that may start inside a tile (block 64 < tile 128) or cover several (256); each head its own.
+    B, Hq, Hkv, S = 1, 2, 1, 4672
+    q, k, v = qkv(B, Hq, Hkv, S, S, D)
+    stripe = torch.tensor([3000, 1200], device=DEV)[None, :, None, None]
+
+    def fn(b, h, i, j):
+        near = (i - j).abs() < 150
+        column = (j >= stripe) & (j < stripe + 100) & (i % 3 == 0)
+        corner = (i >= 4000) & (j < 300 + 64 * h)
+        return near | column | corner
+
+    m = block_mask(fn, B, Hq, S, S, block_size=block, device=DEV)
+    assert m.block_counts()["empty"] > 0.8 * m.kinds.numel()
+    check_forward(q, k, v, dict(mask=m))
+    check_gradients(q, k, v, dict(mask=m, causal=True))
+
+
 def grads(q, k, v, go, kw, variant="auto"):
     leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
     out = opforge.attention(*leaves, variant=variant, **kw) if kw is not None else None

@@ -7,7 +7,8 @@ installed (a peer only, never a dependency: ../shared/tools/fa4_peer.sh) for the
 time the deterministic backward against FlashAttention-4's; "16 packed causal documents" times
 opforge.attention_varlen and opforge.attention with segment ids on the same documents; the block-mask
 rows ("random blocks 30%": partial blocks from a table; "dilated 4 + 128 causal": a mask function,
-every fourth key and the 128 nearest) give FlexAttention the same mask. CPU (float32):
+every fourth key and the 128 nearest; "sliding 256 + 64 sinks (mask fn)": a long row of mostly empty
+blocks, 16k keys) give FlexAttention the same mask. CPU (float32):
 SDPA (is_causal, or a dense mask) and plain PyTorch."""
 
 from __future__ import annotations
@@ -130,6 +131,12 @@ def _dilated_mask(b, h, q, kv):
     """Every fourth key, and the 128 nearest, causal (a mask with many partial blocks, as a function:
     opforge.block_mask and FlexAttention's mask_mod take it alike)."""
     return (((kv % 4) == 0) | ((q - kv).abs() < 128)) & (q >= kv)
+
+
+def _sinks_mask(b, h, q, kv):
+    """The 256 nearest keys before each query and the first 64 (attention sinks): a long, sparse mask
+    given as a function (most of each row's blocks empty)."""
+    return ((q - kv < 256) & (q >= kv)) | (kv < 64)
 
 
 def _flex_mask_mod(kw: dict, doc: torch.Tensor | None, table: torch.Tensor | None, fn=None):
@@ -335,6 +342,7 @@ def _cuda_cases(device: torch.device, full: bool) -> list[CaseBuilder]:
             ("sliding 512 D256", 4, 16, 16, 4096, 256, sliding, {}),
             ("random blocks 30%", 4, 16, 16, 4096, 128, {}, {"random_blocks": 0.3}),
             ("dilated 4 + 128 causal", 4, 16, 16, 4096, 128, {}, {"mask_fn": _dilated_mask}),
+            ("sliding 256 + 64 sinks (mask fn)", 1, 16, 16, 16384, 128, {}, {"mask_fn": _sinks_mask}),
             ("GQA 32/8 causal", 2, 32, 8, 8192, 128, dict(causal=True), {}),
             ("causal D64", 4, 32, 32, 4096, 64, dict(causal=True), {}),
             ("causal D256", 4, 8, 8, 4096, 256, dict(causal=True), {}),

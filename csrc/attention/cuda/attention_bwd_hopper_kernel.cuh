@@ -231,7 +231,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   if (wg == 0) {
     cuda::setmaxnreg_dec<Tr::kProducerRegs>();
     if (warp == 0) {  // loads: K and V, then every visible (head, query tile), then the end
-      QueryWalk<kBM> walk(pat, b, j0, j1, j1 - j0 < kBN);
+      QueryWalk<kBM, Tr::kStageMask> walk(pat, b, j0, j1, j1 - j0 < kBN);
       // TMA coordinates: the tensors' batch row, the sequence's first rows (varlen: in the packed dims).
       const int tb = static_cast<int>(p.pattern.tensor_batch(b));
       const int q_row0 = static_cast<int>(p.pattern.q_start(b)), k_row0 = static_cast<int>(p.pattern.k_start(b));

@@ -115,7 +115,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   if (wg == 0) {  // producer
     cuda::setmaxnreg_dec<Tr::kProducerRegs>();
     if (warp != 0) return;
-    KeyWalk<kBN, kD, 32, T> walk(p, pat, b, h, i0, i1);
+    KeyWalk<kBN, kD, 32, T, Tr::kStageMask> walk(p, pat, b, h, i0, i1);
     const int hk = static_cast<int>(h / (p.heads / p.kv_heads));
     // TMA coordinates: the tensors' batch row, the sequence's first rows (varlen: in the packed dims).
     const int tb = static_cast<int>(p.pattern.tensor_batch(b));

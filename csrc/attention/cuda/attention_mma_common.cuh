@@ -190,11 +190,38 @@ struct TileChunk {
   }
 };
 
+// The first block at or after `from` of a block mask's row or column of n blocks (kinds `stride`
+// bytes apart) that is not empty (kind full or partial), or n: the warp's lanes read kPerLane kinds
+// each, 32 kPerLane blocks a round (one memory latency), so that a sparse mask's walk skips its empty stretches
+// (a long row of a sliding or dilated block pattern) instead of classifying them 32 tiles at a time.
+template <int kPerLane = 16>
+__device__ __forceinline__ int next_mask_block(const uint8_t* kinds, int64_t stride, int from, int n, int lane) {
+  for (int base = from; base < n; base += 32 * kPerLane) {
+    uint32_t seen = 0;
+#pragma unroll
+    for (int k = 0; k < kPerLane; ++k) {
+      const int i = base + lane * kPerLane + k;
+      if (i < n) {
+        const uint8_t kind = kinds[i * stride];
+        seen |= static_cast<uint32_t>(kind == 1 || kind == 2) << k;
+      }
+    }
+    const uint32_t lanes = __ballot_sync(0xffffffffu, seen != 0);
+    if (lanes) {
+      const int first = __ffs(lanes) - 1;
+      return base + first * kPerLane + __ffs(__shfl_sync(0xffffffffu, seen, first)) - 1;
+    }
+  }
+  return n;
+}
+
 // A query block [i0, i1) of (b, h) walking the key tiles (kBlockN keys) it sees: the next one
 // with something visible (every warp finds the same, classifying 32 tiles at a time), and the copy
 // of a tile's K and V rows into a stage (K, then V kBlockN * kD values after it). pat: batch row
-// b's pattern (p.pattern.at(b)).
-template <int kBlockN, int kD, int kThreads, typename T>
+// b's pattern (p.pattern.at(b)). kSkipMask (the block-mask forms): where the block's queries lie in
+// one row of mask blocks and more than one chunk of tiles is left, the walk jumps over that row's
+// empty blocks (next_mask_block) before it classifies the next 32 tiles.
+template <int kBlockN, int kD, int kThreads, typename T, bool kSkipMask = false>
 struct KeyWalk {
   const AttentionPattern& pat;
   int64_t b, h, i0, i1;
@@ -204,6 +231,7 @@ struct KeyWalk {
   SegmentRange q_range;  // the block's query segment ids
   int begin = 0, end = 0;
   TileChunk chunk;
+  const uint8_t* mask_row = nullptr;  // (kSkipMask) the kinds of the block's row of mask blocks
 
   __device__ KeyWalk(const AttentionParams& p, const AttentionPattern& pat_, int64_t b_, int64_t h_, int64_t i0_,
                      int64_t i1_)
@@ -213,11 +241,21 @@ struct KeyWalk {
     v = static_cast<const T*>(p.v) + p.v_at(b, hk);
     if (pat.q_segments) q_range = block_segment_range(pat.q_seg_blocks, pat.q_seg_nblocks, b, i0, i1);
     key_tiles<kBlockN>(pat, i0, i1, begin, end);
+    if (kSkipMask && pat.mask_kinds && i0 < i1 && i0 / pat.block_q == (i1 - 1) / pat.block_q) {
+      mask_row = pat.mask_kinds + pat.mask_block(b, h, i0 / pat.block_q, 0);
+    }
   }
 
   __device__ int next(int from, TileClass& tc, int lane) {
     while (from < end) {
       if (chunk.first < 0 || from < chunk.first || from >= chunk.first + 32) {
+        if (kSkipMask && mask_row && end - from > 32) {  // past the row's empty mask blocks (more than a chunk left)
+          const int nk = static_cast<int>(pat.mask_nk);
+          const int blk = next_mask_block(mask_row, 1, static_cast<int>(int64_t{from} * kBlockN / pat.block_k), nk, lane);
+          if (blk >= nk) break;
+          from = max(from, static_cast<int>(int64_t{blk} * pat.block_k / kBlockN));
+          if (from >= end) break;
+        }
         const int t = from + lane;
         TileClass c;
         if (t < end) {
@@ -271,7 +309,10 @@ __device__ __forceinline__ bool query_tile_visible(const AttentionPattern& pat, 
 // 32 tiles classified at a time).
 // ragged: the block has fewer keys than the kernel's block, so every tile is partial (its rows past
 // the last key must be masked: the one-pass backward's dQ sums over every row of the block).
-template <int kBlockM>
+// kSkipMask (the block-mask forms): where the block's keys lie in one column of mask blocks and more
+// than one chunk of tiles is left, the walk jumps over that column's empty blocks (next_mask_block)
+// before it classifies the next 32 tiles.
+template <int kBlockM, bool kSkipMask = false>
 struct QueryWalk {
   const AttentionPattern& pat;
   int64_t b, j0, j1;
@@ -279,16 +320,28 @@ struct QueryWalk {
   SegmentRange kv_range;  // the block's key segment ids
   int begin = 0, end = 0;
   TileChunk chunk;
+  int mask_col = -1;  // (kSkipMask) the block's column of mask blocks, or -1
 
   __device__ QueryWalk(const AttentionPattern& p, int64_t b_, int64_t j0_, int64_t j1_, bool ragged_)
       : pat(p), b(b_), j0(j0_), j1(j1_), ragged(ragged_) {
     if (pat.q_segments) kv_range = block_segment_range(pat.kv_seg_blocks, pat.kv_seg_nblocks, b, j0, j1);
     query_tiles<kBlockM>(pat, j0, j1, begin, end);
+    if (kSkipMask && pat.mask_kinds && j0 < j1 && j0 / pat.block_k == (j1 - 1) / pat.block_k) {
+      mask_col = static_cast<int>(j0 / pat.block_k);
+    }
   }
 
   __device__ int next(int64_t h, int from, TileClass& tc, int lane) {
     while (from < end) {
       if (chunk.first < 0 || chunk.head != h || from < chunk.first || from >= chunk.first + 32) {
+        if (kSkipMask && mask_col >= 0 && end - from > 32) {  // past the column's empty mask blocks (more than a chunk left)
+          const int nq = static_cast<int>(pat.mask_nq);
+          const int blk = next_mask_block(pat.mask_kinds + pat.mask_block(b, h, 0, mask_col), pat.mask_nk,
+                                          static_cast<int>(int64_t{from} * kBlockM / pat.block_q), nq, lane);
+          if (blk >= nq) break;
+          from = max(from, static_cast<int>(int64_t{blk} * pat.block_q / kBlockM));
+          if (from >= end) break;
+        }
         const int t = from + lane;
         TileClass c;
         if (t < end) {
