@@ -173,7 +173,7 @@ def test_sparse_mask_long_rows(D, block):
         return near | column | corner
 
     m = block_mask(fn, B, Hq, S, S, block_size=block, device=DEV)
-    assert m.block_counts()["empty"] > 0.8 * m.kinds.numel()
+    assert m.block_counts()["empty"] > 0.7 * m.kinds.numel()
     check_forward(q, k, v, dict(mask=m))
     check_gradients(q, k, v, dict(mask=m, causal=True))
 
