@@ -24,4 +24,5 @@ else
   echo "$PATCH does not apply"
 fi
 for f in $files; do cp "/tmp/patch_rows_orig/$(basename "$f")" "$f"; done
-MAX_JOBS=16 python3 setup.py build_ext --inplace > /tmp/patch_rows_build.log 2>&1
+# (NO_RESTORE=1: the tree's build is not needed after this: skip rebuilding it)
+[ "${NO_RESTORE:-0}" = 1 ] || MAX_JOBS=16 python3 setup.py build_ext --inplace > /tmp/patch_rows_build.log 2>&1

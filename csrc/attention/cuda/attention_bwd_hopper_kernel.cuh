@@ -207,7 +207,9 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   int kblock;
   if (p.pattern.varlen()) {
     int64_t x;
-    if (!padded_tile(p.pattern.cu_seqlens_k, p.pattern.total_k, p.batch, kBN, blockIdx.x / p.kv_heads, b, x)) return;
+    if (!padded_tile_warp(p.pattern.cu_seqlens_k, p.pattern.total_k, p.batch, kBN, blockIdx.x / p.kv_heads, b, x)) {
+      return;
+    }
     hk = blockIdx.x % p.kv_heads, kblock = static_cast<int>(x);
   } else {
     const int blocks = static_cast<int>((p.pattern.sk + kBN - 1) / kBN);

@@ -13,8 +13,12 @@
 //     (named barriers: ping-pong), so one's softmax runs while another's products occupy the
 //     tensor cores.
 // With a block mask the kernel's block-mask form runs (kStageMask): the producer's lanes also copy
-// each partial mask tile's bits into the K stage (stage_mask_bits), and the consumers compute a
-// partial tile's visibility from them while the other warpgroup has its turn.
+// each partial mask tile's bits into the K stage (stage_mask_bits, after the K tile's copy is
+// issued), and the consumers compute a partial tile's visibility from them while the other
+// warpgroup has its turn.
+// Blocks take their query blocks in groups of (batch row, head) pairs whose K and V fit in L2
+// together, longest first across a group's pairs where a band makes lengths differ (so that the
+// grid's last blocks are short ones); varlen blocks find their sequence by a warp-wide search.
 // Tiles are 128-byte swizzled boxes of 64 columns (TMA writes them, wgmma descriptors read them);
 // rows past the sequence come in as zeros. Without sm_90a device code the kernel traps; the
 // launcher's rule (attention_heuristics.h) asks hopper_status() first and takes the mma.sync kernel
@@ -23,11 +27,14 @@
 
 #include <cuda.h>
 
+#include <algorithm>
+
 #include "attention/cuda/attention_hopper_common.cuh"
 #include "attention/cuda/attention_mma_common.cuh"
 #include "common/cuda/mbarrier.cuh"
 #include "common/cuda/pipeline.cuh"
 #include "common/cuda/ptx.cuh"
+#include "common/cuda/tile_order.cuh"
 #include "common/cuda/tma.cuh"
 #include "common/cuda/wgmma.cuh"
 
@@ -81,7 +88,8 @@ constexpr int kFwdBarTurn = 4;
 template <typename Tr, typename T>
 __global__ void __launch_bounds__(Tr::kThreads, 1)
     attention_fwd_hopper_kernel(const __grid_constant__ CUtensorMap map_q, const __grid_constant__ CUtensorMap map_k,
-                                const __grid_constant__ CUtensorMap map_v, const AttentionCudaArgs a) {
+                                const __grid_constant__ CUtensorMap map_v, const AttentionCudaArgs a,
+                                const int group_pairs) {
 #ifdef OPFORGE_ATTENTION_WGMMA_DEVICE
   constexpr int kD = Tr::kD, kBM = Tr::kBlockM, kBN = Tr::kBlockN, kStages = Tr::kStages;
   constexpr int kNT = kBN / 8, kDT = kD / 8;
@@ -99,9 +107,24 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   const cuda::Pipeline<kStages> pv{bars + 1 + 2 * kStages, bars + 1 + 3 * kStages};
   const AttentionParams& p = a.g.fwd;
   const int wg = threadIdx.x / 128, t = threadIdx.x % 128, warp = t / 32, lane = t % 32;
-  const int64_t h = blockIdx.y;
-  int64_t b, qb;  // the last query blocks (the most keys when causal) first
-  if (!block_tile(p, false, kBM, gridDim.x - 1 - blockIdx.x, blockIdx.z, b, qb)) return;
+  // The block's (batch row, head, query block). Without varlen the blocks go in groups of
+  // group_pairs (batch row, head) pairs, each group's query blocks last to first across its pairs
+  // (with causal, the most keys first: the longest blocks of a group start first and the last
+  // blocks to start are short); varlen: the padded tiles of the packed queries last to first, a
+  // head each grid row.
+  int64_t b, h, qb;
+  if (group_pairs > 0) {
+    const int blocks = static_cast<int>((p.pattern.sq + kBM - 1) / kBM);
+    int pair, w;
+    cuda::grouped_tile(static_cast<int>(blockIdx.x), group_pairs, static_cast<int>(p.batch * p.heads), blocks, false,
+                       pair, w);
+    b = pair / p.heads, h = pair % p.heads, qb = blocks - 1 - w;
+  } else {
+    h = blockIdx.y;
+    if (!padded_tile_warp(p.pattern.cu_seqlens_q, p.pattern.total_q, p.batch, kBM, gridDim.x - 1 - blockIdx.x, b, qb)) {
+      return;
+    }
+  }
   const AttentionPattern pat = p.pattern.at(b);
   const int64_t i0 = qb * kBM, i1 = min(i0 + kBM, pat.sq);
   if (threadIdx.x == 0) {
@@ -138,28 +161,41 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     State w;
     for (int tile = walk.next(walk.begin, tc, lane); tile < walk.end;
          tile = walk.next(tile + 1, tc, lane), w.advance()) {
-      int staged = 0;
-      if constexpr (Tr::kStageMask) {
-        if (lane == 0) pk.producer_acquire(w);
-        __syncwarp();
-        if (stage_bits && tc.mask) {
-          staged = stage_mask_bits<kBM, kBN>(pat, b, h, i0, int64_t{tile} * kBN, smask + w.index * Tr::kMaskWords,
-                                             &pk.full[w.index], lane);
-        }
-        __syncwarp();  // (the lanes' arrivals counted before lane 0's can complete the phase)
-      }
-      if (lane == 0) {
-        unsigned char* const sK = sKV + w.index * Tr::kStageBytes;
-        if (!Tr::kStageMask) pk.producer_acquire(w);
-        info[w.index] = make_int4(tile, tile_class_bits(tc), staged, 0);
-        uint32_t bar = pk.producer_commit(w, Tr::kKVBytes);
+      unsigned char* const sK = sKV + w.index * Tr::kStageBytes;
+      const auto load_k = [&](uint32_t bar) {
 #pragma unroll
         for (int pn = 0; pn < Tr::kPanels; ++pn) {
           cuda::tma_load_4d(smem_addr(sK + pn * Tr::kKVPanelBytes), &map_k, pn * 64, k_row0 + tile * kBN, hk, tb,
                             bar);
         }
+      };
+      if constexpr (Tr::kStageMask) {
+        // The K copies first (their bytes expected without an arrival), then the lanes' bits
+        // (cp.async, counted on the same barrier), then lane 0's arrival: the copies are in flight
+        // while the lanes read where the bits are.
+        if (lane == 0) {
+          pk.producer_acquire(w);
+          load_k(pk.producer_expect(w, Tr::kKVBytes));
+        }
+        __syncwarp();
+        int staged = 0;
+        if (stage_bits && tc.mask) {
+          staged = stage_mask_bits<kBM, kBN>(pat, b, h, i0, int64_t{tile} * kBN, smask + w.index * Tr::kMaskWords,
+                                             &pk.full[w.index], lane);
+        }
+        __syncwarp();  // (the lanes' arrivals counted before lane 0's can complete the phase)
+        if (lane == 0) {
+          info[w.index] = make_int4(tile, tile_class_bits(tc), staged, 0);
+          pk.producer_arrive(w);
+        }
+      } else if (lane == 0) {
+        pk.producer_acquire(w);
+        info[w.index] = make_int4(tile, tile_class_bits(tc), 0, 0);
+        load_k(pk.producer_commit(w, Tr::kKVBytes));
+      }
+      if (lane == 0) {
         pv.producer_acquire(w);
-        bar = pv.producer_commit(w, Tr::kKVBytes);
+        const uint32_t bar = pv.producer_commit(w, Tr::kKVBytes);
 #pragma unroll
         for (int pn = 0; pn < Tr::kPanels; ++pn) {
           cuda::tma_load_4d(smem_addr(sK + Tr::kKVBytes + pn * Tr::kKVPanelBytes), &map_v, pn * 64,
@@ -391,11 +427,27 @@ cudaError_t launch_hopper_fwd(const AttentionCudaArgs& a, cudaStream_t stream) {
   CUtensorMap mq, mk, mv;
   if (!make_attention_maps(a, Tr::kD, Tr::kBlockM, Tr::kBlockN, &mq, &mk, &mv)) return cudaErrorInvalidValue;
   const AttentionParams& p = a.g.fwd;
-  int64_t x, z;
-  tile_grid(p, false, Tr::kBlockM, x, z);
-  if (x > 0x7fffffff) return cudaErrorInvalidValue;
-  const dim3 grid(static_cast<unsigned>(x), static_cast<unsigned>(p.heads), static_cast<unsigned>(z));
-  attention_fwd_hopper_kernel<Tr, T><<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(mq, mk, mv, a);
+  const AttentionPattern& pat = p.pattern;
+  dim3 grid;
+  int group_pairs = 0;
+  if (pat.varlen()) {
+    int64_t x, z;
+    tile_grid(p, false, Tr::kBlockM, x, z);
+    if (x > 0x7fffffff) return cudaErrorInvalidValue;
+    grid = dim3(static_cast<unsigned>(x), static_cast<unsigned>(p.heads), static_cast<unsigned>(z));
+  } else {
+    const int64_t pairs = p.batch * p.heads, blocks = (pat.sq + Tr::kBlockM - 1) / Tr::kBlockM;
+    if (pairs * blocks > 0x7fffffff) return cudaErrorInvalidValue;
+    // Pairs a group: where blocks see different numbers of keys (a band), as many as have their K
+    // and V (shared by a GQA group's heads) within about a third of the H100 / H200's 50 MB L2, so
+    // that each group's longest blocks start first; else one (the longest-first order gains
+    // nothing and more pairs at once would share L2 among more K and V).
+    const int64_t pair_bytes = pat.sk * Tr::kD * 4 / std::max<int64_t>(p.heads / p.kv_heads, 1);
+    const int64_t fit = pat.has_band() ? (int64_t{16} << 20) / std::max<int64_t>(pair_bytes, 1) : 1;
+    group_pairs = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(pairs, fit)));
+    grid = dim3(static_cast<unsigned>(pairs * blocks));
+  }
+  attention_fwd_hopper_kernel<Tr, T><<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(mq, mk, mv, a, group_pairs);
   return cudaGetLastError();
 }
 

@@ -51,6 +51,29 @@ __device__ __forceinline__ void store_accumulator_rows(const float (&acc)[kD / 8
   }
 }
 
+// padded_tile for a tile every lane of the (converged) warp asks about: the sequence found by a
+// 32-way search, one round of loads for 32 sequences (two for 1024) instead of a binary search's
+// chain of dependent loads. Offsets a valid partition: the same answer as padded_tile.
+__device__ __forceinline__ bool padded_tile_warp(const int32_t* cu, int64_t total, int64_t batch, int64_t rows,
+                                                 int64_t tile, int64_t& b, int64_t& local) {
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  const int64_t row = tile * rows;
+  if (batch <= 0 || padded_start(cu, total, 0, rows) > row) return false;
+  int64_t lo = 0, n = batch;  // the last sequence starting at or before `row` is in [lo, lo + n); lo's starts there
+  while (n > 1) {
+    const int64_t stride = (n + 31) / 32, idx = lo + lane * stride;
+    const bool before = idx < lo + n && padded_start(cu, total, idx, rows) <= row;
+    const int last = 31 - __clz(static_cast<int>(__ballot_sync(0xffffffffu, before)));  // (lane 0's is lo: set)
+    const int64_t end = lo + n;
+    lo += last * stride;
+    n = min(stride, end - lo);
+  }
+  b = lo;
+  local = (row - padded_start(cu, total, lo, rows)) / rows;
+  const int64_t q0 = AttentionPattern::clamp_row(cu[lo], total), q1 = AttentionPattern::clamp_row(cu[lo + 1], total);
+  return local * rows < q1 - q0;
+}
+
 // Block-mask bits staged by a producer warp: a tile of kRows queries x kCols keys that lies inside
 // one mask block (block sizes multiples of the tile's, the bit table 16-byte aligned: mask_stageable)
 // gets its bits copied into shared memory, kRows rows of kCols / 32 words, by the warp's lanes

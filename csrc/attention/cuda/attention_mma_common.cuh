@@ -148,14 +148,19 @@ __device__ __forceinline__ void key_tiles(const AttentionPattern& p, int64_t i0,
 }
 
 // Segment ids of rows [start, end) of batch row b (start a multiple of 32) from the per-32-row
-// summaries ((B, nblocks, 2) min / max).
+// summaries ((B, nblocks, 2) min / max), two a step (a walk classifying tiles waits for two memory
+// latencies a round of 128-row tiles, not four).
 __device__ __forceinline__ SegmentRange block_segment_range(const int64_t* blocks, int64_t nblocks, int64_t b,
                                                             int64_t start, int64_t end) {
   SegmentRange r{0x7fffffffffffffffLL, -0x7fffffffffffffffLL - 1};
   const int64_t* row = blocks + b * nblocks * 2;
-  for (int64_t k = start / 32; k <= (end - 1) / 32; ++k) {
-    r.lo = min(r.lo, row[2 * k]);
-    r.hi = max(r.hi, row[2 * k + 1]);
+  const int64_t k0 = start / 32, k1 = (end - 1) / 32;
+  for (int64_t k = k0; k <= k1; k += 2) {  // (two summaries a step: their loads in flight together)
+    const bool two = k + 1 <= k1;
+    const int64_t lo0 = row[2 * k], hi0 = row[2 * k + 1];
+    const int64_t lo1 = two ? row[2 * k + 2] : lo0, hi1 = two ? row[2 * k + 3] : hi0;
+    r.lo = min(r.lo, min(lo0, lo1));
+    r.hi = max(r.hi, max(hi0, hi1));
   }
   return r;
 }
@@ -468,6 +473,16 @@ inline __device__ int clamp_col(int64_t x, int n) {
 // (mask_rows_ahead) or from bits a producer staged (nullptr: read here). mask_tile_bits only
 // computes the two rows' sets (a kernel may then apply them on every tile, all bits set on full
 // ones, without two code paths through the scores: apply_visibility).
+// The bits (in mask_tile_bits' order: bit n is column (n / 2) * 8 + 2 t + n % 2, increasing with
+// n) of thread t's columns below x: the first count of them, count = #{m : 8 m + 2 t + e < x} over
+// e = 0, 1 (each clamped to [0, kCols / 8]).
+template <int kCols>
+__device__ __forceinline__ uint32_t columns_below(int x, int t) {
+  const int c0 = min(max((x - 2 * t + 7) >> 3, 0), kCols / 8), c1 = min(max((x - 2 * t + 6) >> 3, 0), kCols / 8);
+  const int count = c0 + c1;
+  return count >= 32 ? 0xffffffffu : (1u << count) - 1u;
+}
+
 template <bool kKeysAsRows, int kCols>
 __device__ __forceinline__ void mask_tile_bits(uint32_t (&vis_rows)[2], const AttentionPattern& p, const TileClass& tc,
                                                int64_t b, int64_t h, int64_t row0, int64_t col0, int lane,
@@ -500,14 +515,10 @@ __device__ __forceinline__ void mask_tile_bits(uint32_t (&vis_rows)[2], const At
       pc = row < p.prefix_len ? kCols : -1;
       cmax = clamp_col(p.sq - col0, kCols);
     }
-    // Visible by band and bounds: [0, p_end) (the prefix) and [b_lo, b_hi].
+    // Visible by band and bounds: [0, p_end) (the prefix) and [b_lo, b_hi]. The thread's columns
+    // increase with their bit, so each bound is a prefix of the bits (columns_below).
     const int p_end = min(pc, cmax), b_lo = tc.band ? lo : 0, b_hi = min(tc.band ? hi : kCols, cmax - 1);
-    uint32_t vis = 0;
-#pragma unroll
-    for (int n = 0; n < kBits; ++n) {
-      const int c = column(n);
-      vis |= static_cast<uint32_t>(c < p_end || (c >= b_lo && c <= b_hi)) << n;
-    }
+    uint32_t vis = columns_below<kCols>(p_end, t) | (columns_below<kCols>(b_hi + 1, t) & ~columns_below<kCols>(b_lo, t));
     if (tc.seg) {  // the row's segment against each still-visible column's
       const int64_t row_seg =
           kKeysAsRows ? p.kv_segments[b * p.kv_seg_bs + row] : p.q_segments[b * p.q_seg_bs + row];

@@ -56,6 +56,18 @@ struct Pipeline {
     mbar_arrive_expect_tx(bar, bytes);
     return bar;
   }
+  // Producer, the same in two steps, where other arrivals on the stage (a cp.async's, which counts
+  // itself in) must be registered after the bulk copies are issued but before the stage can fill:
+  // producer_expect (the copies' bytes; returns the barrier's address for them), then
+  // producer_arrive.
+  __device__ __forceinline__ uint32_t producer_expect(const PipelineState<kStages>& s, uint32_t bytes) const {
+    const uint32_t bar = smem_addr(&full[s.index]);
+    mbar_expect_tx(bar, bytes);
+    return bar;
+  }
+  __device__ __forceinline__ void producer_arrive(const PipelineState<kStages>& s) const {
+    mbar_arrive(smem_addr(&full[s.index]));
+  }
   // Consumer: waits until the stage is filled.
   __device__ __forceinline__ void consumer_wait(const PipelineState<kStages>& s) const {
     mbar_wait(smem_addr(&full[s.index]), s.phase);
