@@ -461,6 +461,16 @@ inline __device__ int clamp_col(int64_t x, int n) {
   return static_cast<int>(x < -1 ? int64_t{-1} : x > n ? int64_t{n} : x);
 }
 
+// The bits (in mask_tile_bits' order: bit n is column (n / 2) * 8 + 2 t + n % 2, increasing with
+// n) of thread t's columns below x: the first count of them, count = #{m : 8 m + 2 t + e < x} over
+// e = 0, 1 (each clamped to [0, kCols / 8]).
+template <int kCols>
+__device__ __forceinline__ uint32_t columns_below(int x, int t) {
+  const int c0 = min(max((x - 2 * t + 7) >> 3, 0), kCols / 8), c1 = min(max((x - 2 * t + 6) >> 3, 0), kCols / 8);
+  const int count = c0 + c1;
+  return count >= 32 ? 0xffffffffu : (1u << count) - 1u;
+}
+
 // Sets the masked elements of a partial tile's scores (a warp's 16 rows of a 16 x kCols block,
 // accumulator layout) to -inf. kKeysAsRows: rows are keys (j), columns queries (i) (the dK/dV
 // pass); else rows are queries, columns keys. row0 / col0: the global index of the warp's first
@@ -473,16 +483,6 @@ inline __device__ int clamp_col(int64_t x, int n) {
 // (mask_rows_ahead) or from bits a producer staged (nullptr: read here). mask_tile_bits only
 // computes the two rows' sets (a kernel may then apply them on every tile, all bits set on full
 // ones, without two code paths through the scores: apply_visibility).
-// The bits (in mask_tile_bits' order: bit n is column (n / 2) * 8 + 2 t + n % 2, increasing with
-// n) of thread t's columns below x: the first count of them, count = #{m : 8 m + 2 t + e < x} over
-// e = 0, 1 (each clamped to [0, kCols / 8]).
-template <int kCols>
-__device__ __forceinline__ uint32_t columns_below(int x, int t) {
-  const int c0 = min(max((x - 2 * t + 7) >> 3, 0), kCols / 8), c1 = min(max((x - 2 * t + 6) >> 3, 0), kCols / 8);
-  const int count = c0 + c1;
-  return count >= 32 ? 0xffffffffu : (1u << count) - 1u;
-}
-
 template <bool kKeysAsRows, int kCols>
 __device__ __forceinline__ void mask_tile_bits(uint32_t (&vis_rows)[2], const AttentionPattern& p, const TileClass& tc,
                                                int64_t b, int64_t h, int64_t row0, int64_t col0, int lane,
