@@ -783,6 +783,17 @@ def test_forward_more_work_than_multiprocessors(d):
 
 
 @pytest.mark.parametrize("d", [64, 128])
+def test_forward_items_with_nothing_to_see(d):
+    """Query blocks that see no key among ones that do, many to a multiprocessor (short items: the
+    Hopper forward's persistent kernel, whose blocks take item after item, some ending at once):
+    causal and a window with far more queries than keys (bottom-right aligned), GQA, float16 too."""
+    q, k, v = qkv(2, 32, 8, 3000, 200, d)
+    check_forward(q, k, v, dict(causal=True))
+    check_forward(q, k, v, dict(causal=True, window=(64, 0)))
+    check_forward(*qkv(1, 16, 4, 2000, 150, d, dtype=torch.float16), dict(causal=True))
+
+
+@pytest.mark.parametrize("d", [64, 128])
 def test_varlen_many_sequences(d):
     """More sequences than a warp's lanes squared: the kernels find a tile's sequence by a 32-way
     warp search (three rounds past 1024 sequences). 1100 short sequences, empty ones among them,

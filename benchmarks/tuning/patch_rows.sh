@@ -14,8 +14,11 @@ echo "== working tree"; run_rows
 files=$(grep '^+++ b/' "${PATCH:?}" | sed 's#^+++ b/##')
 mkdir -p /tmp/patch_rows_orig && for f in $files; do cp "$f" "/tmp/patch_rows_orig/$(basename "$f")"; done
 [ -n "${BASE_FILES:-}" ] && for f in $files; do [ -f "$BASE_FILES/$(basename "$f")" ] && cp "$BASE_FILES/$(basename "$f")" "$f"; done
+# (A failed build stops the run: rows of a stale library mislead.)
+build() { MAX_JOBS=16 python3 setup.py build_ext --inplace > /tmp/patch_rows_build.log 2>&1 ||
+  { grep -m5 -A5 error /tmp/patch_rows_build.log; tail -5 /tmp/patch_rows_build.log; exit 1; }; }
 if git apply "$PATCH" 2>/dev/null || patch -p1 -s < "$PATCH"; then
-  MAX_JOBS=16 python3 setup.py build_ext --inplace > /tmp/patch_rows_build.log 2>&1 || grep -m5 -A5 error /tmp/patch_rows_build.log
+  build
   if [ -n "${TESTS_K:-}" ]; then
     timeout 200 python3 -m pytest tests/test_attention_cuda.py -q -n 8 -p no:cacheprovider -k "$TESTS_K" 2>&1 | tail -2
   fi
@@ -25,4 +28,4 @@ else
 fi
 for f in $files; do cp "/tmp/patch_rows_orig/$(basename "$f")" "$f"; done
 # (NO_RESTORE=1: the tree's build is not needed after this: skip rebuilding it)
-[ "${NO_RESTORE:-0}" = 1 ] || MAX_JOBS=16 python3 setup.py build_ext --inplace > /tmp/patch_rows_build.log 2>&1
+[ "${NO_RESTORE:-0}" = 1 ] || build

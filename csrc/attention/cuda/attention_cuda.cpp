@@ -165,6 +165,7 @@ AttentionCudaArgs cuda_args(const AttentionParams& p) {
   constexpr double kLog2e = 1.4426950408889634;
   a.scale = static_cast<float>(p.scale);
   a.scale_log2 = static_cast<float>(p.scale * kLog2e);
+  a.num_sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
   if (p.softcap > 0.0) {
     a.cap_log2 = static_cast<float>(p.softcap * kLog2e);
     a.cap_inv_scale = static_cast<float>(p.scale / p.softcap);
@@ -250,7 +251,13 @@ std::tuple<at::Tensor, at::Tensor> attention_cuda(const at::Tensor& q, const at:
     check_launch(op, err);
   } else {
     add_segment_blocks(plan);
-    check_launch(op, run_attention_fwd_cuda(cuda_args(plan.params), static_cast<int>(kd), kernel, stream));
+    AttentionCudaArgs a = cuda_args(plan.params);
+    at::Tensor counter;  // (the persistent Hopper forward's work counter)
+    if (kernel == AttentionKernel::kHopper && hopper_fwd_persistent(plan.params, static_cast<int>(kd))) {
+      counter = at::zeros({1}, q.options().dtype(at::kInt));
+      a.fwd_counter = counter.data_ptr<int>();
+    }
+    check_launch(op, run_attention_fwd_cuda(a, static_cast<int>(kd), kernel, stream));
   }
   if (kd != d) out.copy_(out_k.narrow(3, 0, d));
   return {out, lse};

@@ -20,6 +20,8 @@ struct AttentionCudaArgs {
   float cap_log2 = 0.f;       // softcap * log2(e); 0: no softcap
   float cap_inv_scale = 0.f;  // scale / softcap
   float inv_cap_log2 = 0.f;   // 1 / (softcap * log2(e))
+  int num_sms = 0;             // the GPU's multiprocessors (the persistent forward's grid)
+  int* fwd_counter = nullptr;  // a zeroed int: the persistent forward's work counter (else unused)
   // Backward scratch, (B, Hq, lse2_ld) each: lse * log2(e) (+inf for rows that see nothing), and
   // rowsum(dO * O) - grad_lse. Varlen: (1, Hq, lse2_ld), each sequence's rows at its padded start
   // (padded_start, in tiles of 128).
@@ -110,6 +112,43 @@ inline DecodeSplit decode_split(const AttentionParams& p, int64_t slots) {
   return s;
 }
 
+// The keys a query row of `pat` sees on average (band and prefix; segments and block masks not
+// counted), with sq queries against sk keys (varlen: a sequence's mean lengths), from 16 sampled rows.
+inline double attention_mean_visible_keys(const AttentionPattern& pat, double sq, double sk) {
+  if (sq <= 0 || sk <= 0) return 0;
+  const double prefix = std::min<double>(static_cast<double>(pat.prefix_len), sk), right = pat.band_right();
+  double sum = 0;
+  for (int r = 0; r < 16; ++r) {
+    const double pos = (r + 0.5) / 16 * sq + sk - sq;  // a query's position among the keys
+    const double lo = std::max(0.0, pat.window_left >= 0 ? pos - pat.window_left : 0.0);
+    const double hi = std::min(sk - 1, right >= 0 ? pos + right : sk - 1);
+    // the band [lo, hi] and the prefix [0, prefix): the prefix below the band, the band, above it
+    sum += std::max(0.0, hi - lo + 1) + std::min(prefix, lo) + std::max(0.0, prefix - 1 - std::max(hi, lo - 1));
+  }
+  return sum / 16;
+}
+
+// The Hopper forward's schedule (one rule, for the launcher that gives the persistent kernel its
+// counter and for the kernels' translation units): the persistent kernel (a block a multiprocessor,
+// walking the work items) where an item has few key tiles, else a block an item. A block's start
+// and end cost about 7 K cycles (the forward's timeline, benchmarks/tuning/LOG.md), which the
+// persistent kernel overlaps with the previous item's last tiles; on long items its consumers' 208
+// registers (232 a block an item) cost more than that (measured: causal S 4096, ~17 tiles an item,
+// 3% slower; sliding window 512, ~5 tiles, 10% faster; 16 packed causal documents, ~5 tiles, 5%
+// faster). Head dims 64 and 128 without a block mask; segment ids (packed documents, whose lengths
+// the host does not know) count as short.
+constexpr double kHopperFwdPersistentMaxTiles = 8;
+inline bool hopper_fwd_persistent(const AttentionParams& p, int head_dim) {
+  const AttentionPattern& pat = p.pattern;
+  if (head_dim > 128 || pat.mask_kinds != nullptr) return false;
+  if (pat.q_segments != nullptr) return true;
+  const double n = static_cast<double>(std::max<int64_t>(p.batch, 1));
+  const double sq = pat.varlen() ? static_cast<double>(pat.total_q) / n : static_cast<double>(pat.sq);
+  const double sk = pat.varlen() ? static_cast<double>(pat.total_k) / n : static_cast<double>(pat.sk);
+  // (a tile of 128 query rows spans its band's keys and 128 more)
+  return (attention_mean_visible_keys(pat, sq, sk) + 128) / 128 <= kHopperFwdPersistentMaxTiles;
+}
+
 // Launchers, on `stream`; each returns a cudaError_t (cudaErrorNoKernelImageForDevice where the
 // binary has no sm_80+ code for this GPU).
 // The forward on `kernel` (kHopper or kMmaSync, as the rule chose).
@@ -125,6 +164,9 @@ int attention_hopper_status();
 int run_attention_fwd_hopper_d64(const AttentionCudaArgs& a, void* stream);
 int run_attention_fwd_hopper_d128(const AttentionCudaArgs& a, void* stream);
 int run_attention_fwd_hopper_d256(const AttentionCudaArgs& a, void* stream);
+// Its persistent form (hopper_fwd_persistent; needs a.fwd_counter and a.num_sms).
+int run_attention_fwd_hopper_persistent_d64(const AttentionCudaArgs& a, void* stream);
+int run_attention_fwd_hopper_persistent_d128(const AttentionCudaArgs& a, void* stream);
 // The Hopper backward (needs a.dq_accum), same return values.
 int run_attention_bwd_hopper_d64(const AttentionCudaArgs& a, void* stream);
 int run_attention_bwd_hopper_d128(const AttentionCudaArgs& a, void* stream);

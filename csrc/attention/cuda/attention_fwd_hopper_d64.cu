@@ -1,5 +1,5 @@
 // attention CUDA forward for Hopper, head dim 64 (HopperFwdTraitsD64; with a block mask the form in
-// attention_fwd_hopper_mask_d64.cu), float16 and bfloat16.
+// attention_fwd_hopper_mask_d64.cu, where hopper_fwd_persistent says so the persistent form), float16 and bfloat16.
 #include "attention/cuda/attention_fwd_hopper_kernel.cuh"
 
 namespace opforge {
@@ -8,6 +8,7 @@ int run_attention_fwd_hopper_mask_d64(const AttentionCudaArgs& a, void* stream);
 
 int run_attention_fwd_hopper_d64(const AttentionCudaArgs& a, void* stream) {
   if (a.g.fwd.pattern.mask_kinds != nullptr) return run_attention_fwd_hopper_mask_d64(a, stream);
+  if (hopper_fwd_persistent(a.g.fwd, 64)) return run_attention_fwd_hopper_persistent_d64(a, stream);
   return attention_cuda::run_hopper_fwd<attention_cuda::HopperFwdTraitsD64>(a, stream);
 }
 

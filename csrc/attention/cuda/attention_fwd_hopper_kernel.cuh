@@ -19,6 +19,9 @@
 // Blocks take their query blocks in groups of (batch row, head) pairs whose K and V fit in L2
 // together, longest first across a group's pairs where a band makes lengths differ (so that the
 // grid's last blocks are short ones); varlen blocks find their sequence by a warp-wide search.
+// Where items are short (few key tiles: hopper_fwd_persistent, attention_cuda.h) the persistent form
+// runs instead (attention_fwd_hopper_persistent_kernel): a block a multiprocessor taking items from
+// a counter in that order, the next item's Q and first K / V loading while the last one finishes.
 // Tiles are 128-byte swizzled boxes of 64 columns (TMA writes them, wgmma descriptors read them);
 // rows past the sequence come in as zeros. Without sm_90a device code the kernel traps; the
 // launcher's rule (attention_heuristics.h) asks hopper_status() first and takes the mma.sync kernel
@@ -45,7 +48,8 @@
 namespace opforge {
 namespace attention_cuda {
 
-template <int kD_, int kBlockN_, int kStages_, int kConsumers_ = 2, bool kPingPong_ = true, bool kStageMask_ = false>
+template <int kD_, int kBlockN_, int kStages_, int kConsumers_ = 2, bool kPingPong_ = true, bool kStageMask_ = false,
+          bool kPersistent_ = false>
 struct HopperFwdTraits {
   static constexpr int kD = kD_, kBlockN = kBlockN_, kStages = kStages_, kConsumers = kConsumers_;
   // The consumer warpgroups take turns to issue their products (named barriers of 256 threads: the
@@ -56,11 +60,20 @@ struct HopperFwdTraits {
   // handed back by every consumer warp (each reads the bits), a partial tile's visibility computed
   // before the warpgroup's turn to issue.
   static constexpr bool kStageMask = kStageMask_;
+  // The persistent form (attention_fwd_hopper_persistent_kernel): a block a multiprocessor, walking
+  // the work items (FwdSchedule); the next item's Q tile loads once this one's S products are done,
+  // its first K / V tiles while this one's last products and epilogue run, the output staged in its
+  // own tile (the Q tile holds the next item's by then). No block mask.
+  static constexpr bool kPersistent = kPersistent_;
+  static_assert(!(kPersistent && kStageMask), "the persistent form takes no block mask");
   static constexpr int kBlockM = 64 * kConsumers;
   static constexpr int kThreads = 128 * (1 + kConsumers);  // producer warpgroup + consumer warpgroups
   // Registers a thread after setmaxnreg (FA3's split: the launch's 65536 / kThreads, rounded down to
-  // 8, moved from the producer warpgroup to the consumers).
-  static constexpr int kProducerRegs = kConsumers == 2 ? 40 : 32, kConsumerRegs = kConsumers == 2 ? 232 : 160;
+  // 8, moved from the producer warpgroup to the consumers). The persistent producer holds an item's
+  // state across its loop (the pattern, the TMA coordinates, the next item): at 40 it spills, at 88
+  // it does not.
+  static constexpr int kProducerRegs = kPersistent ? 88 : kConsumers == 2 ? 40 : 32;
+  static constexpr int kConsumerRegs = kPersistent ? 208 : kConsumers == 2 ? 232 : 160;
   static_assert(kProducerRegs + kConsumers * kConsumerRegs <= (65536 / kThreads / 8 * 8) * (1 + kConsumers),
                 "register split");
   static constexpr int kPanels = kD / 64;    // 64-column (128-byte) boxes a row
@@ -68,15 +81,19 @@ struct HopperFwdTraits {
   static constexpr int kQBytes = kPanels * kQPanelBytes, kKVBytes = kPanels * kKVPanelBytes;
   static constexpr int kStageBytes = 2 * kKVBytes;  // K then V
   static constexpr int kMaskWords = kStageMask ? kBlockM * kBlockN / 32 : 0;
-  // Q, the stages, their mask bits, a tile's (index, class, staged) per stage, the barriers (Q; K
-  // full / empty; V full / empty).
+  static constexpr int kOBytes = kPersistent ? kQBytes : 0;  // (persistent) the output's staging
+  // Q, the stages, their mask bits, the output's staging, a tile's (index, class, staged) per stage,
+  // (persistent) the Q tile's item, the barriers (Q full (/ empty); K full / empty; V full / empty).
   static constexpr int kSmemBytes = 1024 /* alignment */ + kQBytes + kStages * (kStageBytes + kMaskWords * 4) +
-                                    kStages * 16 + (1 + 4 * kStages) * 8;
+                                    kOBytes + kStages * 16 + (1 + 4 * kStages) * 8 + (kPersistent ? 16 + 8 : 0);
   static_assert(kBlockN <= 256 && kSmemBytes <= 227 * 1024, "TMA box rows / shared memory");
 };
 using HopperFwdTraitsD64 = HopperFwdTraits<64, 128, 2, 2>;  // (three consumers, 192 x 128: 2% faster causal, 11% slower sliding 512)
 using HopperFwdTraitsD128 = HopperFwdTraits<128, 128, 2>;
 using HopperFwdTraitsD256 = HopperFwdTraits<256, 64, 2, 2, false>;  // (no ping-pong: 3% faster, as FA4 above D 128)
+// (persistent: chosen by hopper_fwd_persistent, attention_cuda.h)
+using HopperFwdTraitsPersistentD64 = HopperFwdTraits<64, 128, 2, 2, true, false, true>;
+using HopperFwdTraitsPersistentD128 = HopperFwdTraits<128, 128, 2, 2, true, false, true>;
 using HopperFwdTraitsMaskD64 = HopperFwdTraits<64, 128, 2, 2, true, true>;
 using HopperFwdTraitsMaskD128 = HopperFwdTraits<128, 128, 2, 2, true, true>;
 using HopperFwdTraitsMaskD256 = HopperFwdTraits<256, 64, 2, 2, false, true>;
@@ -85,6 +102,242 @@ using HopperFwdTraitsMaskD256 = HopperFwdTraits<256, 64, 2, 2, false, true>;
 // warpgroup c's turn to issue its products.
 constexpr int kFwdBarTurn = 4;
 
+// A block's shared memory (Tr::kSmemBytes from a 1024-byte aligned base), in order: the Q tile, the
+// K / V stages, their mask bits (block-mask form), the output's staging (persistent), a stage's tile
+// (index, class bits, staged), the Q tile's item (persistent: batch row, head, query block, live),
+// the barriers.
+template <typename Tr>
+struct FwdSmem {
+  static constexpr int kBars = Tr::kPersistent ? 2 : 1;  // Q full (and empty)
+  unsigned char* q;
+  unsigned char* kv;
+  uint32_t* mask;
+  unsigned char* o;
+  int4* info;
+  int4* q_info;
+  uint64_t* q_full;
+  uint64_t* q_empty;  // (persistent) the consumers' S products of the Q tile's item are done
+  cuda::Pipeline<Tr::kStages> pk, pv;
+
+  __device__ __forceinline__ explicit FwdSmem(unsigned char* base)
+      : q(base),
+        kv(base + Tr::kQBytes),
+        mask(reinterpret_cast<uint32_t*>(kv + Tr::kStages * Tr::kStageBytes)),
+        o(reinterpret_cast<unsigned char*>(mask + Tr::kStages * Tr::kMaskWords)),
+        info(reinterpret_cast<int4*>(o + Tr::kOBytes)),
+        q_info(info + Tr::kStages),
+        q_full(reinterpret_cast<uint64_t*>(q_info + (Tr::kPersistent ? 1 : 0))),
+        q_empty(Tr::kPersistent ? q_full + 1 : nullptr),
+        pk{q_full + kBars, q_full + kBars + Tr::kStages},
+        pv{q_full + kBars + 2 * Tr::kStages, q_full + kBars + 3 * Tr::kStages} {}
+};
+
+// A consumer warpgroup's part of one work item (its 64 query rows, the warp's first at row0): the
+// K and V stages of the item's key tiles from rk / rv on, to the K stage with no tile that ends it;
+// o, m_run, l_run (zeroed / -inf by the caller) hold the item's output and softmax state after it.
+// Persistent: the end stage is handed back by each warp, and the Q tile once the item's S products
+// are done (before its last P V product: the next item's Q loads meanwhile), the turns balanced
+// there. One item a block: the turns balanced at the end.
+template <typename Tr, typename T>
+__device__ __forceinline__ void fwd_consumer_item(const FwdSmem<Tr>& sm, const AttentionCudaArgs& a,
+                                                  const AttentionPattern& pat, int64_t b, int64_t h, int64_t row0,
+                                                  int half, int next, int t, cuda::PipelineState<Tr::kStages>& rk,
+                                                  cuda::PipelineState<Tr::kStages>& rv, float (&o)[Tr::kD / 8][4],
+                                                  float (&m_run)[2], float (&l_run)[2], bool raw_scores, float k) {
+  constexpr int kD = Tr::kD, kBN = Tr::kBlockN;
+  constexpr int kNT = kBN / 8;
+  constexpr bool kWarpRelease = Tr::kStageMask || Tr::kPersistent;  // (each warp reads a stage's info, bits)
+  using State = cuda::PipelineState<Tr::kStages>;
+  const int warp = t / 32, lane = t % 32;
+  unsigned char* const sKV = sm.kv;
+  const uint32_t* const smask = sm.mask;
+  const int4* const info = sm.info;
+  const cuda::Pipeline<Tr::kStages>& pk = sm.pk;
+  const cuda::Pipeline<Tr::kStages>& pv = sm.pv;
+  const unsigned char* q_rows = sm.q + half * 64 * 128;
+  uint32_t pa[kBN / 16][4];  // the previous tile's P, the A operand of its P V product
+  const auto item_end = [&]() {
+    if (Tr::kPingPong && half == 0) cuda::named_barrier_sync<256>(kFwdBarTurn);
+    if (lane == 0) {
+      pk.consumer_release(rk);
+      cuda::mbar_arrive(cuda::smem_addr(sm.q_empty));
+    }
+  };
+  // S = Q K^T of the tile in K stage rk (its index and class in ti), issued in this warpgroup's turn.
+  const auto issue_s = [&](float (&sc)[kNT][4], const State& st) {
+    // (the descriptors: one encoding each, then an add a step; at D 256 ptxas hoists Q's sixteen,
+    // loop-invariant, out of the loop and spills: there they are encoded from the pointer each time)
+    const uint64_t k_desc = cuda::smem_desc_k_major(sKV + st.index * Tr::kStageBytes);
+    const uint64_t q_desc = cuda::smem_desc_k_major(q_rows);
+#pragma unroll
+    for (int kk = 0; kk < kD / 16; ++kk) {  // 16 deep = 32 bytes along the swizzled 128-byte rows
+      const int pn = kk / 4, off = (kk % 4) * 32;
+      const uint64_t qd = kD <= 128 ? cuda::desc_advance(q_desc, pn * Tr::kQPanelBytes + off)
+                                    : cuda::smem_desc_k_major(q_rows + pn * Tr::kQPanelBytes + off);
+      cuda::Wgmma<T, kBN>::template mma<0>(&sc[0][0], qd, cuda::desc_advance(k_desc, pn * Tr::kKVPanelBytes + off),
+                                           kk > 0);
+    }
+    cuda::wgmma_commit();
+  };
+  // O += P V for the tile in V stage st.
+  const auto issue_pv = [&](const State& st) {
+    const uint64_t v_desc = cuda::smem_desc_mn_major(sKV + st.index * Tr::kStageBytes + Tr::kKVBytes, Tr::kKVPanelBytes);
+#pragma unroll
+    for (int kk = 0; kk < kBN / 16; ++kk) {  // 16 keys = 16 rows of 128 bytes
+      cuda::WgmmaRS<T, kD>::template mma<1>(&o[0][0], pa[kk], cuda::desc_advance(v_desc, kk * 2048), 1);
+    }
+    cuda::wgmma_commit();
+  };
+  // Once S of the tile in K stage st is done: the stage handed back, the scores (raw or in the log2
+  // domain) with a partial tile's elements masked (softmax_tile_masked; mask_rows: a partial block-mask
+  // tile's bits, read ahead), the softmax step (corr: O's rescale factors). The masked and the
+  // unmasked forms are separate code, so that registers are allocated for each on its own: the
+  // unmasked one runs while the previous tile's P V is in flight (its P operand live), the masked
+  // one after that product is done.
+  const auto scores_done = [&](float (&sc)[kNT][4], const State& st) {
+    cuda::fence_operands(sc);
+    if (kWarpRelease ? lane == 0 : t == 0) pk.consumer_release(st);
+    if (!raw_scores) scores_log2(sc, a);
+  };
+  const auto softmax_tile = [&](float (&sc)[kNT][4], const State& st, float (&corr)[2]) {
+    scores_done(sc, st);
+    softmax_step(sc, m_run, l_run, corr, k);
+  };
+  const auto softmax_tile_masked = [&](float (&sc)[kNT][4], const State& st, int tile, const TileClass& tc,
+                                       const uint32_t (&mask_rows)[2], float (&corr)[2]) {
+    scores_done(sc, st);
+    mask_tile<false, kBN>(sc, pat, tc, b, h, row0, int64_t{tile} * kBN, lane, mask_rows);
+    softmax_step(sc, m_run, l_run, corr, k);
+  };
+  // The block-mask form's: a partial tile's visibility sets of the thread's two rows (band, segments,
+  // block mask: its bits from the stage where the producer staged them, else from global memory);
+  // then the softmax of a tile so masked.
+  const auto tile_visibility = [&](const int4& ti, const TileClass& tc, const State& st, uint32_t (&vis)[2]) {
+    uint32_t mask_rows[2] = {0u, 0u};
+    if (tc.mask) {
+      if (ti.z) {
+        const uint32_t* rows = smask + st.index * Tr::kMaskWords + (half * 64 + warp * 16 + lane / 4) * (kBN / 32);
+        mask_rows[0] = mask_row_bits_staged<kBN>(rows, lane % 4);
+        mask_rows[1] = mask_row_bits_staged<kBN>(rows + 8 * (kBN / 32), lane % 4);
+      } else {
+        mask_rows_ahead<kBN>(pat, b, h, row0, int64_t{ti.x} * kBN, lane, mask_rows);
+      }
+    }
+    mask_tile_bits<false, kBN>(vis, pat, tc, b, h, row0, int64_t{ti.x} * kBN, lane, mask_rows);
+  };
+  const auto softmax_tile_visible = [&](float (&sc)[kNT][4], const State& st, const uint32_t (&vis)[2],
+                                        float (&corr)[2]) {
+    scores_done(sc, st);
+    apply_visibility(sc, vis);
+    softmax_step(sc, m_run, l_run, corr, k);
+  };
+  pk.consumer_wait(rk);
+  int4 ti = info[rk.index];
+  if (ti.x >= 0) {
+    {  // the first tile: S, softmax, P (nothing to rescale yet)
+      const TileClass tc = tile_class_from_bits(ti.y);
+      uint32_t vis[2];  // (the block-mask form: a partial tile's visibility, before this warpgroup's turn)
+      if (Tr::kStageMask && tc.kind == BlockKind::kPartial) tile_visibility(ti, tc, rk, vis);
+      float sc[kNT][4];
+      if (Tr::kPingPong) cuda::named_barrier_sync<256>(kFwdBarTurn + half);
+      cuda::wgmma_fence();
+      issue_s(sc, rk);
+      if (Tr::kPingPong) cuda::named_barrier_arrive<256>(kFwdBarTurn + next);
+      float corr[2];
+      if constexpr (Tr::kStageMask) {
+        if (tc.kind == BlockKind::kPartial) {
+          cuda::wgmma_wait<0>();
+          softmax_tile_visible(sc, rk, vis, corr);
+        } else {
+          cuda::wgmma_wait<0>();
+          softmax_tile(sc, rk, corr);
+        }
+      } else {
+        uint32_t mask_rows[2];
+        if (tc.mask) mask_rows_ahead<kBN>(pat, b, h, row0, int64_t{ti.x} * kBN, lane, mask_rows);
+        cuda::wgmma_wait<0>();
+        if (tc.kind == BlockKind::kPartial) {
+          softmax_tile_masked(sc, rk, ti.x, tc, mask_rows, corr);
+        } else {
+          softmax_tile(sc, rk, corr);
+        }
+      }
+#pragma unroll
+      for (int kk = 0; kk < kBN / 16; ++kk) acc_to_a<T>(pa[kk], sc, kk);
+      rk.advance();
+    }
+    for (;; rk.advance()) {  // S of this tile and the previous tile's P V, then this tile's softmax
+      pk.consumer_wait(rk);
+      ti = info[rk.index];
+      if (ti.x < 0) {
+        if constexpr (Tr::kPersistent) item_end();
+        break;
+      }
+      const TileClass tc = tile_class_from_bits(ti.y);
+      // The block-mask form: a partial tile's visibility, computed while the other warpgroup has
+      // its turn (after the issue it would wait for S: ptxas hoists the wait above the branch).
+      uint32_t vis[2];
+      if (Tr::kStageMask && tc.kind == BlockKind::kPartial) tile_visibility(ti, tc, rk, vis);
+      float sc[kNT][4];
+      if (Tr::kPingPong) cuda::named_barrier_sync<256>(kFwdBarTurn + half);
+      cuda::fence_operands(o);
+      cuda::wgmma_fence();
+      issue_s(sc, rk);
+      pv.consumer_wait(rv);
+      cuda::wgmma_fence();
+      issue_pv(rv);
+      if (Tr::kPingPong) cuda::named_barrier_arrive<256>(kFwdBarTurn + next);  // the next warpgroup's turn
+      float corr[2];
+      if constexpr (Tr::kStageMask) {
+        if (tc.kind == BlockKind::kPartial) {
+          cuda::wgmma_wait<1>();
+          softmax_tile_visible(sc, rk, vis, corr);
+        } else {
+          cuda::wgmma_wait<1>();
+          softmax_tile(sc, rk, corr);
+        }
+      } else {
+        uint32_t mask_rows[2];  // a partial block-mask tile's bits, read while S is computed
+        if (tc.mask) mask_rows_ahead<kBN>(pat, b, h, row0, int64_t{ti.x} * kBN, lane, mask_rows);
+        // A partial tile's mask code needs more registers than the P V product in flight leaves
+        // free: that product is awaited first (partial tiles are few: a band's edges).
+        if (tc.kind == BlockKind::kPartial) {
+          cuda::wgmma_wait<0>();
+          softmax_tile_masked(sc, rk, ti.x, tc, mask_rows, corr);
+        } else {
+          cuda::wgmma_wait<1>();
+          softmax_tile(sc, rk, corr);
+        }
+      }
+      cuda::wgmma_wait<0>();
+      cuda::fence_operands(o);
+      if (t == 0) pv.consumer_release(rv);
+      rv.advance();
+      rescale_rows(o, corr);
+#pragma unroll
+      for (int kk = 0; kk < kBN / 16; ++kk) acc_to_a<T>(pa[kk], sc, kk);
+    }
+    // the last tile's P V
+    pv.consumer_wait(rv);
+    cuda::fence_operands(o);
+    cuda::wgmma_fence();
+    issue_pv(rv);
+    cuda::wgmma_wait<0>();
+    cuda::fence_operands(o);
+    if constexpr (Tr::kPersistent) {
+      if (t == 0) pv.consumer_release(rv);
+      rv.advance();
+    }
+  } else if constexpr (Tr::kPersistent) {
+    item_end();
+  }
+  if constexpr (Tr::kPersistent) {
+    rk.advance();  // (past the item's end stage)
+  } else if (Tr::kPingPong && half == 0) {
+    cuda::named_barrier_sync<256>(kFwdBarTurn);  // the last warpgroup's last hand-over (balanced)
+  }
+}
+
 template <typename Tr, typename T>
 __global__ void __launch_bounds__(Tr::kThreads, 1)
     attention_fwd_hopper_kernel(const __grid_constant__ CUtensorMap map_q, const __grid_constant__ CUtensorMap map_k,
@@ -92,19 +345,18 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
                                 const int group_pairs) {
 #ifdef OPFORGE_ATTENTION_WGMMA_DEVICE
   constexpr int kD = Tr::kD, kBM = Tr::kBlockM, kBN = Tr::kBlockN, kStages = Tr::kStages;
-  constexpr int kNT = kBN / 8, kDT = kD / 8;
+  constexpr int kDT = kD / 8;
   using cuda::smem_addr;
   using State = cuda::PipelineState<kStages>;
   extern __shared__ unsigned char smem_raw[];
-  unsigned char* smem = cuda::align_shared<1024>(smem_raw);
-  unsigned char* const sQ = smem;
-  unsigned char* const sKV = smem + Tr::kQBytes;
-  uint32_t* const smask = reinterpret_cast<uint32_t*>(sKV + kStages * Tr::kStageBytes);  // a stage's mask bits
-  int4* const info = reinterpret_cast<int4*>(smask + kStages * Tr::kMaskWords);  // (tile, class bits, staged) a stage
-  uint64_t* bars = reinterpret_cast<uint64_t*>(info + kStages);
-  uint64_t* const bar_q = bars;
-  const cuda::Pipeline<kStages> pk{bars + 1, bars + 1 + kStages};
-  const cuda::Pipeline<kStages> pv{bars + 1 + 2 * kStages, bars + 1 + 3 * kStages};
+  const FwdSmem<Tr> sm(cuda::align_shared<1024>(smem_raw));
+  unsigned char* const sQ = sm.q;
+  unsigned char* const sKV = sm.kv;
+  uint32_t* const smask = sm.mask;
+  int4* const info = sm.info;
+  uint64_t* const bar_q = sm.q_full;
+  const cuda::Pipeline<kStages>& pk = sm.pk;
+  const cuda::Pipeline<kStages>& pv = sm.pv;
   const AttentionParams& p = a.g.fwd;
   const int wg = threadIdx.x / 128, t = threadIdx.x % 128, warp = t / 32, lane = t % 32;
   // The block's (batch row, head, query block). Without varlen the blocks go in groups of
@@ -222,176 +474,15 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
 #pragma unroll
   for (int n = 0; n < kDT; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
   float m_run[2] = {kNegInf, kNegInf}, l_run[2] = {0.f, 0.f};
-  uint32_t pa[kBN / 16][4];  // the previous tile's P, the A operand of its P V product
   cuda::mbar_wait(smem_addr(bar_q), 0);
-  const unsigned char* q_rows = sQ + half * 64 * 128;
   if (Tr::kPingPong && half == Tr::kConsumers - 1) cuda::named_barrier_arrive<256>(kFwdBarTurn);  // warpgroup 1 issues first
-  // S = Q K^T of the tile in K stage rk (its index and class in ti), issued in this warpgroup's turn.
-  const auto issue_s = [&](float (&sc)[kNT][4], const State& st) {
-    // (the descriptors: one encoding each, then an add a step; at D 256 ptxas hoists Q's sixteen,
-    // loop-invariant, out of the loop and spills: there they are encoded from the pointer each time)
-    const uint64_t k_desc = cuda::smem_desc_k_major(sKV + st.index * Tr::kStageBytes);
-    const uint64_t q_desc = cuda::smem_desc_k_major(q_rows);
-#pragma unroll
-    for (int kk = 0; kk < kD / 16; ++kk) {  // 16 deep = 32 bytes along the swizzled 128-byte rows
-      const int pn = kk / 4, off = (kk % 4) * 32;
-      const uint64_t qd = kD <= 128 ? cuda::desc_advance(q_desc, pn * Tr::kQPanelBytes + off)
-                                    : cuda::smem_desc_k_major(q_rows + pn * Tr::kQPanelBytes + off);
-      cuda::Wgmma<T, kBN>::template mma<0>(&sc[0][0], qd, cuda::desc_advance(k_desc, pn * Tr::kKVPanelBytes + off),
-                                           kk > 0);
-    }
-    cuda::wgmma_commit();
-  };
-  // O += P V for the tile in V stage st.
-  const auto issue_pv = [&](const State& st) {
-    const uint64_t v_desc = cuda::smem_desc_mn_major(sKV + st.index * Tr::kStageBytes + Tr::kKVBytes, Tr::kKVPanelBytes);
-#pragma unroll
-    for (int kk = 0; kk < kBN / 16; ++kk) {  // 16 keys = 16 rows of 128 bytes
-      cuda::WgmmaRS<T, kD>::template mma<1>(&o[0][0], pa[kk], cuda::desc_advance(v_desc, kk * 2048), 1);
-    }
-    cuda::wgmma_commit();
-  };
-  // Once S of the tile in K stage st is done: the stage handed back, the scores (raw or in the log2
-  // domain) with a partial tile's elements masked (softmax_tile_masked; mask_rows: a partial block-mask
-  // tile's bits, read ahead), the softmax step (corr: O's rescale factors). The masked and the
-  // unmasked forms are separate code, so that registers are allocated for each on its own: the
-  // unmasked one runs while the previous tile's P V is in flight (its P operand live), the masked
-  // one after that product is done.
   // Raw scores go into the softmax with the scale in its exponent (k); a softcap or a non-positive
   // scale (the max of raw scores would not be the max of scaled ones) takes them to the log2 domain
   // first (k = 1).
   const bool raw_scores = a.cap_log2 == 0.f && a.scale_log2 > 0.f;
   const float k = raw_scores ? a.scale_log2 : 1.f;
-  const auto scores_done = [&](float (&sc)[kNT][4], const State& st) {
-    cuda::fence_operands(sc);
-    if (Tr::kStageMask ? lane == 0 : t == 0) pk.consumer_release(st);
-    if (!raw_scores) scores_log2(sc, a);
-  };
-  const auto softmax_tile = [&](float (&sc)[kNT][4], const State& st, float (&corr)[2]) {
-    scores_done(sc, st);
-    softmax_step(sc, m_run, l_run, corr, k);
-  };
-  const auto softmax_tile_masked = [&](float (&sc)[kNT][4], const State& st, int tile, const TileClass& tc,
-                                       const uint32_t (&mask_rows)[2], float (&corr)[2]) {
-    scores_done(sc, st);
-    mask_tile<false, kBN>(sc, pat, tc, b, h, row0, int64_t{tile} * kBN, lane, mask_rows);
-    softmax_step(sc, m_run, l_run, corr, k);
-  };
-  // The block-mask form's: a partial tile's visibility sets of the thread's two rows (band, segments,
-  // block mask: its bits from the stage where the producer staged them, else from global memory);
-  // then the softmax of a tile so masked.
-  const auto tile_visibility = [&](const int4& ti, const TileClass& tc, const State& st, uint32_t (&vis)[2]) {
-    uint32_t mask_rows[2] = {0u, 0u};
-    if (tc.mask) {
-      if (ti.z) {
-        const uint32_t* rows = smask + st.index * Tr::kMaskWords + (half * 64 + warp * 16 + lane / 4) * (kBN / 32);
-        mask_rows[0] = mask_row_bits_staged<kBN>(rows, lane % 4);
-        mask_rows[1] = mask_row_bits_staged<kBN>(rows + 8 * (kBN / 32), lane % 4);
-      } else {
-        mask_rows_ahead<kBN>(pat, b, h, row0, int64_t{ti.x} * kBN, lane, mask_rows);
-      }
-    }
-    mask_tile_bits<false, kBN>(vis, pat, tc, b, h, row0, int64_t{ti.x} * kBN, lane, mask_rows);
-  };
-  const auto softmax_tile_visible = [&](float (&sc)[kNT][4], const State& st, const uint32_t (&vis)[2],
-                                        float (&corr)[2]) {
-    scores_done(sc, st);
-    apply_visibility(sc, vis);
-    softmax_step(sc, m_run, l_run, corr, k);
-  };
   State rk, rv;
-  pk.consumer_wait(rk);
-  int4 ti = info[rk.index];
-  if (ti.x >= 0) {
-    {  // the first tile: S, softmax, P (nothing to rescale yet)
-      const TileClass tc = tile_class_from_bits(ti.y);
-      uint32_t vis[2];  // (the block-mask form: a partial tile's visibility, before this warpgroup's turn)
-      if (Tr::kStageMask && tc.kind == BlockKind::kPartial) tile_visibility(ti, tc, rk, vis);
-      float sc[kNT][4];
-      if (Tr::kPingPong) cuda::named_barrier_sync<256>(kFwdBarTurn + half);
-      cuda::wgmma_fence();
-      issue_s(sc, rk);
-      if (Tr::kPingPong) cuda::named_barrier_arrive<256>(kFwdBarTurn + next);
-      float corr[2];
-      if constexpr (Tr::kStageMask) {
-        if (tc.kind == BlockKind::kPartial) {
-          cuda::wgmma_wait<0>();
-          softmax_tile_visible(sc, rk, vis, corr);
-        } else {
-          cuda::wgmma_wait<0>();
-          softmax_tile(sc, rk, corr);
-        }
-      } else {
-        uint32_t mask_rows[2];
-        if (tc.mask) mask_rows_ahead<kBN>(pat, b, h, row0, int64_t{ti.x} * kBN, lane, mask_rows);
-        cuda::wgmma_wait<0>();
-        if (tc.kind == BlockKind::kPartial) {
-          softmax_tile_masked(sc, rk, ti.x, tc, mask_rows, corr);
-        } else {
-          softmax_tile(sc, rk, corr);
-        }
-      }
-#pragma unroll
-      for (int kk = 0; kk < kBN / 16; ++kk) acc_to_a<T>(pa[kk], sc, kk);
-      rk.advance();
-    }
-    for (;; rk.advance()) {  // S of this tile and the previous tile's P V, then this tile's softmax
-      pk.consumer_wait(rk);
-      ti = info[rk.index];
-      if (ti.x < 0) break;
-      const TileClass tc = tile_class_from_bits(ti.y);
-      // The block-mask form: a partial tile's visibility, computed while the other warpgroup has
-      // its turn (after the issue it would wait for S: ptxas hoists the wait above the branch).
-      uint32_t vis[2];
-      if (Tr::kStageMask && tc.kind == BlockKind::kPartial) tile_visibility(ti, tc, rk, vis);
-      float sc[kNT][4];
-      if (Tr::kPingPong) cuda::named_barrier_sync<256>(kFwdBarTurn + half);
-      cuda::fence_operands(o);
-      cuda::wgmma_fence();
-      issue_s(sc, rk);
-      pv.consumer_wait(rv);
-      cuda::wgmma_fence();
-      issue_pv(rv);
-      if (Tr::kPingPong) cuda::named_barrier_arrive<256>(kFwdBarTurn + next);  // the next warpgroup's turn
-      float corr[2];
-      if constexpr (Tr::kStageMask) {
-        if (tc.kind == BlockKind::kPartial) {
-          cuda::wgmma_wait<1>();
-          softmax_tile_visible(sc, rk, vis, corr);
-        } else {
-          cuda::wgmma_wait<1>();
-          softmax_tile(sc, rk, corr);
-        }
-      } else {
-        uint32_t mask_rows[2];  // a partial block-mask tile's bits, read while S is computed
-        if (tc.mask) mask_rows_ahead<kBN>(pat, b, h, row0, int64_t{ti.x} * kBN, lane, mask_rows);
-        // A partial tile's mask code needs more registers than the P V product in flight leaves
-        // free: that product is awaited first (partial tiles are few: a band's edges).
-        if (tc.kind == BlockKind::kPartial) {
-          cuda::wgmma_wait<0>();
-          softmax_tile_masked(sc, rk, ti.x, tc, mask_rows, corr);
-        } else {
-          cuda::wgmma_wait<1>();
-          softmax_tile(sc, rk, corr);
-        }
-      }
-      cuda::wgmma_wait<0>();
-      cuda::fence_operands(o);
-      if (t == 0) pv.consumer_release(rv);
-      rv.advance();
-      rescale_rows(o, corr);
-#pragma unroll
-      for (int kk = 0; kk < kBN / 16; ++kk) acc_to_a<T>(pa[kk], sc, kk);
-    }
-    // the last tile's P V
-    pv.consumer_wait(rv);
-    cuda::fence_operands(o);
-    cuda::wgmma_fence();
-    issue_pv(rv);
-    cuda::wgmma_wait<0>();
-    cuda::fence_operands(o);
-  }
-  if (Tr::kPingPong && half == 0) cuda::named_barrier_sync<256>(kFwdBarTurn);  // the last warpgroup's last hand-over (balanced)
+  fwd_consumer_item<Tr, T>(sm, a, pat, b, h, row0, half, next, t, rk, rv, o, m_run, l_run, raw_scores, k);
 
   // Epilogue: O / l through this warpgroup's rows of the Q tile (only it reads them); the LSE by
   // the quad's first lane.
@@ -400,6 +491,165 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   store_accumulator_rows<kD, T>(o, inv, sQ + half * 64 * 128, Tr::kQPanelBytes,
                                 static_cast<T*>(p.out) + p.o_at(b, h), p.o_ss, i0 + half * 64, pat.sq, t,
                                 1 + half);
+#else
+  __trap();
+#endif
+}
+
+// The work items of a persistent launch, in the one-item grid's order of its blocks: without varlen,
+// groups of group_pairs (batch row, head) pairs, each group's query blocks last to first across its
+// pairs; varlen, a head at a time, the padded tiles of the packed queries last to first (a padding
+// tile is an item with nothing to do). Block x takes item x first, then the next from a zeroed
+// counter: items go to whichever block is free.
+struct FwdSchedule {
+  int64_t total = 0, blocks = 0;  // items; query blocks a pair (varlen: padded tiles a head)
+  int group_pairs = 1;            // (without varlen) pairs a group
+  int* counter = nullptr;         // a zeroed int
+
+  // Item `item`'s batch row, head and query block of `rows` queries; false: a padding tile. Every
+  // lane of the calling warp asks about the same item (the varlen search is warp-wide).
+  __device__ __forceinline__ bool decode(const AttentionParams& p, int64_t item, int rows, int64_t& b, int64_t& h,
+                                         int64_t& qb) const {
+    const int64_t x = blocks - 1 - item % blocks;
+    if (p.pattern.varlen()) {
+      h = item / blocks;
+      return padded_tile_warp(p.pattern.cu_seqlens_q, p.pattern.total_q, p.batch, rows, x, b, qb);
+    }
+    int pair, w;
+    cuda::grouped_tile(static_cast<int>(item), group_pairs, static_cast<int>(p.batch * p.heads),
+                       static_cast<int>(blocks), false, pair, w);
+    b = pair / p.heads, h = pair % p.heads, qb = blocks - 1 - w;
+    return true;
+  }
+};
+
+// The persistent form (Tr::kPersistent): a block a multiprocessor, walking FwdSchedule's items. The
+// producer finds an item's first key tile (a round of loads) before it waits for the last item's S
+// products to free the Q tile, then issues Q (the item written beside it for the consumers) and the
+// first K / V at once; the counter's next value is fetched as an item begins and used at its end.
+// The consumers run each item as the one-item kernel does (fwd_consumer_item) and stage the output
+// in its own tile.
+template <typename Tr, typename T>
+__global__ void __launch_bounds__(Tr::kThreads, 1)
+    attention_fwd_hopper_persistent_kernel(const __grid_constant__ CUtensorMap map_q,
+                                           const __grid_constant__ CUtensorMap map_k,
+                                           const __grid_constant__ CUtensorMap map_v, const AttentionCudaArgs a,
+                                           const FwdSchedule sched) {
+#ifdef OPFORGE_ATTENTION_WGMMA_DEVICE
+  static_assert(Tr::kPersistent, "the persistent form's traits");
+  constexpr int kD = Tr::kD, kBM = Tr::kBlockM, kBN = Tr::kBlockN, kDT = kD / 8;
+  using cuda::smem_addr;
+  using State = cuda::PipelineState<Tr::kStages>;
+  extern __shared__ unsigned char smem_raw[];
+  const FwdSmem<Tr> sm(cuda::align_shared<1024>(smem_raw));
+  const AttentionParams& p = a.g.fwd;
+  const int wg = threadIdx.x / 128, t = threadIdx.x % 128, warp = t / 32, lane = t % 32;
+  if (threadIdx.x == 0) {
+    cuda::mbar_init(smem_addr(sm.q_full), 1);
+    cuda::mbar_init(smem_addr(sm.q_empty), 4 * Tr::kConsumers);
+    sm.pk.init(4 * Tr::kConsumers);  // (each consumer warp reads a stage's info, so each hands it back)
+    sm.pv.init(Tr::kConsumers);
+    cuda::fence_mbarrier_init();
+  }
+  __syncthreads();
+
+  if (wg == 0) {  // producer
+    cuda::setmaxnreg_dec<Tr::kProducerRegs>();
+    if (warp != 0) return;
+    State wk, wv;     // the K ring (tiles and each item's end) and the V ring (tiles)
+    int n = 0;        // items begun
+    int pending = 0;  // (lane 0) the counter's value for the item after this one
+    for (int64_t item = blockIdx.x; item < sched.total;) {
+      if (lane == 0) pending = atomicAdd(sched.counter, 1);
+      int64_t b, h, qb;
+      if (sched.decode(p, item, kBM, b, h, qb)) {
+        const AttentionPattern pat = p.pattern.at(b);
+        const int64_t i0 = qb * kBM, i1 = min(i0 + kBM, pat.sq);
+        KeyWalk<kBN, kD, 32, T, false> walk(p, pat, b, h, i0, i1);
+        const int hk = static_cast<int>(h / (p.heads / p.kv_heads));
+        // TMA coordinates: the tensors' batch row, the sequence's first rows (varlen: in the packed dims).
+        const int tb = static_cast<int>(p.pattern.tensor_batch(b));
+        const int q_row0 = static_cast<int>(p.pattern.q_start(b)), k_row0 = static_cast<int>(p.pattern.k_start(b));
+        TileClass tc;
+        int tile = walk.next(walk.begin, tc, lane);
+        if (lane == 0) {
+          if (n > 0) cuda::mbar_wait(smem_addr(sm.q_empty), (n - 1) & 1);  // the last item's S products are done
+          *sm.q_info = make_int4(static_cast<int>(b), static_cast<int>(h), static_cast<int>(qb), 1);
+          cuda::mbar_arrive_expect_tx(smem_addr(sm.q_full), Tr::kQBytes);
+#pragma unroll
+          for (int pn = 0; pn < Tr::kPanels; ++pn) {
+            cuda::tma_load_4d(smem_addr(sm.q + pn * Tr::kQPanelBytes), &map_q, pn * 64, q_row0 + static_cast<int>(i0),
+                              static_cast<int>(h), tb, smem_addr(sm.q_full));
+          }
+        }
+        ++n;
+        for (; tile < walk.end; tile = walk.next(tile + 1, tc, lane), wk.advance(), wv.advance()) {
+          if (lane == 0) {
+            unsigned char* const sK = sm.kv + wk.index * Tr::kStageBytes;
+            sm.pk.producer_acquire(wk);
+            sm.info[wk.index] = make_int4(tile, tile_class_bits(tc), 0, 0);
+            const uint32_t kbar = sm.pk.producer_commit(wk, Tr::kKVBytes);
+#pragma unroll
+            for (int pn = 0; pn < Tr::kPanels; ++pn) {
+              cuda::tma_load_4d(smem_addr(sK + pn * Tr::kKVPanelBytes), &map_k, pn * 64, k_row0 + tile * kBN, hk, tb,
+                                kbar);
+            }
+            unsigned char* const sV = sm.kv + wv.index * Tr::kStageBytes + Tr::kKVBytes;
+            sm.pv.producer_acquire(wv);
+            const uint32_t vbar = sm.pv.producer_commit(wv, Tr::kKVBytes);
+#pragma unroll
+            for (int pn = 0; pn < Tr::kPanels; ++pn) {
+              cuda::tma_load_4d(smem_addr(sV + pn * Tr::kKVPanelBytes), &map_v, pn * 64, k_row0 + tile * kBN, hk, tb,
+                                vbar);
+            }
+          }
+          __syncwarp();
+        }
+        if (lane == 0) {  // the item's end: a K stage with no tile (an arrival without bytes)
+          sm.pk.producer_acquire(wk);
+          sm.info[wk.index] = make_int4(-1, 0, 0, 0);
+          cuda::mbar_arrive(smem_addr(&sm.pk.full[wk.index]));
+        }
+        wk.advance();
+        __syncwarp();
+      }
+      item = gridDim.x + int64_t{__shfl_sync(0xffffffffu, pending, 0)};
+    }
+    if (lane == 0) {  // no more items: a Q arrival without bytes, not live
+      if (n > 0) cuda::mbar_wait(smem_addr(sm.q_empty), (n - 1) & 1);
+      *sm.q_info = make_int4(0, 0, 0, 0);
+      cuda::mbar_arrive(smem_addr(sm.q_full));
+    }
+    return;
+  }
+
+  // consumers: warpgroup 1 takes query rows 0-63 of an item, warpgroup 2 rows 64-127
+  cuda::setmaxnreg_inc<Tr::kConsumerRegs>();
+  const int half = __shfl_sync(0xffffffffu, wg, 0) - 1, next = (half + 1) % Tr::kConsumers;
+  const bool raw_scores = a.cap_log2 == 0.f && a.scale_log2 > 0.f;  // (as the one-item kernel's)
+  const float k = raw_scores ? a.scale_log2 : 1.f;
+  State rk, rv;
+  for (int n = 0;; ++n) {
+    cuda::mbar_wait(smem_addr(sm.q_full), n & 1);  // (its acquire orders the item's read after the write)
+    const int4 qi = *sm.q_info;
+    if (!qi.w) break;
+    const int64_t b = qi.x, h = qi.y, i0 = int64_t{qi.z} * kBM;
+    const AttentionPattern pat = p.pattern.at(b);
+    const int64_t row0 = i0 + half * 64 + warp * 16;  // this warp's first query row
+    float o[kDT][4];
+#pragma unroll
+    for (int d = 0; d < kDT; ++d) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.f;
+    float m_run[2] = {kNegInf, kNegInf}, l_run[2] = {0.f, 0.f};
+    if (Tr::kPingPong && half == Tr::kConsumers - 1) cuda::named_barrier_arrive<256>(kFwdBarTurn);  // warpgroup 1 issues first
+    fwd_consumer_item<Tr, T>(sm, a, pat, b, h, row0, half, next, t, rk, rv, o, m_run, l_run, raw_scores, k);
+    // Epilogue: as the one-item kernel's, through the output's staging once the warpgroup's reads
+    // of it (the item before) are done.
+    float inv[2];
+    finish_rows(m_run, l_run, inv, p, pat.sq, b, h, row0, lane, k);
+    cuda::named_barrier_sync<128>(1 + half);
+    store_accumulator_rows<kD, T>(o, inv, sm.o + half * 64 * 128, Tr::kQPanelBytes,
+                                  static_cast<T*>(p.out) + p.o_at(b, h), p.o_ss, i0 + half * 64, pat.sq, t, 1 + half);
+  }
 #else
   __trap();
 #endif
@@ -420,6 +670,19 @@ int hopper_status() {
   return prepare_hopper_fwd<Tr, __nv_bfloat16>();
 }
 
+// (batch row, head) pairs a group of the dense forward's order: where blocks see different numbers
+// of keys (a band), as many as have their K and V (shared by a GQA group's heads) within about a
+// third of the H100 / H200's 50 MB L2, so that each group's longest blocks start first; else one (the
+// longest-first order gains nothing and more pairs at once would share L2 among more K and V).
+template <typename Tr>
+int fwd_group_pairs(const AttentionParams& p) {
+  const AttentionPattern& pat = p.pattern;
+  const int64_t pairs = p.batch * p.heads;
+  const int64_t pair_bytes = pat.sk * Tr::kD * 4 / std::max<int64_t>(p.heads / p.kv_heads, 1);
+  const int64_t fit = pat.has_band() ? (int64_t{16} << 20) / std::max<int64_t>(pair_bytes, 1) : 1;
+  return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(pairs, fit)));
+}
+
 template <typename Tr, typename T>
 cudaError_t launch_hopper_fwd(const AttentionCudaArgs& a, cudaStream_t stream) {
   const cudaError_t err = prepare_hopper_fwd<Tr, T>();
@@ -438,27 +701,57 @@ cudaError_t launch_hopper_fwd(const AttentionCudaArgs& a, cudaStream_t stream) {
   } else {
     const int64_t pairs = p.batch * p.heads, blocks = (pat.sq + Tr::kBlockM - 1) / Tr::kBlockM;
     if (pairs * blocks > 0x7fffffff) return cudaErrorInvalidValue;
-    // Pairs a group: where blocks see different numbers of keys (a band), as many as have their K
-    // and V (shared by a GQA group's heads) within about a third of the H100 / H200's 50 MB L2, so
-    // that each group's longest blocks start first; else one (the longest-first order gains
-    // nothing and more pairs at once would share L2 among more K and V).
-    const int64_t pair_bytes = pat.sk * Tr::kD * 4 / std::max<int64_t>(p.heads / p.kv_heads, 1);
-    const int64_t fit = pat.has_band() ? (int64_t{16} << 20) / std::max<int64_t>(pair_bytes, 1) : 1;
-    group_pairs = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(pairs, fit)));
+    group_pairs = fwd_group_pairs<Tr>(p);
     grid = dim3(static_cast<unsigned>(pairs * blocks));
   }
   attention_fwd_hopper_kernel<Tr, T><<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(mq, mk, mv, a, group_pairs);
   return cudaGetLastError();
 }
 
+template <typename Tr, typename T>
+cudaError_t launch_hopper_fwd_persistent(const AttentionCudaArgs& a, cudaStream_t stream) {
+  static signed char state[64] = {};
+  cudaError_t err = prepare_hopper(attention_fwd_hopper_persistent_kernel<Tr, T>, Tr::kSmemBytes, state);
+  if (err != cudaSuccess) return err;
+  if (a.fwd_counter == nullptr) return cudaErrorInvalidValue;
+  CUtensorMap mq, mk, mv;
+  if (!make_attention_maps(a, Tr::kD, Tr::kBlockM, Tr::kBlockN, &mq, &mk, &mv)) return cudaErrorInvalidValue;
+  const AttentionParams& p = a.g.fwd;
+  const AttentionPattern& pat = p.pattern;
+  FwdSchedule sched;
+  sched.counter = a.fwd_counter;
+  if (pat.varlen()) {  // (the padded tiles of the packed queries, a head at a time)
+    int64_t x, z;
+    tile_grid(p, false, Tr::kBlockM, x, z);
+    sched.blocks = x, sched.total = x * p.heads;
+  } else {
+    sched.blocks = (pat.sq + Tr::kBlockM - 1) / Tr::kBlockM, sched.total = p.batch * p.heads * sched.blocks;
+    sched.group_pairs = fwd_group_pairs<Tr>(p);
+  }
+  if (sched.total > 0x7fffffff) return cudaErrorInvalidValue;
+  if (sched.total == 0) return cudaSuccess;
+  static int per_sm[64] = {};
+  unsigned int blocks = 0;
+  err = cuda::resident_grid(attention_fwd_hopper_persistent_kernel<Tr, T>, Tr::kThreads, Tr::kSmemBytes, sched.total,
+                            a.num_sms, per_sm, blocks);
+  if (err != cudaSuccess) return err;
+  attention_fwd_hopper_persistent_kernel<Tr, T><<<blocks, Tr::kThreads, Tr::kSmemBytes, stream>>>(mq, mk, mv, a, sched);
+  return cudaGetLastError();
+}
+
+// The forward of traits Tr (its persistent form where Tr::kPersistent) at the call's dtype.
 template <typename Tr>
 int run_hopper_fwd(const AttentionCudaArgs& a, void* stream) {
   const auto s = static_cast<cudaStream_t>(stream);
-  switch (a.g.fwd.dtype) {
-    case DType::kBFloat16: return launch_hopper_fwd<Tr, __nv_bfloat16>(a, s);
-    case DType::kFloat16: return launch_hopper_fwd<Tr, __half>(a, s);
-    default: return cudaErrorInvalidValue;
+  const DType dtype = a.g.fwd.dtype;
+  if constexpr (Tr::kPersistent) {
+    if (dtype == DType::kBFloat16) return launch_hopper_fwd_persistent<Tr, __nv_bfloat16>(a, s);
+    if (dtype == DType::kFloat16) return launch_hopper_fwd_persistent<Tr, __half>(a, s);
+  } else {
+    if (dtype == DType::kBFloat16) return launch_hopper_fwd<Tr, __nv_bfloat16>(a, s);
+    if (dtype == DType::kFloat16) return launch_hopper_fwd<Tr, __half>(a, s);
   }
+  return cudaErrorInvalidValue;
 }
 
 }  // namespace attention_cuda
