@@ -201,6 +201,7 @@ def kernels_run(fn):
 # Every attention kernel by its name (csrc/attention/cuda), for kernels_run.
 KERNELS = (
     "attention_fwd_hopper_kernel",
+    "attention_fwd_hopper_persistent_kernel",
     "attention_fwd_kernel",
     "attention_decode_mma_kernel",
     "attention_decode_kernel",
@@ -465,20 +466,26 @@ def test_kernel_choice():
     Python asks the same rule (torch.ops.opforge._attention_kernel)."""
     assert torch.cuda.get_device_capability() == (9, 0), "these expectations are an sm_90 GPU's"
     rule = torch.ops.opforge._attention_kernel
+    # The Hopper forward's schedule (hopper_fwd_persistent): items of few key tiles (at most 8 on
+    # average) at head dims 64 and 128 go to the persistent kernel, longer ones and head dim 256 to
+    # a block an item.
+    persistent = "attention_fwd_hopper_persistent_kernel"
     for d, fwd, bwd in ((64, "hopper", "hopper"), (128, "hopper", "hopper"), (256, "hopper", "hopper")):
         q, k, v = qkv(1, 4, 2, 300, 300, d)
         assert rule(q.device, 4, 2, 300, 300, d) == fwd
         assert rule(q.device, 4, 2, 300, 300, d, backward=True) == bwd
         go = torch.randn_like(q)
-        want = {"attention_fwd_hopper_kernel"} | (
+        fwd_kernel = persistent if d <= 128 else "attention_fwd_hopper_kernel"
+        want = {fwd_kernel} | (
             {"attention_bwd_hopper_kernel", "attention_bwd_hopper_dq_kernel"}
             if bwd == "hopper"
             else {"attention_bwd_kv_kernel", "attention_bwd_q_kernel"}
         )
         assert kernels_run(lambda q=q, k=k, v=v, go=go: grads(q, k, v, go, dict(causal=True))) == want
-        assert kernels_run(lambda q=q, k=k, v=v: opforge.attention(q, k, v, variant="hopper")) == {
-            "attention_fwd_hopper_kernel"
-        }
+        assert kernels_run(lambda q=q, k=k, v=v: opforge.attention(q, k, v, variant="hopper")) == {fwd_kernel}
+    q, k, v = qkv(1, 4, 2, 1200, 1200, 128)  # (1200 + 128) / 128 key tiles an item: a block an item
+    assert kernels_run(lambda: opforge.attention(q, k, v)) == {"attention_fwd_hopper_kernel"}
+    assert kernels_run(lambda: opforge.attention(q, k, v, window=(300, 0))) == {persistent}
     # Decode: 4 rows a kv head against 3000 keys (tensor cores up to 16 rows), 32 rows (CUDA cores)
     q, k, v = qkv(2, 8, 2, 1, 3000, 128)
     assert rule(q.device, 8, 2, 1, 3000, 128) == "decode"
@@ -525,7 +532,9 @@ def test_operands_tma_cannot_address():
     )
     assert q.stride(0) == 0
     check_forward(q, k, v, dict(causal=True), variant="hopper")
-    assert kernels_run(lambda: opforge.attention(q, k, v, causal=True)) == {"attention_fwd_hopper_kernel"}
+    assert kernels_run(lambda: opforge.attention(q, k, v, causal=True)) == {
+        "attention_fwd_hopper_persistent_kernel"
+    }
 
 
 def test_block_mask_built_on_the_cpu():
@@ -837,7 +846,8 @@ def test_varlen_deterministic_and_kernels():
     for x, y in zip(first, fast, strict=True):
         assert (x.float() - y.float()).abs().max().item() <= 2e-2 * y.float().abs().max().item()
     names = kernels_run(lambda: varlen_backward(q, k, v, cu_q, cu_k, go, kw))
-    assert {"attention_fwd_hopper_kernel", "attention_bwd_hopper_kernel"} <= names, names
+    # (short sequences: the forward's persistent kernel)
+    assert {"attention_fwd_hopper_persistent_kernel", "attention_bwd_hopper_kernel"} <= names, names
 
 
 def test_varlen_cuda_graph_with_new_offsets():
