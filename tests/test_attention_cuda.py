@@ -572,6 +572,52 @@ def test_unsorted_segment_ids(d):
             assert max_err(g, w) <= 2 * max_err(lo, w) + 2e-3
 
 
+def document_ids(B, S, max_len):
+    """Sorted segment ids (B, S): documents of 1 to max_len tokens, each row numbered from 0 (so that
+    rows share ids), lengths around a tile's (127, 128, 129) among them."""
+    rows = []
+    for _ in range(B):
+        lens = [1, 127, 128, 129]
+        while sum(lens) < S:
+            lens.append(int(torch.randint(1, max_len + 1, ()).item()))
+        lens = [lens[i] for i in torch.randperm(len(lens)).tolist()]
+        rows.append(torch.repeat_interleave(torch.arange(len(lens)), torch.tensor(lens))[:S])
+    return torch.stack(rows).to(DEV)
+
+
+@pytest.mark.parametrize("d", [64, 128])
+def test_segment_ids_as_documents(d):
+    """Sorted segment ids shared by queries and keys are documents: the persistent forward finds
+    their runs on the device and attends within each (as varlen), over more runs than one round of
+    the search's block covers; ids the device finds are not runs (q's differing from kv's, an id that
+    decreases) take the segment path in the same kernel. The backward (segment path) reads the
+    forward's LSE."""
+    B, S = 2, 4500
+    q, k, v = qkv(B, 4, 2, S, S, d)
+    seg = document_ids(B, S, 40)
+    for kw in (
+        dict(segment_ids=seg),
+        dict(segment_ids=seg, causal=True),
+        dict(segment_ids=seg, causal=True, window=(100, 0), softcap=30.0),
+        dict(segment_ids=(seg.int(), seg.clone())),  # equal ids, two tensors
+    ):
+        check_forward(q, k, v, kw)
+    other = seg.clone()
+    other[0, 1000] += 1  # q's ids and kv's differ at one position
+    check_forward(q, k, v, dict(segment_ids=(seg, other), causal=True))
+    down = seg.clone()
+    down[1, 2000:2100] = 0  # an id that decreases, then comes back
+    check_forward(q, k, v, dict(segment_ids=down, causal=True))
+    q, k, v = qkv(2, 4, 2, 700, 700, d)
+    kw = dict(segment_ids=document_ids(2, 700, 300), causal=True)
+    go = torch.randn_like(q)
+    got = grads(q, k, v, go, kw)
+    want = reference_grads(q.double(), k.double(), v.double(), go.double(), kw)
+    low = reference_grads(q, k, v, go, kw)
+    for g, w, lo in zip(got, want, low, strict=True):
+        assert max_err(g, w) <= 2 * max_err(lo, w) + 2e-3
+
+
 # ---- the decode kernel with per-sequence key counts (kv_lens) ----------------------------------
 
 # (B, Hq, Hkv, Sq, Sk, D): GQA groups of 1-64 rows at every head dim (padded ones too), short and

@@ -257,6 +257,12 @@ std::tuple<at::Tensor, at::Tensor> attention_cuda(const at::Tensor& q, const at:
       counter = at::zeros({1}, q.options().dtype(at::kInt));
       a.fwd_counter = counter.data_ptr<int>();
     }
+    at::Tensor runs;  // (segment ids as documents: their runs, found on the device)
+    if (kernel == AttentionKernel::kHopper && hopper_fwd_runs(plan.params, static_cast<int>(kd))) {
+      runs = at::empty({plan.params.batch * plan.params.pattern.sq + 3}, q.options().dtype(at::kInt));
+      check_launch(op, run_attention_segment_runs(plan.params, runs.data_ptr<int32_t>(), stream));
+      a.seg_runs = runs.data_ptr<int32_t>();
+    }
     check_launch(op, run_attention_fwd_cuda(a, static_cast<int>(kd), kernel, stream));
   }
   if (kd != d) out.copy_(out_k.narrow(3, 0, d));

@@ -22,6 +22,9 @@ struct AttentionCudaArgs {
   float inv_cap_log2 = 0.f;   // 1 / (softcap * log2(e))
   int num_sms = 0;             // the GPU's multiprocessors (the persistent forward's grid)
   int* fwd_counter = nullptr;  // a zeroed int: the persistent forward's work counter (else unused)
+  // (the persistent forward, hopper_fwd_runs) segment ids as documents, written on the device by
+  // run_attention_segment_runs: valid flag, run count, offsets; else null
+  const int32_t* seg_runs = nullptr;
   // Backward scratch, (B, Hq, lse2_ld) each: lse * log2(e) (+inf for rows that see nothing), and
   // rowsum(dO * O) - grad_lse. Varlen: (1, Hq, lse2_ld), each sequence's rows at its padded start
   // (padded_start, in tiles of 128).
@@ -149,6 +152,18 @@ inline bool hopper_fwd_persistent(const AttentionParams& p, int head_dim) {
   return (attention_mean_visible_keys(pat, sq, sk) + 128) / 128 <= kHopperFwdPersistentMaxTiles;
 }
 
+// Segment ids the persistent forward may take as documents (its items then the runs of equal ids,
+// as varlen sequences, instead of query blocks whose tiles straddle them): one tensor's ids for
+// queries and keys (Sq = Sk), no prefix; whether they are runs (ids equal between q and kv, never
+// decreasing along a row) the device finds (run_attention_segment_runs), the kernel reading it
+// (otherwise it attends by segment as before). Its items and the B x S rows' offsets fit int32.
+inline bool hopper_fwd_runs(const AttentionParams& p, int head_dim) {
+  const AttentionPattern& pat = p.pattern;
+  return hopper_fwd_persistent(p, head_dim) && pat.q_segments != nullptr && !pat.varlen() && pat.sq == pat.sk &&
+         pat.prefix_len == 0 && pat.kv_lens == nullptr &&
+         p.heads * (p.batch * pat.sq + 2) < (int64_t{1} << 31) - (int64_t{1} << 20);  // (items, offsets in int32)
+}
+
 // Launchers, on `stream`; each returns a cudaError_t (cudaErrorNoKernelImageForDevice where the
 // binary has no sm_80+ code for this GPU).
 // The forward on `kernel` (kHopper or kMmaSync, as the rule chose).
@@ -181,6 +196,8 @@ int run_attention_bwd_q_d64(const AttentionCudaArgs& a, void* stream);
 int run_attention_bwd_q_d128(const AttentionCudaArgs& a, void* stream);
 int run_attention_bwd_q_d256(const AttentionCudaArgs& a, void* stream);
 int run_attention_bwd_prep(const AttentionCudaArgs& a, void* stream);
+// Segment ids' runs into ws (p.batch * p.pattern.sq + 3 int32s; attention_segment_runs.cu).
+int run_attention_segment_runs(const AttentionParams& p, int32_t* ws, void* stream);
 // The decode path (sm_80+): split-KV kernel, then the chunks' merge; and how many decode blocks of
 // `rows` query rows an SM holds at once (0 where the binary has no kernel for this GPU).
 int run_attention_decode_d64(const AttentionCudaArgs& a, const DecodeSplit& s, void* stream);

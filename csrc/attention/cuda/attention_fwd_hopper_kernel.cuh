@@ -71,7 +71,8 @@ struct HopperFwdTraits {
   // Registers a thread after setmaxnreg (FA3's split: the launch's 65536 / kThreads, rounded down to
   // 8, moved from the producer warpgroup to the consumers). The persistent producer holds an item's
   // state across its loop (the pattern, the TMA coordinates, the next item): at 40 it spills, at 88
-  // it does not.
+  // only the next item's counter value, once an item (and with segment ids' runs a few values at an
+  // item's start); the consumers at 208 do not.
   static constexpr int kProducerRegs = kPersistent ? 88 : kConsumers == 2 ? 40 : 32;
   static constexpr int kConsumerRegs = kPersistent ? 208 : kConsumers == 2 ? 232 : 160;
   static_assert(kProducerRegs + kConsumers * kConsumerRegs <= (65536 / kThreads / 8 * 8) * (1 + kConsumers),
@@ -85,7 +86,7 @@ struct HopperFwdTraits {
   // Q, the stages, their mask bits, the output's staging, a tile's (index, class, staged) per stage,
   // (persistent) the Q tile's item, the barriers (Q full (/ empty); K full / empty; V full / empty).
   static constexpr int kSmemBytes = 1024 /* alignment */ + kQBytes + kStages * (kStageBytes + kMaskWords * 4) +
-                                    kOBytes + kStages * 16 + (1 + 4 * kStages) * 8 + (kPersistent ? 16 + 8 : 0);
+                                    kOBytes + kStages * 16 + (1 + 4 * kStages) * 8 + (kPersistent ? 32 + 8 : 0);
   static_assert(kBlockN <= 256 && kSmemBytes <= 227 * 1024, "TMA box rows / shared memory");
 };
 using HopperFwdTraitsD64 = HopperFwdTraits<64, 128, 2, 2>;  // (three consumers, 192 x 128: 2% faster causal, 11% slower sliding 512)
@@ -104,8 +105,8 @@ constexpr int kFwdBarTurn = 4;
 
 // A block's shared memory (Tr::kSmemBytes from a 1024-byte aligned base), in order: the Q tile, the
 // K / V stages, their mask bits (block-mask form), the output's staging (persistent), a stage's tile
-// (index, class bits, staged), the Q tile's item (persistent: batch row, head, query block, live),
-// the barriers.
+// (index, class bits, staged), the Q tile's item (persistent: batch row, head, query block, live;
+// its first row and rows, a run's), the barriers.
 template <typename Tr>
 struct FwdSmem {
   static constexpr int kBars = Tr::kPersistent ? 2 : 1;  // Q full (and empty)
@@ -126,7 +127,7 @@ struct FwdSmem {
         o(reinterpret_cast<unsigned char*>(mask + Tr::kStages * Tr::kMaskWords)),
         info(reinterpret_cast<int4*>(o + Tr::kOBytes)),
         q_info(info + Tr::kStages),
-        q_full(reinterpret_cast<uint64_t*>(q_info + (Tr::kPersistent ? 1 : 0))),
+        q_full(reinterpret_cast<uint64_t*>(q_info + (Tr::kPersistent ? 2 : 0))),
         q_empty(Tr::kPersistent ? q_full + 1 : nullptr),
         pk{q_full + kBars, q_full + kBars + Tr::kStages},
         pv{q_full + kBars + 2 * Tr::kStages, q_full + kBars + 3 * Tr::kStages} {}
@@ -505,31 +506,68 @@ struct FwdSchedule {
   int64_t total = 0, blocks = 0;  // items; query blocks a pair (varlen: padded tiles a head)
   int group_pairs = 1;            // (without varlen) pairs a group
   int* counter = nullptr;         // a zeroed int
+  // Segment ids as documents (hopper_fwd_runs), or null: run_attention_segment_runs' output (valid
+  // flag, run count R, R + 1 offsets into the batch x run_rows rows). Where valid the items are, a
+  // head at a time, the runs' padded tiles last to first (as varlen's sequences), else the above.
+  const int32_t* runs = nullptr;
+  int64_t run_rows = 0;  // (the sequence length: a batch row's rows)
 
-  // Item `item`'s batch row, head and query block of `rows` queries; false: a padding tile. Every
-  // lane of the calling warp asks about the same item (the varlen search is warp-wide).
-  __device__ __forceinline__ bool decode(const AttentionParams& p, int64_t item, int rows, int64_t& b, int64_t& h,
-                                         int64_t& qb) const {
-    const int64_t x = blocks - 1 - item % blocks;
-    if (p.pattern.varlen()) {
-      h = item / blocks;
-      return padded_tile_warp(p.pattern.cu_seqlens_q, p.pattern.total_q, p.batch, rows, x, b, qb);
+  // Item `item`'s batch row, head and query block of `rows` queries, and with runs (run_count >= 0
+  // runs) the run's first row in the batch row and its rows (else 0, 0); false: a padding tile.
+  // Every lane of the calling warp asks about the same item (the varlen search is warp-wide).
+  __device__ __forceinline__ bool decode(const AttentionParams& p, int item, int rows, int run_count, int64_t& b,
+                                         int64_t& h, int64_t& qb, int64_t& first, int64_t& len) const {
+    first = 0, len = 0;
+    if (run_count >= 0 || p.pattern.varlen()) {  // (varlen's sequences or the runs, a head at a time)
+      const int64_t n = run_count >= 0 ? run_blocks(p, run_count, rows) : blocks;
+      const int32_t* cu = run_count >= 0 ? runs + 2 : p.pattern.cu_seqlens_q;
+      h = item / n;
+      if (!padded_tile_warp(cu, run_count >= 0 ? p.batch * run_rows : p.pattern.total_q,
+                            run_count >= 0 ? run_count : p.batch, rows, n - 1 - item % n, b, qb)) {
+        return false;
+      }
+      if (run_count >= 0) {
+        const int64_t start = cu[b];
+        first = start % run_rows, len = cu[b + 1] - start, b = start / run_rows;
+      }
+      return true;
     }
     int pair, w;
-    cuda::grouped_tile(static_cast<int>(item), group_pairs, static_cast<int>(p.batch * p.heads),
-                       static_cast<int>(blocks), false, pair, w);
+    cuda::grouped_tile(item, group_pairs, static_cast<int>(p.batch * p.heads), static_cast<int>(blocks), false, pair,
+                       w);
     b = pair / p.heads, h = pair % p.heads, qb = blocks - 1 - w;
     return true;
   }
+  // The runs' padded tiles a head (fit an int: hopper_fwd_runs' check).
+  __device__ __forceinline__ int run_blocks(const AttentionParams& p, int run_count, int rows) const {
+    return static_cast<int>(padded_rows(p.batch * run_rows, run_count, rows) / rows);
+  }
+  // The runs' count where the device found segment ids to be runs, else -1 (read again at each item,
+  // from L1: held in registers across an item the walk's state spills).
+  __device__ __forceinline__ int run_count() const { return runs != nullptr && __ldg(runs) ? __ldg(runs + 1) : -1; }
 };
+
+// Item b's pattern: batch row (sequence) b's, or with runs (len: the run's rows) the call's band on
+// the run's rows alone: its own queries and keys (Sq = Sk = len), no segments.
+__device__ __forceinline__ AttentionPattern item_pattern(const AttentionPattern& pattern, int64_t b, bool run,
+                                                         int64_t len) {
+  AttentionPattern pat = pattern.at(b);
+  if (run) {
+    pat.sq = pat.sk = len;
+    pat.q_segments = pat.kv_segments = nullptr;
+    pat.q_seg_blocks = pat.kv_seg_blocks = nullptr;
+  }
+  return pat;
+}
 
 // The persistent form (Tr::kPersistent): a block a multiprocessor, walking FwdSchedule's items. The
 // producer finds an item's first key tile (a round of loads) before it waits for the last item's S
 // products to free the Q tile, then issues Q (the item written beside it for the consumers) and the
 // first K / V at once; the counter's next value is fetched as an item begins and used at its end.
 // The consumers run each item as the one-item kernel does (fwd_consumer_item) and stage the output
-// in its own tile.
-template <typename Tr, typename T>
+// in its own tile. kRuns: segment ids as documents where the device found them runs (items: the
+// runs' padded tiles, each a dense item of its rows; FwdSchedule::runs), else the items above.
+template <typename Tr, typename T, bool kRuns>
 __global__ void __launch_bounds__(Tr::kThreads, 1)
     attention_fwd_hopper_persistent_kernel(const __grid_constant__ CUtensorMap map_q,
                                            const __grid_constant__ CUtensorMap map_k,
@@ -559,22 +597,30 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     State wk, wv;     // the K ring (tiles and each item's end) and the V ring (tiles)
     int n = 0;        // items begun
     int pending = 0;  // (lane 0) the counter's value for the item after this one
-    for (int64_t item = blockIdx.x; item < sched.total;) {
+    // (Segment ids as documents where the device found them runs: the items from their count.)
+    const auto total = [&]() {
+      const int runs = kRuns ? sched.run_count() : -1;
+      return runs >= 0 ? sched.run_blocks(p, runs, kBM) * static_cast<int>(p.heads) : static_cast<int>(sched.total);
+    };
+    for (int item = blockIdx.x; item < total();) {
       if (lane == 0) pending = atomicAdd(sched.counter, 1);
-      int64_t b, h, qb;
-      if (sched.decode(p, item, kBM, b, h, qb)) {
-        const AttentionPattern pat = p.pattern.at(b);
+      int64_t b, h, qb, first, len;  // (a run's first row in the batch row, its rows)
+      const int runs = kRuns ? sched.run_count() : -1;
+      if (sched.decode(p, item, kBM, runs, b, h, qb, first, len)) {
+        const AttentionPattern pat = item_pattern(p.pattern, b, runs >= 0, len);
         const int64_t i0 = qb * kBM, i1 = min(i0 + kBM, pat.sq);
         KeyWalk<kBN, kD, 32, T, false> walk(p, pat, b, h, i0, i1);
         const int hk = static_cast<int>(h / (p.heads / p.kv_heads));
         // TMA coordinates: the tensors' batch row, the sequence's first rows (varlen: in the packed dims).
         const int tb = static_cast<int>(p.pattern.tensor_batch(b));
-        const int q_row0 = static_cast<int>(p.pattern.q_start(b)), k_row0 = static_cast<int>(p.pattern.k_start(b));
+        const int q_row0 = static_cast<int>(p.pattern.q_start(b) + first);
+        const int k_row0 = static_cast<int>(p.pattern.k_start(b) + first);
         TileClass tc;
         int tile = walk.next(walk.begin, tc, lane);
         if (lane == 0) {
           if (n > 0) cuda::mbar_wait(smem_addr(sm.q_empty), (n - 1) & 1);  // the last item's S products are done
-          *sm.q_info = make_int4(static_cast<int>(b), static_cast<int>(h), static_cast<int>(qb), 1);
+          sm.q_info[0] = make_int4(static_cast<int>(b), static_cast<int>(h), static_cast<int>(qb), 1);
+          sm.q_info[1] = make_int4(static_cast<int>(first), static_cast<int>(len), runs >= 0, 0);
           cuda::mbar_arrive_expect_tx(smem_addr(sm.q_full), Tr::kQBytes);
 #pragma unroll
           for (int pn = 0; pn < Tr::kPanels; ++pn) {
@@ -613,7 +659,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
         wk.advance();
         __syncwarp();
       }
-      item = gridDim.x + int64_t{__shfl_sync(0xffffffffu, pending, 0)};
+      item = static_cast<int>(gridDim.x) + __shfl_sync(0xffffffffu, pending, 0);
     }
     if (lane == 0) {  // no more items: a Q arrival without bytes, not live
       if (n > 0) cuda::mbar_wait(smem_addr(sm.q_empty), (n - 1) & 1);
@@ -631,10 +677,10 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   State rk, rv;
   for (int n = 0;; ++n) {
     cuda::mbar_wait(smem_addr(sm.q_full), n & 1);  // (its acquire orders the item's read after the write)
-    const int4 qi = *sm.q_info;
+    const int4 qi = sm.q_info[0], run = sm.q_info[1];  // (run: first row, rows, is a run)
     if (!qi.w) break;
-    const int64_t b = qi.x, h = qi.y, i0 = int64_t{qi.z} * kBM;
-    const AttentionPattern pat = p.pattern.at(b);
+    const int64_t b = qi.x, h = qi.y, i0 = int64_t{qi.z} * kBM, first = run.x;
+    const AttentionPattern pat = item_pattern(p.pattern, b, kRuns && run.z, run.y);
     const int64_t row0 = i0 + half * 64 + warp * 16;  // this warp's first query row
     float o[kDT][4];
 #pragma unroll
@@ -645,10 +691,12 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     // Epilogue: as the one-item kernel's, through the output's staging once the warpgroup's reads
     // of it (the item before) are done.
     float inv[2];
-    finish_rows(m_run, l_run, inv, p, pat.sq, b, h, row0, lane, k);
+    // (a run's rows from its first row on)
+    finish_rows(m_run, l_run, inv, p, first + pat.sq, b, h, first + row0, lane, k);
     cuda::named_barrier_sync<128>(1 + half);
     store_accumulator_rows<kD, T>(o, inv, sm.o + half * 64 * 128, Tr::kQPanelBytes,
-                                  static_cast<T*>(p.out) + p.o_at(b, h), p.o_ss, i0 + half * 64, pat.sq, t, 1 + half);
+                                  static_cast<T*>(p.out) + p.o_at(b, h) + first * p.o_ss, p.o_ss, i0 + half * 64,
+                                  pat.sq, t, 1 + half);
   }
 #else
   __trap();
@@ -708,10 +756,12 @@ cudaError_t launch_hopper_fwd(const AttentionCudaArgs& a, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
-template <typename Tr, typename T>
-cudaError_t launch_hopper_fwd_persistent(const AttentionCudaArgs& a, cudaStream_t stream) {
+// kRuns: the form that reads segment ids' runs (a.seg_runs; its walk's state spills a little at item
+// boundaries), else without that code.
+template <typename Tr, typename T, bool kRuns>
+cudaError_t launch_hopper_fwd_persistent_form(const AttentionCudaArgs& a, cudaStream_t stream) {
   static signed char state[64] = {};
-  cudaError_t err = prepare_hopper(attention_fwd_hopper_persistent_kernel<Tr, T>, Tr::kSmemBytes, state);
+  cudaError_t err = prepare_hopper(attention_fwd_hopper_persistent_kernel<Tr, T, kRuns>, Tr::kSmemBytes, state);
   if (err != cudaSuccess) return err;
   if (a.fwd_counter == nullptr) return cudaErrorInvalidValue;
   CUtensorMap mq, mk, mv;
@@ -720,6 +770,8 @@ cudaError_t launch_hopper_fwd_persistent(const AttentionCudaArgs& a, cudaStream_
   const AttentionPattern& pat = p.pattern;
   FwdSchedule sched;
   sched.counter = a.fwd_counter;
+  sched.runs = a.seg_runs;
+  sched.run_rows = pat.sq;
   if (pat.varlen()) {  // (the padded tiles of the packed queries, a head at a time)
     int64_t x, z;
     tile_grid(p, false, Tr::kBlockM, x, z);
@@ -732,11 +784,17 @@ cudaError_t launch_hopper_fwd_persistent(const AttentionCudaArgs& a, cudaStream_
   if (sched.total == 0) return cudaSuccess;
   static int per_sm[64] = {};
   unsigned int blocks = 0;
-  err = cuda::resident_grid(attention_fwd_hopper_persistent_kernel<Tr, T>, Tr::kThreads, Tr::kSmemBytes, sched.total,
-                            a.num_sms, per_sm, blocks);
+  const auto kernel = attention_fwd_hopper_persistent_kernel<Tr, T, kRuns>;
+  err = cuda::resident_grid(kernel, Tr::kThreads, Tr::kSmemBytes, sched.total, a.num_sms, per_sm, blocks);
   if (err != cudaSuccess) return err;
-  attention_fwd_hopper_persistent_kernel<Tr, T><<<blocks, Tr::kThreads, Tr::kSmemBytes, stream>>>(mq, mk, mv, a, sched);
+  kernel<<<blocks, Tr::kThreads, Tr::kSmemBytes, stream>>>(mq, mk, mv, a, sched);
   return cudaGetLastError();
+}
+
+template <typename Tr, typename T>
+cudaError_t launch_hopper_fwd_persistent(const AttentionCudaArgs& a, cudaStream_t stream) {
+  return a.seg_runs != nullptr ? launch_hopper_fwd_persistent_form<Tr, T, true>(a, stream)
+                               : launch_hopper_fwd_persistent_form<Tr, T, false>(a, stream);
 }
 
 // The forward of traits Tr (its persistent form where Tr::kPersistent) at the call's dtype.
