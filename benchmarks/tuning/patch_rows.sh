@@ -4,7 +4,7 @@
 # in BASE_FILES, a folder, when given: the device gets no .git to check an older version out),
 # rebuilt in place (ninja: the translation units it touches), a test subset and the same rows; then
 # the tree restored and rebuilt.
-#   PATCH=benchmarks/tuning/fwd_persistent.patch ROWS="causal;causal D64;causal D256" FLAGS=--fwd-only \
+#   PATCH=benchmarks/tuning/seg_cols_unrolled.patch ROWS="16 packed causal documents" FLAGS=--fwd-only \
 #   TESTS_K="forward_more_work or staged" bash benchmarks/tuning/patch_rows.sh
 set -uo pipefail
 cd "$(dirname "$0")/../.."
