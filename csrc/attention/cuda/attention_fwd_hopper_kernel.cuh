@@ -780,12 +780,16 @@ cudaError_t launch_hopper_fwd_persistent_form(const AttentionCudaArgs& a, cudaSt
     sched.blocks = (pat.sq + Tr::kBlockM - 1) / Tr::kBlockM, sched.total = p.batch * p.heads * sched.blocks;
     sched.group_pairs = fwd_group_pairs<Tr>(p);
   }
-  if (sched.total > 0x7fffffff) return cudaErrorInvalidValue;
+  // (items and the counter's values, up to items + blocks, in an int)
+  if (sched.total > 0x7fffffff - (1 << 20)) return cudaErrorInvalidValue;
   if (sched.total == 0) return cudaSuccess;
   static int per_sm[64] = {};
   unsigned int blocks = 0;
   const auto kernel = attention_fwd_hopper_persistent_kernel<Tr, T, kRuns>;
-  err = cuda::resident_grid(kernel, Tr::kThreads, Tr::kSmemBytes, sched.total, a.num_sms, per_sm, blocks);
+  // (with runs the device's items may outnumber the host's count: a grid of their most, if fewer
+  // than the GPU holds)
+  const int64_t items = kRuns ? std::max(sched.total, hopper_fwd_run_items(p)) : sched.total;
+  err = cuda::resident_grid(kernel, Tr::kThreads, Tr::kSmemBytes, items, a.num_sms, per_sm, blocks);
   if (err != cudaSuccess) return err;
   kernel<<<blocks, Tr::kThreads, Tr::kSmemBytes, stream>>>(mq, mk, mv, a, sched);
   return cudaGetLastError();
