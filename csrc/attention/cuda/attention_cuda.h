@@ -152,17 +152,17 @@ inline bool hopper_fwd_persistent(const AttentionParams& p, int head_dim) {
   return (attention_mean_visible_keys(pat, sq, sk) + 128) / 128 <= kHopperFwdPersistentMaxTiles;
 }
 
-// Segment ids the persistent forward may take as documents (its items then the runs of equal ids,
-// as varlen sequences, instead of query blocks whose tiles straddle them): one tensor's ids for
-// queries and keys (Sq = Sk), no prefix; whether they are runs (ids equal between q and kv, never
-// decreasing along a row) the device finds (run_attention_segment_runs), the kernel reading it
-// (otherwise it attends by segment as before). Its items and the B x S rows' offsets fit int32.
 // The most items the runs of p's segment ids make (a run a row: heads x padded tiles of B x S rows
 // in B x S runs).
 inline int64_t hopper_fwd_run_items(const AttentionParams& p) {
   const int64_t n = p.batch * p.pattern.sq;
   return p.heads * (n + n / 128 + 2);
 }
+// Segment ids the persistent forward may take as documents (its items then the runs of equal ids,
+// as varlen sequences, instead of query blocks whose tiles straddle them): Sq = Sk, no prefix;
+// whether they are runs (q's ids equal to kv's, never decreasing along a row) the device finds
+// (run_attention_segment_runs), the kernel reading it (otherwise it attends by segment as before).
+// Its items and the B x S rows' offsets fit int32.
 inline bool hopper_fwd_runs(const AttentionParams& p, int head_dim) {
   const AttentionPattern& pat = p.pattern;
   return hopper_fwd_persistent(p, head_dim) && pat.q_segments != nullptr && !pat.varlen() && pat.sq == pat.sk &&
