@@ -364,7 +364,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   // group_pairs (batch row, head) pairs, each group's query blocks last to first across its pairs
   // (with causal, the most keys first: the longest blocks of a group start first and the last
   // blocks to start are short); varlen: the padded tiles of the packed queries last to first, a
-  // head each grid row.
+  // head each grid row. (FwdSchedule::decode orders the persistent kernel's items the same way; as
+  // this kernel's parameter it made the D256 and block-mask forms' producers spill: session 6.)
   int64_t b, h, qb;
   if (group_pairs > 0) {
     const int blocks = static_cast<int>((p.pattern.sq + kBM - 1) / kBM);
