@@ -13,25 +13,17 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
-from cases_table import IMPL, LINE
+from cases_table import parse
 
 PEERS = ("FlashAttention-4", "FlashAttention-4 deterministic", "SDPA cuDNN", "FlexAttention")
 
 
 def main(path: str, out: str, title: str) -> None:
     labels, ratios = [], {p: [] for p in PEERS}
-    for line in open(path, encoding="utf-8"):
-        det = "bf16 fwd+bwd deterministic" in line
-        m = LINE.match(line.replace("fwd+bwd deterministic", "fwd+bwd").strip())
-        if not m:
-            continue
-        times = {i["name"].strip(): float(i["ms"]) for i in IMPL.finditer(m["rest"])}
-        ours = times.get("opforge")
-        if ours is None:
-            continue
-        labels.append(f"{m['row']} {m['pass']}" + (" deterministic" if det else ""))
+    for row, pass_, times in parse(path):
+        labels.append(f"{row} {pass_}")
         for p in PEERS:
-            ratios[p].append(times[p] / ours if p in times else 0.0)
+            ratios[p].append(times[p] / times["opforge"] if p in times else 0.0)
     fig, ax = plt.subplots(figsize=(11, 0.32 * len(labels) + 1.5))
     width = 0.8 / len(PEERS)
     for i, p in enumerate(PEERS):

@@ -15,19 +15,28 @@ LINE = re.compile(r"^(?P<row>.+?) B\d.*? bf16 (?P<pass>fwd\+bwd|fwd|bwd)\s+(?P<r
 IMPL = re.compile(r"(?P<name>[A-Za-z][\w\- ()/.]*?) (?P<ms>[\d.]+) ms \((?P<ratio>[\d.]+)x\)")
 
 
-def main(path: str) -> None:
-    print("| row | pass | opforge ms | " + " | ".join(f"{p} ms (opforge \u00d7)" for p in PEERS) + " |")
-    print("|---|---|---|" + "---|" * len(PEERS))
+def parse(path: str):
+    """(row, pass, {impl: ms}) of each line of cases.txt with opforge's time; a deterministic
+    backward's pass reads "fwd+bwd deterministic"."""
     for line in open(path, encoding="utf-8"):
-        m = LINE.match(line.strip())
+        det = "bf16 fwd+bwd deterministic" in line
+        m = LINE.match(line.replace("fwd+bwd deterministic", "fwd+bwd").strip())
         if not m:
             continue
         times = {i["name"].strip(): float(i["ms"]) for i in IMPL.finditer(m["rest"])}
-        ours = times.get("opforge")
-        if ours is None:
-            continue
+        if "opforge" in times:
+            yield m["row"], m["pass"] + (" deterministic" if det else ""), times
+
+
+def main(path: str) -> None:
+    print("| row | pass | opforge ms | " + " | ".join(f"{p} ms (opforge \u00d7)" for p in PEERS) + " |")
+    print("|---|---|---|" + "---|" * len(PEERS))
+    for row, pass_, times in parse(path):
+        if pass_.endswith("deterministic"):
+            continue  # (against FA4's deterministic backward only: a table of its own)
+        ours = times["opforge"]
         cells = [f"{times[p]:.3f} ({times[p] / ours:.2f}\u00d7)" if p in times else "—" for p in PEERS]
-        print(f"| {m['row']} | {m['pass']} | {ours:.3f} | " + " | ".join(cells) + " |")
+        print(f"| {row} | {pass_} | {ours:.3f} | " + " | ".join(cells) + " |")
 
 
 if __name__ == "__main__":
