@@ -422,3 +422,96 @@ def test_torch_compile_no_graph_break():
     compiled = torch.compile(model, fullgraph=True, backend="eager")
     with torch.no_grad():
         assert close(compiled(ids).logits, want)
+
+
+class _GatheredCache:
+    """transformers 5.17's paged cache as continuous batching's attention function sees it: update()
+    takes the new tokens' k, v (1, Hkv, T, D) and returns every request's keys and values, cached
+    then new, one request after another (Lk, Hkv, D)."""
+
+    def __init__(self, past_k, past_v):
+        self.past_k, self.past_v, self.layers = past_k, past_v, []
+
+    def update(self, key_states, value_states, layer_idx, read_index, write_index):
+        self.layers.append(layer_idx)
+        k, v = [], []
+        new_k, new_v = key_states[0].transpose(0, 1), value_states[0].transpose(0, 1)
+        start = 0
+        for pk, pv, n in zip(self.past_k, self.past_v, self.new_counts, strict=True):
+            k += [pk, new_k[start : start + n]]
+            v += [pv, new_v[start : start + n]]
+            start += n
+        return torch.cat(k), torch.cat(v)
+
+
+@pytest.mark.parametrize("window", [None, 5])
+def test_paged_attention_under_continuous_batching(window):
+    """'paged|opforge' (register()): each request's new tokens attend causally to its cached keys and
+    to each other (aligned to the end of its keys), within the layer's sliding window; a padded
+    batch's extra rows come back as zeros; against SDPA request by request."""
+    torch.manual_seed(0)
+    past, new = [0, 9, 3, 17], [6, 1, 4, 2]  # a fresh prefill, decodes, a chunk of a longer prompt
+    H, Hkv, D, pad = 4, 2, 16, 3
+    cache = _GatheredCache([torch.randn(n, Hkv, D) for n in past], [torch.randn(n, Hkv, D) for n in past])
+    cache.new_counts = new
+    T = sum(new)
+    q = torch.randn(1, H, T + pad, D)
+    k, v = torch.randn(1, Hkv, T + pad, D), torch.randn(1, Hkv, T + pad, D)
+    cu_q = torch.tensor([0, *torch.tensor(new).cumsum(0).tolist()], dtype=torch.int32)
+    lens = [p + n for p, n in zip(past, new, strict=True)]
+    cu_k = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
+    module = torch.nn.Module()
+    module.layer_idx = 3
+    kw = {"sliding_window": window} if window else {}
+    out, weights = otf.opforge_paged_attention(
+        module,
+        q,
+        k,
+        v,
+        None,
+        scaling=0.3,
+        cache=cache,
+        cu_seq_lens_q=cu_q,
+        cu_seq_lens_k=cu_k,
+        max_seqlen_q=max(new),
+        max_seqlen_k=max(lens),
+        read_index=[None],
+        write_index=[None],
+        **kw,
+    )
+    assert weights is None and cache.layers == [3]
+    assert out.shape == (1, T + pad, H, D)
+    keys, values = cache.update(k, v, 3, None, None)
+    for i in range(len(new)):
+        qs, qe, ks, ke = int(cu_q[i]), int(cu_q[i + 1]), int(cu_k[i]), int(cu_k[i + 1])
+        qi = q[0, :, qs:qe]
+        ki = keys[ks:ke].transpose(0, 1).repeat_interleave(H // Hkv, 0)
+        vi = values[ks:ke].transpose(0, 1).repeat_interleave(H // Hkv, 0)
+        pos = torch.arange(qe - qs)[:, None] + (ke - ks) - (qe - qs)
+        j = torch.arange(ke - ks)[None, :]
+        seen = (j <= pos) & ((j > pos - window) if window else True)
+        want = torch.nn.functional.scaled_dot_product_attention(qi, ki, vi, attn_mask=seen, scale=0.3)
+        torch.testing.assert_close(out[0, qs:qe], want.transpose(0, 1), atol=1e-5, rtol=1e-5)
+    assert (out[0, T:] == 0).all()
+
+
+def test_paged_attention_errors_and_registration():
+    from transformers import AttentionInterface
+
+    assert AttentionInterface._global_mapping["paged|opforge"] is otf.opforge_paged_attention
+    module = torch.nn.Module()
+    module.layer_idx = 0
+    q, k = torch.randn(1, 4, 3, 16), torch.randn(1, 2, 3, 16)
+    with pytest.raises(TypeError, match="continuous batching"):
+        otf.opforge_paged_attention(module, q, k, k, None)
+    cache = _GatheredCache([torch.randn(0, 2, 16)], [torch.randn(0, 2, 16)])
+    cache.new_counts = [3]
+    cu = torch.tensor([0, 3], dtype=torch.int32)
+    with pytest.raises(NotImplementedError, match="block-table"):
+        otf.opforge_paged_attention(
+            module, q, k, k, None, cache=cache, cu_seq_lens_q=cu, cu_seq_lens_k=cu, block_table=cu
+        )
+    with pytest.raises(NotImplementedError, match="sinks"):
+        otf.opforge_paged_attention(
+            module, q, k, k, None, cache=cache, cu_seq_lens_q=cu, cu_seq_lens_k=cu, s_aux=torch.zeros(4)
+        )

@@ -360,8 +360,85 @@ def _varlen(query, key, kw, kwargs):
     return cu_q.to(query.device), cu_k.to(query.device)
 
 
+def opforge_paged_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    softcap: float | None = None,
+    cache=None,
+    **kwargs,
+) -> tuple[torch.Tensor, None]:
+    """transformers' continuous batching (``"paged|opforge"``, transformers 5.17's contract): the new
+    tokens of every request in one row, q (1, H, T, D) and k, v (1, Hkv, T, D); this function writes
+    them into the paged cache (``cache.update``), which returns each request's keys and values
+    gathered one request after another, (Lk, Hkv, D), at ``cu_seq_lens_k``. Each request's new
+    tokens attend causally to its cached ones and to each other (queries aligned to the end of the
+    request's keys), within the layer's sliding window if it has one: opforge.attention_varlen.
+    Returns (1, T, H, D), None (rows past the requests' tokens, the padding of a padded batch, are
+    zeros)."""
+    if cache is None or not hasattr(cache, "update"):
+        raise TypeError(
+            f"{OP}: 'paged|{NAME}' runs under transformers' continuous batching, which passes the paged "
+            "cache as cache=; call the model through generate_batch / ContinuousBatchingManager"
+        )
+    if kwargs.get("block_table") is not None:
+        raise NotImplementedError(
+            f"{OP}: transformers' block-table decode path (flash_attn_with_kvcache's) is not taken by "
+            f"'paged|{NAME}'; it should not be offered to a non-flash implementation"
+        )
+    if dropout and getattr(module, "training", False):
+        raise NotImplementedError(f"{OP}: attention dropout ({dropout}) is not supported while training")
+    if kwargs.get("s_aux") is not None or getattr(module, "sinks", None) is not None:
+        raise NotImplementedError(f"{OP}: attention sinks (s_aux) are not supported")
+    # The cache's layer type is the module's (as transformers' paged functions read it); the window
+    # may also come as a kwarg alone (Mistral), which the cache keeps as full attention.
+    layer_type = "sliding_attention" if getattr(module, "sliding_window", None) else "full_attention"
+    sliding = getattr(module, "sliding_window", None) or kwargs.get("sliding_window")
+
+    def per_layer(x):  # (models with full and sliding layers get one value per layer type)
+        return x[layer_type] if isinstance(x, dict) else x
+
+    cu_q, cu_k = kwargs.get("cu_seq_lens_q"), per_layer(kwargs.get("cu_seq_lens_k"))
+    if not isinstance(cu_q, torch.Tensor) or not isinstance(cu_k, torch.Tensor):
+        raise TypeError(f"{OP}: continuous batching passes cu_seq_lens_q and cu_seq_lens_k tensors")
+    k, v = cache.update(
+        key_states=key,
+        value_states=value,
+        layer_idx=module.layer_idx,
+        read_index=kwargs.get("read_index"),
+        write_index=kwargs.get("write_index"),
+    )
+    cu_q, cu_k = cu_q.to(query.device), cu_k.to(query.device)
+    q = query[0].transpose(0, 1)  # (T, H, D) view
+    # A padded batch (CUDA graphs / compile) has rows past the last request's: garbage, left out.
+    nq, nk = int(cu_q[-1]), int(cu_k[-1])
+    kw: dict[str, Any] = {"causal": True}
+    if sliding:
+        kw["window"] = (int(sliding) - 1, 0)
+    out = opforge.attention_varlen(
+        q[:nq],
+        k[:nk],
+        v[:nk],
+        cu_q,
+        cu_k,
+        per_layer(kwargs.get("max_seqlen_q")),
+        per_layer(kwargs.get("max_seqlen_k")),
+        scale=scaling,
+        softcap=softcap or None,
+        **kw,
+    )
+    if nq < q.shape[0]:
+        out = torch.cat([out, out.new_zeros(q.shape[0] - nq, *out.shape[1:])])
+    return out.unsqueeze(0), None
+
+
 def register(name: str = NAME) -> None:
-    """Register opforge attention with transformers under ``name`` (idempotent)."""
+    """Register opforge attention with transformers under ``name`` (idempotent), and its
+    continuous-batching form under ``"paged|" + name``."""
     if "flash" in name:
         raise ValueError(
             f"{OP}: the name must not contain 'flash' (transformers treats those as flash attention)"
@@ -372,3 +449,4 @@ def register(name: str = NAME) -> None:
     _masking_utils()
     AttentionInterface.register(name, opforge_attention)
     AttentionMaskInterface.register(name, opforge_mask)
+    AttentionInterface.register("paged|" + name, opforge_paged_attention)
