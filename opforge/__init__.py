@@ -9,7 +9,7 @@ from opforge._loader import built_with_cuda, load_extension
 load_extension()
 
 from opforge.masks import BlockMask, block_mask  # noqa: E402
-from opforge.ops.attention import attention, attention_varlen  # noqa: E402
+from opforge.ops.attention import attention, attention_varlen, paged_kv_append  # noqa: E402
 from opforge.ops.copy_async import copy_async, to_device_async  # noqa: E402
 from opforge.ops.matmul import matmul  # noqa: E402
 from opforge.ops.nms import batched_nms, nms, nms_padded  # noqa: E402
@@ -30,6 +30,7 @@ __all__ = [
     "matmul",
     "nms",
     "nms_padded",
+    "paged_kv_append",
     "preprocess_frames",
     "to_device_async",
     "vector_add",

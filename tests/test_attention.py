@@ -598,6 +598,119 @@ def test_kv_lens_matches_reference(name, shape):
     check_kv_lens(*kv_lens_case(shape, name), tol=2e-5)
 
 
+# ---- paged KV caches (block_table) and paged_kv_append ----------------------------------------
+
+
+def to_pages(k, v, lens, page_size, spare=3):
+    """The (B, Hkv, Sk, D) caches k, v scattered over the pages of (num_pages, page_size, Hkv, D)
+    caches in a random order (NaN in every slot no sequence owns), and the block table: one column
+    more than the longest sequence needs, the entries past each sequence's pages garbage (-7, a page
+    number past the caches) that nothing may read."""
+    B, Hkv, Sk, D = k.shape
+    P = (Sk + page_size - 1) // page_size + 1
+    pages = B * P + spare
+    table = torch.randperm(pages)[: B * P].view(B, P)
+    kc = torch.full((pages, page_size, Hkv, D), float("nan"), dtype=k.dtype, device=k.device)
+    vc = kc.clone()
+    for b in range(B):
+        for j in range(P):
+            lo, hi = j * page_size, min(Sk, (j + 1) * page_size)
+            if lo < hi:
+                kc[table[b, j], : hi - lo] = k[b, :, lo:hi].transpose(0, 1)
+                vc[table[b, j], : hi - lo] = v[b, :, lo:hi].transpose(0, 1)
+        used = (int(lens[b]) + page_size - 1) // page_size
+        table[b, used:] = torch.tensor([-7, pages + 5])[torch.arange(P - used) % 2]
+    return kc, vc, table.to(torch.int32).to(k.device)
+
+
+@pytest.mark.parametrize("page_size", [16, 7, 256])
+@pytest.mark.parametrize("shape", KV_LENS_SHAPES[:3], ids=str)
+@pytest.mark.parametrize("name", ["full", "causal", "sliding", "softcap"])
+def test_paged_cache_matches_reference(name, shape, page_size):
+    """attention(q, k_cache, v_cache, kv_lens=, block_table=) reads sequence b's key j from its
+    page: the result of the contiguous cache's call, against the float64 reference."""
+    q, k, v, lens, kw = kv_lens_case(shape, name)
+    kc, vc, table = to_pages(k, v, lens, page_size)
+    out, lse = opforge.attention(q, kc, vc, kv_lens=lens, block_table=table, return_lse=True, **kw)
+    kd, vd = k.double().nan_to_num(0.0), v.double().nan_to_num(0.0)
+    want, want_lse = reference.attention(q.double(), kd, vd, kv_lens=lens, return_lse=True, **kw)
+    assert not out.isnan().any()
+    assert (out.double() - want).abs().max().item() <= 2e-5
+    assert torch.equal(lse.isinf(), want_lse.isinf())
+
+
+def test_paged_kv_append_then_attend():
+    """Prompts written by paged_kv_append (a sequence alone, then chunks for the whole batch from
+    different lengths), then decode steps of one token: the caches hold each token at its page and
+    slot (nothing else written), and attention over them equals the contiguous cache's."""
+    torch.manual_seed(0)
+    B, H, Hkv, D, ps = 3, 4, 2, 16, 8
+    table = torch.randperm(40)[:24].view(B, 8).to(torch.int32)
+    kc = torch.full((40, ps, Hkv, D), float("nan"))
+    vc = kc.clone()
+    full_k, full_v = torch.randn(B, Hkv, 64, D), torch.randn(B, Hkv, 64, D)
+    lens = torch.tensor([3, 0, 10])
+    for b in range(B):  # each sequence's first tokens on its own
+        n = int(lens[b])
+        opforge.paged_kv_append(
+            kc,
+            vc,
+            full_k[b : b + 1, :, :n],
+            full_v[b : b + 1, :, :n],
+            table[b : b + 1],
+            torch.zeros(1, dtype=torch.int64),
+        )
+    for n in (5, 9, 16):  # then chunks for all, each at its own length
+        idx = lens[:, None] + torch.arange(n)[None, :]
+        k_new = torch.stack([full_k[b][:, idx[b]] for b in range(B)])
+        v_new = torch.stack([full_v[b][:, idx[b]] for b in range(B)])
+        opforge.paged_kv_append(kc, vc, k_new, v_new, table, lens.to(torch.int32))
+        lens += n
+    for _ in range(3):  # decode: one new token a sequence, then attend
+        k_new = torch.stack([full_k[b, :, int(lens[b]) : int(lens[b]) + 1] for b in range(B)])
+        v_new = torch.stack([full_v[b, :, int(lens[b]) : int(lens[b]) + 1] for b in range(B)])
+        opforge.paged_kv_append(kc, vc, k_new, v_new, table, lens)
+        lens += 1
+        q = torch.randn(B, H, 1, D)
+        out = opforge.attention(q, kc, vc, kv_lens=lens, block_table=table, causal=True)
+        want = opforge.attention(q, full_k, full_v, kv_lens=lens, causal=True)
+        torch.testing.assert_close(out, want, atol=1e-6, rtol=1e-6)
+    written = torch.zeros(40, ps, dtype=torch.bool)
+    for b in range(B):
+        for pos in range(int(lens[b])):
+            page, slot = table[b, pos // ps], pos % ps
+            written[page, slot] = True
+            assert torch.equal(kc[page, slot], full_k[b, :, pos]) and torch.equal(
+                vc[page, slot], full_v[b, :, pos]
+            )
+    assert kc[~written].isnan().all() and vc[~written].isnan().all()
+
+
+def test_paged_errors():
+    q, k, v = qkv(2, 4, 2, 1, 32, 16)
+    lens = torch.tensor([20, 32])
+    kc, vc, table = to_pages(k, v, lens, 8)
+    with pytest.raises(ValueError, match="block_table needs kv_lens"):
+        opforge.attention(q, kc, vc, block_table=table)
+    with pytest.raises(TypeError, match="block_table must be int32 or int64"):
+        opforge.attention(q, kc, vc, kv_lens=lens, block_table=table.float())
+    with pytest.raises(ValueError, match=r"block_table must be \(batch, max_pages\)"):
+        opforge.attention(q, kc, vc, kv_lens=lens, block_table=table[:1])
+    with pytest.raises(ValueError, match="must be a paged cache"):
+        opforge.attention(q, k, v[0], kv_lens=lens, block_table=table)
+    bad = table.clone()
+    bad[0, 1] = 10**6  # a page sequence 0 needs (20 keys: pages 0-2)
+    with pytest.raises(ValueError, match=r"block_table\[0, 1\] = 1000000 is not a page"):
+        opforge.attention(q, kc, vc, kv_lens=lens, block_table=bad)
+    new = torch.randn(2, 2, 3, 16)
+    with pytest.raises(ValueError, match="does not hold"):  # 32 + 3 positions past 5 pages of 8
+        opforge.paged_kv_append(kc, vc, new, new, table[:, :4], lens)
+    with pytest.raises(ValueError, match="with the caches' kv_heads"):
+        opforge.paged_kv_append(kc, vc, new[:, :1], new[:, :1], table, lens)
+    with pytest.raises(TypeError, match="kv_lens must be int32 or int64"):
+        opforge.paged_kv_append(kc, vc, new, new, table, lens.float())
+
+
 def test_kv_lens_full_counts_equal_no_counts():
     q, k, v = qkv(2, 4, 2, 2, 500, 32)
     lens = torch.tensor([500, 500])

@@ -13,7 +13,14 @@ import math
 import pytest
 import torch
 from conftest import poison_cuda_allocator
-from test_attention import KV_LENS_PATTERNS, PATTERNS, kv_lens_case, opcheck_patterns, random_segments
+from test_attention import (
+    KV_LENS_PATTERNS,
+    PATTERNS,
+    kv_lens_case,
+    opcheck_patterns,
+    random_segments,
+    to_pages,
+)
 
 import opforge
 from opforge import reference
@@ -669,6 +676,89 @@ def test_kv_lens_cuda_graph():
         assert torch.equal(out, opforge.attention(q, k, v, kv_lens=lens, **kw))
         want = reference.attention(q.double(), k.double(), v.double(), kv_lens=lens, **kw)
         assert max_err(out, want) < 2e-2
+
+
+# ---- paged KV caches (block_table) and paged_kv_append ----------------------------------------
+
+
+@pytest.mark.parametrize("page_size", [16, 64, 256])
+@pytest.mark.parametrize("name", ["causal", "sliding", "softcap"])
+def test_paged_cache_matches_reference(name, page_size):
+    """Decode and a chunk of queries against paged caches (pages in a random order, garbage table
+    entries past each sequence's pages): the contiguous cache's result."""
+    for shape in ((4, 32, 8, 1, 3000, 128), (3, 8, 2, 5, 700, 64)):
+        q, k, v, lens, kw = kv_lens_case(shape, name, device=DEV, dtype=torch.bfloat16)
+        kc, vc, table = to_pages(k, v, lens.cpu(), page_size)
+        out = opforge.attention(q, kc, vc, kv_lens=lens, block_table=table, **kw)
+        kd, vd = k.double().nan_to_num(0.0), v.double().nan_to_num(0.0)
+        want = reference.attention(q.double(), kd, vd, kv_lens=lens, **kw)
+        assert not out.isnan().any()
+        assert max_err(out, want) < 2e-2
+
+
+def test_paged_decode_cuda_graph():
+    """A decode step (paged_kv_append of the new token, then attention over the pages) captured once
+    replays with the counts, the table and the token updated in place: nothing is read on the host."""
+    B, H, Hkv, D, ps, P = 3, 32, 8, 128, 16, 64
+    pages = B * P
+    kc = torch.randn(pages, ps, Hkv, D, dtype=torch.bfloat16, device=DEV)
+    vc = torch.randn_like(kc)
+    table = torch.randperm(pages, device=DEV).view(B, P).to(torch.int32)
+    lens = torch.tensor([100, 700, 1000], device=DEV)
+    q = torch.randn(B, H, 1, D, dtype=torch.bfloat16, device=DEV)
+    k_new, v_new = (torch.randn(B, Hkv, 1, D, dtype=torch.bfloat16, device=DEV) for _ in range(2))
+    after = torch.empty_like(lens)
+
+    def step():
+        opforge.paged_kv_append(kc, vc, k_new, v_new, table, lens)
+        after.copy_(lens + 1)
+        return opforge.attention(q, kc, vc, kv_lens=after, block_table=table, causal=True)
+
+    step()  # warm-up outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = step()
+    for i in range(3):
+        lens.copy_(torch.tensor([101 + i, 50 + 300 * i, 1020 - i], device=DEV))
+        table.copy_(torch.randperm(pages, device=DEV).view(B, P))
+        for t in (q, k_new, v_new):
+            t.copy_(torch.randn_like(t))
+        graph.replay()
+        torch.cuda.synchronize()
+        n = lens + 1
+        k = kc[table.long()].flatten(1, 2).transpose(1, 2)  # (B, Hkv, P x ps, D), the pages in order
+        v = vc[table.long()].flatten(1, 2).transpose(1, 2)
+        assert torch.equal(k[torch.arange(B), :, lens], k_new[:, :, 0])  # the new token in its slot
+        want = reference.attention(q.double(), k.double(), v.double(), kv_lens=n, causal=True)
+        assert max_err(out, want) < 2e-2
+
+
+def test_paged_kv_append_drops_what_the_table_does_not_hold():
+    """On CUDA a new token past its sequence's table, or whose page number is not a page, is not
+    written (the CPU raises); every other token is, the one at page 0 slot 0 included, and nothing
+    else changes."""
+    Hkv, D, ps = 2, 64, 8
+    kc = torch.randn(6, ps, Hkv, D, dtype=torch.bfloat16, device=DEV)
+    vc = torch.randn_like(kc)
+    before_k, before_v = kc.clone(), vc.clone()
+    # sequence 0: 2 pages (0, 3), 14 keys: new tokens 14, 15 fit, 16-18 do not; sequence 1: page 9
+    # does not exist; sequence 2: page 5 then a negative entry, new tokens at 7 (page 5), 8-11 dropped
+    table = torch.tensor([[0, 3], [9, 1], [5, -1]], dtype=torch.int32, device=DEV)
+    lens = torch.tensor([14, 0, 7], device=DEV)
+    k_new = torch.randn(3, Hkv, 5, D, dtype=torch.bfloat16, device=DEV)
+    v_new = torch.randn_like(k_new)
+    lens0 = torch.tensor([-2, 0, 7], device=DEV)  # and one with a negative count: its first two dropped
+    opforge.paged_kv_append(kc, vc, k_new, v_new, table, lens)
+    want_k, want_v = before_k.clone(), before_v.clone()
+    for b, page, slot, i in ((0, 3, 6, 0), (0, 3, 7, 1), (2, 5, 7, 0)):
+        want_k[page, slot], want_v[page, slot] = k_new[b, :, i], v_new[b, :, i]
+    assert torch.equal(kc, want_k) and torch.equal(vc, want_v)
+    opforge.paged_kv_append(kc, vc, k_new, v_new, table, lens0)  # tokens 2-4 of sequence 0: page 0
+    for i in range(2, 5):
+        want_k[0, i - 2], want_v[0, i - 2] = k_new[0, :, i], v_new[0, :, i]
+    want_k[5, 7], want_v[5, 7] = k_new[2, :, 0], v_new[2, :, 0]
+    assert torch.equal(kc, want_k) and torch.equal(vc, want_v)
 
 
 # ---- packed variable-length sequences (cu_seqlens) -------------------------------------------

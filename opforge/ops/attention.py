@@ -52,6 +52,7 @@ def attention(
     return_lse: bool = False,
     variant: str = "auto",
     deterministic: bool | None = None,
+    block_table: torch.Tensor | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """softmax(q k^T * scale, masked by the pattern) v, without an Sq x Sk matrix in memory.
 
@@ -84,6 +85,15 @@ def attention(
             updated in place. Decoding calls (Sq x the GQA group <= 32; 64 at CUDA head dims 65-128)
             without gradients run the decode kernel; others (and gradients) build the exact block
             mask first, which reads the counts on the host. segment_ids must then be a pair.
+        block_table: (B, max_pages) int32 / int64 on q's device, with kv_lens: k and v are then paged
+            caches (num_pages, page_size, Hkv, D) (FlashAttention's ``flash_attn_with_kvcache`` and
+            vLLM's layout; `paged_kv_append` writes new tokens into them) and sequence b's key j is
+            ``k[block_table[b, j // page_size], j % page_size]``, for j < kv_lens[b] (at most
+            max_pages x page_size). Entries past a sequence's pages are not read. On the CPU an entry
+            outside [0, num_pages) that a sequence needs raises a ValueError; on CUDA (where checking
+            would synchronise) it is clamped into range. The pages are gathered into one
+            (B, Hkv, max_pages x page_size, D) copy per call for now (the decode kernels reading the
+            pages in place are issue 32's next step).
         return_lse: also return the log-sum-exp of each query's scores, (B, Hq, Sq) float32
             (float64 for float64 inputs).
         variant: the kernel. ``"auto"`` (default) follows the rule of docs/attention.md: the decode
@@ -115,6 +125,8 @@ def attention(
     """
     for name, t in (("q", q), ("k", k), ("v", v)):
         require_tensor(OP, name, t)
+    if block_table is not None:
+        k, v = _paged_kv(q, k, v, block_table, kv_lens)
     _check_ranks(OP, q, k, v)  # (the pattern arguments read the sizes)
     if kv_lens is not None:
         _check_kv_lens(q, kv_lens, segment_ids)
@@ -325,6 +337,56 @@ def _check_kv_lens(q, kv_lens, segment_ids) -> None:
             f"{OP}: with kv_lens, segment_ids must be a pair (q_segments, kv_segments): one (batch, keys) "
             "tensor gives the queries the ids of the last Sq keys, which kv_lens moves"
         )
+
+
+def _paged_kv(q, k_cache, v_cache, block_table, kv_lens) -> tuple[torch.Tensor, torch.Tensor]:
+    """k and v as (B, Hkv, max_pages x page_size, D) views of one gathered copy of each sequence's
+    pages, after the checks of block_table and the caches."""
+    require_tensor(OP, "block_table", block_table)
+    if kv_lens is None:
+        raise ValueError(f"{OP}: block_table needs kv_lens (each sequence's key count in its pages)")
+    _check_kv_lens(q, kv_lens, None)
+    if block_table.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"{OP}: block_table must be int32 or int64, got {dtype_name(block_table.dtype)}")
+    if block_table.dim() != 2 or block_table.shape[0] != q.shape[0] or block_table.shape[1] < 1:
+        raise ValueError(
+            f"{OP}: block_table must be (batch, max_pages) = ({q.shape[0]}, >= 1), got shape "
+            f"{list(block_table.shape)}"
+        )
+    check_same_device(OP, "block_table", block_table, "q", q)
+    for name, t in (("k", k_cache), ("v", v_cache)):
+        check_same_device(OP, name, t, "q", q)
+        if t.dim() != 4:
+            raise ValueError(
+                f"{OP}: with block_table, {name} must be a paged cache (num_pages, page_size, kv_heads, "
+                f"head_dim), got {t.dim()}-D"
+            )
+    if k_cache.shape != v_cache.shape:
+        raise ValueError(
+            f"{OP}: the k and v caches must have the same shape, got {list(k_cache.shape)} and "
+            f"{list(v_cache.shape)}"
+        )
+    pages, page_size = k_cache.shape[0], k_cache.shape[1]
+    if pages < 1 or page_size < 1:
+        raise ValueError(f"{OP}: the paged caches have no pages, shape {list(k_cache.shape)}")
+    B, max_pages = block_table.shape
+    table = block_table.to(torch.int64)
+    if table.device.type == "cpu" and not torch.compiler.is_compiling():
+        n = kv_lens.to(torch.int64).clamp(0, max_pages * page_size)
+        used = torch.arange(max_pages)[None, :] * page_size < n[:, None]
+        bad = used & ((table < 0) | (table >= pages))
+        if bool(bad.any()):
+            b, j = (int(x) for x in bad.nonzero()[0])
+            raise ValueError(
+                f"{OP}: block_table[{b}, {j}] = {int(table[b, j])} is not a page of the caches "
+                f"(0 to {pages - 1}), and sequence {b} needs it (kv_lens {int(n[b])})"
+            )
+    table = table.clamp(0, pages - 1).flatten()
+    k, v = (
+        t.index_select(0, table).view(B, max_pages * page_size, *t.shape[2:]).transpose(1, 2)
+        for t in (k_cache, v_cache)
+    )
+    return k, v
 
 
 def _decodes(q, k, v, variant: str) -> bool:
@@ -925,3 +987,97 @@ torch.library.register_vmap(
 
 
 __all__ = ["attention", "attention_varlen"]
+
+
+APPEND_OP = "opforge.paged_kv_append"
+
+
+def paged_kv_append(
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    block_table: torch.Tensor,
+    kv_lens: torch.Tensor,
+) -> None:
+    """Write new keys and values into paged caches, in place: sequence b's new token i goes to
+    position kv_lens[b] + i, that is ``k_cache[block_table[b, p // page_size], p % page_size]``.
+
+    Args:
+        k_cache, v_cache: (num_pages, page_size, Hkv, D), as `attention` reads them with
+            ``block_table=`` (any strides).
+        k, v: (B, Hkv, S_new, D) new tokens (the SDPA layout, views such as ``x.transpose(1, 2)``
+            read in place), in the caches' dtype.
+        block_table: (B, max_pages) int32 / int64 page indices.
+        kv_lens: (B,) int32 / int64, each sequence's key count before these tokens (not updated here:
+            add S_new afterwards, e.g. ``kv_lens += S_new``, before attending).
+
+    Nothing is read on the host on CUDA (a CUDA graph captures the call; the lengths and table may
+    change in place between replays). A position past the table (kv_lens[b] + i >= max_pages x
+    page_size), a negative count or a page outside [0, num_pages): a ValueError on the CPU; on CUDA
+    that token is not written. Tokens of different sequences must not share a page position.
+    """
+    for name, t in (("k_cache", k_cache), ("v_cache", v_cache), ("k", k), ("v", v)):
+        require_tensor(APPEND_OP, name, t)
+        if t.dim() != 4:
+            raise ValueError(f"{APPEND_OP}: {name} must be 4-D, got {t.dim()}-D")
+        check_same_device(APPEND_OP, name, t, "k_cache", k_cache)
+        check_same_dtype(APPEND_OP, name, t, "k_cache", k_cache)
+    require_tensor(APPEND_OP, "block_table", block_table)
+    require_tensor(APPEND_OP, "kv_lens", kv_lens)
+    if k_cache.shape != v_cache.shape:
+        raise ValueError(
+            f"{APPEND_OP}: k_cache and v_cache must have the same shape, got {list(k_cache.shape)} and "
+            f"{list(v_cache.shape)}"
+        )
+    if k.shape != v.shape:
+        raise ValueError(
+            f"{APPEND_OP}: k and v must have the same shape, got {list(k.shape)} and {list(v.shape)}"
+        )
+    pages, page_size, kv_heads, head_dim = k_cache.shape
+    B, _, s_new, _ = k.shape
+    if (k.shape[1], k.shape[3]) != (kv_heads, head_dim):
+        raise ValueError(
+            f"{APPEND_OP}: k must be (batch, kv_heads, new tokens, head_dim) with the caches' kv_heads "
+            f"and head_dim ({kv_heads}, {head_dim}), got {list(k.shape)}"
+        )
+    for name, t in (("block_table", block_table), ("kv_lens", kv_lens)):
+        if t.dtype not in (torch.int32, torch.int64):
+            raise TypeError(f"{APPEND_OP}: {name} must be int32 or int64, got {dtype_name(t.dtype)}")
+        check_same_device(APPEND_OP, name, t, "k_cache", k_cache)
+    if block_table.dim() != 2 or block_table.shape[0] != B or block_table.shape[1] < 1:
+        raise ValueError(
+            f"{APPEND_OP}: block_table must be (batch, max_pages) = ({B}, >= 1), got shape "
+            f"{list(block_table.shape)}"
+        )
+    if kv_lens.dim() != 1 or kv_lens.shape[0] != B:
+        raise ValueError(f"{APPEND_OP}: kv_lens must be (batch,) = ({B},), got shape {list(kv_lens.shape)}")
+    if pages < 1 or page_size < 1:
+        raise ValueError(f"{APPEND_OP}: the caches have no pages, shape {list(k_cache.shape)}")
+    if B == 0 or s_new == 0:
+        return
+    max_pages = block_table.shape[1]
+    dev = k_cache.device
+    pos = kv_lens.to(torch.int64)[:, None] + torch.arange(s_new, device=dev)[None, :]  # (B, S_new)
+    logical = pos.div(page_size, rounding_mode="floor")
+    page = block_table.to(torch.int64).gather(1, logical.clamp(0, max_pages - 1))
+    valid = (pos >= 0) & (logical < max_pages) & (page >= 0) & (page < pages)
+    if dev.type == "cpu" and not torch.compiler.is_compiling() and not bool(valid.all()):
+        b, i = (int(x) for x in (~valid).nonzero()[0])
+        raise ValueError(
+            f"{APPEND_OP}: sequence {b}'s new token {i} goes to position {int(pos[b, i])}, which its "
+            f"block_table row does not hold (pages {int(page[b, i])} of {pages}, {max_pages} x "
+            f"{page_size} positions)"
+        )
+    page, slot = page.flatten(), pos.remainder(page_size).flatten()
+    valid = valid.flatten()
+    # Tokens that cannot be written (CUDA) write instead, at (0, 0), what ends up there anyway: the
+    # token written there if one is, else what is there: every write to a place has one value.
+    page, slot = page.where(valid, 0), slot.where(valid, 0)
+    at_origin = valid & (page == 0) & (slot == 0)
+    for cache, new in ((k_cache, k), (v_cache, v)):
+        rows = new.transpose(1, 2).reshape(B * s_new, kv_heads, head_dim)
+        origin = torch.where(at_origin.any(), rows.where(at_origin[:, None, None], 0).sum(0), cache[0, 0]).to(
+            cache.dtype
+        )
+        cache.index_put_((page, slot), rows.where(valid[:, None, None], origin))
