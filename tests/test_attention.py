@@ -703,8 +703,20 @@ def test_paged_errors():
     with pytest.raises(ValueError, match=r"block_table\[0, 1\] = 1000000 is not a page"):
         opforge.attention(q, kc, vc, kv_lens=lens, block_table=bad)
     new = torch.randn(2, 2, 3, 16)
-    with pytest.raises(ValueError, match="does not hold"):  # 32 + 3 positions past 5 pages of 8
+    with pytest.raises(ValueError, match="q must be 4-D"):
+        opforge.attention(q[0], kc, vc, kv_lens=lens, block_table=table)
+    with pytest.raises(
+        ValueError, match=r"token 0 goes to position 32: past its block_table row \(4 pages x 8"
+    ):
         opforge.paged_kv_append(kc, vc, new, new, table[:, :4], lens)
+    with pytest.raises(ValueError, match=r"kv_lens\[0\] = -1 is negative"):
+        opforge.paged_kv_append(kc, vc, new, new, table, torch.tensor([-1, 0]))
+    with pytest.raises(ValueError, match=r"block_table\[0, 1\] = 1000000 is not a page of the caches"):
+        opforge.paged_kv_append(kc, vc, new, new, bad, torch.tensor([7, 0]))
+    with pytest.raises(RuntimeError, match="k_cache must be one of"):
+        opforge.paged_kv_append(kc.int(), vc.int(), new.int(), new.int(), table, lens)
+    with pytest.raises(RuntimeError, match="k_cache requires grad"):
+        opforge.paged_kv_append(kc.clone().requires_grad_(), vc, new, new, table, lens)
     with pytest.raises(ValueError, match="with the caches' kv_heads"):
         opforge.paged_kv_append(kc, vc, new[:, :1], new[:, :1], table, lens)
     with pytest.raises(TypeError, match="kv_lens must be int32 or int64"):

@@ -754,11 +754,12 @@ def test_paged_kv_append_drops_what_the_table_does_not_hold():
     for b, page, slot, i in ((0, 3, 6, 0), (0, 3, 7, 1), (2, 5, 7, 0)):
         want_k[page, slot], want_v[page, slot] = k_new[b, :, i], v_new[b, :, i]
     assert torch.equal(kc, want_k) and torch.equal(vc, want_v)
+    k_new[0, :, 2] = -0.0  # (the token at page 0, slot 0: its sign kept)
     opforge.paged_kv_append(kc, vc, k_new, v_new, table, lens0)  # tokens 2-4 of sequence 0: page 0
     for i in range(2, 5):
         want_k[0, i - 2], want_v[0, i - 2] = k_new[0, :, i], v_new[0, :, i]
     want_k[5, 7], want_v[5, 7] = k_new[2, :, 0], v_new[2, :, 0]
-    assert torch.equal(kc, want_k) and torch.equal(vc, want_v)
+    assert torch.equal(kc, want_k) and torch.equal(vc, want_v) and kc[0, 0].signbit().all()
 
 
 # ---- packed variable-length sequences (cu_seqlens) -------------------------------------------

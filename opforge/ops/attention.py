@@ -343,6 +343,8 @@ def _paged_kv(q, k_cache, v_cache, block_table, kv_lens) -> tuple[torch.Tensor, 
     """k and v as (B, Hkv, max_pages x page_size, D) views of one gathered copy of each sequence's
     pages, after the checks of block_table and the caches."""
     require_tensor(OP, "block_table", block_table)
+    if q.dim() != 4:
+        raise ValueError(f"{OP}: q must be 4-D (batch, heads, sequence, head_dim), got {q.dim()}-D")
     if kv_lens is None:
         raise ValueError(f"{OP}: block_table needs kv_lens (each sequence's key count in its pages)")
     _check_kv_lens(q, kv_lens, None)
@@ -1015,7 +1017,8 @@ def paged_kv_append(
     Nothing is read on the host on CUDA (a CUDA graph captures the call; the lengths and table may
     change in place between replays). A position past the table (kv_lens[b] + i >= max_pages x
     page_size), a negative count or a page outside [0, num_pages): a ValueError on the CPU; on CUDA
-    that token is not written. Tokens of different sequences must not share a page position.
+    that token is not written (also under torch.compile). Tokens of different sequences must not
+    share a page position. Float caches (float16, bfloat16, float32, float64), not requiring grad.
     """
     for name, t in (("k_cache", k_cache), ("v_cache", v_cache), ("k", k), ("v", v)):
         require_tensor(APPEND_OP, name, t)
@@ -1023,6 +1026,13 @@ def paged_kv_append(
             raise ValueError(f"{APPEND_OP}: {name} must be 4-D, got {t.dim()}-D")
         check_same_device(APPEND_OP, name, t, "k_cache", k_cache)
         check_same_dtype(APPEND_OP, name, t, "k_cache", k_cache)
+    check_dtype_in(APPEND_OP, "k_cache", k_cache, DTYPES)
+    for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if t.requires_grad and t.is_leaf and torch.is_grad_enabled():
+            raise RuntimeError(
+                f"{APPEND_OP}: {name} requires grad; a KV cache is written in place: detach it or "
+                "append under torch.no_grad()"
+            )
     require_tensor(APPEND_OP, "block_table", block_table)
     require_tensor(APPEND_OP, "kv_lens", kv_lens)
     if k_cache.shape != v_cache.shape:
@@ -1064,11 +1074,14 @@ def paged_kv_append(
     valid = (pos >= 0) & (logical < max_pages) & (page >= 0) & (page < pages)
     if dev.type == "cpu" and not torch.compiler.is_compiling() and not bool(valid.all()):
         b, i = (int(x) for x in (~valid).nonzero()[0])
-        raise ValueError(
-            f"{APPEND_OP}: sequence {b}'s new token {i} goes to position {int(pos[b, i])}, which its "
-            f"block_table row does not hold (pages {int(page[b, i])} of {pages}, {max_pages} x "
-            f"{page_size} positions)"
-        )
+        p, j = int(pos[b, i]), int(logical[b, i])
+        if p < 0:
+            why = f"kv_lens[{b}] = {int(kv_lens[b])} is negative"
+        elif j >= max_pages:
+            why = f"past its block_table row ({max_pages} pages x {page_size} positions)"
+        else:
+            why = f"block_table[{b}, {j}] = {int(block_table[b, j])} is not a page of the caches (0 to {pages - 1})"
+        raise ValueError(f"{APPEND_OP}: sequence {b}'s new token {i} goes to position {p}: {why}")
     page, slot = page.flatten(), pos.remainder(page_size).flatten()
     valid = valid.flatten()
     # Tokens that cannot be written (CUDA) write instead, at (0, 0), what ends up there anyway: the
@@ -1077,7 +1090,5 @@ def paged_kv_append(
     at_origin = valid & (page == 0) & (slot == 0)
     for cache, new in ((k_cache, k), (v_cache, v)):
         rows = new.transpose(1, 2).reshape(B * s_new, kv_heads, head_dim)
-        origin = torch.where(at_origin.any(), rows.where(at_origin[:, None, None], 0).sum(0), cache[0, 0]).to(
-            cache.dtype
-        )
+        origin = torch.where(at_origin.any(), rows[at_origin.to(torch.int32).argmax()], cache[0, 0])
         cache.index_put_((page, slot), rows.where(valid[:, None, None], origin))
