@@ -1,0 +1,104 @@
+"""Issue 32's serving row (tuning; transformers 5.17's continuous batching): a Llama-type model with
+random weights under ``model.generate_batch``, requests with prompts of mixed lengths and a fixed
+number of new tokens each, for each attention implementation in turn in one process: wall time, new
+tokens/s, time to first token (median / p90 over requests) and how many requests generated the same
+tokens as the first implementation (bf16 greedy decoding may part late on near-ties).
+
+    python benchmarks/tuning/serving_row.py                       # the issue's row on CUDA
+    python benchmarks/tuning/serving_row.py --tiny                # a small model on the CPU (a check)
+    python benchmarks/tuning/serving_row.py --impls "paged|opforge,paged|sdpa,paged|eager"
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import time
+
+import torch
+import transformers
+from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
+
+import opforge.integrations.transformers as otf
+
+
+def model_of(tiny: bool, device: torch.device, dtype: torch.dtype):
+    if tiny:
+        cfg = LlamaConfig(
+            vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
+        )  # fmt: skip
+    else:  # the issue's: 4 layers of hidden 4096, 32 / 8 heads (head dim 128)
+        cfg = LlamaConfig(
+            vocab_size=32000, hidden_size=4096, intermediate_size=14336, num_hidden_layers=4,
+            num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=8192,
+        )  # fmt: skip
+    torch.manual_seed(0)
+    return LlamaForCausalLM(cfg).to(device=device, dtype=dtype).eval(), cfg.vocab_size
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--tiny", action="store_true")
+    ap.add_argument("--impls", default="paged|opforge,paged|sdpa")
+    ap.add_argument("--requests", type=int, default=None)
+    ap.add_argument("--new", type=int, default=None)
+    args = ap.parse_args()
+    device = torch.device("cpu" if args.tiny else "cuda")
+    dtype = torch.float32 if args.tiny else torch.bfloat16
+    n_req = args.requests or (8 if args.tiny else 64)
+    new = args.new or (8 if args.tiny else 256)
+    lo, hi = (10, 60) if args.tiny else (100, 4000)
+    if device.type == "cpu":  # (the cache sizes itself from free device memory; fix it on the CPU)
+        import transformers.generation.continuous_batching.cache as cb_cache
+
+        for obj in vars(cb_cache).values():
+            if isinstance(obj, type) and hasattr(obj, "get_available_memory"):
+                obj.get_available_memory = lambda self: 1 << 30
+    otf.register()
+    model, vocab = model_of(args.tiny, device, dtype)
+    rng = random.Random(0)
+    prompts = [[rng.randrange(1, vocab) for _ in range(rng.randint(lo, hi))] for _ in range(n_req)]
+    print(
+        f"transformers {transformers.__version__}, torch {torch.__version__}, {device}, {dtype}: "
+        f"{n_req} requests, prompts {lo}-{hi} tokens ({sum(map(len, prompts))} in all), {new} new tokens each"
+    )
+    gen = GenerationConfig(max_new_tokens=new, do_sample=False, eos_token_id=-1)
+    first = None
+    for impl in args.impls.split(","):
+        try:
+            model.set_attn_implementation(impl)
+            model.generate_batch(
+                prompts[:2], generation_config=GenerationConfig(max_new_tokens=4, do_sample=False)
+            )
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            out = model.generate_batch(prompts, generation_config=gen, record_timestamps=True)
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            wall = time.perf_counter() - t0
+        except Exception as e:  # (a peer that cannot run the row: paged|eager's dense mask at 100k keys)
+            print(f"  {impl:16s} failed: {type(e).__name__}: {str(e)[:160]}")
+            continue
+        results = [out[k] for k in sorted(out)]
+        tokens = [r.generated_tokens for r in results]
+        ttft = sorted(r.timestamps[0] - r.created_time for r in results if r.timestamps)
+        same = (
+            ""
+            if first is None
+            else f", same tokens as {first[0]}: {sum(a == b for a, b in zip(first[1], tokens, strict=True))}/{n_req}"
+        )
+        if first is None:
+            first = (impl, tokens)
+        made = sum(map(len, tokens))
+        p90 = ttft[int(0.9 * (len(ttft) - 1))] if ttft else float("nan")
+        print(
+            f"  {impl:16s} {wall:8.2f} s  {made / wall:8.1f} new tokens/s  TTFT median "
+            f"{statistics.median(ttft) if ttft else float('nan'):.2f} s, p90 {p90:.2f} s{same}"
+        )
+
+
+if __name__ == "__main__":
+    main()
