@@ -415,7 +415,7 @@ def opforge_paged_attention(
     cu_q, cu_k = cu_q.to(query.device), cu_k.to(query.device)
     q = query[0].transpose(0, 1)  # (T, H, D) view
     # A padded batch (CUDA graphs / compile) has rows past the last request's: garbage, left out.
-    nq, nk = int(cu_q[-1]), int(cu_k[-1])
+    nq, nk = torch.stack([cu_q[-1], cu_k[-1].to(cu_q.dtype)]).tolist()  # (one read on the host)
     kw: dict[str, Any] = {"causal": True}
     if sliding:
         kw["window"] = (int(sliding) - 1, 0)

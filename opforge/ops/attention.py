@@ -988,9 +988,6 @@ torch.library.register_vmap(
 )
 
 
-__all__ = ["attention", "attention_varlen"]
-
-
 APPEND_OP = "opforge.paged_kv_append"
 
 
@@ -1092,3 +1089,6 @@ def paged_kv_append(
         rows = new.transpose(1, 2).reshape(B * s_new, kv_heads, head_dim)
         origin = torch.where(at_origin.any(), rows[at_origin.to(torch.int32).argmax()], cache[0, 0])
         cache.index_put_((page, slot), rows.where(valid[:, None, None], origin))
+
+
+__all__ = ["attention", "attention_varlen", "paged_kv_append"]
