@@ -84,12 +84,20 @@ def main() -> None:
             continue
         results = [out[k] for k in sorted(out)]
         tokens = [r.generated_tokens for r in results]
+        if sum(map(len, tokens)) < n_req * new:  # (transformers logs a failed batch and returns what it has)
+            print(f"  {impl:16s} failed: {sum(len(t) < new for t in tokens)} of {n_req} requests incomplete")
+            continue
         ttft = sorted(r.timestamps[0] - r.created_time for r in results if r.timestamps)
-        same = (
-            ""
-            if first is None
-            else f", same tokens as {first[0]}: {sum(a == b for a, b in zip(first[1], tokens, strict=True))}/{n_req}"
-        )
+        same = ""
+        if first is not None:  # how far each request's tokens match the first implementation's
+            prefix = [
+                next((i for i, (x, y) in enumerate(zip(a, b, strict=True)) if x != y), len(a))
+                for a, b in zip(first[1], tokens, strict=True)
+            ]
+            same = (
+                f", vs {first[0]}: {sum(p == new for p in prefix)}/{n_req} requests identical, first token equal "
+                f"in {sum(p > 0 for p in prefix)}/{n_req}, common prefix median {statistics.median(prefix):.0f} tokens"
+            )
         if first is None:
             first = (impl, tokens)
         made = sum(map(len, tokens))

@@ -1087,7 +1087,10 @@ def paged_kv_append(
     at_origin = valid & (page == 0) & (slot == 0)
     for cache, new in ((k_cache, k), (v_cache, v)):
         rows = new.transpose(1, 2).reshape(B * s_new, kv_heads, head_dim)
-        origin = torch.where(at_origin.any(), rows[at_origin.to(torch.int32).argmax()], cache[0, 0])
+        # (index_select, not rows[tensor]: a tensor index would read it on the host, which a CUDA
+        # graph's capture forbids)
+        first = rows.index_select(0, at_origin.to(torch.int32).argmax().view(1))[0]
+        origin = torch.where(at_origin.any(), first, cache[0, 0])
         cache.index_put_((page, slot), rows.where(valid[:, None, None], origin))
 
 

@@ -1,0 +1,165 @@
+"""Issue 32's decode grid (tuning): one query token a sequence against a KV cache, opforge against
+SDPA (and FlexAttention on the rows marked so), each row timed in the same run by the bench's timer
+(median of event-timed calls, L2 flushed before each), TB/s of the K/V bytes the visible keys take
+(each KV head once) next to the copy ceiling measured in the same run. Paged rows: opforge on a paged
+cache (page size P, pages in random order) against opforge on the same cache contiguous.
+
+    python benchmarks/tuning/decode_grid.py                    # every row
+    python benchmarks/tuning/decode_grid.py --rows core,gqa    # some groups
+    python benchmarks/tuning/decode_grid.py --one 3 --impl opforge   # row 3's call only, 3 times (ncu)
+    python benchmarks/tuning/decode_grid.py --list
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import torch
+import torch.nn.functional as F
+
+import opforge
+from opforge import reference
+from opforge.bench.timing import CudaTimer, copy_bandwidth_gbps
+
+_GB = 1 << 30
+
+
+def grid() -> list[dict]:
+    rows = []
+    # core: D128, GQA 32/8, batch x cache (caches whose K/V fit in 24 GB)
+    for B in (1, 8, 32, 128):
+        for cache in (1024, 8192, 32768, 131072, 262144):
+            if 2 * B * 8 * cache * 128 * 2 <= 24 * _GB:
+                rows.append(dict(group="core", B=B, H=32, Hkv=8, cache=cache, D=128))
+    # GQA groups 1-16 at B 8 x 32k and B 1 x 128k
+    for B, cache in ((8, 32768), (1, 131072)):
+        for H, Hkv in ((32, 32), (32, 16), (32, 4), (32, 2), (64, 4)):
+            rows.append(dict(group="gqa", B=B, H=H, Hkv=Hkv, cache=cache, D=128))
+    # head dims
+    for D in (64, 256):
+        for B, cache in ((8, 32768), (1, 131072), (64, 4096)):
+            rows.append(dict(group="dims", B=B, H=32, Hkv=8, cache=cache, D=D))
+    # per-sequence lengths (cache / 8 .. cache), SDPA with a length mask
+    for B, cache, H, Hkv in ((8, 32768, 32, 8), (32, 8192, 32, 8), (8, 32768, 32, 32)):
+        rows.append(dict(group="ragged", B=B, H=H, Hkv=Hkv, cache=cache, D=128, ragged=True))
+    # paged against contiguous (opforge both), page sizes 16-256
+    for ps in (16, 64, 256):
+        rows.append(dict(group="paged", B=8, H=32, Hkv=8, cache=32768, D=128, page=ps))
+    rows.append(dict(group="paged", B=32, H=32, Hkv=8, cache=4096, D=128, page=16, ragged=True))
+    for i, r in enumerate(rows):
+        r["id"] = i
+    return rows
+
+
+def label(r: dict) -> str:
+    extra = (" ragged" if r.get("ragged") else "") + (f" paged {r['page']}" if r.get("page") else "")
+    return f"B{r['B']} H{r['H']}/{r['Hkv']} cache {r['cache']} D{r['D']}{extra}"
+
+
+def build(r: dict, dev: torch.device) -> tuple[dict, int, callable]:
+    """The row's implementations (opforge first), the K/V bytes visible, and a correctness check."""
+    B, H, Hkv, S, D = r["B"], r["H"], r["Hkv"], r["cache"], r["D"]
+    dt = torch.bfloat16
+    q = torch.randn(B, H, 1, D, device=dev, dtype=dt)
+    k, v = (torch.randn(B, Hkv, S, D, device=dev, dtype=dt) for _ in range(2))
+    gqa = H != Hkv
+    kw: dict = {"causal": True}
+    lens = None
+    if r.get("ragged"):
+        g = torch.Generator(device="cpu").manual_seed(r["id"])
+        lens = torch.randint(S // 8, S + 1, (B,), generator=g).to(dev)
+        kw["kv_lens"] = lens
+        nbytes = int(lens.sum()) * Hkv * 2 * D * 2
+    else:
+        nbytes = 2 * B * Hkv * S * D * 2
+    impls = {"opforge": lambda: opforge.attention(q, k, v, **kw)}
+    if r.get("page"):
+        ps = r["page"]
+        per = S // ps
+        perm = torch.randperm(B * per, device=dev)
+        table = perm.view(B, per).int()
+        kc = torch.empty(B * per, ps, Hkv, D, device=dev, dtype=dt)
+        vc = torch.empty_like(kc)
+        kc[perm] = k.transpose(1, 2).reshape(B * per, ps, Hkv, D)
+        vc[perm] = v.transpose(1, 2).reshape(B * per, ps, Hkv, D)
+        klen = lens if lens is not None else torch.full((B,), S, device=dev, dtype=torch.long)
+        kwp = dict(causal=True, kv_lens=klen, block_table=table)
+        impls = {
+            "opforge paged": lambda: opforge.attention(q, kc, vc, **kwp),
+            "opforge contiguous": lambda: opforge.attention(q, k, v, **kw),
+        }
+    elif lens is not None:
+        keep = (torch.arange(S, device=dev)[None, :] < lens[:, None])[:, None, None, :]
+        impls["SDPA (length mask)"] = lambda: F.scaled_dot_product_attention(
+            q, k, v, attn_mask=keep, enable_gqa=gqa
+        )
+    else:
+        impls["SDPA"] = lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=gqa)
+
+    def check() -> float:
+        first = next(iter(impls.values()))()
+        # the float64 reference on two sequences (the first and the last) where it is small, else the peer
+        if S * Hkv <= (1 << 20):
+            rows = [0, B - 1]
+            sub = {n: (t[rows] if n == "kv_lens" else t) for n, t in kw.items()}
+            want = reference.attention(q[rows].double(), k[rows].double(), v[rows].double(), **sub)
+            return (first[rows].double() - want).abs().max().item()
+        return (first.float() - list(impls.values())[1]().float()).abs().max().item()
+
+    return impls, nbytes, check
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rows", default="core,gqa,dims,ragged,paged")
+    ap.add_argument("--one", type=int, default=None)
+    ap.add_argument("--impl", default="opforge")
+    ap.add_argument("--list", action="store_true")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    rows = grid()
+    if args.list:
+        for r in rows:
+            print(r["id"], r["group"], label(r))
+        return
+    dev = torch.device("cuda")
+    if args.one is not None:
+        impls, _, _ = build(rows[args.one], dev)
+        fn = next(f for n, f in impls.items() if n.startswith(args.impl))
+        for _ in range(3):
+            fn()
+        torch.cuda.synchronize()
+        return
+    timer = CudaTimer(dev, warmup_ms=10, rep_ms=60)
+    ceiling = copy_bandwidth_gbps(dev, quick=False) / 1e3
+    print(
+        f"{torch.cuda.get_device_name()} torch {torch.__version__}; copy ceiling {ceiling:.2f} TB/s (read + write)"
+    )
+    groups = set(args.rows.split(","))
+    out = []
+    for r in rows:
+        if r["group"] not in groups:
+            continue
+        impls, nbytes, check = build(r, dev)
+        err = check()
+        times = {n: timer(f) for n, f in impls.items()}
+        names = list(times)
+        first, second = names[0], names[1]
+        ratio = times[second] / times[first]
+        tbs = nbytes / (times[first] * 1e-3) / 1e12
+        print(
+            f"{r['id']:3d} {r['group']:6s} {label(r):40s} {first} {times[first] * 1e3:9.1f} us {tbs:5.2f} TB/s "
+            f"({tbs / ceiling:4.2f} ceil) | {second} {times[second] * 1e3:9.1f} us | x{ratio:5.2f}  err {err:.1e}",
+            flush=True,
+        )
+        out.append(dict(r, times_ms=times, bytes=nbytes, tbs=tbs, ceiling_tbs=ceiling, ratio=ratio, err=err))
+        del impls
+        torch.cuda.empty_cache()
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
