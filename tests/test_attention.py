@@ -639,6 +639,54 @@ def test_paged_cache_matches_reference(name, shape, page_size):
     assert torch.equal(lse.isinf(), want_lse.isinf())
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("page_size", [7, 16, 256])
+@pytest.mark.parametrize("name", ["causal", "sliding", "softcap", "prefix"])
+def test_paged_decode_reads_the_pages_in_place(name, page_size, dtype):
+    """A decoding call on paged caches runs the decode kernel on the pages themselves (no gathered
+    copy: no index_select in the profile) and gives the contiguous cache's result (the same kernel
+    and key blocks; the split into chunks may differ with the table's length); q with gradients
+    gathers the pages instead."""
+    torch.manual_seed(page_size)
+    q, k, v, lens, kw = kv_lens_case((3, 8, 2, 2, 700, 32), name, dtype=dtype)
+    kc, vc, table = to_pages(k, v, lens, page_size)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        out, lse = opforge.attention(q, kc, vc, kv_lens=lens, block_table=table, return_lse=True, **kw)
+    ops = {e.name for e in prof.events()}
+    assert "opforge::attention_paged" in ops and not any("index_select" in n for n in ops)
+    want, want_lse = opforge.attention(q, k, v, kv_lens=lens, return_lse=True, **kw)
+    tight = dict(atol=1e-6, rtol=1e-6) if dtype == torch.float32 else dict(atol=8e-3, rtol=0)
+    torch.testing.assert_close(out, want, **tight)
+    torch.testing.assert_close(lse, want_lse, atol=1e-5, rtol=1e-6)
+    qg = q.detach().clone().requires_grad_(True)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        got = opforge.attention(qg, kc, vc, kv_lens=lens, block_table=table, **kw)
+    assert any("index_select" in e.name for e in prof.events())
+    kd, vd = k.double().nan_to_num(0.0), v.double().nan_to_num(0.0)
+    ref = reference.attention(q.double(), kd, vd, kv_lens=lens, **kw)
+    tol = 2e-5 if dtype == torch.float32 else 2e-2
+    assert (got.double() - ref).abs().max().item() <= tol
+
+
+def test_paged_attention_op_checks():
+    """opforge::attention_paged called directly names what is wrong."""
+    q, k, v = qkv(2, 4, 2, 1, 32, 16)
+    lens = torch.tensor([20, 32])
+    kc, vc, table = to_pages(k, v, lens, 8)
+    op = torch.ops.opforge.attention_paged.default
+    args = (0.25, 0.0, True, -1, 0, 0)
+    with pytest.raises(TypeError, match="block_table must be int32 here"):
+        op(q, kc, vc, lens, table.long(), *args)
+    with pytest.raises(ValueError, match="must be paged caches"):
+        op(q, kc, vc[:-1], lens, table, *args)
+    with pytest.raises(ValueError, match=r"block_table must be \(batch, max_pages\)"):
+        op(q, kc, vc, lens, table[:1], *args)
+    with pytest.raises(ValueError, match="q must be"):
+        op(q[0], kc, vc, lens, table, *args)
+    out = op(q, kc, vc, lens, table, *args)[0]
+    assert torch.equal(out, opforge.attention(q, k, v, kv_lens=lens, causal=True, scale=0.25))
+
+
 def test_paged_kv_append_then_attend():
     """Prompts written by paged_kv_append (a sequence alone, then chunks for the whole batch from
     different lengths), then decode steps of one token: the caches hold each token at its page and

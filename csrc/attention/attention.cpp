@@ -378,6 +378,50 @@ AttentionPlan plan_attention(const at::Tensor& q, const at::Tensor& k, const at:
   return plan;
 }
 
+at::Tensor paged_view(const at::Tensor& cache, int64_t batch, int64_t keys) {
+  return cache.as_strided({batch, cache.size(2), keys, cache.size(3)}, {0, cache.stride(2), 0, cache.stride(3)});
+}
+
+AttentionPlan plan_paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                                   const at::Tensor& kv_lens, const at::Tensor& block_table, const at::Tensor& out,
+                                   const at::Tensor& lse, double scale, double softcap, bool causal,
+                                   int64_t window_left, int64_t window_right, int64_t prefix_len) {
+  constexpr const char* op = "opforge.attention";
+  check_defined(op, "block_table", block_table);
+  check_defined(op, "k", k_cache);
+  check_defined(op, "v", v_cache);
+  TORCH_CHECK_VALUE(q.dim() == 4, op, ": q must be 4-D (batch, heads, sequence, head_dim), got ", q.dim(), "-D");
+  TORCH_CHECK_VALUE(k_cache.dim() == 4 && v_cache.dim() == 4 && k_cache.sizes() == v_cache.sizes(), op,
+                    ": with block_table, k and v must be paged caches (num_pages, page_size, kv_heads, head_dim) of "
+                    "one shape, got ",
+                    k_cache.sizes(), " and ", v_cache.sizes());
+  TORCH_CHECK_VALUE(k_cache.size(0) > 0 && k_cache.size(1) > 0, op, ": the paged caches have no pages, shape ",
+                    k_cache.sizes());
+  TORCH_CHECK_TYPE(block_table.scalar_type() == at::kInt, op, ": block_table must be int32 here, got ",
+                   dtype_str(block_table.scalar_type()));
+  TORCH_CHECK_VALUE(block_table.dim() == 2 && block_table.size(0) == q.size(0) && block_table.size(1) > 0, op,
+                    ": block_table must be (batch, max_pages) = (", q.size(0), ", >= 1), got shape ",
+                    block_table.sizes());
+  check_same_device(op, "block_table", block_table, "q", q);
+  const int64_t keys = block_table.size(1) * k_cache.size(1);
+  const at::Tensor k = paged_view(k_cache, q.size(0), keys), v = paged_view(v_cache, q.size(0), keys);
+  AttentionPatternArgs args = attention_pattern_args(causal, window_left, window_right, prefix_len, std::nullopt,
+                                                     std::nullopt, std::nullopt, std::nullopt, std::nullopt, 128, 128);
+  args.kv_lens = kv_lens;
+  check_attention_inputs(q, k, v, scale, softcap, args);
+  AttentionPlan plan = plan_attention(q, k, v, out, lse, scale, softcap, args);
+  AttentionParams& p = plan.params;
+  p.k_bs = k_cache.stride(0), p.k_ss = k_cache.stride(1);
+  p.v_bs = v_cache.stride(0), p.v_ss = v_cache.stride(1);
+  const at::Tensor table = block_table.contiguous();
+  plan.keep.push_back(table);
+  p.block_table = table.const_data_ptr<int32_t>();
+  p.table_bs = table.size(1);
+  p.page_size = k_cache.size(1);
+  p.num_pages = k_cache.size(0);
+  return plan;
+}
+
 AttentionGradParams attention_grad_params(const AttentionParams& fwd, const at::Tensor& grad_out,
                                           const at::Tensor& grad_lse, const at::Tensor& dq, const at::Tensor& dk,
                                           const at::Tensor& dv) {

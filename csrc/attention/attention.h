@@ -83,6 +83,17 @@ struct AttentionPlan {
 AttentionPlan plan_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
                              const at::Tensor& lse, double scale, double softcap, const AttentionPatternArgs& pattern);
 
+// opforge::attention_paged's inputs checked (q (B, Hq, Sq, D); caches (num_pages, page_size, Hkv, D);
+// kv_lens (B,); block_table (B, max_pages) int32), and the plan the decode kernels read: k and v as
+// (B, Hkv, max_pages x page_size, D) that the page table addresses (AttentionParams::block_table).
+AttentionPlan plan_paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                                   const at::Tensor& kv_lens, const at::Tensor& block_table, const at::Tensor& out,
+                                   const at::Tensor& lse, double scale, double softcap, bool causal,
+                                   int64_t window_left, int64_t window_right, int64_t prefix_len);
+// The logical (B, Hkv, max_pages x page_size, D) shape of a paged call's k as a view with no extent
+// (batch and key strides 0), for the checks and the rule that read sizes.
+at::Tensor paged_view(const at::Tensor& cache, int64_t batch, int64_t keys);
+
 // The backward's parameters: the plan's, grad_out's, the LSE gradient's (undefined: none) and the
 // outputs dq, dk, dv's.
 AttentionGradParams attention_grad_params(const AttentionParams& fwd, const at::Tensor& grad_out,

@@ -224,6 +224,11 @@ struct AttentionParams {
   double scale = 1.0;    // the kernels round it to their accumulation type
   double softcap = 0.0;  // 0: none
   AttentionPattern pattern;
+  // Paged K/V (the decode kernels; opforge.attention's block_table): key j of batch row b is row
+  // j % page_size of page block_table[b * table_bs + j / page_size] (an entry outside [0, num_pages)
+  // is read as the nearest page), and k_bs / v_bs are the page strides. Null: k and v as above.
+  const int32_t* block_table = nullptr;
+  int64_t table_bs = 0, page_size = 0, num_pages = 0;
 
   // Element offsets of batch row b's (sequence b's under varlen) head h: of its first query row in
   // q and out, its first key row in k and v, and of its first LSE value.
@@ -238,6 +243,20 @@ struct AttentionParams {
   }
   OPFORGE_HD int64_t v_at(int64_t b, int64_t hk) const {
     return pattern.tensor_batch(b) * v_bs + hk * v_hs + pattern.k_start(b) * v_ss;
+  }
+  // Element offset of key j's row of batch row b in k (bs, ss = k_bs, k_ss) or v (v_bs, v_ss), its
+  // kv head's offset not included: paged or not (no varlen).
+  OPFORGE_HD int64_t kv_row(int64_t b, int64_t j, int64_t bs, int64_t ss) const {
+    int64_t slot;
+    return kv_page(b, j, slot) * bs + slot * ss;
+  }
+  // Key j's (batch row or page, row in it): (b, j) unpaged. (32-bit arithmetic: keys < 2^31.)
+  OPFORGE_HD int64_t kv_page(int64_t b, int64_t j, int64_t& slot) const {
+    if (!block_table) return slot = j, b;
+    const int32_t ps = static_cast<int32_t>(page_size), lp = static_cast<int32_t>(j) / ps;
+    const int64_t page = block_table[b * table_bs + lp];
+    slot = static_cast<int32_t>(j) - lp * ps;
+    return page < 0 ? 0 : (page >= num_pages ? num_pages - 1 : page);
   }
   OPFORGE_HD int64_t lse_at(int64_t b, int64_t h) const {
     return pattern.varlen() ? h * pattern.total_q + pattern.q_start(b) : (b * heads + h) * pattern.sq;

@@ -91,9 +91,10 @@ def attention(
             ``k[block_table[b, j // page_size], j % page_size]``, for j < kv_lens[b] (at most
             max_pages x page_size). Entries past a sequence's pages are not read. On the CPU an entry
             outside [0, num_pages) that a sequence needs raises a ValueError; on CUDA (where checking
-            would synchronise) it is clamped into range. The pages are gathered into one
-            (B, Hkv, max_pages x page_size, D) copy per call for now (the decode kernels reading the
-            pages in place are issue 32's next step).
+            would synchronise) it is clamped into range. On the CPU decoding calls (the decode
+            kernel's; no segment_ids, mask or gradient) read the pages in place; others, and every
+            CUDA call for now, gather the pages they address into one (B, Hkv, max_pages x
+            page_size, D) copy first (one more read and write of them).
         return_lse: also return the log-sum-exp of each query's scores, (B, Hq, Sq) float32
             (float64 for float64 inputs).
         variant: the kernel. ``"auto"`` (default) follows the rule of docs/attention.md: the decode
@@ -126,7 +127,27 @@ def attention(
     for name, t in (("q", q), ("k", k), ("v", v)):
         require_tensor(OP, name, t)
     if block_table is not None:
-        k, v = _paged_kv(q, k, v, block_table, kv_lens)
+        _check_paged(q, k, v, block_table, kv_lens)
+        if _paged_in_place(q, k, v, block_table, segment_ids, mask, variant):
+            _check_options(OP, variant, deterministic)
+            causal, left, right, prefix = _pattern_args(q, k, causal, window, prefix_len, None, None)[:4]
+            out, lse = torch.ops.opforge.attention_paged.default(
+                q,
+                k,
+                v,
+                kv_lens,
+                block_table
+                if block_table.dtype == torch.int32
+                else block_table.clamp(0, k.shape[0] - 1).int(),
+                _scale_arg(OP, q, scale),
+                _softcap_arg(OP, softcap),
+                causal,
+                left,
+                right,
+                prefix,
+            )
+            return (out, lse) if return_lse else out
+        k, v = _paged_kv(k, v, block_table)
     _check_ranks(OP, q, k, v)  # (the pattern arguments read the sizes)
     if kv_lens is not None:
         _check_kv_lens(q, kv_lens, segment_ids)
@@ -339,9 +360,9 @@ def _check_kv_lens(q, kv_lens, segment_ids) -> None:
         )
 
 
-def _paged_kv(q, k_cache, v_cache, block_table, kv_lens) -> tuple[torch.Tensor, torch.Tensor]:
-    """k and v as (B, Hkv, max_pages x page_size, D) views of one gathered copy of each sequence's
-    pages, after the checks of block_table and the caches."""
+def _check_paged(q, k_cache, v_cache, block_table, kv_lens) -> None:
+    """The checks of block_table, kv_lens and the paged caches (on the CPU: every table entry a
+    sequence needs names a page)."""
     require_tensor(OP, "block_table", block_table)
     if q.dim() != 4:
         raise ValueError(f"{OP}: q must be 4-D (batch, heads, sequence, head_dim), got {q.dim()}-D")
@@ -371,7 +392,7 @@ def _paged_kv(q, k_cache, v_cache, block_table, kv_lens) -> tuple[torch.Tensor, 
     pages, page_size = k_cache.shape[0], k_cache.shape[1]
     if pages < 1 or page_size < 1:
         raise ValueError(f"{OP}: the paged caches have no pages, shape {list(k_cache.shape)}")
-    B, max_pages = block_table.shape
+    max_pages = block_table.shape[1]
     table = block_table.to(torch.int64)
     if table.device.type == "cpu" and not torch.compiler.is_compiling():
         n = kv_lens.to(torch.int64).clamp(0, max_pages * page_size)
@@ -383,7 +404,33 @@ def _paged_kv(q, k_cache, v_cache, block_table, kv_lens) -> tuple[torch.Tensor, 
                 f"{OP}: block_table[{b}, {j}] = {int(table[b, j])} is not a page of the caches "
                 f"(0 to {pages - 1}), and sequence {b} needs it (kv_lens {int(n[b])})"
             )
-    table = table.clamp(0, pages - 1).flatten()
+
+
+def _paged_in_place(q, k_cache, v_cache, block_table, segment_ids, mask, variant: str) -> bool:
+    """Whether the decode kernel reads this paged call's pages in place (opforge::attention_paged):
+    on the CPU, when the decode kernel takes it (no gradient; the rule's rows and keys), with no
+    segment ids or block mask (their tensors are per logical key) and no torch.func transform.
+    Else the pages are gathered first (_paged_kv)."""
+    if segment_ids is not None or mask is not None or transforms_active():
+        return False
+    if q.dim() != 4 or q.shape[3] != k_cache.shape[3] or q.shape[1] % max(k_cache.shape[2], 1):
+        return False  # (the general path's checks name the error)
+    if q.device.type != "cpu":  # (the CUDA decode kernels' page addressing: issue 32's next step)
+        return False
+    # (the rule reads the logical sizes: a (B, Hkv, max_pages x page_size, D) view with no extent)
+    keys = block_table.shape[1] * k_cache.shape[1]
+    k, v = (
+        t.as_strided((q.shape[0], t.shape[2], keys, t.shape[3]), (0, 0, 0, 0)) for t in (k_cache, v_cache)
+    )
+    return _decodes(q, k, v, variant)
+
+
+def _paged_kv(k_cache, v_cache, block_table) -> tuple[torch.Tensor, torch.Tensor]:
+    """k and v as (B, Hkv, max_pages x page_size, D) views of one gathered copy of each sequence's
+    pages (after _check_paged)."""
+    pages, page_size = k_cache.shape[0], k_cache.shape[1]
+    B, max_pages = block_table.shape
+    table = block_table.to(torch.int64).clamp(0, pages - 1).flatten()
     k, v = (
         t.index_select(0, table).view(B, max_pages * page_size, *t.shape[2:]).transpose(1, 2)
         for t in (k_cache, v_cache)
@@ -541,6 +588,11 @@ def _lse_dtype(q: torch.Tensor) -> torch.dtype:
 @torch.library.register_fake("opforge::attention")
 def _(q, k, v, scale, softcap, causal, window_left, window_right, prefix_len, *rest, **options):
     _check_qkv(OP, q, k, v)
+    return _like(q), q.new_empty(q.shape[:3], dtype=_lse_dtype(q))
+
+
+@torch.library.register_fake("opforge::attention_paged")
+def _(q, k_cache, v_cache, kv_lens, block_table, *rest):
     return _like(q), q.new_empty(q.shape[:3], dtype=_lse_dtype(q))
 
 

@@ -377,8 +377,17 @@ void decode_kernel(const AttentionParams& p) {
       std::fill(m, m + rows, neg_inf);
       std::fill(l, l + rows, A(0));
       const SegmentRange q_range = segment_range(pat.q_segments, pat.q_seg_bs, b, 0, Sq);
-      const T* kbase = at_<T>(p.k, p.k_at(b, hk));
-      const T* vbase = at_<T>(p.v, p.v_at(b, hk));
+      // Key j's K row at khead + kv_row(b, j, ...) (paged caches: through the page table).
+      const T* khead = at_<T>(p.k, hk * p.k_hs);
+      const T* vhead = at_<T>(p.v, hk * p.v_hs);
+      // Rows [j0, j0 + cols) of K or V into a block, a page's run at a time.
+      const auto load_keys = [&](const T* head, int64_t bs, int64_t ss, int64_t ds, int64_t j0, int64_t cols, A* dst) {
+        for (int64_t j = j0; j < j0 + cols;) {
+          const int64_t run = p.block_table ? std::min(j0 + cols - j, p.page_size - j % p.page_size) : j0 + cols - j;
+          load_rows(head + p.kv_row(b, j, bs, ss), ss, ds, run, D, dst + (j - j0) * D);
+          j += run;
+        }
+      };
       for (int64_t blk = blk0; blk < blk1; ++blk) {
         const int64_t j0 = blk * kDecodeBlock, cols = std::min(kDecodeBlock, bpat.sk - j0);
         if (cols <= 0) break;  // past this sequence's keys
@@ -395,9 +404,9 @@ void decode_kernel(const AttentionParams& p) {
         const A* kt = kb.data();
         int64_t kld = D;
         if constexpr (std::is_same_v<T, A>) {
-          if (p.k_ds == 1) kt = kbase + j0 * p.k_ss, kld = p.k_ss;
+          if (p.k_ds == 1 && !p.block_table) kt = khead + p.kv_row(b, j0, p.k_bs, p.k_ss), kld = p.k_ss;
         }
-        if (kt == kb.data()) load_rows(kbase + j0 * p.k_ss, p.k_ss, p.k_ds, cols, D, kb.data());
+        if (kt == kb.data()) load_keys(khead, p.k_bs, p.k_ss, p.k_ds, j0, cols, kb.data());
         decode_scores(qs.data(), rows, kt, kld, cols, D, sc.data());
         for (int64_t g = 0; g < group; ++g) {
           A* s = sc.data() + g * Sq * cols;
@@ -425,9 +434,9 @@ void decode_kernel(const AttentionParams& p) {
         const A* vt = vb.data();
         int64_t vld = D;
         if constexpr (std::is_same_v<T, A>) {
-          if (p.v_ds == 1) vt = vbase + j0 * p.v_ss, vld = p.v_ss;
+          if (p.v_ds == 1 && !p.block_table) vt = vhead + p.kv_row(b, j0, p.v_bs, p.v_ss), vld = p.v_ss;
         }
-        if (vt == vb.data()) load_rows(vbase + j0 * p.v_ss, p.v_ss, p.v_ds, cols, D, vb.data());
+        if (vt == vb.data()) load_keys(vhead, p.v_bs, p.v_ss, p.v_ds, j0, cols, vb.data());
         decode_accumulate(sc.data(), rows, vt, vld, cols, D, o);
       }
     }
@@ -738,7 +747,26 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_cpu(
 
 }  // namespace
 
+std::tuple<at::Tensor, at::Tensor> attention_paged_cpu(const at::Tensor& q, const at::Tensor& k_cache,
+                                                       const at::Tensor& v_cache, const at::Tensor& kv_lens,
+                                                       const at::Tensor& block_table, double scale, double softcap,
+                                                       bool causal, int64_t window_left, int64_t window_right,
+                                                       int64_t prefix_len) {
+  TORCH_CHECK_VALUE(q.defined() && q.dim() == 4, "opforge.attention: q must be a 4-D tensor (batch, heads, sequence, head_dim)");
+  at::Tensor out = empty_attention_like(q);
+  at::Tensor lse = at::empty({q.size(0), q.size(1), q.size(2)}, q.options().dtype(attention_lse_dtype(q)));
+  const AttentionPlan plan = plan_paged_attention(q, k_cache, v_cache, kv_lens, block_table, out, lse, scale, softcap,
+                                                  causal, window_left, window_right, prefix_len);
+  if (out.numel() == 0) return {out, lse.fill_(-std::numeric_limits<double>::infinity())};
+  RECORD_FUNCTION("opforge.attention.decode", std::vector<c10::IValue>());
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, q.scalar_type(), "opforge.attention", [&] {
+    decode_kernel<scalar_t>(plan.params);
+  });
+  return {out, lse};
+}
+
 TORCH_LIBRARY_IMPL(opforge, CPU, m) {
+  m.impl("attention_paged", &attention_paged_cpu);
   m.impl("attention", &attention_cpu);
   m.impl("attention_backward", &attention_backward_cpu);
 }
