@@ -24,7 +24,7 @@ def main() -> None:
     ext = load(
         name="decode_variants",
         sources=[os.path.join(ROOT, "benchmarks/tuning/decode_variants.cu")],
-        extra_include_paths=[os.path.join(ROOT, "csrc")],
+        extra_include_paths=[os.path.join(ROOT, "csrc"), os.path.join(ROOT, "benchmarks/tuning")],
         extra_cuda_cflags=[
             "-O3",
             "-std=c++17",
