@@ -38,12 +38,46 @@ def model_of(tiny: bool, device: torch.device, dtype: torch.dtype):
     return LlamaForCausalLM(cfg).to(device=device, dtype=dtype).eval(), cfg.vocab_size
 
 
+def parting_check(model, prompts, ref, got, device) -> str:
+    """Where a request's tokens part from the reference implementation's: the float32 model's logit
+    gap between the two tokens chosen at that step (given the prompt and the common prefix), next to
+    the bf16 model's own error there (bf16 sdpa's logits against float32's, largest over the
+    vocabulary). A near-tie parts on rounding (gap within that error); a wrong kernel parts where
+    one token clearly wins."""
+    import copy
+
+    exact = copy.deepcopy(model).float()
+    exact.set_attn_implementation("sdpa")
+    model.set_attn_implementation("sdpa")
+    rows = []
+    with torch.no_grad():
+        for prompt, a, b in zip(prompts, ref, got, strict=True):
+            i = next((n for n, (x, y) in enumerate(zip(a, b, strict=True)) if x != y), None)
+            if i is None:
+                continue
+            ids = torch.tensor([prompt + list(a[:i])], device=device)
+            hi = exact(ids).logits[0, -1].float()
+            lo = model(ids).logits[0, -1].float()
+            rows.append(((hi[a[i]] - hi[b[i]]).abs().item(), (lo - hi).abs().max().item()))
+    del exact
+    if not rows:
+        return "no request parted"
+    gaps, errs = sorted(g for g, _ in rows), sorted(e for _, e in rows)
+    within = sum(g <= 2 * e for g, e in rows)
+    return (
+        f"{len(rows)} parting points: float32 logit gap between the two choices median {statistics.median(gaps):.3f}, "
+        f"max {gaps[-1]:.3f}; bf16's own logit error there median {statistics.median(errs):.3f}, max "
+        f"{errs[-1]:.3f}; gaps within twice that error: {within}/{len(rows)}"
+    )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--tiny", action="store_true")
     ap.add_argument("--impls", default="paged|opforge,paged|sdpa")
     ap.add_argument("--requests", type=int, default=None)
     ap.add_argument("--new", type=int, default=None)
+    ap.add_argument("--check", action="store_true", help="the logit gaps where tokens part (parting_check)")
     args = ap.parse_args()
     device = torch.device("cpu" if args.tiny else "cuda")
     dtype = torch.float32 if args.tiny else torch.bfloat16
@@ -66,6 +100,7 @@ def main() -> None:
     )
     gen = GenerationConfig(max_new_tokens=new, do_sample=False, eos_token_id=-1)
     first = None
+    checks = []
     for impl in args.impls.split(","):
         try:
             model.set_attn_implementation(impl)
@@ -100,12 +135,17 @@ def main() -> None:
             )
         if first is None:
             first = (impl, tokens)
+        elif args.check:
+            checks.append((impl, tokens))
         made = sum(map(len, tokens))
         p90 = ttft[int(0.9 * (len(ttft) - 1))] if ttft else float("nan")
         print(
             f"  {impl:16s} {wall:8.2f} s  {made / wall:8.1f} new tokens/s  TTFT median "
             f"{statistics.median(ttft) if ttft else float('nan'):.2f} s, p90 {p90:.2f} s{same}"
         )
+
+    for impl, tokens in checks:
+        print(f"  {impl} vs {first[0]}: {parting_check(model, prompts, first[1], tokens, device)}")
 
 
 if __name__ == "__main__":
