@@ -6,7 +6,7 @@ tokens as the first implementation (bf16 greedy decoding may part late on near-t
 
     python benchmarks/tuning/serving_row.py                       # the issue's row on CUDA
     python benchmarks/tuning/serving_row.py --tiny                # a small model on the CPU (a check)
-    python benchmarks/tuning/serving_row.py --impls "paged|opforge,paged|sdpa,paged|eager"
+    python benchmarks/tuning/serving_row.py --impls "paged|sdpa,paged|opforge,sdpa" --check
 """
 
 from __future__ import annotations
