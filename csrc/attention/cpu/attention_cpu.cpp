@@ -344,20 +344,25 @@ void decode_kernel(const AttentionParams& p) {
   // band make those differ), and tasks run chunk-major, so that each thread's range holds every
   // sequence's shares alike (ragged lengths stay balanced).
   const int64_t threads = at::get_num_threads();
+  // Where a cache row holds every kv head (paged caches, (B, S, Hkv, D) layouts) a task takes all kv
+  // heads of its key blocks, one head after another a block: the rows' memory is read once, in
+  // order, where a task a head would stride over the other heads' rows.
+  const bool by_row = p.kv_heads > 1 && (p.block_table != nullptr || p.k_hs < p.k_ss);
+  const int64_t units = by_row ? p.batch : heads, heads_a_task = by_row ? p.kv_heads : 1;
   const int64_t chunks =
-      std::min<int64_t>(std::max<int64_t>(1, (4 * threads + heads - 1) / heads), std::max<int64_t>(1, (blocks + 3) / 4));
-  const int64_t tasks = heads * chunks;
+      std::min<int64_t>(std::max<int64_t>(1, (4 * threads + units - 1) / units), std::max<int64_t>(1, (blocks + 3) / 4));
+  const int64_t tasks = units * chunks;
   const int64_t flops = 4 * p.batch * p.heads * Sq * Sk * D;
   // Serial below about 20 us of work (a parallel region costs a few us at two threads).
   const int64_t grain = flops < (int64_t{1} << 19) ? tasks : 1;
   const A scale = static_cast<A>(p.scale), neg_inf = -std::numeric_limits<A>::infinity();
-  std::vector<A> part_o(tasks * rows * D), part_m(tasks * rows), part_l(tasks * rows);
+  std::vector<A> part_o(heads * chunks * rows * D), part_m(heads * chunks * rows), part_l(heads * chunks * rows);
   at::parallel_for(0, tasks, grain, [&](int64_t begin, int64_t end) {
-    std::vector<A> qs(rows * D), kb(kDecodeBlock * D), vb(kDecodeBlock * D), sc(rows * kDecodeBlock);
+    std::vector<A> qs(heads_a_task * rows * D), kb(kDecodeBlock * D), vb(kDecodeBlock * D), sc(rows * kDecodeBlock);
     std::vector<BlockKind> kinds(group);
     for (int64_t task = begin; task < end; ++task) {
-      const int64_t c = task / heads, bh = task % heads, hk = bh % p.kv_heads, b = bh / p.kv_heads;
-      const int64_t slot = bh * chunks + c;  // (the partial states sit by (batch, kv head) for the merge)
+      const int64_t c = task / units, u = task % units;
+      const int64_t b = by_row ? u : u / p.kv_heads, hk0 = by_row ? 0 : u % p.kv_heads;
       // This sequence's pattern: its own key count with per-sequence counts (kv_lens).
       const AttentionPattern bpat = pat.at(b);
       int64_t lo, hi;
@@ -365,22 +370,22 @@ void decode_kernel(const AttentionParams& p) {
       const int64_t first = lo / kDecodeBlock, last = hi <= lo ? first : (hi + kDecodeBlock - 1) / kDecodeBlock;
       const int64_t per_chunk = (last - first + chunks - 1) / chunks;
       const int64_t blk0 = first + c * per_chunk, blk1 = std::min(last, blk0 + per_chunk);
-      for (int64_t g = 0; g < group; ++g) {
-        const int64_t h = hk * group + g;
-        load_rows(at_<T>(p.q, p.q_at(b, h)), p.q_ss, p.q_ds, Sq, D, qs.data() + g * Sq * D);
+      // (the partial states sit by (batch, kv head), then chunk, for the merge)
+      const auto slot_of = [&](int64_t hk) { return (b * p.kv_heads + hk) * chunks + c; };
+      for (int64_t i = 0; i < heads_a_task; ++i) {
+        const int64_t hk = hk0 + i, slot = slot_of(hk);
+        A* q_rows = qs.data() + i * rows * D;
+        for (int64_t g = 0; g < group; ++g) {
+          load_rows(at_<T>(p.q, p.q_at(b, hk * group + g)), p.q_ss, p.q_ds, Sq, D, q_rows + g * Sq * D);
+        }
+        for (int64_t x = 0; x < rows * D; ++x) q_rows[x] *= scale;
+        std::fill(part_o.data() + slot * rows * D, part_o.data() + (slot + 1) * rows * D, A(0));
+        std::fill(part_m.data() + slot * rows, part_m.data() + (slot + 1) * rows, neg_inf);
+        std::fill(part_l.data() + slot * rows, part_l.data() + (slot + 1) * rows, A(0));
       }
-      for (A& x : qs) x *= scale;
-      A* o = part_o.data() + slot * rows * D;
-      A* m = part_m.data() + slot * rows;
-      A* l = part_l.data() + slot * rows;
-      std::fill(o, o + rows * D, A(0));
-      std::fill(m, m + rows, neg_inf);
-      std::fill(l, l + rows, A(0));
       const SegmentRange q_range = segment_range(pat.q_segments, pat.q_seg_bs, b, 0, Sq);
-      // Key j's K row at khead + kv_row(b, j, ...) (paged caches: through the page table).
-      const T* khead = at_<T>(p.k, hk * p.k_hs);
-      const T* vhead = at_<T>(p.v, hk * p.v_hs);
-      // Rows [j0, j0 + cols) of K or V into a block, a page's run at a time.
+      // Rows [j0, j0 + cols) of K or V into a block, a page's run at a time (key j's row at
+      // head + kv_row(b, j, ...): through the page table for paged caches).
       const auto load_keys = [&](const T* head, int64_t bs, int64_t ss, int64_t ds, int64_t j0, int64_t cols, A* dst) {
         for (int64_t j = j0; j < j0 + cols;) {
           const int64_t run = p.block_table ? std::min(j0 + cols - j, p.page_size - j % p.page_size) : j0 + cols - j;
@@ -393,51 +398,59 @@ void decode_kernel(const AttentionParams& p) {
         if (cols <= 0) break;  // past this sequence's keys
         const SegmentRange kv_range =
             pat.kv_segments ? segment_range(pat.kv_segments, pat.kv_seg_bs, b, j0, j0 + cols) : SegmentRange{};
-        bool any = false;
-        for (int64_t g = 0; g < group; ++g) {
-          kinds[g] = tile_kind(bpat, b, hk * group + g, 0, Sq, j0, j0 + cols, q_range, kv_range);
-          any = any || kinds[g] != BlockKind::kEmpty;
-        }
-        if (!any) continue;
-        // K and V in place when they are already the accumulation type with unit column stride
-        // (float32 / float64 caches), else converted into a block.
-        const A* kt = kb.data();
-        int64_t kld = D;
-        if constexpr (std::is_same_v<T, A>) {
-          if (p.k_ds == 1 && !p.block_table) kt = khead + p.kv_row(b, j0, p.k_bs, p.k_ss), kld = p.k_ss;
-        }
-        if (kt == kb.data()) load_keys(khead, p.k_bs, p.k_ss, p.k_ds, j0, cols, kb.data());
-        decode_scores(qs.data(), rows, kt, kld, cols, D, sc.data());
-        for (int64_t g = 0; g < group; ++g) {
-          A* s = sc.data() + g * Sq * cols;
-          if (kinds[g] == BlockKind::kEmpty) {
-            std::fill(s, s + Sq * cols, neg_inf);
-          } else {
-            finish_scores<A>(p, bpat, kinds[g], b, hk * group + g, 0, Sq, j0, cols, cols, s, s, true);
+        for (int64_t i = 0; i < heads_a_task; ++i) {
+          const int64_t hk = hk0 + i, slot = slot_of(hk);
+          A* o = part_o.data() + slot * rows * D;
+          A* m = part_m.data() + slot * rows;
+          A* l = part_l.data() + slot * rows;
+          const T* khead = at_<T>(p.k, hk * p.k_hs);
+          const T* vhead = at_<T>(p.v, hk * p.v_hs);
+          bool any = false;
+          for (int64_t g = 0; g < group; ++g) {
+            kinds[g] = tile_kind(bpat, b, hk * group + g, 0, Sq, j0, j0 + cols, q_range, kv_range);
+            any = any || kinds[g] != BlockKind::kEmpty;
           }
-        }
-        for (int64_t r = 0; r < rows; ++r) {
-          A* row = sc.data() + r * cols;
-          const A mx = row_max(row, cols, m[r]);
-          if (mx == neg_inf) {  // nothing visible in this row yet
-            std::fill(row, row + cols, A(0));
-            continue;
+          if (!any) continue;
+          // K and V in place when they are already the accumulation type with unit column stride
+          // (float32 / float64 caches, not paged), else converted into a block.
+          const A* kt = kb.data();
+          int64_t kld = D;
+          if constexpr (std::is_same_v<T, A>) {
+            if (p.k_ds == 1 && !p.block_table) kt = khead + p.kv_row(b, j0, p.k_bs, p.k_ss), kld = p.k_ss;
           }
-          const A alpha = std::exp(m[r] - mx);  // 0 for the first visible block (m = -inf)
-          l[r] = l[r] * alpha + exp_sum(row, cols, mx);
-          m[r] = mx;
-          for (int64_t d = 0; d < D; ++d) o[r * D + d] *= alpha;
-          if constexpr (!std::is_same_v<T, A>) {  // P rounded to the inputs' type, as the tiled path does
-            for (int64_t cc = 0; cc < cols; ++cc) row[cc] = static_cast<A>(static_cast<T>(row[cc]));
+          if (kt == kb.data()) load_keys(khead, p.k_bs, p.k_ss, p.k_ds, j0, cols, kb.data());
+          decode_scores(qs.data() + i * rows * D, rows, kt, kld, cols, D, sc.data());
+          for (int64_t g = 0; g < group; ++g) {
+            A* sg = sc.data() + g * Sq * cols;
+            if (kinds[g] == BlockKind::kEmpty) {
+              std::fill(sg, sg + Sq * cols, neg_inf);
+            } else {
+              finish_scores<A>(p, bpat, kinds[g], b, hk * group + g, 0, Sq, j0, cols, cols, sg, sg, true);
+            }
           }
+          for (int64_t r = 0; r < rows; ++r) {
+            A* row = sc.data() + r * cols;
+            const A mx = row_max(row, cols, m[r]);
+            if (mx == neg_inf) {  // nothing visible in this row yet
+              std::fill(row, row + cols, A(0));
+              continue;
+            }
+            const A alpha = std::exp(m[r] - mx);  // 0 for the first visible block (m = -inf)
+            l[r] = l[r] * alpha + exp_sum(row, cols, mx);
+            m[r] = mx;
+            for (int64_t d = 0; d < D; ++d) o[r * D + d] *= alpha;
+            if constexpr (!std::is_same_v<T, A>) {  // P rounded to the inputs' type, as the tiled path does
+              for (int64_t cc = 0; cc < cols; ++cc) row[cc] = static_cast<A>(static_cast<T>(row[cc]));
+            }
+          }
+          const A* vt = vb.data();
+          int64_t vld = D;
+          if constexpr (std::is_same_v<T, A>) {
+            if (p.v_ds == 1 && !p.block_table) vt = vhead + p.kv_row(b, j0, p.v_bs, p.v_ss), vld = p.v_ss;
+          }
+          if (vt == vb.data()) load_keys(vhead, p.v_bs, p.v_ss, p.v_ds, j0, cols, vb.data());
+          decode_accumulate(sc.data(), rows, vt, vld, cols, D, o);
         }
-        const A* vt = vb.data();
-        int64_t vld = D;
-        if constexpr (std::is_same_v<T, A>) {
-          if (p.v_ds == 1 && !p.block_table) vt = vhead + p.kv_row(b, j0, p.v_bs, p.v_ss), vld = p.v_ss;
-        }
-        if (vt == vb.data()) load_keys(vhead, p.v_bs, p.v_ss, p.v_ds, j0, cols, vb.data());
-        decode_accumulate(sc.data(), rows, vt, vld, cols, D, o);
       }
     }
   });
