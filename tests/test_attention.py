@@ -706,8 +706,23 @@ def test_paged_attention_op_checks():
         op(q, kc, vc, lens, table[:1], *args)
     with pytest.raises(ValueError, match="q must be"):
         op(q[0], kc, vc, lens, table, *args)
+    with pytest.raises(RuntimeError, match="block_table must be on the same device as q"):
+        op(q, kc, vc, lens, table.to("meta"), *args)
     out = op(q, kc, vc, lens, table, *args)[0]
     assert torch.equal(out, opforge.attention(q, k, v, kv_lens=lens, causal=True, scale=0.25))
+    qg = q.clone().requires_grad_(True)
+    with pytest.raises(RuntimeError, match="attention_paged has no backward"):
+        op(qg, kc, vc, lens, table, *args)[0].sum().backward()
+    # a sequence's pages past 2^31 keys (its index arithmetic is 32-bit): refused, not wrapped
+    big = torch.zeros(2, 2**15 + 1, dtype=torch.int32)
+    small_k = torch.randn(2, 2**16, 2, 16)
+    with pytest.raises(ValueError, match="at most 2\\^31 - 1 keys"):
+        op(q, small_k, small_k, lens, big, *args)
+    with pytest.raises(ValueError, match="at most 2\\^31 - 1 keys"):
+        opforge.attention(q, small_k, small_k, kv_lens=lens, block_table=big)
+    # no heads: the empty result the general path gives
+    q0 = torch.randn(2, 0, 1, 16)
+    assert opforge.attention(q0, kc, vc, kv_lens=lens, block_table=table).shape == (2, 0, 1, 16)
 
 
 def test_paged_kv_append_then_attend():

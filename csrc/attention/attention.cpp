@@ -404,6 +404,8 @@ AttentionPlan plan_paged_attention(const at::Tensor& q, const at::Tensor& k_cach
                     block_table.sizes());
   check_same_device(op, "block_table", block_table, "q", q);
   const int64_t keys = block_table.size(1) * k_cache.size(1);
+  TORCH_CHECK_VALUE(keys < (int64_t{1} << 31), op, ": a sequence's pages address at most 2^31 - 1 keys, got ",
+                    block_table.size(1), " pages x page_size ", k_cache.size(1));
   const at::Tensor k = paged_view(k_cache, q.size(0), keys), v = paged_view(v_cache, q.size(0), keys);
   AttentionPatternArgs args = attention_pattern_args(causal, window_left, window_right, prefix_len, std::nullopt,
                                                      std::nullopt, std::nullopt, std::nullopt, std::nullopt, 128, 128);

@@ -89,12 +89,13 @@ def attention(
             caches (num_pages, page_size, Hkv, D) (FlashAttention's ``flash_attn_with_kvcache`` and
             vLLM's layout; `paged_kv_append` writes new tokens into them) and sequence b's key j is
             ``k[block_table[b, j // page_size], j % page_size]``, for j < kv_lens[b] (at most
-            max_pages x page_size). Entries past a sequence's pages are not read. On the CPU an entry
-            outside [0, num_pages) that a sequence needs raises a ValueError; on CUDA (where checking
-            would synchronise) it is clamped into range. On the CPU decoding calls (the decode
-            kernel's; no segment_ids, mask or gradient) read the pages in place; others, and every
-            CUDA call for now, gather the pages they address into one (B, Hkv, max_pages x
-            page_size, D) copy first (one more read and write of them).
+            max_pages x page_size < 2^31). Entries past a sequence's pages are not read. On the CPU
+            an entry outside [0, num_pages) that a sequence needs raises a ValueError; on CUDA
+            (where checking would synchronise), and under torch.compile on either device, it is
+            clamped into range. On the CPU decoding calls (the decode kernel's; no segment_ids, mask
+            or gradient) read the pages in place; others, and every CUDA call for now, gather the
+            pages they address into one (B, Hkv, max_pages x page_size, D) copy first (one more read
+            and write of them).
         return_lse: also return the log-sum-exp of each query's scores, (B, Hq, Sq) float32
             (float64 for float64 inputs).
         variant: the kernel. ``"auto"`` (default) follows the rule of docs/attention.md: the decode
@@ -393,6 +394,11 @@ def _check_paged(q, k_cache, v_cache, block_table, kv_lens) -> None:
     if pages < 1 or page_size < 1:
         raise ValueError(f"{OP}: the paged caches have no pages, shape {list(k_cache.shape)}")
     max_pages = block_table.shape[1]
+    if max_pages * page_size >= 2**31:
+        raise ValueError(
+            f"{OP}: a sequence's pages address at most 2^31 - 1 keys, got block_table's {max_pages} pages x "
+            f"page_size {page_size}"
+        )
     table = block_table.to(torch.int64)
     if table.device.type == "cpu" and not torch.compiler.is_compiling():
         n = kv_lens.to(torch.int64).clamp(0, max_pages * page_size)
@@ -415,6 +421,8 @@ def _paged_in_place(q, k_cache, v_cache, block_table, segment_ids, mask, variant
         return False
     if q.dim() != 4 or q.shape[3] != k_cache.shape[3] or q.shape[1] % max(k_cache.shape[2], 1):
         return False  # (the general path's checks name the error)
+    if q.shape[1] == 0 or q.shape[3] == 0:
+        return False  # (the general path's empty result / head_dim error)
     if q.device.type != "cpu":  # (the CUDA decode kernels' page addressing: issue 32's next step)
         return False
     # (the rule reads the logical sizes: a (B, Hkv, max_pages x page_size, D) view with no extent)
@@ -454,8 +462,8 @@ def _decodes(q, k, v, variant: str) -> bool:
 def _kernel(device, heads: int, kv_heads: int, sq: int, sk: int, head_dim: int, variant: str) -> str:
     """The rule's kernel for a call with per-sequence key counts (a constant for torch.compile: it
     depends on the sizes only, which the compiled graph is specialised on)."""
-    if kv_heads <= 0 or heads % kv_heads:  # (the op's own checks name the error)
-        return "tiled"
+    if kv_heads <= 0 or heads <= 0 or head_dim <= 0 or heads % kv_heads:  # (the op's own checks name
+        return "tiled"  # the error, or give the empty result)
     return torch.ops.opforge._attention_kernel.default(
         device, heads, kv_heads, sq, sk, head_dim, kv_lens=True, variant=variant
     )
@@ -593,6 +601,13 @@ def _(q, k, v, scale, softcap, causal, window_left, window_right, prefix_len, *r
 
 @torch.library.register_fake("opforge::attention_paged")
 def _(q, k_cache, v_cache, kv_lens, block_table, *rest):
+    if q.dim() != 4 or k_cache.dim() != 4 or k_cache.shape != v_cache.shape:
+        raise ValueError(
+            f"{OP}: with block_table, q must be 4-D and k, v paged caches (num_pages, page_size, kv_heads, "
+            f"head_dim) of one shape, got {list(q.shape)}, {list(k_cache.shape)} and {list(v_cache.shape)}"
+        )
+    for name, t in (("k", k_cache), ("v", v_cache), ("kv_lens", kv_lens), ("block_table", block_table)):
+        check_same_device(OP, name, t, "q", q)
     return _like(q), q.new_empty(q.shape[:3], dtype=_lse_dtype(q))
 
 
@@ -678,7 +693,21 @@ def _no_context(ctx, inputs, keyword_only_inputs, output):
     pass
 
 
+def _no_paged_context(ctx, inputs, output):  # (attention_paged has no keyword-only arguments)
+    pass
+
+
+def _paged_not_differentiable(ctx, *grads):
+    raise RuntimeError(
+        "opforge.attention: torch.ops.opforge.attention_paged has no backward; opforge.attention with "
+        "block_table differentiates (it gathers the pages when an input requires grad)"
+    )
+
+
 torch.library.register_autograd("opforge::attention_backward", _not_differentiable, setup_context=_no_context)
+torch.library.register_autograd(
+    "opforge::attention_paged", _paged_not_differentiable, setup_context=_no_paged_context
+)
 
 
 class _Attention(torch.autograd.Function):
