@@ -425,12 +425,7 @@ def _paged_in_place(q, k_cache, v_cache, block_table, segment_ids, mask, variant
         return False  # (the general path's empty result / head_dim error)
     if q.device.type != "cpu":  # (the CUDA decode kernels' page addressing: issue 32's next step)
         return False
-    # (the rule reads the logical sizes: a (B, Hkv, max_pages x page_size, D) view with no extent)
-    keys = block_table.shape[1] * k_cache.shape[1]
-    k, v = (
-        t.as_strided((q.shape[0], t.shape[2], keys, t.shape[3]), (0, 0, 0, 0)) for t in (k_cache, v_cache)
-    )
-    return _decodes(q, k, v, variant)
+    return _decodes(q, k_cache, v_cache, variant, keys=block_table.shape[1] * k_cache.shape[1])
 
 
 def _paged_kv(k_cache, v_cache, block_table) -> tuple[torch.Tensor, torch.Tensor]:
@@ -446,15 +441,17 @@ def _paged_kv(k_cache, v_cache, block_table) -> tuple[torch.Tensor, torch.Tensor
     return k, v
 
 
-def _decodes(q, k, v, variant: str) -> bool:
+def _decodes(q, k, v, variant: str, keys: int | None = None) -> bool:
     """Whether the decode kernel takes this call with per-sequence key counts: no gradient to record
     (the decode kernel has no backward) and the kernel rule's answer (csrc/attention/
-    attention_heuristics.h, asked through torch.ops.opforge._attention_kernel)."""
+    attention_heuristics.h, asked through torch.ops.opforge._attention_kernel). keys: the call's key
+    count where k is not (B, Hkv, Sk, D) (paged caches: max_pages x page_size; k's dim 2 is Hkv)."""
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
         return False
     if variant not in ("auto", "decode"):
         return False
-    sizes = (q.shape[1], k.shape[1], q.shape[2], k.shape[2], q.shape[3])
+    kv_heads, sk = (k.shape[1], k.shape[2]) if keys is None else (k.shape[2], keys)
+    sizes = (q.shape[1], kv_heads, q.shape[2], sk, q.shape[3])
     return _kernel(q.device, *(int(n) for n in sizes), variant) == "decode"
 
 
