@@ -631,6 +631,8 @@ KV_LENS_SHAPES = [
     (2, 64, 1, 1, 500, 128),
     (3, 8, 8, 1, 100, 64),
     (2, 16, 2, 16, 300, 64),
+    (40, 8, 8, 1, 700, 128),  # (one chunk a kv head)
+    (24, 16, 8, 1, 600, 256),
 ]
 
 
@@ -686,7 +688,13 @@ def test_kv_lens_cuda_graph():
 def test_paged_cache_matches_reference(name, page_size):
     """Decode and a chunk of queries against paged caches (pages in a random order, garbage table
     entries past each sequence's pages): the contiguous cache's result."""
-    for shape in ((4, 32, 8, 1, 3000, 128), (3, 8, 2, 5, 700, 64)):
+    # (the last two: one chunk a kv head; head dim 256)
+    for shape in (
+        (4, 32, 8, 1, 3000, 128),
+        (3, 8, 2, 5, 700, 64),
+        (48, 8, 8, 1, 900, 128),
+        (2, 16, 4, 1, 2000, 256),
+    ):
         q, k, v, lens, kw = kv_lens_case(shape, name, device=DEV, dtype=torch.bfloat16)
         kc, vc, table = to_pages(k, v, lens.cpu(), page_size)
         out = opforge.attention(q, kc, vc, kv_lens=lens, block_table=table, **kw)
@@ -694,6 +702,30 @@ def test_paged_cache_matches_reference(name, page_size):
         want = reference.attention(q.double(), kd, vd, kv_lens=lens, **kw)
         assert not out.isnan().any()
         assert max_err(out, want) < 2e-2
+
+
+def test_paged_decode_reads_the_pages_in_place():
+    """A paged decoding call runs the decode kernel on the pages (no gathered copy of them first);
+    a chunk too long for the decode kernel, or a block mask, gathers them and is still right."""
+    q, k, v, lens, kw = kv_lens_case((2, 32, 8, 1, 4000, 128), "causal", device=DEV, dtype=torch.float16)
+    kc, vc, table = to_pages(k, v, lens.cpu(), 16)
+
+    def copies(fn):
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            fn()
+            torch.cuda.synchronize()
+        return [e.name for e in prof.events() if "index" in e.name.lower() or "gather" in e.name.lower()]
+
+    call = lambda: opforge.attention(q, kc, vc, kv_lens=lens, block_table=table, **kw)  # noqa: E731
+    assert kernels_run(call) == {"attention_decode_mma_kernel"}
+    assert copies(call) == []
+    kd, vd = k.double().nan_to_num(0.0), v.double().nan_to_num(0.0)
+    assert max_err(call(), reference.attention(q.double(), kd, vd, kv_lens=lens, **kw)) < 2e-2
+    q_long = torch.randn(2, 32, 40, 128, dtype=torch.float16, device=DEV)
+    long_call = lambda: opforge.attention(q_long, kc, vc, kv_lens=lens, block_table=table, **kw)  # noqa: E731
+    assert copies(long_call) != []
+    want = reference.attention(q_long.double(), kd, vd, kv_lens=lens, **kw)
+    assert max_err(long_call(), want) < 2e-2
 
 
 def test_paged_decode_cuda_graph():

@@ -92,10 +92,10 @@ def attention(
             max_pages x page_size < 2^31). Entries past a sequence's pages are not read. On the CPU
             an entry outside [0, num_pages) that a sequence needs raises a ValueError; on CUDA
             (where checking would synchronise), and under torch.compile on either device, it is
-            clamped into range. On the CPU decoding calls (the decode kernel's; no segment_ids, mask
-            or gradient) read the pages in place; others, and every CUDA call for now, gather the
-            pages they address into one (B, Hkv, max_pages x page_size, D) copy first (one more read
-            and write of them).
+            clamped into range. Decoding calls (the decode kernel's; no segment_ids, mask or
+            gradient; on CUDA head dims 64 / 128 / 256 and cache rows at 16-byte boundaries) read
+            the pages in place; others gather the pages they address into one (B, Hkv, max_pages x
+            page_size, D) copy first (one more read and write of them).
         return_lse: also return the log-sum-exp of each query's scores, (B, Hq, Sq) float32
             (float64 for float64 inputs).
         variant: the kernel. ``"auto"`` (default) follows the rule of docs/attention.md: the decode
@@ -414,16 +414,28 @@ def _check_paged(q, k_cache, v_cache, block_table, kv_lens) -> None:
 
 def _paged_in_place(q, k_cache, v_cache, block_table, segment_ids, mask, variant: str) -> bool:
     """Whether the decode kernel reads this paged call's pages in place (opforge::attention_paged):
-    on the CPU, when the decode kernel takes it (no gradient; the rule's rows and keys), with no
-    segment ids or block mask (their tensors are per logical key) and no torch.func transform.
-    Else the pages are gathered first (_paged_kv)."""
+    when the decode kernel takes it (no gradient; the rule's rows and keys), with no segment ids or
+    block mask (their tensors are per logical key) and no torch.func transform; on CUDA with a head
+    dim of 64, 128 or 256 and cache rows at 16-byte boundaries. Else the pages are gathered first
+    (_paged_kv)."""
     if segment_ids is not None or mask is not None or transforms_active():
         return False
     if q.dim() != 4 or q.shape[3] != k_cache.shape[3] or q.shape[1] % max(k_cache.shape[2], 1):
         return False  # (the general path's checks name the error)
     if q.shape[1] == 0 or q.shape[3] == 0:
         return False  # (the general path's empty result / head_dim error)
-    if q.device.type != "cpu":  # (the CUDA decode kernels' page addressing: issue 32's next step)
+    if q.device.type == "cuda":  # (the decode kernels' 16-byte row copies, their head dims)
+        if q.dtype not in (torch.float16, torch.bfloat16) or q.shape[3] not in (64, 128, 256):
+            return False
+        for t in (k_cache, v_cache):
+            if (
+                t.dtype != q.dtype
+                or t.stride(3) != 1
+                or t.data_ptr() % 16
+                or any(t.stride(d) % 8 for d in range(3))
+            ):
+                return False
+    elif q.device.type != "cpu":
         return False
     return _decodes(q, k_cache, v_cache, variant, keys=block_table.shape[1] * k_cache.shape[1])
 

@@ -197,6 +197,27 @@ void check_launch(const char* op, int err) {
               cudaGetErrorString(static_cast<cudaError_t>(err)));
 }
 
+// Few query rows against many keys: the split-KV decode kernel and its merge.
+void run_decode_plan(const char* op, AttentionPlan& plan, int64_t kd, const at::TensorOptions& options,
+                     cudaStream_t stream) {
+  add_segment_blocks(plan);
+  const AttentionParams& p = plan.params;
+  const int rows = static_cast<int>((p.heads / p.kv_heads) * p.pattern.sq);
+  const cudaDeviceProp* props = at::cuda::getCurrentDeviceProperties();
+  const int64_t slots = int64_t{props->multiProcessorCount} * std::max(1, decode_blocks_per_sm(static_cast<int>(kd), rows));
+  DecodeSplit s = decode_split(p, slots);
+  at::Tensor part = at::empty({p.batch * p.kv_heads * s.chunks * s.rows * decode_part_stride(static_cast<int>(kd))},
+                              options.dtype(at::kFloat));
+  s.part = part.data_ptr<float>();
+  int err = cudaErrorInvalidValue;
+  switch (kd) {
+    case 64: err = run_attention_decode_d64(cuda_args(p), s, stream); break;
+    case 128: err = run_attention_decode_d128(cuda_args(p), s, stream); break;
+    case 256: err = run_attention_decode_d256(cuda_args(p), s, stream); break;
+  }
+  check_launch(op, err);
+}
+
 std::tuple<at::Tensor, at::Tensor> attention_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                                   double scale, double softcap, bool causal, int64_t window_left,
                                                   int64_t window_right, int64_t prefix_len,
@@ -232,23 +253,7 @@ std::tuple<at::Tensor, at::Tensor> attention_cuda(const at::Tensor& q, const at:
   AttentionPlan plan = plan_attention(qk, kk, vk, out_k, lse, scale, softcap, args);
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream().stream();
   if (kernel == AttentionKernel::kDecode) {
-    // Few query rows against many keys: the split-KV decode kernel and its merge.
-    add_segment_blocks(plan);
-    const AttentionParams& p = plan.params;
-    const int rows = static_cast<int>((p.heads / p.kv_heads) * p.pattern.sq);
-    const int64_t slots = int64_t{at::cuda::getCurrentDeviceProperties()->multiProcessorCount} *
-                          std::max(1, decode_blocks_per_sm(static_cast<int>(kd), rows));
-    DecodeSplit s = decode_split(p, slots);
-    at::Tensor part = at::empty({p.batch * p.kv_heads * s.chunks * s.rows * decode_part_stride(static_cast<int>(kd))},
-                                q.options().dtype(at::kFloat));
-    s.part = part.data_ptr<float>();
-    int err = cudaErrorInvalidValue;
-    switch (kd) {
-      case 64: err = run_attention_decode_d64(cuda_args(p), s, stream); break;
-      case 128: err = run_attention_decode_d128(cuda_args(p), s, stream); break;
-      case 256: err = run_attention_decode_d256(cuda_args(p), s, stream); break;
-    }
-    check_launch(op, err);
+    run_decode_plan(op, plan, kd, q.options(), stream);
   } else {
     add_segment_blocks(plan);
     AttentionCudaArgs a = cuda_args(plan.params);
@@ -333,7 +338,42 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_cuda(
 
 }  // namespace
 
+// Paged caches: the decode kernels with their rows addressed through the page table. The caller
+// (opforge.attention) sends calls the decode kernel takes, with head dims 64 / 128 / 256 and caches
+// whose rows start at 16-byte boundaries; others are refused here.
+std::tuple<at::Tensor, at::Tensor> attention_paged_cuda(const at::Tensor& q, const at::Tensor& k_cache,
+                                                        const at::Tensor& v_cache, const at::Tensor& kv_lens,
+                                                        const at::Tensor& block_table, double scale, double softcap,
+                                                        bool causal, int64_t window_left, int64_t window_right,
+                                                        int64_t prefix_len) {
+  constexpr const char* op = "opforge.attention";
+  TORCH_CHECK_VALUE(q.defined() && q.dim() == 4, op, ": q must be a 4-D tensor (batch, heads, sequence, head_dim)");
+  check_cuda_call(op, q, k_cache);
+  const c10::cuda::CUDAGuard guard(q.device());
+  at::Tensor out = empty_attention_like(q);
+  at::Tensor lse = at::empty({q.size(0), q.size(1), q.size(2)}, q.options().dtype(at::kFloat));
+  AttentionPlan plan = plan_paged_attention(q, k_cache, v_cache, kv_lens, block_table, out, lse, scale, softcap,
+                                            causal, window_left, window_right, prefix_len);
+  if (out.numel() == 0) return {out, lse.fill_(-std::numeric_limits<double>::infinity())};
+  const int64_t d = q.size(3);
+  const AttentionKernel kernel =
+      cuda_kernel(op, q, paged_view(k_cache, q.size(0), plan.params.pattern.sk), true, false, false, "decode");
+  TORCH_CHECK_VALUE(kernel == AttentionKernel::kDecode && kernel_head_dim(d) == d, op,
+                    ": paged caches take the decode kernel, at head dims 64, 128 and 256 here; got head dim ", d);
+  for (const at::Tensor* t : {&k_cache, &v_cache}) {
+    bool aligned = t->stride(3) == 1 && reinterpret_cast<uintptr_t>(t->const_data_ptr()) % 16 == 0;
+    for (int dim = 0; dim < 3; ++dim) aligned = aligned && t->stride(dim) % 8 == 0;
+    TORCH_CHECK_VALUE(aligned, op, ": the paged caches' rows must start at 16-byte boundaries with unit column stride");
+  }
+  const at::Tensor qk = kernel_operand(q, d, kernel);
+  plan.params.q = qk.const_data_ptr();
+  plan.params.q_bs = qk.stride(0), plan.params.q_hs = qk.stride(1), plan.params.q_ss = qk.stride(2);
+  run_decode_plan(op, plan, d, q.options(), at::cuda::getCurrentCUDAStream().stream());
+  return {out, lse};
+}
+
 TORCH_LIBRARY_IMPL(opforge, CUDA, m) {
+  m.impl("attention_paged", &attention_paged_cuda);
   m.impl("attention", &attention_cuda);
   m.impl("attention_backward", &attention_backward_cuda);
 }

@@ -77,7 +77,8 @@ __device__ __forceinline__ void decode_chunk_tiles(const AttentionPattern& pat, 
 
 // Classifies tile `tile` for the block's queries and, unless nothing in it is visible, stages its K
 // and V rows (Tr::kRowBytes apart, V Tr::kTileBytes after K) into stage `stage` of `stages`; one
-// commit group either way.
+// commit group either way. kbase / vbase: the kv head's (no batch offset: kv_page gives the batch
+// row, or the page of a paged cache).
 template <typename Tr, typename T>
 __device__ __forceinline__ BlockKind stage_decode_tile(const AttentionParams& p, const AttentionPattern& pat, int64_t b,
                                                        int64_t hk, int64_t group, SegmentRange q_range, const T* kbase,
@@ -89,13 +90,29 @@ __device__ __forceinline__ BlockKind stage_decode_tile(const AttentionParams& p,
   if (kind != BlockKind::kEmpty) {
     unsigned char* sk = stages + stage * 2 * Tr::kTileBytes;
     unsigned char* sv = sk + Tr::kTileBytes;
-    for (int idx = threadIdx.x; idx < kDecodeTile * (kD / 8); idx += kDecodeThreads) {
-      const int row = idx / (kD / 8), chunk = idx % (kD / 8);
-      const int64_t j = j0 + row;
-      const bool in = j < j1;
-      const int64_t jj = in ? j : j0;
-      cuda::cp_async16(sk + row * Tr::kRowBytes + chunk * 16, kbase + jj * p.k_ss + chunk * 8, in ? 16 : 0);
-      cuda::cp_async16(sv + row * Tr::kRowBytes + chunk * 16, vbase + jj * p.v_ss + chunk * 8, in ? 16 : 0);
+    if (!p.block_table) {
+      const T* kb = kbase + b * p.k_bs;
+      const T* vb = vbase + b * p.v_bs;
+      for (int idx = threadIdx.x; idx < kDecodeTile * (kD / 8); idx += kDecodeThreads) {
+        const int row = idx / (kD / 8), chunk = idx % (kD / 8);
+        const int64_t j = j0 + row;
+        const bool in = j < j1;
+        const int64_t jj = in ? j : j0;
+        cuda::cp_async16(sk + row * Tr::kRowBytes + chunk * 16, kb + jj * p.k_ss + chunk * 8, in ? 16 : 0);
+        cuda::cp_async16(sv + row * Tr::kRowBytes + chunk * 16, vb + jj * p.v_ss + chunk * 8, in ? 16 : 0);
+      }
+    } else {  // (a paged cache: each row through the page table)
+      for (int idx = threadIdx.x; idx < kDecodeTile * (kD / 8); idx += kDecodeThreads) {
+        const int row = idx / (kD / 8), chunk = idx % (kD / 8);
+        const int64_t j = j0 + row;
+        const bool in = j < j1;
+        int64_t slot;
+        const int64_t page = p.kv_page(b, in ? j : j0, slot);
+        cuda::cp_async16(sk + row * Tr::kRowBytes + chunk * 16, kbase + page * p.k_bs + slot * p.k_ss + chunk * 8,
+                         in ? 16 : 0);
+        cuda::cp_async16(sv + row * Tr::kRowBytes + chunk * 16, vbase + page * p.v_bs + slot * p.v_ss + chunk * 8,
+                         in ? 16 : 0);
+      }
     }
   }
   cuda::cp_async_commit();
@@ -130,8 +147,8 @@ __global__ void __launch_bounds__(kDecodeThreads) attention_decode_kernel(const 
   const SegmentRange q_range =
       pat.q_segments ? block_segment_range(pat.q_seg_blocks, pat.q_seg_nblocks, b, 0, sq) : SegmentRange{};
 
-  const T* kbase = static_cast<const T*>(p.k) + b * p.k_bs + hk * p.k_hs;
-  const T* vbase = static_cast<const T*>(p.v) + b * p.v_bs + hk * p.v_hs;
+  const T* kbase = static_cast<const T*>(p.k) + hk * p.k_hs;
+  const T* vbase = static_cast<const T*>(p.v) + hk * p.v_hs;
   const auto load_tile = [&](int tile, int stage) {
     return stage_decode_tile<Tr>(p, pat, b, hk, group, q_range, kbase, vbase, stages, stage, tile);
   };
@@ -288,8 +305,8 @@ __global__ void __launch_bounds__(kDecodeThreads) attention_decode_mma_kernel(co
   const SegmentRange q_range =
       pat.q_segments ? block_segment_range(pat.q_seg_blocks, pat.q_seg_nblocks, b, 0, sq) : SegmentRange{};
 
-  const T* kbase = static_cast<const T*>(p.k) + b * p.k_bs + hk * p.k_hs;
-  const T* vbase = static_cast<const T*>(p.v) + b * p.v_bs + hk * p.v_hs;
+  const T* kbase = static_cast<const T*>(p.k) + hk * p.k_hs;
+  const T* vbase = static_cast<const T*>(p.v) + hk * p.v_hs;
   const auto load_tile = [&](int tile, int stage) {
     return stage_decode_tile<Tr>(p, pat, b, hk, group, q_range, kbase, vbase, stages, stage, tile);
   };
