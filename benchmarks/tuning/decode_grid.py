@@ -2,7 +2,8 @@
 SDPA (and FlexAttention on the rows marked so), each row timed in the same run by the bench's timer
 (median of event-timed calls, L2 flushed before each), TB/s of the K/V bytes the visible keys take
 (each KV head once) next to the copy ceiling measured in the same run. Paged rows: opforge on a paged
-cache (page size P, pages in random order) against opforge on the same cache contiguous.
+cache (page size P, pages in random order) against opforge on the same cache contiguous; prefill rows:
+a chunk of new queries (causal: the cache's last keys) the same way.
 
     python benchmarks/tuning/decode_grid.py                    # every row
     python benchmarks/tuning/decode_grid.py --rows core,gqa    # some groups
@@ -47,6 +48,9 @@ def grid() -> list[dict]:
     for ps in (16, 64, 256):
         rows.append(dict(group="paged", B=8, H=32, Hkv=8, cache=32768, D=128, page=ps))
     rows.append(dict(group="paged", B=32, H=32, Hkv=8, cache=4096, D=128, page=16, ragged=True))
+    # chunked prefill: a chunk of new queries (causal, the last keys) against a paged cache vs contiguous
+    for B, cache, chunk, ps in ((4, 8192, 512, 16), (1, 32768, 2048, 64), (8, 4096, 128, 16), (16, 2048, 16, 256)):
+        rows.append(dict(group="prefill", B=B, H=32, Hkv=8, cache=cache, D=128, page=ps, chunk=chunk))
     for i, r in enumerate(rows):
         r["id"] = i
     return rows
@@ -54,6 +58,7 @@ def grid() -> list[dict]:
 
 def label(r: dict) -> str:
     extra = (" ragged" if r.get("ragged") else "") + (f" paged {r['page']}" if r.get("page") else "")
+    extra += f" chunk {r['chunk']}" if r.get("chunk") else ""
     return f"B{r['B']} H{r['H']}/{r['Hkv']} cache {r['cache']} D{r['D']}{extra}"
 
 
@@ -61,7 +66,7 @@ def build(r: dict, dev: torch.device) -> tuple[dict, int, callable]:
     """The row's implementations (opforge first), the K/V bytes visible, and a correctness check."""
     B, H, Hkv, S, D = r["B"], r["H"], r["Hkv"], r["cache"], r["D"]
     dt = torch.bfloat16
-    q = torch.randn(B, H, 1, D, device=dev, dtype=dt)
+    q = torch.randn(B, H, r.get("chunk", 1), D, device=dev, dtype=dt)
     k, v = (torch.randn(B, Hkv, S, D, device=dev, dtype=dt) for _ in range(2))
     gqa = H != Hkv
     kw: dict = {"causal": True}
@@ -100,7 +105,7 @@ def build(r: dict, dev: torch.device) -> tuple[dict, int, callable]:
     def check() -> float:
         first = next(iter(impls.values()))()
         # the float64 reference on two sequences (the first and the last) where it is small, else the peer
-        if S * Hkv <= (1 << 20):
+        if S * Hkv <= (1 << 20) and q.shape[2] * S * H <= (1 << 26):
             rows = [0, B - 1]
             sub = {n: (t[rows] if n == "kv_lens" else t) for n, t in kw.items()}
             want = reference.attention(q[rows].double(), k[rows].double(), v[rows].double(), **sub)
@@ -112,7 +117,7 @@ def build(r: dict, dev: torch.device) -> tuple[dict, int, callable]:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--rows", default="core,gqa,dims,ragged,paged")
+    ap.add_argument("--rows", default="core,gqa,dims,ragged,paged,prefill")
     ap.add_argument("--one", type=int, default=None)
     ap.add_argument("--impl", default="opforge")
     ap.add_argument("--list", action="store_true")

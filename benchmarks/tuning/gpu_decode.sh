@@ -20,7 +20,7 @@ if [ "${TESTS:-1}" = 1 ]; then
   tail -3 "$OUT/tests.log"
 fi
 if [ "${GRID:-1}" = 1 ]; then
-  timeout 400 python3 benchmarks/tuning/decode_grid.py --rows "${GRID_ROWS:-core,gqa,dims,ragged,paged}" --json "$OUT/grid.json" 2>&1 | grep -v Warn | tee "$OUT/grid.txt"
+  timeout 400 python3 benchmarks/tuning/decode_grid.py --rows "${GRID_ROWS:-core,gqa,dims,ragged,paged,prefill}" --json "$OUT/grid.json" 2>&1 | grep -v Warn | tee "$OUT/grid.txt"
 fi
 IFS=';' read -ra specs <<< "${NCU:-}"
 metrics=dram__bytes_read.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,gpu__time_duration.sum,sm__warps_active.avg.pct_of_peak_sustained_active,smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio,smsp__average_warps_issue_stalled_barrier_per_issue_active.ratio,smsp__average_warps_issue_stalled_wait_per_issue_active.ratio,smsp__inst_executed.sum,lts__t_sector_hit_rate.pct,l1tex__data_bank_conflicts_pipe_lsu_mem_shared.sum,launch__grid_size,launch__block_size,launch__registers_per_thread,launch__shared_mem_per_block_dynamic,launch__shared_mem_per_block_static,launch__occupancy_limit_registers,launch__occupancy_limit_shared_mem,sm__cycles_active.avg
