@@ -58,16 +58,20 @@ def parting_check(model, prompts, ref, got, device) -> str:
             ids = torch.tensor([prompt + list(a[:i])], device=device)
             hi = exact(ids).logits[0, -1].float()
             lo = model(ids).logits[0, -1].float()
-            rows.append(((hi[a[i]] - hi[b[i]]).abs().item(), (lo - hi).abs().max().item()))
+            rows.append(
+                ((hi[a[i]] - hi[b[i]]).abs().item(), (lo - hi).abs().max().item(), bool(hi[a[i]] > hi[b[i]]))
+            )
     del exact
     if not rows:
         return "no request parted"
-    gaps, errs = sorted(g for g, _ in rows), sorted(e for _, e in rows)
-    within = sum(g <= 2 * e for g, e in rows)
+    gaps, errs = sorted(g for g, _, _ in rows), sorted(e for _, e, _ in rows)
+    within = sum(g <= 2 * e for g, e, _ in rows)
+    ref_wins = sum(w for _, _, w in rows)
     return (
         f"{len(rows)} parting points: float32 logit gap between the two choices median {statistics.median(gaps):.3f}, "
         f"max {gaps[-1]:.3f}; bf16's own logit error there median {statistics.median(errs):.3f}, max "
-        f"{errs[-1]:.3f}; gaps within twice that error: {within}/{len(rows)}"
+        f"{errs[-1]:.3f}; gaps within twice that error: {within}/{len(rows)}; float32 prefers the reference's "
+        f"token at {ref_wins}/{len(rows)}"
     )
 
 
