@@ -58,33 +58,42 @@ def parting_check(model, prompts, ref, got, device) -> str:
             ids = torch.tensor([prompt + list(a[:i])], device=device)
             hi = exact(ids).logits[0, -1].float()
             lo = model(ids).logits[0, -1].float()
+            top = int(hi.argmax())
             rows.append(
-                ((hi[a[i]] - hi[b[i]]).abs().item(), (lo - hi).abs().max().item(), bool(hi[a[i]] > hi[b[i]]))
+                (
+                    (hi[a[i]] - hi[b[i]]).abs().item(),
+                    (lo - hi).abs().max().item(),
+                    bool(hi[a[i]] > hi[b[i]]),
+                    top in (a[i], b[i]),  # (the step is aligned: float32's choice is one of the two)
+                    int(lo.argmax()) == a[i],  # (bf16 sdpa from scratch makes the reference's choice)
+                )
             )
     del exact
     if not rows:
         return "no request parted"
-    gaps, errs = sorted(g for g, _, _ in rows), sorted(e for _, e, _ in rows)
-    within = sum(g <= 2 * e for g, e, _ in rows)
-    ref_wins = sum(w for _, _, w in rows)
+    gaps, errs = sorted(r[0] for r in rows), sorted(r[1] for r in rows)
+    within = sum(r[0] <= 2 * r[1] for r in rows)
+    ref_wins, aligned, fresh = (sum(r[n] for r in rows) for n in (2, 3, 4))
     return (
         f"{len(rows)} parting points: float32 logit gap between the two choices median {statistics.median(gaps):.3f}, "
         f"max {gaps[-1]:.3f}; bf16's own logit error there median {statistics.median(errs):.3f}, max "
         f"{errs[-1]:.3f}; gaps within twice that error: {within}/{len(rows)}; float32 prefers the reference's "
-        f"token at {ref_wins}/{len(rows)}"
+        f"token at {ref_wins}/{len(rows)}; float32's top token is one of the two at {aligned}/{len(rows)}; bf16 sdpa "
+        f"from scratch chooses the reference's token at {fresh}/{len(rows)}"
     )
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--tiny", action="store_true")
+    ap.add_argument("--bf16", action="store_true", help="bfloat16 with --tiny too")
     ap.add_argument("--impls", default="paged|opforge,paged|sdpa")
     ap.add_argument("--requests", type=int, default=None)
     ap.add_argument("--new", type=int, default=None)
     ap.add_argument("--check", action="store_true", help="the logit gaps where tokens part (parting_check)")
     args = ap.parse_args()
     device = torch.device("cpu" if args.tiny else "cuda")
-    dtype = torch.float32 if args.tiny else torch.bfloat16
+    dtype = torch.float32 if args.tiny and not args.bf16 else torch.bfloat16
     n_req = args.requests or (8 if args.tiny else 64)
     new = args.new or (8 if args.tiny else 256)
     lo, hi = (10, 60) if args.tiny else (100, 4000)
