@@ -30,10 +30,13 @@ TORCH_LIBRARY(opforge, m) {
       "(Tensor, Tensor)");
   // Attention against paged K/V caches (num_pages, page_size, Hkv, D): key j of sequence b is row
   // j % page_size of page block_table[b, j / page_size], for j < kv_lens[b]; the decode kernels (few
-  // query rows a kv head), the forward only. opforge.attention(..., block_table=) calls it.
+  // query rows a kv head) and on CUDA the mma.sync forward (chunks of new queries), the forward
+  // only. variant: as opforge.attention's (the kernel rule's choice for "auto"). opforge.attention(...,
+  // block_table=) calls it.
   m.def(
       "attention_paged(Tensor q, Tensor k_cache, Tensor v_cache, Tensor kv_lens, Tensor block_table, float scale, "
-      "float softcap, bool causal, int window_left, int window_right, int prefix_len) -> (Tensor, Tensor)");
+      "float softcap, bool causal, int window_left, int window_right, int prefix_len, str variant=\"auto\") -> "
+      "(Tensor, Tensor)");
   m.def(
       "attention_backward(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor? grad_lse, "
       "float scale, float softcap, bool causal, int window_left, int window_right, int prefix_len, "

@@ -612,7 +612,14 @@ def check_kv_lens(q, k, v, lens, kw, tol):
 
 # (B, Hq, Hkv, Sq, Sk, D): decode-kernel calls (rows <= 32, short caches too) and one of 64 rows
 # (the block-mask path)
-KV_LENS_SHAPES = [(3, 4, 1, 1, 700, 64), (2, 8, 2, 4, 300, 40), (3, 2, 2, 3, 90, 16), (2, 16, 2, 8, 200, 32)]
+# (the last: a chunk of new queries, more rows than the decode kernel takes: the tiled kernel)
+KV_LENS_SHAPES = [
+    (3, 4, 1, 1, 700, 64),
+    (2, 8, 2, 4, 300, 40),
+    (3, 2, 2, 3, 90, 16),
+    (2, 16, 2, 8, 200, 32),
+    (3, 8, 2, 20, 150, 16),
+]
 
 
 @pytest.mark.parametrize("shape", KV_LENS_SHAPES, ids=str)
@@ -647,7 +654,7 @@ def to_pages(k, v, lens, page_size, spare=3):
 
 
 @pytest.mark.parametrize("page_size", [16, 7, 256])
-@pytest.mark.parametrize("shape", KV_LENS_SHAPES[:3], ids=str)
+@pytest.mark.parametrize("shape", [*KV_LENS_SHAPES[:3], KV_LENS_SHAPES[-1]], ids=str)
 @pytest.mark.parametrize("name", ["full", "causal", "sliding", "softcap"])
 def test_paged_cache_matches_reference(name, shape, page_size):
     """attention(q, k_cache, v_cache, kv_lens=, block_table=) reads sequence b's key j from its
@@ -883,10 +890,18 @@ def test_kv_lens_raw_op_errors():
         raw(q, k, v, 0.25, 0.0, *base, torch.tensor([1]))
     with pytest.raises(RuntimeError, match=r"opforge.attention: kv_lens must be one of \(int32, int64\)"):
         raw(q, k, v, 0.25, 0.0, *base, torch.tensor([1.0, 2.0]))
-    # More query rows than the decode kernel takes: the raw op refuses (opforge.attention builds a mask)
+    # More query rows than the decode kernel takes (a chunk of new tokens): the tiled kernel bounds
+    # each sequence's keys itself; the slots past a count may hold anything (inf / nan here)
     q40 = torch.randn(2, 4, 40, 16)
-    with pytest.raises(ValueError, match=r"kv_lens \(per-sequence key counts\) takes at most 32 query rows"):
-        raw(q40, k, v, 0.25, 0.0, *base, torch.tensor([1, 2]))
+    lens = torch.tensor([3, 17])
+    kp, vp = k.clone(), v.clone()
+    kp[0, :, 3:], vp[1, :, 17:] = float("inf"), float("nan")
+    for variant in ("auto", "tiled"):
+        out, _ = raw(q40, kp, vp, 0.25, 0.0, True, *base[1:], lens, variant=variant)
+        want = reference.attention(
+            q40.double(), k.double(), v.double(), scale=0.25, causal=True, kv_lens=lens
+        )
+        assert (out.double() - want).abs().max().item() < 1e-5
     # No gradient through the raw op with counts
     qg = q.clone().requires_grad_()
     out, _ = raw(qg, k, v, 0.25, 0.0, *base, torch.tensor([5, 20]))
@@ -1212,15 +1227,12 @@ def test_variant_errors_backward_and_kv_lens():
         )
     lens = torch.tensor([3, 20])
     raw = torch.ops.opforge.attention.default
-    with pytest.raises(
-        ValueError,
-        match=r"kv_lens \(per-sequence key counts\) runs on the decode kernel only, "
-        r"not variant 'tiled'",
-    ):
-        raw(q, k, v, 0.5, 0.0, *NO_PATTERN, lens, variant="tiled")
-    # The wrapper builds the block mask for the other kernels
-    got = opforge.attention(q, k, v, kv_lens=lens, causal=True, variant="tiled")
+    # The tiled kernel takes the counts itself (the raw op and the wrapper alike)
+    want = reference.attention(q.double(), k.double(), v.double(), kv_lens=lens, scale=0.5)
+    got, _ = raw(q, k, v, 0.5, 0.0, *NO_PATTERN, lens, variant="tiled")
+    assert (got.double() - want).abs().max() < 2e-5
     want = reference.attention(q.double(), k.double(), v.double(), kv_lens=lens, causal=True)
+    got = opforge.attention(q, k, v, kv_lens=lens, causal=True, variant="tiled")
     assert (got.double() - want).abs().max() < 2e-5
 
 

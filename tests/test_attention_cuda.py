@@ -633,6 +633,9 @@ KV_LENS_SHAPES = [
     (2, 16, 2, 16, 300, 64),
     (40, 8, 8, 1, 700, 128),  # (one chunk a kv head)
     (24, 16, 8, 1, 600, 256),
+    (3, 16, 4, 40, 900, 128),  # (chunks of new queries past the decode kernel's rows: the mma.sync forward)
+    (2, 8, 2, 70, 600, 64),
+    (2, 8, 4, 33, 500, 256),
 ]
 
 
@@ -694,6 +697,9 @@ def test_paged_cache_matches_reference(name, page_size):
         (3, 8, 2, 5, 700, 64),
         (48, 8, 8, 1, 900, 128),
         (2, 16, 4, 1, 2000, 256),
+        (3, 16, 4, 40, 900, 128),  # (chunked prefill: the mma.sync forward)
+        (2, 8, 2, 70, 600, 64),
+        (2, 8, 4, 33, 500, 256),
     ):
         q, k, v, lens, kw = kv_lens_case(shape, name, device=DEV, dtype=torch.bfloat16)
         kc, vc, table = to_pages(k, v, lens.cpu(), page_size)
@@ -705,8 +711,9 @@ def test_paged_cache_matches_reference(name, page_size):
 
 
 def test_paged_decode_reads_the_pages_in_place():
-    """A paged decoding call runs the decode kernel on the pages (no gathered copy of them first);
-    a chunk too long for the decode kernel, or a block mask, gathers them and is still right."""
+    """A paged decoding call runs the decode kernel on the pages (no gathered copy of them first), a
+    chunk too long for the decode kernel the mma.sync forward on them; a block mask, or a gradient,
+    gathers them and is still right."""
     q, k, v, lens, kw = kv_lens_case((2, 32, 8, 1, 4000, 128), "causal", device=DEV, dtype=torch.float16)
     kc, vc, table = to_pages(k, v, lens.cpu(), 16)
 
@@ -723,9 +730,51 @@ def test_paged_decode_reads_the_pages_in_place():
     assert max_err(call(), reference.attention(q.double(), kd, vd, kv_lens=lens, **kw)) < 2e-2
     q_long = torch.randn(2, 32, 40, 128, dtype=torch.float16, device=DEV)
     long_call = lambda: opforge.attention(q_long, kc, vc, kv_lens=lens, block_table=table, **kw)  # noqa: E731
-    assert copies(long_call) != []
+    assert kernels_run(long_call) == {"attention_fwd_kernel"}
+    assert copies(long_call) == []
     want = reference.attention(q_long.double(), kd, vd, kv_lens=lens, **kw)
     assert max_err(long_call(), want) < 2e-2
+    # the same chunk on the contiguous cache: the same kernel, no block mask built
+    assert kernels_run(lambda: opforge.attention(q_long, k, v, kv_lens=lens, **kw)) == {
+        "attention_fwd_kernel"
+    }
+    masked = lambda: opforge.attention(  # noqa: E731
+        q_long,
+        kc,
+        vc,
+        kv_lens=lens,
+        block_table=table,
+        mask=opforge.block_mask(lambda b, h, i, j: j % 3 != 0, 2, None, 40, 4000, device=DEV),
+        **kw,
+    )
+    assert copies(masked) != []
+    q_grad = q_long.clone().requires_grad_()
+    got = opforge.attention(q_grad, kc, vc, kv_lens=lens, block_table=table, **kw)
+    assert max_err(got.detach(), want) < 2e-2
+    with pytest.raises(
+        ValueError, match=r"kv_lens \(per-sequence key counts\) runs on the decode and mma_sync kernels"
+    ):
+        raw = torch.ops.opforge.attention.default
+        raw(
+            q_long,
+            k,
+            v,
+            128**-0.5,
+            0.0,
+            True,
+            -1,
+            -1,
+            0,
+            None,
+            None,
+            None,
+            None,
+            None,
+            128,
+            128,
+            lens,
+            variant="hopper",
+        )
 
 
 def test_paged_decode_cuda_graph():

@@ -49,7 +49,12 @@ def grid() -> list[dict]:
         rows.append(dict(group="paged", B=8, H=32, Hkv=8, cache=32768, D=128, page=ps))
     rows.append(dict(group="paged", B=32, H=32, Hkv=8, cache=4096, D=128, page=16, ragged=True))
     # chunked prefill: a chunk of new queries (causal, the last keys) against a paged cache vs contiguous
-    for B, cache, chunk, ps in ((4, 8192, 512, 16), (1, 32768, 2048, 64), (8, 4096, 128, 16), (16, 2048, 16, 256)):
+    for B, cache, chunk, ps in (
+        (4, 8192, 512, 16),
+        (1, 32768, 2048, 64),
+        (8, 4096, 128, 16),
+        (16, 2048, 16, 256),
+    ):
         rows.append(dict(group="prefill", B=B, H=32, Hkv=8, cache=cache, D=128, page=ps, chunk=chunk))
     for i, r in enumerate(rows):
         r["id"] = i
@@ -94,6 +99,8 @@ def build(r: dict, dev: torch.device) -> tuple[dict, int, callable]:
             "opforge paged": lambda: opforge.attention(q, kc, vc, **kwp),
             "opforge contiguous": lambda: opforge.attention(q, k, v, **kw),
         }
+        if r.get("chunk") and lens is None:  # (the contiguous cache with the counts too: the same kernel)
+            impls["contiguous kv_lens"] = lambda: opforge.attention(q, k, v, causal=True, kv_lens=klen)
     elif lens is not None:
         keep = (torch.arange(S, device=dev)[None, :] < lens[:, None])[:, None, None, :]
         impls["SDPA (length mask)"] = lambda: F.scaled_dot_product_attention(
@@ -155,7 +162,8 @@ def main() -> None:
         tbs = nbytes / (times[first] * 1e-3) / 1e12
         print(
             f"{r['id']:3d} {r['group']:6s} {label(r):40s} {first} {times[first] * 1e3:9.1f} us {tbs:5.2f} TB/s "
-            f"({tbs / ceiling:4.2f} ceil) | {second} {times[second] * 1e3:9.1f} us | x{ratio:5.2f}  err {err:.1e}",
+            f"({tbs / ceiling:4.2f} ceil) | {second} {times[second] * 1e3:9.1f} us | x{ratio:5.2f}  err {err:.1e}"
+            + "".join(f" | {n} {times[n] * 1e3:.1f} us" for n in names[2:]),
             flush=True,
         )
         out.append(dict(r, times_ms=times, bytes=nbytes, tbs=tbs, ceiling_tbs=ceiling, ratio=ratio, err=err))

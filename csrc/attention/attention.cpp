@@ -245,10 +245,12 @@ AttentionKernel choose_attention_kernel(const char* op, const AttentionCall& cal
   const int64_t rows = call.rows(), max_rows = call.decode_max_rows();
   AttentionKernel kernel;
   if (variant == "auto") {
-    kernel = call.decodes()     ? AttentionKernel::kDecode
-             : !call.cuda       ? AttentionKernel::kTiled
-             : call.hopper_missing ? AttentionKernel::kMmaSync
-                                   : AttentionKernel::kHopper;
+    // (per-sequence key counts past the decode kernel's rows: the mma.sync forward, whose tile walk
+    // bounds each sequence's keys; the Hopper kernels' TMA boxes do not)
+    kernel = call.decodes()                      ? AttentionKernel::kDecode
+             : !call.cuda                        ? AttentionKernel::kTiled
+             : call.hopper_missing || call.kv_lens ? AttentionKernel::kMmaSync
+                                                   : AttentionKernel::kHopper;
   } else if (variant == "decode" && !call.backward) {
     TORCH_CHECK_VALUE(!call.varlen, op, ": variant 'decode' does not take packed sequences (cu_seqlens); on ", device,
                       " they run on: ", call.cuda ? "auto, hopper, mma_sync" : "auto, tiled");
@@ -273,13 +275,9 @@ AttentionKernel choose_attention_kernel(const char* op, const AttentionCall& cal
 
 void check_kv_lens_kernel(const char* op, const AttentionCall& call, AttentionKernel kernel,
                           c10::string_view variant) {
-  if (!call.kv_lens || kernel == AttentionKernel::kDecode) return;
-  TORCH_CHECK_VALUE(variant != "auto", op, ": kv_lens (per-sequence key counts) takes at most ",
-                    call.decode_max_rows(), " query rows (Sq x the GQA group) per kv head",
-                    call.cuda ? " at head dim " : "", call.cuda ? std::to_string(call.head_dim) : std::string(),
-                    ", got ", call.rows(), " (opforge.attention builds a block mask for more)");
-  TORCH_CHECK_VALUE(false, op, ": kv_lens (per-sequence key counts) runs on the decode kernel only, not variant '",
-                    variant, "' (opforge.attention builds a block mask for the other kernels)");
+  if (!call.kv_lens || kernel != AttentionKernel::kHopper) return;
+  TORCH_CHECK_VALUE(false, op, ": kv_lens (per-sequence key counts) runs on the decode and mma_sync kernels, not "
+                    "variant '", variant, "'");
 }
 
 #if !OPFORGE_WITH_CUDA

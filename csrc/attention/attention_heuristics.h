@@ -41,7 +41,7 @@ constexpr int64_t kAttentionCudaDecodeMinKeys = 512, kAttentionCpuDecodeMinKeys 
 struct AttentionCall {
   bool cuda = false;
   int64_t heads = 1, kv_heads = 1, sq = 0, sk = 0, head_dim = 0;
-  bool kv_lens = false;   // per-sequence key counts: only the decode kernels take them
+  bool kv_lens = false;   // per-sequence key counts: the decode, mma.sync and CPU tiled kernels take them
   bool backward = false;  // the backward's kernels (no decode kernel there)
   bool varlen = false;    // packed variable-length sequences: the tiled, Hopper and mma.sync kernels
   // CUDA: why the Hopper kernels cannot serve this call (no sm_90a code for this GPU in the build,

@@ -82,9 +82,11 @@ def attention(
             rest is ignored) and its Sq queries are its last positions (query i at key position
             ``kv_lens[b] - Sq + i``: causal and windows count from there). Counts are read on the
             device only (clamped to [0, Sk]), so a CUDA graph replays the call after the counts are
-            updated in place. Decoding calls (Sq x the GQA group <= 32; 64 at CUDA head dims 65-128)
-            without gradients run the decode kernel; others (and gradients) build the exact block
-            mask first, which reads the counts on the host. segment_ids must then be a pair.
+            updated in place. Without gradients the kernels take the counts themselves: decoding
+            calls (Sq x the GQA group <= 32; 64 at CUDA head dims 65-128) the decode kernel, more
+            query rows (a chunk of new tokens: chunked prefill) the mma.sync forward on CUDA and the
+            tiled kernel on the CPU. With gradients (or variant="hopper") the exact block mask is
+            built first, which reads the counts on the host. segment_ids must then be a pair.
         block_table: (B, max_pages) int32 / int64 on q's device, with kv_lens: k and v are then paged
             caches (num_pages, page_size, Hkv, D) (FlashAttention's ``flash_attn_with_kvcache`` and
             vLLM's layout; `paged_kv_append` writes new tokens into them) and sequence b's key j is
@@ -92,10 +94,11 @@ def attention(
             max_pages x page_size < 2^31). Entries past a sequence's pages are not read. On the CPU
             an entry outside [0, num_pages) that a sequence needs raises a ValueError; on CUDA
             (where checking would synchronise), and under torch.compile on either device, it is
-            clamped into range. Decoding calls (the decode kernel's; no segment_ids, mask or
-            gradient; on CUDA head dims 64 / 128 / 256 and cache rows at 16-byte boundaries) read
-            the pages in place; others gather the pages they address into one (B, Hkv, max_pages x
-            page_size, D) copy first (one more read and write of them).
+            clamped into range. Calls without segment_ids, a mask or gradients read the pages in
+            place: on the CPU decoding calls (the decode kernel's), on CUDA decoding calls and
+            chunks of new queries (the mma.sync forward) with head dims 64 / 128 / 256 and cache
+            rows at 16-byte boundaries. Others gather the pages they address into one (B, Hkv,
+            max_pages x page_size, D) copy first (one more read and write of them).
         return_lse: also return the log-sum-exp of each query's scores, (B, Hq, Sq) float32
             (float64 for float64 inputs).
         variant: the kernel. ``"auto"`` (default) follows the rule of docs/attention.md: the decode
@@ -146,6 +149,7 @@ def attention(
                 left,
                 right,
                 prefix,
+                variant,
             )
             return (out, lse) if return_lse else out
         k, v = _paged_kv(k, v, block_table)
@@ -154,7 +158,7 @@ def attention(
         _check_kv_lens(q, kv_lens, segment_ids)
     _check_options(OP, variant, deterministic)
     args = _pattern_args(q, k, causal, window, prefix_len, segment_ids, mask)
-    if kv_lens is not None and not _decodes(q, k, v, variant):
+    if kv_lens is not None and _kv_lens_kernel(q, k, v, variant) is None:
         (args, k, v), kv_lens = _kv_lens_as_mask(q, k, v, kv_lens, args, mask), None
     scale, softcap = _scale_arg(OP, q, scale), _softcap_arg(OP, softcap)
     if transforms_active():  # torch.func / forward-mode AD: the Python autograd.Function
@@ -413,11 +417,11 @@ def _check_paged(q, k_cache, v_cache, block_table, kv_lens) -> None:
 
 
 def _paged_in_place(q, k_cache, v_cache, block_table, segment_ids, mask, variant: str) -> bool:
-    """Whether the decode kernel reads this paged call's pages in place (opforge::attention_paged):
-    when the decode kernel takes it (no gradient; the rule's rows and keys), with no segment ids or
-    block mask (their tensors are per logical key) and no torch.func transform; on CUDA with a head
-    dim of 64, 128 or 256 and cache rows at 16-byte boundaries. Else the pages are gathered first
-    (_paged_kv)."""
+    """Whether a kernel reads this paged call's pages in place (opforge::attention_paged): the decode
+    kernel (and on CUDA the mma.sync forward) when it takes the call with its key counts (no
+    gradient; _kv_lens_kernel), with no segment ids or block mask (their tensors are per logical
+    key) and no torch.func transform; on CUDA with a head dim of 64, 128 or 256 and cache rows at
+    16-byte boundaries. Else the pages are gathered first (_paged_kv)."""
     if segment_ids is not None or mask is not None or transforms_active():
         return False
     if q.dim() != 4 or q.shape[3] != k_cache.shape[3] or q.shape[1] % max(k_cache.shape[2], 1):
@@ -437,7 +441,8 @@ def _paged_in_place(q, k_cache, v_cache, block_table, segment_ids, mask, variant
                 return False
     elif q.device.type != "cpu":
         return False
-    return _decodes(q, k_cache, v_cache, variant, keys=block_table.shape[1] * k_cache.shape[1])
+    kernel = _kv_lens_kernel(q, k_cache, v_cache, variant, keys=block_table.shape[1] * k_cache.shape[1])
+    return kernel == "decode" or (kernel == "mma_sync" and q.device.type == "cuda")
 
 
 def _paged_kv(k_cache, v_cache, block_table) -> tuple[torch.Tensor, torch.Tensor]:
@@ -453,18 +458,21 @@ def _paged_kv(k_cache, v_cache, block_table) -> tuple[torch.Tensor, torch.Tensor
     return k, v
 
 
-def _decodes(q, k, v, variant: str, keys: int | None = None) -> bool:
-    """Whether the decode kernel takes this call with per-sequence key counts: no gradient to record
-    (the decode kernel has no backward) and the kernel rule's answer (csrc/attention/
-    attention_heuristics.h, asked through torch.ops.opforge._attention_kernel). keys: the call's key
-    count where k is not (B, Hkv, Sk, D) (paged caches: max_pages x page_size; k's dim 2 is Hkv)."""
+def _kv_lens_kernel(q, k, v, variant: str, keys: int | None = None) -> str | None:
+    """The kernel that takes this call's per-sequence key counts itself, or None where the counts
+    become a block mask (_kv_lens_as_mask): a gradient to record (no kernel here has a kv_lens
+    backward), or variant="hopper" (its TMA boxes do not bound a sequence's keys). Otherwise the
+    kernel rule's answer (csrc/attention/attention_heuristics.h, asked through
+    torch.ops.opforge._attention_kernel): decode, mma_sync (CUDA) or tiled (CPU). keys: the call's
+    key count where k is not (B, Hkv, Sk, D) (paged caches: max_pages x page_size; k's dim 2 is Hkv)."""
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-        return False
-    if variant not in ("auto", "decode"):
-        return False
+        return None
+    if variant not in ("auto", "decode", "mma_sync" if q.device.type == "cuda" else "tiled"):
+        return None
     kv_heads, sk = (k.shape[1], k.shape[2]) if keys is None else (k.shape[2], keys)
     sizes = (q.shape[1], kv_heads, q.shape[2], sk, q.shape[3])
-    return _kernel(q.device, *(int(n) for n in sizes), variant) == "decode"
+    kernel = _kernel(q.device, *(int(n) for n in sizes), variant)
+    return None if kernel == "hopper" else kernel
 
 
 @torch.compiler.assume_constant_result

@@ -764,12 +764,18 @@ std::tuple<at::Tensor, at::Tensor> attention_paged_cpu(const at::Tensor& q, cons
                                                        const at::Tensor& v_cache, const at::Tensor& kv_lens,
                                                        const at::Tensor& block_table, double scale, double softcap,
                                                        bool causal, int64_t window_left, int64_t window_right,
-                                                       int64_t prefix_len) {
-  TORCH_CHECK_VALUE(q.defined() && q.dim() == 4, "opforge.attention: q must be a 4-D tensor (batch, heads, sequence, head_dim)");
+                                                       int64_t prefix_len, c10::string_view variant) {
+  constexpr const char* op = "opforge.attention";
+  TORCH_CHECK_VALUE(q.defined() && q.dim() == 4, op, ": q must be a 4-D tensor (batch, heads, sequence, head_dim)");
   at::Tensor out = empty_attention_like(q);
   at::Tensor lse = at::empty({q.size(0), q.size(1), q.size(2)}, q.options().dtype(attention_lse_dtype(q)));
   const AttentionPlan plan = plan_paged_attention(q, k_cache, v_cache, kv_lens, block_table, out, lse, scale, softcap,
                                                   causal, window_left, window_right, prefix_len);
+  const AttentionKernel kernel = choose_attention_kernel(
+      op, attention_call(q, paged_view(k_cache, q.size(0), plan.params.pattern.sk), true, false, false), variant);
+  TORCH_CHECK_VALUE(kernel == AttentionKernel::kDecode, op,
+                    ": on the CPU paged caches are read in place by the decode kernel only (opforge.attention gathers "
+                    "the pages for the other kernels), got variant '", variant, "' and ", q.size(2), " queries");
   if (out.numel() == 0) return {out, lse.fill_(-std::numeric_limits<double>::infinity())};
   RECORD_FUNCTION("opforge.attention.decode", std::vector<c10::IValue>());
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, q.scalar_type(), "opforge.attention", [&] {

@@ -338,14 +338,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_cuda(
 
 }  // namespace
 
-// Paged caches: the decode kernels with their rows addressed through the page table. The caller
-// (opforge.attention) sends calls the decode kernel takes, with head dims 64 / 128 / 256 and caches
-// whose rows start at 16-byte boundaries; others are refused here.
+// Paged caches: the decode kernels, or the mma.sync forward for more query rows (chunked prefill),
+// with their K / V rows addressed through the page table. The caller (opforge.attention) sends calls
+// with head dims 64 / 128 / 256 and caches whose rows start at 16-byte boundaries; others are
+// refused here.
 std::tuple<at::Tensor, at::Tensor> attention_paged_cuda(const at::Tensor& q, const at::Tensor& k_cache,
                                                         const at::Tensor& v_cache, const at::Tensor& kv_lens,
                                                         const at::Tensor& block_table, double scale, double softcap,
                                                         bool causal, int64_t window_left, int64_t window_right,
-                                                        int64_t prefix_len) {
+                                                        int64_t prefix_len, c10::string_view variant) {
   constexpr const char* op = "opforge.attention";
   TORCH_CHECK_VALUE(q.defined() && q.dim() == 4, op, ": q must be a 4-D tensor (batch, heads, sequence, head_dim)");
   check_cuda_call(op, q, k_cache);
@@ -357,9 +358,8 @@ std::tuple<at::Tensor, at::Tensor> attention_paged_cuda(const at::Tensor& q, con
   if (out.numel() == 0) return {out, lse.fill_(-std::numeric_limits<double>::infinity())};
   const int64_t d = q.size(3);
   const AttentionKernel kernel =
-      cuda_kernel(op, q, paged_view(k_cache, q.size(0), plan.params.pattern.sk), true, false, false, "decode");
-  TORCH_CHECK_VALUE(kernel == AttentionKernel::kDecode && kernel_head_dim(d) == d, op,
-                    ": paged caches take the decode kernel, at head dims 64, 128 and 256 here; got head dim ", d);
+      cuda_kernel(op, q, paged_view(k_cache, q.size(0), plan.params.pattern.sk), true, false, false, variant);
+  TORCH_CHECK_VALUE(kernel_head_dim(d) == d, op, ": paged caches take head dims 64, 128 and 256 here; got ", d);
   for (const at::Tensor* t : {&k_cache, &v_cache}) {
     bool aligned = t->stride(3) == 1 && reinterpret_cast<uintptr_t>(t->const_data_ptr()) % 16 == 0;
     for (int dim = 0; dim < 3; ++dim) aligned = aligned && t->stride(dim) % 8 == 0;
@@ -368,7 +368,13 @@ std::tuple<at::Tensor, at::Tensor> attention_paged_cuda(const at::Tensor& q, con
   const at::Tensor qk = kernel_operand(q, d, kernel);
   plan.params.q = qk.const_data_ptr();
   plan.params.q_bs = qk.stride(0), plan.params.q_hs = qk.stride(1), plan.params.q_ss = qk.stride(2);
-  run_decode_plan(op, plan, d, q.options(), at::cuda::getCurrentCUDAStream().stream());
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream().stream();
+  if (kernel == AttentionKernel::kDecode) {
+    run_decode_plan(op, plan, d, q.options(), stream);
+  } else {
+    TORCH_CHECK(kernel == AttentionKernel::kMmaSync, op, ": no paged kernel for this call");
+    check_launch(op, run_attention_fwd_cuda(cuda_args(plan.params), static_cast<int>(d), kernel, stream));
+  }
   return {out, lse};
 }
 

@@ -43,10 +43,13 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) attention_fwd_kernel(const At
   load_rows<kBM, kD, kThreads>(sQ, qg, p.q_ss, i0, pat.sq, tid);
   cuda::cp_async_commit();
   KeyWalk<kBN, kD, kThreads, T> walk(p, pat, b, h, i0, i1);
-  TileClass tc;
+  TileClass tc, tn_class;
   int tile = walk.next(walk.begin, tc, lane);
-  if (tile < walk.end) walk.load(sKV, tile, tid);
+  if (tile < walk.end) walk.load(sKV, tile, tid, walk.rows_of(tile, tid));
   else cuda::cp_async_commit();  // (an empty group: the wait below counts two)
+  // The next visible tile, and (a paged cache) its rows' pages, found one tile ahead.
+  int tn = walk.next(tile + 1, tn_class, lane);
+  auto tn_rows = walk.rows_of(tn, tid);
 
   float o[kDT][4];
 #pragma unroll
@@ -62,11 +65,12 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) attention_fwd_kernel(const At
 
   int stage = 0;
   while (tile < walk.end) {
-    TileClass tn_class;
-    const int tn = walk.next(tile + 1, tn_class, lane);
     cuda::cp_async_wait<0>();
     __syncthreads();  // this stage landed; every warp is done with the other one
-    if (tn < walk.end) walk.load(sKV + (stage ^ 1) * 2 * Tr::kKVBytes, tn, tid);
+    if (tn < walk.end) walk.load(sKV + (stage ^ 1) * 2 * Tr::kKVBytes, tn, tid, tn_rows);
+    TileClass tnn_class;
+    const int tnn = walk.next(tn + 1, tnn_class, lane);
+    tn_rows = walk.rows_of(tnn, tid);
     const uint32_t sK = sKV + stage * 2 * Tr::kKVBytes, sV = sK + Tr::kKVBytes;
 
     float s[kNT][4];
@@ -106,8 +110,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) attention_fwd_kernel(const At
         mma_m16n8k16<T>(o[2 * dp + 1], af, bf + 2);
       }
     }
-    tile = tn;
-    tc = tn_class;
+    tile = tn, tn = tnn;
+    tc = tn_class, tn_class = tnn_class;
     stage ^= 1;
   }
 

@@ -238,12 +238,15 @@ struct KeyWalk {
   TileChunk chunk;
   const uint8_t* mask_row = nullptr;  // (kSkipMask) the kinds of the block's row of mask blocks
 
+  const AttentionParams& prm;
+
   __device__ KeyWalk(const AttentionParams& p, const AttentionPattern& pat_, int64_t b_, int64_t h_, int64_t i0_,
                      int64_t i1_)
-      : pat(pat_), b(b_), h(h_), i0(i0_), i1(i1_), k_ss(p.k_ss), v_ss(p.v_ss) {
+      : pat(pat_), b(b_), h(h_), i0(i0_), i1(i1_), k_ss(p.k_ss), v_ss(p.v_ss), prm(p) {
     const int64_t hk = h / (p.heads / p.kv_heads);
-    k = static_cast<const T*>(p.k) + p.k_at(b, hk);
-    v = static_cast<const T*>(p.v) + p.v_at(b, hk);
+    // (a paged cache: the kv head's column; each row's page comes from the table, rows_of)
+    k = static_cast<const T*>(p.k) + (p.block_table ? hk * p.k_hs : p.k_at(b, hk));
+    v = static_cast<const T*>(p.v) + (p.block_table ? hk * p.v_hs : p.v_at(b, hk));
     if (pat.q_segments) q_range = block_segment_range(pat.q_seg_blocks, pat.q_seg_nblocks, b, i0, i1);
     key_tiles<kBlockN>(pat, i0, i1, begin, end);
     if (kSkipMask && pat.mask_kinds && i0 < i1 && i0 / pat.block_q == (i1 - 1) / pat.block_q) {
@@ -281,6 +284,45 @@ struct KeyWalk {
   __device__ void load(uint32_t stage, int tile, int tid) const {
     load_rows<kBlockN, kD, kThreads>(stage, k, k_ss, int64_t{tile} * kBlockN, pat.sk, tid);
     load_rows<kBlockN, kD, kThreads>(stage + kBlockN * kD * 2, v, v_ss, int64_t{tile} * kBlockN, pat.sk, tid);
+    cuda::cp_async_commit();
+  }
+
+  // A paged cache's rows of tile `tile` that thread tid copies (rows tid / C + n kThreads / C of the
+  // tile, C = kD / 8 chunks a row): their pages and slots, looked up ahead of load() so that the
+  // table reads are off the copy path. Unpaged caches (or no such tile): nothing is read.
+  struct PageRows {
+    static constexpr int kChunks = kD / 8, kPer = kBlockN * kChunks / kThreads;
+    static_assert(kThreads % kChunks == 0, "a thread's chunks are one column of rows");
+    int32_t page[kPer], slot[kPer];
+  };
+  __device__ PageRows rows_of(int tile, int tid) const {
+    PageRows r;
+    if (!prm.block_table || tile >= end) return r;
+    const int64_t j0 = int64_t{tile} * kBlockN;  // (< pat.sk: the walk's tiles hold keys)
+#pragma unroll
+    for (int n = 0; n < PageRows::kPer; ++n) {
+      const int64_t j = j0 + tid / PageRows::kChunks + n * (kThreads / PageRows::kChunks);
+      int64_t slot;
+      r.page[n] = static_cast<int32_t>(prm.kv_page(b, j < pat.sk ? j : j0, slot));
+      r.slot[n] = static_cast<int32_t>(slot);
+    }
+    return r;
+  }
+  // load(), for either cache: a paged one's rows at the pages rows_of(tile) found.
+  __device__ void load(uint32_t stage, int tile, int tid, const PageRows& rows) const {
+    if (!prm.block_table) return load(stage, tile, tid);
+    constexpr int kChunks = PageRows::kChunks;
+    const int c = tid % kChunks;
+    const int64_t j0 = int64_t{tile} * kBlockN;
+#pragma unroll
+    for (int n = 0; n < PageRows::kPer; ++n) {
+      const int r = tid / kChunks + n * (kThreads / kChunks);
+      const int bytes = j0 + r < pat.sk ? 16 : 0;
+      const int64_t page = rows.page[n], slot = rows.slot[n];
+      cuda::cp_async16(stage + tile_offset<kD>(r, c), k + page * prm.k_bs + slot * k_ss + c * 8, bytes);
+      cuda::cp_async16(stage + kBlockN * kD * 2 + tile_offset<kD>(r, c), v + page * prm.v_bs + slot * v_ss + c * 8,
+                       bytes);
+    }
     cuda::cp_async_commit();
   }
 };
