@@ -744,7 +744,7 @@ def test_paged_decode_reads_the_pages_in_place():
         vc,
         kv_lens=lens,
         block_table=table,
-        mask=opforge.block_mask(lambda b, h, i, j: j % 3 != 0, 2, None, 40, 4000, device=DEV),
+        mask=opforge.block_mask(lambda b, h, i, j: j % 3 != 0, 2, None, 40, table.shape[1] * 16, device=DEV),
         **kw,
     )
     assert copies(masked) != []
