@@ -13,10 +13,10 @@ import argparse
 import random
 
 import torch
+from serving_row import model_of
 from transformers import GenerationConfig
 
 import opforge.integrations.transformers as otf
-from serving_row import model_of
 
 
 def prefix(a, b) -> int:
