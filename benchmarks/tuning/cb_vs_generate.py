@@ -46,7 +46,10 @@ def main() -> None:
     for impl in ("paged|sdpa", "paged|opforge"):
         model.set_attn_implementation(impl)
         out = model.generate_batch(prompts, generation_config=gen)
-        toks = [out[k].generated_tokens for k in sorted(out)]
+        toks = [
+            r.generated_tokens
+            for r in sorted(out.values(), key=lambda r: int(r.request_id.rsplit("_", 1)[1]))
+        ]
         print(
             f"{impl:14s} vs generate (sdpa): common prefix per request {[prefix(a, b) for a, b in zip(plain, toks, strict=True)]}"
         )

@@ -130,7 +130,9 @@ def main() -> None:
         except Exception as e:  # (a peer that cannot run the row: paged|eager's dense mask at 100k keys)
             print(f"  {impl:16s} failed: {type(e).__name__}: {str(e)[:160]}")
             continue
-        results = [out[k] for k in sorted(out)]
+        # (request ids count up across calls: "req_10" sorts before "req_2"; the numbers give the prompts' order)
+        results = sorted(out.values(), key=lambda r: int(r.request_id.rsplit("_", 1)[1]))
+        assert [r.prompt_ids for r in results] == prompts
         tokens = [r.generated_tokens for r in results]
         if sum(map(len, tokens)) < n_req * new:  # (transformers logs a failed batch and returns what it has)
             print(f"  {impl:16s} failed: {sum(len(t) < new for t in tokens)} of {n_req} requests incomplete")
