@@ -610,9 +610,8 @@ def check_kv_lens(q, k, v, lens, kw, tol):
     return out
 
 
-# (B, Hq, Hkv, Sq, Sk, D): decode-kernel calls (rows <= 32, short caches too) and one of 64 rows
-# (the block-mask path)
-# (the last: a chunk of new queries, more rows than the decode kernel takes: the tiled kernel)
+# (B, Hq, Hkv, Sq, Sk, D): decode-kernel calls (rows <= 32, short caches too), and chunks of new
+# queries with more rows than the decode kernel takes (64 and 80: the tiled kernel takes the counts)
 KV_LENS_SHAPES = [
     (3, 4, 1, 1, 700, 64),
     (2, 8, 2, 4, 300, 40),

@@ -15,6 +15,7 @@ import torch
 from conftest import poison_cuda_allocator
 from test_attention import (
     KV_LENS_PATTERNS,
+    NO_PATTERN,
     PATTERNS,
     kv_lens_case,
     opcheck_patterns,
@@ -755,26 +756,7 @@ def test_paged_decode_reads_the_pages_in_place():
         ValueError, match=r"kv_lens \(per-sequence key counts\) runs on the decode and mma_sync kernels"
     ):
         raw = torch.ops.opforge.attention.default
-        raw(
-            q_long,
-            k,
-            v,
-            128**-0.5,
-            0.0,
-            True,
-            -1,
-            -1,
-            0,
-            None,
-            None,
-            None,
-            None,
-            None,
-            128,
-            128,
-            lens,
-            variant="hopper",
-        )
+        raw(q_long, k, v, 128**-0.5, 0.0, True, *NO_PATTERN[1:], lens, variant="hopper")
 
 
 def test_paged_decode_cuda_graph():
