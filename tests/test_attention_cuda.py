@@ -15,7 +15,6 @@ import torch
 from conftest import poison_cuda_allocator
 from test_attention import (
     KV_LENS_PATTERNS,
-    NO_PATTERN,
     PATTERNS,
     kv_lens_case,
     opcheck_patterns,
@@ -650,6 +649,17 @@ def test_kv_lens_matches_reference(name, shape):
     check_kv_lens(*kv_lens_case(shape, name, device=DEV, dtype=torch.bfloat16))
 
 
+@pytest.mark.parametrize("variant", ["hopper", "mma_sync"])
+@pytest.mark.parametrize("shape", [s for s in KV_LENS_SHAPES if s[3] * s[1] // s[2] > 64], ids=str)
+@pytest.mark.parametrize("name", ["causal", "sliding", "softcap", "documents", "block mask"])
+def test_kv_lens_chunks_on_each_forward(name, shape, variant):
+    """A chunk of new queries against per-sequence key counts (NaN past each count) on either tiled
+    forward by name: the Hopper forward's KV-cache forms (the ragged last V tile's rows past the count
+    zeroed before P V) and the mma.sync forward."""
+    q, k, v, lens, kw = kv_lens_case(shape, name, device=DEV, dtype=torch.bfloat16)
+    check_forward(q, k, v, {**kw, "kv_lens": lens}, variant=variant)
+
+
 def test_decode_layouts():
     """transformers' (B, S, H, D) views decode as contiguous tensors do."""
     B, H, Hkv, S, D = 2, 16, 4, 3000, 128
@@ -730,15 +740,21 @@ def test_paged_decode_reads_the_pages_in_place():
     kd, vd = k.double().nan_to_num(0.0), v.double().nan_to_num(0.0)
     assert max_err(call(), reference.attention(q.double(), kd, vd, kv_lens=lens, **kw)) < 2e-2
     q_long = torch.randn(2, 32, 40, 128, dtype=torch.float16, device=DEV)
-    long_call = lambda: opforge.attention(q_long, kc, vc, kv_lens=lens, block_table=table, **kw)  # noqa: E731
-    assert kernels_run(long_call) == {"attention_fwd_kernel"}
-    assert copies(long_call) == []
     want = reference.attention(q_long.double(), kd, vd, kv_lens=lens, **kw)
-    assert max_err(long_call(), want) < 2e-2
-    # the same chunk on the contiguous cache: the same kernel, no block mask built
-    assert kernels_run(lambda: opforge.attention(q_long, k, v, kv_lens=lens, **kw)) == {
-        "attention_fwd_kernel"
-    }
+    for variant, kernel in (("auto", "attention_fwd_hopper_kernel"), ("mma_sync", "attention_fwd_kernel")):
+        long_call = lambda variant=variant: opforge.attention(  # noqa: E731
+            q_long, kc, vc, kv_lens=lens, block_table=table, variant=variant, **kw
+        )
+        assert kernels_run(long_call) == {kernel}
+        assert copies(long_call) == []
+        assert max_err(long_call(), want) < 2e-2
+
+        # the same chunk on the contiguous cache: the same kernel, no block mask built
+        def contiguous(variant=variant):
+            return opforge.attention(q_long, k, v, kv_lens=lens, variant=variant, **kw)
+
+        assert kernels_run(contiguous) == {kernel}
+        assert max_err(contiguous(), want) < 2e-2
     masked = lambda: opforge.attention(  # noqa: E731
         q_long,
         kc,
@@ -752,11 +768,14 @@ def test_paged_decode_reads_the_pages_in_place():
     q_grad = q_long.clone().requires_grad_()
     got = opforge.attention(q_grad, kc, vc, kv_lens=lens, block_table=table, **kw)
     assert max_err(got.detach(), want) < 2e-2
+    # the Hopper forward's boxes tile page sizes that divide its key tile or are multiples of it
+    kc24, vc24, table24 = to_pages(k, v, lens.cpu(), 24)
     with pytest.raises(
-        ValueError, match=r"kv_lens \(per-sequence key counts\) runs on the decode and mma_sync kernels"
+        ValueError, match=r"variant 'hopper' reads paged caches whose page size .* got page size 24"
     ):
-        raw = torch.ops.opforge.attention.default
-        raw(q_long, k, v, 128**-0.5, 0.0, True, *NO_PATTERN[1:], lens, variant="hopper")
+        opforge.attention(q_long, kc24, vc24, kv_lens=lens, block_table=table24, variant="hopper", **kw)
+    got = opforge.attention(q_long, kc24, vc24, kv_lens=lens, block_table=table24, **kw)
+    assert max_err(got, want) < 2e-2
 
 
 def test_paged_decode_cuda_graph():

@@ -245,12 +245,13 @@ AttentionKernel choose_attention_kernel(const char* op, const AttentionCall& cal
   const int64_t rows = call.rows(), max_rows = call.decode_max_rows();
   AttentionKernel kernel;
   if (variant == "auto") {
-    // (per-sequence key counts past the decode kernel's rows: the mma.sync forward, whose tile walk
-    // bounds each sequence's keys; the Hopper kernels' TMA boxes do not)
+    // (a paged cache the Hopper forward's boxes cannot tile: the mma.sync forward, which addresses
+    // each row)
+    const bool pages_ok = call.page_size == 0 || attention_hopper_fwd_pages(call.page_size, attention_cuda_head_dim(call.head_dim));
     kernel = call.decodes()                      ? AttentionKernel::kDecode
              : !call.cuda                        ? AttentionKernel::kTiled
-             : call.hopper_missing || call.kv_lens ? AttentionKernel::kMmaSync
-                                                   : AttentionKernel::kHopper;
+             : call.hopper_missing || !pages_ok  ? AttentionKernel::kMmaSync
+                                                 : AttentionKernel::kHopper;
   } else if (variant == "decode" && !call.backward) {
     TORCH_CHECK_VALUE(!call.varlen, op, ": variant 'decode' does not take packed sequences (cu_seqlens); on ", device,
                       " they run on: ", call.cuda ? "auto, hopper, mma_sync" : "auto, tiled");
@@ -262,6 +263,11 @@ AttentionKernel choose_attention_kernel(const char* op, const AttentionCall& cal
     kernel = AttentionKernel::kTiled;
   } else if (variant == "hopper" && call.cuda) {
     TORCH_CHECK_VALUE(!call.hopper_missing, op, ": variant 'hopper' cannot run here: ", call.hopper_missing);
+    TORCH_CHECK_VALUE(call.page_size == 0 || attention_hopper_fwd_pages(call.page_size, attention_cuda_head_dim(call.head_dim)),
+                      op, ": variant 'hopper' reads paged caches whose page size is a multiple of its key tile (",
+                      attention_hopper_fwd_block_n(attention_cuda_head_dim(call.head_dim)),
+                      " rows at this head dim) or divides it (at least 8 rows), got page size ", call.page_size,
+                      " (variant 'mma_sync' takes any)");
     kernel = AttentionKernel::kHopper;
   } else if (variant == "mma_sync" && call.cuda) {
     kernel = AttentionKernel::kMmaSync;
@@ -271,13 +277,6 @@ AttentionKernel choose_attention_kernel(const char* op, const AttentionCall& cal
                       device, " the ", call.backward ? "backward's " : "", "variants are: ", variants);
   }
   return kernel;
-}
-
-void check_kv_lens_kernel(const char* op, const AttentionCall& call, AttentionKernel kernel,
-                          c10::string_view variant) {
-  if (!call.kv_lens || kernel != AttentionKernel::kHopper) return;
-  TORCH_CHECK_VALUE(false, op, ": kv_lens (per-sequence key counts) runs on the decode and mma_sync kernels, not "
-                    "variant '", variant, "'");
 }
 
 #if !OPFORGE_WITH_CUDA

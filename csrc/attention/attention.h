@@ -56,9 +56,6 @@ void check_varlen_offsets(const char* op, const AttentionPatternArgs& pattern, i
 // The kernel that serves `call` under `variant` ("auto": the rule of attention_heuristics.h; a named
 // kernel that cannot serve the call raises a ValueError naming `op` and saying why).
 AttentionKernel choose_attention_kernel(const char* op, const AttentionCall& call, c10::string_view variant);
-// Per-sequence key counts reach the decode kernels only: a ValueError when `kernel` is another.
-void check_kv_lens_kernel(const char* op, const AttentionCall& call, AttentionKernel kernel,
-                          c10::string_view variant);
 // The call as the rule sees it (hopper_missing left for the CUDA launcher to fill in).
 AttentionCall attention_call(const at::Tensor& q, const at::Tensor& k, bool kv_lens, bool backward,
                              bool varlen = false);

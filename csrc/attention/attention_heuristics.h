@@ -37,11 +37,22 @@ constexpr int64_t kAttentionCpuDecodeMaxRows = 32;
 // gains nothing from the split and its merge): CUDA 512, CPU 257 (more than two 128-key blocks).
 constexpr int64_t kAttentionCudaDecodeMinKeys = 512, kAttentionCpuDecodeMinKeys = 257;
 
+// The Hopper forward's key tile at a kernel head dim (HopperFwdTraits: 64 rows at 256, else 128),
+// and whether it reads a paged cache of this page size in place: a tile's rows in whole pages or a
+// page's rows in whole tiles (its TMA boxes never cross a page), boxes of at least 8 rows (the 128-byte
+// swizzle's 1024-byte pattern).
+constexpr int64_t attention_hopper_fwd_block_n(int64_t kernel_head_dim) { return kernel_head_dim == 256 ? 64 : 128; }
+constexpr bool attention_hopper_fwd_pages(int64_t page_size, int64_t kernel_head_dim) {
+  const int64_t bn = attention_hopper_fwd_block_n(kernel_head_dim);
+  return page_size > 0 && (page_size % bn == 0 || (bn % page_size == 0 && page_size % 8 == 0));
+}
+
 // A call as the rule sees it.
 struct AttentionCall {
   bool cuda = false;
   int64_t heads = 1, kv_heads = 1, sq = 0, sk = 0, head_dim = 0;
-  bool kv_lens = false;   // per-sequence key counts: the decode, mma.sync and CPU tiled kernels take them
+  bool kv_lens = false;   // per-sequence key counts (every forward kernel takes them)
+  int64_t page_size = 0;  // a paged cache's (0: not paged)
   bool backward = false;  // the backward's kernels (no decode kernel there)
   bool varlen = false;    // packed variable-length sequences: the tiled, Hopper and mma.sync kernels
   // CUDA: why the Hopper kernels cannot serve this call (no sm_90a code for this GPU in the build,

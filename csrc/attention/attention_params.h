@@ -248,7 +248,8 @@ struct AttentionParams {
   // kv head's offset not included: paged or not (no varlen).
   OPFORGE_HD int64_t kv_row(int64_t b, int64_t j, int64_t bs, int64_t ss) const {
     int64_t slot;
-    return kv_page(b, j, slot) * bs + slot * ss;
+    const int64_t page = kv_page(b, j, slot);  // (sets slot first: the operands of + are unsequenced)
+    return page * bs + slot * ss;
   }
   // Key j's (batch row or page, row in it): (b, j) unpaged. (32-bit arithmetic: keys < 2^31.)
   OPFORGE_HD int64_t kv_page(int64_t b, int64_t j, int64_t& slot) const {

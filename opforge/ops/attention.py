@@ -84,9 +84,9 @@ def attention(
             device only (clamped to [0, Sk]), so a CUDA graph replays the call after the counts are
             updated in place. Without gradients the kernels take the counts themselves: decoding
             calls (Sq x the GQA group <= 32; 64 at CUDA head dims 65-128) the decode kernel, more
-            query rows (a chunk of new tokens: chunked prefill) the mma.sync forward on CUDA and the
-            tiled kernel on the CPU. With gradients (or variant="hopper") the exact block mask is
-            built first, which reads the counts on the host. segment_ids must then be a pair.
+            query rows (a chunk of new tokens: chunked prefill) the Hopper (or mma.sync) forward on
+            CUDA and the tiled kernel on the CPU. With gradients the exact block mask is built
+            first, which reads the counts on the host. segment_ids must then be a pair.
         block_table: (B, max_pages) int32 / int64 on q's device, with kv_lens: k and v are then paged
             caches (num_pages, page_size, Hkv, D) (FlashAttention's ``flash_attn_with_kvcache`` and
             vLLM's layout; `paged_kv_append` writes new tokens into them) and sequence b's key j is
@@ -96,9 +96,11 @@ def attention(
             (where checking would synchronise), and under torch.compile on either device, it is
             clamped into range. Calls without segment_ids, a mask or gradients read the pages in
             place: on the CPU decoding calls (the decode kernel's), on CUDA decoding calls and
-            chunks of new queries (the mma.sync forward) with head dims 64 / 128 / 256 and cache
-            rows at 16-byte boundaries. Others gather the pages they address into one (B, Hkv,
-            max_pages x page_size, D) copy first (one more read and write of them).
+            chunks of new queries (the Hopper forward where the page size divides its key tile of
+            128 rows (64 at head dim 256) or is a multiple of it, at least 8; else the mma.sync
+            forward) with head dims 64 / 128 / 256 and cache rows at 16-byte boundaries. Others
+            gather the pages they address into one (B, Hkv, max_pages x page_size, D) copy first
+            (one more read and write of them).
         return_lse: also return the log-sum-exp of each query's scores, (B, Hq, Sq) float32
             (float64 for float64 inputs).
         variant: the kernel. ``"auto"`` (default) follows the rule of docs/attention.md: the decode
@@ -418,10 +420,11 @@ def _check_paged(q, k_cache, v_cache, block_table, kv_lens) -> None:
 
 def _paged_in_place(q, k_cache, v_cache, block_table, segment_ids, mask, variant: str) -> bool:
     """Whether a kernel reads this paged call's pages in place (opforge::attention_paged): the decode
-    kernel (and on CUDA the mma.sync forward) when it takes the call with its key counts (no
-    gradient; _kv_lens_kernel), with no segment ids or block mask (their tensors are per logical
+    kernel (and on CUDA the Hopper and mma.sync forwards) when it takes the call with its key counts
+    (no gradient; _kv_lens_kernel), with no segment ids or block mask (their tensors are per logical
     key) and no torch.func transform; on CUDA with a head dim of 64, 128 or 256 and cache rows at
-    16-byte boundaries. Else the pages are gathered first (_paged_kv)."""
+    16-byte boundaries (opforge::attention_paged then picks the Hopper forward where its boxes tile
+    the page size, else mma.sync). Else the pages are gathered first (_paged_kv)."""
     if segment_ids is not None or mask is not None or transforms_active():
         return False
     if q.dim() != 4 or q.shape[3] != k_cache.shape[3] or q.shape[1] % max(k_cache.shape[2], 1):
@@ -442,7 +445,7 @@ def _paged_in_place(q, k_cache, v_cache, block_table, segment_ids, mask, variant
     elif q.device.type != "cpu":
         return False
     kernel = _kv_lens_kernel(q, k_cache, v_cache, variant, keys=block_table.shape[1] * k_cache.shape[1])
-    return kernel == "decode" or (kernel == "mma_sync" and q.device.type == "cuda")
+    return kernel == "decode" or (kernel in ("hopper", "mma_sync") and q.device.type == "cuda")
 
 
 def _paged_kv(k_cache, v_cache, block_table) -> tuple[torch.Tensor, torch.Tensor]:
@@ -461,18 +464,19 @@ def _paged_kv(k_cache, v_cache, block_table) -> tuple[torch.Tensor, torch.Tensor
 def _kv_lens_kernel(q, k, v, variant: str, keys: int | None = None) -> str | None:
     """The kernel that takes this call's per-sequence key counts itself, or None where the counts
     become a block mask (_kv_lens_as_mask): a gradient to record (no kernel here has a kv_lens
-    backward), or variant="hopper" (its TMA boxes do not bound a sequence's keys). Otherwise the
-    kernel rule's answer (csrc/attention/attention_heuristics.h, asked through
-    torch.ops.opforge._attention_kernel): decode, mma_sync (CUDA) or tiled (CPU). keys: the call's
-    key count where k is not (B, Hkv, Sk, D) (paged caches: max_pages x page_size; k's dim 2 is Hkv)."""
+    backward) or a variant this device has not. Otherwise the kernel rule's answer
+    (csrc/attention/attention_heuristics.h, asked through torch.ops.opforge._attention_kernel):
+    decode, hopper or mma_sync (CUDA), tiled (CPU). keys: the call's key count where k is not
+    (B, Hkv, Sk, D) (paged caches: max_pages x page_size; k's dim 2 is Hkv)."""
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
         return None
-    if variant not in ("auto", "decode", "mma_sync" if q.device.type == "cuda" else "tiled"):
+    if variant not in (
+        ("auto", "decode", "hopper", "mma_sync") if q.device.type == "cuda" else ("auto", "decode", "tiled")
+    ):
         return None
     kv_heads, sk = (k.shape[1], k.shape[2]) if keys is None else (k.shape[2], keys)
     sizes = (q.shape[1], kv_heads, q.shape[2], sk, q.shape[3])
-    kernel = _kernel(q.device, *(int(n) for n in sizes), variant)
-    return None if kernel == "hopper" else kernel
+    return _kernel(q.device, *(int(n) for n in sizes), variant)
 
 
 @torch.compiler.assume_constant_result

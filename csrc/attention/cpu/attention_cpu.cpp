@@ -705,7 +705,6 @@ std::tuple<at::Tensor, at::Tensor> attention_cpu(const at::Tensor& q, const at::
   check_varlen_offsets(op, args, q.size(2), k.size(2));
   const AttentionCall call = attention_call(q, k, kv_lens.has_value(), false, args.varlen());
   const AttentionKernel kernel = choose_attention_kernel(op, call, variant);
-  check_kv_lens_kernel(op, call, kernel, variant);
   at::Tensor out = empty_attention_like(q);
   at::Tensor lse = at::empty({q.size(0), q.size(1), q.size(2)}, q.options().dtype(attention_lse_dtype(q)));
   if (out.numel() == 0) return {out, lse.fill_(-std::numeric_limits<double>::infinity())};

@@ -128,11 +128,11 @@ void check_varlen_offsets_unless_capturing(const char* op, const AttentionPatter
 
 // The call as the rule sees it on q's device, and the kernel it gets.
 AttentionKernel cuda_kernel(const char* op, const at::Tensor& q, const at::Tensor& k, bool kv_lens, bool backward,
-                            bool varlen, c10::string_view variant) {
+                            bool varlen, c10::string_view variant, int64_t page_size = 0) {
   AttentionCall call = attention_call(q, k, kv_lens, backward, varlen);
   call.hopper_missing = attention_hopper_missing(q.device());
+  call.page_size = page_size;
   const AttentionKernel kernel = choose_attention_kernel(op, call, variant);
-  check_kv_lens_kernel(op, call, kernel, variant);
   return kernel;
 }
 
@@ -218,6 +218,26 @@ void run_decode_plan(const char* op, AttentionPlan& plan, int64_t kd, const at::
   check_launch(op, err);
 }
 
+// The tiled forwards (kHopper, kMmaSync): the persistent Hopper form's work counter and segment
+// runs where it takes them.
+void run_forward_plan(const char* op, AttentionPlan& plan, int64_t kd, AttentionKernel kernel,
+                      const at::TensorOptions& options, cudaStream_t stream) {
+  add_segment_blocks(plan);
+  AttentionCudaArgs a = cuda_args(plan.params);
+  at::Tensor counter;  // (the persistent Hopper forward's work counter)
+  if (kernel == AttentionKernel::kHopper && hopper_fwd_persistent(plan.params, static_cast<int>(kd))) {
+    counter = at::zeros({1}, options.dtype(at::kInt));
+    a.fwd_counter = counter.data_ptr<int>();
+  }
+  at::Tensor runs;  // (segment ids as documents: their runs, found on the device)
+  if (kernel == AttentionKernel::kHopper && hopper_fwd_runs(plan.params, static_cast<int>(kd))) {
+    runs = at::empty({plan.params.batch * plan.params.pattern.sq + 3}, options.dtype(at::kInt));
+    check_launch(op, run_attention_segment_runs(plan.params, runs.data_ptr<int32_t>(), stream));
+    a.seg_runs = runs.data_ptr<int32_t>();
+  }
+  check_launch(op, run_attention_fwd_cuda(a, static_cast<int>(kd), kernel, stream));
+}
+
 std::tuple<at::Tensor, at::Tensor> attention_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                                   double scale, double softcap, bool causal, int64_t window_left,
                                                   int64_t window_right, int64_t prefix_len,
@@ -255,20 +275,7 @@ std::tuple<at::Tensor, at::Tensor> attention_cuda(const at::Tensor& q, const at:
   if (kernel == AttentionKernel::kDecode) {
     run_decode_plan(op, plan, kd, q.options(), stream);
   } else {
-    add_segment_blocks(plan);
-    AttentionCudaArgs a = cuda_args(plan.params);
-    at::Tensor counter;  // (the persistent Hopper forward's work counter)
-    if (kernel == AttentionKernel::kHopper && hopper_fwd_persistent(plan.params, static_cast<int>(kd))) {
-      counter = at::zeros({1}, q.options().dtype(at::kInt));
-      a.fwd_counter = counter.data_ptr<int>();
-    }
-    at::Tensor runs;  // (segment ids as documents: their runs, found on the device)
-    if (kernel == AttentionKernel::kHopper && hopper_fwd_runs(plan.params, static_cast<int>(kd))) {
-      runs = at::empty({plan.params.batch * plan.params.pattern.sq + 3}, q.options().dtype(at::kInt));
-      check_launch(op, run_attention_segment_runs(plan.params, runs.data_ptr<int32_t>(), stream));
-      a.seg_runs = runs.data_ptr<int32_t>();
-    }
-    check_launch(op, run_attention_fwd_cuda(a, static_cast<int>(kd), kernel, stream));
+    run_forward_plan(op, plan, kd, kernel, q.options(), stream);
   }
   if (kd != d) out.copy_(out_k.narrow(3, 0, d));
   return {out, lse};
@@ -338,10 +345,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_cuda(
 
 }  // namespace
 
-// Paged caches: the decode kernels, or the mma.sync forward for more query rows (chunked prefill),
-// with their K / V rows addressed through the page table. The caller (opforge.attention) sends calls
-// with head dims 64 / 128 / 256 and caches whose rows start at 16-byte boundaries; others are
-// refused here.
+// Paged caches: the decode kernels, or for more query rows (chunked prefill) the Hopper forward (its
+// TMA boxes a page run at a time, page sizes attention_hopper_fwd_pages takes) or the mma.sync
+// forward, with their K / V rows addressed through the page table. The caller (opforge.attention)
+// sends calls with head dims 64 / 128 / 256 and caches whose rows start at 16-byte boundaries;
+// others are refused here.
 std::tuple<at::Tensor, at::Tensor> attention_paged_cuda(const at::Tensor& q, const at::Tensor& k_cache,
                                                         const at::Tensor& v_cache, const at::Tensor& kv_lens,
                                                         const at::Tensor& block_table, double scale, double softcap,
@@ -358,7 +366,8 @@ std::tuple<at::Tensor, at::Tensor> attention_paged_cuda(const at::Tensor& q, con
   if (out.numel() == 0) return {out, lse.fill_(-std::numeric_limits<double>::infinity())};
   const int64_t d = q.size(3);
   const AttentionKernel kernel =
-      cuda_kernel(op, q, paged_view(k_cache, q.size(0), plan.params.pattern.sk), true, false, false, variant);
+      cuda_kernel(op, q, paged_view(k_cache, q.size(0), plan.params.pattern.sk), true, false, false, variant,
+                  k_cache.size(1));
   TORCH_CHECK_VALUE(kernel_head_dim(d) == d, op, ": paged caches take head dims 64, 128 and 256 here; got ", d);
   for (const at::Tensor* t : {&k_cache, &v_cache}) {
     bool aligned = t->stride(3) == 1 && reinterpret_cast<uintptr_t>(t->const_data_ptr()) % 16 == 0;
@@ -372,8 +381,7 @@ std::tuple<at::Tensor, at::Tensor> attention_paged_cuda(const at::Tensor& q, con
   if (kernel == AttentionKernel::kDecode) {
     run_decode_plan(op, plan, d, q.options(), stream);
   } else {
-    TORCH_CHECK(kernel == AttentionKernel::kMmaSync, op, ": no paged kernel for this call");
-    check_launch(op, run_attention_fwd_cuda(cuda_args(plan.params), static_cast<int>(d), kernel, stream));
+    run_forward_plan(op, plan, d, kernel, q.options(), stream);
   }
   return {out, lse};
 }

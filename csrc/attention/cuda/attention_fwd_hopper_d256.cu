@@ -5,8 +5,14 @@
 namespace opforge {
 
 int run_attention_fwd_hopper_mask_d256(const AttentionCudaArgs& a, void* stream);
+int run_attention_fwd_hopper_cache_d256(const AttentionCudaArgs& a, void* stream);
+int run_attention_fwd_hopper_cache_mask_d256(const AttentionCudaArgs& a, void* stream);
 
 int run_attention_fwd_hopper_d256(const AttentionCudaArgs& a, void* stream) {
+  if (a.g.fwd.pattern.kv_lens != nullptr) {  // (per-sequence key counts, paged caches: the KV-cache form)
+    return a.g.fwd.pattern.mask_kinds != nullptr ? run_attention_fwd_hopper_cache_mask_d256(a, stream)
+                                                 : run_attention_fwd_hopper_cache_d256(a, stream);
+  }
   if (a.g.fwd.pattern.mask_kinds != nullptr) return run_attention_fwd_hopper_mask_d256(a, stream);
   return attention_cuda::run_hopper_fwd<attention_cuda::HopperFwdTraitsD256>(a, stream);
 }

@@ -5,8 +5,14 @@
 namespace opforge {
 
 int run_attention_fwd_hopper_mask_d64(const AttentionCudaArgs& a, void* stream);
+int run_attention_fwd_hopper_cache_d64(const AttentionCudaArgs& a, void* stream);
+int run_attention_fwd_hopper_cache_mask_d64(const AttentionCudaArgs& a, void* stream);
 
 int run_attention_fwd_hopper_d64(const AttentionCudaArgs& a, void* stream) {
+  if (a.g.fwd.pattern.kv_lens != nullptr) {  // (per-sequence key counts, paged caches: the KV-cache form)
+    return a.g.fwd.pattern.mask_kinds != nullptr ? run_attention_fwd_hopper_cache_mask_d64(a, stream)
+                                                 : run_attention_fwd_hopper_cache_d64(a, stream);
+  }
   if (a.g.fwd.pattern.mask_kinds != nullptr) return run_attention_fwd_hopper_mask_d64(a, stream);
   if (hopper_fwd_persistent(a.g.fwd, 64)) return run_attention_fwd_hopper_persistent_d64(a, stream);
   return attention_cuda::run_hopper_fwd<attention_cuda::HopperFwdTraitsD64>(a, stream);

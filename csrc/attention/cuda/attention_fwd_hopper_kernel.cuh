@@ -49,7 +49,7 @@ namespace opforge {
 namespace attention_cuda {
 
 template <int kD_, int kBlockN_, int kStages_, int kConsumers_ = 2, bool kPingPong_ = true, bool kStageMask_ = false,
-          bool kPersistent_ = false>
+          bool kPersistent_ = false, bool kKvCache_ = false>
 struct HopperFwdTraits {
   static constexpr int kD = kD_, kBlockN = kBlockN_, kStages = kStages_, kConsumers = kConsumers_;
   // The consumer warpgroups take turns to issue their products (named barriers of 256 threads: the
@@ -66,6 +66,12 @@ struct HopperFwdTraits {
   // own tile (the Q tile holds the next item's by then). No block mask.
   static constexpr bool kPersistent = kPersistent_;
   static_assert(!(kPersistent && kStageMask), "the persistent form takes no block mask");
+  // The KV-cache form (launched for calls with per-sequence key counts, kv_lens, and paged caches):
+  // K / V tiles through fwd_load_kv_tile (a paged cache's page runs, a box a lane) and
+  // fwd_load_v_tile (a tile past a sequence's count has those rows zeroed before the consumers see
+  // it). One-item kernel only.
+  static constexpr bool kKvCache = kKvCache_;
+  static_assert(!(kPersistent && kKvCache), "the KV-cache form is the one-item kernel's");
   static constexpr int kBlockM = 64 * kConsumers;
   static constexpr int kThreads = 128 * (1 + kConsumers);  // producer warpgroup + consumer warpgroups
   // Registers a thread after setmaxnreg (FA3's split: the launch's 65536 / kThreads, rounded down to
@@ -86,7 +92,7 @@ struct HopperFwdTraits {
   // Q, the stages, their mask bits, the output's staging, a tile's (index, class, staged) per stage,
   // (persistent) the Q tile's item, the barriers (Q full (/ empty); K full / empty; V full / empty).
   static constexpr int kSmemBytes = 1024 /* alignment */ + kQBytes + kStages * (kStageBytes + kMaskWords * 4) +
-                                    kOBytes + kStages * 16 + (1 + 4 * kStages) * 8 + (kPersistent ? 32 + 8 : 0);
+                                    kOBytes + kStages * 16 + (2 + 4 * kStages) * 8 + (kPersistent ? 32 + 8 : 0);
   static_assert(kBlockN <= 256 && kSmemBytes <= 227 * 1024, "TMA box rows / shared memory");
 };
 using HopperFwdTraitsD64 = HopperFwdTraits<64, 128, 2, 2>;  // (three consumers, 192 x 128: 2% faster causal, 11% slower sliding 512)
@@ -98,6 +104,12 @@ using HopperFwdTraitsPersistentD128 = HopperFwdTraits<128, 128, 2, 2, true, fals
 using HopperFwdTraitsMaskD64 = HopperFwdTraits<64, 128, 2, 2, true, true>;
 using HopperFwdTraitsMaskD128 = HopperFwdTraits<128, 128, 2, 2, true, true>;
 using HopperFwdTraitsMaskD256 = HopperFwdTraits<256, 64, 2, 2, false, true>;
+using HopperFwdTraitsCacheD64 = HopperFwdTraits<64, 128, 2, 2, true, false, false, true>;
+using HopperFwdTraitsCacheD128 = HopperFwdTraits<128, 128, 2, 2, true, false, false, true>;
+using HopperFwdTraitsCacheD256 = HopperFwdTraits<256, 64, 2, 2, false, false, false, true>;
+using HopperFwdTraitsCacheMaskD64 = HopperFwdTraits<64, 128, 2, 2, true, true, false, true>;
+using HopperFwdTraitsCacheMaskD128 = HopperFwdTraits<128, 128, 2, 2, true, true, false, true>;
+using HopperFwdTraitsCacheMaskD256 = HopperFwdTraits<256, 64, 2, 2, false, true, false, true>;
 
 // Named barriers (0 is __syncthreads's; 1 + c consumer warpgroup c's epilogue): + c, consumer
 // warpgroup c's turn to issue its products.
@@ -106,7 +118,8 @@ constexpr int kFwdBarTurn = 4;
 // A block's shared memory (Tr::kSmemBytes from a 1024-byte aligned base), in order: the Q tile, the
 // K / V stages, their mask bits (block-mask form), the output's staging (persistent), a stage's tile
 // (index, class bits, staged), the Q tile's item (persistent: batch row, head, query block, live;
-// its first row and rows, a run's), the barriers.
+// its first row and rows, a run's), the barriers (the last: the producer's own, for a V tile it
+// finishes itself: fwd_load_v_tile).
 template <typename Tr>
 struct FwdSmem {
   static constexpr int kBars = Tr::kPersistent ? 2 : 1;  // Q full (and empty)
@@ -119,6 +132,7 @@ struct FwdSmem {
   uint64_t* q_full;
   uint64_t* q_empty;  // (persistent) the consumers' S products of the Q tile's item are done
   cuda::Pipeline<Tr::kStages> pk, pv;
+  uint64_t* v_own;  // the producer's V tile landed (fwd_load_v_tile)
 
   __device__ __forceinline__ explicit FwdSmem(unsigned char* base)
       : q(base),
@@ -130,8 +144,91 @@ struct FwdSmem {
         q_full(reinterpret_cast<uint64_t*>(q_info + (Tr::kPersistent ? 2 : 0))),
         q_empty(Tr::kPersistent ? q_full + 1 : nullptr),
         pk{q_full + kBars, q_full + kBars + Tr::kStages},
-        pv{q_full + kBars + 2 * Tr::kStages, q_full + kBars + 3 * Tr::kStages} {}
+        pv{q_full + kBars + 2 * Tr::kStages, q_full + kBars + 3 * Tr::kStages},
+        v_own(q_full + kBars + 4 * Tr::kStages) {}
 };
+
+// Per-sequence key counts (kv_lens) and paged caches in the producer. A K or V tile of kBlockN rows
+// from the key tile `tile` of batch row b into dst (kPanels boxes of 64 columns) through map,
+// completing on the mbarrier at bar (which expects the tile's bytes): one box a panel (lane 0), or
+// for a paged cache (map: (D, page_size, Hkv, num_pages), boxes of min(page_size, kBlockN) rows) a
+// box a page run, lane r issuing run r (the page from the table; runs past the table's entries,
+// rows past the sequence's keys, read page 0). The paged page size divides kBlockN or is a
+// multiple of it (hopper_fwd_pages), so a box never crosses a page.
+template <typename Tr>
+__device__ __forceinline__ void fwd_load_kv_tile(const CUtensorMap* map, unsigned char* dst, const AttentionParams& p,
+                                                 int64_t b, int tile, int row0, int hk, int tb, uint32_t bar,
+                                                 int lane) {
+  constexpr int kBN = Tr::kBlockN;
+  if (!p.block_table) {
+    if (lane == 0) {
+#pragma unroll
+      for (int pn = 0; pn < Tr::kPanels; ++pn) {
+        cuda::tma_load_4d(cuda::smem_addr(dst + pn * Tr::kKVPanelBytes), map, pn * 64, row0 + tile * kBN, hk, tb, bar);
+      }
+    }
+    return;
+  }
+  const int ps = static_cast<int>(p.page_size), box = ps < kBN ? ps : kBN;
+  if (lane < kBN / box) {
+    const int64_t j = int64_t{tile} * kBN + lane * box, lp = j / ps;
+    int page = 0, slot = 0;
+    if (lp < p.table_bs) {
+      const int64_t e = p.block_table[b * p.table_bs + lp];
+      page = static_cast<int>(e < 0 ? 0 : e >= p.num_pages ? p.num_pages - 1 : e);
+      slot = static_cast<int>(j - lp * ps);
+    }
+#pragma unroll
+    for (int pn = 0; pn < Tr::kPanels; ++pn) {
+      cuda::tma_load_4d(cuda::smem_addr(dst + pn * Tr::kKVPanelBytes + lane * box * 128), map, pn * 64, slot, hk,
+                        page, bar);
+    }
+  }
+}
+
+// Whether the V tile `tile` needs its rows past the sequence's keys zeroed: with per-sequence key
+// counts (a preallocated or paged cache), the rows past a count may hold anything (NaN, Inf), which
+// P = 0 would not cancel in P V (the S of those rows is masked; K needs nothing).
+template <typename Tr>
+__device__ __forceinline__ bool fwd_v_tile_ragged(const AttentionPattern& pat, int tile) {
+  return pat.kv_lens != nullptr && int64_t{tile + 1} * Tr::kBlockN > pat.sk;
+}
+
+// The V tile `tile` into the stage of pipeline state w (producer warp, all lanes): a tile that
+// fwd_v_tile_ragged says needs it lands on the producer's own barrier (v_own, its phase own_phase,
+// flipped here), has its rows from the sequence's count on zeroed (whole 128-byte rows of every
+// panel: the 128-byte swizzle permutes 16-byte chunks within a row), made visible to the async proxy
+// (the consumers' wgmma) and only then released to the consumers (an arrival without bytes); other
+// tiles complete on the stage's full barrier as they land. Lane 0 has acquired the stage.
+template <typename Tr>
+__device__ __forceinline__ void fwd_load_v_tile(const FwdSmem<Tr>& sm, const CUtensorMap* map, unsigned char* dst,
+                                                const AttentionParams& p, const AttentionPattern& pat, int64_t b,
+                                                int tile, int row0, int hk, int tb,
+                                                const cuda::PipelineState<Tr::kStages>& w, uint32_t& own_phase,
+                                                int lane) {
+  constexpr int kBN = Tr::kBlockN;
+  if (!fwd_v_tile_ragged<Tr>(pat, tile)) {
+    if (lane == 0) sm.pv.producer_commit(w, Tr::kKVBytes);
+    __syncwarp();
+    fwd_load_kv_tile<Tr>(map, dst, p, b, tile, row0, hk, tb, cuda::smem_addr(&sm.pv.full[w.index]), lane);
+    return;
+  }
+  const uint32_t own = cuda::smem_addr(sm.v_own);
+  if (lane == 0) cuda::mbar_arrive_expect_tx(own, Tr::kKVBytes);
+  __syncwarp();
+  fwd_load_kv_tile<Tr>(map, dst, p, b, tile, row0, hk, tb, own, lane);
+  cuda::mbar_wait(own, own_phase);
+  own_phase ^= 1u;
+  const int keep = static_cast<int>(pat.sk - int64_t{tile} * kBN);  // (rows [keep, kBN) are zeroed; keep >= 1)
+  const int chunks = (kBN - keep) * 8;  // 16-byte chunks a panel
+  for (int idx = lane; idx < Tr::kPanels * chunks; idx += 32) {
+    const int pn = idx / chunks, c = idx % chunks;
+    *reinterpret_cast<int4*>(dst + pn * Tr::kKVPanelBytes + keep * 128 + c * 16) = make_int4(0, 0, 0, 0);
+  }
+  cuda::fence_proxy_async_shared();
+  __syncwarp();
+  if (lane == 0) sm.pv.producer_arrive(w);
+}
 
 // A consumer warpgroup's part of one work item (its 64 query rows, the warp's first at row0): the
 // K and V stages of the item's key tiles from rk / rv on, to the K stage with no tile that ends it;
@@ -385,6 +482,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     cuda::mbar_init(smem_addr(bar_q), 1);
     pk.init(Tr::kStageMask ? 4 * Tr::kConsumers : Tr::kConsumers);  // one arrival per consumer warp / warpgroup
     pv.init(Tr::kConsumers);
+    cuda::mbar_init(smem_addr(sm.v_own), 1);
     cuda::fence_mbarrier_init();
   }
   __syncthreads();
@@ -413,24 +511,32 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     const bool stage_bits = Tr::kStageMask && mask_stageable<kBM, kBN>(pat);
     TileClass tc;
     State w;
+    uint32_t own_phase = 0;  // (kKvCache: fwd_load_v_tile's barrier)
     for (int tile = walk.next(walk.begin, tc, lane); tile < walk.end;
          tile = walk.next(tile + 1, tc, lane), w.advance()) {
       unsigned char* const sK = sKV + w.index * Tr::kStageBytes;
+      const uint32_t k_full = smem_addr(&pk.full[w.index]);
       const auto load_k = [&](uint32_t bar) {
+        if constexpr (Tr::kKvCache) {
+          __syncwarp();
+          fwd_load_kv_tile<Tr>(&map_k, sK, p, b, tile, k_row0, hk, tb, bar, lane);
+        } else if (lane == 0) {
 #pragma unroll
-        for (int pn = 0; pn < Tr::kPanels; ++pn) {
-          cuda::tma_load_4d(smem_addr(sK + pn * Tr::kKVPanelBytes), &map_k, pn * 64, k_row0 + tile * kBN, hk, tb,
-                            bar);
+          for (int pn = 0; pn < Tr::kPanels; ++pn) {
+            cuda::tma_load_4d(smem_addr(sK + pn * Tr::kKVPanelBytes), &map_k, pn * 64, k_row0 + tile * kBN, hk, tb,
+                              bar);
+          }
         }
       };
       if constexpr (Tr::kStageMask) {
         // The K copies first (their bytes expected without an arrival), then the lanes' bits
         // (cp.async, counted on the same barrier), then lane 0's arrival: the copies are in flight
-        // while the lanes read where the bits are.
+        // while the lanes read where the bits are. (kKvCache: every lane may issue a box.)
         if (lane == 0) {
           pk.producer_acquire(w);
-          load_k(pk.producer_expect(w, Tr::kKVBytes));
+          pk.producer_expect(w, Tr::kKVBytes);
         }
+        load_k(k_full);
         __syncwarp();
         int staged = 0;
         if (stage_bits && tc.mask) {
@@ -442,12 +548,19 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
           info[w.index] = make_int4(tile, tile_class_bits(tc), staged, 0);
           pk.producer_arrive(w);
         }
-      } else if (lane == 0) {
-        pk.producer_acquire(w);
-        info[w.index] = make_int4(tile, tile_class_bits(tc), 0, 0);
-        load_k(pk.producer_commit(w, Tr::kKVBytes));
+      } else {
+        if (lane == 0) {
+          pk.producer_acquire(w);
+          info[w.index] = make_int4(tile, tile_class_bits(tc), 0, 0);
+          pk.producer_commit(w, Tr::kKVBytes);
+        }
+        load_k(k_full);
       }
-      if (lane == 0) {
+      if constexpr (Tr::kKvCache) {
+        if (lane == 0) pv.producer_acquire(w);
+        __syncwarp();
+        fwd_load_v_tile<Tr>(sm, &map_v, sK + Tr::kKVBytes, p, pat, b, tile, k_row0, hk, tb, w, own_phase, lane);
+      } else if (lane == 0) {
         pv.producer_acquire(w);
         const uint32_t bar = pv.producer_commit(w, Tr::kKVBytes);
 #pragma unroll

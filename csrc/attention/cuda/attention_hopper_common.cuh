@@ -115,11 +115,16 @@ cudaError_t prepare_hopper(Kernel kernel, int smem_bytes, signed char (&state)[6
 inline bool make_attention_maps(const AttentionCudaArgs& a, int d, uint32_t q_rows, uint32_t kv_rows, CUtensorMap* mq,
                                 CUtensorMap* mk, CUtensorMap* mv, CUtensorMap* mdo = nullptr) {
   const AttentionParams& p = a.g.fwd;
-  // (Varlen: the packed dims of the tensors' one batch row.)
-  const int64_t sq = p.pattern.sq, sk = p.pattern.sk, nb = p.pattern.varlen() ? 1 : p.batch;
+  // (Varlen: the packed dims of the tensors' one batch row. A paged cache (the forward's): K and V
+  // as (D, page_size, Hkv, num_pages), boxes of min(page_size, kv_rows) rows: fwd_load_kv_tile.)
+  const int64_t sq = p.pattern.sq, nb = p.pattern.varlen() ? 1 : p.batch;
+  const bool paged = p.block_table != nullptr;
+  const int64_t sk = paged ? p.page_size : p.pattern.sk, kv_nb = paged ? p.num_pages : nb;
+  const uint32_t kv_box = paged && p.page_size < kv_rows ? static_cast<uint32_t>(p.page_size) : kv_rows;
+  if (paged && (mdo != nullptr || !attention_hopper_fwd_pages(p.page_size, d))) return false;
   return cuda::make_tma_map_4d_16bit(mq, p.q, p.dtype, sq, d, p.heads, nb, p.q_ss, p.q_hs, p.q_bs, 64, q_rows) &&
-         cuda::make_tma_map_4d_16bit(mk, p.k, p.dtype, sk, d, p.kv_heads, nb, p.k_ss, p.k_hs, p.k_bs, 64, kv_rows) &&
-         cuda::make_tma_map_4d_16bit(mv, p.v, p.dtype, sk, d, p.kv_heads, nb, p.v_ss, p.v_hs, p.v_bs, 64, kv_rows) &&
+         cuda::make_tma_map_4d_16bit(mk, p.k, p.dtype, sk, d, p.kv_heads, kv_nb, p.k_ss, p.k_hs, p.k_bs, 64, kv_box) &&
+         cuda::make_tma_map_4d_16bit(mv, p.v, p.dtype, sk, d, p.kv_heads, kv_nb, p.v_ss, p.v_hs, p.v_bs, 64, kv_box) &&
          (mdo == nullptr || cuda::make_tma_map_4d_16bit(mdo, a.g.grad_out, p.dtype, sq, d, p.heads, nb, a.g.g_ss,
                                                         a.g.g_hs, a.g.g_bs, 64, q_rows));
 }
