@@ -225,7 +225,9 @@ void run_forward_plan(const char* op, AttentionPlan& plan, int64_t kd, Attention
   add_segment_blocks(plan);
   AttentionCudaArgs a = cuda_args(plan.params);
   at::Tensor counter;  // (the persistent Hopper forward's work counter)
-  if (kernel == AttentionKernel::kHopper && hopper_fwd_persistent(plan.params, static_cast<int>(kd))) {
+  // (calls with per-sequence key counts run the one-item KV-cache form: no counter)
+  if (kernel == AttentionKernel::kHopper && !plan.params.pattern.kv_lens &&
+      hopper_fwd_persistent(plan.params, static_cast<int>(kd))) {
     counter = at::zeros({1}, options.dtype(at::kInt));
     a.fwd_counter = counter.data_ptr<int>();
   }
