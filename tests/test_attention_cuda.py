@@ -708,7 +708,7 @@ def test_paged_cache_matches_reference(name, page_size):
         (3, 8, 2, 5, 700, 64),
         (48, 8, 8, 1, 900, 128),
         (2, 16, 4, 1, 2000, 256),
-        (3, 16, 4, 40, 900, 128),  # (chunked prefill: the mma.sync forward)
+        (3, 16, 4, 40, 900, 128),  # (chunked prefill: the Hopper forward's KV-cache form)
         (2, 8, 2, 70, 600, 64),
         (2, 8, 4, 33, 500, 256),
     ):

@@ -18,7 +18,7 @@ struct AttentionPatternArgs {
   std::optional<at::Tensor> q_segments, kv_segments;
   std::optional<at::Tensor> mask_kinds, mask_index, mask_bits;
   int64_t block_q = 128, block_k = 128;
-  std::optional<at::Tensor> kv_lens;  // (B,) per-sequence key counts: the forward's (not the Hopper kernels)
+  std::optional<at::Tensor> kv_lens;  // (B,) per-sequence key counts (the forward's)
   // (B + 1,) offsets of packed variable-length sequences (varlen) along q's and k's sequence dims,
   // in a batch of one; int32 or int64 (the plan makes int32 copies).
   std::optional<at::Tensor> cu_seqlens_q, cu_seqlens_k;

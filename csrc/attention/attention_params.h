@@ -9,7 +9,7 @@
 //                when negative);
 //   - block mask: the (b, h) mask's block (i / block_q, j / block_k) is full, or partial with bit
 //                (i % block_q, j % block_k) set.
-// With per-sequence key counts (kv_lens, the decode paths only), sequence b has keys [0, kv_lens[b])
+// With per-sequence key counts (kv_lens, the forward kernels), sequence b has keys [0, kv_lens[b])
 // and its queries sit at the end of those: `at(b)` is the pattern of batch row b.
 // Packed variable-length sequences (varlen, FlashAttention's cu_seqlens): the tensors hold one batch
 // row whose sequence dims pack `batch` sequences one after another; sequence b is the kernels'
@@ -224,7 +224,7 @@ struct AttentionParams {
   double scale = 1.0;    // the kernels round it to their accumulation type
   double softcap = 0.0;  // 0: none
   AttentionPattern pattern;
-  // Paged K/V (the decode kernels; opforge.attention's block_table): key j of batch row b is row
+  // Paged K/V (the forward kernels; opforge.attention's block_table): key j of batch row b is row
   // j % page_size of page block_table[b * table_bs + j / page_size] (an entry outside [0, num_pages)
   // is read as the nearest page), and k_bs / v_bs are the page strides. Null: k and v as above.
   const int32_t* block_table = nullptr;

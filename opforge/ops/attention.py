@@ -439,7 +439,7 @@ def _paged_in_place(q, k_cache, v_cache, block_table, segment_ids, mask, variant
                 t.dtype != q.dtype
                 or t.stride(3) != 1
                 or t.data_ptr() % 16
-                or any(t.stride(d) % 8 for d in range(3))
+                or any(t.stride(d) % 8 or (t.stride(d) == 0 and t.shape[d] > 1) for d in range(3))
             ):
                 return False
     elif q.device.type != "cpu":

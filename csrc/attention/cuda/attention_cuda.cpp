@@ -373,8 +373,11 @@ std::tuple<at::Tensor, at::Tensor> attention_paged_cuda(const at::Tensor& q, con
   TORCH_CHECK_VALUE(kernel_head_dim(d) == d, op, ": paged caches take head dims 64, 128 and 256 here; got ", d);
   for (const at::Tensor* t : {&k_cache, &v_cache}) {
     bool aligned = t->stride(3) == 1 && reinterpret_cast<uintptr_t>(t->const_data_ptr()) % 16 == 0;
-    for (int dim = 0; dim < 3; ++dim) aligned = aligned && t->stride(dim) % 8 == 0;
-    TORCH_CHECK_VALUE(aligned, op, ": the paged caches' rows must start at 16-byte boundaries with unit column stride");
+    for (int dim = 0; dim < 3; ++dim) {
+      aligned = aligned && t->stride(dim) % 8 == 0 && (t->stride(dim) != 0 || t->size(dim) == 1);
+    }
+    TORCH_CHECK_VALUE(aligned, op, ": the paged caches' rows must start at 16-byte boundaries with unit column stride ",
+                      "(and no stride-0 dimension)");
   }
   const at::Tensor qk = kernel_operand(q, d, kernel);
   plan.params.q = qk.const_data_ptr();

@@ -23,7 +23,8 @@
 // runs instead (attention_fwd_hopper_persistent_kernel): a block a multiprocessor taking items from
 // a counter in that order, the next item's Q and first K / V loading while the last one finishes.
 // Tiles are 128-byte swizzled boxes of 64 columns (TMA writes them, wgmma descriptors read them);
-// rows past the sequence come in as zeros. Without sm_90a device code the kernel traps; the
+// rows past the tensor come in as zeros (the KV-cache form: rows past a sequence's count may hold
+// anything; its masked scores drop K's, fwd_load_v_tile zeroes V's). Without sm_90a device code the kernel traps; the
 // launcher's rule (attention_heuristics.h) asks hopper_status() first and takes the mma.sync kernel
 // there.
 #pragma once
@@ -78,9 +79,10 @@ struct HopperFwdTraits {
   // 8, moved from the producer warpgroup to the consumers). The persistent producer holds an item's
   // state across its loop (the pattern, the TMA coordinates, the next item): at 40 it spills, at 88
   // only the next item's counter value, once an item (and with segment ids' runs a few values at an
-  // item's start); the consumers at 208 do not.
-  static constexpr int kProducerRegs = kPersistent ? 88 : kConsumers == 2 ? 40 : 32;
-  static constexpr int kConsumerRegs = kPersistent ? 208 : kConsumers == 2 ? 232 : 160;
+  // item's start); the consumers at 208 do not. The KV-cache form's producer (a page-table read and
+  // the ragged V tile's zeroing) spills at 40 and not at 56; its consumers take 224 (no spills).
+  static constexpr int kProducerRegs = kPersistent ? 88 : kConsumers == 2 ? (kKvCache_ ? 56 : 40) : 32;
+  static constexpr int kConsumerRegs = kPersistent ? 208 : kConsumers == 2 ? (kKvCache_ ? 224 : 232) : 160;
   static_assert(kProducerRegs + kConsumers * kConsumerRegs <= (65536 / kThreads / 8 * 8) * (1 + kConsumers),
                 "register split");
   static constexpr int kPanels = kD / 64;    // 64-column (128-byte) boxes a row
@@ -190,8 +192,10 @@ __device__ __forceinline__ void fwd_load_kv_tile(const CUtensorMap* map, unsigne
 // counts (a preallocated or paged cache), the rows past a count may hold anything (NaN, Inf), which
 // P = 0 would not cancel in P V (the S of those rows is masked; K needs nothing).
 template <typename Tr>
-__device__ __forceinline__ bool fwd_v_tile_ragged(const AttentionPattern& pat, int tile) {
-  return pat.kv_lens != nullptr && int64_t{tile + 1} * Tr::kBlockN > pat.sk;
+__device__ __forceinline__ bool fwd_v_tile_ragged(const AttentionParams& p, const AttentionPattern& pat, int tile) {
+  // (a contiguous cache's rows past its end come in as zeros: only the rows before it count)
+  const int64_t end = int64_t{tile + 1} * Tr::kBlockN;
+  return pat.kv_lens != nullptr && (p.block_table ? end : min(end, p.pattern.sk)) > pat.sk;
 }
 
 // The V tile `tile` into the stage of pipeline state w (producer warp, all lanes): a tile that
@@ -207,7 +211,7 @@ __device__ __forceinline__ void fwd_load_v_tile(const FwdSmem<Tr>& sm, const CUt
                                                 const cuda::PipelineState<Tr::kStages>& w, uint32_t& own_phase,
                                                 int lane) {
   constexpr int kBN = Tr::kBlockN;
-  if (!fwd_v_tile_ragged<Tr>(pat, tile)) {
+  if (!fwd_v_tile_ragged<Tr>(p, pat, tile)) {
     if (lane == 0) sm.pv.producer_commit(w, Tr::kKVBytes);
     __syncwarp();
     fwd_load_kv_tile<Tr>(map, dst, p, b, tile, row0, hk, tb, cuda::smem_addr(&sm.pv.full[w.index]), lane);
