@@ -56,6 +56,14 @@ def grid() -> list[dict]:
         (16, 2048, 16, 256),
     ):
         rows.append(dict(group="prefill", B=B, H=32, Hkv=8, cache=cache, D=128, page=ps, chunk=chunk))
+    # the decode rule's CUDA-core band (17-64 rows a kv head): the decode kernel against the tiled forwards
+    for B, H, Hkv, cache, chunk in (
+        (1, 32, 1, 131072, 1),
+        (8, 64, 2, 32768, 1),
+        (16, 32, 8, 2048, 16),
+        (4, 32, 8, 8192, 8),
+    ):
+        rows.append(dict(group="rows", B=B, H=H, Hkv=Hkv, cache=cache, D=128, chunk=chunk, variants=True))
     for i, r in enumerate(rows):
         r["id"] = i
     return rows
@@ -108,6 +116,9 @@ def build(r: dict, dev: torch.device) -> tuple[dict, int, callable]:
         )
     else:
         impls["SDPA"] = lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=gqa)
+    if r.get("variants"):  # (the same call on each tiled forward by name)
+        for variant in ("hopper", "mma_sync"):
+            impls[variant] = lambda variant=variant: opforge.attention(q, k, v, variant=variant, **kw)
 
     def check() -> float:
         first = next(iter(impls.values()))()
@@ -124,7 +135,7 @@ def build(r: dict, dev: torch.device) -> tuple[dict, int, callable]:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--rows", default="core,gqa,dims,ragged,paged,prefill")
+    ap.add_argument("--rows", default="core,gqa,dims,ragged,paged,prefill,rows")
     ap.add_argument("--one", type=int, default=None)
     ap.add_argument("--impl", default="opforge")
     ap.add_argument("--list", action="store_true")
