@@ -638,9 +638,23 @@ cudaError_t launch_decode_mma(const AttentionCudaArgs& a, DecodeSplit s, cudaStr
   return cudaGetLastError();
 }
 
+// Paged caches' tensor-core decode: three stages (the page-table rows add latency a tile that two
+// stages do not cover: B8 x 32k at page sizes 16 / 64 / 256 ran 4-5 % faster, LOG.md "Serving (issue
+// 32), session 2"; contiguous caches gained nothing and keep two). The split sizes from the
+// two-stage kernel's occupancy (the same blocks an SM at head dims 128 and 256).
+template <int kD>
+using PagedDecodeMmaTraits = DecodeMmaTraits<kD, 3>;
+
 template <int kD>
 int run_decode(const AttentionCudaArgs& a, const DecodeSplit& s, void* stream) {
   const auto st = static_cast<cudaStream_t>(stream);
+  if (s.tensor_cores && a.g.fwd.block_table) {
+    switch (a.g.fwd.dtype) {
+      case DType::kBFloat16: return launch_decode_mma<PagedDecodeMmaTraits<kD>, __nv_bfloat16>(a, s, st);
+      case DType::kFloat16: return launch_decode_mma<PagedDecodeMmaTraits<kD>, __half>(a, s, st);
+      default: return cudaErrorInvalidValue;
+    }
+  }
   if (s.tensor_cores) {
     switch (a.g.fwd.dtype) {
       case DType::kBFloat16: return launch_decode_mma<DecodeMmaTraits<kD>, __nv_bfloat16>(a, s, st);
