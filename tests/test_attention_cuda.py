@@ -778,6 +778,47 @@ def test_paged_decode_reads_the_pages_in_place():
     assert max_err(got, want) < 2e-2
 
 
+@pytest.mark.parametrize("variant", ["auto", "mma_sync"])
+def test_paged_chunk_cuda_graph(variant):
+    """A chunked-prefill step (paged_kv_append of 48 new tokens, then their attention over the pages:
+    the Hopper forward's KV-cache form, or mma.sync) captured once replays with the counts, the table
+    and the tokens updated in place."""
+    B, H, Hkv, D, ps, P, S_new = 2, 16, 4, 128, 16, 40, 48
+    pages = B * P
+    kc = torch.randn(pages, ps, Hkv, D, dtype=torch.bfloat16, device=DEV)
+    vc = torch.randn_like(kc)
+    table = torch.randperm(pages, device=DEV).view(B, P).to(torch.int32)
+    lens = torch.tensor([100, 500], device=DEV)
+    q = torch.randn(B, H, S_new, D, dtype=torch.bfloat16, device=DEV)
+    k_new, v_new = (torch.randn(B, Hkv, S_new, D, dtype=torch.bfloat16, device=DEV) for _ in range(2))
+    after = torch.empty_like(lens)
+
+    def step():
+        opforge.paged_kv_append(kc, vc, k_new, v_new, table, lens)
+        after.copy_(lens + S_new)
+        return opforge.attention(q, kc, vc, kv_lens=after, block_table=table, causal=True, variant=variant)
+
+    step()  # warm-up outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = step()
+    for i in range(3):
+        lens.copy_(torch.tensor([37 + 100 * i, 590 - 7 * i], device=DEV))
+        table.copy_(torch.randperm(pages, device=DEV).view(B, P))
+        for t in (q, k_new, v_new):
+            t.copy_(torch.randn_like(t))
+        graph.replay()
+        torch.cuda.synchronize()
+        n = lens + S_new
+        k = kc[table.long()].flatten(1, 2).transpose(1, 2)  # (B, Hkv, P x ps, D), the pages in order
+        v = vc[table.long()].flatten(1, 2).transpose(1, 2)
+        for b in range(B):  # the new tokens in their slots
+            assert torch.equal(k[b, :, lens[b] : lens[b] + S_new], k_new[b])
+        want = reference.attention(q.double(), k.double(), v.double(), kv_lens=n, causal=True)
+        assert max_err(out, want) < 2e-2
+
+
 def test_paged_decode_cuda_graph():
     """A decode step (paged_kv_append of the new token, then attention over the pages) captured once
     replays with the counts, the table and the token updated in place: nothing is read on the host."""
