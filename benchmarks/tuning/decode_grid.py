@@ -56,6 +56,9 @@ def grid() -> list[dict]:
         (16, 2048, 16, 256),
     ):
         rows.append(dict(group="prefill", B=B, H=32, Hkv=8, cache=cache, D=128, page=ps, chunk=chunk))
+    # the cache as (B, S, Hkv, D) (a row holds every kv head, as a page does) against (B, Hkv, S, D)
+    rows.append(dict(group="layout", B=8, H=32, Hkv=8, cache=32768, D=128, layout=True))
+    rows.append(dict(group="layout", B=32, H=32, Hkv=8, cache=4096, D=128, layout=True))
     # the decode rule's CUDA-core band (17-64 rows a kv head): the decode kernel against the tiled forwards
     for B, H, Hkv, cache, chunk in (
         (1, 32, 1, 131072, 1),
@@ -92,7 +95,13 @@ def build(r: dict, dev: torch.device) -> tuple[dict, int, callable]:
     else:
         nbytes = 2 * B * Hkv * S * D * 2
     impls = {"opforge": lambda: opforge.attention(q, k, v, **kw)}
-    if r.get("page"):
+    if r.get("layout"):
+        kt, vt = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in (k, v))  # (B, S, Hkv, D) storage
+        impls = {
+            "opforge (B,S,Hkv,D)": lambda: opforge.attention(q, kt, vt, **kw),
+            "opforge (B,Hkv,S,D)": lambda: opforge.attention(q, k, v, **kw),
+        }
+    elif r.get("page"):
         ps = r["page"]
         per = S // ps
         perm = torch.randperm(B * per, device=dev)
@@ -135,7 +144,7 @@ def build(r: dict, dev: torch.device) -> tuple[dict, int, callable]:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--rows", default="core,gqa,dims,ragged,paged,prefill,rows")
+    ap.add_argument("--rows", default="core,gqa,dims,ragged,paged,prefill,rows,layout")
     ap.add_argument("--one", type=int, default=None)
     ap.add_argument("--impl", default="opforge")
     ap.add_argument("--list", action="store_true")
