@@ -45,7 +45,13 @@ SHAPES = [
     (2, 4, 4, 16, 700, 64),
     (1, 8, 2, 2, 900, 256),
     (2, 6, 3, 3, 1200, 80),
-    (1, 32, 8, 16, 2000, 128),  # 64 rows: the decode block's most at head dim 128
+    (1, 32, 8, 16, 2000, 128),  # 64 rows: the decode block's most at head dims 64 and 128
+    # (the decode kernel's two and four m tiles: rows 17-32 and 33-64, padded ones too)
+    (2, 40, 2, 1, 1800, 128),
+    (2, 32, 1, 1, 2000, 64),
+    (1, 16, 2, 5, 1500, 64),
+    (2, 16, 2, 3, 1500, 256),
+    (1, 8, 1, 4, 2500, 256),  # 32 rows: the most at head dim 256
 ]
 
 
@@ -493,12 +499,18 @@ def test_kernel_choice():
     q, k, v = qkv(1, 4, 2, 1200, 1200, 128)  # (1200 + 128) / 128 key tiles an item: a block an item
     assert kernels_run(lambda: opforge.attention(q, k, v)) == {"attention_fwd_hopper_kernel"}
     assert kernels_run(lambda: opforge.attention(q, k, v, window=(300, 0))) == {persistent}
-    # Decode: 4 rows a kv head against 3000 keys (tensor cores up to 16 rows), 32 rows (CUDA cores)
+    # Decode: 4 rows a kv head against 3000 keys, 32 and 64 rows (two and four m tiles); 65 rows
+    # are past the decode kernel's
     q, k, v = qkv(2, 8, 2, 1, 3000, 128)
     assert rule(q.device, 8, 2, 1, 3000, 128) == "decode"
     assert kernels_run(lambda: opforge.attention(q, k, v, causal=True)) == {"attention_decode_mma_kernel"}
-    q32 = torch.randn(2, 8, 8, 128, dtype=torch.bfloat16, device=DEV)
-    assert kernels_run(lambda: opforge.attention(q32, k, v, causal=True)) == {"attention_decode_kernel"}
+    for sq in (8, 16):
+        qs = torch.randn(2, 8, sq, 128, dtype=torch.bfloat16, device=DEV)
+        assert rule(q.device, 8, 2, sq, 3000, 128) == "decode"
+        assert kernels_run(lambda qs=qs: opforge.attention(qs, k, v, causal=True)) == {
+            "attention_decode_mma_kernel"
+        }
+    assert rule(q.device, 8, 2, 17, 3000, 128) == "hopper"
     # Few rows but few keys: the tiled kernel; "decode" forces the split
     q, k, v = qkv(2, 8, 2, 1, 300, 128)
     assert kernels_run(lambda: opforge.attention(q, k, v)) == {persistent}
@@ -633,6 +645,9 @@ KV_LENS_SHAPES = [
     (2, 16, 2, 16, 300, 64),
     (40, 8, 8, 1, 700, 128),  # (one chunk a kv head)
     (24, 16, 8, 1, 600, 256),
+    (2, 24, 1, 1, 900, 64),  # (the decode kernel's two and four m tiles)
+    (2, 8, 2, 12, 1000, 64),
+    (2, 16, 4, 6, 700, 256),
     (3, 16, 4, 40, 900, 128),  # (chunks of new queries past the decode kernel's rows: the mma.sync forward)
     (2, 8, 2, 70, 600, 64),
     (2, 8, 4, 33, 500, 256),

@@ -59,14 +59,18 @@ def grid() -> list[dict]:
     # the cache as (B, S, Hkv, D) (a row holds every kv head, as a page does) against (B, Hkv, S, D)
     rows.append(dict(group="layout", B=8, H=32, Hkv=8, cache=32768, D=128, layout=True))
     rows.append(dict(group="layout", B=32, H=32, Hkv=8, cache=4096, D=128, layout=True))
-    # the decode rule's CUDA-core band (17-64 rows a kv head): the decode kernel against the tiled forwards
-    for B, H, Hkv, cache, chunk in (
-        (1, 32, 1, 131072, 1),
-        (8, 64, 2, 32768, 1),
-        (16, 32, 8, 2048, 16),
-        (4, 32, 8, 8192, 8),
+    # 17-64 rows a kv head (the decode kernel's two and four m tiles; MQA, speculative tokens, short
+    # chunks): the decode kernel against SDPA and the tiled forwards by name
+    for B, H, Hkv, cache, chunk, D in (
+        (1, 32, 1, 131072, 1, 128),
+        (8, 64, 2, 32768, 1, 128),
+        (16, 32, 8, 2048, 16, 128),
+        (4, 32, 8, 8192, 8, 128),
+        (8, 32, 1, 32768, 1, 64),
+        (4, 32, 8, 8192, 16, 64),
+        (4, 32, 8, 8192, 8, 256),
     ):
-        rows.append(dict(group="rows", B=B, H=H, Hkv=Hkv, cache=cache, D=128, chunk=chunk, variants=True))
+        rows.append(dict(group="rows", B=B, H=H, Hkv=Hkv, cache=cache, D=D, chunk=chunk, variants=True))
     for i, r in enumerate(rows):
         r["id"] = i
     return rows

@@ -34,7 +34,7 @@ std::vector<at::Tensor> run(const at::Tensor& q, const at::Tensor& k, const at::
   DecodeSplit s;
   s.rows = static_cast<int>(p.heads / p.kv_heads);
   TORCH_CHECK(s.rows <= opforge::kDecodeMmaRows);
-  s.tensor_cores = true, s.chunks = static_cast<int>(chunks);
+  s.chunks = static_cast<int>(chunks);
   at::Tensor part = at::empty({p.batch * p.kv_heads * s.chunks * s.rows * opforge::decode_part_stride(128)}, q.options().dtype(at::kFloat));
   s.part = part.data_ptr<float>();
   AttentionCudaArgs a;

@@ -28,10 +28,10 @@ inline const char* attention_kernel_name(AttentionKernel k) {
 // The head dim the CUDA kernels run at: 64, 128 or 256 (the launcher zero-pads up to it).
 constexpr int64_t attention_cuda_head_dim(int64_t d) { return d <= 64 ? 64 : d <= 128 ? 128 : 256; }
 
-// The most query rows (Sq x the GQA group) a decode kernel takes per kv head. CUDA: 4 warps x 8 /
-// 16 / 8 rows at kernel head dims 64 / 128 / 256, the most whose output registers fit with no
-// spills (ptxas, sm_90a); CPU: 32.
-constexpr int64_t attention_cuda_decode_max_rows(int64_t kernel_head_dim) { return kernel_head_dim == 128 ? 64 : 32; }
+// The most query rows (Sq x the GQA group) a decode kernel takes per kv head. CUDA: 64 (four m16
+// tiles on tensor cores) at head dims 64 and 128, 32 at 256 (a warp's 16 x 256 float outputs and
+// four m tiles' scores would spill); CPU: 32.
+constexpr int64_t attention_cuda_decode_max_rows(int64_t kernel_head_dim) { return kernel_head_dim == 256 ? 32 : 64; }
 constexpr int64_t kAttentionCpuDecodeMaxRows = 32;
 // Below these many keys "auto" keeps a decoding-sized call on the tiled kernels (one chunk of keys
 // gains nothing from the split and its merge): CUDA 512, CPU 257 (more than two 128-key blocks).

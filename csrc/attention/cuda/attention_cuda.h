@@ -80,15 +80,14 @@ inline void tile_grid(const AttentionParams& p, bool keys, int64_t rows, int64_t
 
 // The decode path's split (attention_decode_kernel.cuh). Each (batch, kv head) spreads the 64-key
 // tiles its queries may see over `chunks` blocks (a block finds its own tiles: with per-sequence key
-// counts only the device knows where they are). Up to 16 query rows run on tensor cores, each of
-// the block's four warps on a quarter of every tile's keys (combined in the block); more rows on the
-// CUDA cores, warps owning rows. part: each block's partial states, (B, Hkv, chunks, rows) x
+// counts only the device knows where they are). The rows run on tensor cores as one, two or four
+// m16 tiles (kDecodeMmaRows rows each), the block's four warps sharing each tile's keys four, two
+// or one ways (combined in the block). part: each block's partial states, (B, Hkv, chunks, rows) x
 // decode_part_stride(head_dim) floats (output, max, sum).
 constexpr int kDecodeTile = 64, kDecodeMmaRows = 16;
 struct DecodeSplit {
   float* part = nullptr;
   int chunks = 1, rows = 0;
-  bool tensor_cores = false;
 };
 
 // Floats a partial state takes in the workspace: the output, max, sum and two of padding (rows
@@ -111,7 +110,6 @@ inline DecodeSplit decode_split(const AttentionParams& p, int64_t slots) {
   const int64_t pairs = p.batch * p.kv_heads;
   s.chunks = static_cast<int>(std::max<int64_t>(1, std::min(slots / std::max<int64_t>(pairs, 1), tiles / 2)));
   s.rows = static_cast<int>((p.heads / p.kv_heads) * pat.sq);
-  s.tensor_cores = s.rows <= kDecodeMmaRows;
   return s;
 }
 

@@ -1,4 +1,4 @@
-// attention CUDA decode for head dim 128 (DecodeTraits<128>), float16 and bfloat16.
+// attention CUDA decode for head dim 128 (DecodeMmaTraits<128, ...>: one, two or four m tiles), float16 and bfloat16.
 #include "attention/cuda/attention_decode_kernel.cuh"
 
 namespace opforge {

@@ -1,4 +1,4 @@
-// attention CUDA decode for head dim 256 (DecodeTraits<256>), float16 and bfloat16.
+// attention CUDA decode for head dim 256 (DecodeMmaTraits<256, ...>: one, two or four m tiles), float16 and bfloat16.
 #include "attention/cuda/attention_decode_kernel.cuh"
 
 namespace opforge {

@@ -1,4 +1,4 @@
-// attention CUDA decode for head dim 64 (DecodeTraits<64>), float16 and bfloat16.
+// attention CUDA decode for head dim 64 (DecodeMmaTraits<64, ...>: one, two or four m tiles), float16 and bfloat16.
 #include "attention/cuda/attention_decode_kernel.cuh"
 
 namespace opforge {

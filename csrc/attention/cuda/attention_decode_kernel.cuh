@@ -1,14 +1,13 @@
 // attention CUDA decode (sm_80+): few query rows (the GQA group x Sq <= decode_max_rows) against a
 // long KV cache, split over the keys. A block is one (key chunk, kv head, batch row); it stages
-// 64-key K and V tiles in shared memory (cp.async, two stages) and every warp reads them there, so
-// each KV head is read from memory once for its whole query group. Up to 16 rows run on tensor
-// cores (attention_decode_mma_kernel); more on the CUDA cores, where a warp owns query rows: for a
-// row, lane l scores keys l and l + 32 of a tile, the online softmax runs across the warp, and P V
-// accumulates with the lane owning kD / 32 output columns. Only the tiles a sequence's queries may see are visited (a sliding window reads
-// its last W keys; per-sequence key counts bound each sequence's own), tiles the segments or a
-// block mask leave empty are neither read nor computed, partial ones test each element. Each block
-// writes its rows' partial (max, sum, output) to a float workspace; a second kernel merges them
-// (in a fixed order: deterministic) into the output and the LSE.
+// 64-key K and V tiles in shared memory (cp.async, two or three stages) and every warp reads them
+// there, so each KV head is read from memory once for its whole query group. The rows run on tensor
+// cores as one, two or four m16 tiles (attention_decode_mma_kernel). Only the tiles a sequence's
+// queries may see are visited (a sliding window reads its last W keys; per-sequence key counts bound
+// each sequence's own), tiles the segments or a block mask leave empty are neither read nor computed,
+// partial ones test each element. Each block writes its rows' partial (max, sum, output) to a float
+// workspace; a second kernel merges them (in a fixed order: deterministic) into the output and the
+// LSE.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -29,19 +28,6 @@ namespace opforge {
 namespace attention_cuda {
 
 constexpr int kDecodeThreads = 128, kDecodeWarps = 4;
-
-// The CUDA-core kernel (the rows the tensor-core one does not take). kMaxRows_: the most rows a
-// block takes; each warp holds kMaxRows_ / 4 rows' outputs in registers (x kD / 32).
-template <int kD_, int kMaxRows_>
-struct DecodeTraits {
-  static constexpr int kD = kD_;
-  static constexpr int kRowsPerWarp = kMaxRows_ / kDecodeWarps;
-  static constexpr int kMaxRows = kMaxRows_;
-  static constexpr int kRowBytes = kD_ * 2 + 16;  // a staged K / V row, padded: lanes' rows in distinct banks
-  static constexpr int kTileBytes = kDecodeTile * kRowBytes;
-  // q rows (16-bit, unpadded: read as broadcasts), then two stages of K and V
-  static constexpr int smem_bytes(int rows) { return rows * kD_ * 2 + 2 * 2 * kTileBytes; }
-};
 
 // What the tile [j0, j1) holds for the block's queries (every row of the group: the band and the
 // segments are the same for all heads; a block mask counts as visible where any head sees it).
@@ -144,174 +130,43 @@ __device__ __forceinline__ BlockKind stage_decode_tile(const AttentionParams& p,
   return kind;
 }
 
-template <typename Tr, typename T>
-__global__ void __launch_bounds__(kDecodeThreads) attention_decode_kernel(const AttentionCudaArgs a, const DecodeSplit s) {
-  constexpr int kD = Tr::kD, kCols = kD / 32, kRPW = Tr::kRowsPerWarp;
-  extern __shared__ __align__(16) unsigned char smem[];
-  const AttentionParams& p = a.g.fwd;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int64_t b = blockIdx.z, hk = blockIdx.y, c = blockIdx.x;
-  const AttentionPattern pat = p.pattern.at(b);  // this sequence's key count and query positions
-  const int64_t group = p.heads / p.kv_heads, sq = pat.sq;
-  const int rows = s.rows;  // group * sq
-  T* sq_rows = reinterpret_cast<T*>(smem);
-  unsigned char* stages = smem + rows * kD * 2;
-
-  // The group's query rows (row r: head hk * group + r / sq, query r % sq), 16 bytes a thread.
-  for (int idx = threadIdx.x; idx < rows * (kD / 8); idx += kDecodeThreads) {
-    const int r = idx / (kD / 8), chunk = idx % (kD / 8);
-    const int64_t h = hk * group + r / sq, i = r % sq;
-    cuda::cp_async16(sq_rows + r * kD + chunk * 8, static_cast<const T*>(p.q) + b * p.q_bs + h * p.q_hs + i * p.q_ss + chunk * 8,
-                     16);
-  }
-  cuda::cp_async_commit();
-
-  // This chunk's share of the sequence's visible tiles.
-  int t0, t1;
-  decode_chunk_tiles(pat, s.chunks, c, t0, t1);
-  const SegmentRange q_range =
-      pat.q_segments ? block_segment_range(pat.q_seg_blocks, pat.q_seg_nblocks, b, 0, sq) : SegmentRange{};
-
-  const T* kbase = static_cast<const T*>(p.k) + hk * p.k_hs;
-  const T* vbase = static_cast<const T*>(p.v) + hk * p.v_hs;
-  // (a paged cache: each staging call takes the rows fetched one tile ahead)
-  DecodePageRows pages = fetch_decode_page_rows<kD>(p, b, t0, pat.sk);
-  const auto load_tile = [&](int tile, int stage) {
-    const BlockKind kind = stage_decode_tile<Tr>(p, pat, b, hk, group, q_range, kbase, vbase, stages, stage, tile, pages);
-    pages = fetch_decode_page_rows<kD>(p, b, tile + 1, tile + 1 < t1 ? pat.sk : 0);
-    return kind;
-  };
-
-  float o[kRPW][kCols], m[kRPW], l[kRPW];
-#pragma unroll
-  for (int rr = 0; rr < kRPW; ++rr) {
-    m[rr] = kNegInf, l[rr] = 0.f;
-#pragma unroll
-    for (int e = 0; e < kCols; ++e) o[rr][e] = 0.f;
-  }
-  const float scale = a.scale, cap = a.cap_log2 != 0.f ? a.cap_log2 / 1.4426950408889634f : 0.f;
-
-  BlockKind next = t0 < t1 ? load_tile(t0, 0) : BlockKind::kEmpty;
-  for (int tile = t0, it = 0; tile < t1; ++tile, ++it) {
-    const BlockKind kind = next;
-    if (tile + 1 < t1) {
-      next = load_tile(tile + 1, (it + 1) & 1);
-      cuda::cp_async_wait<1>();
-    } else {
-      cuda::cp_async_wait<0>();
-    }
-    __syncthreads();
-    const unsigned char* sk = stages + (it & 1) * 2 * Tr::kTileBytes;
-    const unsigned char* sv = sk + Tr::kTileBytes;
-    const int64_t j0 = int64_t{tile} * kDecodeTile, j1 = min(j0 + kDecodeTile, pat.sk);
-    if (kind != BlockKind::kEmpty) {
-#pragma unroll
-      for (int rr = 0; rr < kRPW; ++rr) {
-        const int r = rr * kDecodeWarps + warp;
-        if (r >= rows) break;
-        const int64_t h = hk * group + r / sq, i = r % sq;
-        const T* qr = sq_rows + r * kD;
-        // Scores of keys lane and lane + 32: eight partial sums a key, so that the dot products are
-        // short dependency chains.
-        const T* k0 = reinterpret_cast<const T*>(sk + lane * Tr::kRowBytes);
-        const T* k1 = reinterpret_cast<const T*>(sk + (lane + 32) * Tr::kRowBytes);
-        float acc0[8] = {}, acc1[8] = {};
-#pragma unroll 2
-        for (int d = 0; d < kD; d += 8) {
-          const uint4 qv = *reinterpret_cast<const uint4*>(qr + d);
-          const T* qe = reinterpret_cast<const T*>(&qv);
-          float qf[8];
-#pragma unroll
-          for (int e = 0; e < 8; ++e) qf[e] = cuda::to_float(qe[e]);
-          const uint4 kv0 = *reinterpret_cast<const uint4*>(k0 + d), kv1 = *reinterpret_cast<const uint4*>(k1 + d);
-          const T* ke0 = reinterpret_cast<const T*>(&kv0);
-          const T* ke1 = reinterpret_cast<const T*>(&kv1);
-#pragma unroll
-          for (int e = 0; e < 8; ++e) {
-            acc0[e] = fmaf(qf[e], cuda::to_float(ke0[e]), acc0[e]);
-            acc1[e] = fmaf(qf[e], cuda::to_float(ke1[e]), acc1[e]);
-          }
-        }
-        float sc[2];
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          const float* acc = half == 0 ? acc0 : acc1;
-          float x = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
-          x *= scale;
-          if (cap != 0.f) x = cap * cuda::fast_tanh(x / cap);
-          const int64_t j = j0 + lane + 32 * half;
-          if (kind == BlockKind::kPartial && (j >= j1 || !pat.visible(b, h, i, j))) {
-            x = kNegInf;
-          }
-          sc[half] = x;
-        }
-        float mx = fmaxf(sc[0], sc[1]);
-#pragma unroll
-        for (int off = 16; off > 0; off /= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
-        const float m_new = fmaxf(m[rr], mx);
-        if (m_new == kNegInf) continue;  // nothing visible to this row yet (the whole warp agrees)
-        const float alpha = __expf(m[rr] - m_new);  // 0 for the first visible tile (m = -inf)
-        const float p0 = __expf(sc[0] - m_new), p1 = __expf(sc[1] - m_new);
-        float sum = p0 + p1;
-#pragma unroll
-        for (int off = 16; off > 0; off /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, off);
-        l[rr] = l[rr] * alpha + sum;
-        m[rr] = m_new;
-#pragma unroll
-        for (int e = 0; e < kCols; ++e) o[rr][e] *= alpha;
-        // P V over the tile: lane owns columns lane * kCols .. + kCols - 1 of each V row.
-#pragma unroll 8
-        for (int key = 0; key < kDecodeTile; ++key) {
-          const float pk = __shfl_sync(0xffffffffu, key < 32 ? p0 : p1, key % 32);
-          // (kCols 16-bit values: one 4- / 8- / 16-byte shared load)
-          const auto raw = *reinterpret_cast<const cuda::Pack<T, kCols>*>(sv + key * Tr::kRowBytes + lane * kCols * 2);
-          const T* vr = raw.v;
-#pragma unroll
-          for (int e = 0; e < kCols; ++e) o[rr][e] = fmaf(pk, cuda::to_float(vr[e]), o[rr][e]);
-        }
-      }
-    }
-    __syncthreads();  // (the stage is refilled next)
-  }
-
-  // This chunk's partial state of each owned row.
-  const int64_t task = (b * p.kv_heads + hk) * s.chunks + c;
-#pragma unroll
-  for (int rr = 0; rr < kRPW; ++rr) {
-    const int r = rr * kDecodeWarps + warp;
-    if (r >= rows) break;
-    float* out = s.part + (task * rows + r) * decode_part_stride(kD);
-#pragma unroll
-    for (int e = 0; e < kCols; ++e) out[lane * kCols + e] = o[rr][e];
-    if (lane == 0) out[kD] = m[rr], out[kD + 1] = l[rr];
-  }
-}
-
-// The tensor-core decode kernel, for up to 16 query rows (GQA groups up to 16 at Sq = 1): the rows
-// are one m16 tile (padded with zeros), warp w takes keys [16 w, 16 w + 16) of every staged tile
-// (S = Q K^T and O += P V by mma.sync, P reused from the accumulators) and keeps its own softmax
-// state; the four are combined in shared memory into the block's one partial state. No element conversions or redundant per-row work: the
-// kernel reads K and V at the memory's pace.
-// kStages: K/V tiles staged at once (kStages - 1 in flight while one is computed). Two: three
-// blocks an SM at head dims up to 128; three (two blocks an SM) measured slower (LOG.md).
-template <int kD_, int kStages_ = 2>
+// The decode kernel, on tensor cores (mma.sync): the block's query rows are kMTiles m16 tiles
+// (padded with zeros); warp w takes m tile w / kKeyWarps and keys [kWarpKeys * (w % kKeyWarps),
+// + kWarpKeys) of every staged tile (S = Q K^T and O += P V by mma.sync, P reused from the
+// accumulators) and keeps its own softmax state; the warps of an m tile are combined in shared
+// memory into the block's one partial state of its rows. No element conversions or redundant
+// per-row work: the kernel reads K and V at the memory's pace for every row count it takes.
+//   kStages: K/V tiles staged at once (kStages - 1 in flight while one is computed). Two at one m
+//     tile (two blocks an SM by registers at head dims 128 and 256); three for paged caches.
+//   kMTiles: 1, 2 or 4 m tiles (up to 16, 32, 64 rows; decode_max_rows(kD) the most a head dim
+//     takes). kKeyWarps = 4 / kMTiles warps share a tile's 64 keys.
+//   kQInRegisters: the rows' A fragments kept in registers for every tile (else read from shared
+//     memory each tile: at head dim 256 with more than one m tile, where registers would spill).
+template <int kD_, int kStages_ = 2, int kMTiles_ = 1>
 struct DecodeMmaTraits {
   static constexpr int kD = kD_;
-  static constexpr int kRows = 16;
+  static constexpr int kMTiles = kMTiles_;
+  static constexpr int kRows = 16 * kMTiles_;
+  static constexpr int kKeyWarps = kDecodeWarps / kMTiles_;
+  static constexpr int kWarpKeys = kDecodeTile / kKeyWarps;
+  static constexpr bool kQInRegisters = kMTiles_ == 1 || kD_ <= 128;
   static constexpr int kStages = kStages_;
   static constexpr int kRowBytes = kD_ * 2 + 16;  // staged K / V rows padded: ldmatrix rows in distinct banks
   static constexpr int kTileBytes = kDecodeTile * kRowBytes;
   static constexpr int smem_bytes() { return kRows * kRowBytes + kStages * 2 * kTileBytes; }
-  // (the stages hold warps 1-3's states for the in-block combine after the last tile)
-  static_assert((kDecodeWarps - 1) * (kD_ / 8 + 1) * 32 * 16 <= kStages * 2 * kTileBytes);
+  static_assert(kMTiles_ == 1 || kMTiles_ == 2 || kMTiles_ == 4);
+  // (the stages hold the warps' states for the in-block combine after the last tile)
+  static_assert((kDecodeWarps - kMTiles_) * (kD_ / 8 + 1) * 32 * 16 <= kStages * 2 * kTileBytes);
 };
 
 template <typename Tr, typename T>
 __global__ void __launch_bounds__(kDecodeThreads) attention_decode_mma_kernel(const AttentionCudaArgs a, const DecodeSplit s) {
   constexpr int kD = Tr::kD, kSteps = kD / 16, kNd = kD / 8;
+  constexpr int kKeyWarps = Tr::kKeyWarps, kWarpKeys = Tr::kWarpKeys, kN = kWarpKeys / 8;
   extern __shared__ __align__(16) unsigned char smem[];
   const AttentionParams& p = a.g.fwd;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int mt = warp / kKeyWarps, kw = warp % kKeyWarps;  // this warp's m tile and key share
   const int64_t b = blockIdx.z, hk = blockIdx.y, c = blockIdx.x;
   const AttentionPattern pat = p.pattern.at(b);
   const int64_t group = p.heads / p.kv_heads, sq = pat.sq;
@@ -344,15 +199,21 @@ __global__ void __launch_bounds__(kDecodeThreads) attention_decode_mma_kernel(co
     return kind;
   };
 
-  // Rows g and g + 8 of the tile: their heads and queries (for element tests), -1 for padding rows.
+  // Rows g and g + 8 of this warp's m tile: their heads and queries (for element tests), -1 for
+  // padding rows.
   int64_t row_h[2], row_i[2];
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
-    const int r = g + 8 * half;
+    const int r = 16 * mt + g + 8 * half;
     row_h[half] = r < rows ? hk * group + r / sq : -1;
     row_i[half] = r < rows ? r % sq : 0;
   }
-  uint32_t qa[kSteps][4];
+  // The m tile's A fragment of k step kk (ldmatrix from the staged rows).
+  const auto load_q = [&](uint32_t (&frag)[4], int kk) {
+    const int r = 16 * mt + (lane % 8) + 8 * ((lane / 8) % 2), col = kk * 16 + 8 * (lane / 16);
+    cuda::ldmatrix_x4(frag, sq_rows + r * Tr::kRowBytes + col * 2);
+  };
+  uint32_t qa[Tr::kQInRegisters ? kSteps : 1][4];
   float o[kNd][4] = {}, m[2] = {kNegInf, kNegInf}, l[2] = {0.f, 0.f};
   const float scale = a.scale, cap = a.cap_log2 != 0.f ? a.cap_log2 / 1.4426950408889634f : 0.f;
 
@@ -378,35 +239,41 @@ __global__ void __launch_bounds__(kDecodeThreads) attention_decode_mma_kernel(co
     cuda::cp_async_wait<Tr::kStages - 1>();  // this tile (and the rows) landed
     __syncthreads();
     const BlockKind kind = static_cast<BlockKind>((kinds >> (2 * stage)) & 3u);
-    if (it == 0) {  // the rows' A fragments, kept for every tile
+    if constexpr (Tr::kQInRegisters) {
+      if (it == 0) {  // the rows' A fragments, kept for every tile
 #pragma unroll
-      for (int kk = 0; kk < kSteps; ++kk) {
-        const int r = (lane % 8) + 8 * ((lane / 8) % 2), col = kk * 16 + 8 * (lane / 16);
-        cuda::ldmatrix_x4(qa[kk], sq_rows + r * Tr::kRowBytes + col * 2);
+        for (int kk = 0; kk < kSteps; ++kk) load_q(qa[kk], kk);
       }
     }
     const unsigned char* sk = stages + stage * 2 * Tr::kTileBytes;
     const unsigned char* sv = sk + Tr::kTileBytes;
     const int64_t j0 = int64_t{tile} * kDecodeTile, j1 = min(j0 + kDecodeTile, pat.sk);
+    const int key0 = kw * kWarpKeys;  // this warp's first key of the tile
     if (kind != BlockKind::kEmpty) {
-      // S (16 rows x this warp's 16 keys): two n-tiles of 8 keys.
-      float sc[2][4] = {};
+      // S (16 rows x this warp's keys): n tiles of 8 keys, two per ldmatrix.
+      float sc[kN][4] = {};
 #pragma unroll
       for (int kk = 0; kk < kSteps; ++kk) {
-        uint32_t kb[4];
-        const int key = 16 * warp + (lane % 8) + 8 * (lane / 16), col = kk * 16 + 8 * ((lane / 8) % 2);
-        cuda::ldmatrix_x4(kb, sk + key * Tr::kRowBytes + col * 2);
-        cuda::mma_m16n8k16<T>(sc[0], qa[kk], kb);
-        cuda::mma_m16n8k16<T>(sc[1], qa[kk], kb + 2);
+        uint32_t qk[4];
+        if constexpr (!Tr::kQInRegisters) load_q(qk, kk);
+        const uint32_t(&qf)[4] = Tr::kQInRegisters ? qa[kk] : qk;
+#pragma unroll
+        for (int n = 0; n < kN; n += 2) {
+          uint32_t kb[4];
+          const int key = key0 + 8 * n + (lane % 8) + 8 * (lane / 16), col = kk * 16 + 8 * ((lane / 8) % 2);
+          cuda::ldmatrix_x4(kb, sk + key * Tr::kRowBytes + col * 2);
+          cuda::mma_m16n8k16<T>(sc[n], qf, kb);
+          cuda::mma_m16n8k16<T>(sc[n + 1], qf, kb + 2);
+        }
       }
       // Scale, softcap, the element tests; the rows' running max (over the quad of a row).
       float mx[2] = {kNegInf, kNegInf};
 #pragma unroll
-      for (int n = 0; n < 2; ++n) {
+      for (int n = 0; n < kN; ++n) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int half = e / 2;
-          const int64_t j = j0 + 16 * warp + 8 * n + 2 * t + (e % 2);
+          const int64_t j = j0 + key0 + 8 * n + 2 * t + (e % 2);
           float x = sc[n][e] * scale;
           if (cap != 0.f) x = cap * cuda::fast_tanh(x / cap);
           if (row_h[half] < 0 ||
@@ -417,7 +284,6 @@ __global__ void __launch_bounds__(kDecodeThreads) attention_decode_mma_kernel(co
           mx[half] = fmaxf(mx[half], x);
         }
       }
-      uint32_t pa[4];
       float alpha[2];
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
@@ -427,91 +293,97 @@ __global__ void __launch_bounds__(kDecodeThreads) attention_decode_mma_kernel(co
         // (a row with nothing visible yet keeps m = -inf: its p are 0, alpha 1)
         alpha[half] = m_new == kNegInf ? 1.f : __expf(m[half] - m_new);
         m[half] = m_new;
+        l[half] *= alpha[half];
       }
 #pragma unroll
-      for (int n = 0; n < 2; ++n) {
+      for (int n = 0; n < kN; ++n) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int half = e / 2;
           sc[n][e] = m[half] == kNegInf ? 0.f : __expf(sc[n][e] - m[half]);
-          l[half] = (e % 2 == 0 && n == 0 ? l[half] * alpha[half] : l[half]) + sc[n][e];
+          l[half] += sc[n][e];
         }
       }
-      // P as the A operand (16 rows x 16 keys): pairs of the accumulators.
-      pa[0] = cuda::pack2<T>(sc[0][0], sc[0][1]);
-      pa[1] = cuda::pack2<T>(sc[0][2], sc[0][3]);
-      pa[2] = cuda::pack2<T>(sc[1][0], sc[1][1]);
-      pa[3] = cuda::pack2<T>(sc[1][2], sc[1][3]);
 #pragma unroll
       for (int nd = 0; nd < kNd; ++nd) {
         o[nd][0] *= alpha[0], o[nd][1] *= alpha[0], o[nd][2] *= alpha[1], o[nd][3] *= alpha[1];
       }
-      // O += P V: V (this warp's 16 keys x kD), two 8-column n-tiles per transposed ldmatrix.
+      // O += P V, 16 keys a step: P as the A operand (pairs of the accumulators), V (16 keys x kD)
+      // two 8-column n tiles per transposed ldmatrix.
 #pragma unroll
-      for (int nd = 0; nd < kNd; nd += 2) {
-        uint32_t vb[4];
-        const int key = 16 * warp + (lane % 8) + 8 * ((lane / 8) % 2), col = 8 * (nd + lane / 16);
-        cuda::ldmatrix_x4_trans(vb, sv + key * Tr::kRowBytes + col * 2);
-        cuda::mma_m16n8k16<T>(o[nd], pa, vb);
-        cuda::mma_m16n8k16<T>(o[nd + 1], pa, vb + 2);
+      for (int ks = 0; ks < kN / 2; ++ks) {
+        uint32_t pa[4];
+        pa[0] = cuda::pack2<T>(sc[2 * ks][0], sc[2 * ks][1]);
+        pa[1] = cuda::pack2<T>(sc[2 * ks][2], sc[2 * ks][3]);
+        pa[2] = cuda::pack2<T>(sc[2 * ks + 1][0], sc[2 * ks + 1][1]);
+        pa[3] = cuda::pack2<T>(sc[2 * ks + 1][2], sc[2 * ks + 1][3]);
+#pragma unroll
+        for (int nd = 0; nd < kNd; nd += 2) {
+          uint32_t vb[4];
+          const int key = key0 + 16 * ks + (lane % 8) + 8 * ((lane / 8) % 2), col = 8 * (nd + lane / 16);
+          cuda::ldmatrix_x4_trans(vb, sv + key * Tr::kRowBytes + col * 2);
+          cuda::mma_m16n8k16<T>(o[nd], pa, vb);
+          cuda::mma_m16n8k16<T>(o[nd + 1], pa, vb + 2);
+        }
       }
     }
     __syncthreads();  // (the stage is refilled next)
   }
 
-  // The four warps' states combined (warps 1-3 hand theirs to warp 0 through the idle stages, each
-  // lane's fragments side by side), then written as this block's partial state of rows g, g + 8.
+  // The warps of an m tile combined (warps kw > 0 hand theirs to the m tile's first warp through the
+  // idle stages, each lane's fragments side by side), then written as this block's partial state of
+  // rows 16 mt + g, + 8.
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     l[half] += __shfl_xor_sync(0xffffffffu, l[half], 1);
     l[half] += __shfl_xor_sync(0xffffffffu, l[half], 2);
   }
-  cuda::cp_async_wait<0>();  // (no copy is left in flight where the states go)
-  float4* handoff = reinterpret_cast<float4*>(stages);  // [warp 1-3][kNd + 1][32 lanes]
-  if (warp > 0) {
-    float4* mine = handoff + (warp - 1) * (kNd + 1) * 32 + lane;
+  if constexpr (kKeyWarps > 1) {
+    cuda::cp_async_wait<0>();  // (no copy is left in flight where the states go)
+    // [m tile][warp kw 1 .. kKeyWarps - 1][kNd + 1][32 lanes]
+    float4* handoff = reinterpret_cast<float4*>(stages) + mt * (kKeyWarps - 1) * (kNd + 1) * 32;
+    if (kw > 0) {
+      float4* mine = handoff + (kw - 1) * (kNd + 1) * 32 + lane;
 #pragma unroll
-    for (int nd = 0; nd < kNd; ++nd) mine[nd * 32] = make_float4(o[nd][0], o[nd][1], o[nd][2], o[nd][3]);
-    mine[kNd * 32] = make_float4(m[0], m[1], l[0], l[1]);
-  }
-  __syncthreads();
-  if (warp > 0) return;
-  float f[kDecodeWarps][2];  // each warp's weight, per half
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    float mw[kDecodeWarps], mx = m[half];
-    mw[0] = m[half];
-#pragma unroll
-    for (int w = 1; w < kDecodeWarps; ++w) {
-      const float4 ml = handoff[((w - 1) * (kNd + 1) + kNd) * 32 + lane];
-      mw[w] = half == 0 ? ml.x : ml.y;
-      mx = fmaxf(mx, mw[w]);
+      for (int nd = 0; nd < kNd; ++nd) mine[nd * 32] = make_float4(o[nd][0], o[nd][1], o[nd][2], o[nd][3]);
+      mine[kNd * 32] = make_float4(m[0], m[1], l[0], l[1]);
     }
-    float sum = 0.f;
+    __syncthreads();
+    if (kw > 0) return;
+    float f[kKeyWarps][2];  // each warp's weight, per half
 #pragma unroll
-    for (int w = 0; w < kDecodeWarps; ++w) {
-      f[w][half] = mw[w] == kNegInf ? 0.f : __expf(mw[w] - mx);
-      const float lw = w == 0 ? l[half] : [&] {
+    for (int half = 0; half < 2; ++half) {
+      float mw[kKeyWarps], lw[kKeyWarps], mx = m[half];
+      mw[0] = m[half], lw[0] = l[half];
+#pragma unroll
+      for (int w = 1; w < kKeyWarps; ++w) {
         const float4 ml = handoff[((w - 1) * (kNd + 1) + kNd) * 32 + lane];
-        return half == 0 ? ml.z : ml.w;
-      }();
-      sum += f[w][half] * lw;
+        mw[w] = half == 0 ? ml.x : ml.y;
+        lw[w] = half == 0 ? ml.z : ml.w;
+        mx = fmaxf(mx, mw[w]);
+      }
+      float sum = 0.f;
+#pragma unroll
+      for (int w = 0; w < kKeyWarps; ++w) {
+        f[w][half] = mw[w] == kNegInf ? 0.f : __expf(mw[w] - mx);
+        sum += f[w][half] * lw[w];
+      }
+      m[half] = mx, l[half] = sum;
     }
-    m[half] = mx, l[half] = sum;
-  }
 #pragma unroll
-  for (int nd = 0; nd < kNd; ++nd) {
-    o[nd][0] *= f[0][0], o[nd][1] *= f[0][0], o[nd][2] *= f[0][1], o[nd][3] *= f[0][1];
+    for (int nd = 0; nd < kNd; ++nd) {
+      o[nd][0] *= f[0][0], o[nd][1] *= f[0][0], o[nd][2] *= f[0][1], o[nd][3] *= f[0][1];
 #pragma unroll
-    for (int w = 1; w < kDecodeWarps; ++w) {
-      const float4 x = handoff[((w - 1) * (kNd + 1) + nd) * 32 + lane];
-      o[nd][0] += f[w][0] * x.x, o[nd][1] += f[w][0] * x.y, o[nd][2] += f[w][1] * x.z, o[nd][3] += f[w][1] * x.w;
+      for (int w = 1; w < kKeyWarps; ++w) {
+        const float4 x = handoff[((w - 1) * (kNd + 1) + nd) * 32 + lane];
+        o[nd][0] += f[w][0] * x.x, o[nd][1] += f[w][0] * x.y, o[nd][2] += f[w][1] * x.z, o[nd][3] += f[w][1] * x.w;
+      }
     }
   }
   const int64_t task = (b * p.kv_heads + hk) * s.chunks + c;
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
-    const int r = g + 8 * half;
+    const int r = 16 * mt + g + 8 * half;
     if (r >= rows) continue;
     float* out = s.part + (task * rows + r) * decode_part_stride(kD);
 #pragma unroll
@@ -521,6 +393,7 @@ __global__ void __launch_bounds__(kDecodeThreads) attention_decode_mma_kernel(co
     if (t == 0) out[kD] = m[half], out[kD + 1] = l[half];
   }
 }
+
 
 // One block a query row: the chunks' partial states merged into the output and the LSE. Every warp
 // finds the max and the weighted sum over all parts (lanes over parts, reductions in a fixed order);
@@ -587,34 +460,8 @@ __global__ void __launch_bounds__(kMergeThreads) attention_decode_merge_kernel(c
   }
 }
 
-// The kernel's shared-memory limit raised to what it takes at most (its largest row count), once per
-// device (cuda::configure_once; a binary without its code answers cudaErrorNoKernelImageForDevice).
-template <typename Tr, typename T>
-cudaError_t configure_decode() {
-  static signed char state[64] = {};
-  return cuda::configure_once(attention_decode_kernel<Tr, T>, Tr::smem_bytes(Tr::kMaxRows), state,
-                              [](const cudaFuncAttributes&) { return true; });
-}
-
-template <typename Tr, typename T>
-cudaError_t launch_decode(const AttentionCudaArgs& a, DecodeSplit s, cudaStream_t stream) {
-  const AttentionParams& p = a.g.fwd;
-  if (s.rows < 1 || s.rows > Tr::kMaxRows) return cudaErrorInvalidValue;
-  const cudaError_t err = configure_decode<Tr, T>();
-  if (err != cudaSuccess) return err;
-  const dim3 grid(static_cast<unsigned>(s.chunks), static_cast<unsigned>(p.kv_heads), static_cast<unsigned>(p.batch));
-  attention_decode_kernel<Tr, T><<<grid, kDecodeThreads, Tr::smem_bytes(s.rows), stream>>>(a, s);
-  cudaError_t launched = cudaGetLastError();
-  if (launched != cudaSuccess) return launched;
-  const int64_t rows = p.batch * p.kv_heads * s.rows;
-  attention_decode_merge_kernel<Tr::kD, T><<<static_cast<unsigned>(rows), kMergeThreads, 0, stream>>>(a, s);
-  return cudaGetLastError();
-}
-
-// The CUDA-core kernel at this head dim: up to decode_max_rows rows.
-template <int kD>
-using ManyRows = DecodeTraits<kD, decode_max_rows(kD)>;
-
+// The kernel's shared-memory limit raised to what it takes, once per device (cuda::configure_once; a
+// binary without its code answers cudaErrorNoKernelImageForDevice).
 template <typename Tr, typename T>
 cudaError_t configure_decode_mma() {
   static signed char state[64] = {};
@@ -638,55 +485,42 @@ cudaError_t launch_decode_mma(const AttentionCudaArgs& a, DecodeSplit s, cudaStr
   return cudaGetLastError();
 }
 
-// Paged caches' tensor-core decode: three stages (the page-table rows add latency a tile that two
-// stages do not cover: B8 x 32k at page sizes 16 / 64 / 256 ran 4-5 % faster, LOG.md "Serving (issue
-// 32), session 2"; contiguous caches gained nothing and keep two). The split sizes from the
-// two-stage kernel's occupancy (the same blocks an SM at head dims 128 and 256).
-template <int kD>
-using PagedDecodeMmaTraits = DecodeMmaTraits<kD, 3>;
+// The decode kernel for `rows` query rows: the fewest m tiles that hold them. Paged caches at one m
+// tile: three stages (the page-table rows add latency a tile that two stages do not cover: B8 x 32k
+// at page sizes 16 / 64 / 256 ran 4-5 % faster, LOG.md "Serving (issue 32), session 2"; contiguous
+// caches gained nothing and keep two; more m tiles keep two, for two blocks an SM). `f` is called
+// with a value of the traits type.
+template <int kD, typename F>
+decltype(auto) with_decode_traits(int rows, bool paged, F&& f) {
+  static_assert(decode_max_rows(kD) == 2 * kDecodeMmaRows || decode_max_rows(kD) == 4 * kDecodeMmaRows);
+  if constexpr (decode_max_rows(kD) > 2 * kDecodeMmaRows) {
+    if (rows > 2 * kDecodeMmaRows) return f(DecodeMmaTraits<kD, 2, 4>{});
+  }
+  if (rows > kDecodeMmaRows) return f(DecodeMmaTraits<kD, 2, 2>{});
+  if (paged) return f(DecodeMmaTraits<kD, 3, 1>{});
+  return f(DecodeMmaTraits<kD, 2, 1>{});
+}
 
 template <int kD>
 int run_decode(const AttentionCudaArgs& a, const DecodeSplit& s, void* stream) {
   const auto st = static_cast<cudaStream_t>(stream);
-  if (s.tensor_cores && a.g.fwd.block_table) {
+  return with_decode_traits<kD>(s.rows, a.g.fwd.block_table != nullptr, [&](auto tr) -> int {
+    using Tr = decltype(tr);
     switch (a.g.fwd.dtype) {
-      case DType::kBFloat16: return launch_decode_mma<PagedDecodeMmaTraits<kD>, __nv_bfloat16>(a, s, st);
-      case DType::kFloat16: return launch_decode_mma<PagedDecodeMmaTraits<kD>, __half>(a, s, st);
+      case DType::kBFloat16: return launch_decode_mma<Tr, __nv_bfloat16>(a, s, st);
+      case DType::kFloat16: return launch_decode_mma<Tr, __half>(a, s, st);
       default: return cudaErrorInvalidValue;
     }
-  }
-  if (s.tensor_cores) {
-    switch (a.g.fwd.dtype) {
-      case DType::kBFloat16: return launch_decode_mma<DecodeMmaTraits<kD>, __nv_bfloat16>(a, s, st);
-      case DType::kFloat16: return launch_decode_mma<DecodeMmaTraits<kD>, __half>(a, s, st);
-      default: return cudaErrorInvalidValue;
-    }
-  }
-  switch (a.g.fwd.dtype) {
-    case DType::kBFloat16: return launch_decode<ManyRows<kD>, __nv_bfloat16>(a, s, st);
-    case DType::kFloat16: return launch_decode<ManyRows<kD>, __half>(a, s, st);
-    default: return cudaErrorInvalidValue;
-  }
+  });
 }
 
 // Resident decode blocks of `rows` query rows an SM holds (the float16 and bfloat16 kernels use the
-// same resources); 0 where the binary has no kernel for this GPU.
-template <typename Tr>
-int decode_occupancy(int rows) {
-  if (configure_decode<Tr, __nv_bfloat16>() != cudaSuccess) return 0;
-  int blocks = 0;
-  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, attention_decode_kernel<Tr, __nv_bfloat16>,
-                                                    kDecodeThreads, Tr::smem_bytes(rows)) != cudaSuccess) {
-    cudaGetLastError();
-    return 0;
-  }
-  return blocks;
-}
-
+// same resources; the split sizes from the contiguous cache's kernel); 0 where the binary has no
+// kernel for this GPU.
 template <int kD>
 int decode_blocks_per_sm(int rows) {
-  if (rows <= kDecodeMmaRows) {
-    using Tr = DecodeMmaTraits<kD>;
+  return with_decode_traits<kD>(rows, false, [](auto tr) -> int {
+    using Tr = decltype(tr);
     if (configure_decode_mma<Tr, __nv_bfloat16>() != cudaSuccess) return 0;
     int blocks = 0;
     if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, attention_decode_mma_kernel<Tr, __nv_bfloat16>,
@@ -695,8 +529,7 @@ int decode_blocks_per_sm(int rows) {
       return 0;
     }
     return blocks;
-  }
-  return decode_occupancy<ManyRows<kD>>(rows);
+  });
 }
 
 }  // namespace attention_cuda
