@@ -150,16 +150,40 @@ struct FwdSmem {
         v_own(q_full + kBars + 4 * Tr::kStages) {}
 };
 
-// Per-sequence key counts (kv_lens) and paged caches in the producer. A K or V tile of kBlockN rows
-// from the key tile `tile` of batch row b into dst (kPanels boxes of 64 columns) through map,
-// completing on the mbarrier at bar (which expects the tile's bytes): one box a panel (lane 0), or
-// for a paged cache (map: (D, page_size, Hkv, num_pages), boxes of min(page_size, kBlockN) rows) a
-// box a page run, lane r issuing run r (the page from the table; runs past the table's entries,
-// rows past the sequence's keys, read page 0). The paged page size divides kBlockN or is a
-// multiple of it (hopper_fwd_pages), so a box never crosses a page.
+// Per-sequence key counts (kv_lens) and paged caches in the producer. A paged cache's tile `tile`
+// of batch row b is kBlockN / box page runs (boxes of min(page_size, kBlockN) rows); lane r < that
+// looks up run r's page and first slot (runs past the table's entries, rows past the sequence's
+// keys, read page 0). The producer looks a tile's runs up before it waits for the tile's stages
+// (the table read overlaps the wait) and both the K and the V tile use them. Unpaged: nothing read.
+struct FwdPageRun {
+  int page = 0, slot = 0;
+};
+
+template <typename Tr>
+__device__ __forceinline__ FwdPageRun fwd_page_run(const AttentionParams& p, int64_t b, int tile, int lane) {
+  constexpr int kBN = Tr::kBlockN;
+  FwdPageRun r;
+  if (!p.block_table) return r;
+  const int ps = static_cast<int>(p.page_size), box = ps < kBN ? ps : kBN;
+  if (lane < kBN / box) {
+    const int64_t j = int64_t{tile} * kBN + lane * box, lp = j / ps;
+    if (lp < p.table_bs) {
+      const int64_t e = p.block_table[b * p.table_bs + lp];
+      r.page = static_cast<int>(e < 0 ? 0 : e >= p.num_pages ? p.num_pages - 1 : e);
+      r.slot = static_cast<int>(j - lp * ps);
+    }
+  }
+  return r;
+}
+
+// A K or V tile of kBlockN rows from the key tile `tile` into dst (kPanels boxes of 64 columns)
+// through map, completing on the mbarrier at bar (which expects the tile's bytes): one box a panel
+// (lane 0), or for a paged cache (map: (D, page_size, Hkv, num_pages)) a box a page run, lane r
+// issuing run r (its FwdPageRun). The paged page size divides kBlockN or is a multiple of it
+// (hopper_fwd_pages), so a box never crosses a page.
 template <typename Tr>
 __device__ __forceinline__ void fwd_load_kv_tile(const CUtensorMap* map, unsigned char* dst, const AttentionParams& p,
-                                                 int64_t b, int tile, int row0, int hk, int tb, uint32_t bar,
+                                                 int tile, int row0, int hk, int tb, uint32_t bar, FwdPageRun run,
                                                  int lane) {
   constexpr int kBN = Tr::kBlockN;
   if (!p.block_table) {
@@ -173,17 +197,10 @@ __device__ __forceinline__ void fwd_load_kv_tile(const CUtensorMap* map, unsigne
   }
   const int ps = static_cast<int>(p.page_size), box = ps < kBN ? ps : kBN;
   if (lane < kBN / box) {
-    const int64_t j = int64_t{tile} * kBN + lane * box, lp = j / ps;
-    int page = 0, slot = 0;
-    if (lp < p.table_bs) {
-      const int64_t e = p.block_table[b * p.table_bs + lp];
-      page = static_cast<int>(e < 0 ? 0 : e >= p.num_pages ? p.num_pages - 1 : e);
-      slot = static_cast<int>(j - lp * ps);
-    }
 #pragma unroll
     for (int pn = 0; pn < Tr::kPanels; ++pn) {
-      cuda::tma_load_4d(cuda::smem_addr(dst + pn * Tr::kKVPanelBytes + lane * box * 128), map, pn * 64, slot, hk,
-                        page, bar);
+      cuda::tma_load_4d(cuda::smem_addr(dst + pn * Tr::kKVPanelBytes + lane * box * 128), map, pn * 64, run.slot, hk,
+                        run.page, bar);
     }
   }
 }
@@ -206,21 +223,21 @@ __device__ __forceinline__ bool fwd_v_tile_ragged(const AttentionParams& p, cons
 // tiles complete on the stage's full barrier as they land. Lane 0 has acquired the stage.
 template <typename Tr>
 __device__ __forceinline__ void fwd_load_v_tile(const FwdSmem<Tr>& sm, const CUtensorMap* map, unsigned char* dst,
-                                                const AttentionParams& p, const AttentionPattern& pat, int64_t b,
-                                                int tile, int row0, int hk, int tb,
+                                                const AttentionParams& p, const AttentionPattern& pat, int tile,
+                                                int row0, int hk, int tb, FwdPageRun run,
                                                 const cuda::PipelineState<Tr::kStages>& w, uint32_t& own_phase,
                                                 int lane) {
   constexpr int kBN = Tr::kBlockN;
   if (!fwd_v_tile_ragged<Tr>(p, pat, tile)) {
     if (lane == 0) sm.pv.producer_commit(w, Tr::kKVBytes);
     __syncwarp();
-    fwd_load_kv_tile<Tr>(map, dst, p, b, tile, row0, hk, tb, cuda::smem_addr(&sm.pv.full[w.index]), lane);
+    fwd_load_kv_tile<Tr>(map, dst, p, tile, row0, hk, tb, cuda::smem_addr(&sm.pv.full[w.index]), run, lane);
     return;
   }
   const uint32_t own = cuda::smem_addr(sm.v_own);
   if (lane == 0) cuda::mbar_arrive_expect_tx(own, Tr::kKVBytes);
   __syncwarp();
-  fwd_load_kv_tile<Tr>(map, dst, p, b, tile, row0, hk, tb, own, lane);
+  fwd_load_kv_tile<Tr>(map, dst, p, tile, row0, hk, tb, own, run, lane);
   cuda::mbar_wait(own, own_phase);
   own_phase ^= 1u;
   const int keep = static_cast<int>(pat.sk - int64_t{tile} * kBN);  // (rows [keep, kBN) are zeroed; keep >= 1)
@@ -520,10 +537,12 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
          tile = walk.next(tile + 1, tc, lane), w.advance()) {
       unsigned char* const sK = sKV + w.index * Tr::kStageBytes;
       const uint32_t k_full = smem_addr(&pk.full[w.index]);
+      // (kKvCache: a paged tile's page runs, read before the stage waits)
+      const FwdPageRun run = Tr::kKvCache ? fwd_page_run<Tr>(p, b, tile, lane) : FwdPageRun{};
       const auto load_k = [&](uint32_t bar) {
         if constexpr (Tr::kKvCache) {
           __syncwarp();
-          fwd_load_kv_tile<Tr>(&map_k, sK, p, b, tile, k_row0, hk, tb, bar, lane);
+          fwd_load_kv_tile<Tr>(&map_k, sK, p, tile, k_row0, hk, tb, bar, run, lane);
         } else if (lane == 0) {
 #pragma unroll
           for (int pn = 0; pn < Tr::kPanels; ++pn) {
@@ -563,7 +582,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       if constexpr (Tr::kKvCache) {
         if (lane == 0) pv.producer_acquire(w);
         __syncwarp();
-        fwd_load_v_tile<Tr>(sm, &map_v, sK + Tr::kKVBytes, p, pat, b, tile, k_row0, hk, tb, w, own_phase, lane);
+        fwd_load_v_tile<Tr>(sm, &map_v, sK + Tr::kKVBytes, p, pat, tile, k_row0, hk, tb, run, w, own_phase, lane);
       } else if (lane == 0) {
         pv.producer_acquire(w);
         const uint32_t bar = pv.producer_commit(w, Tr::kKVBytes);
