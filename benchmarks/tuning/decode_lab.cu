@@ -41,7 +41,7 @@ std::vector<at::Tensor> run(const at::Tensor& q, const at::Tensor& k, const at::
   LabSplit s;
   s.rows = static_cast<int>(p.heads / p.kv_heads);
   TORCH_CHECK(s.rows <= opforge::kDecodeMmaRows);
-  s.tensor_cores = true, s.chunks = static_cast<int>(chunks), s.direct = direct, s.programmatic = programmatic;
+  s.chunks = static_cast<int>(chunks), s.direct = direct, s.programmatic = programmatic;
   at::Tensor part;
   if (chunks > 1 || !direct) {
     part = at::empty({p.batch * p.kv_heads * s.chunks * s.rows * opforge::decode_part_stride(128)},

@@ -83,10 +83,11 @@ def attention(
             ``kv_lens[b] - Sq + i``: causal and windows count from there). Counts are read on the
             device only (clamped to [0, Sk]), so a CUDA graph replays the call after the counts are
             updated in place. Without gradients the kernels take the counts themselves: decoding
-            calls (Sq x the GQA group <= 32; 64 at CUDA head dims 65-128) the decode kernel, more
-            query rows (a chunk of new tokens: chunked prefill) the Hopper (or mma.sync) forward on
-            CUDA and the tiled kernel on the CPU. With gradients the exact block mask is built
-            first, which reads the counts on the host. segment_ids must then be a pair.
+            calls (Sq x the GQA group <= 32 on the CPU; on CUDA 64, 32 at head dims above 128) the
+            decode kernel, more query rows (a chunk of new tokens: chunked prefill) the Hopper (or
+            mma.sync) forward on CUDA and the tiled kernel on the CPU. With gradients the exact
+            block mask is built first, which reads the counts on the host. segment_ids must then be
+            a pair.
         block_table: (B, max_pages) int32 / int64 on q's device, with kv_lens: k and v are then paged
             caches (num_pages, page_size, Hkv, D) (FlashAttention's ``flash_attn_with_kvcache`` and
             vLLM's layout; `paged_kv_append` writes new tokens into them) and sequence b's key j is

@@ -338,8 +338,8 @@ __global__ void __launch_bounds__(kDecodeThreads) attention_decode_mma_kernel(co
     l[half] += __shfl_xor_sync(0xffffffffu, l[half], 1);
     l[half] += __shfl_xor_sync(0xffffffffu, l[half], 2);
   }
+  cuda::cp_async_wait<0>();  // (no copy is left in flight where the states go, or when the block ends)
   if constexpr (kKeyWarps > 1) {
-    cuda::cp_async_wait<0>();  // (no copy is left in flight where the states go)
     // [m tile][warp kw 1 .. kKeyWarps - 1][kNd + 1][32 lanes]
     float4* handoff = reinterpret_cast<float4*>(stages) + mt * (kKeyWarps - 1) * (kNd + 1) * 32;
     if (kw > 0) {
