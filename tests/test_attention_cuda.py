@@ -793,17 +793,18 @@ def test_paged_decode_reads_the_pages_in_place():
     assert max_err(got, want) < 2e-2
 
 
-@pytest.mark.parametrize("variant", ["auto", "mma_sync"])
-def test_paged_chunk_cuda_graph(variant):
-    """A chunked-prefill step (paged_kv_append of 48 new tokens, then their attention over the pages:
-    the Hopper forward's KV-cache form, or mma.sync) captured once replays with the counts, the table
-    and the tokens updated in place."""
-    B, H, Hkv, D, ps, P, S_new = 2, 16, 4, 128, 16, 40, 48
+def replay_paged_step(B, H, Hkv, P, S_new, lens_first, lens_next, variant="auto"):
+    """A serving step (paged_kv_append of S_new new tokens a sequence, then their attention over the
+    pages) captured once in a CUDA graph and replayed with the counts, the table and the tokens
+    updated in place (nothing read on the host), the output poisoned before each replay; each
+    replay is checked against the reference on the pages in table order. lens_next(i): the counts
+    of replay i."""
+    D, ps = 128, 16
     pages = B * P
     kc = torch.randn(pages, ps, Hkv, D, dtype=torch.bfloat16, device=DEV)
     vc = torch.randn_like(kc)
     table = torch.randperm(pages, device=DEV).view(B, P).to(torch.int32)
-    lens = torch.tensor([100, 500], device=DEV)
+    lens = torch.tensor(lens_first, device=DEV)
     q = torch.randn(B, H, S_new, D, dtype=torch.bfloat16, device=DEV)
     k_new, v_new = (torch.randn(B, Hkv, S_new, D, dtype=torch.bfloat16, device=DEV) for _ in range(2))
     after = torch.empty_like(lens)
@@ -819,57 +820,32 @@ def test_paged_chunk_cuda_graph(variant):
     with torch.cuda.graph(graph):
         out = step()
     for i in range(3):
-        lens.copy_(torch.tensor([37 + 100 * i, 590 - 7 * i], device=DEV))
+        lens.copy_(torch.tensor(lens_next(i), device=DEV))
         table.copy_(torch.randperm(pages, device=DEV).view(B, P))
         for t in (q, k_new, v_new):
             t.copy_(torch.randn_like(t))
+        out.fill_(float("nan"))
         graph.replay()
         torch.cuda.synchronize()
-        n = lens + S_new
         k = kc[table.long()].flatten(1, 2).transpose(1, 2)  # (B, Hkv, P x ps, D), the pages in order
         v = vc[table.long()].flatten(1, 2).transpose(1, 2)
         for b in range(B):  # the new tokens in their slots
             assert torch.equal(k[b, :, lens[b] : lens[b] + S_new], k_new[b])
-        want = reference.attention(q.double(), k.double(), v.double(), kv_lens=n, causal=True)
+        want = reference.attention(q.double(), k.double(), v.double(), kv_lens=lens + S_new, causal=True)
         assert max_err(out, want) < 2e-2
+
+
+@pytest.mark.parametrize("variant", ["auto", "mma_sync"])
+def test_paged_chunk_cuda_graph(variant):
+    """A chunked-prefill step (48 new tokens a sequence: the Hopper forward's KV-cache form, or
+    mma.sync) replays in a CUDA graph with new counts, table and tokens."""
+    replay_paged_step(2, 16, 4, 40, 48, [100, 500], lambda i: [37 + 100 * i, 590 - 7 * i], variant)
 
 
 def test_paged_decode_cuda_graph():
-    """A decode step (paged_kv_append of the new token, then attention over the pages) captured once
-    replays with the counts, the table and the token updated in place: nothing is read on the host."""
-    B, H, Hkv, D, ps, P = 3, 32, 8, 128, 16, 64
-    pages = B * P
-    kc = torch.randn(pages, ps, Hkv, D, dtype=torch.bfloat16, device=DEV)
-    vc = torch.randn_like(kc)
-    table = torch.randperm(pages, device=DEV).view(B, P).to(torch.int32)
-    lens = torch.tensor([100, 700, 1000], device=DEV)
-    q = torch.randn(B, H, 1, D, dtype=torch.bfloat16, device=DEV)
-    k_new, v_new = (torch.randn(B, Hkv, 1, D, dtype=torch.bfloat16, device=DEV) for _ in range(2))
-    after = torch.empty_like(lens)
-
-    def step():
-        opforge.paged_kv_append(kc, vc, k_new, v_new, table, lens)
-        after.copy_(lens + 1)
-        return opforge.attention(q, kc, vc, kv_lens=after, block_table=table, causal=True)
-
-    step()  # warm-up outside the capture
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = step()
-    for i in range(3):
-        lens.copy_(torch.tensor([101 + i, 50 + 300 * i, 1020 - i], device=DEV))
-        table.copy_(torch.randperm(pages, device=DEV).view(B, P))
-        for t in (q, k_new, v_new):
-            t.copy_(torch.randn_like(t))
-        graph.replay()
-        torch.cuda.synchronize()
-        n = lens + 1
-        k = kc[table.long()].flatten(1, 2).transpose(1, 2)  # (B, Hkv, P x ps, D), the pages in order
-        v = vc[table.long()].flatten(1, 2).transpose(1, 2)
-        assert torch.equal(k[torch.arange(B), :, lens], k_new[:, :, 0])  # the new token in its slot
-        want = reference.attention(q.double(), k.double(), v.double(), kv_lens=n, causal=True)
-        assert max_err(out, want) < 2e-2
+    """A decode step (one new token a sequence: the decode kernel) replays in a CUDA graph with new
+    counts, table and token."""
+    replay_paged_step(3, 32, 8, 64, 1, [100, 700, 1000], lambda i: [101 + i, 50 + 300 * i, 1020 - i])
 
 
 def test_paged_kv_append_drops_what_the_table_does_not_hold():

@@ -247,11 +247,10 @@ AttentionKernel choose_attention_kernel(const char* op, const AttentionCall& cal
   if (variant == "auto") {
     // (a paged cache the Hopper forward's boxes cannot tile: the mma.sync forward, which addresses
     // each row)
-    const bool pages_ok = call.page_size == 0 || attention_hopper_fwd_pages(call.page_size, attention_cuda_head_dim(call.head_dim));
-    kernel = call.decodes()                      ? AttentionKernel::kDecode
-             : !call.cuda                        ? AttentionKernel::kTiled
-             : call.hopper_missing || !pages_ok  ? AttentionKernel::kMmaSync
-                                                 : AttentionKernel::kHopper;
+    kernel = call.decodes()                                 ? AttentionKernel::kDecode
+             : !call.cuda                                   ? AttentionKernel::kTiled
+             : call.hopper_missing || !call.hopper_pages()  ? AttentionKernel::kMmaSync
+                                                            : AttentionKernel::kHopper;
   } else if (variant == "decode" && !call.backward) {
     TORCH_CHECK_VALUE(!call.varlen, op, ": variant 'decode' does not take packed sequences (cu_seqlens); on ", device,
                       " they run on: ", call.cuda ? "auto, hopper, mma_sync" : "auto, tiled");
@@ -263,8 +262,8 @@ AttentionKernel choose_attention_kernel(const char* op, const AttentionCall& cal
     kernel = AttentionKernel::kTiled;
   } else if (variant == "hopper" && call.cuda) {
     TORCH_CHECK_VALUE(!call.hopper_missing, op, ": variant 'hopper' cannot run here: ", call.hopper_missing);
-    TORCH_CHECK_VALUE(call.page_size == 0 || attention_hopper_fwd_pages(call.page_size, attention_cuda_head_dim(call.head_dim)),
-                      op, ": variant 'hopper' reads paged caches whose page size is a multiple of its key tile (",
+    TORCH_CHECK_VALUE(call.hopper_pages(), op,
+                      ": variant 'hopper' reads paged caches whose page size is a multiple of its key tile (",
                       attention_hopper_fwd_block_n(attention_cuda_head_dim(call.head_dim)),
                       " rows at this head dim) or divides it (at least 8 rows), got page size ", call.page_size,
                       " (variant 'mma_sync' takes any)");

@@ -63,6 +63,10 @@ struct AttentionCall {
   int64_t decode_max_rows() const {
     return cuda ? attention_cuda_decode_max_rows(attention_cuda_head_dim(head_dim)) : kAttentionCpuDecodeMaxRows;
   }
+  // Whether the Hopper forward reads this call's K / V: not paged, or pages its boxes tile.
+  bool hopper_pages() const {
+    return page_size == 0 || attention_hopper_fwd_pages(page_size, attention_cuda_head_dim(head_dim));
+  }
   // "auto"'s decode rule: few enough rows, and per-sequence counts or enough keys to split.
   bool decodes() const {
     return !backward && !varlen && rows() <= decode_max_rows() &&

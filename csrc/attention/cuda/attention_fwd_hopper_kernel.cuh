@@ -178,15 +178,16 @@ __device__ __forceinline__ FwdPageRun fwd_page_run(const AttentionParams& p, int
 
 // A K or V tile of kBlockN rows from the key tile `tile` into dst (kPanels boxes of 64 columns)
 // through map, completing on the mbarrier at bar (which expects the tile's bytes): one box a panel
-// (lane 0), or for a paged cache (map: (D, page_size, Hkv, num_pages)) a box a page run, lane r
-// issuing run r (its FwdPageRun). The paged page size divides kBlockN or is a multiple of it
-// (hopper_fwd_pages), so a box never crosses a page.
+// (lane 0), or for a paged cache (the KV-cache form; map: (D, page_size, Hkv, num_pages)) a box a
+// page run, lane r issuing run r (its FwdPageRun). The paged page size divides kBlockN or is a
+// multiple of it (hopper_fwd_pages), so a box never crosses a page. (The one-item kernel's K tiles
+// of every form and the KV-cache form's V tiles come through here.)
 template <typename Tr>
 __device__ __forceinline__ void fwd_load_kv_tile(const CUtensorMap* map, unsigned char* dst, const AttentionParams& p,
                                                  int tile, int row0, int hk, int tb, uint32_t bar, FwdPageRun run,
                                                  int lane) {
   constexpr int kBN = Tr::kBlockN;
-  if (!p.block_table) {
+  if (!Tr::kKvCache || !p.block_table) {
     if (lane == 0) {
 #pragma unroll
       for (int pn = 0; pn < Tr::kPanels; ++pn) {
@@ -540,16 +541,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       // (kKvCache: a paged tile's page runs, read before the stage waits)
       const FwdPageRun run = Tr::kKvCache ? fwd_page_run<Tr>(p, b, tile, lane) : FwdPageRun{};
       const auto load_k = [&](uint32_t bar) {
-        if constexpr (Tr::kKvCache) {
-          __syncwarp();
-          fwd_load_kv_tile<Tr>(&map_k, sK, p, tile, k_row0, hk, tb, bar, run, lane);
-        } else if (lane == 0) {
-#pragma unroll
-          for (int pn = 0; pn < Tr::kPanels; ++pn) {
-            cuda::tma_load_4d(smem_addr(sK + pn * Tr::kKVPanelBytes), &map_k, pn * 64, k_row0 + tile * kBN, hk, tb,
-                              bar);
-          }
-        }
+        if constexpr (Tr::kKvCache) __syncwarp();  // (every lane may issue a box)
+        fwd_load_kv_tile<Tr>(&map_k, sK, p, tile, k_row0, hk, tb, bar, run, lane);
       };
       if constexpr (Tr::kStageMask) {
         // The K copies first (their bytes expected without an arrival), then the lanes' bits
