@@ -52,13 +52,20 @@ gpu-check:
 cpp-example: setup
 	PYTHON=$(PYTHON) bash scripts/cpp_example.sh
 
+# The C++/CUDA sources under clang-format (.clang-format; the pinned release from ensure_deps dev).
+# The wheel's binary, not a clang-format on PATH (another release formats some lines differently).
+CLANG_FORMAT = $(PYTHON) -c 'import clang_format, sys; sys.argv[0] = "clang-format"; clang_format.clang_format()'
+CXX_SOURCES = git ls-files 'csrc/*.cpp' 'csrc/*.h' 'csrc/*.cu' 'csrc/*.cuh' 'examples/*.cpp' 'examples/*.h'
+
 lint:
 	@$(PYTHON) scripts/ensure_deps.py dev
 	$(PYTHON) -m ruff check . && $(PYTHON) -m ruff format --check .
+	$(CXX_SOURCES) | xargs $(CLANG_FORMAT) --dry-run --Werror
 
 format:
+	@$(PYTHON) scripts/ensure_deps.py dev
 	$(PYTHON) -m ruff format . && $(PYTHON) -m ruff check --fix .
-	find csrc examples -name '*.cpp' -o -name '*.h' -o -name '*.cu' -o -name '*.cuh' | xargs clang-format -i
+	$(CXX_SOURCES) | xargs $(CLANG_FORMAT) -i
 
 clean:
 	rm -rf build dist opforge/_C*.so opforge/_build_config.py bench-out *.egg-info

@@ -31,7 +31,8 @@ at::Tensor batched_nms(const at::Tensor& boxes, const at::Tensor& scores, const 
 
 // nms (or batched_nms with idxs) without a device->host synchronisation: keep has N entries,
 // the kept indices first and -1 after them; num_kept is a 0-d int64 tensor.
-std::tuple<at::Tensor, at::Tensor> nms_padded(const at::Tensor& boxes, const at::Tensor& scores, double iou_threshold,
+std::tuple<at::Tensor, at::Tensor> nms_padded(const at::Tensor& boxes, const at::Tensor& scores,
+                                              double iou_threshold,
                                               const std::optional<at::Tensor>& idxs = std::nullopt);
 
 // c = a @ b: a (m, k) and b (k, n), or batched (batch, m, k) and (batch, k, n); float32, float64,
@@ -46,9 +47,9 @@ at::Tensor matmul(const at::Tensor& a, const at::Tensor& b, c10::string_view var
 // region's (top, left); the rest is pad_value (a pixel value). Every value v is normalized as
 // (v * scale - mean[c]) / std[c] (mean, std: 3 values or empty = 0 and 1). channels = {0, 1, 2}
 // keeps the channel order, {2, 1, 0} reverses it (BGR <-> RGB). One pass over memory.
-at::Tensor preprocess_frames(const at::Tensor& frames, c10::IntArrayRef size, c10::IntArrayRef region, double scale,
-                             c10::ArrayRef<double> mean, c10::ArrayRef<double> std, double pad_value,
-                             c10::IntArrayRef channels, at::ScalarType out_dtype);
+at::Tensor preprocess_frames(const at::Tensor& frames, c10::IntArrayRef size, c10::IntArrayRef region,
+                             double scale, c10::ArrayRef<double> mean, c10::ArrayRef<double> std,
+                             double pad_value, c10::IntArrayRef channels, at::ScalarType out_dtype);
 
 // dst <- src (same shape and dtype; CPU or CUDA on either side) on the current CUDA stream, without
 // synchronizing the host: from pinned host memory and between devices fully asynchronous; from
@@ -66,20 +67,17 @@ at::Tensor to_device_async(const at::Tensor& src, at::Device device);
 // the backward's (the forward is always deterministic): the autograd of the Python API reads it here.
 // cu_seqlens_q / cu_seqlens_k (int32 (B + 1,)): q, k, v hold B variable-length sequences packed along
 // their sequence dim in a batch of one (the Python opforge.attention_varlen takes (total, H, D)).
-std::tuple<at::Tensor, at::Tensor> attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                             double scale, double softcap = 0.0, bool causal = false,
-                                             int64_t window_left = -1, int64_t window_right = -1,
-                                             int64_t prefix_len = 0,
-                                             const std::optional<at::Tensor>& q_segments = std::nullopt,
-                                             const std::optional<at::Tensor>& kv_segments = std::nullopt,
-                                             const std::optional<at::Tensor>& mask_kinds = std::nullopt,
-                                             const std::optional<at::Tensor>& mask_index = std::nullopt,
-                                             const std::optional<at::Tensor>& mask_bits = std::nullopt,
-                                             int64_t block_q = 128, int64_t block_k = 128,
-                                             const std::optional<at::Tensor>& kv_lens = std::nullopt,
-                                             c10::string_view variant = "auto",
-                                             std::optional<bool> deterministic = std::nullopt,
-                                             const std::optional<at::Tensor>& cu_seqlens_q = std::nullopt,
-                                             const std::optional<at::Tensor>& cu_seqlens_k = std::nullopt);
+std::tuple<at::Tensor, at::Tensor> attention(
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale, double softcap = 0.0,
+    bool causal = false, int64_t window_left = -1, int64_t window_right = -1, int64_t prefix_len = 0,
+    const std::optional<at::Tensor>& q_segments = std::nullopt,
+    const std::optional<at::Tensor>& kv_segments = std::nullopt,
+    const std::optional<at::Tensor>& mask_kinds = std::nullopt,
+    const std::optional<at::Tensor>& mask_index = std::nullopt,
+    const std::optional<at::Tensor>& mask_bits = std::nullopt, int64_t block_q = 128, int64_t block_k = 128,
+    const std::optional<at::Tensor>& kv_lens = std::nullopt, c10::string_view variant = "auto",
+    std::optional<bool> deterministic = std::nullopt,
+    const std::optional<at::Tensor>& cu_seqlens_q = std::nullopt,
+    const std::optional<at::Tensor>& cu_seqlens_k = std::nullopt);
 
 }  // namespace opforge

@@ -4,7 +4,14 @@
 #include <Python.h>
 
 extern "C" PyMODINIT_FUNC PyInit__C(void) {
-  static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_C", "opforge's compiled operators", -1,
-                                      nullptr, nullptr, nullptr, nullptr, nullptr};
+  static struct PyModuleDef module = {PyModuleDef_HEAD_INIT,
+                                      "_C",
+                                      "opforge's compiled operators",
+                                      -1,
+                                      nullptr,
+                                      nullptr,
+                                      nullptr,
+                                      nullptr,
+                                      nullptr};
   return PyModule_Create(&module);
 }

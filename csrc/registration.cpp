@@ -6,7 +6,8 @@ TORCH_LIBRARY(opforge, m) {
   m.def("vector_add(Tensor a, Tensor b) -> Tensor");
   m.def("nms(Tensor boxes, Tensor scores, float iou_threshold) -> Tensor");
   m.def("batched_nms(Tensor boxes, Tensor scores, Tensor idxs, float iou_threshold) -> Tensor");
-  m.def("nms_padded(Tensor boxes, Tensor scores, float iou_threshold, Tensor? idxs=None) -> (Tensor, Tensor)");
+  m.def(
+      "nms_padded(Tensor boxes, Tensor scores, float iou_threshold, Tensor? idxs=None) -> (Tensor, Tensor)");
   m.def("matmul(Tensor a, Tensor b, *, str variant=\"auto\") -> Tensor");
   // Frames (N, H, W, C) uint8 -> (N, 3, size[0], size[1]) normalized; the resized frame fills
   // region = (top, left, height, width) of the output, the pad value the rest. The Python wrapper
@@ -19,14 +20,15 @@ TORCH_LIBRARY(opforge, m) {
   m.def("to_device_async(Tensor src, Device device) -> Tensor");
   // Attention over (B, H, S, D) q and (B, Hkv, S, D) k, v with a pattern (attention/attention_params.h
   // defines it): causal, a window (-1: unbounded side), a prefix, segment ids, a block mask (kinds,
-  // partial index, bits), per-sequence key counts (the forward only). Returns the output and the log-sum-exp of each query's scores.
-  // cu_seqlens_q / cu_seqlens_k (B + 1,) offsets: packed variable-length sequences (varlen) in a
-  // batch of one (q (1, Hq, total_q, D), k and v (1, Hkv, total_k, D)), each its own sequence.
+  // partial index, bits), per-sequence key counts (the forward only). Returns the output and the log-sum-exp
+  // of each query's scores. cu_seqlens_q / cu_seqlens_k (B + 1,) offsets: packed variable-length sequences
+  // (varlen) in a batch of one (q (1, Hq, total_q, D), k and v (1, Hkv, total_k, D)), each its own sequence.
   m.def(
       "attention(Tensor q, Tensor k, Tensor v, float scale, float softcap, bool causal, int window_left, "
       "int window_right, int prefix_len, Tensor? q_segments, Tensor? kv_segments, Tensor? mask_kinds, "
       "Tensor? mask_index, Tensor? mask_bits, int block_q, int block_k, Tensor? kv_lens=None, "
-      "Tensor? cu_seqlens_q=None, Tensor? cu_seqlens_k=None, *, str variant=\"auto\", bool? deterministic=None) -> "
+      "Tensor? cu_seqlens_q=None, Tensor? cu_seqlens_k=None, *, str variant=\"auto\", bool? "
+      "deterministic=None) -> "
       "(Tensor, Tensor)");
   // Attention against paged K/V caches (num_pages, page_size, Hkv, D): key j of sequence b is row
   // j % page_size of page block_table[b, j / page_size], for j < kv_lens[b]; the decode kernels (few
@@ -34,20 +36,25 @@ TORCH_LIBRARY(opforge, m) {
   // only. variant: as opforge.attention's (the kernel rule's choice for "auto"). opforge.attention(...,
   // block_table=) calls it.
   m.def(
-      "attention_paged(Tensor q, Tensor k_cache, Tensor v_cache, Tensor kv_lens, Tensor block_table, float scale, "
-      "float softcap, bool causal, int window_left, int window_right, int prefix_len, str variant=\"auto\") -> "
+      "attention_paged(Tensor q, Tensor k_cache, Tensor v_cache, Tensor kv_lens, Tensor block_table, float "
+      "scale, "
+      "float softcap, bool causal, int window_left, int window_right, int prefix_len, str variant=\"auto\") "
+      "-> "
       "(Tensor, Tensor)");
   m.def(
-      "attention_backward(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor? grad_lse, "
+      "attention_backward(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor? "
+      "grad_lse, "
       "float scale, float softcap, bool causal, int window_left, int window_right, int prefix_len, "
       "Tensor? q_segments, Tensor? kv_segments, Tensor? mask_kinds, Tensor? mask_index, Tensor? mask_bits, "
-      "int block_q, int block_k, Tensor? cu_seqlens_q=None, Tensor? cu_seqlens_k=None, *, str variant=\"auto\", "
+      "int block_q, int block_k, Tensor? cu_seqlens_q=None, Tensor? cu_seqlens_k=None, *, str "
+      "variant=\"auto\", "
       "bool? deterministic=None) -> (Tensor, Tensor, Tensor)");
   // The attention kernel a call of these sizes gets on `device` under `variant` (the one rule the
   // CPU and CUDA backends follow: attention/attention_heuristics.h); a ValueError where a named
   // variant cannot serve it.
   m.def(
-      "_attention_kernel(Device device, int heads, int kv_heads, int sq, int sk, int head_dim, bool kv_lens=False, "
+      "_attention_kernel(Device device, int heads, int kv_heads, int sq, int sk, int head_dim, bool "
+      "kv_lens=False, "
       "str variant=\"auto\", bool backward=False) -> str");
   // Which CPU variant of the kernels runs here ("avx2" or "default"), for tests and benchmark
   // reports (common/cpu_isa.cpp).

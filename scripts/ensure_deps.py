@@ -35,7 +35,8 @@ NEEDS = {
         ("av", "av"),
         ("cv2", "opencv-python-headless"),
     ],
-    "dev": [("ruff", "ruff==0.17.*")],
+    # clang-format pinned: another release formats some lines differently, and `make lint` checks them.
+    "dev": [("ruff", "ruff==0.17.*"), ("clang_format", "clang-format==19.1.7")],
 }
 
 

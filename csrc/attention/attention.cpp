@@ -4,7 +4,6 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/ops/cat.h>
 #include <ATen/ops/empty.h>
-
 #include <torch/library.h>
 
 #include <algorithm>
@@ -32,16 +31,16 @@ void check_qkv(const char* op, const at::Tensor& q, const at::Tensor& k, const a
   check_same_dtype(op, "v", v, "q", q);
   check_same_device(op, "k", k, "q", q);
   check_same_device(op, "v", v, "q", q);
-  TORCH_CHECK_VALUE(k.sizes().equals(v.sizes()), op, ": k and v must have the same shape, got ", k.sizes(), " and ",
-                    v.sizes());
-  TORCH_CHECK_VALUE(q.size(0) == k.size(0), op, ": q and k must have the same batch size, got ", q.size(0), " and ",
-                    k.size(0));
-  TORCH_CHECK_VALUE(q.size(3) == k.size(3), op, ": q and k must have the same head_dim, got ", q.size(3), " and ",
-                    k.size(3));
+  TORCH_CHECK_VALUE(k.sizes().equals(v.sizes()), op, ": k and v must have the same shape, got ", k.sizes(),
+                    " and ", v.sizes());
+  TORCH_CHECK_VALUE(q.size(0) == k.size(0), op, ": q and k must have the same batch size, got ", q.size(0),
+                    " and ", k.size(0));
+  TORCH_CHECK_VALUE(q.size(3) == k.size(3), op, ": q and k must have the same head_dim, got ", q.size(3),
+                    " and ", k.size(3));
   TORCH_CHECK_VALUE(q.size(3) > 0, op, ": head_dim must be at least 1, got 0");
   TORCH_CHECK_VALUE(k.size(1) > 0 && q.size(1) % k.size(1) == 0, op,
-                    ": q's heads must be a multiple of k's and v's heads (grouped-query attention), got ", q.size(1),
-                    " and ", k.size(1));
+                    ": q's heads must be a multiple of k's and v's heads (grouped-query attention), got ",
+                    q.size(1), " and ", k.size(1));
 }
 
 // A number the float32 kernels hold (those of float16, bfloat16 and float32 inputs: float64 runs in
@@ -50,15 +49,16 @@ void check_qkv(const char* op, const at::Tensor& q, const at::Tensor& k, const a
 void check_float32_number(const char* op, const char* what, double value) {
   const double a = std::abs(value);
   TORCH_CHECK_VALUE(a == 0.0 || (a >= FLT_MIN && a <= FLT_MAX), op, ": ", what, " = ", value,
-                    " is outside the range of the float32 arithmetic the kernels use for ", "float16, bfloat16 and ",
-                    "float32 inputs (magnitudes ", FLT_MIN, " to ", FLT_MAX, ", or 0)");
+                    " is outside the range of the float32 arithmetic the kernels use for ",
+                    "float16, bfloat16 and ", "float32 inputs (magnitudes ", FLT_MIN, " to ", FLT_MAX,
+                    ", or 0)");
 }
 
 void check_pattern(const char* op, const at::Tensor& q, const at::Tensor& k, double scale, double softcap,
                    const AttentionPatternArgs& p) {
   TORCH_CHECK_VALUE(std::isfinite(scale), op, ": scale must be finite, got ", scale);
-  TORCH_CHECK_VALUE(std::isfinite(softcap) && softcap >= 0.0, op, ": softcap must be positive (0: none), got ",
-                    softcap);
+  TORCH_CHECK_VALUE(std::isfinite(softcap) && softcap >= 0.0, op,
+                    ": softcap must be positive (0: none), got ", softcap);
   if (q.scalar_type() != at::kDouble) {
     // The scale and softcap, and the factors the kernels derive from them (the CUDA kernels' exp2
     // arithmetic: scale * log2(e); with a softcap, softcap * log2(e), scale / softcap and its inverse).
@@ -73,7 +73,8 @@ void check_pattern(const char* op, const at::Tensor& q, const at::Tensor& k, dou
     }
   }
   TORCH_CHECK_VALUE(p.window_left >= -1 && p.window_right >= -1, op,
-                    ": window sides must be >= 0 (-1: unbounded), got (", p.window_left, ", ", p.window_right, ")");
+                    ": window sides must be >= 0 (-1: unbounded), got (", p.window_left, ", ", p.window_right,
+                    ")");
   TORCH_CHECK_VALUE(p.prefix_len >= 0, op, ": prefix_len must be >= 0, got ", p.prefix_len);
   // A prefix adds keys to a band; with no band every key is visible already, which a caller asking
   // for a prefix never means (opforge.attention turns a prefix alone into prefix-LM: causal).
@@ -101,8 +102,8 @@ void check_pattern(const char* op, const at::Tensor& q, const at::Tensor& k, dou
   TORCH_CHECK_VALUE(n_mask == 0 || n_mask == 3, op, ": mask_kinds, mask_index and mask_bits go together");
   if (n_mask) {
     TORCH_CHECK_VALUE(p.block_q > 0 && p.block_k > 0 && p.block_q % 64 == 0 && p.block_k % 64 == 0, op,
-                      ": the block mask's block sizes must be multiples of 64, got (", p.block_q, ", ", p.block_k,
-                      ")");
+                      ": the block mask's block sizes must be multiples of 64, got (", p.block_q, ", ",
+                      p.block_k, ")");
     const at::Tensor &kinds = *p.mask_kinds, &index = *p.mask_index, &bits = *p.mask_bits;
     check_defined(op, "mask_kinds", kinds);
     check_defined(op, "mask_index", index);
@@ -115,31 +116,40 @@ void check_pattern(const char* op, const at::Tensor& q, const at::Tensor& k, dou
     check_same_device(op, "mask_bits", bits, "q", q);
     const int64_t nq = (Sq + p.block_q - 1) / p.block_q, nk = (Sk + p.block_k - 1) / p.block_k;
     TORCH_CHECK_VALUE(kinds.dim() == 4 && (kinds.size(0) == 1 || kinds.size(0) == B) &&
-                          (kinds.size(1) == 1 || kinds.size(1) == H) && kinds.size(2) == nq && kinds.size(3) == nk,
+                          (kinds.size(1) == 1 || kinds.size(1) == H) && kinds.size(2) == nq &&
+                          kinds.size(3) == nk,
                       op, ": the mask was made for other sizes: its blocks are ", kinds.sizes(),
-                      ", this call needs (1 or ", B, ", 1 or ", H, ", ", nq, ", ", nk, ") (batch, heads, ", Sq,
-                      " queries and ", Sk, " keys in blocks of (", p.block_q, ", ", p.block_k, "))");
+                      ", this call needs (1 or ", B, ", 1 or ", H, ", ", nq, ", ", nk, ") (batch, heads, ",
+                      Sq, " queries and ", Sk, " keys in blocks of (", p.block_q, ", ", p.block_k, "))");
     TORCH_CHECK_VALUE(index.sizes().equals(kinds.sizes()), op, ": mask_index must have mask_kinds' shape ",
                       kinds.sizes(), ", got ", index.sizes());
     TORCH_CHECK_VALUE(bits.dim() == 3 && bits.size(1) == p.block_q && bits.size(2) == p.block_k / 32, op,
-                      ": mask_bits must be (partial blocks, ", p.block_q, ", ", p.block_k / 32, "), got ", bits.sizes());
+                      ": mask_bits must be (partial blocks, ", p.block_q, ", ", p.block_k / 32, "), got ",
+                      bits.sizes());
   }
   TORCH_CHECK_VALUE(p.cu_seqlens_q.has_value() == p.cu_seqlens_k.has_value(), op,
                     ": cu_seqlens_q and cu_seqlens_k go together");
   if (p.varlen()) {
-    TORCH_CHECK_VALUE(B == 1, op, ": with cu_seqlens, q, k and v hold the packed sequences in a batch of one, got a ",
+    TORCH_CHECK_VALUE(B == 1, op,
+                      ": with cu_seqlens, q, k and v hold the packed sequences in a batch of one, got a ",
                       "batch of ", B);
-    TORCH_CHECK_VALUE(!p.q_segments && !p.mask_kinds && !p.kv_lens && p.prefix_len == 0, op,
-                      ": cu_seqlens (packed sequences) combine with causal, a window and softcap only, not with ",
-                      p.q_segments ? "segment ids" : p.mask_kinds ? "a block mask" : p.kv_lens ? "kv_lens" : "a prefix");
-    for (auto [name, t, total] : {std::tuple<const char*, const at::Tensor*, int64_t>{"cu_seqlens_q", &*p.cu_seqlens_q, Sq},
-                                  {"cu_seqlens_k", &*p.cu_seqlens_k, Sk}}) {
+    TORCH_CHECK_VALUE(
+        !p.q_segments && !p.mask_kinds && !p.kv_lens && p.prefix_len == 0, op,
+        ": cu_seqlens (packed sequences) combine with causal, a window and softcap only, not with ",
+        p.q_segments   ? "segment ids"
+        : p.mask_kinds ? "a block mask"
+        : p.kv_lens    ? "kv_lens"
+                       : "a prefix");
+    for (auto [name, t, total] :
+         {std::tuple<const char*, const at::Tensor*, int64_t>{"cu_seqlens_q", &*p.cu_seqlens_q, Sq},
+          {"cu_seqlens_k", &*p.cu_seqlens_k, Sk}}) {
       check_defined(op, name, *t);
       check_dtype_in(op, name, *t, {at::kInt, at::kLong});
       check_same_device(op, name, *t, "q", q);
       TORCH_CHECK_VALUE(t->dim() == 1 && t->size(0) >= 1, op, ": ", name,
                         " must be 1-D (number of sequences + 1,), got ", t->sizes());
-      TORCH_CHECK_VALUE(total < (int64_t{1} << 31), op, ": with cu_seqlens the packed sequences may hold at most ",
+      TORCH_CHECK_VALUE(total < (int64_t{1} << 31), op,
+                        ": with cu_seqlens the packed sequences may hold at most ",
                         "2^31 - 1 rows (int32 offsets), got ", total);
     }
     TORCH_CHECK_VALUE(p.cu_seqlens_q->size(0) == p.cu_seqlens_k->size(0), op,
@@ -151,11 +161,14 @@ void check_pattern(const char* op, const at::Tensor& q, const at::Tensor& k, dou
     check_defined(op, "kv_lens", n);
     check_dtype_in(op, "kv_lens", n, {at::kInt, at::kLong});
     check_same_device(op, "kv_lens", n, "q", q);
-    TORCH_CHECK_VALUE(n.dim() == 1 && n.size(0) == B, op, ": kv_lens must be (batch,) = (", B, ",), got ", n.sizes());
+    TORCH_CHECK_VALUE(n.dim() == 1 && n.size(0) == B, op, ": kv_lens must be (batch,) = (", B, ",), got ",
+                      n.sizes());
   }
 }
 
-at::Tensor int64_contiguous(const at::Tensor& t) { return t.to(at::kLong).contiguous(); }
+at::Tensor int64_contiguous(const at::Tensor& t) {
+  return t.to(at::kLong).contiguous();
+}
 
 // n offsets v (host memory) that start at 0, end at `total` and never decrease.
 void check_offsets(const char* op, const char* name, const int64_t* v, int64_t n, int64_t total) {
@@ -177,8 +190,8 @@ AttentionPatternArgs attention_pattern_args(bool causal, int64_t window_left, in
                                             const std::optional<at::Tensor>& mask_index,
                                             const std::optional<at::Tensor>& mask_bits, int64_t block_q,
                                             int64_t block_k) {
-  return {causal, window_left, window_right, prefix_len, q_segments, kv_segments,
-          mask_kinds, mask_index, mask_bits, block_q, block_k};
+  return {causal,     window_left, window_right, prefix_len, q_segments, kv_segments,
+          mask_kinds, mask_index,  mask_bits,    block_q,    block_k};
 }
 
 void check_attention_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale,
@@ -207,8 +220,9 @@ void check_attention_backward_inputs(const at::Tensor& grad_out, const at::Tenso
   const at::ScalarType lse_type = attention_lse_dtype(q);
   TORCH_CHECK_VALUE(lse.scalar_type() == lse_type && lse.dim() == 3 && lse.size(0) == q.size(0) &&
                         lse.size(1) == q.size(1) && lse.size(2) == q.size(2),
-                    op, ": lse must be ", dtype_str(lse_type), " (batch, heads, queries) = ", q.sizes().slice(0, 3),
-                    ", got ", dtype_str(lse.scalar_type()), " ", lse.sizes());
+                    op, ": lse must be ", dtype_str(lse_type),
+                    " (batch, heads, queries) = ", q.sizes().slice(0, 3), ", got ",
+                    dtype_str(lse.scalar_type()), " ", lse.sizes());
   if (grad_lse) {
     check_defined(op, "grad_lse", *grad_lse);
     check_same_shape(op, "grad_lse", *grad_lse, "lse", lse);
@@ -217,17 +231,20 @@ void check_attention_backward_inputs(const at::Tensor& grad_out, const at::Tenso
   }
 }
 
-void check_varlen_offsets(const char* op, const AttentionPatternArgs& pattern, int64_t total_q, int64_t total_k) {
+void check_varlen_offsets(const char* op, const AttentionPatternArgs& pattern, int64_t total_q,
+                          int64_t total_k) {
   if (!pattern.varlen()) return;
   // Both in one copy to the host (on CUDA one synchronization, not two).
   const at::Tensor& cq = *pattern.cu_seqlens_q;
-  const at::Tensor h = at::cat({cq.to(at::kLong), pattern.cu_seqlens_k->to(at::kLong)}).to(at::kCPU).contiguous();
+  const at::Tensor h =
+      at::cat({cq.to(at::kLong), pattern.cu_seqlens_k->to(at::kLong)}).to(at::kCPU).contiguous();
   const int64_t* v = h.const_data_ptr<int64_t>();
   check_offsets(op, "cu_seqlens_q", v, cq.numel(), total_q);
   check_offsets(op, "cu_seqlens_k", v + cq.numel(), h.numel() - cq.numel(), total_k);
 }
 
-AttentionCall attention_call(const at::Tensor& q, const at::Tensor& k, bool kv_lens, bool backward, bool varlen) {
+AttentionCall attention_call(const at::Tensor& q, const at::Tensor& k, bool kv_lens, bool backward,
+                             bool varlen) {
   AttentionCall call;
   call.cuda = q.is_cuda();
   call.heads = q.size(1), call.kv_heads = k.size(1), call.sq = q.size(2), call.sk = k.size(2);
@@ -240,20 +257,21 @@ AttentionCall attention_call(const at::Tensor& q, const at::Tensor& k, bool kv_l
 
 AttentionKernel choose_attention_kernel(const char* op, const AttentionCall& call, c10::string_view variant) {
   const char* device = call.cuda ? "CUDA" : "the CPU";
-  const char* variants = call.backward ? (call.cuda ? "auto, hopper, mma_sync" : "auto, tiled")
-                                       : (call.cuda ? "auto, decode, hopper, mma_sync" : "auto, tiled, decode");
+  const char* variants = call.backward
+                             ? (call.cuda ? "auto, hopper, mma_sync" : "auto, tiled")
+                             : (call.cuda ? "auto, decode, hopper, mma_sync" : "auto, tiled, decode");
   const int64_t rows = call.rows(), max_rows = call.decode_max_rows();
   AttentionKernel kernel;
   if (variant == "auto") {
     // (a paged cache the Hopper forward's boxes cannot tile: the mma.sync forward, which addresses
     // each row)
-    kernel = call.decodes()                                 ? AttentionKernel::kDecode
-             : !call.cuda                                   ? AttentionKernel::kTiled
-             : call.hopper_missing || !call.hopper_pages()  ? AttentionKernel::kMmaSync
-                                                            : AttentionKernel::kHopper;
+    kernel = call.decodes()                                ? AttentionKernel::kDecode
+             : !call.cuda                                  ? AttentionKernel::kTiled
+             : call.hopper_missing || !call.hopper_pages() ? AttentionKernel::kMmaSync
+                                                           : AttentionKernel::kHopper;
   } else if (variant == "decode" && !call.backward) {
-    TORCH_CHECK_VALUE(!call.varlen, op, ": variant 'decode' does not take packed sequences (cu_seqlens); on ", device,
-                      " they run on: ", call.cuda ? "auto, hopper, mma_sync" : "auto, tiled");
+    TORCH_CHECK_VALUE(!call.varlen, op, ": variant 'decode' does not take packed sequences (cu_seqlens); on ",
+                      device, " they run on: ", call.cuda ? "auto, hopper, mma_sync" : "auto, tiled");
     TORCH_CHECK_VALUE(rows <= max_rows, op, ": variant 'decode' takes at most ", max_rows,
                       " query rows (Sq x the GQA group) per kv head", call.cuda ? " at head dim " : "",
                       call.cuda ? std::to_string(call.head_dim) : std::string(), ", got ", rows);
@@ -265,21 +283,25 @@ AttentionKernel choose_attention_kernel(const char* op, const AttentionCall& cal
     TORCH_CHECK_VALUE(call.hopper_pages(), op,
                       ": variant 'hopper' reads paged caches whose page size is a multiple of its key tile (",
                       attention_hopper_fwd_block_n(attention_cuda_head_dim(call.head_dim)),
-                      " rows at this head dim) or divides it (at least 8 rows), got page size ", call.page_size,
-                      " (variant 'mma_sync' takes any)");
+                      " rows at this head dim) or divides it (at least 8 rows), got page size ",
+                      call.page_size, " (variant 'mma_sync' takes any)");
     kernel = AttentionKernel::kHopper;
   } else if (variant == "mma_sync" && call.cuda) {
     kernel = AttentionKernel::kMmaSync;
   } else {
-    const bool known = variant == "tiled" || variant == "decode" || variant == "hopper" || variant == "mma_sync";
-    TORCH_CHECK_VALUE(false, op, ": variant '", variant, known ? "' has no kernel here" : "' is unknown", "; on ",
-                      device, " the ", call.backward ? "backward's " : "", "variants are: ", variants);
+    const bool known =
+        variant == "tiled" || variant == "decode" || variant == "hopper" || variant == "mma_sync";
+    TORCH_CHECK_VALUE(false, op, ": variant '", variant, known ? "' has no kernel here" : "' is unknown",
+                      "; on ", device, " the ", call.backward ? "backward's " : "",
+                      "variants are: ", variants);
   }
   return kernel;
 }
 
 #if !OPFORGE_WITH_CUDA
-const char* attention_hopper_missing(at::Device) { return "this build has no CUDA kernels"; }
+const char* attention_hopper_missing(at::Device) {
+  return "this build has no CUDA kernels";
+}
 #endif
 
 namespace {
@@ -289,29 +311,33 @@ namespace {
 std::string attention_kernel_op(at::Device device, int64_t heads, int64_t kv_heads, int64_t sq, int64_t sk,
                                 int64_t head_dim, bool kv_lens, c10::string_view variant, bool backward) {
   TORCH_CHECK_VALUE(device.is_cpu() || device.is_cuda(), kOp, ": no kernels on ", device);
-  TORCH_CHECK_VALUE(heads > 0 && kv_heads > 0 && heads % kv_heads == 0 && sq >= 0 && sk >= 0 && head_dim > 0, kOp,
-                    ": _attention_kernel needs heads a multiple of kv_heads (both > 0), sizes >= 0, got heads ",
-                    heads, ", kv_heads ", kv_heads, ", sq ", sq, ", sk ", sk, ", head_dim ", head_dim);
+  TORCH_CHECK_VALUE(
+      heads > 0 && kv_heads > 0 && heads % kv_heads == 0 && sq >= 0 && sk >= 0 && head_dim > 0, kOp,
+      ": _attention_kernel needs heads a multiple of kv_heads (both > 0), sizes >= 0, got heads ", heads,
+      ", kv_heads ", kv_heads, ", sq ", sq, ", sk ", sk, ", head_dim ", head_dim);
   AttentionCall call;
   call.cuda = device.is_cuda();
   call.heads = heads, call.kv_heads = kv_heads, call.sq = sq, call.sk = sk, call.head_dim = head_dim;
   call.kv_lens = kv_lens;
   call.backward = backward;
   if (call.cuda) call.hopper_missing = attention_hopper_missing(device);
-  return attention_kernel_name(choose_attention_kernel(backward ? "opforge.attention_backward" : kOp, call, variant));
+  return attention_kernel_name(
+      choose_attention_kernel(backward ? "opforge.attention_backward" : kOp, call, variant));
 }
 
 }  // namespace
 
 at::Tensor empty_attention_like(const at::Tensor& like) {
   if (like.stride(1) < like.stride(2) && like.size(1) > 1 && like.size(2) > 1) {
-    return at::empty({like.size(0), like.size(2), like.size(1), like.size(3)}, like.options()).transpose(1, 2);
+    return at::empty({like.size(0), like.size(2), like.size(1), like.size(3)}, like.options())
+        .transpose(1, 2);
   }
   return at::empty(like.sizes(), like.options());
 }
 
-AttentionPlan plan_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
-                             const at::Tensor& lse, double scale, double softcap, const AttentionPatternArgs& pattern) {
+AttentionPlan plan_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                             const at::Tensor& out, const at::Tensor& lse, double scale, double softcap,
+                             const AttentionPatternArgs& pattern) {
   AttentionPlan plan;
   AttentionParams& p = plan.params;
   p.q = q.const_data_ptr();
@@ -351,7 +377,8 @@ AttentionPlan plan_attention(const at::Tensor& q, const at::Tensor& k, const at:
     pat.mask_kinds = kinds.const_data_ptr<uint8_t>();
     pat.mask_index = index.const_data_ptr<int32_t>();
     pat.mask_bits = reinterpret_cast<const uint32_t*>(bits.const_data_ptr<int32_t>());
-    pat.mask_b = kinds.size(0), pat.mask_h = kinds.size(1), pat.mask_nq = kinds.size(2), pat.mask_nk = kinds.size(3);
+    pat.mask_b = kinds.size(0), pat.mask_h = kinds.size(1), pat.mask_nq = kinds.size(2),
+    pat.mask_nk = kinds.size(3);
     pat.mask_partials = bits.size(0);
     pat.block_q = pattern.block_q;
     pat.block_k = pattern.block_k;
@@ -375,24 +402,28 @@ AttentionPlan plan_attention(const at::Tensor& q, const at::Tensor& k, const at:
 }
 
 at::Tensor paged_view(const at::Tensor& cache, int64_t batch, int64_t keys) {
-  return cache.as_strided({batch, cache.size(2), keys, cache.size(3)}, {0, cache.stride(2), 0, cache.stride(3)});
+  return cache.as_strided({batch, cache.size(2), keys, cache.size(3)},
+                          {0, cache.stride(2), 0, cache.stride(3)});
 }
 
 AttentionPlan plan_paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
-                                   const at::Tensor& kv_lens, const at::Tensor& block_table, const at::Tensor& out,
-                                   const at::Tensor& lse, double scale, double softcap, bool causal,
-                                   int64_t window_left, int64_t window_right, int64_t prefix_len) {
+                                   const at::Tensor& kv_lens, const at::Tensor& block_table,
+                                   const at::Tensor& out, const at::Tensor& lse, double scale, double softcap,
+                                   bool causal, int64_t window_left, int64_t window_right,
+                                   int64_t prefix_len) {
   constexpr const char* op = "opforge.attention";
   check_defined(op, "block_table", block_table);
   check_defined(op, "k", k_cache);
   check_defined(op, "v", v_cache);
-  TORCH_CHECK_VALUE(q.dim() == 4, op, ": q must be 4-D (batch, heads, sequence, head_dim), got ", q.dim(), "-D");
-  TORCH_CHECK_VALUE(k_cache.dim() == 4 && v_cache.dim() == 4 && k_cache.sizes() == v_cache.sizes(), op,
-                    ": with block_table, k and v must be paged caches (num_pages, page_size, kv_heads, head_dim) of "
-                    "one shape, got ",
-                    k_cache.sizes(), " and ", v_cache.sizes());
-  TORCH_CHECK_VALUE(k_cache.size(0) > 0 && k_cache.size(1) > 0, op, ": the paged caches have no pages, shape ",
-                    k_cache.sizes());
+  TORCH_CHECK_VALUE(q.dim() == 4, op, ": q must be 4-D (batch, heads, sequence, head_dim), got ", q.dim(),
+                    "-D");
+  TORCH_CHECK_VALUE(
+      k_cache.dim() == 4 && v_cache.dim() == 4 && k_cache.sizes() == v_cache.sizes(), op,
+      ": with block_table, k and v must be paged caches (num_pages, page_size, kv_heads, head_dim) of "
+      "one shape, got ",
+      k_cache.sizes(), " and ", v_cache.sizes());
+  TORCH_CHECK_VALUE(k_cache.size(0) > 0 && k_cache.size(1) > 0, op,
+                    ": the paged caches have no pages, shape ", k_cache.sizes());
   TORCH_CHECK_TYPE(block_table.scalar_type() == at::kInt, op, ": block_table must be int32 here, got ",
                    dtype_str(block_table.scalar_type()));
   TORCH_CHECK_VALUE(block_table.dim() == 2 && block_table.size(0) == q.size(0) && block_table.size(1) > 0, op,
@@ -403,8 +434,9 @@ AttentionPlan plan_paged_attention(const at::Tensor& q, const at::Tensor& k_cach
   TORCH_CHECK_VALUE(keys < (int64_t{1} << 31), op, ": a sequence's pages address at most 2^31 - 1 keys, got ",
                     block_table.size(1), " pages x page_size ", k_cache.size(1));
   const at::Tensor k = paged_view(k_cache, q.size(0), keys), v = paged_view(v_cache, q.size(0), keys);
-  AttentionPatternArgs args = attention_pattern_args(causal, window_left, window_right, prefix_len, std::nullopt,
-                                                     std::nullopt, std::nullopt, std::nullopt, std::nullopt, 128, 128);
+  AttentionPatternArgs args =
+      attention_pattern_args(causal, window_left, window_right, prefix_len, std::nullopt, std::nullopt,
+                             std::nullopt, std::nullopt, std::nullopt, 128, 128);
   args.kv_lens = kv_lens;
   check_attention_inputs(q, k, v, scale, softcap, args);
   AttentionPlan plan = plan_attention(q, k, v, out, lse, scale, softcap, args);
@@ -421,8 +453,8 @@ AttentionPlan plan_paged_attention(const at::Tensor& q, const at::Tensor& k_cach
 }
 
 AttentionGradParams attention_grad_params(const AttentionParams& fwd, const at::Tensor& grad_out,
-                                          const at::Tensor& grad_lse, const at::Tensor& dq, const at::Tensor& dk,
-                                          const at::Tensor& dv) {
+                                          const at::Tensor& grad_lse, const at::Tensor& dq,
+                                          const at::Tensor& dk, const at::Tensor& dv) {
   AttentionGradParams g;
   g.fwd = fwd;
   g.grad_out = grad_out.const_data_ptr();
@@ -435,30 +467,26 @@ AttentionGradParams attention_grad_params(const AttentionParams& fwd, const at::
   return g;
 }
 
-std::tuple<at::Tensor, at::Tensor> attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                             double scale, double softcap, bool causal, int64_t window_left,
-                                             int64_t window_right, int64_t prefix_len,
-                                             const std::optional<at::Tensor>& q_segments,
-                                             const std::optional<at::Tensor>& kv_segments,
-                                             const std::optional<at::Tensor>& mask_kinds,
-                                             const std::optional<at::Tensor>& mask_index,
-                                             const std::optional<at::Tensor>& mask_bits, int64_t block_q,
-                                             int64_t block_k, const std::optional<at::Tensor>& kv_lens,
-                                             c10::string_view variant, std::optional<bool> deterministic,
-                                             const std::optional<at::Tensor>& cu_seqlens_q,
-                                             const std::optional<at::Tensor>& cu_seqlens_k) {
+std::tuple<at::Tensor, at::Tensor> attention(
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale, double softcap, bool causal,
+    int64_t window_left, int64_t window_right, int64_t prefix_len,
+    const std::optional<at::Tensor>& q_segments, const std::optional<at::Tensor>& kv_segments,
+    const std::optional<at::Tensor>& mask_kinds, const std::optional<at::Tensor>& mask_index,
+    const std::optional<at::Tensor>& mask_bits, int64_t block_q, int64_t block_k,
+    const std::optional<at::Tensor>& kv_lens, c10::string_view variant, std::optional<bool> deterministic,
+    const std::optional<at::Tensor>& cu_seqlens_q, const std::optional<at::Tensor>& cu_seqlens_k) {
   static auto op = c10::Dispatcher::singleton()
                        .findSchemaOrThrow("opforge::attention", "")
                        .typed<std::tuple<at::Tensor, at::Tensor>(
-                           const at::Tensor&, const at::Tensor&, const at::Tensor&, double, double, bool, int64_t,
-                           int64_t, int64_t, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&,
+                           const at::Tensor&, const at::Tensor&, const at::Tensor&, double, double, bool,
+                           int64_t, int64_t, int64_t, const std::optional<at::Tensor>&,
                            const std::optional<at::Tensor>&, const std::optional<at::Tensor>&,
-                           const std::optional<at::Tensor>&, int64_t, int64_t, const std::optional<at::Tensor>&,
-                           const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, c10::string_view,
-                           std::optional<bool>)>();
-  return op.call(q, k, v, scale, softcap, causal, window_left, window_right, prefix_len, q_segments, kv_segments,
-                 mask_kinds, mask_index, mask_bits, block_q, block_k, kv_lens, cu_seqlens_q, cu_seqlens_k, variant,
-                 deterministic);
+                           const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, int64_t,
+                           int64_t, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&,
+                           const std::optional<at::Tensor>&, c10::string_view, std::optional<bool>)>();
+  return op.call(q, k, v, scale, softcap, causal, window_left, window_right, prefix_len, q_segments,
+                 kv_segments, mask_kinds, mask_index, mask_bits, block_q, block_k, kv_lens, cu_seqlens_q,
+                 cu_seqlens_k, variant, deterministic);
 }
 
 }  // namespace opforge
@@ -469,6 +497,4 @@ TORCH_LIBRARY_IMPL(opforge, CompositeExplicitAutograd, m) {
   m.impl("_attention_kernel", &opforge::attention_kernel_op);
 }
 
-namespace opforge {
-
-}  // namespace opforge
+namespace opforge {}  // namespace opforge

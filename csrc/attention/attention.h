@@ -51,7 +51,8 @@ void check_attention_backward_inputs(const at::Tensor& grad_out, const at::Tenso
 // entries skip it while a CUDA graph is being captured, where the kernels' clamping keeps every
 // access inside the tensors): a ValueError naming `op` unless each starts at 0, ends at its packed
 // dim's length (every row belongs to one sequence) and never decreases.
-void check_varlen_offsets(const char* op, const AttentionPatternArgs& pattern, int64_t total_q, int64_t total_k);
+void check_varlen_offsets(const char* op, const AttentionPatternArgs& pattern, int64_t total_q,
+                          int64_t total_k);
 
 // The kernel that serves `call` under `variant` ("auto": the rule of attention_heuristics.h; a named
 // kernel that cannot serve the call raises a ValueError naming `op` and saying why).
@@ -72,21 +73,23 @@ at::Tensor empty_attention_like(const at::Tensor& like);
 // (contiguous copies where needed) by `keep`.
 struct AttentionPlan {
   AttentionParams params;
-  at::Tensor q_segments, kv_segments;  // the int64 ids the pattern points to (undefined: none)
-  at::Tensor kv_lens;                  // the int64 counts it points to (undefined: none)
+  at::Tensor q_segments, kv_segments;     // the int64 ids the pattern points to (undefined: none)
+  at::Tensor kv_lens;                     // the int64 counts it points to (undefined: none)
   at::Tensor cu_seqlens_q, cu_seqlens_k;  // varlen: the int32 offsets it points to (undefined: none)
   std::vector<at::Tensor> keep;
 };
-AttentionPlan plan_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
-                             const at::Tensor& lse, double scale, double softcap, const AttentionPatternArgs& pattern);
+AttentionPlan plan_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                             const at::Tensor& out, const at::Tensor& lse, double scale, double softcap,
+                             const AttentionPatternArgs& pattern);
 
 // opforge::attention_paged's inputs checked (q (B, Hq, Sq, D); caches (num_pages, page_size, Hkv, D);
 // kv_lens (B,); block_table (B, max_pages) int32), and the plan the decode kernels read: k and v as
 // (B, Hkv, max_pages x page_size, D) that the page table addresses (AttentionParams::block_table).
 AttentionPlan plan_paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
-                                   const at::Tensor& kv_lens, const at::Tensor& block_table, const at::Tensor& out,
-                                   const at::Tensor& lse, double scale, double softcap, bool causal,
-                                   int64_t window_left, int64_t window_right, int64_t prefix_len);
+                                   const at::Tensor& kv_lens, const at::Tensor& block_table,
+                                   const at::Tensor& out, const at::Tensor& lse, double scale, double softcap,
+                                   bool causal, int64_t window_left, int64_t window_right,
+                                   int64_t prefix_len);
 // The logical (B, Hkv, max_pages x page_size, D) shape of a paged call's k as a view with no extent
 // (batch and key strides 0), for the checks and the rule that read sizes.
 at::Tensor paged_view(const at::Tensor& cache, int64_t batch, int64_t keys);
@@ -94,7 +97,7 @@ at::Tensor paged_view(const at::Tensor& cache, int64_t batch, int64_t keys);
 // The backward's parameters: the plan's, grad_out's, the LSE gradient's (undefined: none) and the
 // outputs dq, dk, dv's.
 AttentionGradParams attention_grad_params(const AttentionParams& fwd, const at::Tensor& grad_out,
-                                          const at::Tensor& grad_lse, const at::Tensor& dq, const at::Tensor& dk,
-                                          const at::Tensor& dv);
+                                          const at::Tensor& grad_lse, const at::Tensor& dq,
+                                          const at::Tensor& dk, const at::Tensor& dv);
 
 }  // namespace opforge

@@ -17,21 +17,29 @@ enum class AttentionKernel { kTiled, kDecode, kHopper, kMmaSync };
 
 inline const char* attention_kernel_name(AttentionKernel k) {
   switch (k) {
-    case AttentionKernel::kTiled: return "tiled";
-    case AttentionKernel::kDecode: return "decode";
-    case AttentionKernel::kHopper: return "hopper";
-    case AttentionKernel::kMmaSync: return "mma_sync";
+    case AttentionKernel::kTiled:
+      return "tiled";
+    case AttentionKernel::kDecode:
+      return "decode";
+    case AttentionKernel::kHopper:
+      return "hopper";
+    case AttentionKernel::kMmaSync:
+      return "mma_sync";
   }
   return "?";
 }
 
 // The head dim the CUDA kernels run at: 64, 128 or 256 (the launcher zero-pads up to it).
-constexpr int64_t attention_cuda_head_dim(int64_t d) { return d <= 64 ? 64 : d <= 128 ? 128 : 256; }
+constexpr int64_t attention_cuda_head_dim(int64_t d) {
+  return d <= 64 ? 64 : d <= 128 ? 128 : 256;
+}
 
 // The most query rows (Sq x the GQA group) a decode kernel takes per kv head. CUDA: 64 (four m16
 // tiles on tensor cores) at head dims 64 and 128, 32 at 256 (a warp's 16 x 256 float outputs and
 // four m tiles' scores would spill); CPU: 32.
-constexpr int64_t attention_cuda_decode_max_rows(int64_t kernel_head_dim) { return kernel_head_dim == 256 ? 32 : 64; }
+constexpr int64_t attention_cuda_decode_max_rows(int64_t kernel_head_dim) {
+  return kernel_head_dim == 256 ? 32 : 64;
+}
 constexpr int64_t kAttentionCpuDecodeMaxRows = 32;
 // Below these many keys "auto" keeps a decoding-sized call on the tiled kernels (one chunk of keys
 // gains nothing from the split and its merge): CUDA 512, CPU 257 (more than two 128-key blocks).
@@ -41,7 +49,9 @@ constexpr int64_t kAttentionCudaDecodeMinKeys = 512, kAttentionCpuDecodeMinKeys 
 // and whether it reads a paged cache of this page size in place: a tile's rows in whole pages or a
 // page's rows in whole tiles (its TMA boxes never cross a page), boxes of at least 8 rows (the 128-byte
 // swizzle's 1024-byte pattern).
-constexpr int64_t attention_hopper_fwd_block_n(int64_t kernel_head_dim) { return kernel_head_dim == 256 ? 64 : 128; }
+constexpr int64_t attention_hopper_fwd_block_n(int64_t kernel_head_dim) {
+  return kernel_head_dim == 256 ? 64 : 128;
+}
 constexpr bool attention_hopper_fwd_pages(int64_t page_size, int64_t kernel_head_dim) {
   const int64_t bn = attention_hopper_fwd_block_n(kernel_head_dim);
   return page_size > 0 && (page_size % bn == 0 || (bn % page_size == 0 && page_size % 8 == 0));
@@ -61,7 +71,8 @@ struct AttentionCall {
 
   int64_t rows() const { return sq * (kv_heads > 0 ? heads / kv_heads : 0); }
   int64_t decode_max_rows() const {
-    return cuda ? attention_cuda_decode_max_rows(attention_cuda_head_dim(head_dim)) : kAttentionCpuDecodeMaxRows;
+    return cuda ? attention_cuda_decode_max_rows(attention_cuda_head_dim(head_dim))
+                : kAttentionCpuDecodeMaxRows;
   }
   // Whether the Hopper forward reads this call's K / V: not paged, or pages its boxes tile.
   bool hopper_pages() const {

@@ -68,8 +68,12 @@ struct AttentionPattern {
 
   OPFORGE_HD bool varlen() const { return cu_seqlens_q != nullptr; }
   // Sequence b's first query / key row in the packed dims (0 without varlen).
-  OPFORGE_HD int64_t q_start(int64_t b) const { return cu_seqlens_q ? clamp_row(cu_seqlens_q[b], total_q) : 0; }
-  OPFORGE_HD int64_t k_start(int64_t b) const { return cu_seqlens_k ? clamp_row(cu_seqlens_k[b], total_k) : 0; }
+  OPFORGE_HD int64_t q_start(int64_t b) const {
+    return cu_seqlens_q ? clamp_row(cu_seqlens_q[b], total_q) : 0;
+  }
+  OPFORGE_HD int64_t k_start(int64_t b) const {
+    return cu_seqlens_k ? clamp_row(cu_seqlens_k[b], total_k) : 0;
+  }
   // The batch row of the tensors that holds sequence b (0 under varlen).
   OPFORGE_HD int64_t tensor_batch(int64_t b) const { return cu_seqlens_q ? 0 : b; }
   OPFORGE_HD static int64_t clamp_row(int64_t r, int64_t n) { return r < 0 ? 0 : (r > n ? n : r); }
@@ -79,7 +83,8 @@ struct AttentionPattern {
     AttentionPattern p = *this;
     if (cu_seqlens_q) {
       const int64_t q0 = q_start(b), k0 = k_start(b);
-      const int64_t q1 = clamp_row(cu_seqlens_q[b + 1], total_q), k1 = clamp_row(cu_seqlens_k[b + 1], total_k);
+      const int64_t q1 = clamp_row(cu_seqlens_q[b + 1], total_q),
+                    k1 = clamp_row(cu_seqlens_k[b + 1], total_k);
       p.sq = q1 > q0 ? q1 - q0 : 0;
       p.sk = k1 > k0 ? k1 - k0 : 0;
     }
@@ -132,7 +137,8 @@ struct AttentionPattern {
 // prefix (hi <= lo: none).
 OPFORGE_HD void band_key_range(const AttentionPattern& p, int64_t i0, int64_t i1, int64_t& lo, int64_t& hi) {
   lo = 0, hi = p.sk;
-  if (p.window_left >= 0 && p.prefix_len == 0) lo = p.pos(i0) - p.window_left > 0 ? p.pos(i0) - p.window_left : 0;
+  if (p.window_left >= 0 && p.prefix_len == 0)
+    lo = p.pos(i0) - p.window_left > 0 ? p.pos(i0) - p.window_left : 0;
   const int64_t right = p.band_right();
   if (right >= 0) {
     const int64_t reach = p.pos(i1 - 1) + right + 1 > p.prefix_len ? p.pos(i1 - 1) + right + 1 : p.prefix_len;
@@ -147,15 +153,18 @@ struct SegmentRange {
   int64_t lo = 0, hi = -1;  // empty when lo > hi
 };
 
-OPFORGE_HD BlockKind band_tile_kind(const AttentionPattern& p, int64_t i0, int64_t i1, int64_t j0, int64_t j1) {
+OPFORGE_HD BlockKind band_tile_kind(const AttentionPattern& p, int64_t i0, int64_t i1, int64_t j0,
+                                    int64_t j1) {
   // The band of a query row is an interval; over consecutive rows its ends move right by one per
   // row, so the tile's corners decide.
   if (!p.has_band()) return BlockKind::kFull;
   const int64_t first = i0, last = i1 - 1, right = p.band_right();
   // Any visible element? The highest row reaches furthest right, the lowest row furthest left.
-  const bool some = (right < 0 || j0 <= p.pos(last) + right) && (p.window_left < 0 || j1 - 1 >= p.pos(first) - p.window_left);
+  const bool some = (right < 0 || j0 <= p.pos(last) + right) &&
+                    (p.window_left < 0 || j1 - 1 >= p.pos(first) - p.window_left);
   if (!some) return BlockKind::kEmpty;
-  const bool all = (right < 0 || j1 - 1 <= p.pos(first) + right) && (p.window_left < 0 || j0 >= p.pos(last) - p.window_left);
+  const bool all = (right < 0 || j1 - 1 <= p.pos(first) + right) &&
+                   (p.window_left < 0 || j0 >= p.pos(last) - p.window_left);
   return all ? BlockKind::kFull : BlockKind::kPartial;
 }
 
@@ -165,7 +174,8 @@ OPFORGE_HD BlockKind combine(BlockKind a, BlockKind b) {
 }
 
 // The band and prefix part of a tile's kind.
-OPFORGE_HD BlockKind band_prefix_tile_kind(const AttentionPattern& p, int64_t i0, int64_t i1, int64_t j0, int64_t j1) {
+OPFORGE_HD BlockKind band_prefix_tile_kind(const AttentionPattern& p, int64_t i0, int64_t i1, int64_t j0,
+                                           int64_t j1) {
   BlockKind kind = band_tile_kind(p, i0, i1, j0, j1);
   if (p.prefix_len > 0 && j0 < p.prefix_len) {
     // Keys below the prefix are visible to every row: the tile is at least partly visible.
@@ -198,12 +208,13 @@ OPFORGE_HD BlockKind mask_tile_kind(const AttentionPattern& p, int64_t b, int64_
 }
 
 // The tile's kind. q_range / kv_range: the tile's segment ids (ignored without segments).
-OPFORGE_HD BlockKind tile_kind(const AttentionPattern& p, int64_t b, int64_t h, int64_t i0, int64_t i1, int64_t j0,
-                               int64_t j1, SegmentRange q_range, SegmentRange kv_range) {
+OPFORGE_HD BlockKind tile_kind(const AttentionPattern& p, int64_t b, int64_t h, int64_t i0, int64_t i1,
+                               int64_t j0, int64_t j1, SegmentRange q_range, SegmentRange kv_range) {
   BlockKind kind = band_prefix_tile_kind(p, i0, i1, j0, j1);
   if (kind == BlockKind::kEmpty) return kind;
   if (p.q_segments) kind = combine(kind, segment_tile_kind(q_range, kv_range));
-  if (p.mask_kinds && kind != BlockKind::kEmpty) kind = combine(kind, mask_tile_kind(p, b, h, i0, i1, j0, j1));
+  if (p.mask_kinds && kind != BlockKind::kEmpty)
+    kind = combine(kind, mask_tile_kind(p, b, h, i0, i1, j0, j1));
   return kind;
 }
 
@@ -306,8 +317,8 @@ OPFORGE_HD int64_t padded_start(const int32_t* cu, int64_t total, int64_t b, int
 // The sequence (of `batch`, offsets cu into a packed dim of `total` rows, clamped as the pattern
 // clamps them) whose padded rows hold padded tile `tile` (of `rows` rows), and the tile's index in
 // that sequence; false where the tile is padding (past the sequence's last row).
-OPFORGE_HD bool padded_tile(const int32_t* cu, int64_t total, int64_t batch, int64_t rows, int64_t tile, int64_t& b,
-                            int64_t& local) {
+OPFORGE_HD bool padded_tile(const int32_t* cu, int64_t total, int64_t batch, int64_t rows, int64_t tile,
+                            int64_t& b, int64_t& local) {
   const int64_t row = tile * rows;
   int64_t lo = 0, hi = batch - 1;  // the last sequence starting at or before `row`
   if (batch <= 0 || padded_start(cu, total, 0, rows) > row) return false;
@@ -321,7 +332,8 @@ OPFORGE_HD bool padded_tile(const int32_t* cu, int64_t total, int64_t batch, int
   }
   b = lo;
   local = (row - padded_start(cu, total, lo, rows)) / rows;
-  const int64_t q0 = AttentionPattern::clamp_row(cu[lo], total), q1 = AttentionPattern::clamp_row(cu[lo + 1], total);
+  const int64_t q0 = AttentionPattern::clamp_row(cu[lo], total),
+                q1 = AttentionPattern::clamp_row(cu[lo + 1], total);
   return local * rows < q1 - q0;
 }
 

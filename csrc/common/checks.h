@@ -16,27 +16,43 @@ namespace opforge {
 // "float32" rather than "Float": the names Python users write.
 inline std::string dtype_str(at::ScalarType t) {
   switch (t) {
-    case at::kFloat: return "float32";
-    case at::kDouble: return "float64";
-    case at::kHalf: return "float16";
-    case at::kBFloat16: return "bfloat16";
-    case at::kLong: return "int64";
-    case at::kInt: return "int32";
-    case at::kShort: return "int16";
-    case at::kChar: return "int8";
-    case at::kByte: return "uint8";
-    case at::kBool: return "bool";
-    default: return c10::toString(t);
+    case at::kFloat:
+      return "float32";
+    case at::kDouble:
+      return "float64";
+    case at::kHalf:
+      return "float16";
+    case at::kBFloat16:
+      return "bfloat16";
+    case at::kLong:
+      return "int64";
+    case at::kInt:
+      return "int32";
+    case at::kShort:
+      return "int16";
+    case at::kChar:
+      return "int8";
+    case at::kByte:
+      return "uint8";
+    case at::kBool:
+      return "bool";
+    default:
+      return c10::toString(t);
   }
 }
 
 inline DType to_dtype(at::ScalarType t) {
   switch (t) {
-    case at::kFloat: return DType::kFloat32;
-    case at::kDouble: return DType::kFloat64;
-    case at::kHalf: return DType::kFloat16;
-    case at::kBFloat16: return DType::kBFloat16;
-    default: TORCH_CHECK(false, "opforge: internal error, no kernel type for ", dtype_str(t));
+    case at::kFloat:
+      return DType::kFloat32;
+    case at::kDouble:
+      return DType::kFloat64;
+    case at::kHalf:
+      return DType::kFloat16;
+    case at::kBFloat16:
+      return DType::kBFloat16;
+    default:
+      TORCH_CHECK(false, "opforge: internal error, no kernel type for ", dtype_str(t));
   }
 }
 
@@ -51,8 +67,8 @@ inline std::string layout_str(const at::Tensor& t) {
 // tensors that reach no kernel of ours are answered with the same words: common/layouts.cpp.)
 inline void check_defined(const char* op, const char* arg, const at::Tensor& t) {
   TORCH_CHECK(t.defined(), op, ": ", arg, " must be a tensor, got None");
-  TORCH_CHECK(!t.is_nested() && t.layout() == at::kStrided, op, ": ", arg, " must be a dense (strided) tensor, got ",
-              layout_str(t));
+  TORCH_CHECK(!t.is_nested() && t.layout() == at::kStrided, op, ": ", arg,
+              " must be a dense (strided) tensor, got ", layout_str(t));
 }
 
 inline void check_dtype_in(const char* op, const char* arg, const at::Tensor& t,
@@ -66,8 +82,8 @@ inline void check_dtype_in(const char* op, const char* arg, const at::Tensor& t,
 
 inline void check_same_dtype(const char* op, const char* arg, const at::Tensor& t, const char* ref_arg,
                              const at::Tensor& ref) {
-  TORCH_CHECK(t.scalar_type() == ref.scalar_type(), op, ": ", arg, " must have the same dtype as ",
-              ref_arg, " (", dtype_str(ref.scalar_type()), "), got ", dtype_str(t.scalar_type()));
+  TORCH_CHECK(t.scalar_type() == ref.scalar_type(), op, ": ", arg, " must have the same dtype as ", ref_arg,
+              " (", dtype_str(ref.scalar_type()), "), got ", dtype_str(t.scalar_type()));
 }
 
 inline void check_same_device(const char* op, const char* arg, const at::Tensor& t, const char* ref_arg,

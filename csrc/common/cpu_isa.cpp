@@ -16,7 +16,9 @@ CpuIsa cpu_isa() {
   return isa;
 }
 
-const char* cpu_isa_name(CpuIsa isa) { return isa == CpuIsa::kAvx2 ? "avx2" : "default"; }
+const char* cpu_isa_name(CpuIsa isa) {
+  return isa == CpuIsa::kAvx2 ? "avx2" : "default";
+}
 
 }  // namespace opforge
 

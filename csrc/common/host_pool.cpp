@@ -22,7 +22,9 @@ constexpr int kMaxWorkers = 255;
 // A spinning thread gives its CPU to any other runnable thread (the caller's consumer thread, the
 // CUDA driver's): a pool that spun with pause instructions kept 15 of 16 CPUs busy between frames
 // and starved them (FrameStream ran at half the speed of the same copies on one thread).
-inline void cpu_relax() { std::this_thread::yield(); }
+inline void cpu_relax() {
+  std::this_thread::yield();
+}
 
 struct Pool {
   std::mutex job_mu;  // one job at a time
@@ -66,7 +68,9 @@ void worker_main(Pool* p, int index, uint64_t seen) {
 
 // A child process has none of the parent's workers (and may have forked while a job held the
 // locks): it starts from a new pool.
-void reset_after_fork() { g_pool = new Pool(); }
+void reset_after_fork() {
+  g_pool = new Pool();
+}
 
 Pool& pool() {
   std::call_once(g_pool_once, [] {

@@ -20,14 +20,15 @@ void unsupported_layout(const c10::OperatorHandle& handle, torch::jit::Stack* st
   const auto first = stack->end() - static_cast<std::ptrdiff_t>(args.size());
   for (size_t i = 0; i < args.size(); ++i) {
     const c10::IValue& v = first[static_cast<std::ptrdiff_t>(i)];
-    if (v.isTensor() && v.toTensor().defined()) check_defined(op.c_str(), args[i].name().c_str(), v.toTensor());
+    if (v.isTensor() && v.toTensor().defined())
+      check_defined(op.c_str(), args[i].name().c_str(), v.toTensor());
   }
   TORCH_CHECK(false, op, ": the inputs must be dense (strided) tensors");
 }
 
-constexpr const char* kOps[] = {"vector_add",        "nms",        "batched_nms", "nms_padded",
-                                "matmul",            "preprocess_frames", "copy_async",
-                                "attention",         "attention_backward"};
+constexpr const char* kOps[] = {"vector_add", "nms",       "batched_nms",
+                                "nms_padded", "matmul",    "preprocess_frames",
+                                "copy_async", "attention", "attention_backward"};
 
 void register_all(torch::Library& m) {
   for (const char* op : kOps) m.impl(op, torch::CppFunction::makeFromBoxedFunction<&unsupported_layout>());
@@ -35,12 +36,26 @@ void register_all(torch::Library& m) {
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(opforge, SparseCPU, m) { register_all(m); }
-TORCH_LIBRARY_IMPL(opforge, SparseCUDA, m) { register_all(m); }
-TORCH_LIBRARY_IMPL(opforge, SparseCsrCPU, m) { register_all(m); }
-TORCH_LIBRARY_IMPL(opforge, SparseCsrCUDA, m) { register_all(m); }
-TORCH_LIBRARY_IMPL(opforge, NestedTensorCPU, m) { register_all(m); }
-TORCH_LIBRARY_IMPL(opforge, NestedTensorCUDA, m) { register_all(m); }
-TORCH_LIBRARY_IMPL(opforge, AutogradNestedTensor, m) { register_all(m); }
+TORCH_LIBRARY_IMPL(opforge, SparseCPU, m) {
+  register_all(m);
+}
+TORCH_LIBRARY_IMPL(opforge, SparseCUDA, m) {
+  register_all(m);
+}
+TORCH_LIBRARY_IMPL(opforge, SparseCsrCPU, m) {
+  register_all(m);
+}
+TORCH_LIBRARY_IMPL(opforge, SparseCsrCUDA, m) {
+  register_all(m);
+}
+TORCH_LIBRARY_IMPL(opforge, NestedTensorCPU, m) {
+  register_all(m);
+}
+TORCH_LIBRARY_IMPL(opforge, NestedTensorCUDA, m) {
+  register_all(m);
+}
+TORCH_LIBRARY_IMPL(opforge, AutogradNestedTensor, m) {
+  register_all(m);
+}
 
 }  // namespace opforge

@@ -46,7 +46,8 @@ void check_copy_async_inputs(const at::Tensor& dst, const at::Tensor& src) {
 }
 
 bool copy_async_same_dense_layout(const at::Tensor& dst, const at::Tensor& src) {
-  return dst.is_non_overlapping_and_dense() && src.is_non_overlapping_and_dense() && dst.strides() == src.strides();
+  return dst.is_non_overlapping_and_dense() && src.is_non_overlapping_and_dense() &&
+         dst.strides() == src.strides();
 }
 
 void parallel_memcpy(void* dst, const void* src, int64_t n) {
@@ -100,7 +101,9 @@ at::Tensor to_device_async(const at::Tensor& src, at::Device device) {
   return op.call(src, device);
 }
 
-TORCH_LIBRARY_IMPL(opforge, CompositeImplicitAutograd, m) { m.impl("to_device_async", &to_device_async_impl); }
+TORCH_LIBRARY_IMPL(opforge, CompositeImplicitAutograd, m) {
+  m.impl("to_device_async", &to_device_async_impl);
+}
 
 namespace {
 
@@ -151,6 +154,8 @@ void copy_async_autograd(const at::Tensor& dst, const at::Tensor& src) {
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(opforge, Autograd, m) { m.impl("copy_async", &copy_async_autograd); }
+TORCH_LIBRARY_IMPL(opforge, Autograd, m) {
+  m.impl("copy_async", &copy_async_autograd);
+}
 
 }  // namespace opforge

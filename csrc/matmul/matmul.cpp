@@ -38,7 +38,8 @@ MatmulVariant parse_matmul_variant(std::string_view name) {
     if (name == v.name) return v.variant;
     all += (all.empty() ? "" : ", ") + std::string(v.name);
   }
-  TORCH_CHECK_VALUE(false, "opforge.matmul: unknown variant '", std::string(name), "'; the variants are: ", all);
+  TORCH_CHECK_VALUE(false, "opforge.matmul: unknown variant '", std::string(name),
+                    "'; the variants are: ", all);
 }
 
 const char* matmul_variant_name(MatmulVariant v) {
@@ -55,8 +56,8 @@ void check_matmul_inputs(const at::Tensor& a, const at::Tensor& b) {
               "-D with shape ", a.sizes());
   TORCH_CHECK(b.dim() == a.dim(), op, ": b must have as many dimensions as a (", a.dim(), "), got ", b.dim(),
               "-D with shape ", b.sizes());
-  TORCH_CHECK(a.dim() == 2 || a.size(0) == b.size(0), op, ": b must have a's batch size (", a.size(0), "), got ",
-              b.size(0));
+  TORCH_CHECK(a.dim() == 2 || a.size(0) == b.size(0), op, ": b must have a's batch size (", a.size(0),
+              "), got ", b.size(0));
   TORCH_CHECK(a.size(-1) == b.size(-2), op, ": inner dimensions differ: a is ", a.sizes(), " and b is ",
               b.sizes(), " (a's last dimension must equal b's second to last)");
   check_dtype_in(op, "a", a, {at::kFloat, at::kDouble, at::kHalf, at::kBFloat16});

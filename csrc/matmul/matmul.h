@@ -18,7 +18,9 @@ const char* matmul_variant_name(MatmulVariant v);
 void check_matmul_inputs(const at::Tensor& a, const at::Tensor& b);
 
 // A 3-D view (batch, rows, cols) of a 2-D or 3-D tensor (no copy).
-inline at::Tensor as_batched(const at::Tensor& t) { return t.dim() == 2 ? t.unsqueeze(0) : t; }
+inline at::Tensor as_batched(const at::Tensor& t) {
+  return t.dim() == 2 ? t.unsqueeze(0) : t;
+}
 
 // The output's shape: (m, n) or (batch, m, n).
 std::vector<int64_t> matmul_output_shape(const at::Tensor& a, const at::Tensor& b);

@@ -42,6 +42,8 @@ at::Tensor matmul_autograd(const at::Tensor& a, const at::Tensor& b, c10::string
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(opforge, Autograd, m) { m.impl("matmul", &matmul_autograd); }
+TORCH_LIBRARY_IMPL(opforge, Autograd, m) {
+  m.impl("matmul", &matmul_autograd);
+}
 
 }  // namespace opforge

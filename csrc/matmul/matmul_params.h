@@ -40,7 +40,9 @@ enum class MatmulVariant : int8_t {
 
 // ---- what the kernels need of a call's layout (row-major operands: a_cs == b_cs == 1) --------
 
-inline bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+inline bool aligned16(const void* p) {
+  return reinterpret_cast<uintptr_t>(p) % 16 == 0;
+}
 
 // The float32 kernels' 16-byte accesses: every 4-float group one access (row and batch strides in
 // multiples of 4 floats, 16-byte aligned bases). register_blocked and warp_tiled_staged use them
@@ -62,8 +64,8 @@ inline bool mma_chunk_readable(const GemmParams& p) {
 // it) and int coordinates.
 inline bool mma_tma_loadable(const GemmParams& p) {
   constexpr int64_t kMax = (int64_t{1} << 31) - 512;
-  return mma_chunk_readable(p) && p.a_rs > 0 && p.b_rs > 0 && (p.batch == 1 || (p.a_bs != 0 && p.b_bs != 0)) &&
-         p.m < kMax && p.n < kMax && p.k < kMax;
+  return mma_chunk_readable(p) && p.a_rs > 0 && p.b_rs > 0 &&
+         (p.batch == 1 || (p.a_bs != 0 && p.b_bs != 0)) && p.m < kMax && p.n < kMax && p.k < kMax;
 }
 // Can bulk tensor copies store c (16-byte aligned base, strides in multiples of 16 bytes)?
 inline bool mma_tma_storable(const GemmParams& p) {
@@ -77,18 +79,18 @@ inline bool mma_tma_storable(const GemmParams& p) {
 // cudaErrorInvalidValue when the call breaks the kernel's requirements (the launcher,
 // matmul_cuda.cpp, arranges them), cudaErrorNoKernelImageForDevice when this binary has no code
 // for the GPU (the *_available functions say so beforehand, for the current device).
-int run_matmul_naive_cuda(const GemmParams& p, void* stream);             // float32, any strides
-int run_matmul_smem_tiled_cuda(const GemmParams& p, void* stream);        // float32, any strides
-int run_matmul_register_blocked_cuda(const GemmParams& p, void* stream);  // float32, any strides
+int run_matmul_naive_cuda(const GemmParams& p, void* stream);                // float32, any strides
+int run_matmul_smem_tiled_cuda(const GemmParams& p, void* stream);           // float32, any strides
+int run_matmul_register_blocked_cuda(const GemmParams& p, void* stream);     // float32, any strides
 int run_matmul_warp_tiled_staged_cuda(const GemmParams& p, void* stream);    // float32, any strides
 int run_matmul_warp_tiled_cp_async_cuda(const GemmParams& p, void* stream);  // float32, vectorizable
 bool matmul_warp_tiled_cp_async_available();                                 // sm_80+ code
-int run_matmul_mma_cp_async_cuda(const GemmParams& p, void* stream);  // 16-bit, chunk-readable
-bool matmul_mma_cp_async_available();                                 // sm_80+ code
-int run_matmul_mma_tma_cuda(const GemmParams& p, void* stream);       // 16-bit, TMA-loadable
-bool matmul_mma_tma_available();                                      // sm_90 code
-int run_matmul_mma_ws_cuda(const GemmParams& p, void* stream);        // 16-bit, TMA-loadable and -storable
-bool matmul_mma_ws_available();                                       // sm_90a code
+int run_matmul_mma_cp_async_cuda(const GemmParams& p, void* stream);         // 16-bit, chunk-readable
+bool matmul_mma_cp_async_available();                                        // sm_80+ code
+int run_matmul_mma_tma_cuda(const GemmParams& p, void* stream);              // 16-bit, TMA-loadable
+bool matmul_mma_tma_available();                                             // sm_90 code
+int run_matmul_mma_ws_cuda(const GemmParams& p, void* stream);  // 16-bit, TMA-loadable and -storable
+bool matmul_mma_ws_available();                                 // sm_90a code
 // 16-bit, sm_90a; b by rows (b_cs == 1) or by columns (b_rs == 1: the rows of b^T, row stride
 // b_cs); row and batch strides multiples of 8 and not 0, 16-byte aligned bases (TMA).
 int run_matmul_wgmma_cuda(const GemmParams& p, void* stream);

@@ -17,17 +17,19 @@ void check_nms_inputs(const char* op, const at::Tensor& boxes, const at::Tensor&
                       const std::optional<at::Tensor>& idxs, double iou_threshold) {
   check_defined(op, "boxes", boxes);
   check_defined(op, "scores", scores);
-  TORCH_CHECK(boxes.dim() == 2 && boxes.size(1) == 4, op, ": boxes must be a 2-D tensor of shape (N, 4), got ",
-              boxes.sizes());
+  TORCH_CHECK(boxes.dim() == 2 && boxes.size(1) == 4, op,
+              ": boxes must be a 2-D tensor of shape (N, 4), got ", boxes.sizes());
   TORCH_CHECK(scores.dim() == 1 && scores.size(0) == boxes.size(0), op,
-              ": scores must be a 1-D tensor with one score per box (N=", boxes.size(0), "), got ", scores.sizes());
+              ": scores must be a 1-D tensor with one score per box (N=", boxes.size(0), "), got ",
+              scores.sizes());
   check_dtype_in(op, "boxes", boxes, {at::kFloat, at::kDouble, at::kHalf, at::kBFloat16});
   check_same_dtype(op, "scores", scores, "boxes", boxes);
   check_same_device(op, "scores", scores, "boxes", boxes);
   if (idxs.has_value()) {
     check_defined(op, "idxs", *idxs);
     TORCH_CHECK(idxs->dim() == 1 && idxs->size(0) == boxes.size(0), op,
-                ": idxs must be a 1-D tensor with one class per box (N=", boxes.size(0), "), got ", idxs->sizes());
+                ": idxs must be a 1-D tensor with one class per box (N=", boxes.size(0), "), got ",
+                idxs->sizes());
     TORCH_CHECK(at::isIntegralType(idxs->scalar_type(), /*includeBool=*/false), op,
                 ": idxs must have an integer dtype, got ", dtype_str(idxs->scalar_type()));
     check_same_device(op, "idxs", *idxs, "boxes", boxes);
@@ -85,13 +87,12 @@ at::Tensor batched_nms(const at::Tensor& boxes, const at::Tensor& scores, const 
   return op.call(boxes, scores, idxs, iou_threshold);
 }
 
-std::tuple<at::Tensor, at::Tensor> nms_padded(const at::Tensor& boxes, const at::Tensor& scores, double iou_threshold,
-                                              const std::optional<at::Tensor>& idxs) {
-  static auto op =
-      c10::Dispatcher::singleton()
-          .findSchemaOrThrow("opforge::nms_padded", "")
-          .typed<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, double,
-                                                    const std::optional<at::Tensor>&)>();
+std::tuple<at::Tensor, at::Tensor> nms_padded(const at::Tensor& boxes, const at::Tensor& scores,
+                                              double iou_threshold, const std::optional<at::Tensor>& idxs) {
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("opforge::nms_padded", "")
+                       .typed<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, double,
+                                                                 const std::optional<at::Tensor>&)>();
   return op.call(boxes, scores, iou_threshold, idxs);
 }
 

@@ -23,7 +23,8 @@ struct NmsAutocast {
     return opforge::batched_nms(f32(boxes), f32(scores), idxs, iou_threshold);
   }
   static std::tuple<at::Tensor, at::Tensor> nms_padded(const at::Tensor& boxes, const at::Tensor& scores,
-                                                       double iou_threshold, const std::optional<at::Tensor>& idxs) {
+                                                       double iou_threshold,
+                                                       const std::optional<at::Tensor>& idxs) {
     const c10::impl::ExcludeDispatchKeyGuard no_autocast(kKey);
     return opforge::nms_padded(f32(boxes), f32(scores), iou_threshold, idxs);
   }

@@ -57,7 +57,8 @@ float largest(at::ScalarType t) {
 bool affine_is_exact(const PreprocessParams& p, int k, float a, float b) {
   for (int v = 0; v < 256; ++v) {
     const float want = normalize_exact(static_cast<float>(v), p, k);
-    if (output_bits(std::fma(static_cast<float>(v), a, b), p.out_dtype) != output_bits(want, p.out_dtype)) return false;
+    if (output_bits(std::fma(static_cast<float>(v), a, b), p.out_dtype) != output_bits(want, p.out_dtype))
+      return false;
   }
   return true;
 }
@@ -141,9 +142,10 @@ float normalize_exact(float v, const PreprocessParams& p, int k) {
   return p.has_std ? centered / p.std[k] : centered;
 }
 
-void check_preprocess_frames_inputs(const at::Tensor& frames, c10::IntArrayRef out_size, c10::IntArrayRef region,
-                                    double scale, c10::ArrayRef<double> mean, c10::ArrayRef<double> std,
-                                    double pad_value, c10::IntArrayRef channels, at::ScalarType out_dtype) {
+void check_preprocess_frames_inputs(const at::Tensor& frames, c10::IntArrayRef out_size,
+                                    c10::IntArrayRef region, double scale, c10::ArrayRef<double> mean,
+                                    c10::ArrayRef<double> std, double pad_value, c10::IntArrayRef channels,
+                                    at::ScalarType out_dtype) {
   check_defined(kOp, "frames", frames);
   TORCH_CHECK_TYPE(frames.scalar_type() == at::kByte, kOp, ": frames must be uint8, got ",
                    dtype_str(frames.scalar_type()));
@@ -152,20 +154,21 @@ void check_preprocess_frames_inputs(const at::Tensor& frames, c10::IntArrayRef o
   TORCH_CHECK_VALUE(c == 3 || c == 4, kOp, ": frames must have 3 or 4 channels (last dim), got ", c);
   TORCH_CHECK_VALUE(frames.numel() > 0 || frames.size(0) == 0, kOp,
                     ": frames must have a height and width of at least 1, got ", frames.sizes());
-  TORCH_CHECK_VALUE(out_size.size() == 2, kOp, ": size must be (height, width), got ", out_size.size(), " values");
-  TORCH_CHECK_VALUE(out_size[0] > 0 && out_size[1] > 0, kOp, ": size must be positive, got ", out_size);
-  TORCH_CHECK_VALUE(region.size() == 4, kOp, ": region must be (top, left, height, width), got ", region.size(),
+  TORCH_CHECK_VALUE(out_size.size() == 2, kOp, ": size must be (height, width), got ", out_size.size(),
                     " values");
+  TORCH_CHECK_VALUE(out_size[0] > 0 && out_size[1] > 0, kOp, ": size must be positive, got ", out_size);
+  TORCH_CHECK_VALUE(region.size() == 4, kOp, ": region must be (top, left, height, width), got ",
+                    region.size(), " values");
   TORCH_CHECK_VALUE(region[2] > 0 && region[3] > 0 && region[0] >= 0 && region[1] >= 0 &&
                         region[0] + region[2] <= out_size[0] && region[1] + region[3] <= out_size[1],
                     kOp, ": region ", region, " must lie inside the output size ", out_size);
   // The kernels compute in float32: the numbers must be float32 ones (1e-50 rounds to 0, 1e39 to inf).
   TORCH_CHECK_VALUE(std::isfinite(static_cast<float>(scale)), kOp,
                     ": scale must be finite in float32 (the kernels compute in float32), got ", scale);
-  TORCH_CHECK_VALUE(mean.empty() || mean.size() == 3, kOp, ": mean must have 3 values (one per output channel), got ",
-                    mean.size());
-  TORCH_CHECK_VALUE(std.empty() || std.size() == 3, kOp, ": std must have 3 values (one per output channel), got ",
-                    std.size());
+  TORCH_CHECK_VALUE(mean.empty() || mean.size() == 3, kOp,
+                    ": mean must have 3 values (one per output channel), got ", mean.size());
+  TORCH_CHECK_VALUE(std.empty() || std.size() == 3, kOp,
+                    ": std must have 3 values (one per output channel), got ", std.size());
   for (double m : mean)
     TORCH_CHECK_VALUE(std::isfinite(static_cast<float>(m)), kOp,
                       ": mean must be finite in float32 (the kernels compute in float32), got ", mean);
@@ -177,9 +180,9 @@ void check_preprocess_frames_inputs(const at::Tensor& frames, c10::IntArrayRef o
                     ": pad_value must be a pixel value in [0, 255], got ", pad_value);
   const bool same_order = channels.size() == 3 && channels[0] == 0 && channels[1] == 1 && channels[2] == 2;
   const bool reversed = channels.size() == 3 && channels[0] == 2 && channels[1] == 1 && channels[2] == 0;
-  TORCH_CHECK_VALUE(same_order || reversed, kOp,
-                    ": channels (the input channel of each output channel) must be [0, 1, 2] or [2, 1, 0], got ",
-                    channels);
+  TORCH_CHECK_VALUE(
+      same_order || reversed, kOp,
+      ": channels (the input channel of each output channel) must be [0, 1, 2] or [2, 1, 0], got ", channels);
   TORCH_CHECK_TYPE(out_dtype == at::kHalf || out_dtype == at::kBFloat16 || out_dtype == at::kFloat, kOp,
                    ": out_dtype must be one of (float16, bfloat16, float32), got ", dtype_str(out_dtype));
   TORCH_CHECK_VALUE(frames.size(1) < (int64_t{1} << 31) && frames.size(2) < (int64_t{1} << 31) &&
@@ -208,9 +211,10 @@ void check_preprocess_frames_inputs(const at::Tensor& frames, c10::IntArrayRef o
   }
 }
 
-PreprocessPlan plan_preprocess_frames(const at::Tensor& frames, c10::IntArrayRef out_size, c10::IntArrayRef region,
-                                      double scale, c10::ArrayRef<double> mean, c10::ArrayRef<double> std,
-                                      double pad_value, c10::IntArrayRef channels, at::ScalarType out_dtype) {
+PreprocessPlan plan_preprocess_frames(const at::Tensor& frames, c10::IntArrayRef out_size,
+                                      c10::IntArrayRef region, double scale, c10::ArrayRef<double> mean,
+                                      c10::ArrayRef<double> std, double pad_value, c10::IntArrayRef channels,
+                                      at::ScalarType out_dtype) {
   PreprocessPlan plan;
   plan.out = at::empty({frames.size(0), 3, out_size[0], out_size[1]}, frames.options().dtype(out_dtype));
   PreprocessParams& p = plan.params;
@@ -248,14 +252,14 @@ PreprocessPlan plan_preprocess_frames(const at::Tensor& frames, c10::IntArrayRef
   return plan;
 }
 
-at::Tensor preprocess_frames(const at::Tensor& frames, c10::IntArrayRef size, c10::IntArrayRef region, double scale,
-                             c10::ArrayRef<double> mean, c10::ArrayRef<double> std, double pad_value,
-                             c10::IntArrayRef channels, at::ScalarType out_dtype) {
+at::Tensor preprocess_frames(const at::Tensor& frames, c10::IntArrayRef size, c10::IntArrayRef region,
+                             double scale, c10::ArrayRef<double> mean, c10::ArrayRef<double> std,
+                             double pad_value, c10::IntArrayRef channels, at::ScalarType out_dtype) {
   static auto op = c10::Dispatcher::singleton()
                        .findSchemaOrThrow("opforge::preprocess_frames", "")
                        .typed<at::Tensor(const at::Tensor&, c10::IntArrayRef, c10::IntArrayRef, double,
-                                         c10::ArrayRef<double>, c10::ArrayRef<double>, double, c10::IntArrayRef,
-                                         at::ScalarType)>();
+                                         c10::ArrayRef<double>, c10::ArrayRef<double>, double,
+                                         c10::IntArrayRef, at::ScalarType)>();
   return op.call(frames, size, region, scale, mean, std, pad_value, channels, out_dtype);
 }
 

@@ -10,9 +10,10 @@
 namespace opforge {
 
 // Raise a TypeError / ValueError naming opforge.preprocess_frames and the argument.
-void check_preprocess_frames_inputs(const at::Tensor& frames, c10::IntArrayRef out_size, c10::IntArrayRef region,
-                                    double scale, c10::ArrayRef<double> mean, c10::ArrayRef<double> std,
-                                    double pad_value, c10::IntArrayRef channels, at::ScalarType out_dtype);
+void check_preprocess_frames_inputs(const at::Tensor& frames, c10::IntArrayRef out_size,
+                                    c10::IntArrayRef region, double scale, c10::ArrayRef<double> mean,
+                                    c10::ArrayRef<double> std, double pad_value, c10::IntArrayRef channels,
+                                    at::ScalarType out_dtype);
 
 // The op's normalization on the host, each float32 operation rounded on its own (never fused):
 // v * scale - mean[k], and that divided by std[k] when std is given. The plan normalizes the pad
@@ -26,8 +27,9 @@ struct PreprocessPlan {
 };
 
 // Allocates the output (N, 3, out_h, out_w) of out_dtype on frames' device and fills the params.
-PreprocessPlan plan_preprocess_frames(const at::Tensor& frames, c10::IntArrayRef out_size, c10::IntArrayRef region,
-                                      double scale, c10::ArrayRef<double> mean, c10::ArrayRef<double> std,
-                                      double pad_value, c10::IntArrayRef channels, at::ScalarType out_dtype);
+PreprocessPlan plan_preprocess_frames(const at::Tensor& frames, c10::IntArrayRef out_size,
+                                      c10::IntArrayRef region, double scale, c10::ArrayRef<double> mean,
+                                      c10::ArrayRef<double> std, double pad_value, c10::IntArrayRef channels,
+                                      at::ScalarType out_dtype);
 
 }  // namespace opforge

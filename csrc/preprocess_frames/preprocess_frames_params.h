@@ -26,14 +26,14 @@ struct PreprocessParams {
   DType out_dtype = DType::kFloat16;
   // The resized frame's place in the output.
   int64_t top = 0, left = 0, rh = 0, rw = 0;
-  bool resize = false;           // (rh, rw) != (h, w)
-  float src_per_dst_y = 1.0f;    // h / rh, as PyTorch's bilinear computes it (float)
-  float src_per_dst_x = 1.0f;    // w / rw
-  int ch[3] = {0, 1, 2};         // input channel of each output channel
+  bool resize = false;         // (rh, rw) != (h, w)
+  float src_per_dst_y = 1.0f;  // h / rh, as PyTorch's bilinear computes it (float)
+  float src_per_dst_x = 1.0f;  // w / rw
+  int ch[3] = {0, 1, 2};       // input channel of each output channel
   float scale = 1.0f;
   float mean[3] = {0.0f, 0.0f, 0.0f};
   float std[3] = {1.0f, 1.0f, 1.0f};
-  bool has_std = false;          // std given (else the division by 1 is skipped: same result)
+  bool has_std = false;  // std given (else the division by 1 is skipped: same result)
   // 1 / std, rounded; with exact_reciprocal the quotient c / std is computed as q = c * inv,
   // q += (c - q * std) * inv (two FMAs), which the plan verified to equal the IEEE quotient for
   // every value a uint8 pixel normalizes to (Markstein's correction; checked, not assumed).
@@ -47,12 +47,14 @@ struct PreprocessParams {
   float affine_b[3] = {0.0f, 0.0f, 0.0f};
   bool affine = false;
   float pad[3] = {0.0f, 0.0f, 0.0f};  // the pad value, normalized like a pixel, per output channel
-  int num_sms = 0;               // CUDA: for the grid size
+  int num_sms = 0;                    // CUDA: for the grid size
 };
 
 // A frame layout the vector paths read: each pixel's channels adjacent (channel stride 1, pixel
 // stride C), as decoders and numpy frames store them.
-constexpr bool preprocess_packed(const PreprocessParams& p) { return p.s_c == 1 && p.s_w == p.c; }
+constexpr bool preprocess_packed(const PreprocessParams& p) {
+  return p.s_c == 1 && p.s_w == p.c;
+}
 
 // CUDA (preprocess_frames_kernel.cu); returns a cudaError_t.
 int run_preprocess_frames_cuda(const PreprocessParams& p, void* stream);

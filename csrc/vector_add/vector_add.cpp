@@ -1,8 +1,8 @@
 // vector_add: C++ entry (through the dispatcher) and input checks.
 #include "vector_add/vector_add.h"
 
-#include <ATen/ops/empty_like.h>
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/ops/empty_like.h>
 
 #include "common/checks.h"
 #include "opforge.h"

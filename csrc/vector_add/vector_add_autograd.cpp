@@ -12,7 +12,8 @@ namespace {
 
 class VectorAddFunction : public torch::autograd::Function<VectorAddFunction> {
  public:
-  static at::Tensor forward(torch::autograd::AutogradContext* /*ctx*/, const at::Tensor& a, const at::Tensor& b) {
+  static at::Tensor forward(torch::autograd::AutogradContext* /*ctx*/, const at::Tensor& a,
+                            const at::Tensor& b) {
     const at::AutoDispatchBelowADInplaceOrView below_autograd;
     return vector_add(a, b);
   }
@@ -32,6 +33,8 @@ at::Tensor vector_add_autograd(const at::Tensor& a, const at::Tensor& b) {
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(opforge, Autograd, m) { m.impl("vector_add", &vector_add_autograd); }
+TORCH_LIBRARY_IMPL(opforge, Autograd, m) {
+  m.impl("vector_add", &vector_add_autograd);
+}
 
 }  // namespace opforge

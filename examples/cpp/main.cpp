@@ -14,9 +14,9 @@ bool check(const torch::Device& device) {
   const torch::Tensor out = opforge::vector_add(a, b);
   const bool ok = torch::equal(out, a + b);
   const torch::Tensor head = out[0].slice(0, 0, 3).cpu();
-  std::cout << "opforge::vector_add on " << device << ": " << out.sizes() << " " << (ok ? "matches" : "DIFFERS FROM")
-            << " torch::add; out[0][:3] = " << head[0].item<float>() << ", " << head[1].item<float>() << ", "
-            << head[2].item<float>() << "\n";
+  std::cout << "opforge::vector_add on " << device << ": " << out.sizes() << " "
+            << (ok ? "matches" : "DIFFERS FROM") << " torch::add; out[0][:3] = " << head[0].item<float>()
+            << ", " << head[1].item<float>() << ", " << head[2].item<float>() << "\n";
   return ok;
 }
 
@@ -26,7 +26,8 @@ bool check(const torch::Device& device) {
 bool check_nms(const torch::Device& device) {
   const auto opts = torch::TensorOptions().device(device);
   const torch::Tensor boxes =
-      torch::tensor({0.f, 0.f, 10.f, 10.f, 1.f, 1.f, 10.f, 10.f, 20.f, 20.f, 30.f, 30.f}, opts).reshape({3, 4});
+      torch::tensor({0.f, 0.f, 10.f, 10.f, 1.f, 1.f, 10.f, 10.f, 20.f, 20.f, 30.f, 30.f}, opts)
+          .reshape({3, 4});
   const torch::Tensor scores = torch::tensor({0.9f, 0.8f, 0.7f}, opts);
   const torch::Tensor keep = opforge::nms(boxes, scores, 0.5).cpu();
   bool ok = keep.numel() == 2 && keep[0].item<int64_t>() == 0 && keep[1].item<int64_t>() == 2;

@@ -35,8 +35,12 @@ namespace {
 // Tiles of 96 queries (16 of the GEMM's 6-row micro-panels, no edge panel) by 128 keys; with a
 // block mask a tile lies inside one mask block: 128 (or 64 where the blocks are not a multiple of
 // 128) on each side. 64-row products ran at half the rate of 128-row ones (53 vs 117 GFLOP/s).
-int64_t tile_queries(const AttentionPattern& p) { return p.mask_kinds ? (p.block_q % 128 ? 64 : 128) : 96; }
-int64_t tile_keys(const AttentionPattern& p) { return p.mask_kinds && p.block_k % 128 ? 64 : 128; }
+int64_t tile_queries(const AttentionPattern& p) {
+  return p.mask_kinds ? (p.block_q % 128 ? 64 : 128) : 96;
+}
+int64_t tile_keys(const AttentionPattern& p) {
+  return p.mask_kinds && p.block_k % 128 ? 64 : 128;
+}
 
 template <typename T>
 using acc_type = std::conditional_t<std::is_same_v<T, double>, double, float>;
@@ -77,7 +81,8 @@ struct TileTasks {
   int64_t count = 0;
   double pairs = 0;  // the (query, key) pairs of every sequence, per head: sizes the grain
 
-  TileTasks(const AttentionPattern& pat, int64_t batch, int64_t heads_, int64_t tile, bool keys) : heads(heads_) {
+  TileTasks(const AttentionPattern& pat, int64_t batch, int64_t heads_, int64_t tile, bool keys)
+      : heads(heads_) {
     auto tiles_of = [&](const AttentionPattern& s) { return ((keys ? s.sk : s.sq) + tile - 1) / tile; };
     if (!pat.varlen()) {
       tiles = tiles_of(pat);
@@ -125,8 +130,8 @@ SegmentRange segment_range(const int64_t* ids, int64_t stride_b, int64_t b, int6
 // s = softcap(scale * q.k), masked elements -inf (scaled: q came scaled, s is scale * q.k already).
 // `t` keeps tanh(...) for the softcap's backward (when softcap is on).
 template <typename A>
-void finish_scores(const AttentionParams& p, const AttentionPattern& pat, BlockKind kind, int64_t b, int64_t h,
-                   int64_t i0, int64_t rows, int64_t j0, int64_t cols, int64_t ld, A* s, A* t,
+void finish_scores(const AttentionParams& p, const AttentionPattern& pat, BlockKind kind, int64_t b,
+                   int64_t h, int64_t i0, int64_t rows, int64_t j0, int64_t cols, int64_t ld, A* s, A* t,
                    bool scaled = false) {
   const A scale = static_cast<A>(p.scale), cap = static_cast<A>(p.softcap);
   const A neg_inf = -std::numeric_limits<A>::infinity();
@@ -180,9 +185,15 @@ struct PackedHead {
 };
 
 // The softmax's row loops: vectorized (Sleef's exp on AVX2) for float, plain for double.
-float row_max(const float* x, int64_t n, float init) { return softmax_row_fns(cpu_isa()).max(x, n, init); }
-float exp_sum(float* x, int64_t n, float m) { return softmax_row_fns(cpu_isa()).exp_sum(x, n, m); }
-void exp_rows(float* x, int64_t n, float m) { softmax_row_fns(cpu_isa()).exp(x, n, m); }
+float row_max(const float* x, int64_t n, float init) {
+  return softmax_row_fns(cpu_isa()).max(x, n, init);
+}
+float exp_sum(float* x, int64_t n, float m) {
+  return softmax_row_fns(cpu_isa()).exp_sum(x, n, m);
+}
+void exp_rows(float* x, int64_t n, float m) {
+  softmax_row_fns(cpu_isa()).exp(x, n, m);
+}
 double row_max(const double* x, int64_t n, double init) {
   for (int64_t i = 0; i < n; ++i) init = std::max(init, x[i]);
   return init;
@@ -234,8 +245,9 @@ void forward_kernel(const AttentionParams& p) {
       const SegmentRange q_range = segment_range(pat.q_segments, pat.q_seg_bs, b, i0, i0 + rows);
       for (int64_t kt = 0; kt < k_tiles; ++kt) {
         const int64_t j0 = kt * tk, cols = std::min(tk, Sk - j0);
-        const SegmentRange kv_range = pat.kv_segments ? segment_range(pat.kv_segments, pat.kv_seg_bs, b, j0, j0 + cols)
-                                                      : SegmentRange{};
+        const SegmentRange kv_range = pat.kv_segments
+                                          ? segment_range(pat.kv_segments, pat.kv_seg_bs, b, j0, j0 + cols)
+                                          : SegmentRange{};
         const BlockKind kind = tile_kind(seq, b, h, i0, i0 + rows, j0, j0 + cols, q_range, kv_range);
         if (kind == BlockKind::kEmpty) continue;
         A* keys = kv.keys.data() + kt * kv.key_tile;
@@ -349,16 +361,18 @@ void decode_kernel(const AttentionParams& p) {
   // order, where a task a head would stride over the other heads' rows.
   const bool by_row = p.kv_heads > 1 && (p.block_table != nullptr || p.k_hs < p.k_ss);
   const int64_t units = by_row ? p.batch : heads, heads_a_task = by_row ? p.kv_heads : 1;
-  const int64_t chunks =
-      std::min<int64_t>(std::max<int64_t>(1, (4 * threads + units - 1) / units), std::max<int64_t>(1, (blocks + 3) / 4));
+  const int64_t chunks = std::min<int64_t>(std::max<int64_t>(1, (4 * threads + units - 1) / units),
+                                           std::max<int64_t>(1, (blocks + 3) / 4));
   const int64_t tasks = units * chunks;
   const int64_t flops = 4 * p.batch * p.heads * Sq * Sk * D;
   // Serial below about 20 us of work (a parallel region costs a few us at two threads).
   const int64_t grain = flops < (int64_t{1} << 19) ? tasks : 1;
   const A scale = static_cast<A>(p.scale), neg_inf = -std::numeric_limits<A>::infinity();
-  std::vector<A> part_o(heads * chunks * rows * D), part_m(heads * chunks * rows), part_l(heads * chunks * rows);
+  std::vector<A> part_o(heads * chunks * rows * D), part_m(heads * chunks * rows),
+      part_l(heads * chunks * rows);
   at::parallel_for(0, tasks, grain, [&](int64_t begin, int64_t end) {
-    std::vector<A> qs(heads_a_task * rows * D), kb(kDecodeBlock * D), vb(kDecodeBlock * D), sc(rows * kDecodeBlock);
+    std::vector<A> qs(heads_a_task * rows * D), kb(kDecodeBlock * D), vb(kDecodeBlock * D),
+        sc(rows * kDecodeBlock);
     std::vector<BlockKind> kinds(group);
     for (int64_t task = begin; task < end; ++task) {
       const int64_t c = task / units, u = task % units;
@@ -367,7 +381,8 @@ void decode_kernel(const AttentionParams& p) {
       const AttentionPattern bpat = pat.at(b);
       int64_t lo, hi;
       band_key_range(bpat, 0, Sq, lo, hi);
-      const int64_t first = lo / kDecodeBlock, last = hi <= lo ? first : (hi + kDecodeBlock - 1) / kDecodeBlock;
+      const int64_t first = lo / kDecodeBlock,
+                    last = hi <= lo ? first : (hi + kDecodeBlock - 1) / kDecodeBlock;
       const int64_t per_chunk = (last - first + chunks - 1) / chunks;
       const int64_t blk0 = first + c * per_chunk, blk1 = std::min(last, blk0 + per_chunk);
       // (the partial states sit by (batch, kv head), then chunk, for the merge)
@@ -386,9 +401,11 @@ void decode_kernel(const AttentionParams& p) {
       const SegmentRange q_range = segment_range(pat.q_segments, pat.q_seg_bs, b, 0, Sq);
       // Rows [j0, j0 + cols) of K or V into a block, a page's run at a time (key j's row at
       // head + kv_row(b, j, ...): through the page table for paged caches).
-      const auto load_keys = [&](const T* head, int64_t bs, int64_t ss, int64_t ds, int64_t j0, int64_t cols, A* dst) {
+      const auto load_keys = [&](const T* head, int64_t bs, int64_t ss, int64_t ds, int64_t j0, int64_t cols,
+                                 A* dst) {
         for (int64_t j = j0; j < j0 + cols;) {
-          const int64_t run = p.block_table ? std::min(j0 + cols - j, p.page_size - j % p.page_size) : j0 + cols - j;
+          const int64_t run =
+              p.block_table ? std::min(j0 + cols - j, p.page_size - j % p.page_size) : j0 + cols - j;
           load_rows(head + p.kv_row(b, j, bs, ss), ss, ds, run, D, dst + (j - j0) * D);
           j += run;
         }
@@ -396,8 +413,9 @@ void decode_kernel(const AttentionParams& p) {
       for (int64_t blk = blk0; blk < blk1; ++blk) {
         const int64_t j0 = blk * kDecodeBlock, cols = std::min(kDecodeBlock, bpat.sk - j0);
         if (cols <= 0) break;  // past this sequence's keys
-        const SegmentRange kv_range =
-            pat.kv_segments ? segment_range(pat.kv_segments, pat.kv_seg_bs, b, j0, j0 + cols) : SegmentRange{};
+        const SegmentRange kv_range = pat.kv_segments
+                                          ? segment_range(pat.kv_segments, pat.kv_seg_bs, b, j0, j0 + cols)
+                                          : SegmentRange{};
         for (int64_t i = 0; i < heads_a_task; ++i) {
           const int64_t hk = hk0 + i, slot = slot_of(hk);
           A* o = part_o.data() + slot * rows * D;
@@ -504,8 +522,8 @@ void probabilities(int64_t rows, int64_t cols, int64_t ld, const A* lse, A* s) {
 
 // dS = P * (dP - delta) (* (1 - tanh^2) with a softcap) * scale, in place in dp.
 template <typename A>
-void score_grads(const AttentionParams& p, int64_t rows, int64_t cols, int64_t ld, const A* prob, const A* tanh_s,
-                 const A* delta, A* dp) {
+void score_grads(const AttentionParams& p, int64_t rows, int64_t cols, int64_t ld, const A* prob,
+                 const A* tanh_s, const A* delta, A* dp) {
   const A scale = static_cast<A>(p.scale);
   for (int64_t r = 0; r < rows; ++r) {
     A* row = dp + r * ld;
@@ -541,22 +559,25 @@ void backward_kernel(const AttentionGradParams& g) {
   const int64_t tensor_batch = pat.varlen() ? 1 : p.batch, Sq_all = pat.sq;
   const int64_t rows_total = tensor_batch * p.heads * Sq_all;
   std::vector<A> delta(rows_total);
-  at::parallel_for(0, rows_total, small ? std::max<int64_t>(rows_total, 1) : 256, [&](int64_t begin, int64_t end) {
-    for (int64_t row = begin; row < end; ++row) {
-      const int64_t i = row % Sq_all, bh = row / Sq_all, h = bh % p.heads, tb = bh / p.heads;  // (tensor row)
-      const T* go = at_<T>(g.grad_out, tb * g.g_bs + h * g.g_hs + i * g.g_ss);
-      const T* o = at_<T>(p.out, tb * p.o_bs + h * p.o_hs + i * p.o_ss);
-      A sum = 0;
-      for (int64_t d = 0; d < D; ++d) sum += static_cast<A>(go[d]) * static_cast<A>(o[d]);
-      delta[row] = sum - (grad_lse ? grad_lse[row] : A(0));
-    }
-  });
+  at::parallel_for(0, rows_total, small ? std::max<int64_t>(rows_total, 1) : 256,
+                   [&](int64_t begin, int64_t end) {
+                     for (int64_t row = begin; row < end; ++row) {
+                       const int64_t i = row % Sq_all, bh = row / Sq_all, h = bh % p.heads,
+                                     tb = bh / p.heads;  // (tensor row)
+                       const T* go = at_<T>(g.grad_out, tb * g.g_bs + h * g.g_hs + i * g.g_ss);
+                       const T* o = at_<T>(p.out, tb * p.o_bs + h * p.o_hs + i * p.o_ss);
+                       A sum = 0;
+                       for (int64_t d = 0; d < D; ++d) sum += static_cast<A>(go[d]) * static_cast<A>(o[d]);
+                       delta[row] = sum - (grad_lse ? grad_lse[row] : A(0));
+                     }
+                   });
 
   // The accumulating products (dV += P^T dO, dK += dS^T Q, dQ += dS K) run on the shared GEMM's
   // packed entry, accumulating in place: P and dS (rounded to the inputs' type, as the forward
   // rounds P) packed by the accumulation type's packer, dO, Q and K by the inputs'.
   const GemmPackedFns in = gemm_packed(p.dtype, isa);
-  const GemmPackedFns acc_fns = gemm_packed(std::is_same_v<A, double> ? DType::kFloat64 : DType::kFloat32, isa);
+  const GemmPackedFns acc_fns =
+      gemm_packed(std::is_same_v<A, double> ? DType::kFloat64 : DType::kFloat32, isa);
   const int64_t t_max = std::max(tq, tk);
 
   // Per-thread buffers of one tile pair.
@@ -564,8 +585,14 @@ void backward_kernel(const AttentionGradParams& g) {
     Gemm gemm;
     std::vector<A> s, t, dp, acc, acc2, a_packed, b_packed;
     Buffers(DType dt, CpuIsa isa, int64_t D, int64_t tq, int64_t tk, int64_t a_elems, int64_t b_elems)
-        : gemm(dt, isa), s(tq * tk), t(tq * tk), dp(tq * tk), acc(std::max(tq, tk) * D), acc2(std::max(tq, tk) * D),
-          a_packed(a_elems), b_packed(b_elems) {}
+        : gemm(dt, isa),
+          s(tq * tk),
+          t(tq * tk),
+          dp(tq * tk),
+          acc(std::max(tq, tk) * D),
+          acc2(std::max(tq, tk) * D),
+          a_packed(a_elems),
+          b_packed(b_elems) {}
   };
   const int64_t a_elems = acc_fns.a_size(t_max, t_max), b_elems = in.b_size(t_max, D);
   // x (rows x cols, row stride ld) rounded to the inputs' type in place (16-bit inputs).
@@ -597,7 +624,8 @@ void backward_kernel(const AttentionGradParams& g) {
     finish_scores<A>(p, seq, kind, b, h, i0, rows, j0, cols, tk, w.s.data(), w.t.data());
     probabilities<A>(rows, cols, tk, lse_all + p.lse_at(b, h) + i0, w.s.data());
     w.gemm(rows, cols, D, go, g.g_ss, 1, v, p.v_ds, p.v_ss, w.dp.data(), tk);  // dP = dO V^T
-    score_grads<A>(p, rows, cols, tk, w.s.data(), w.t.data(), delta.data() + p.lse_at(b, h) + i0, w.dp.data());
+    score_grads<A>(p, rows, cols, tk, w.s.data(), w.t.data(), delta.data() + p.lse_at(b, h) + i0,
+                   w.dp.data());
     return true;
   };
 
@@ -612,7 +640,7 @@ void backward_kernel(const AttentionGradParams& g) {
       const AttentionPattern seq = pat.at(b);
       const int64_t Sq = seq.sq, q_tiles = (Sq + tq - 1) / tq;
       const int64_t j0 = kt * tk, cols = std::min(tk, seq.sk - j0);
-      std::fill(w.acc.begin(), w.acc.end(), A(0));   // dV
+      std::fill(w.acc.begin(), w.acc.end(), A(0));    // dV
       std::fill(w.acc2.begin(), w.acc2.end(), A(0));  // dK
       const SegmentRange kv_range = segment_range(pat.kv_segments, pat.kv_seg_bs, b, j0, j0 + cols);
       for (int64_t h = hk * group; h < (hk + 1) * group; ++h) {
@@ -676,28 +704,26 @@ void check_mask_values(const AttentionPattern& pat, int64_t partials) {
     TORCH_CHECK_VALUE(kind <= 2, "opforge.attention: mask_kinds holds ", int{kind},
                       ": block kinds are 0 (empty), 1 (full) and 2 (partial)");
     if (kind == 2) {
-      TORCH_CHECK_VALUE(pat.mask_index[i] >= 0 && pat.mask_index[i] < partials, "opforge.attention: mask_index ",
-                        pat.mask_index[i], " of a partial block is outside mask_bits' ", partials, " blocks");
+      TORCH_CHECK_VALUE(pat.mask_index[i] >= 0 && pat.mask_index[i] < partials,
+                        "opforge.attention: mask_index ", pat.mask_index[i],
+                        " of a partial block is outside mask_bits' ", partials, " blocks");
     }
   }
 }
 
-
-std::tuple<at::Tensor, at::Tensor> attention_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                                 double scale, double softcap, bool causal, int64_t window_left,
-                                                 int64_t window_right, int64_t prefix_len,
-                                                 const std::optional<at::Tensor>& q_segments,
-                                                 const std::optional<at::Tensor>& kv_segments,
-                                                 const std::optional<at::Tensor>& mask_kinds,
-                                                 const std::optional<at::Tensor>& mask_index,
-                                                 const std::optional<at::Tensor>& mask_bits, int64_t block_q,
-                                                 int64_t block_k, const std::optional<at::Tensor>& kv_lens,
-                                                 const std::optional<at::Tensor>& cu_seqlens_q,
-                                                 const std::optional<at::Tensor>& cu_seqlens_k,
-                                                 c10::string_view variant, std::optional<bool> /*deterministic*/) {
+std::tuple<at::Tensor, at::Tensor> attention_cpu(
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale, double softcap, bool causal,
+    int64_t window_left, int64_t window_right, int64_t prefix_len,
+    const std::optional<at::Tensor>& q_segments, const std::optional<at::Tensor>& kv_segments,
+    const std::optional<at::Tensor>& mask_kinds, const std::optional<at::Tensor>& mask_index,
+    const std::optional<at::Tensor>& mask_bits, int64_t block_q, int64_t block_k,
+    const std::optional<at::Tensor>& kv_lens, const std::optional<at::Tensor>& cu_seqlens_q,
+    const std::optional<at::Tensor>& cu_seqlens_k, c10::string_view variant,
+    std::optional<bool> /*deterministic*/) {
   constexpr const char* op = "opforge.attention";
-  AttentionPatternArgs args = attention_pattern_args(causal, window_left, window_right, prefix_len, q_segments,
-                                                     kv_segments, mask_kinds, mask_index, mask_bits, block_q, block_k);
+  AttentionPatternArgs args =
+      attention_pattern_args(causal, window_left, window_right, prefix_len, q_segments, kv_segments,
+                             mask_kinds, mask_index, mask_bits, block_q, block_k);
   args.kv_lens = kv_lens;
   args.cu_seqlens_q = cu_seqlens_q;
   args.cu_seqlens_k = cu_seqlens_k;
@@ -724,15 +750,17 @@ std::tuple<at::Tensor, at::Tensor> attention_cpu(const at::Tensor& q, const at::
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_cpu(
-    const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
-    const at::Tensor& lse, const std::optional<at::Tensor>& grad_lse, double scale, double softcap, bool causal,
-    int64_t window_left, int64_t window_right, int64_t prefix_len, const std::optional<at::Tensor>& q_segments,
-    const std::optional<at::Tensor>& kv_segments, const std::optional<at::Tensor>& mask_kinds,
-    const std::optional<at::Tensor>& mask_index, const std::optional<at::Tensor>& mask_bits, int64_t block_q,
-    int64_t block_k, const std::optional<at::Tensor>& cu_seqlens_q, const std::optional<at::Tensor>& cu_seqlens_k,
+    const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+    const at::Tensor& out, const at::Tensor& lse, const std::optional<at::Tensor>& grad_lse, double scale,
+    double softcap, bool causal, int64_t window_left, int64_t window_right, int64_t prefix_len,
+    const std::optional<at::Tensor>& q_segments, const std::optional<at::Tensor>& kv_segments,
+    const std::optional<at::Tensor>& mask_kinds, const std::optional<at::Tensor>& mask_index,
+    const std::optional<at::Tensor>& mask_bits, int64_t block_q, int64_t block_k,
+    const std::optional<at::Tensor>& cu_seqlens_q, const std::optional<at::Tensor>& cu_seqlens_k,
     c10::string_view variant, std::optional<bool> /*deterministic: always*/) {
-  AttentionPatternArgs args = attention_pattern_args(causal, window_left, window_right, prefix_len, q_segments,
-                                                     kv_segments, mask_kinds, mask_index, mask_bits, block_q, block_k);
+  AttentionPatternArgs args =
+      attention_pattern_args(causal, window_left, window_right, prefix_len, q_segments, kv_segments,
+                             mask_kinds, mask_index, mask_bits, block_q, block_k);
   args.cu_seqlens_q = cu_seqlens_q;
   args.cu_seqlens_k = cu_seqlens_k;
   check_attention_backward_inputs(grad_out, q, k, v, out, lse, grad_lse, scale, softcap, args);
@@ -761,25 +789,29 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_cpu(
 
 std::tuple<at::Tensor, at::Tensor> attention_paged_cpu(const at::Tensor& q, const at::Tensor& k_cache,
                                                        const at::Tensor& v_cache, const at::Tensor& kv_lens,
-                                                       const at::Tensor& block_table, double scale, double softcap,
-                                                       bool causal, int64_t window_left, int64_t window_right,
-                                                       int64_t prefix_len, c10::string_view variant) {
+                                                       const at::Tensor& block_table, double scale,
+                                                       double softcap, bool causal, int64_t window_left,
+                                                       int64_t window_right, int64_t prefix_len,
+                                                       c10::string_view variant) {
   constexpr const char* op = "opforge.attention";
-  TORCH_CHECK_VALUE(q.defined() && q.dim() == 4, op, ": q must be a 4-D tensor (batch, heads, sequence, head_dim)");
+  TORCH_CHECK_VALUE(q.defined() && q.dim() == 4, op,
+                    ": q must be a 4-D tensor (batch, heads, sequence, head_dim)");
   at::Tensor out = empty_attention_like(q);
   at::Tensor lse = at::empty({q.size(0), q.size(1), q.size(2)}, q.options().dtype(attention_lse_dtype(q)));
-  const AttentionPlan plan = plan_paged_attention(q, k_cache, v_cache, kv_lens, block_table, out, lse, scale, softcap,
-                                                  causal, window_left, window_right, prefix_len);
+  const AttentionPlan plan = plan_paged_attention(q, k_cache, v_cache, kv_lens, block_table, out, lse, scale,
+                                                  softcap, causal, window_left, window_right, prefix_len);
   const AttentionKernel kernel = choose_attention_kernel(
-      op, attention_call(q, paged_view(k_cache, q.size(0), plan.params.pattern.sk), true, false, false), variant);
-  TORCH_CHECK_VALUE(kernel == AttentionKernel::kDecode, op,
-                    ": on the CPU paged caches are read in place by the decode kernel only (opforge.attention gathers "
-                    "the pages for the other kernels), got variant '", variant, "' and ", q.size(2), " queries");
+      op, attention_call(q, paged_view(k_cache, q.size(0), plan.params.pattern.sk), true, false, false),
+      variant);
+  TORCH_CHECK_VALUE(
+      kernel == AttentionKernel::kDecode, op,
+      ": on the CPU paged caches are read in place by the decode kernel only (opforge.attention gathers "
+      "the pages for the other kernels), got variant '",
+      variant, "' and ", q.size(2), " queries");
   if (out.numel() == 0) return {out, lse.fill_(-std::numeric_limits<double>::infinity())};
   RECORD_FUNCTION("opforge.attention.decode", std::vector<c10::IValue>());
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, q.scalar_type(), "opforge.attention", [&] {
-    decode_kernel<scalar_t>(plan.params);
-  });
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, q.scalar_type(), "opforge.attention",
+                                  [&] { decode_kernel<scalar_t>(plan.params); });
   return {out, lse};
 }
 

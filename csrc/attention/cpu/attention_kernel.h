@@ -9,14 +9,15 @@ namespace opforge {
 
 // The float32 row loops of the online softmax (x contiguous, n elements).
 struct SoftmaxRowFns {
-  float (*max)(const float* x, int64_t n, float init);       // max(init, x...)
-  float (*exp_sum)(float* x, int64_t n, float m);            // x = exp(x - m) (0 for -inf), returns the sum
-  void (*exp)(float* x, int64_t n, float m);                 // x = exp(x - m) (0 for -inf)
+  float (*max)(const float* x, int64_t n, float init);  // max(init, x...)
+  float (*exp_sum)(float* x, int64_t n, float m);       // x = exp(x - m) (0 for -inf), returns the sum
+  void (*exp)(float* x, int64_t n, float m);            // x = exp(x - m) (0 for -inf)
   // The decode path's products over a block of cols keys (k, v: cols rows of d floats each):
   // s (rows x cols) = q (rows x d) . k^T, and o (rows x d) += p (rows x cols) . v.
   // (k and v rows ld elements apart: the cache itself when it is float32 with unit column stride)
   void (*scores)(const float* q, int64_t rows, const float* k, int64_t ld, int64_t cols, int64_t d, float* s);
-  void (*accumulate)(const float* p, int64_t rows, const float* v, int64_t ld, int64_t cols, int64_t d, float* o);
+  void (*accumulate)(const float* p, int64_t rows, const float* v, int64_t ld, int64_t cols, int64_t d,
+                     float* o);
 };
 
 namespace cpu_default {

@@ -43,13 +43,18 @@ float exp_rows(float* x, int64_t n, float m) {
   return 0.0f;
 }
 
-float exp_sum(float* x, int64_t n, float m) { return exp_rows<true>(x, n, m); }
-void exp_only(float* x, int64_t n, float m) { exp_rows<false>(x, n, m); }
+float exp_sum(float* x, int64_t n, float m) {
+  return exp_rows<true>(x, n, m);
+}
+void exp_only(float* x, int64_t n, float m) {
+  exp_rows<false>(x, n, m);
+}
 
 float dot(const float* a, const float* b, int64_t d) {
   Vec acc(0.0f);
   int64_t i = 0;
-  for (; i + Vec::size() <= d; i += Vec::size()) acc = at::vec::fmadd(Vec::loadu(a + i), Vec::loadu(b + i), acc);
+  for (; i + Vec::size() <= d; i += Vec::size())
+    acc = at::vec::fmadd(Vec::loadu(a + i), Vec::loadu(b + i), acc);
   float sum = at::vec::vec_reduce_all<float>([](Vec& x, Vec& y) { return x + y; }, acc);
   for (; i < d; ++i) sum += a[i] * b[i];
   return sum;
@@ -134,7 +139,9 @@ void accumulate(const float* p, int64_t rows, const float* v, int64_t ld, int64_
 
 }  // namespace
 
-SoftmaxRowFns softmax_row_fns() { return {&row_max, &exp_sum, &exp_only, &scores, &accumulate}; }
+SoftmaxRowFns softmax_row_fns() {
+  return {&row_max, &exp_sum, &exp_only, &scores, &accumulate};
+}
 
 }  // namespace OPFORGE_CPU_VARIANT_NS
 }  // namespace opforge

@@ -90,7 +90,8 @@ struct HopperBwdTraits {
   static constexpr int kDQPartFloats = 64 * kDQPartCols, kDQPartBytes = kDQPartFloats * 4;
   static constexpr int kDQStageBytes = kDQAtomic ? 0 : 2 * kDQPartBytes;
   static constexpr int kBaseSmemBytes = 1024 + 2 * kKBytes + kStages * (kStageBytes + 2 * kBlockM * 4 + 16) +
-                                        2 * (kDSBytes + kPBytes) + kDQStageBytes + 2 * 16 + (1 + 2 * kStages) * 8;
+                                        2 * (kDSBytes + kPBytes) + kDQStageBytes + 2 * 16 +
+                                        (1 + 2 * kStages) * 8;
   static constexpr int kMaskWords = kStageMask ? kBlockM * kBlockN / 32 : 0;
   static constexpr int kStatsBytes = 2 * kBlockM * 4 + 16 + kMaskWords * 4;
   static constexpr int kSmemBytes = kBaseSmemBytes + kStages * kMaskWords * 4;
@@ -106,7 +107,8 @@ using HopperBwdTraitsMaskD64 = HopperBwdTraits<64, 128, 128, 2, false, 24, 240, 
 using HopperBwdTraitsMaskD128 = HopperBwdTraits<128, 64, 128, 2, false, 24, 240, true>;
 
 // Named barriers (0 is __syncthreads's; 1 and 2 are the epilogue's, store_accumulator_rows).
-constexpr int kBwdBarDS = 3;       // both consumer warpgroups' dS^T (head-dim layout: P and dS) are in shared memory
+constexpr int kBwdBarDS =
+    3;  // both consumer warpgroups' dS^T (head-dim layout: P and dS) are in shared memory
 constexpr int kBwdBarDQFull = 4;   // + c: warpgroup c's dQ part is in shared memory
 constexpr int kBwdBarDQEmpty = 6;  // + c: warp 1 has read it (the buffer is free)
 
@@ -115,7 +117,8 @@ constexpr int kBwdBarDQEmpty = 6;  // + c: warp 1 has read it (the buffer is fre
 // fragment n: rows 16 (t / 32) + (t % 32) / 4 and + 8, columns 8 n + 2 (t % 4) and + 1), so that
 // both the consumers' shared-memory writes and the post kernel's reads are whole 16-byte vectors.
 template <typename Tr>
-__device__ __forceinline__ int64_t dq_tile_offset(const AttentionCudaArgs& a, int64_t b, int64_t h, int64_t tile) {
+__device__ __forceinline__ int64_t dq_tile_offset(const AttentionCudaArgs& a, int64_t b, int64_t h,
+                                                  int64_t tile) {
   return (a.ws_row(b, h) + tile * Tr::kBlockM) * Tr::kD;
 }
 
@@ -148,7 +151,8 @@ __device__ __forceinline__ float bwd_score_grad(float prob, float dp, float delt
 // The keys layout's P^T and dS^T over a warp's keys x queries block (columns are queries: each
 // column's lse2 and delta from the stage, read as pairs).
 template <bool kCap, int kN>
-__device__ __forceinline__ void bwd_logits(float (&s)[kN][4], const float* lse2, const AttentionCudaArgs& a, int t4) {
+__device__ __forceinline__ void bwd_logits(float (&s)[kN][4], const float* lse2, const AttentionCudaArgs& a,
+                                           int t4) {
 #pragma unroll
   for (int n = 0; n < kN; ++n) {
     const float2 l = *reinterpret_cast<const float2*>(lse2 + n * 8 + 2 * t4);
@@ -157,8 +161,9 @@ __device__ __forceinline__ void bwd_logits(float (&s)[kN][4], const float* lse2,
   }
 }
 template <bool kCap, int kN>
-__device__ __forceinline__ void bwd_score_grads(const float (&prob)[kN][4], float (&dp)[kN][4], const float* lse2,
-                                                const float* delta, const AttentionCudaArgs& a, int t4) {
+__device__ __forceinline__ void bwd_score_grads(const float (&prob)[kN][4], float (&dp)[kN][4],
+                                                const float* lse2, const float* delta,
+                                                const AttentionCudaArgs& a, int t4) {
 #pragma unroll
   for (int n = 0; n < kN; ++n) {
     const float2 d = *reinterpret_cast<const float2*>(delta + n * 8 + 2 * t4);
@@ -173,13 +178,15 @@ __device__ __forceinline__ void bwd_score_grads(const float (&prob)[kN][4], floa
 
 template <typename Tr, typename T>
 __global__ void __launch_bounds__(Tr::kThreads, 1)
-    attention_bwd_hopper_kernel(const __grid_constant__ CUtensorMap map_q, const __grid_constant__ CUtensorMap map_k,
-                                const __grid_constant__ CUtensorMap map_v, const __grid_constant__ CUtensorMap map_do,
-                                const AttentionCudaArgs a, const int group_pairs) {
+    attention_bwd_hopper_kernel(const __grid_constant__ CUtensorMap map_q,
+                                const __grid_constant__ CUtensorMap map_k,
+                                const __grid_constant__ CUtensorMap map_v,
+                                const __grid_constant__ CUtensorMap map_do, const AttentionCudaArgs a,
+                                const int group_pairs) {
 #ifdef OPFORGE_ATTENTION_BWD_WGMMA_DEVICE
   constexpr int kD = Tr::kD, kBN = Tr::kBlockN, kBM = Tr::kBlockM, kStages = Tr::kStages;
   constexpr int kMT = kBM / 8, kDT = kD / 8;
-  constexpr int kInfoOffset = 2 * kBM * 4;        // in a stage's stats, after lse2 and delta
+  constexpr int kInfoOffset = 2 * kBM * 4;       // in a stage's stats, after lse2 and delta
   constexpr int kMaskOffset = kInfoOffset + 16;  // then the mask bits
   using cuda::smem_addr;
   using State = cuda::PipelineState<kStages>;
@@ -192,7 +199,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   unsigned char* const sP = sDS + 2 * Tr::kDSBytes;  // (the head-dim layout's P; none in the keys layout)
   unsigned char* const sDQ = sP + 2 * Tr::kPBytes;
   unsigned char* const sStats = sDQ + Tr::kDQStageBytes;  // each stage's lse2, delta and tile info
-  BwdTileInfo* const dq_info = reinterpret_cast<BwdTileInfo*>(sStats + kStages * Tr::kStatsBytes);  // one per part
+  BwdTileInfo* const dq_info =
+      reinterpret_cast<BwdTileInfo*>(sStats + kStages * Tr::kStatsBytes);  // one per part
   uint64_t* bars = reinterpret_cast<uint64_t*>(dq_info + 2);
   uint64_t* const bar_kv = bars;
   const cuda::Pipeline<kStages> pipe{bars + 1, bars + 1 + kStages};
@@ -207,15 +215,16 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   int kblock;
   if (p.pattern.varlen()) {
     int64_t x;
-    if (!padded_tile_warp(p.pattern.cu_seqlens_k, p.pattern.total_k, p.batch, kBN, blockIdx.x / p.kv_heads, b, x)) {
+    if (!padded_tile_warp(p.pattern.cu_seqlens_k, p.pattern.total_k, p.batch, kBN, blockIdx.x / p.kv_heads, b,
+                          x)) {
       return;
     }
     hk = blockIdx.x % p.kv_heads, kblock = static_cast<int>(x);
   } else {
     const int blocks = static_cast<int>((p.pattern.sk + kBN - 1) / kBN);
     int pair;
-    cuda::grouped_tile(static_cast<int>(blockIdx.x), group_pairs, static_cast<int>(p.batch * p.kv_heads), blocks,
-                       false, pair, kblock);
+    cuda::grouped_tile(static_cast<int>(blockIdx.x), group_pairs, static_cast<int>(p.batch * p.kv_heads),
+                       blocks, false, pair, kblock);
     b = pair / p.kv_heads, hk = pair % p.kv_heads;
   }
   const AttentionPattern pat = p.pattern.at(b);
@@ -236,15 +245,16 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       QueryWalk<kBM, Tr::kStageMask> walk(pat, b, j0, j1, j1 - j0 < kBN);
       // TMA coordinates: the tensors' batch row, the sequence's first rows (varlen: in the packed dims).
       const int tb = static_cast<int>(p.pattern.tensor_batch(b));
-      const int q_row0 = static_cast<int>(p.pattern.q_start(b)), k_row0 = static_cast<int>(p.pattern.k_start(b));
+      const int q_row0 = static_cast<int>(p.pattern.q_start(b)),
+                k_row0 = static_cast<int>(p.pattern.k_start(b));
       if (lane == 0) {
         cuda::mbar_arrive_expect_tx(smem_addr(bar_kv), 2 * Tr::kKBytes);
 #pragma unroll
         for (int pn = 0; pn < Tr::kPanels; ++pn) {
-          cuda::tma_load_4d(smem_addr(sK + pn * Tr::kKPanelBytes), &map_k, pn * 64, k_row0 + static_cast<int>(j0),
-                            static_cast<int>(hk), tb, smem_addr(bar_kv));
-          cuda::tma_load_4d(smem_addr(sV + pn * Tr::kKPanelBytes), &map_v, pn * 64, k_row0 + static_cast<int>(j0),
-                            static_cast<int>(hk), tb, smem_addr(bar_kv));
+          cuda::tma_load_4d(smem_addr(sK + pn * Tr::kKPanelBytes), &map_k, pn * 64,
+                            k_row0 + static_cast<int>(j0), static_cast<int>(hk), tb, smem_addr(bar_kv));
+          cuda::tma_load_4d(smem_addr(sV + pn * Tr::kKPanelBytes), &map_v, pn * 64,
+                            k_row0 + static_cast<int>(j0), static_cast<int>(hk), tb, smem_addr(bar_kv));
         }
       }
       // A partial block-mask tile inside one mask block gets its bits copied into the stage by the
@@ -265,8 +275,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
             if (stage_bits && tc.mask) {
               staged = stage_mask_bits<kBM, kBN>(
                   pat, b, h, int64_t{tile} * kBM, j0,
-                  reinterpret_cast<uint32_t*>(sStats + wr.index * Tr::kStatsBytes + kMaskOffset), &pipe.full[wr.index],
-                  lane);
+                  reinterpret_cast<uint32_t*>(sStats + wr.index * Tr::kStatsBytes + kMaskOffset),
+                  &pipe.full[wr.index], lane);
             }
             __syncwarp();  // (the lanes' arrivals counted before lane 0's can complete the phase)
           }
@@ -278,8 +288,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
             const uint32_t bar = pipe.producer_commit(wr, 2 * Tr::kQBytes + 2 * kBM * 4);
 #pragma unroll
             for (int pn = 0; pn < Tr::kPanels; ++pn) {
-              cuda::tma_load_4d(smem_addr(st + pn * Tr::kQPanelBytes), &map_q, pn * 64, q_row0 + tile * kBM, h, tb,
-                                bar);
+              cuda::tma_load_4d(smem_addr(st + pn * Tr::kQPanelBytes), &map_q, pn * 64, q_row0 + tile * kBM,
+                                h, tb, bar);
               cuda::tma_load_4d(smem_addr(st + Tr::kQBytes + pn * Tr::kQPanelBytes), &map_do, pn * 64,
                                 q_row0 + tile * kBM, h, tb, bar);
             }
@@ -294,7 +304,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
         *reinterpret_cast<int4*>(sStats + wr.index * Tr::kStatsBytes + kInfoOffset) = make_int4(-1, 0, 0, 0);
         cuda::mbar_arrive(smem_addr(&pipe.full[wr.index]));
       }
-    } else if (warp == 1 && !Tr::kDQAtomic) {  // dQ: shared memory -> the workspace, one part a warpgroup, until the end
+    } else if (warp == 1 &&
+               !Tr::kDQAtomic) {  // dQ: shared memory -> the workspace, one part a warpgroup, until the end
 #pragma unroll
       for (int c = 0; c < 2; ++c) cuda::named_barrier_arrive<160>(kBwdBarDQEmpty + c);  // both buffers free
       for (;;) {
@@ -309,7 +320,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
                              ? a.dq_semaphore + a.ws_row(b, h) / kBM + tile
                              : nullptr;
         if (sem) {  // deterministic: this block adds after every later key block that sees the tile
-          const int turn = QueryWalk<kBM>(pat, b, j0, j1, false).template rank<kBN>(h, tile, kblock, blocks, lane);
+          const int turn =
+              QueryWalk<kBM>(pat, b, j0, j1, false).template rank<kBN>(h, tile, kblock, blocks, lane);
           if (lane == 0) {
             while (cuda::ld_acquire_gpu(sem) < turn) {
             }
@@ -350,7 +362,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     // P and dS (bf16, 64 queries x 64 keys, both warpgroups' halves) through shared memory, then
     // dV += P^T dO, dK += dS^T Q and dQ = dS K over this warpgroup's 128 head-dim columns.
     constexpr int kCols = kD / 2, kCT = kCols / 8;  // this warpgroup's head-dim columns
-    const int64_t row0 = warp * 16;                   // this warp's first query row in a tile
+    const int64_t row0 = warp * 16;                 // this warp's first query row in a tile
     float dk[kCT][4], dv[kCT][4];
 #pragma unroll
     for (int n = 0; n < kCT; ++n) {
@@ -382,14 +394,16 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
 #pragma unroll
       for (int kk = 0; kk < kD / 16; ++kk) {
         const int pn = kk / 4, off = (kk % 4) * 32;
-        cuda::Wgmma<T, 32>::template mma<0>(&sc[0][0], cuda::desc_advance(q_desc, pn * Tr::kQPanelBytes + off),
+        cuda::Wgmma<T, 32>::template mma<0>(&sc[0][0],
+                                            cuda::desc_advance(q_desc, pn * Tr::kQPanelBytes + off),
                                             cuda::desc_advance(k_desc, pn * Tr::kKPanelBytes + off), kk > 0);
       }
       cuda::wgmma_commit();
 #pragma unroll
       for (int kk = 0; kk < kD / 16; ++kk) {
         const int pn = kk / 4, off = (kk % 4) * 32;
-        cuda::Wgmma<T, 32>::template mma<0>(&dp[0][0], cuda::desc_advance(do_desc, pn * Tr::kQPanelBytes + off),
+        cuda::Wgmma<T, 32>::template mma<0>(&dp[0][0],
+                                            cuda::desc_advance(do_desc, pn * Tr::kQPanelBytes + off),
                                             cuda::desc_advance(v_desc, pn * Tr::kKPanelBytes + off), kk > 0);
       }
       cuda::wgmma_commit();
@@ -404,7 +418,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
 #pragma unroll
         for (int n = 0; n < 4; ++n) {
 #pragma unroll
-          for (int e = 0; e < 4; ++e) sc[n][e] = bwd_logit<decltype(cap_tag)::value>(sc[n][e], e < 2 ? l2.x : l2.y, a);
+          for (int e = 0; e < 4; ++e)
+            sc[n][e] = bwd_logit<decltype(cap_tag)::value>(sc[n][e], e < 2 ? l2.x : l2.y, a);
         }
       };
       const auto score_grads = [&](auto cap_tag) {
@@ -431,7 +446,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
         uint32_t mask_rows[2] = {0u, 0u};
         if (Tr::kStageMask && info.w) {
 #pragma unroll
-          for (int r = 0; r < 2; ++r) mask_rows[r] = quad_bits(words[(row0 + g + 8 * r) * (kBN / 32) + half], t4);
+          for (int r = 0; r < 2; ++r)
+            mask_rows[r] = quad_bits(words[(row0 + g + 8 * r) * (kBN / 32) + half], t4);
         }
         mask_tile_bits<false, 32>(vis, pat, tc, b, h, int64_t{tile} * kBM + row0, j0 + half * 32, lane,
                                   Tr::kStageMask && info.w ? mask_rows : nullptr);
@@ -476,7 +492,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       // P^T and dS^T as A read MN-major (rows of P: 64 keys wide, 16 queries a step).
       const uint64_t p_mn_desc = cuda::smem_desc_mn_major(ps, Tr::kPBytes);
       const uint64_t ds_mn_desc = cuda::smem_desc_mn_major(ds, Tr::kDSBytes);
-      const uint64_t do_mn_desc = cuda::smem_desc_mn_major(sdO + 2 * half * Tr::kQPanelBytes, Tr::kQPanelBytes);
+      const uint64_t do_mn_desc =
+          cuda::smem_desc_mn_major(sdO + 2 * half * Tr::kQPanelBytes, Tr::kQPanelBytes);
       const uint64_t q_mn_desc = cuda::smem_desc_mn_major(sQ + 2 * half * Tr::kQPanelBytes, Tr::kQPanelBytes);
 #pragma unroll
       for (int kk = 0; kk < kBM / 16; ++kk) {
@@ -496,12 +513,14 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       if constexpr (Tr::kDQAtomic) {  // this warpgroup's part, in the workspace's register order
         float* const dst = a.dq_accum + dq_tile_offset<Tr>(a, b, h, tile) + half * Tr::kDQPartFloats;
 #pragma unroll
-        for (int n = 0; n < kCT; ++n) cuda::red_add_f32x4(dst + (n * 128 + t) * 4, dq[n][0], dq[n][1], dq[n][2], dq[n][3]);
+        for (int n = 0; n < kCT; ++n)
+          cuda::red_add_f32x4(dst + (n * 128 + t) * 4, dq[n][0], dq[n][1], dq[n][2], dq[n][3]);
       } else {
         cuda::named_barrier_sync<160>(kBwdBarDQEmpty + half);
         float4* const dq_part = reinterpret_cast<float4*>(sDQ + half * Tr::kDQPartBytes);
 #pragma unroll
-        for (int n = 0; n < kCT; ++n) dq_part[n * 128 + t] = make_float4(dq[n][0], dq[n][1], dq[n][2], dq[n][3]);
+        for (int n = 0; n < kCT; ++n)
+          dq_part[n * 128 + t] = make_float4(dq[n][0], dq[n][1], dq[n][2], dq[n][3]);
         if (t == 0) dq_info[half] = BwdTileInfo{tile, static_cast<int>(h), 0, 0};
         cuda::fence_proxy_async_shared();  // before the bulk reduction reads them
         cuda::named_barrier_arrive<160>(kBwdBarDQFull + half);
@@ -533,9 +552,9 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     // This warpgroup's part of a tile's dQ: query rows 64 mrow.., head-dim columns 64 ncol...
     const int mrow = Tr::kDQSplitD ? 0 : half, ncol = Tr::kDQSplitD ? half : 0;
     float dk[kDT][4], dv[kDT][4];
-  #pragma unroll
+#pragma unroll
     for (int n = 0; n < kDT; ++n) {
-  #pragma unroll
+#pragma unroll
       for (int e = 0; e < 4; ++e) dk[n][e] = dv[n][e] = 0.f;
     }
     cuda::mbar_wait(smem_addr(bar_kv), 0);
@@ -562,18 +581,20 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       const uint64_t ds_desc = cuda::smem_desc_mn_major(ds + mrow * Tr::kDSPanelBytes, Tr::kDSPanelBytes);
       float st[kMT][4], dpt[kMT][4];
       cuda::wgmma_fence();
-  #pragma unroll
+#pragma unroll
       for (int kk = 0; kk < kD / 16; ++kk) {
         const int pn = kk / 4, off = (kk % 4) * 32;
-        cuda::Wgmma<T, kBM>::template mma<0>(&st[0][0], cuda::desc_advance(k_desc, pn * Tr::kKPanelBytes + off),
+        cuda::Wgmma<T, kBM>::template mma<0>(&st[0][0],
+                                             cuda::desc_advance(k_desc, pn * Tr::kKPanelBytes + off),
                                              cuda::desc_advance(q_desc, pn * Tr::kQPanelBytes + off), kk > 0);
       }
       cuda::wgmma_commit();
-  #pragma unroll
+#pragma unroll
       for (int kk = 0; kk < kD / 16; ++kk) {
         const int pn = kk / 4, off = (kk % 4) * 32;
-        cuda::Wgmma<T, kBM>::template mma<0>(&dpt[0][0], cuda::desc_advance(v_desc, pn * Tr::kKPanelBytes + off),
-                                             cuda::desc_advance(do_desc, pn * Tr::kQPanelBytes + off), kk > 0);
+        cuda::Wgmma<T, kBM>::template mma<0>(
+            &dpt[0][0], cuda::desc_advance(v_desc, pn * Tr::kKPanelBytes + off),
+            cuda::desc_advance(do_desc, pn * Tr::kQPanelBytes + off), kk > 0);
       }
       cuda::wgmma_commit();
       cuda::wgmma_wait<1>();  // S^T (dP^T still running)
@@ -610,9 +631,9 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
                                   Tr::kStageMask && info.w ? mask_rows : nullptr);
       }
       apply_visibility(st, vis);
-  #pragma unroll
+#pragma unroll
       for (int n = 0; n < kMT; ++n) {
-  #pragma unroll
+#pragma unroll
         for (int e = 0; e < 4; ++e) st[n][e] = cuda::fast_exp2(st[n][e]);
       }
       cuda::wgmma_wait<0>();
@@ -623,54 +644,54 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
         bwd_score_grads<false>(st, dpt, lse2s, deltas, a, t4);
       }
       uint32_t ap[kBM / 16][4], ads[kBM / 16][4];
-  #pragma unroll
+#pragma unroll
       for (int kk = 0; kk < kBM / 16; ++kk) {
         acc_to_a<T>(ap[kk], st, kk);
         acc_to_a<T>(ads[kk], dpt, kk);
       }
       // dS^T rows (this warpgroup's 64 keys) into shared memory: A fragment word i of ads[kk] holds
       // row g + 8 (i % 2), columns 8 (2 kk + i / 2) + 2 t4 and + 1.
-  #pragma unroll
+#pragma unroll
       for (int kk = 0; kk < kBM / 16; ++kk) {
-  #pragma unroll
+#pragma unroll
         for (int i = 0; i < 4; ++i) {
           const int row = half * 64 + warp * 16 + g + 8 * (i % 2), n = 2 * kk + i / 2;
-          cuda::st_shared_u32(
-              smem_addr(ds + (n / 8) * Tr::kDSPanelBytes + row * 128 + cuda::swizzle128_chunk(row, n % 8) * 16 + t4 * 4),
-              ads[kk][i]);
+          cuda::st_shared_u32(smem_addr(ds + (n / 8) * Tr::kDSPanelBytes + row * 128 +
+                                        cuda::swizzle128_chunk(row, n % 8) * 16 + t4 * 4),
+                              ads[kk][i]);
         }
       }
       cuda::fence_operands(dv);
       cuda::wgmma_fence();
-  #pragma unroll
+#pragma unroll
       for (int kk = 0; kk < kBM / 16; ++kk) {  // 16 queries = 16 rows of 128 bytes of dO
-        cuda::WgmmaRS<T, kD>::template mma<1>(&dv[0][0], ap[kk],
-                                              cuda::desc_advance(do_mn_desc, kk * 2048), 1);
+        cuda::WgmmaRS<T, kD>::template mma<1>(&dv[0][0], ap[kk], cuda::desc_advance(do_mn_desc, kk * 2048),
+                                              1);
       }
       cuda::wgmma_commit();
       cuda::fence_proxy_async_shared();  // the dS^T stores, before wgmma reads them
       cuda::named_barrier_sync<256>(kBwdBarDS);
       float dq[8][4];
       cuda::wgmma_fence();
-  #pragma unroll
+#pragma unroll
       for (int kk = 0; kk < kBN / 16; ++kk) {  // 16 keys = 16 rows of 128 bytes of dS^T and K
-        cuda::Wgmma<T, 64>::template mma<1, 1>(
-            &dq[0][0], cuda::desc_advance(ds_desc, kk * 2048), cuda::desc_advance(k_mn_desc, kk * 2048), kk > 0);
+        cuda::Wgmma<T, 64>::template mma<1, 1>(&dq[0][0], cuda::desc_advance(ds_desc, kk * 2048),
+                                               cuda::desc_advance(k_mn_desc, kk * 2048), kk > 0);
       }
       cuda::wgmma_commit();
       cuda::fence_operands(dk);
       cuda::wgmma_fence();
-  #pragma unroll
+#pragma unroll
       for (int kk = 0; kk < kBM / 16; ++kk) {  // 16 queries = 16 rows of 128 bytes of Q
-        cuda::WgmmaRS<T, kD>::template mma<1>(&dk[0][0], ads[kk],
-                                              cuda::desc_advance(q_mn_desc, kk * 2048), 1);
+        cuda::WgmmaRS<T, kD>::template mma<1>(&dk[0][0], ads[kk], cuda::desc_advance(q_mn_desc, kk * 2048),
+                                              1);
       }
       cuda::wgmma_commit();
       cuda::wgmma_wait<1>();  // dV and dQ (dK still running)
       cuda::fence_operands(dq);
       cuda::named_barrier_sync<160>(kBwdBarDQEmpty + half);
       float4* const dq_part = reinterpret_cast<float4*>(sDQ + half * Tr::kDQPartBytes);
-  #pragma unroll
+#pragma unroll
       for (int n = 0; n < 8; ++n) dq_part[n * 128 + t] = make_float4(dq[n][0], dq[n][1], dq[n][2], dq[n][3]);
       if (t == 0) dq_info[half] = BwdTileInfo{tile, static_cast<int>(h), 0, 0};
       cuda::fence_proxy_async_shared();  // before the bulk reduction reads them
@@ -762,7 +783,8 @@ cudaError_t launch_hopper_bwd(const AttentionCudaArgs& a, cudaStream_t stream) {
   const cudaError_t err = prepare_hopper(attention_bwd_hopper_kernel<Tr, T>, Tr::kSmemBytes, state);
   if (err != cudaSuccess) return err;
   CUtensorMap mq, mk, mv, mdo;
-  if (!make_attention_maps(a, Tr::kD, Tr::kBlockM, Tr::kBlockN, &mq, &mk, &mv, &mdo)) return cudaErrorInvalidValue;
+  if (!make_attention_maps(a, Tr::kD, Tr::kBlockM, Tr::kBlockN, &mq, &mk, &mv, &mdo))
+    return cudaErrorInvalidValue;
   const AttentionParams& p = a.g.fwd;
   const bool varlen = p.pattern.varlen();
   const int64_t parts = (varlen ? 1 : p.batch) * p.heads * (a.lse2_ld / Tr::kBlockM) * 2;
@@ -770,7 +792,8 @@ cudaError_t launch_hopper_bwd(const AttentionCudaArgs& a, cudaStream_t stream) {
   const int64_t pairs = varlen ? p.kv_heads : p.batch * p.kv_heads;
   const int64_t blocks = varlen ? padded_rows(p.pattern.total_k, p.batch, Tr::kBlockN) / Tr::kBlockN
                                 : (p.pattern.sk + Tr::kBlockN - 1) / Tr::kBlockN;
-  if (a.dq_accum == nullptr || a.lse2_ld % Tr::kBlockM != 0 || parts > 0x7fffffff || pairs * blocks > 0x7fffffff ||
+  if (a.dq_accum == nullptr || a.lse2_ld % Tr::kBlockM != 0 || parts > 0x7fffffff ||
+      pairs * blocks > 0x7fffffff ||
       (Tr::kDQAtomic && a.dq_semaphore != nullptr)) {  // (the ordered additions need the staged dQ)
     return cudaErrorInvalidValue;
   }
@@ -779,8 +802,9 @@ cudaError_t launch_hopper_bwd(const AttentionCudaArgs& a, cudaStream_t stream) {
   const int64_t pair_bytes = (p.heads / p.kv_heads) * p.pattern.sq * Tr::kD * (2 + 2 + 4);
   const int64_t fit = (int64_t{24} << 20) / std::max<int64_t>(pair_bytes, 1);
   const int group_pairs = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(pairs, fit)));
-  attention_bwd_hopper_kernel<Tr, T><<<static_cast<unsigned>(pairs * blocks), Tr::kThreads, Tr::kSmemBytes, stream>>>(
-      mq, mk, mv, mdo, a, group_pairs);
+  attention_bwd_hopper_kernel<Tr, T>
+      <<<static_cast<unsigned>(pairs * blocks), Tr::kThreads, Tr::kSmemBytes, stream>>>(mq, mk, mv, mdo, a,
+                                                                                        group_pairs);
   cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) return e;
   attention_bwd_hopper_dq_kernel<Tr, T><<<static_cast<unsigned>(parts), 128, 0, stream>>>(a);
@@ -791,9 +815,12 @@ template <typename Tr>
 int run_hopper_bwd(const AttentionCudaArgs& a, void* stream) {
   const auto s = static_cast<cudaStream_t>(stream);
   switch (a.g.fwd.dtype) {
-    case DType::kBFloat16: return launch_hopper_bwd<Tr, __nv_bfloat16>(a, s);
-    case DType::kFloat16: return launch_hopper_bwd<Tr, __half>(a, s);
-    default: return cudaErrorInvalidValue;
+    case DType::kBFloat16:
+      return launch_hopper_bwd<Tr, __nv_bfloat16>(a, s);
+    case DType::kFloat16:
+      return launch_hopper_bwd<Tr, __half>(a, s);
+    default:
+      return cudaErrorInvalidValue;
   }
 }
 

@@ -47,7 +47,8 @@ __global__ void __launch_bounds__(256) attention_bwd_prep_kernel(const Attention
       for (int side = 0; side < 2; ++side) {
         const int32_t* cu = side ? pat.cu_seqlens_k : pat.cu_seqlens_q;
         const int64_t total = side ? pat.total_k : pat.total_q;
-        const bool bad = (e == 0 && cu[0] != 0) || (e > 0 && cu[e] < cu[e - 1]) || (e == p.batch && cu[e] != total);
+        const bool bad =
+            (e == 0 && cu[0] != 0) || (e > 0 && cu[e] < cu[e - 1]) || (e == p.batch && cu[e] != total);
         if (bad) atomicExch(a.offsets_invalid, 1);
       }
     }
@@ -181,7 +182,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) attention_bwd_kv_kernel(const
         }
       }
       scores_log2(s, a);
-      if (tc.kind == BlockKind::kPartial) mask_tile<true, kBM>(s, pat, tc, b, h, j0 + key_warp * 16, i0, lane);
+      if (tc.kind == BlockKind::kPartial)
+        mask_tile<true, kBM>(s, pat, tc, b, h, j0 + key_warp * 16, i0, lane);
       // P^T (columns are queries: their lse2 and delta), then dS^T in dp.
       score_grads_by_column(s, dp, lse2s, deltas, a, t4);
       // dV += P^T dO, dK += dS^T Q over this warp's columns of D.
@@ -347,7 +349,8 @@ cudaError_t launch_bwd_kv(const AttentionCudaArgs& a, cudaStream_t stream) {
   int64_t x, z;
   tile_grid(a.g.fwd, true, Tr::kBlockN, x, z);
   if (x > 0x7fffffff) return cudaErrorInvalidValue;
-  const dim3 grid(static_cast<unsigned>(x), static_cast<unsigned>(a.g.fwd.kv_heads), static_cast<unsigned>(z));
+  const dim3 grid(static_cast<unsigned>(x), static_cast<unsigned>(a.g.fwd.kv_heads),
+                  static_cast<unsigned>(z));
   attention_bwd_kv_kernel<Tr, T><<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(a);
   return cudaGetLastError();
 }
@@ -369,9 +372,12 @@ template <typename Tr>
 int run_bwd_kv(const AttentionCudaArgs& a, void* stream) {
   const auto s = static_cast<cudaStream_t>(stream);
   switch (a.g.fwd.dtype) {
-    case DType::kBFloat16: return launch_bwd_kv<Tr, __nv_bfloat16>(a, s);
-    case DType::kFloat16: return launch_bwd_kv<Tr, __half>(a, s);
-    default: return cudaErrorInvalidValue;
+    case DType::kBFloat16:
+      return launch_bwd_kv<Tr, __nv_bfloat16>(a, s);
+    case DType::kFloat16:
+      return launch_bwd_kv<Tr, __half>(a, s);
+    default:
+      return cudaErrorInvalidValue;
   }
 }
 
@@ -379,9 +385,12 @@ template <typename Tr>
 int run_bwd_q(const AttentionCudaArgs& a, void* stream) {
   const auto s = static_cast<cudaStream_t>(stream);
   switch (a.g.fwd.dtype) {
-    case DType::kBFloat16: return launch_bwd_q<Tr, __nv_bfloat16>(a, s);
-    case DType::kFloat16: return launch_bwd_q<Tr, __half>(a, s);
-    default: return cudaErrorInvalidValue;
+    case DType::kBFloat16:
+      return launch_bwd_q<Tr, __nv_bfloat16>(a, s);
+    case DType::kFloat16:
+      return launch_bwd_q<Tr, __half>(a, s);
+    default:
+      return cudaErrorInvalidValue;
   }
 }
 

@@ -17,10 +17,14 @@ int launch_prep(const AttentionCudaArgs& a, cudaStream_t stream) {
 template <typename T>
 int launch_prep_t(const AttentionCudaArgs& a, cudaStream_t stream) {
   switch (a.g.fwd.head_dim) {
-    case 64: return launch_prep<64, T>(a, stream);
-    case 128: return launch_prep<128, T>(a, stream);
-    case 256: return launch_prep<256, T>(a, stream);
-    default: return cudaErrorInvalidValue;
+    case 64:
+      return launch_prep<64, T>(a, stream);
+    case 128:
+      return launch_prep<128, T>(a, stream);
+    case 256:
+      return launch_prep<256, T>(a, stream);
+    default:
+      return cudaErrorInvalidValue;
   }
 }
 }  // namespace
@@ -28,9 +32,12 @@ int launch_prep_t(const AttentionCudaArgs& a, cudaStream_t stream) {
 int run_attention_bwd_prep(const AttentionCudaArgs& a, void* stream) {
   const auto s = static_cast<cudaStream_t>(stream);
   switch (a.g.fwd.dtype) {
-    case DType::kBFloat16: return launch_prep_t<__nv_bfloat16>(a, s);
-    case DType::kFloat16: return launch_prep_t<__half>(a, s);
-    default: return cudaErrorInvalidValue;
+    case DType::kBFloat16:
+      return launch_prep_t<__nv_bfloat16>(a, s);
+    case DType::kFloat16:
+      return launch_prep_t<__half>(a, s);
+    default:
+      return cudaErrorInvalidValue;
   }
 }
 

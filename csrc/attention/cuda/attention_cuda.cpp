@@ -2,12 +2,14 @@
 // `variant`, or "auto"'s rule; never a fallback after a failed launch) -> operands in a form it reads
 // (head dim zero-padded to the kernel's 64 / 128 / 256, a contiguous copy only of rows it cannot
 // read) -> the forward kernel, or the backward's prep, dK/dV and dQ passes, on the current stream.
+#include "attention/cuda/attention_cuda.h"
+
 #include <ATen/Context.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <ATen/ops/cat.h>
 #include <ATen/ops/constant_pad_nd.h>
-#include <ATen/ops/stack.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/stack.h>
 #include <ATen/ops/zeros.h>
 #include <c10/cuda/CUDAGraphsC10Utils.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -19,7 +21,6 @@
 #include <limits>
 
 #include "attention/attention.h"
-#include "attention/cuda/attention_cuda.h"
 #include "common/checks.h"
 
 namespace opforge {
@@ -27,10 +28,14 @@ namespace opforge {
 int run_attention_fwd_cuda(const AttentionCudaArgs& a, int head_dim, AttentionKernel kernel, void* stream) {
   const bool hopper = kernel == AttentionKernel::kHopper;
   switch (head_dim) {
-    case 64: return hopper ? run_attention_fwd_hopper_d64(a, stream) : run_attention_fwd_d64(a, stream);
-    case 128: return hopper ? run_attention_fwd_hopper_d128(a, stream) : run_attention_fwd_d128(a, stream);
-    case 256: return hopper ? run_attention_fwd_hopper_d256(a, stream) : run_attention_fwd_d256(a, stream);
-    default: return cudaErrorInvalidValue;
+    case 64:
+      return hopper ? run_attention_fwd_hopper_d64(a, stream) : run_attention_fwd_d64(a, stream);
+    case 128:
+      return hopper ? run_attention_fwd_hopper_d128(a, stream) : run_attention_fwd_d128(a, stream);
+    case 256:
+      return hopper ? run_attention_fwd_hopper_d256(a, stream) : run_attention_fwd_d256(a, stream);
+    default:
+      return cudaErrorInvalidValue;
   }
 }
 
@@ -39,33 +44,50 @@ int run_attention_bwd_cuda(const AttentionCudaArgs& a, int head_dim, AttentionKe
   if (err != cudaSuccess) return err;
   if (kernel == AttentionKernel::kHopper) {
     switch (head_dim) {
-      case 64: return run_attention_bwd_hopper_d64(a, stream);
-      case 128: return run_attention_bwd_hopper_d128(a, stream);
-      case 256: return run_attention_bwd_hopper_d256(a, stream);
-      default: return cudaErrorInvalidValue;
+      case 64:
+        return run_attention_bwd_hopper_d64(a, stream);
+      case 128:
+        return run_attention_bwd_hopper_d128(a, stream);
+      case 256:
+        return run_attention_bwd_hopper_d256(a, stream);
+      default:
+        return cudaErrorInvalidValue;
     }
   }
   switch (head_dim) {
-    case 64: err = run_attention_bwd_kv_d64(a, stream); break;
-    case 128: err = run_attention_bwd_kv_d128(a, stream); break;
-    case 256: err = run_attention_bwd_kv_d256(a, stream); break;
-    default: return cudaErrorInvalidValue;
+    case 64:
+      err = run_attention_bwd_kv_d64(a, stream);
+      break;
+    case 128:
+      err = run_attention_bwd_kv_d128(a, stream);
+      break;
+    case 256:
+      err = run_attention_bwd_kv_d256(a, stream);
+      break;
+    default:
+      return cudaErrorInvalidValue;
   }
   if (err != cudaSuccess) return err;
   switch (head_dim) {
-    case 64: return run_attention_bwd_q_d64(a, stream);
-    case 128: return run_attention_bwd_q_d128(a, stream);
-    case 256: return run_attention_bwd_q_d256(a, stream);
-    default: return cudaErrorInvalidValue;
+    case 64:
+      return run_attention_bwd_q_d64(a, stream);
+    case 128:
+      return run_attention_bwd_q_d128(a, stream);
+    case 256:
+      return run_attention_bwd_q_d256(a, stream);
+    default:
+      return cudaErrorInvalidValue;
   }
 }
 
 const char* attention_hopper_missing(at::Device device) {  // (every head dim has both Hopper kernels)
-  const c10::cuda::OptionalCUDAGuard guard(device.has_index() ? std::optional<at::Device>(device) : std::nullopt);
+  const c10::cuda::OptionalCUDAGuard guard(device.has_index() ? std::optional<at::Device>(device)
+                                                              : std::nullopt);
   const int err = attention_hopper_status();
   if (err == cudaErrorNoKernelImageForDevice) {
     (void)cudaGetLastError();
-    return "this build has no sm_90a code for this GPU (the Hopper kernels run on sm_90 GPUs such as the H100 "
+    return "this build has no sm_90a code for this GPU (the Hopper kernels run on sm_90 GPUs such as the "
+           "H100 "
            "and H200, from a build whose arch list holds 9.0a)";
   }
   TORCH_CHECK(err == cudaSuccess, "opforge.attention: CUDA error while asking for the Hopper kernels: ",
@@ -77,18 +99,21 @@ namespace {
 
 constexpr int64_t kMaxHeadDim = 256;
 
-int64_t kernel_head_dim(int64_t d) { return attention_cuda_head_dim(d); }
+int64_t kernel_head_dim(int64_t d) {
+  return attention_cuda_head_dim(d);
+}
 
 void check_cuda_call(const char* op, const at::Tensor& q, const at::Tensor& k) {
   TORCH_CHECK_VALUE(q.scalar_type() == at::kHalf || q.scalar_type() == at::kBFloat16, op,
                     ": on CUDA q, k and v must be float16 or bfloat16, got ", dtype_str(q.scalar_type()),
                     " (float32 and float64 run on the CPU)");
-  TORCH_CHECK_VALUE(q.size(3) <= kMaxHeadDim, op, ": head_dim up to ", kMaxHeadDim, " on CUDA, got ", q.size(3));
+  TORCH_CHECK_VALUE(q.size(3) <= kMaxHeadDim, op, ": head_dim up to ", kMaxHeadDim, " on CUDA, got ",
+                    q.size(3));
   constexpr int64_t kMaxLen = (int64_t{1} << 30);
   TORCH_CHECK_VALUE(q.size(2) < kMaxLen && k.size(2) < kMaxLen, op, ": sequences shorter than ", kMaxLen,
                     " on CUDA, got ", q.size(2), " queries and ", k.size(2), " keys");
-  TORCH_CHECK_VALUE(q.size(0) <= 65535 && q.size(1) <= 65535, op, ": at most 65535 batches and heads on CUDA, got ",
-                    q.size(0), " and ", q.size(1));
+  TORCH_CHECK_VALUE(q.size(0) <= 65535 && q.size(1) <= 65535, op,
+                    ": at most 65535 batches and heads on CUDA, got ", q.size(0), " and ", q.size(1));
 }
 
 // Rows the kernels read with 16-byte copies: unit column stride, strides of 8 elements, a
@@ -122,13 +147,14 @@ at::Tensor kernel_operand(const at::Tensor& t, int64_t kd, AttentionKernel kerne
 // being captured into a CUDA graph: a copy to the host cannot be captured.
 void check_varlen_offsets_unless_capturing(const char* op, const AttentionPatternArgs& args, int64_t total_q,
                                            int64_t total_k) {
-  if (!args.varlen() || c10::cuda::currentStreamCaptureStatusMayInitCtx() != c10::cuda::CaptureStatus::None) return;
+  if (!args.varlen() || c10::cuda::currentStreamCaptureStatusMayInitCtx() != c10::cuda::CaptureStatus::None)
+    return;
   check_varlen_offsets(op, args, total_q, total_k);
 }
 
 // The call as the rule sees it on q's device, and the kernel it gets.
-AttentionKernel cuda_kernel(const char* op, const at::Tensor& q, const at::Tensor& k, bool kv_lens, bool backward,
-                            bool varlen, c10::string_view variant, int64_t page_size = 0) {
+AttentionKernel cuda_kernel(const char* op, const at::Tensor& q, const at::Tensor& k, bool kv_lens,
+                            bool backward, bool varlen, c10::string_view variant, int64_t page_size = 0) {
   AttentionCall call = attention_call(q, k, kv_lens, backward, varlen);
   call.hopper_missing = attention_hopper_missing(q.device());
   call.page_size = page_size;
@@ -181,7 +207,7 @@ int decode_blocks_per_sm(int head_dim, int rows) {
   if (rows < 1 || rows > 64) return 1;
   int& n = cache[which][rows];
   if (n == 0) {
-    n = which == 0 ? attention_decode_blocks_per_sm_d64(rows)
+    n = which == 0   ? attention_decode_blocks_per_sm_d64(rows)
         : which == 1 ? attention_decode_blocks_per_sm_d128(rows)
                      : attention_decode_blocks_per_sm_d256(rows);
     n = std::max(n, 1);
@@ -190,11 +216,12 @@ int decode_blocks_per_sm(int head_dim, int rows) {
 }
 
 void check_launch(const char* op, int err) {
-  TORCH_CHECK(err != cudaErrorNoKernelImageForDevice, op,
-              ": this build has no kernel for this GPU (the CUDA kernels need compute capability 8.0 or newer "
-              "and a build for it)");
-  TORCH_CHECK(err == cudaSuccess, op, ": CUDA kernel launch failed: ",
-              cudaGetErrorString(static_cast<cudaError_t>(err)));
+  TORCH_CHECK(
+      err != cudaErrorNoKernelImageForDevice, op,
+      ": this build has no kernel for this GPU (the CUDA kernels need compute capability 8.0 or newer "
+      "and a build for it)");
+  TORCH_CHECK(err == cudaSuccess, op,
+              ": CUDA kernel launch failed: ", cudaGetErrorString(static_cast<cudaError_t>(err)));
 }
 
 // Few query rows against many keys: the split-KV decode kernel and its merge.
@@ -204,16 +231,24 @@ void run_decode_plan(const char* op, AttentionPlan& plan, int64_t kd, const at::
   const AttentionParams& p = plan.params;
   const int rows = static_cast<int>((p.heads / p.kv_heads) * p.pattern.sq);
   const cudaDeviceProp* props = at::cuda::getCurrentDeviceProperties();
-  const int64_t slots = int64_t{props->multiProcessorCount} * std::max(1, decode_blocks_per_sm(static_cast<int>(kd), rows));
+  const int64_t slots =
+      int64_t{props->multiProcessorCount} * std::max(1, decode_blocks_per_sm(static_cast<int>(kd), rows));
   DecodeSplit s = decode_split(p, slots);
-  at::Tensor part = at::empty({p.batch * p.kv_heads * s.chunks * s.rows * decode_part_stride(static_cast<int>(kd))},
-                              options.dtype(at::kFloat));
+  at::Tensor part =
+      at::empty({p.batch * p.kv_heads * s.chunks * s.rows * decode_part_stride(static_cast<int>(kd))},
+                options.dtype(at::kFloat));
   s.part = part.data_ptr<float>();
   int err = cudaErrorInvalidValue;
   switch (kd) {
-    case 64: err = run_attention_decode_d64(cuda_args(p), s, stream); break;
-    case 128: err = run_attention_decode_d128(cuda_args(p), s, stream); break;
-    case 256: err = run_attention_decode_d256(cuda_args(p), s, stream); break;
+    case 64:
+      err = run_attention_decode_d64(cuda_args(p), s, stream);
+      break;
+    case 128:
+      err = run_attention_decode_d128(cuda_args(p), s, stream);
+      break;
+    case 256:
+      err = run_attention_decode_d256(cuda_args(p), s, stream);
+      break;
   }
   check_launch(op, err);
 }
@@ -240,21 +275,19 @@ void run_forward_plan(const char* op, AttentionPlan& plan, int64_t kd, Attention
   check_launch(op, run_attention_fwd_cuda(a, static_cast<int>(kd), kernel, stream));
 }
 
-std::tuple<at::Tensor, at::Tensor> attention_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                                  double scale, double softcap, bool causal, int64_t window_left,
-                                                  int64_t window_right, int64_t prefix_len,
-                                                  const std::optional<at::Tensor>& q_segments,
-                                                  const std::optional<at::Tensor>& kv_segments,
-                                                  const std::optional<at::Tensor>& mask_kinds,
-                                                  const std::optional<at::Tensor>& mask_index,
-                                                  const std::optional<at::Tensor>& mask_bits, int64_t block_q,
-                                                  int64_t block_k, const std::optional<at::Tensor>& kv_lens,
-                                                  const std::optional<at::Tensor>& cu_seqlens_q,
-                                                  const std::optional<at::Tensor>& cu_seqlens_k,
-                                                  c10::string_view variant, std::optional<bool> /*deterministic*/) {
+std::tuple<at::Tensor, at::Tensor> attention_cuda(
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale, double softcap, bool causal,
+    int64_t window_left, int64_t window_right, int64_t prefix_len,
+    const std::optional<at::Tensor>& q_segments, const std::optional<at::Tensor>& kv_segments,
+    const std::optional<at::Tensor>& mask_kinds, const std::optional<at::Tensor>& mask_index,
+    const std::optional<at::Tensor>& mask_bits, int64_t block_q, int64_t block_k,
+    const std::optional<at::Tensor>& kv_lens, const std::optional<at::Tensor>& cu_seqlens_q,
+    const std::optional<at::Tensor>& cu_seqlens_k, c10::string_view variant,
+    std::optional<bool> /*deterministic*/) {
   constexpr const char* op = "opforge.attention";
-  AttentionPatternArgs args = attention_pattern_args(causal, window_left, window_right, prefix_len, q_segments,
-                                                     kv_segments, mask_kinds, mask_index, mask_bits, block_q, block_k);
+  AttentionPatternArgs args =
+      attention_pattern_args(causal, window_left, window_right, prefix_len, q_segments, kv_segments,
+                             mask_kinds, mask_index, mask_bits, block_q, block_k);
   args.kv_lens = kv_lens;
   args.cu_seqlens_q = cu_seqlens_q;
   args.cu_seqlens_k = cu_seqlens_k;
@@ -284,16 +317,18 @@ std::tuple<at::Tensor, at::Tensor> attention_cuda(const at::Tensor& q, const at:
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_cuda(
-    const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
-    const at::Tensor& lse, const std::optional<at::Tensor>& grad_lse, double scale, double softcap, bool causal,
-    int64_t window_left, int64_t window_right, int64_t prefix_len, const std::optional<at::Tensor>& q_segments,
-    const std::optional<at::Tensor>& kv_segments, const std::optional<at::Tensor>& mask_kinds,
-    const std::optional<at::Tensor>& mask_index, const std::optional<at::Tensor>& mask_bits, int64_t block_q,
-    int64_t block_k, const std::optional<at::Tensor>& cu_seqlens_q, const std::optional<at::Tensor>& cu_seqlens_k,
+    const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+    const at::Tensor& out, const at::Tensor& lse, const std::optional<at::Tensor>& grad_lse, double scale,
+    double softcap, bool causal, int64_t window_left, int64_t window_right, int64_t prefix_len,
+    const std::optional<at::Tensor>& q_segments, const std::optional<at::Tensor>& kv_segments,
+    const std::optional<at::Tensor>& mask_kinds, const std::optional<at::Tensor>& mask_index,
+    const std::optional<at::Tensor>& mask_bits, int64_t block_q, int64_t block_k,
+    const std::optional<at::Tensor>& cu_seqlens_q, const std::optional<at::Tensor>& cu_seqlens_k,
     c10::string_view variant, std::optional<bool> deterministic) {
   constexpr const char* op = "opforge.attention_backward";
-  AttentionPatternArgs args = attention_pattern_args(causal, window_left, window_right, prefix_len, q_segments,
-                                                     kv_segments, mask_kinds, mask_index, mask_bits, block_q, block_k);
+  AttentionPatternArgs args =
+      attention_pattern_args(causal, window_left, window_right, prefix_len, q_segments, kv_segments,
+                             mask_kinds, mask_index, mask_bits, block_q, block_k);
   args.cu_seqlens_q = cu_seqlens_q;
   args.cu_seqlens_k = cu_seqlens_k;
   check_attention_backward_inputs(grad_out, q, k, v, out, lse, grad_lse, scale, softcap, args);
@@ -329,14 +364,16 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_cuda(
   // The Hopper kernel adds dQ in any order unless asked (None: as torch.use_deterministic_algorithms
   // says); the mma.sync passes are deterministic by construction.
   at::Tensor dq_semaphore;
-  if (kernel == AttentionKernel::kHopper && deterministic.value_or(at::globalContext().deterministicAlgorithms())) {
+  if (kernel == AttentionKernel::kHopper &&
+      deterministic.value_or(at::globalContext().deterministicAlgorithms())) {
     // (one int more: the flag of invalid varlen offsets, AttentionCudaArgs::offsets_invalid)
     const int64_t counters = q.size(0) * q.size(1) * (a.lse2_ld / 64);
     dq_semaphore = at::zeros({counters + 1}, q.options().dtype(at::kInt));
     a.dq_semaphore = dq_semaphore.data_ptr<int>();
     if (args.varlen()) a.offsets_invalid = a.dq_semaphore + counters;
   }
-  check_launch(op, run_attention_bwd_cuda(a, static_cast<int>(kd), kernel, at::cuda::getCurrentCUDAStream().stream()));
+  check_launch(
+      op, run_attention_bwd_cuda(a, static_cast<int>(kd), kernel, at::cuda::getCurrentCUDAStream().stream()));
   if (kd != d) {
     dq.copy_(dq_k.narrow(3, 0, d));
     dk.copy_(dk_k.narrow(3, 0, d));
@@ -354,29 +391,32 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_cuda(
 // others are refused here.
 std::tuple<at::Tensor, at::Tensor> attention_paged_cuda(const at::Tensor& q, const at::Tensor& k_cache,
                                                         const at::Tensor& v_cache, const at::Tensor& kv_lens,
-                                                        const at::Tensor& block_table, double scale, double softcap,
-                                                        bool causal, int64_t window_left, int64_t window_right,
-                                                        int64_t prefix_len, c10::string_view variant) {
+                                                        const at::Tensor& block_table, double scale,
+                                                        double softcap, bool causal, int64_t window_left,
+                                                        int64_t window_right, int64_t prefix_len,
+                                                        c10::string_view variant) {
   constexpr const char* op = "opforge.attention";
-  TORCH_CHECK_VALUE(q.defined() && q.dim() == 4, op, ": q must be a 4-D tensor (batch, heads, sequence, head_dim)");
+  TORCH_CHECK_VALUE(q.defined() && q.dim() == 4, op,
+                    ": q must be a 4-D tensor (batch, heads, sequence, head_dim)");
   check_cuda_call(op, q, k_cache);
   const c10::cuda::CUDAGuard guard(q.device());
   at::Tensor out = empty_attention_like(q);
   at::Tensor lse = at::empty({q.size(0), q.size(1), q.size(2)}, q.options().dtype(at::kFloat));
-  AttentionPlan plan = plan_paged_attention(q, k_cache, v_cache, kv_lens, block_table, out, lse, scale, softcap,
-                                            causal, window_left, window_right, prefix_len);
+  AttentionPlan plan = plan_paged_attention(q, k_cache, v_cache, kv_lens, block_table, out, lse, scale,
+                                            softcap, causal, window_left, window_right, prefix_len);
   if (out.numel() == 0) return {out, lse.fill_(-std::numeric_limits<double>::infinity())};
   const int64_t d = q.size(3);
-  const AttentionKernel kernel =
-      cuda_kernel(op, q, paged_view(k_cache, q.size(0), plan.params.pattern.sk), true, false, false, variant,
-                  k_cache.size(1));
-  TORCH_CHECK_VALUE(kernel_head_dim(d) == d, op, ": paged caches take head dims 64, 128 and 256 here; got ", d);
+  const AttentionKernel kernel = cuda_kernel(op, q, paged_view(k_cache, q.size(0), plan.params.pattern.sk),
+                                             true, false, false, variant, k_cache.size(1));
+  TORCH_CHECK_VALUE(kernel_head_dim(d) == d, op, ": paged caches take head dims 64, 128 and 256 here; got ",
+                    d);
   for (const at::Tensor* t : {&k_cache, &v_cache}) {
     bool aligned = t->stride(3) == 1 && reinterpret_cast<uintptr_t>(t->const_data_ptr()) % 16 == 0;
     for (int dim = 0; dim < 3; ++dim) {
       aligned = aligned && t->stride(dim) % 8 == 0 && (t->stride(dim) != 0 || t->size(dim) == 1);
     }
-    TORCH_CHECK_VALUE(aligned, op, ": the paged caches' rows must start at 16-byte boundaries with unit column stride ",
+    TORCH_CHECK_VALUE(aligned, op,
+                      ": the paged caches' rows must start at 16-byte boundaries with unit column stride ",
                       "(and no stride-0 dimension)");
   }
   const at::Tensor qk = kernel_operand(q, d, kernel);

@@ -14,12 +14,12 @@ namespace opforge {
 // kernel's (64, 128 or 256: the launcher zero-pads other head dims), rows of q, k, v, out (and of
 // the gradients) start at 16-byte boundaries with unit column stride, and Sq + Sk < 2^31.
 struct AttentionCudaArgs {
-  AttentionGradParams g;      // g.fwd: the forward's parameters; the rest for the backward only
+  AttentionGradParams g;  // g.fwd: the forward's parameters; the rest for the backward only
   float scale = 0.f;
-  float scale_log2 = 0.f;     // scale * log2(e)
-  float cap_log2 = 0.f;       // softcap * log2(e); 0: no softcap
-  float cap_inv_scale = 0.f;  // scale / softcap
-  float inv_cap_log2 = 0.f;   // 1 / (softcap * log2(e))
+  float scale_log2 = 0.f;      // scale * log2(e)
+  float cap_log2 = 0.f;        // softcap * log2(e); 0: no softcap
+  float cap_inv_scale = 0.f;   // scale / softcap
+  float inv_cap_log2 = 0.f;    // 1 / (softcap * log2(e))
   int num_sms = 0;             // the GPU's multiprocessors (the persistent forward's grid)
   int* fwd_counter = nullptr;  // a zeroed int: the persistent forward's work counter (else unused)
   // (the persistent forward, hopper_fwd_runs) segment ids as documents, written on the device by
@@ -58,8 +58,8 @@ struct AttentionCudaArgs {
 // The (batch row, tile) of a block in a grid over tiles of `rows` queries (keys: keys) and batch
 // rows: without varlen the grid's x is the tile and z the batch row; with it, x runs over the padded
 // tiles of the packed dim (padded_tile) and z is 1. False: a padding block (nothing to do).
-OPFORGE_HD bool block_tile(const AttentionParams& p, bool keys, int64_t rows, int64_t x,
-                                                    int64_t z, int64_t& b, int64_t& tile) {
+OPFORGE_HD bool block_tile(const AttentionParams& p, bool keys, int64_t rows, int64_t x, int64_t z,
+                           int64_t& b, int64_t& tile) {
   const AttentionPattern& pat = p.pattern;
   if (!pat.varlen()) {
     b = z, tile = x;
@@ -92,10 +92,14 @@ struct DecodeSplit {
 
 // Floats a partial state takes in the workspace: the output, max, sum and two of padding (rows
 // 16-byte aligned for the merge's vector loads).
-constexpr int decode_part_stride(int head_dim) { return head_dim + 4; }
+constexpr int decode_part_stride(int head_dim) {
+  return head_dim + 4;
+}
 
 // The most query rows (the GQA group x Sq) a decode block takes (attention_heuristics.h).
-constexpr int decode_max_rows(int head_dim) { return static_cast<int>(attention_cuda_decode_max_rows(head_dim)); }
+constexpr int decode_max_rows(int head_dim) {
+  return static_cast<int>(attention_cuda_decode_max_rows(head_dim));
+}
 
 // The split for `slots` resident decode blocks on the GPU: enough chunks to fill them once, each of
 // at least two tiles.
@@ -124,7 +128,8 @@ inline double attention_mean_visible_keys(const AttentionPattern& pat, double sq
     const double lo = std::max(0.0, pat.window_left >= 0 ? pos - pat.window_left : 0.0);
     const double hi = std::min(sk - 1, right >= 0 ? pos + right : sk - 1);
     // the band [lo, hi] and the prefix [0, prefix): the prefix below the band, the band, above it
-    sum += std::max(0.0, hi - lo + 1) + std::min(prefix, lo) + std::max(0.0, prefix - 1 - std::max(hi, lo - 1));
+    sum +=
+        std::max(0.0, hi - lo + 1) + std::min(prefix, lo) + std::max(0.0, prefix - 1 - std::max(hi, lo - 1));
   }
   return sum / 16;
 }
@@ -163,8 +168,8 @@ inline int64_t hopper_fwd_run_items(const AttentionParams& p) {
 // Its items and the B x S rows' offsets fit int32.
 inline bool hopper_fwd_runs(const AttentionParams& p, int head_dim) {
   const AttentionPattern& pat = p.pattern;
-  return hopper_fwd_persistent(p, head_dim) && pat.q_segments != nullptr && !pat.varlen() && pat.sq == pat.sk &&
-         pat.prefix_len == 0 && pat.kv_lens == nullptr &&
+  return hopper_fwd_persistent(p, head_dim) && pat.q_segments != nullptr && !pat.varlen() &&
+         pat.sq == pat.sk && pat.prefix_len == 0 && pat.kv_lens == nullptr &&
          hopper_fwd_run_items(p) < (int64_t{1} << 31) - (int64_t{1} << 20);  // (items, offsets in int32)
 }
 

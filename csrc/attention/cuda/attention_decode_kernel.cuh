@@ -32,11 +32,13 @@ constexpr int kDecodeThreads = 128, kDecodeWarps = 4;
 // What the tile [j0, j1) holds for the block's queries (every row of the group: the band and the
 // segments are the same for all heads; a block mask counts as visible where any head sees it).
 __device__ __forceinline__ BlockKind decode_tile_kind(const AttentionPattern& pat, int64_t b, int64_t h0,
-                                                      int64_t group, int64_t j0, int64_t j1, SegmentRange q_range) {
+                                                      int64_t group, int64_t j0, int64_t j1,
+                                                      SegmentRange q_range) {
   BlockKind kind = band_prefix_tile_kind(pat, 0, pat.sq, j0, j1);
   if (kind == BlockKind::kEmpty) return kind;
   if (pat.q_segments) {
-    kind = combine(kind, segment_tile_kind(q_range, block_segment_range(pat.kv_seg_blocks, pat.kv_seg_nblocks, b, j0, j1)));
+    kind = combine(kind, segment_tile_kind(
+                             q_range, block_segment_range(pat.kv_seg_blocks, pat.kv_seg_nblocks, b, j0, j1)));
   }
   if (pat.mask_kinds && kind != BlockKind::kEmpty) {
     bool any = false, all = true;
@@ -52,7 +54,8 @@ __device__ __forceinline__ BlockKind decode_tile_kind(const AttentionPattern& pa
 }
 
 // This block's share [t0, t1) of its sequence's visible 64-key tiles (chunk c of s.chunks).
-__device__ __forceinline__ void decode_chunk_tiles(const AttentionPattern& pat, int chunks, int64_t c, int& t0, int& t1) {
+__device__ __forceinline__ void decode_chunk_tiles(const AttentionPattern& pat, int chunks, int64_t c,
+                                                   int& t0, int& t1) {
   int64_t lo, hi;
   band_key_range(pat, 0, pat.sq, lo, hi);
   const int tb = static_cast<int>(lo / kDecodeTile);
@@ -71,8 +74,8 @@ struct DecodePageRows {
 };
 
 template <int kD>
-__device__ __forceinline__ DecodePageRows fetch_decode_page_rows(const AttentionParams& p, int64_t b, int tile,
-                                                                 int64_t sk) {
+__device__ __forceinline__ DecodePageRows fetch_decode_page_rows(const AttentionParams& p, int64_t b,
+                                                                 int tile, int64_t sk) {
   DecodePageRows r;
   constexpr int kC = kD / 8, kWarpRows = 32 / kC, kStepRows = kDecodeThreads / kC;
   static_assert(kC <= 32 && kDecodeTile * kC / kDecodeThreads * kWarpRows == 16);
@@ -91,10 +94,11 @@ __device__ __forceinline__ DecodePageRows fetch_decode_page_rows(const Attention
 // commit group either way. kbase / vbase: the kv head's (no batch offset: the batch row, or the
 // page of a paged cache, is added here). pages: the tile's rows of a paged cache (fetch_decode_page_rows).
 template <typename Tr, typename T>
-__device__ __forceinline__ BlockKind stage_decode_tile(const AttentionParams& p, const AttentionPattern& pat, int64_t b,
-                                                       int64_t hk, int64_t group, SegmentRange q_range, const T* kbase,
-                                                       const T* vbase, unsigned char* stages, int stage,
-                                                       int tile, DecodePageRows pages) {
+__device__ __forceinline__ BlockKind stage_decode_tile(const AttentionParams& p, const AttentionPattern& pat,
+                                                       int64_t b, int64_t hk, int64_t group,
+                                                       SegmentRange q_range, const T* kbase, const T* vbase,
+                                                       unsigned char* stages, int stage, int tile,
+                                                       DecodePageRows pages) {
   constexpr int kD = Tr::kD;
   const int64_t j0 = int64_t{tile} * kDecodeTile, j1 = min(j0 + kDecodeTile, pat.sk);
   const BlockKind kind = decode_tile_kind(pat, b, hk * group, group, j0, j1, q_range);
@@ -121,8 +125,10 @@ __device__ __forceinline__ BlockKind stage_decode_tile(const AttentionParams& p,
         const int64_t page = __shfl_sync(0xffffffffu, pages.page, src);
         const int64_t slot = __shfl_sync(0xffffffffu, pages.slot, src);
         const int n = j0 + row < j1 ? 16 : 0;
-        cuda::cp_async16(sk + row * Tr::kRowBytes + chunk * 16, kbase + page * p.k_bs + slot * p.k_ss + chunk * 8, n);
-        cuda::cp_async16(sv + row * Tr::kRowBytes + chunk * 16, vbase + page * p.v_bs + slot * p.v_ss + chunk * 8, n);
+        cuda::cp_async16(sk + row * Tr::kRowBytes + chunk * 16,
+                         kbase + page * p.k_bs + slot * p.k_ss + chunk * 8, n);
+        cuda::cp_async16(sv + row * Tr::kRowBytes + chunk * 16,
+                         vbase + page * p.v_bs + slot * p.v_ss + chunk * 8, n);
       }
     }
   }
@@ -160,7 +166,8 @@ struct DecodeMmaTraits {
 };
 
 template <typename Tr, typename T>
-__global__ void __launch_bounds__(kDecodeThreads) attention_decode_mma_kernel(const AttentionCudaArgs a, const DecodeSplit s) {
+__global__ void __launch_bounds__(kDecodeThreads)
+    attention_decode_mma_kernel(const AttentionCudaArgs a, const DecodeSplit s) {
   constexpr int kD = Tr::kD, kSteps = kD / 16, kNd = kD / 8;
   constexpr int kKeyWarps = Tr::kKeyWarps, kWarpKeys = Tr::kWarpKeys, kN = kWarpKeys / 8;
   extern __shared__ __align__(16) unsigned char smem[];
@@ -180,7 +187,8 @@ __global__ void __launch_bounds__(kDecodeThreads) attention_decode_mma_kernel(co
     const bool in = r < rows;
     const int64_t h = hk * group + (in ? r / sq : 0), i = in ? r % sq : 0;
     cuda::cp_async16(sq_rows + r * Tr::kRowBytes + chunk * 16,
-                     static_cast<const T*>(p.q) + b * p.q_bs + h * p.q_hs + i * p.q_ss + chunk * 8, in ? 16 : 0);
+                     static_cast<const T*>(p.q) + b * p.q_bs + h * p.q_hs + i * p.q_ss + chunk * 8,
+                     in ? 16 : 0);
   }
   cuda::cp_async_commit();
 
@@ -194,7 +202,8 @@ __global__ void __launch_bounds__(kDecodeThreads) attention_decode_mma_kernel(co
   // (a paged cache: each staging call takes the rows fetched one tile ahead)
   DecodePageRows pages = fetch_decode_page_rows<kD>(p, b, t0, pat.sk);
   const auto load_tile = [&](int tile, int stage) {
-    const BlockKind kind = stage_decode_tile<Tr>(p, pat, b, hk, group, q_range, kbase, vbase, stages, stage, tile, pages);
+    const BlockKind kind =
+        stage_decode_tile<Tr>(p, pat, b, hk, group, q_range, kbase, vbase, stages, stage, tile, pages);
     pages = fetch_decode_page_rows<kD>(p, b, tile + 1, tile + 1 < t1 ? pat.sk : 0);
     return kind;
   };
@@ -209,7 +218,7 @@ __global__ void __launch_bounds__(kDecodeThreads) attention_decode_mma_kernel(co
     row_i[half] = r < rows ? r % sq : 0;
   }
   // The m tile's A fragment of k step kk (ldmatrix from the staged rows).
-  const auto load_q = [&](uint32_t (&frag)[4], int kk) {
+  const auto load_q = [&](uint32_t(&frag)[4], int kk) {
     const int r = 16 * mt + (lane % 8) + 8 * ((lane / 8) % 2), col = kk * 16 + 8 * (lane / 16);
     cuda::ldmatrix_x4(frag, sq_rows + r * Tr::kRowBytes + col * 2);
   };
@@ -376,7 +385,8 @@ __global__ void __launch_bounds__(kDecodeThreads) attention_decode_mma_kernel(co
 #pragma unroll
       for (int w = 1; w < kKeyWarps; ++w) {
         const float4 x = handoff[((w - 1) * (kNd + 1) + nd) * 32 + lane];
-        o[nd][0] += f[w][0] * x.x, o[nd][1] += f[w][0] * x.y, o[nd][2] += f[w][1] * x.z, o[nd][3] += f[w][1] * x.w;
+        o[nd][0] += f[w][0] * x.x, o[nd][1] += f[w][0] * x.y, o[nd][2] += f[w][1] * x.z,
+            o[nd][3] += f[w][1] * x.w;
       }
     }
   }
@@ -394,7 +404,6 @@ __global__ void __launch_bounds__(kDecodeThreads) attention_decode_mma_kernel(co
   }
 }
 
-
 // One block a query row: the chunks' partial states merged into the output and the LSE. Every warp
 // finds the max and the weighted sum over all parts (lanes over parts, reductions in a fixed order);
 // warp w sums the outputs of parts w, w + 4, ..., and the four sums are added in warp order
@@ -402,7 +411,8 @@ __global__ void __launch_bounds__(kDecodeThreads) attention_decode_mma_kernel(co
 constexpr int kMergeThreads = 128;
 
 template <int kD, typename T>
-__global__ void __launch_bounds__(kMergeThreads) attention_decode_merge_kernel(const AttentionCudaArgs a, const DecodeSplit s) {
+__global__ void __launch_bounds__(kMergeThreads)
+    attention_decode_merge_kernel(const AttentionCudaArgs a, const DecodeSplit s) {
   constexpr int kCols = kD / 32, kWarps = kMergeThreads / 32;
   __shared__ float partial[kWarps - 1][kD];
   const AttentionParams& p = a.g.fwd;
@@ -430,7 +440,8 @@ __global__ void __launch_bounds__(kMergeThreads) attention_decode_merge_kernel(c
       const float* part = first + c * step;
       const float mc = part[kD];
       const float w = mc == kNegInf ? 0.f : __expf(mc - mx);
-      constexpr int kVec = kCols < 4 ? kCols : 4;  // (16-byte loads at most: the states' rows are 16-byte aligned)
+      constexpr int kVec =
+          kCols < 4 ? kCols : 4;  // (16-byte loads at most: the states' rows are 16-byte aligned)
 #pragma unroll
       for (int e0 = 0; e0 < kCols; e0 += kVec) {
         const auto x = *reinterpret_cast<const cuda::Pack<float, kVec>*>(part + lane * kCols + e0);
@@ -476,7 +487,8 @@ cudaError_t launch_decode_mma(const AttentionCudaArgs& a, DecodeSplit s, cudaStr
   if (s.rows < 1 || s.rows > Tr::kRows) return cudaErrorInvalidValue;
   const cudaError_t err = configure_decode_mma<Tr, T>();
   if (err != cudaSuccess) return err;
-  const dim3 grid(static_cast<unsigned>(s.chunks), static_cast<unsigned>(p.kv_heads), static_cast<unsigned>(p.batch));
+  const dim3 grid(static_cast<unsigned>(s.chunks), static_cast<unsigned>(p.kv_heads),
+                  static_cast<unsigned>(p.batch));
   attention_decode_mma_kernel<Tr, T><<<grid, kDecodeThreads, Tr::smem_bytes(), stream>>>(a, s);
   cudaError_t launched = cudaGetLastError();
   if (launched != cudaSuccess) return launched;
@@ -507,9 +519,12 @@ int run_decode(const AttentionCudaArgs& a, const DecodeSplit& s, void* stream) {
   return with_decode_traits<kD>(s.rows, a.g.fwd.block_table != nullptr, [&](auto tr) -> int {
     using Tr = decltype(tr);
     switch (a.g.fwd.dtype) {
-      case DType::kBFloat16: return launch_decode_mma<Tr, __nv_bfloat16>(a, s, st);
-      case DType::kFloat16: return launch_decode_mma<Tr, __half>(a, s, st);
-      default: return cudaErrorInvalidValue;
+      case DType::kBFloat16:
+        return launch_decode_mma<Tr, __nv_bfloat16>(a, s, st);
+      case DType::kFloat16:
+        return launch_decode_mma<Tr, __half>(a, s, st);
+      default:
+        return cudaErrorInvalidValue;
     }
   });
 }

@@ -1,6 +1,6 @@
 // attention CUDA forward for Hopper, head dim 128 (HopperFwdTraitsD128; with a block mask the form in
-// attention_fwd_hopper_mask_d128.cu, with kv_lens or a paged cache the KV-cache forms, where hopper_fwd_persistent
-// says so the persistent form), float16 and bfloat16.
+// attention_fwd_hopper_mask_d128.cu, with kv_lens or a paged cache the KV-cache forms, where
+// hopper_fwd_persistent says so the persistent form), float16 and bfloat16.
 #include "attention/cuda/attention_fwd_hopper_kernel.cuh"
 
 namespace opforge {
@@ -19,6 +19,8 @@ int run_attention_fwd_hopper_d128(const AttentionCudaArgs& a, void* stream) {
   return attention_cuda::run_hopper_fwd<attention_cuda::HopperFwdTraitsD128>(a, stream);
 }
 
-int attention_hopper_status() { return attention_cuda::hopper_status<attention_cuda::HopperFwdTraitsD128>(); }
+int attention_hopper_status() {
+  return attention_cuda::hopper_status<attention_cuda::HopperFwdTraitsD128>();
+}
 
 }  // namespace opforge

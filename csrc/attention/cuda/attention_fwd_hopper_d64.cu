@@ -1,5 +1,6 @@
 // attention CUDA forward for Hopper, head dim 64 (HopperFwdTraitsD64; with a block mask the form in
-// attention_fwd_hopper_mask_d64.cu, where hopper_fwd_persistent says so the persistent form), float16 and bfloat16.
+// attention_fwd_hopper_mask_d64.cu, where hopper_fwd_persistent says so the persistent form), float16 and
+// bfloat16.
 #include "attention/cuda/attention_fwd_hopper_kernel.cuh"
 
 namespace opforge {

@@ -24,9 +24,9 @@
 // a counter in that order, the next item's Q and first K / V loading while the last one finishes.
 // Tiles are 128-byte swizzled boxes of 64 columns (TMA writes them, wgmma descriptors read them);
 // rows past the tensor come in as zeros (the KV-cache form: rows past a sequence's count may hold
-// anything; its masked scores drop K's, fwd_load_v_tile zeroes V's). Without sm_90a device code the kernel traps; the
-// launcher's rule (attention_heuristics.h) asks hopper_status() first and takes the mma.sync kernel
-// there.
+// anything; its masked scores drop K's, fwd_load_v_tile zeroes V's). Without sm_90a device code the kernel
+// traps; the launcher's rule (attention_heuristics.h) asks hopper_status() first and takes the mma.sync
+// kernel there.
 #pragma once
 
 #include <cuda.h>
@@ -49,8 +49,8 @@
 namespace opforge {
 namespace attention_cuda {
 
-template <int kD_, int kBlockN_, int kStages_, int kConsumers_ = 2, bool kPingPong_ = true, bool kStageMask_ = false,
-          bool kPersistent_ = false, bool kKvCache_ = false>
+template <int kD_, int kBlockN_, int kStages_, int kConsumers_ = 2, bool kPingPong_ = true,
+          bool kStageMask_ = false, bool kPersistent_ = false, bool kKvCache_ = false>
 struct HopperFwdTraits {
   static constexpr int kD = kD_, kBlockN = kBlockN_, kStages = kStages_, kConsumers = kConsumers_;
   // The consumer warpgroups take turns to issue their products (named barriers of 256 threads: the
@@ -85,7 +85,7 @@ struct HopperFwdTraits {
   static constexpr int kConsumerRegs = kPersistent ? 208 : kConsumers == 2 ? (kKvCache_ ? 224 : 232) : 160;
   static_assert(kProducerRegs + kConsumers * kConsumerRegs <= (65536 / kThreads / 8 * 8) * (1 + kConsumers),
                 "register split");
-  static constexpr int kPanels = kD / 64;    // 64-column (128-byte) boxes a row
+  static constexpr int kPanels = kD / 64;  // 64-column (128-byte) boxes a row
   static constexpr int kQPanelBytes = kBlockM * 128, kKVPanelBytes = kBlockN * 128;
   static constexpr int kQBytes = kPanels * kQPanelBytes, kKVBytes = kPanels * kKVPanelBytes;
   static constexpr int kStageBytes = 2 * kKVBytes;  // K then V
@@ -93,13 +93,16 @@ struct HopperFwdTraits {
   static constexpr int kOBytes = kPersistent ? kQBytes : 0;  // (persistent) the output's staging
   // Q, the stages, their mask bits, the output's staging, a tile's (index, class, staged) per stage,
   // (persistent) the Q tile's item, the barriers (Q full (/ empty); K full / empty; V full / empty).
-  static constexpr int kSmemBytes = 1024 /* alignment */ + kQBytes + kStages * (kStageBytes + kMaskWords * 4) +
-                                    kOBytes + kStages * 16 + (2 + 4 * kStages) * 8 + (kPersistent ? 32 + 8 : 0);
+  static constexpr int kSmemBytes = 1024 /* alignment */ + kQBytes +
+                                    kStages * (kStageBytes + kMaskWords * 4) + kOBytes + kStages * 16 +
+                                    (2 + 4 * kStages) * 8 + (kPersistent ? 32 + 8 : 0);
   static_assert(kBlockN <= 256 && kSmemBytes <= 227 * 1024, "TMA box rows / shared memory");
 };
-using HopperFwdTraitsD64 = HopperFwdTraits<64, 128, 2, 2>;  // (three consumers, 192 x 128: 2% faster causal, 11% slower sliding 512)
+using HopperFwdTraitsD64 =
+    HopperFwdTraits<64, 128, 2, 2>;  // (three consumers, 192 x 128: 2% faster causal, 11% slower sliding 512)
 using HopperFwdTraitsD128 = HopperFwdTraits<128, 128, 2>;
-using HopperFwdTraitsD256 = HopperFwdTraits<256, 64, 2, 2, false>;  // (no ping-pong: 3% faster, as FA4 above D 128)
+using HopperFwdTraitsD256 =
+    HopperFwdTraits<256, 64, 2, 2, false>;  // (no ping-pong: 3% faster, as FA4 above D 128)
 // (persistent: chosen by hopper_fwd_persistent, attention_cuda.h)
 using HopperFwdTraitsPersistentD64 = HopperFwdTraits<64, 128, 2, 2, true, false, true>;
 using HopperFwdTraitsPersistentD128 = HopperFwdTraits<128, 128, 2, 2, true, false, true>;
@@ -183,15 +186,16 @@ __device__ __forceinline__ FwdPageRun fwd_page_run(const AttentionParams& p, int
 // multiple of it (hopper_fwd_pages), so a box never crosses a page. (The one-item kernel's K tiles
 // of every form and the KV-cache form's V tiles come through here.)
 template <typename Tr>
-__device__ __forceinline__ void fwd_load_kv_tile(const CUtensorMap* map, unsigned char* dst, const AttentionParams& p,
-                                                 int tile, int row0, int hk, int tb, uint32_t bar, FwdPageRun run,
-                                                 int lane) {
+__device__ __forceinline__ void fwd_load_kv_tile(const CUtensorMap* map, unsigned char* dst,
+                                                 const AttentionParams& p, int tile, int row0, int hk, int tb,
+                                                 uint32_t bar, FwdPageRun run, int lane) {
   constexpr int kBN = Tr::kBlockN;
   if (!Tr::kKvCache || !p.block_table) {
     if (lane == 0) {
 #pragma unroll
       for (int pn = 0; pn < Tr::kPanels; ++pn) {
-        cuda::tma_load_4d(cuda::smem_addr(dst + pn * Tr::kKVPanelBytes), map, pn * 64, row0 + tile * kBN, hk, tb, bar);
+        cuda::tma_load_4d(cuda::smem_addr(dst + pn * Tr::kKVPanelBytes), map, pn * 64, row0 + tile * kBN, hk,
+                          tb, bar);
       }
     }
     return;
@@ -200,8 +204,8 @@ __device__ __forceinline__ void fwd_load_kv_tile(const CUtensorMap* map, unsigne
   if (lane < kBN / box) {
 #pragma unroll
     for (int pn = 0; pn < Tr::kPanels; ++pn) {
-      cuda::tma_load_4d(cuda::smem_addr(dst + pn * Tr::kKVPanelBytes + lane * box * 128), map, pn * 64, run.slot, hk,
-                        run.page, bar);
+      cuda::tma_load_4d(cuda::smem_addr(dst + pn * Tr::kKVPanelBytes + lane * box * 128), map, pn * 64,
+                        run.slot, hk, run.page, bar);
     }
   }
 }
@@ -210,7 +214,8 @@ __device__ __forceinline__ void fwd_load_kv_tile(const CUtensorMap* map, unsigne
 // counts (a preallocated or paged cache), the rows past a count may hold anything (NaN, Inf), which
 // P = 0 would not cancel in P V (the S of those rows is masked; K needs nothing).
 template <typename Tr>
-__device__ __forceinline__ bool fwd_v_tile_ragged(const AttentionParams& p, const AttentionPattern& pat, int tile) {
+__device__ __forceinline__ bool fwd_v_tile_ragged(const AttentionParams& p, const AttentionPattern& pat,
+                                                  int tile) {
   // (a contiguous cache's rows past its end come in as zeros: only the rows before it count)
   const int64_t end = int64_t{tile + 1} * Tr::kBlockN;
   return pat.kv_lens != nullptr && (p.block_table ? end : min(end, p.pattern.sk)) > pat.sk;
@@ -223,11 +228,12 @@ __device__ __forceinline__ bool fwd_v_tile_ragged(const AttentionParams& p, cons
 // (the consumers' wgmma) and only then released to the consumers (an arrival without bytes); other
 // tiles complete on the stage's full barrier as they land. Lane 0 has acquired the stage.
 template <typename Tr>
-__device__ __forceinline__ void fwd_load_v_tile(const FwdSmem<Tr>& sm, const CUtensorMap* map, unsigned char* dst,
-                                                const AttentionParams& p, const AttentionPattern& pat, int tile,
-                                                int row0, int hk, int tb, FwdPageRun run,
-                                                const cuda::PipelineState<Tr::kStages>& w, uint32_t& own_phase,
-                                                int lane) {
+__device__ __forceinline__ void fwd_load_v_tile(const FwdSmem<Tr>& sm, const CUtensorMap* map,
+                                                unsigned char* dst, const AttentionParams& p,
+                                                const AttentionPattern& pat, int tile, int row0, int hk,
+                                                int tb, FwdPageRun run,
+                                                const cuda::PipelineState<Tr::kStages>& w,
+                                                uint32_t& own_phase, int lane) {
   constexpr int kBN = Tr::kBlockN;
   if (!fwd_v_tile_ragged<Tr>(p, pat, tile)) {
     if (lane == 0) sm.pv.producer_commit(w, Tr::kKVBytes);
@@ -241,8 +247,9 @@ __device__ __forceinline__ void fwd_load_v_tile(const FwdSmem<Tr>& sm, const CUt
   fwd_load_kv_tile<Tr>(map, dst, p, tile, row0, hk, tb, own, run, lane);
   cuda::mbar_wait(own, own_phase);
   own_phase ^= 1u;
-  const int keep = static_cast<int>(pat.sk - int64_t{tile} * kBN);  // (rows [keep, kBN) are zeroed; keep >= 1)
-  const int chunks = (kBN - keep) * 8;  // 16-byte chunks a panel
+  const int keep =
+      static_cast<int>(pat.sk - int64_t{tile} * kBN);  // (rows [keep, kBN) are zeroed; keep >= 1)
+  const int chunks = (kBN - keep) * 8;                 // 16-byte chunks a panel
   for (int idx = lane; idx < Tr::kPanels * chunks; idx += 32) {
     const int pn = idx / chunks, c = idx % chunks;
     *reinterpret_cast<int4*>(dst + pn * Tr::kKVPanelBytes + keep * 128 + c * 16) = make_int4(0, 0, 0, 0);
@@ -260,10 +267,12 @@ __device__ __forceinline__ void fwd_load_v_tile(const FwdSmem<Tr>& sm, const CUt
 // there. One item a block: the turns balanced at the end.
 template <typename Tr, typename T>
 __device__ __forceinline__ void fwd_consumer_item(const FwdSmem<Tr>& sm, const AttentionCudaArgs& a,
-                                                  const AttentionPattern& pat, int64_t b, int64_t h, int64_t row0,
-                                                  int half, int next, int t, cuda::PipelineState<Tr::kStages>& rk,
-                                                  cuda::PipelineState<Tr::kStages>& rv, float (&o)[Tr::kD / 8][4],
-                                                  float (&m_run)[2], float (&l_run)[2], bool raw_scores, float k) {
+                                                  const AttentionPattern& pat, int64_t b, int64_t h,
+                                                  int64_t row0, int half, int next, int t,
+                                                  cuda::PipelineState<Tr::kStages>& rk,
+                                                  cuda::PipelineState<Tr::kStages>& rv,
+                                                  float (&o)[Tr::kD / 8][4], float (&m_run)[2],
+                                                  float (&l_run)[2], bool raw_scores, float k) {
   constexpr int kD = Tr::kD, kBN = Tr::kBlockN;
   constexpr int kNT = kBN / 8;
   constexpr bool kWarpRelease = Tr::kStageMask || Tr::kPersistent;  // (each warp reads a stage's info, bits)
@@ -284,7 +293,7 @@ __device__ __forceinline__ void fwd_consumer_item(const FwdSmem<Tr>& sm, const A
     }
   };
   // S = Q K^T of the tile in K stage rk (its index and class in ti), issued in this warpgroup's turn.
-  const auto issue_s = [&](float (&sc)[kNT][4], const State& st) {
+  const auto issue_s = [&](float(&sc)[kNT][4], const State& st) {
     // (the descriptors: one encoding each, then an add a step; at D 256 ptxas hoists Q's sixteen,
     // loop-invariant, out of the loop and spills: there they are encoded from the pointer each time)
     const uint64_t k_desc = cuda::smem_desc_k_major(sKV + st.index * Tr::kStageBytes);
@@ -294,14 +303,15 @@ __device__ __forceinline__ void fwd_consumer_item(const FwdSmem<Tr>& sm, const A
       const int pn = kk / 4, off = (kk % 4) * 32;
       const uint64_t qd = kD <= 128 ? cuda::desc_advance(q_desc, pn * Tr::kQPanelBytes + off)
                                     : cuda::smem_desc_k_major(q_rows + pn * Tr::kQPanelBytes + off);
-      cuda::Wgmma<T, kBN>::template mma<0>(&sc[0][0], qd, cuda::desc_advance(k_desc, pn * Tr::kKVPanelBytes + off),
-                                           kk > 0);
+      cuda::Wgmma<T, kBN>::template mma<0>(&sc[0][0], qd,
+                                           cuda::desc_advance(k_desc, pn * Tr::kKVPanelBytes + off), kk > 0);
     }
     cuda::wgmma_commit();
   };
   // O += P V for the tile in V stage st.
   const auto issue_pv = [&](const State& st) {
-    const uint64_t v_desc = cuda::smem_desc_mn_major(sKV + st.index * Tr::kStageBytes + Tr::kKVBytes, Tr::kKVPanelBytes);
+    const uint64_t v_desc =
+        cuda::smem_desc_mn_major(sKV + st.index * Tr::kStageBytes + Tr::kKVBytes, Tr::kKVPanelBytes);
 #pragma unroll
     for (int kk = 0; kk < kBN / 16; ++kk) {  // 16 keys = 16 rows of 128 bytes
       cuda::WgmmaRS<T, kD>::template mma<1>(&o[0][0], pa[kk], cuda::desc_advance(v_desc, kk * 2048), 1);
@@ -314,17 +324,17 @@ __device__ __forceinline__ void fwd_consumer_item(const FwdSmem<Tr>& sm, const A
   // unmasked forms are separate code, so that registers are allocated for each on its own: the
   // unmasked one runs while the previous tile's P V is in flight (its P operand live), the masked
   // one after that product is done.
-  const auto scores_done = [&](float (&sc)[kNT][4], const State& st) {
+  const auto scores_done = [&](float(&sc)[kNT][4], const State& st) {
     cuda::fence_operands(sc);
     if (kWarpRelease ? lane == 0 : t == 0) pk.consumer_release(st);
     if (!raw_scores) scores_log2(sc, a);
   };
-  const auto softmax_tile = [&](float (&sc)[kNT][4], const State& st, float (&corr)[2]) {
+  const auto softmax_tile = [&](float(&sc)[kNT][4], const State& st, float(&corr)[2]) {
     scores_done(sc, st);
     softmax_step(sc, m_run, l_run, corr, k);
   };
-  const auto softmax_tile_masked = [&](float (&sc)[kNT][4], const State& st, int tile, const TileClass& tc,
-                                       const uint32_t (&mask_rows)[2], float (&corr)[2]) {
+  const auto softmax_tile_masked = [&](float(&sc)[kNT][4], const State& st, int tile, const TileClass& tc,
+                                       const uint32_t(&mask_rows)[2], float(&corr)[2]) {
     scores_done(sc, st);
     mask_tile<false, kBN>(sc, pat, tc, b, h, row0, int64_t{tile} * kBN, lane, mask_rows);
     softmax_step(sc, m_run, l_run, corr, k);
@@ -332,11 +342,12 @@ __device__ __forceinline__ void fwd_consumer_item(const FwdSmem<Tr>& sm, const A
   // The block-mask form's: a partial tile's visibility sets of the thread's two rows (band, segments,
   // block mask: its bits from the stage where the producer staged them, else from global memory);
   // then the softmax of a tile so masked.
-  const auto tile_visibility = [&](const int4& ti, const TileClass& tc, const State& st, uint32_t (&vis)[2]) {
+  const auto tile_visibility = [&](const int4& ti, const TileClass& tc, const State& st, uint32_t(&vis)[2]) {
     uint32_t mask_rows[2] = {0u, 0u};
     if (tc.mask) {
       if (ti.z) {
-        const uint32_t* rows = smask + st.index * Tr::kMaskWords + (half * 64 + warp * 16 + lane / 4) * (kBN / 32);
+        const uint32_t* rows =
+            smask + st.index * Tr::kMaskWords + (half * 64 + warp * 16 + lane / 4) * (kBN / 32);
         mask_rows[0] = mask_row_bits_staged<kBN>(rows, lane % 4);
         mask_rows[1] = mask_row_bits_staged<kBN>(rows + 8 * (kBN / 32), lane % 4);
       } else {
@@ -345,8 +356,8 @@ __device__ __forceinline__ void fwd_consumer_item(const FwdSmem<Tr>& sm, const A
     }
     mask_tile_bits<false, kBN>(vis, pat, tc, b, h, row0, int64_t{ti.x} * kBN, lane, mask_rows);
   };
-  const auto softmax_tile_visible = [&](float (&sc)[kNT][4], const State& st, const uint32_t (&vis)[2],
-                                        float (&corr)[2]) {
+  const auto softmax_tile_visible = [&](float(&sc)[kNT][4], const State& st, const uint32_t(&vis)[2],
+                                        float(&corr)[2]) {
     scores_done(sc, st);
     apply_visibility(sc, vis);
     softmax_step(sc, m_run, l_run, corr, k);
@@ -460,7 +471,8 @@ __device__ __forceinline__ void fwd_consumer_item(const FwdSmem<Tr>& sm, const A
 
 template <typename Tr, typename T>
 __global__ void __launch_bounds__(Tr::kThreads, 1)
-    attention_fwd_hopper_kernel(const __grid_constant__ CUtensorMap map_q, const __grid_constant__ CUtensorMap map_k,
+    attention_fwd_hopper_kernel(const __grid_constant__ CUtensorMap map_q,
+                                const __grid_constant__ CUtensorMap map_k,
                                 const __grid_constant__ CUtensorMap map_v, const AttentionCudaArgs a,
                                 const int group_pairs) {
 #ifdef OPFORGE_ATTENTION_WGMMA_DEVICE
@@ -489,12 +501,13 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   if (group_pairs > 0) {
     const int blocks = static_cast<int>((p.pattern.sq + kBM - 1) / kBM);
     int pair, w;
-    cuda::grouped_tile(static_cast<int>(blockIdx.x), group_pairs, static_cast<int>(p.batch * p.heads), blocks, false,
-                       pair, w);
+    cuda::grouped_tile(static_cast<int>(blockIdx.x), group_pairs, static_cast<int>(p.batch * p.heads), blocks,
+                       false, pair, w);
     b = pair / p.heads, h = pair % p.heads, qb = blocks - 1 - w;
   } else {
     h = blockIdx.y;
-    if (!padded_tile_warp(p.pattern.cu_seqlens_q, p.pattern.total_q, p.batch, kBM, gridDim.x - 1 - blockIdx.x, b, qb)) {
+    if (!padded_tile_warp(p.pattern.cu_seqlens_q, p.pattern.total_q, p.batch, kBM, gridDim.x - 1 - blockIdx.x,
+                          b, qb)) {
       return;
     }
   }
@@ -502,7 +515,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   const int64_t i0 = qb * kBM, i1 = min(i0 + kBM, pat.sq);
   if (threadIdx.x == 0) {
     cuda::mbar_init(smem_addr(bar_q), 1);
-    pk.init(Tr::kStageMask ? 4 * Tr::kConsumers : Tr::kConsumers);  // one arrival per consumer warp / warpgroup
+    pk.init(Tr::kStageMask ? 4 * Tr::kConsumers
+                           : Tr::kConsumers);  // one arrival per consumer warp / warpgroup
     pv.init(Tr::kConsumers);
     cuda::mbar_init(smem_addr(sm.v_own), 1);
     cuda::fence_mbarrier_init();
@@ -516,13 +530,14 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     const int hk = static_cast<int>(h / (p.heads / p.kv_heads));
     // TMA coordinates: the tensors' batch row, the sequence's first rows (varlen: in the packed dims).
     const int tb = static_cast<int>(p.pattern.tensor_batch(b));
-    const int q_row0 = static_cast<int>(p.pattern.q_start(b)), k_row0 = static_cast<int>(p.pattern.k_start(b));
+    const int q_row0 = static_cast<int>(p.pattern.q_start(b)),
+              k_row0 = static_cast<int>(p.pattern.k_start(b));
     if (lane == 0) {
       cuda::mbar_arrive_expect_tx(smem_addr(bar_q), Tr::kQBytes);
 #pragma unroll
       for (int pn = 0; pn < Tr::kPanels; ++pn) {
-        cuda::tma_load_4d(smem_addr(sQ + pn * Tr::kQPanelBytes), &map_q, pn * 64, q_row0 + static_cast<int>(i0),
-                          static_cast<int>(h), tb, smem_addr(bar_q));
+        cuda::tma_load_4d(smem_addr(sQ + pn * Tr::kQPanelBytes), &map_q, pn * 64,
+                          q_row0 + static_cast<int>(i0), static_cast<int>(h), tb, smem_addr(bar_q));
       }
     }
     // The block-mask form: a partial mask tile inside one mask block gets its bits (the block's rows
@@ -556,8 +571,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
         __syncwarp();
         int staged = 0;
         if (stage_bits && tc.mask) {
-          staged = stage_mask_bits<kBM, kBN>(pat, b, h, i0, int64_t{tile} * kBN, smask + w.index * Tr::kMaskWords,
-                                             &pk.full[w.index], lane);
+          staged = stage_mask_bits<kBM, kBN>(pat, b, h, i0, int64_t{tile} * kBN,
+                                             smask + w.index * Tr::kMaskWords, &pk.full[w.index], lane);
         }
         __syncwarp();  // (the lanes' arrivals counted before lane 0's can complete the phase)
         if (lane == 0) {
@@ -575,7 +590,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       if constexpr (Tr::kKvCache) {
         if (lane == 0) pv.producer_acquire(w);
         __syncwarp();
-        fwd_load_v_tile<Tr>(sm, &map_v, sK + Tr::kKVBytes, p, pat, tile, k_row0, hk, tb, run, w, own_phase, lane);
+        fwd_load_v_tile<Tr>(sm, &map_v, sK + Tr::kKVBytes, p, pat, tile, k_row0, hk, tb, run, w, own_phase,
+                            lane);
       } else if (lane == 0) {
         pv.producer_acquire(w);
         const uint32_t bar = pv.producer_commit(w, Tr::kKVBytes);
@@ -606,7 +622,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   for (int n = 0; n < kDT; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
   float m_run[2] = {kNegInf, kNegInf}, l_run[2] = {0.f, 0.f};
   cuda::mbar_wait(smem_addr(bar_q), 0);
-  if (Tr::kPingPong && half == Tr::kConsumers - 1) cuda::named_barrier_arrive<256>(kFwdBarTurn);  // warpgroup 1 issues first
+  if (Tr::kPingPong && half == Tr::kConsumers - 1)
+    cuda::named_barrier_arrive<256>(kFwdBarTurn);  // warpgroup 1 issues first
   // Raw scores go into the softmax with the scale in its exponent (k); a softcap or a non-positive
   // scale (the max of raw scores would not be the max of scaled ones) takes them to the log2 domain
   // first (k = 1).
@@ -645,8 +662,9 @@ struct FwdSchedule {
   // Item `item`'s batch row, head and query block of `rows` queries, and with runs (run_count >= 0
   // runs) the run's first row in the batch row and its rows (else 0, 0); false: a padding tile.
   // Every lane of the calling warp asks about the same item (the varlen search is warp-wide).
-  __device__ __forceinline__ bool decode(const AttentionParams& p, int item, int rows, int run_count, int64_t& b,
-                                         int64_t& h, int64_t& qb, int64_t& first, int64_t& len) const {
+  __device__ __forceinline__ bool decode(const AttentionParams& p, int item, int rows, int run_count,
+                                         int64_t& b, int64_t& h, int64_t& qb, int64_t& first,
+                                         int64_t& len) const {
     first = 0, len = 0;
     if (run_count >= 0 || p.pattern.varlen()) {  // (varlen's sequences or the runs, a head at a time)
       const int64_t n = run_count >= 0 ? run_blocks(p, run_count, rows) : blocks;
@@ -663,8 +681,8 @@ struct FwdSchedule {
       return true;
     }
     int pair, w;
-    cuda::grouped_tile(item, group_pairs, static_cast<int>(p.batch * p.heads), static_cast<int>(blocks), false, pair,
-                       w);
+    cuda::grouped_tile(item, group_pairs, static_cast<int>(p.batch * p.heads), static_cast<int>(blocks),
+                       false, pair, w);
     b = pair / p.heads, h = pair % p.heads, qb = blocks - 1 - w;
     return true;
   }
@@ -674,7 +692,9 @@ struct FwdSchedule {
   }
   // The runs' count where the device found segment ids to be runs, else -1 (read again at each item,
   // from L1: held in registers across an item the walk's state spills).
-  __device__ __forceinline__ int run_count() const { return runs != nullptr && __ldg(runs) ? __ldg(runs + 1) : -1; }
+  __device__ __forceinline__ int run_count() const {
+    return runs != nullptr && __ldg(runs) ? __ldg(runs + 1) : -1;
+  }
 };
 
 // Item b's pattern: batch row (sequence) b's, or with runs (len: the run's rows) the call's band on
@@ -701,8 +721,8 @@ template <typename Tr, typename T, bool kRuns>
 __global__ void __launch_bounds__(Tr::kThreads, 1)
     attention_fwd_hopper_persistent_kernel(const __grid_constant__ CUtensorMap map_q,
                                            const __grid_constant__ CUtensorMap map_k,
-                                           const __grid_constant__ CUtensorMap map_v, const AttentionCudaArgs a,
-                                           const FwdSchedule sched) {
+                                           const __grid_constant__ CUtensorMap map_v,
+                                           const AttentionCudaArgs a, const FwdSchedule sched) {
 #ifdef OPFORGE_ATTENTION_WGMMA_DEVICE
   static_assert(Tr::kPersistent, "the persistent form's traits");
   constexpr int kD = Tr::kD, kBM = Tr::kBlockM, kBN = Tr::kBlockN, kDT = kD / 8;
@@ -730,7 +750,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     // (Segment ids as documents where the device found them runs: the items from their count.)
     const auto total = [&]() {
       const int runs = kRuns ? sched.run_count() : -1;
-      return runs >= 0 ? sched.run_blocks(p, runs, kBM) * static_cast<int>(p.heads) : static_cast<int>(sched.total);
+      return runs >= 0 ? sched.run_blocks(p, runs, kBM) * static_cast<int>(p.heads)
+                       : static_cast<int>(sched.total);
     };
     for (int item = blockIdx.x; item < total();) {
       if (lane == 0) pending = atomicAdd(sched.counter, 1);
@@ -748,14 +769,15 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
         TileClass tc;
         int tile = walk.next(walk.begin, tc, lane);
         if (lane == 0) {
-          if (n > 0) cuda::mbar_wait(smem_addr(sm.q_empty), (n - 1) & 1);  // the last item's S products are done
+          if (n > 0)
+            cuda::mbar_wait(smem_addr(sm.q_empty), (n - 1) & 1);  // the last item's S products are done
           sm.q_info[0] = make_int4(static_cast<int>(b), static_cast<int>(h), static_cast<int>(qb), 1);
           sm.q_info[1] = make_int4(static_cast<int>(first), static_cast<int>(len), runs >= 0, 0);
           cuda::mbar_arrive_expect_tx(smem_addr(sm.q_full), Tr::kQBytes);
 #pragma unroll
           for (int pn = 0; pn < Tr::kPanels; ++pn) {
-            cuda::tma_load_4d(smem_addr(sm.q + pn * Tr::kQPanelBytes), &map_q, pn * 64, q_row0 + static_cast<int>(i0),
-                              static_cast<int>(h), tb, smem_addr(sm.q_full));
+            cuda::tma_load_4d(smem_addr(sm.q + pn * Tr::kQPanelBytes), &map_q, pn * 64,
+                              q_row0 + static_cast<int>(i0), static_cast<int>(h), tb, smem_addr(sm.q_full));
           }
         }
         ++n;
@@ -767,16 +789,16 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
             const uint32_t kbar = sm.pk.producer_commit(wk, Tr::kKVBytes);
 #pragma unroll
             for (int pn = 0; pn < Tr::kPanels; ++pn) {
-              cuda::tma_load_4d(smem_addr(sK + pn * Tr::kKVPanelBytes), &map_k, pn * 64, k_row0 + tile * kBN, hk, tb,
-                                kbar);
+              cuda::tma_load_4d(smem_addr(sK + pn * Tr::kKVPanelBytes), &map_k, pn * 64, k_row0 + tile * kBN,
+                                hk, tb, kbar);
             }
             unsigned char* const sV = sm.kv + wv.index * Tr::kStageBytes + Tr::kKVBytes;
             sm.pv.producer_acquire(wv);
             const uint32_t vbar = sm.pv.producer_commit(wv, Tr::kKVBytes);
 #pragma unroll
             for (int pn = 0; pn < Tr::kPanels; ++pn) {
-              cuda::tma_load_4d(smem_addr(sV + pn * Tr::kKVPanelBytes), &map_v, pn * 64, k_row0 + tile * kBN, hk, tb,
-                                vbar);
+              cuda::tma_load_4d(smem_addr(sV + pn * Tr::kKVPanelBytes), &map_v, pn * 64, k_row0 + tile * kBN,
+                                hk, tb, vbar);
             }
           }
           __syncwarp();
@@ -806,7 +828,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   const float k = raw_scores ? a.scale_log2 : 1.f;
   State rk, rv;
   for (int n = 0;; ++n) {
-    cuda::mbar_wait(smem_addr(sm.q_full), n & 1);  // (its acquire orders the item's read after the write)
+    cuda::mbar_wait(smem_addr(sm.q_full), n & 1);      // (its acquire orders the item's read after the write)
     const int4 qi = sm.q_info[0], run = sm.q_info[1];  // (run: first row, rows, is a run)
     if (!qi.w) break;
     const int64_t b = qi.x, h = qi.y, i0 = int64_t{qi.z} * kBM, first = run.x;
@@ -816,7 +838,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
 #pragma unroll
     for (int d = 0; d < kDT; ++d) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.f;
     float m_run[2] = {kNegInf, kNegInf}, l_run[2] = {0.f, 0.f};
-    if (Tr::kPingPong && half == Tr::kConsumers - 1) cuda::named_barrier_arrive<256>(kFwdBarTurn);  // warpgroup 1 issues first
+    if (Tr::kPingPong && half == Tr::kConsumers - 1)
+      cuda::named_barrier_arrive<256>(kFwdBarTurn);  // warpgroup 1 issues first
     fwd_consumer_item<Tr, T>(sm, a, pat, b, h, row0, half, next, t, rk, rv, o, m_run, l_run, raw_scores, k);
     // Epilogue: as the one-item kernel's, through the output's staging once the warpgroup's reads
     // of it (the item before) are done.
@@ -825,8 +848,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     finish_rows(m_run, l_run, inv, p, first + pat.sq, b, h, first + row0, lane, k);
     cuda::named_barrier_sync<128>(1 + half);
     store_accumulator_rows<kD, T>(o, inv, sm.o + half * 64 * 128, Tr::kQPanelBytes,
-                                  static_cast<T*>(p.out) + p.o_at(b, h) + first * p.o_ss, p.o_ss, i0 + half * 64,
-                                  pat.sq, t, 1 + half);
+                                  static_cast<T*>(p.out) + p.o_at(b, h) + first * p.o_ss, p.o_ss,
+                                  i0 + half * 64, pat.sq, t, 1 + half);
   }
 #else
   __trap();
@@ -882,7 +905,8 @@ cudaError_t launch_hopper_fwd(const AttentionCudaArgs& a, cudaStream_t stream) {
     group_pairs = fwd_group_pairs<Tr>(p);
     grid = dim3(static_cast<unsigned>(pairs * blocks));
   }
-  attention_fwd_hopper_kernel<Tr, T><<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(mq, mk, mv, a, group_pairs);
+  attention_fwd_hopper_kernel<Tr, T>
+      <<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(mq, mk, mv, a, group_pairs);
   return cudaGetLastError();
 }
 
@@ -891,7 +915,8 @@ cudaError_t launch_hopper_fwd(const AttentionCudaArgs& a, cudaStream_t stream) {
 template <typename Tr, typename T, bool kRuns>
 cudaError_t launch_hopper_fwd_persistent_form(const AttentionCudaArgs& a, cudaStream_t stream) {
   static signed char state[64] = {};
-  cudaError_t err = prepare_hopper(attention_fwd_hopper_persistent_kernel<Tr, T, kRuns>, Tr::kSmemBytes, state);
+  cudaError_t err =
+      prepare_hopper(attention_fwd_hopper_persistent_kernel<Tr, T, kRuns>, Tr::kSmemBytes, state);
   if (err != cudaSuccess) return err;
   if (a.fwd_counter == nullptr) return cudaErrorInvalidValue;
   CUtensorMap mq, mk, mv;

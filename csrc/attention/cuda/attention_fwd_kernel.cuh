@@ -45,8 +45,10 @@ __global__ void __launch_bounds__(Tr::kThreads, 1) attention_fwd_kernel(const At
   KeyWalk<kBN, kD, kThreads, T> walk(p, pat, b, h, i0, i1);
   TileClass tc, tn_class;
   int tile = walk.next(walk.begin, tc, lane);
-  if (tile < walk.end) walk.load(sKV, tile, tid, walk.rows_of(tile, tid));
-  else cuda::cp_async_commit();  // (an empty group: the wait below counts two)
+  if (tile < walk.end)
+    walk.load(sKV, tile, tid, walk.rows_of(tile, tid));
+  else
+    cuda::cp_async_commit();  // (an empty group: the wait below counts two)
   // The next visible tile, and (a paged cache) its rows' pages, found one tile ahead.
   int tn = walk.next(tile + 1, tn_class, lane);
   auto tn_rows = walk.rows_of(tn, tid);
@@ -160,9 +162,12 @@ template <typename Tr>
 int run_fwd(const AttentionCudaArgs& a, void* stream) {
   const auto s = static_cast<cudaStream_t>(stream);
   switch (a.g.fwd.dtype) {
-    case DType::kBFloat16: return launch_fwd<Tr, __nv_bfloat16>(a, s);
-    case DType::kFloat16: return launch_fwd<Tr, __half>(a, s);
-    default: return cudaErrorInvalidValue;
+    case DType::kBFloat16:
+      return launch_fwd<Tr, __nv_bfloat16>(a, s);
+    case DType::kFloat16:
+      return launch_fwd<Tr, __half>(a, s);
+    default:
+      return cudaErrorInvalidValue;
   }
 }
 

@@ -25,17 +25,18 @@ namespace attention_cuda {
 // rows instead of 16-byte pieces of eight. barrier: a named barrier id for the warpgroup alone.
 template <int kD, typename T>
 __device__ __forceinline__ void store_accumulator_rows(const float (&acc)[kD / 8][4], const float (&scale)[2],
-                                                       unsigned char* rows, int panel_bytes, T* dst, int64_t ld,
-                                                       int64_t first, int64_t end, int t, int barrier) {
+                                                       unsigned char* rows, int panel_bytes, T* dst,
+                                                       int64_t ld, int64_t first, int64_t end, int t,
+                                                       int barrier) {
   const int warp = t / 32, lane = t % 32, g = lane / 4, t4 = lane % 4;
 #pragma unroll
   for (int n = 0; n < kD / 8; ++n) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const int row = warp * 16 + g + 8 * r, pn = n / 8, chunk = n % 8;
-      cuda::st_shared_u32(
-          cuda::smem_addr(rows + pn * panel_bytes + row * 128 + cuda::swizzle128_chunk(row, chunk) * 16 + t4 * 4),
-          cuda::pack2<T>(acc[n][2 * r] * scale[r], acc[n][2 * r + 1] * scale[r]));
+      cuda::st_shared_u32(cuda::smem_addr(rows + pn * panel_bytes + row * 128 +
+                                          cuda::swizzle128_chunk(row, chunk) * 16 + t4 * 4),
+                          cuda::pack2<T>(acc[n][2 * r] * scale[r], acc[n][2 * r + 1] * scale[r]));
     }
   }
   cuda::named_barrier_sync<128>(barrier);
@@ -44,8 +45,8 @@ __device__ __forceinline__ void store_accumulator_rows(const float (&acc)[kD / 8
   for (int idx = t; idx < 64 * kChunks; idx += 128) {
     const int row = idx / kChunks, c = idx % kChunks, pn = c / 8, chunk = c % 8;
     if (first + row < end) {
-      const uint4 v =
-          *reinterpret_cast<const uint4*>(rows + pn * panel_bytes + row * 128 + cuda::swizzle128_chunk(row, chunk) * 16);
+      const uint4 v = *reinterpret_cast<const uint4*>(rows + pn * panel_bytes + row * 128 +
+                                                      cuda::swizzle128_chunk(row, chunk) * 16);
       *reinterpret_cast<uint4*>(dst + (first + row) * ld + c * 8) = v;
     }
   }
@@ -54,23 +55,26 @@ __device__ __forceinline__ void store_accumulator_rows(const float (&acc)[kD / 8
 // padded_tile for a tile every lane of the (converged) warp asks about: the sequence found by a
 // 32-way search, one round of loads for 32 sequences (two for 1024) instead of a binary search's
 // chain of dependent loads. Offsets a valid partition: the same answer as padded_tile.
-__device__ __forceinline__ bool padded_tile_warp(const int32_t* cu, int64_t total, int64_t batch, int64_t rows,
-                                                 int64_t tile, int64_t& b, int64_t& local) {
+__device__ __forceinline__ bool padded_tile_warp(const int32_t* cu, int64_t total, int64_t batch,
+                                                 int64_t rows, int64_t tile, int64_t& b, int64_t& local) {
   const int lane = static_cast<int>(threadIdx.x % 32);
   const int64_t row = tile * rows;
   if (batch <= 0 || padded_start(cu, total, 0, rows) > row) return false;
-  int64_t lo = 0, n = batch;  // the last sequence starting at or before `row` is in [lo, lo + n); lo's starts there
+  int64_t lo = 0,
+          n = batch;  // the last sequence starting at or before `row` is in [lo, lo + n); lo's starts there
   while (n > 1) {
     const int64_t stride = (n + 31) / 32, idx = lo + lane * stride;
     const bool before = idx < lo + n && padded_start(cu, total, idx, rows) <= row;
-    const int last = 31 - __clz(static_cast<int>(__ballot_sync(0xffffffffu, before)));  // (lane 0's is lo: set)
+    const int last =
+        31 - __clz(static_cast<int>(__ballot_sync(0xffffffffu, before)));  // (lane 0's is lo: set)
     const int64_t end = lo + n;
     lo += last * stride;
     n = min(stride, end - lo);
   }
   b = lo;
   local = (row - padded_start(cu, total, lo, rows)) / rows;
-  const int64_t q0 = AttentionPattern::clamp_row(cu[lo], total), q1 = AttentionPattern::clamp_row(cu[lo + 1], total);
+  const int64_t q0 = AttentionPattern::clamp_row(cu[lo], total),
+                q1 = AttentionPattern::clamp_row(cu[lo + 1], total);
   return local * rows < q1 - q0;
 }
 
@@ -92,7 +96,8 @@ __device__ __forceinline__ bool stage_mask_bits(const AttentionPattern& pat, int
   const int64_t index = pat.mask_index[pat.mask_block(b, h, i0 / pat.block_q, j0 / pat.block_k)];
   if (index < 0 || index >= pat.mask_partials) return false;
   const int64_t wpr = pat.block_k / 32;  // words a mask row
-  const uint32_t* src = pat.mask_bits + (index * pat.block_q + i0 % pat.block_q) * wpr + (j0 % pat.block_k) / 32;
+  const uint32_t* src =
+      pat.mask_bits + (index * pat.block_q + i0 % pat.block_q) * wpr + (j0 % pat.block_k) / 32;
 #pragma unroll
   for (int r = lane; r < kRows; r += 32) cuda::cp_async<kCols / 8>(dst + r * (kCols / 32), src + r * wpr);
   cuda::cp_async_mbar_arrive(cuda::smem_addr(bar));
@@ -110,10 +115,12 @@ cudaError_t prepare_hopper(Kernel kernel, int smem_bytes, signed char (&state)[6
   return err == cudaErrorInvalidConfiguration ? cudaErrorNoKernelImageForDevice : err;
 }
 
-// 4-D maps (head dim, sequence, heads, batch; varlen: the packed sequences in a batch of one) of q, k, v (and grad_out, when mdo is given) in
-// boxes of 64 columns x q_rows / kv_rows rows; false where TMA cannot address an operand.
-inline bool make_attention_maps(const AttentionCudaArgs& a, int d, uint32_t q_rows, uint32_t kv_rows, CUtensorMap* mq,
-                                CUtensorMap* mk, CUtensorMap* mv, CUtensorMap* mdo = nullptr) {
+// 4-D maps (head dim, sequence, heads, batch; varlen: the packed sequences in a batch of one) of q, k, v (and
+// grad_out, when mdo is given) in boxes of 64 columns x q_rows / kv_rows rows; false where TMA cannot address
+// an operand.
+inline bool make_attention_maps(const AttentionCudaArgs& a, int d, uint32_t q_rows, uint32_t kv_rows,
+                                CUtensorMap* mq, CUtensorMap* mk, CUtensorMap* mv,
+                                CUtensorMap* mdo = nullptr) {
   const AttentionParams& p = a.g.fwd;
   // (Varlen: the packed dims of the tensors' one batch row. A paged cache (the forward's): K and V
   // as (D, page_size, Hkv, num_pages), boxes of min(page_size, kv_rows) rows: fwd_load_kv_tile.)
@@ -122,11 +129,14 @@ inline bool make_attention_maps(const AttentionCudaArgs& a, int d, uint32_t q_ro
   const int64_t sk = paged ? p.page_size : p.pattern.sk, kv_nb = paged ? p.num_pages : nb;
   const uint32_t kv_box = paged && p.page_size < kv_rows ? static_cast<uint32_t>(p.page_size) : kv_rows;
   if (paged && (mdo != nullptr || !attention_hopper_fwd_pages(p.page_size, d))) return false;
-  return cuda::make_tma_map_4d_16bit(mq, p.q, p.dtype, sq, d, p.heads, nb, p.q_ss, p.q_hs, p.q_bs, 64, q_rows) &&
-         cuda::make_tma_map_4d_16bit(mk, p.k, p.dtype, sk, d, p.kv_heads, kv_nb, p.k_ss, p.k_hs, p.k_bs, 64, kv_box) &&
-         cuda::make_tma_map_4d_16bit(mv, p.v, p.dtype, sk, d, p.kv_heads, kv_nb, p.v_ss, p.v_hs, p.v_bs, 64, kv_box) &&
-         (mdo == nullptr || cuda::make_tma_map_4d_16bit(mdo, a.g.grad_out, p.dtype, sq, d, p.heads, nb, a.g.g_ss,
-                                                        a.g.g_hs, a.g.g_bs, 64, q_rows));
+  return cuda::make_tma_map_4d_16bit(mq, p.q, p.dtype, sq, d, p.heads, nb, p.q_ss, p.q_hs, p.q_bs, 64,
+                                     q_rows) &&
+         cuda::make_tma_map_4d_16bit(mk, p.k, p.dtype, sk, d, p.kv_heads, kv_nb, p.k_ss, p.k_hs, p.k_bs, 64,
+                                     kv_box) &&
+         cuda::make_tma_map_4d_16bit(mv, p.v, p.dtype, sk, d, p.kv_heads, kv_nb, p.v_ss, p.v_hs, p.v_bs, 64,
+                                     kv_box) &&
+         (mdo == nullptr || cuda::make_tma_map_4d_16bit(mdo, a.g.grad_out, p.dtype, sq, d, p.heads, nb,
+                                                        a.g.g_ss, a.g.g_hs, a.g.g_bs, 64, q_rows));
 }
 
 }  // namespace attention_cuda

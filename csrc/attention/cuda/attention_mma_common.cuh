@@ -41,8 +41,8 @@ __device__ __forceinline__ uint32_t tile_offset(int row, int chunk) {
 // stride, 16-byte aligned rows) into the tile at shared address `tile`; rows past the end are
 // zero-filled. By kThreads threads.
 template <int kRows, int kD, int kThreads, typename T>
-__device__ __forceinline__ void load_rows(uint32_t tile, const T* base, int64_t ld, int64_t row0, int64_t rows,
-                                          int tid) {
+__device__ __forceinline__ void load_rows(uint32_t tile, const T* base, int64_t ld, int64_t row0,
+                                          int64_t rows, int tid) {
   constexpr int kChunks = kD / 8, kTotal = kRows * kChunks;
   static_assert(kTotal % kThreads == 0, "every thread copies the same number of chunks");
 #pragma unroll
@@ -56,7 +56,8 @@ __device__ __forceinline__ void load_rows(uint32_t tile, const T* base, int64_t 
 
 // kRows floats [row0, row0 + kRows) of a vector of `rows` into shared memory (zeros past the end).
 template <int kRows, int kThreads>
-__device__ __forceinline__ void load_floats(float* dst, const float* src, int64_t row0, int64_t rows, int tid) {
+__device__ __forceinline__ void load_floats(float* dst, const float* src, int64_t row0, int64_t rows,
+                                            int tid) {
   for (int r = tid; r < kRows; r += kThreads) {
     const bool in = row0 + r < rows;
     cuda::cp_async4(dst + r, src + (in ? row0 + r : 0), in ? 4 : 0);
@@ -78,7 +79,8 @@ __device__ __forceinline__ void frag_b(uint32_t* b, uint32_t tile, int n0, int k
 // columns (chunks 2 np, 2 np + 1): b[0..1] for columns 16 np.., b[2..3] for 16 np + 8...
 template <int kD>
 __device__ __forceinline__ void frag_b_trans(uint32_t* b, uint32_t tile, int k0, int np, int lane) {
-  ldmatrix_x4_trans(b, tile + tile_offset<kD>(k0 + (lane & 7) + (((lane >> 3) & 1) << 3), np * 2 + (lane >> 4)));
+  ldmatrix_x4_trans(b,
+                    tile + tile_offset<kD>(k0 + (lane & 7) + (((lane >> 3) & 1) << 3), np * 2 + (lane >> 4)));
 }
 // The A fragment of k chunk kk (columns 16 kk..) of a 16-row accumulator block, rounded to T.
 template <typename T, int kN>
@@ -114,9 +116,9 @@ __device__ __forceinline__ TileClass tile_class_from_bits(int bits) {
 // Tile [i0, i1) x [j0, j1) of (b, h). q_range: the queries' segment ids (unused without
 // segments); the keys' are summarised here. ragged: the tile has fewer columns than the kernel's
 // tile (which must then be masked).
-__device__ __forceinline__ TileClass classify(const AttentionPattern& p, int64_t b, int64_t h, int64_t i0, int64_t i1,
-                                              int64_t j0, int64_t j1, SegmentRange q_range, SegmentRange kv_range,
-                                              bool ragged) {
+__device__ __forceinline__ TileClass classify(const AttentionPattern& p, int64_t b, int64_t h, int64_t i0,
+                                              int64_t i1, int64_t j0, int64_t j1, SegmentRange q_range,
+                                              SegmentRange kv_range, bool ragged) {
   TileClass c;
   const BlockKind kb = band_prefix_tile_kind(p, i0, i1, j0, j1);
   if (kb == BlockKind::kEmpty) return c;
@@ -140,7 +142,8 @@ __device__ __forceinline__ TileClass classify(const AttentionPattern& p, int64_t
 // The key tiles [begin, end) (of kBlockN keys) that queries [i0, i1) may see: the band's reach,
 // and every tile from 0 under a prefix. Tiles inside are classified one by one.
 template <int kBlockN>
-__device__ __forceinline__ void key_tiles(const AttentionPattern& p, int64_t i0, int64_t i1, int& begin, int& end) {
+__device__ __forceinline__ void key_tiles(const AttentionPattern& p, int64_t i0, int64_t i1, int& begin,
+                                          int& end) {
   int64_t lo, hi;
   band_key_range(p, i0, i1, lo, hi);
   begin = static_cast<int>(lo / kBlockN);
@@ -197,10 +200,12 @@ struct TileChunk {
 
 // The first block at or after `from` of a block mask's row or column of n blocks (kinds `stride`
 // bytes apart) that is not empty (kind full or partial), or n: the warp's lanes read kPerLane kinds
-// each, 32 kPerLane blocks a round (one memory latency), so that a sparse mask's walk skips its empty stretches
-// (a long row of a sliding or dilated block pattern) instead of classifying them 32 tiles at a time.
+// each, 32 kPerLane blocks a round (one memory latency), so that a sparse mask's walk skips its empty
+// stretches (a long row of a sliding or dilated block pattern) instead of classifying them 32 tiles at a
+// time.
 template <int kPerLane = 16>
-__device__ __forceinline__ int next_mask_block(const uint8_t* kinds, int64_t stride, int from, int n, int lane) {
+__device__ __forceinline__ int next_mask_block(const uint8_t* kinds, int64_t stride, int from, int n,
+                                               int lane) {
   for (int base = from; base < n; base += 32 * kPerLane) {
     uint32_t seen = 0;
 #pragma unroll
@@ -240,8 +245,8 @@ struct KeyWalk {
 
   const AttentionParams& prm;
 
-  __device__ KeyWalk(const AttentionParams& p, const AttentionPattern& pat_, int64_t b_, int64_t h_, int64_t i0_,
-                     int64_t i1_)
+  __device__ KeyWalk(const AttentionParams& p, const AttentionPattern& pat_, int64_t b_, int64_t h_,
+                     int64_t i0_, int64_t i1_)
       : pat(pat_), b(b_), h(h_), i0(i0_), i1(i1_), k_ss(p.k_ss), v_ss(p.v_ss), prm(p) {
     const int64_t hk = h / (p.heads / p.kv_heads);
     // (a paged cache: the kv head's column; each row's page comes from the table, rows_of)
@@ -257,9 +262,11 @@ struct KeyWalk {
   __device__ int next(int from, TileClass& tc, int lane) {
     while (from < end) {
       if (chunk.first < 0 || from < chunk.first || from >= chunk.first + 32) {
-        if (kSkipMask && mask_row && end - from > 32) {  // past the row's empty mask blocks (more than a chunk left)
+        if (kSkipMask && mask_row &&
+            end - from > 32) {  // past the row's empty mask blocks (more than a chunk left)
           const int nk = static_cast<int>(pat.mask_nk);
-          const int blk = next_mask_block(mask_row, 1, static_cast<int>(int64_t{from} * kBlockN / pat.block_k), nk, lane);
+          const int blk =
+              next_mask_block(mask_row, 1, static_cast<int>(int64_t{from} * kBlockN / pat.block_k), nk, lane);
           if (blk >= nk) break;
           from = max(from, static_cast<int>(int64_t{blk} * pat.block_k / kBlockN));
           if (from >= end) break;
@@ -268,8 +275,9 @@ struct KeyWalk {
         TileClass c;
         if (t < end) {
           const int64_t j0 = int64_t{t} * kBlockN, j1 = min(j0 + kBlockN, pat.sk);
-          const SegmentRange kr = pat.q_segments ? block_segment_range(pat.kv_seg_blocks, pat.kv_seg_nblocks, b, j0, j1)
-                                                 : SegmentRange{};
+          const SegmentRange kr = pat.q_segments
+                                      ? block_segment_range(pat.kv_seg_blocks, pat.kv_seg_nblocks, b, j0, j1)
+                                      : SegmentRange{};
           c = classify(pat, b, h, i0, i1, j0, j1, q_range, kr, j1 - j0 < kBlockN);
         }
         chunk.set(from, h, c);
@@ -320,8 +328,8 @@ struct KeyWalk {
       const int bytes = j0 + r < pat.sk ? 16 : 0;
       const int64_t page = rows.page[n], slot = rows.slot[n];
       cuda::cp_async16(stage + tile_offset<kD>(r, c), k + page * prm.k_bs + slot * k_ss + c * 8, bytes);
-      cuda::cp_async16(stage + kBlockN * kD * 2 + tile_offset<kD>(r, c), v + page * prm.v_bs + slot * v_ss + c * 8,
-                       bytes);
+      cuda::cp_async16(stage + kBlockN * kD * 2 + tile_offset<kD>(r, c),
+                       v + page * prm.v_bs + slot * v_ss + c * 8, bytes);
     }
     cuda::cp_async_commit();
   }
@@ -329,7 +337,8 @@ struct KeyWalk {
 
 // The query tiles [begin, end) (of kBlockM queries) that may see keys [j0, j1).
 template <int kBlockM>
-__device__ __forceinline__ void query_tiles(const AttentionPattern& p, int64_t j0, int64_t j1, int& begin, int& end) {
+__device__ __forceinline__ void query_tiles(const AttentionPattern& p, int64_t j0, int64_t j1, int& begin,
+                                            int& end) {
   int64_t lo = 0, hi = p.sq;
   if (!(p.prefix_len > 0 && j0 < p.prefix_len)) {
     const int64_t off = p.sk - p.sq, right = p.band_right();
@@ -343,8 +352,8 @@ __device__ __forceinline__ void query_tiles(const AttentionPattern& p, int64_t j
 // Does key block [j0, j1) of batch row b see query tile `tile` (kBlockM queries) of head h? The
 // decision QueryWalk makes for each tile, for one tile (kv_range: the block's key segment ids).
 template <int kBlockM>
-__device__ __forceinline__ bool query_tile_visible(const AttentionPattern& pat, int64_t b, int64_t h, int64_t j0,
-                                                   int64_t j1, SegmentRange kv_range, int tile) {
+__device__ __forceinline__ bool query_tile_visible(const AttentionPattern& pat, int64_t b, int64_t h,
+                                                   int64_t j0, int64_t j1, SegmentRange kv_range, int tile) {
   const int64_t i0 = int64_t{tile} * kBlockM, i1 = min(i0 + kBlockM, pat.sq);
   const SegmentRange qr =
       pat.q_segments ? block_segment_range(pat.q_seg_blocks, pat.q_seg_nblocks, b, i0, i1) : SegmentRange{};
@@ -381,7 +390,8 @@ struct QueryWalk {
   __device__ int next(int64_t h, int from, TileClass& tc, int lane) {
     while (from < end) {
       if (chunk.first < 0 || chunk.head != h || from < chunk.first || from >= chunk.first + 32) {
-        if (kSkipMask && mask_col >= 0 && end - from > 32) {  // past the column's empty mask blocks (more than a chunk left)
+        if (kSkipMask && mask_col >= 0 &&
+            end - from > 32) {  // past the column's empty mask blocks (more than a chunk left)
           const int nq = static_cast<int>(pat.mask_nq);
           const int blk = next_mask_block(pat.mask_kinds + pat.mask_block(b, h, 0, mask_col), pat.mask_nk,
                                           static_cast<int>(int64_t{from} * kBlockM / pat.block_q), nq, lane);
@@ -393,8 +403,9 @@ struct QueryWalk {
         TileClass c;
         if (t < end) {
           const int64_t i0 = int64_t{t} * kBlockM, i1 = min(i0 + kBlockM, pat.sq);
-          const SegmentRange qr = pat.q_segments ? block_segment_range(pat.q_seg_blocks, pat.q_seg_nblocks, b, i0, i1)
-                                                 : SegmentRange{};
+          const SegmentRange qr = pat.q_segments
+                                      ? block_segment_range(pat.q_seg_blocks, pat.q_seg_nblocks, b, i0, i1)
+                                      : SegmentRange{};
           c = classify(pat, b, h, i0, i1, j0, j1, qr, kv_range, ragged);
         }
         chunk.set(from, h, c);
@@ -420,8 +431,9 @@ struct QueryWalk {
         int qb, qe;
         query_tiles<kBlockM>(pat, k0, k1, qb, qe);
         if (tile >= qb && tile < qe) {
-          const SegmentRange kr =
-              pat.q_segments ? block_segment_range(pat.kv_seg_blocks, pat.kv_seg_nblocks, b, k0, k1) : SegmentRange{};
+          const SegmentRange kr = pat.q_segments
+                                      ? block_segment_range(pat.kv_seg_blocks, pat.kv_seg_nblocks, b, k0, k1)
+                                      : SegmentRange{};
           seen = query_tile_visible<kBlockM>(pat, b, h, k0, k1, kr, tile);
         }
       }
@@ -455,8 +467,8 @@ __device__ __forceinline__ uint32_t quad_bits(uint32_t word, int t) {
 // that thread t of a quad holds (bit 2 nt + e: column nt * 8 + 2 t + e; as mask_tile's sets).
 // Words are read only where `want` has a bit (of their 8), and never past the last key.
 template <int kCols>
-__device__ __forceinline__ uint32_t mask_row_bits(const AttentionPattern& p, int64_t b, int64_t h, int row, int c0,
-                                                  int t, uint32_t want) {
+__device__ __forceinline__ uint32_t mask_row_bits(const AttentionPattern& p, int64_t b, int64_t h, int row,
+                                                  int c0, int t, uint32_t want) {
   uint32_t bits = 0;
 #pragma unroll
   for (int w = 0; w < kCols / 32; ++w) {
@@ -493,8 +505,8 @@ __device__ __forceinline__ void mask_rows_ahead(const AttentionPattern& p, int64
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int64_t row = row0 + lane / 4 + 8 * r;
-    bits[r] = row < p.sq ? mask_row_bits<kCols>(p, b, h, static_cast<int>(row), static_cast<int>(col0), lane % 4,
-                                                0xffffffffu)
+    bits[r] = row < p.sq ? mask_row_bits<kCols>(p, b, h, static_cast<int>(row), static_cast<int>(col0),
+                                                lane % 4, 0xffffffffu)
                          : 0u;
   }
 }
@@ -508,7 +520,8 @@ inline __device__ int clamp_col(int64_t x, int n) {
 // e = 0, 1 (each clamped to [0, kCols / 8]).
 template <int kCols>
 __device__ __forceinline__ uint32_t columns_below(int x, int t) {
-  const int c0 = min(max((x - 2 * t + 7) >> 3, 0), kCols / 8), c1 = min(max((x - 2 * t + 6) >> 3, 0), kCols / 8);
+  const int c0 = min(max((x - 2 * t + 7) >> 3, 0), kCols / 8),
+            c1 = min(max((x - 2 * t + 6) >> 3, 0), kCols / 8);
   const int count = c0 + c1;
   return count >= 32 ? 0xffffffffu : (1u << count) - 1u;
 }
@@ -526,9 +539,9 @@ __device__ __forceinline__ uint32_t columns_below(int x, int t) {
 // computes the two rows' sets (a kernel may then apply them on every tile, all bits set on full
 // ones, without two code paths through the scores: apply_visibility).
 template <bool kKeysAsRows, int kCols>
-__device__ __forceinline__ void mask_tile_bits(uint32_t (&vis_rows)[2], const AttentionPattern& p, const TileClass& tc,
-                                               int64_t b, int64_t h, int64_t row0, int64_t col0, int lane,
-                                               const uint32_t* mask_rows = nullptr) {
+__device__ __forceinline__ void mask_tile_bits(uint32_t (&vis_rows)[2], const AttentionPattern& p,
+                                               const TileClass& tc, int64_t b, int64_t h, int64_t row0,
+                                               int64_t col0, int lane, const uint32_t* mask_rows = nullptr) {
   static_assert(kCols % 32 == 0 && kCols <= 128, "a row's columns in one 32-bit set");
   constexpr int kBits = kCols / 4;
   const int g = lane / 4, t = lane % 4;
@@ -560,7 +573,8 @@ __device__ __forceinline__ void mask_tile_bits(uint32_t (&vis_rows)[2], const At
     // Visible by band and bounds: [0, p_end) (the prefix) and [b_lo, b_hi]. The thread's columns
     // increase with their bit, so each bound is a prefix of the bits (columns_below).
     const int p_end = min(pc, cmax), b_lo = tc.band ? lo : 0, b_hi = min(tc.band ? hi : kCols, cmax - 1);
-    uint32_t vis = columns_below<kCols>(p_end, t) | (columns_below<kCols>(b_hi + 1, t) & ~columns_below<kCols>(b_lo, t));
+    uint32_t vis =
+        columns_below<kCols>(p_end, t) | (columns_below<kCols>(b_hi + 1, t) & ~columns_below<kCols>(b_lo, t));
     if (tc.seg) {  // the row's segment against each still-visible column's
       const int64_t row_seg =
           kKeysAsRows ? p.kv_segments[b * p.kv_seg_bs + row] : p.q_segments[b * p.q_seg_bs + row];
@@ -598,7 +612,8 @@ __device__ __forceinline__ void mask_tile_bits(uint32_t (&vis_rows)[2], const At
         } else {
 #pragma unroll 4
           for (int n = 0; n < kBits; ++n) {
-            if ((vis >> n) & 1u) bits |= ((mask_word(p, b, h, c0 + column(n), rw & ~31) >> (rw & 31)) & 1u) << n;
+            if ((vis >> n) & 1u)
+              bits |= ((mask_word(p, b, h, c0 + column(n), rw & ~31) >> (rw & 31)) & 1u) << n;
           }
         }
       }
@@ -622,9 +637,9 @@ __device__ __forceinline__ void apply_visibility(float (&x)[kN][4], const uint32
   }
 }
 template <bool kKeysAsRows, int kCols>
-__device__ __forceinline__ void mask_tile(float (&x)[kCols / 8][4], const AttentionPattern& p, const TileClass& tc,
-                                          int64_t b, int64_t h, int64_t row0, int64_t col0, int lane,
-                                          const uint32_t* mask_rows = nullptr) {
+__device__ __forceinline__ void mask_tile(float (&x)[kCols / 8][4], const AttentionPattern& p,
+                                          const TileClass& tc, int64_t b, int64_t h, int64_t row0,
+                                          int64_t col0, int lane, const uint32_t* mask_rows = nullptr) {
   uint32_t vis[2];
   mask_tile_bits<kKeysAsRows, kCols>(vis, p, tc, b, h, row0, col0, lane, mask_rows);
   apply_visibility(x, vis);
@@ -702,7 +717,8 @@ __device__ __forceinline__ void online_softmax(float (&s)[kN][4], float (&o)[kDT
 
 // dS from P, dP and the row's delta: P (dP - delta) scale, times (1 - tanh^2) under a softcap
 // (tanh recovered from P: x = log2(P) + lse2, tanh = x / (c log2(e))).
-__device__ __forceinline__ float score_grad(float prob, float dp, float delta, float lse2, const AttentionCudaArgs& a) {
+__device__ __forceinline__ float score_grad(float prob, float dp, float delta, float lse2,
+                                            const AttentionCudaArgs& a) {
   float ds = prob * (dp - delta) * a.scale;
   if (a.cap_log2 != 0.f) {
     const float th = (cuda::fast_log2(prob) + lse2) * a.inv_cap_log2;
@@ -738,14 +754,16 @@ __device__ __forceinline__ void score_grads_from_probs(const float (&prob)[kN][4
   }
 }
 template <int kN>
-__device__ __forceinline__ void score_grads_by_column(float (&s)[kN][4], float (&dp)[kN][4], const float* lse2,
-                                                      const float* delta, const AttentionCudaArgs& a, int t4) {
+__device__ __forceinline__ void score_grads_by_column(float (&s)[kN][4], float (&dp)[kN][4],
+                                                      const float* lse2, const float* delta,
+                                                      const AttentionCudaArgs& a, int t4) {
   probs_by_column(s, lse2, t4);
   score_grads_from_probs(s, dp, lse2, delta, a, t4);
 }
 template <int kN>
-__device__ __forceinline__ void score_grads_by_row(const float (&s)[kN][4], float (&dp)[kN][4], const float (&lse2)[2],
-                                                   const float (&delta)[2], const AttentionCudaArgs& a) {
+__device__ __forceinline__ void score_grads_by_row(const float (&s)[kN][4], float (&dp)[kN][4],
+                                                   const float (&lse2)[2], const float (&delta)[2],
+                                                   const AttentionCudaArgs& a) {
 #pragma unroll
   for (int n = 0; n < kN; ++n) {
 #pragma unroll
@@ -761,8 +779,8 @@ __device__ __forceinline__ void score_grads_by_row(const float (&s)[kN][4], floa
 // LSE (natural log; -inf for such a row) written by the quad's first lane. row0: the warp's first
 // query row; sq: batch row b's query count; k: softmax_step's.
 __device__ __forceinline__ void finish_rows(const float (&m_run)[2], const float (&l_run)[2], float (&inv)[2],
-                                            const AttentionParams& p, int64_t sq, int64_t b, int64_t h, int64_t row0,
-                                            int lane, float k = 1.f) {
+                                            const AttentionParams& p, int64_t sq, int64_t b, int64_t h,
+                                            int64_t row0, int lane, float k = 1.f) {
   const int g = lane / 4, t4 = lane % 4;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
@@ -779,8 +797,8 @@ __device__ __forceinline__ void finish_rows(const float (&m_run)[2], const float
 
 template <typename Kernel>
 cudaError_t prepare_kernel(Kernel kernel, int smem_bytes, signed char (&state)[64]) {
-  const cudaError_t err = cuda::configure_once(kernel, smem_bytes, state,
-                                               [](const cudaFuncAttributes& f) { return f.ptxVersion >= 80; });
+  const cudaError_t err = cuda::configure_once(
+      kernel, smem_bytes, state, [](const cudaFuncAttributes& f) { return f.ptxVersion >= 80; });
   return err == cudaErrorInvalidConfiguration ? cudaErrorNoKernelImageForDevice : err;
 }
 

@@ -61,7 +61,8 @@ __global__ void __launch_bounds__(kRunThreads)
 
 int run_attention_segment_runs(const AttentionParams& p, int32_t* ws, void* stream) {
   const AttentionPattern& pat = p.pattern;
-  if (pat.q_segments == nullptr || pat.kv_segments == nullptr || pat.sq != pat.sk) return cudaErrorInvalidValue;
+  if (pat.q_segments == nullptr || pat.kv_segments == nullptr || pat.sq != pat.sk)
+    return cudaErrorInvalidValue;
   segment_runs_kernel<<<1, kRunThreads, 0, static_cast<cudaStream_t>(stream)>>>(
       pat.q_segments, pat.kv_segments, pat.q_seg_bs, pat.kv_seg_bs, p.batch, pat.sq, ws);
   return cudaGetLastError();

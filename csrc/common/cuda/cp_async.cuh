@@ -22,7 +22,8 @@ __device__ __forceinline__ void cp_async16(void* dst, const void* src, int src_b
 }
 // 4 bytes global -> shared (cached in L1 too: cp.async.cg takes 16-byte copies only).
 __device__ __forceinline__ void cp_async4(void* dst, const void* src, int src_bytes) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(src_bytes));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
+               "r"(src_bytes));
 }
 
 // 8 bytes global -> shared (cached in L1 too).
@@ -49,7 +50,9 @@ __device__ __forceinline__ void cp_async_mbar_arrive(uint32_t bar) {
 }
 
 // Closes this thread's group of copies issued since the last commit.
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::);
+}
 // Waits until at most kPending of this thread's committed groups are still in flight.
 template <int kPending>
 __device__ __forceinline__ void cp_async_wait() {

@@ -23,8 +23,8 @@ inline unsigned int grid_for_tiles(int64_t tiles, int threads, int num_sms, int 
 // previous one's work. per_sm[dev] caches the occupancy per device (0: not yet asked). Returns a
 // cudaError_t; `grid` is set on success.
 template <typename Kernel>
-cudaError_t resident_grid(Kernel kernel, int threads, int smem_bytes, int64_t tiles, int num_sms, int (&per_sm)[64],
-                          unsigned int& grid) {
+cudaError_t resident_grid(Kernel kernel, int threads, int smem_bytes, int64_t tiles, int num_sms,
+                          int (&per_sm)[64], unsigned int& grid) {
   int dev = 0;
   cudaError_t err = cudaGetDevice(&dev);
   if (err != cudaSuccess) return err;

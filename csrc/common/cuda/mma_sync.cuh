@@ -26,8 +26,12 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t* r, uint32_t addr) {
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(addr));
 }
-__device__ __forceinline__ void ldmatrix_x4(uint32_t* r, const void* p) { ldmatrix_x4(r, smem_addr(p)); }
-__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t* r, const void* p) { ldmatrix_x4_trans(r, smem_addr(p)); }
+__device__ __forceinline__ void ldmatrix_x4(uint32_t* r, const void* p) {
+  ldmatrix_x4(r, smem_addr(p));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t* r, const void* p) {
+  ldmatrix_x4_trans(r, smem_addr(p));
+}
 
 // mma.sync.m16n8k16 with float32 accumulation: d += a (16 x 16, row) * b (16 x 8, col), for T
 // float16 or bfloat16. Not volatile: a pure function of registers, which the compiler may
@@ -36,16 +40,14 @@ template <typename T>
 __device__ __forceinline__ void mma_m16n8k16(float* d, const uint32_t* a, const uint32_t* b);
 template <>
 __device__ __forceinline__ void mma_m16n8k16<__nv_bfloat16>(float* d, const uint32_t* a, const uint32_t* b) {
-  asm(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
       "{%0,%1,%2,%3};\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 template <>
 __device__ __forceinline__ void mma_m16n8k16<__half>(float* d, const uint32_t* a, const uint32_t* b) {
-  asm(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
       "{%0,%1,%2,%3};\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
@@ -66,8 +68,12 @@ __device__ __forceinline__ uint32_t pack2<__half>(float x, float y) {
 }
 
 // A 16-bit value as float.
-__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
-__device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
+__device__ __forceinline__ float to_float(__nv_bfloat16 x) {
+  return __bfloat162float(x);
+}
+__device__ __forceinline__ float to_float(__half x) {
+  return __half2float(x);
+}
 
 // Rounds (x, y) to T and stores them at p, p + 1 (one 4-byte store: p 4-byte aligned), or x
 // alone at p.
@@ -75,13 +81,17 @@ template <typename T>
 __device__ __forceinline__ void store_pair(T* p, float x, float y, bool both);
 template <>
 __device__ __forceinline__ void store_pair<__nv_bfloat16>(__nv_bfloat16* p, float x, float y, bool both) {
-  if (both) *reinterpret_cast<__nv_bfloat162*>(p) = __floats2bfloat162_rn(x, y);
-  else p[0] = __float2bfloat16_rn(x);
+  if (both)
+    *reinterpret_cast<__nv_bfloat162*>(p) = __floats2bfloat162_rn(x, y);
+  else
+    p[0] = __float2bfloat16_rn(x);
 }
 template <>
 __device__ __forceinline__ void store_pair<__half>(__half* p, float x, float y, bool both) {
-  if (both) *reinterpret_cast<__half2*>(p) = __floats2half2_rn(x, y);
-  else p[0] = __float2half_rn(x);
+  if (both)
+    *reinterpret_cast<__half2*>(p) = __floats2half2_rn(x, y);
+  else
+    p[0] = __float2half_rn(x);
 }
 
 }  // namespace cuda

@@ -12,8 +12,8 @@ namespace cuda {
 // Tile (tm, tn) of a tiles_m x tiles_n grid for linear index lin in grouped order, groups of
 // group_rows rows. snake: odd groups walk their columns right to left (the b panels the previous
 // group read last come first).
-__device__ __forceinline__ void grouped_tile(int lin, int group_rows, int tiles_m, int tiles_n, bool snake, int& tm,
-                                             int& tn) {
+__device__ __forceinline__ void grouped_tile(int lin, int group_rows, int tiles_m, int tiles_n, bool snake,
+                                             int& tm, int& tn) {
   const int group = lin / (group_rows * tiles_n), first = group * group_rows;
   const int rows = tiles_m - first < group_rows ? tiles_m - first : group_rows;
   const int w = lin - group * group_rows * tiles_n;

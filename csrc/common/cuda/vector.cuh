@@ -14,7 +14,9 @@ struct alignas(sizeof(T) * N) Pack {
   T v[N];
 };
 
-__host__ __device__ inline bool is_aligned(const void* p, int bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
+__host__ __device__ inline bool is_aligned(const void* p, int bytes) {
+  return reinterpret_cast<uintptr_t>(p) % bytes == 0;
+}
 
 }  // namespace cuda
 }  // namespace opforge

@@ -15,9 +15,13 @@ namespace opforge {
 namespace cuda {
 
 // Orders the warpgroup's register and shared-memory accesses before the wgmmas that follow.
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_fence() {
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+}
 // Closes the warpgroup's group of wgmmas issued since the last commit.
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() {
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
 // Waits until at most kPending committed groups are still running.
 template <int kPending>
 __device__ __forceinline__ void wgmma_wait() {
@@ -34,7 +38,8 @@ __device__ __forceinline__ uint64_t smem_desc_k_major(const void* p) {
 // (stride offset), 64-column boxes 8 KB apart (leading offset).
 __device__ __forceinline__ uint64_t smem_desc_mn_major(const void* p) {
   const uint64_t addr = smem_addr(p);
-  return ((addr & 0x3ffff) >> 4) | (uint64_t{8192 >> 4} << 16) | (uint64_t{1024 >> 4} << 32) | (uint64_t{1} << 62);
+  return ((addr & 0x3ffff) >> 4) | (uint64_t{8192 >> 4} << 16) | (uint64_t{1024 >> 4} << 32) |
+         (uint64_t{1} << 62);
 }
 
 // MN-major, 128-byte swizzle, with 64-column boxes `box_bytes` apart (a box of rows x 128 bytes).
@@ -47,11 +52,15 @@ __device__ __forceinline__ uint64_t smem_desc_mn_major(const void* p, uint32_t b
 // A descriptor moved `bytes` (a multiple of 16) further into shared memory: its start-address field
 // is the low 14 bits, address / 16, and shared addresses stay below 2^18, so the sum never carries
 // out of the field. (A loop's descriptors from one base: one add each, not the encoding again.)
-__device__ __forceinline__ uint64_t desc_advance(uint64_t desc, uint32_t bytes) { return desc + (bytes >> 4); }
+__device__ __forceinline__ uint64_t desc_advance(uint64_t desc, uint32_t bytes) {
+  return desc + (bytes >> 4);
+}
 
 // Keeps the compiler from moving an accumulator across this point (wgmma reads and writes the
 // registers asynchronously, between its issue and the wait).
-__device__ __forceinline__ void fence_operand(float& x) { asm volatile("" : "+f"(x)::"memory"); }
+__device__ __forceinline__ void fence_operand(float& x) {
+  asm volatile("" : "+f"(x)::"memory");
+}
 // The same for a block of accumulator fragments (4 floats each).
 template <int kN>
 __device__ __forceinline__ void fence_operands(float (&x)[kN][4]) {

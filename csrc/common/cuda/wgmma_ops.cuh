@@ -6,6 +6,8 @@
 // 16-bit types only); kTransA likewise for a read from shared memory (0: rows of a, K-major; 1:
 // MN-major, rows of a^T). Included by common/cuda/wgmma.cuh, which adds the fences, groups and
 // shared-memory descriptors.
+// (clang-format: generated, each instruction's register list kept as the script lays it out)
+// clang-format off
 #pragma once
 
 #include <cuda_bf16.h>

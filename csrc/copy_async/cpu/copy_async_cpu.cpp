@@ -18,6 +18,8 @@ void copy_async_cpu(const at::Tensor& dst, const at::Tensor& src) {
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(opforge, CPU, m) { m.impl("copy_async", &copy_async_cpu); }
+TORCH_LIBRARY_IMPL(opforge, CPU, m) {
+  m.impl("copy_async", &copy_async_cpu);
+}
 
 }  // namespace opforge

@@ -12,10 +12,10 @@
 //    before returning.
 // Every CUDA tensor touched is recorded on the stream (CUDACachingAllocator::recordStream), so
 // memory allocated on another stream is not reused before the copy has run.
-#include <ATen/cuda/CUDAContext.h>
-#include <ATen/cuda/CUDAEvent.h>
 #include <ATen/MemoryOverlap.h>
 #include <ATen/core/CachingHostAllocator.h>
+#include <ATen/cuda/CUDAContext.h>
+#include <ATen/cuda/CUDAEvent.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
 #include <c10/cuda/CUDACachingAllocator.h>
@@ -52,11 +52,13 @@ void record_host(const at::Tensor& t, const at::cuda::CUDAStream& stream, bool g
   at::getHostAllocator(at::kCUDA)->record_event(ptr.get(), ptr.get_context(), stream.unwrap());
 }
 
-void device_to_device(const at::Tensor& dst, const at::Tensor& src, const at::cuda::CUDAStream& stream, bool graph) {
+void device_to_device(const at::Tensor& dst, const at::Tensor& src, const at::cuda::CUDAStream& stream,
+                      bool graph) {
   const bool cross = src.device() != dst.device();
-  TORCH_CHECK_VALUE(!cross || !graph, kOp, ": a copy between two GPUs (", src.device().str(), " to ", dst.device().str(),
-                    ") cannot be captured in a CUDA graph here (it orders two devices' streams); capture a copy "
-                    "within one device");
+  TORCH_CHECK_VALUE(
+      !cross || !graph, kOp, ": a copy between two GPUs (", src.device().str(), " to ", dst.device().str(),
+      ") cannot be captured in a CUDA graph here (it orders two devices' streams); capture a copy "
+      "within one device");
   if (cross) {
     at::cuda::CUDAEvent ready;
     ready.record(at::cuda::getCurrentCUDAStream(src.device().index()));
@@ -77,7 +79,8 @@ void device_to_device(const at::Tensor& dst, const at::Tensor& src, const at::cu
   record_device(src, stream);
 }
 
-void host_to_device(const at::Tensor& dst, const at::Tensor& src, const at::cuda::CUDAStream& stream, bool graph) {
+void host_to_device(const at::Tensor& dst, const at::Tensor& src, const at::cuda::CUDAStream& stream,
+                    bool graph) {
   at::Tensor host = src;
   const auto pinned = src.options().pinned_memory(true);
   if (!src.is_pinned()) {
@@ -87,13 +90,15 @@ void host_to_device(const at::Tensor& dst, const at::Tensor& src, const at::cuda
     host = at::empty_like(dst, pinned);
     host_copy(host, src);
   } else if (!host.is_non_overlapping_and_dense()) {
-    TORCH_CHECK_VALUE(!graph, kOp, ": a non-dense pinned src cannot be captured in a CUDA graph (it is packed on "
-                                   "the host first); pass a dense view");
+    TORCH_CHECK_VALUE(!graph, kOp,
+                      ": a non-dense pinned src cannot be captured in a CUDA graph (it is packed on "
+                      "the host first); pass a dense view");
     host = at::empty(src.sizes(), pinned);
     host_copy(host, src);
   }
   // The transfer goes in the host buffer's layout; a different dst layout is reordered on the GPU.
-  const at::Tensor target = copy_async_same_dense_layout(dst, host) ? dst : at::empty_like(host, dst.options());
+  const at::Tensor target =
+      copy_async_same_dense_layout(dst, host) ? dst : at::empty_like(host, dst.options());
   check_cuda(cudaMemcpyAsync(target.data_ptr(), host.const_data_ptr(), host.numel() * host.element_size(),
                              cudaMemcpyHostToDevice, stream.stream()),
              "cudaMemcpyAsync (host to device)");
@@ -101,10 +106,12 @@ void host_to_device(const at::Tensor& dst, const at::Tensor& src, const at::cuda
   if (!target.is_same(dst)) dst.copy_(target, /*non_blocking=*/true);
 }
 
-void device_to_host(const at::Tensor& dst, const at::Tensor& src, const at::cuda::CUDAStream& stream, bool graph) {
+void device_to_host(const at::Tensor& dst, const at::Tensor& src, const at::cuda::CUDAStream& stream,
+                    bool graph) {
   const bool pinned = dst.is_pinned();
-  TORCH_CHECK_VALUE(!graph || pinned, kOp,
-                    ": dst is in pageable host memory, which a CUDA graph cannot capture; copy into pinned memory");
+  TORCH_CHECK_VALUE(
+      !graph || pinned, kOp,
+      ": dst is in pageable host memory, which a CUDA graph cannot capture; copy into pinned memory");
   at::Tensor dev = src;
   if (!copy_async_same_dense_layout(dst, src)) {
     TORCH_CHECK_VALUE(!graph || dst.is_non_overlapping_and_dense(), kOp,
@@ -134,7 +141,8 @@ void device_to_host(const at::Tensor& dst, const at::Tensor& src, const at::cuda
 void copy_async_cuda(const at::Tensor& dst, const at::Tensor& src) {
   check_copy_async_inputs(dst, src);
   TORCH_CHECK_VALUE((dst.is_cuda() || dst.is_cpu()) && (src.is_cuda() || src.is_cpu()), kOp,
-                    ": dst and src must be CPU or CUDA tensors, got ", dst.device().str(), " and ", src.device().str());
+                    ": dst and src must be CPU or CUDA tensors, got ", dst.device().str(), " and ",
+                    src.device().str());
   if (dst.numel() == 0 || dst.is_same(src)) return;
   if (dst.device() == src.device() && at::get_overlap_status(dst, src) == at::MemOverlapStatus::Full) return;
   const c10::cuda::CUDAGuard guard(dst.is_cuda() ? dst.device() : src.device());
@@ -152,6 +160,8 @@ void copy_async_cuda(const at::Tensor& dst, const at::Tensor& src) {
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(opforge, CUDA, m) { m.impl("copy_async", &copy_async_cuda); }
+TORCH_LIBRARY_IMPL(opforge, CUDA, m) {
+  m.impl("copy_async", &copy_async_cuda);
+}
 
 }  // namespace opforge

@@ -32,13 +32,13 @@ namespace cpu_default {
 GemmBlockFn gemm_block(DType dtype);
 int64_t gemm_work_bytes(DType dtype);
 GemmPackedFns gemm_packed(DType dtype);
-}
+}  // namespace cpu_default
 #if OPFORGE_CPU_AVX2_VARIANT
 namespace cpu_avx2 {
 GemmBlockFn gemm_block(DType dtype);
 int64_t gemm_work_bytes(DType dtype);
 GemmPackedFns gemm_packed(DType dtype);
-}
+}  // namespace cpu_avx2
 #endif
 
 inline GemmPackedFns gemm_packed(DType dtype, CpuIsa isa) {

@@ -37,7 +37,9 @@ struct Blocking {
   static constexpr int64_t kNC = std::is_same_v<Acc, double> ? 768 : 1536;
 };
 
-inline int64_t imin(int64_t a, int64_t b) { return a < b ? a : b; }
+inline int64_t imin(int64_t a, int64_t b) {
+  return a < b ? a : b;
+}
 
 // 16-bit inputs widened by their bits (no c10 conversion functions: see above).
 inline float bits_to_float(uint32_t u) {
@@ -45,7 +47,9 @@ inline float bits_to_float(uint32_t u) {
   std::memcpy(&f, &u, sizeof f);
   return f;
 }
-inline float widen_bf16(uint16_t h) { return bits_to_float(static_cast<uint32_t>(h) << 16); }
+inline float widen_bf16(uint16_t h) {
+  return bits_to_float(static_cast<uint32_t>(h) << 16);
+}
 inline float widen_fp16(uint16_t h) {
   const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
   const uint32_t exp = (h >> 10) & 0x1fu, man = h & 0x3ffu;
@@ -59,9 +63,12 @@ inline float widen_fp16(uint16_t h) {
 
 template <typename Acc, typename T>
 inline Acc widen(T x) {
-  if constexpr (std::is_same_v<T, c10::BFloat16>) return widen_bf16(x.x);
-  else if constexpr (std::is_same_v<T, c10::Half>) return widen_fp16(x.x);
-  else return x;
+  if constexpr (std::is_same_v<T, c10::BFloat16>)
+    return widen_bf16(x.x);
+  else if constexpr (std::is_same_v<T, c10::Half>)
+    return widen_fp16(x.x);
+  else
+    return x;
 }
 
 // a block (mc x kc, strides rs/cs) into MR-tall panels: panel i holds, for each k, its MR rows.
@@ -109,8 +116,8 @@ void pack_b(const T* b, int64_t rs, int64_t cs, int64_t kc, int64_t nc, Acc* dst
 
 // c[0:MR, 0:NR] (row stride ldc) = (accumulate ? c : 0) + a_panel @ b_panel over kc steps.
 template <typename Acc>
-inline void micro_kernel(int64_t kc, const Acc* __restrict__ ap, const Acc* __restrict__ bp, Acc* __restrict__ c,
-                         int64_t ldc, bool accumulate) {
+inline void micro_kernel(int64_t kc, const Acc* __restrict__ ap, const Acc* __restrict__ bp,
+                         Acc* __restrict__ c, int64_t ldc, bool accumulate) {
   using Vec = at::vec::Vectorized<Acc>;
   constexpr int MR = Blocking<Acc>::kMR, V = Vec::size();
   Vec acc0[MR], acc1[MR];
@@ -151,7 +158,8 @@ void edge_kernel(int64_t kc, const Acc* ap, const Acc* bp, Acc* c, int64_t ldc, 
 }
 
 template <typename T, typename Acc>
-void gemm_block_impl(const GemmParams& p, int64_t bi, int64_t m0, int64_t m1, int64_t n0, int64_t n1, void* work) {
+void gemm_block_impl(const GemmParams& p, int64_t bi, int64_t m0, int64_t m1, int64_t n0, int64_t n1,
+                     void* work) {
   using B = Blocking<Acc>;
   constexpr int MR = B::kMR, NR = B::kNR;
   const T* a = static_cast<const T*>(p.a) + bi * p.a_bs;
@@ -182,8 +190,10 @@ void gemm_block_impl(const GemmParams& p, int64_t bi, int64_t m0, int64_t m1, in
             const Acc* ap = a_pack + (ir / MR) * kc * MR;
             Acc* ct = c + (ic + ir) * ldc + jc + jr;
             const int rows = static_cast<int>(imin(MR, mc - ir));
-            if (rows == MR && cols == NR) micro_kernel<Acc>(kc, ap, bp, ct, ldc, accumulate);
-            else edge_kernel<Acc>(kc, ap, bp, ct, ldc, accumulate, rows, cols);
+            if (rows == MR && cols == NR)
+              micro_kernel<Acc>(kc, ap, bp, ct, ldc, accumulate);
+            else
+              edge_kernel<Acc>(kc, ap, bp, ct, ldc, accumulate, rows, cols);
           }
         }
       }
@@ -209,7 +219,8 @@ void pack_a_all(const void* a, int64_t rs, int64_t cs, int64_t m, int64_t k, voi
   constexpr int64_t KC = Blocking<Acc>::kKC;
   const int64_t panels = packed_a_size<Acc>(m, 1);
   for (int64_t pc = 0; pc < k; pc += KC)
-    pack_a<Acc>(static_cast<const T*>(a) + pc * cs, rs, cs, m, imin(KC, k - pc), static_cast<Acc*>(dst) + panels * pc);
+    pack_a<Acc>(static_cast<const T*>(a) + pc * cs, rs, cs, m, imin(KC, k - pc),
+                static_cast<Acc*>(dst) + panels * pc);
 }
 
 template <typename T, typename Acc>
@@ -217,7 +228,8 @@ void pack_b_all(const void* b, int64_t rs, int64_t cs, int64_t k, int64_t n, voi
   constexpr int64_t KC = Blocking<Acc>::kKC;
   const int64_t panels = packed_b_size<Acc>(1, n);
   for (int64_t pc = 0; pc < k; pc += KC)
-    pack_b<Acc>(static_cast<const T*>(b) + pc * rs, rs, cs, imin(KC, k - pc), n, static_cast<Acc*>(dst) + panels * pc);
+    pack_b<Acc>(static_cast<const T*>(b) + pc * rs, rs, cs, imin(KC, k - pc), n,
+                static_cast<Acc*>(dst) + panels * pc);
 }
 
 template <typename Acc>
@@ -244,8 +256,10 @@ void multiply_packed(int64_t m, int64_t n, int64_t k, const void* a_packed, cons
         const Acc* ap = ap0 + (ir / MR) * kc * MR;
         const int rows = static_cast<int>(imin(MR, m - ir));
         const bool add = accumulate || pc > 0;
-        if (rows == MR && cols == NR) micro_kernel<Acc>(kc, ap, bp, c + ir * ldc + jr, ldc, add);
-        else edge_kernel<Acc>(kc, ap, bp, c + ir * ldc + jr, ldc, add, rows, cols);
+        if (rows == MR && cols == NR)
+          micro_kernel<Acc>(kc, ap, bp, c + ir * ldc + jr, ldc, add);
+        else
+          edge_kernel<Acc>(kc, ap, bp, c + ir * ldc + jr, ldc, add, rows, cols);
       }
     }
   }
@@ -253,32 +267,42 @@ void multiply_packed(int64_t m, int64_t n, int64_t k, const void* a_packed, cons
 
 template <typename T, typename Acc>
 GemmPackedFns packed_fns() {
-  return {&packed_a_size<Acc>, &packed_b_size<Acc>, &pack_a_all<T, Acc>, &pack_b_all<T, Acc>, &multiply_packed<Acc>};
+  return {&packed_a_size<Acc>, &packed_b_size<Acc>, &pack_a_all<T, Acc>, &pack_b_all<T, Acc>,
+          &multiply_packed<Acc>};
 }
 
 }  // namespace
 
 GemmPackedFns gemm_packed(DType dtype) {
   switch (dtype) {
-    case DType::kFloat32: return packed_fns<float, float>();
-    case DType::kFloat64: return packed_fns<double, double>();
-    case DType::kFloat16: return packed_fns<c10::Half, float>();
-    case DType::kBFloat16: return packed_fns<c10::BFloat16, float>();
+    case DType::kFloat32:
+      return packed_fns<float, float>();
+    case DType::kFloat64:
+      return packed_fns<double, double>();
+    case DType::kFloat16:
+      return packed_fns<c10::Half, float>();
+    case DType::kBFloat16:
+      return packed_fns<c10::BFloat16, float>();
   }
   return {};
 }
 
 int64_t gemm_work_bytes(DType dtype) {
-  if (dtype == DType::kFloat64) return (Blocking<double>::kMC + Blocking<double>::kNC) * Blocking<double>::kKC * 8;
+  if (dtype == DType::kFloat64)
+    return (Blocking<double>::kMC + Blocking<double>::kNC) * Blocking<double>::kKC * 8;
   return (Blocking<float>::kMC + Blocking<float>::kNC) * Blocking<float>::kKC * 4;
 }
 
 GemmBlockFn gemm_block(DType dtype) {
   switch (dtype) {
-    case DType::kFloat32: return &gemm_block_impl<float, float>;
-    case DType::kFloat64: return &gemm_block_impl<double, double>;
-    case DType::kFloat16: return &gemm_block_impl<c10::Half, float>;
-    case DType::kBFloat16: return &gemm_block_impl<c10::BFloat16, float>;
+    case DType::kFloat32:
+      return &gemm_block_impl<float, float>;
+    case DType::kFloat64:
+      return &gemm_block_impl<double, double>;
+    case DType::kFloat16:
+      return &gemm_block_impl<c10::Half, float>;
+    case DType::kBFloat16:
+      return &gemm_block_impl<c10::BFloat16, float>;
   }
   return nullptr;
 }

@@ -16,7 +16,9 @@ namespace {
 constexpr int64_t kRowAlign = 6 * 24;  // task edges on whole a blocks (kMC)
 constexpr int64_t kColAlign = 16 * 8;  // ... and whole b panels
 
-int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+int64_t ceil_div(int64_t a, int64_t b) {
+  return (a + b - 1) / b;
+}
 
 at::Tensor matmul_cpu(const at::Tensor& a, const at::Tensor& b, c10::string_view variant) {
   check_matmul_inputs(a, b);
@@ -25,7 +27,8 @@ at::Tensor matmul_cpu(const at::Tensor& a, const at::Tensor& b, c10::string_view
                     "' runs on CUDA tensors; on the CPU the variants are: auto");
   const bool half = a.scalar_type() == at::kHalf || a.scalar_type() == at::kBFloat16;
   // 16-bit inputs accumulate into a float32 result that is rounded once at the end.
-  at::Tensor out = at::empty(matmul_output_shape(a, b), a.options().dtype(half ? at::kFloat : a.scalar_type()));
+  at::Tensor out =
+      at::empty(matmul_output_shape(a, b), a.options().dtype(half ? at::kFloat : a.scalar_type()));
   const at::Tensor a3 = as_batched(a), b3 = as_batched(b), c3 = as_batched(out);
   const GemmParams p = gemm_params(a3, b3, c3);
   if (p.m > 0 && p.n > 0) {
@@ -38,11 +41,15 @@ at::Tensor matmul_cpu(const at::Tensor& a, const at::Tensor& b, c10::string_view
     int64_t m_parts = 1, n_parts = 1;
     while (p.batch * m_parts * n_parts < threads) {
       const bool split_n = ceil_div(p.n, n_parts * kColAlign) >= ceil_div(p.m, m_parts * kRowAlign);
-      if (split_n && ceil_div(p.n, kColAlign) > n_parts) ++n_parts;
-      else if (ceil_div(p.m, kRowAlign) > m_parts) ++m_parts;
-      else break;
+      if (split_n && ceil_div(p.n, kColAlign) > n_parts)
+        ++n_parts;
+      else if (ceil_div(p.m, kRowAlign) > m_parts)
+        ++m_parts;
+      else
+        break;
     }
-    const int64_t m_step = ceil_div(ceil_div(p.m, m_parts), 6) * 6, n_step = ceil_div(ceil_div(p.n, n_parts), 16) * 16;
+    const int64_t m_step = ceil_div(ceil_div(p.m, m_parts), 6) * 6,
+                  n_step = ceil_div(ceil_div(p.n, n_parts), 16) * 16;
     const int64_t tasks = p.batch * m_parts * n_parts;
     // A little work is not worth a thread: calls below 128^3 multiply-adds in all (about 40 us
     // on one core) run on the caller. A parallel region can cost a scheduler tick when the other
@@ -62,6 +69,8 @@ at::Tensor matmul_cpu(const at::Tensor& a, const at::Tensor& b, c10::string_view
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(opforge, CPU, m) { m.impl("matmul", &matmul_cpu); }
+TORCH_LIBRARY_IMPL(opforge, CPU, m) {
+  m.impl("matmul", &matmul_cpu);
+}
 
 }  // namespace opforge

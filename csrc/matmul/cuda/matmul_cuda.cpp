@@ -20,8 +20,9 @@ constexpr const char* kOp = "opforge.matmul";
 constexpr MatmulVariant kFp32Variants[] = {MatmulVariant::kNaive,           MatmulVariant::kSmemTiled,
                                            MatmulVariant::kRegisterBlocked, MatmulVariant::kWarpTiled,
                                            MatmulVariant::kWarpTiledStaged, MatmulVariant::kWarpTiledCpAsync};
-constexpr MatmulVariant kHalfVariants[] = {MatmulVariant::kMma, MatmulVariant::kMmaCpAsync, MatmulVariant::kMmaTma,
-                                           MatmulVariant::kMmaWs, MatmulVariant::kWgmma};
+constexpr MatmulVariant kHalfVariants[] = {MatmulVariant::kMma, MatmulVariant::kMmaCpAsync,
+                                           MatmulVariant::kMmaTma, MatmulVariant::kMmaWs,
+                                           MatmulVariant::kWgmma};
 
 template <size_t N>
 bool one_of(MatmulVariant v, const MatmulVariant (&list)[N]) {
@@ -40,7 +41,7 @@ std::string names(const MatmulVariant (&list)[N]) {
 // binary has its sm_80+ code, else the register-staged one (any layout, any GPU).
 MatmulVariant choose_warp_tiled(const GemmParams& p) {
   return simt_vectorizable(p) && matmul_warp_tiled_cp_async_available() ? MatmulVariant::kWarpTiledCpAsync
-                                                                          : MatmulVariant::kWarpTiledStaged;
+                                                                        : MatmulVariant::kWarpTiledStaged;
 }
 
 // mma: the fastest mma.sync kernel for the call. The warp-specialised persistent kernel (sm_90a
@@ -79,10 +80,11 @@ void check_available(MatmulVariant v) {
       ok = matmul_wgmma_available();
       needs = "an sm_90 GPU (H100/H200) and a build for 9.0a";
       break;
-    default: break;
+    default:
+      break;
   }
-  TORCH_CHECK_VALUE(ok, kOp, ": variant '", matmul_variant_name(v), "' needs ", needs, "; here: compute capability ",
-                    props->major, ".", props->minor, ". Use variant 'auto'");
+  TORCH_CHECK_VALUE(ok, kOp, ": variant '", matmul_variant_name(v), "' needs ", needs,
+                    "; here: compute capability ", props->major, ".", props->minor, ". Use variant 'auto'");
 }
 
 // A 3-D view whose rows are contiguous (column stride 1), copying only when they are not.
@@ -107,7 +109,9 @@ bool tma_rows(const at::Tensor& t3) {
          reinterpret_cast<uintptr_t>(t3.const_data_ptr()) % 16 == 0;
 }
 
-int64_t round_up(int64_t x, int64_t to) { return (x + to - 1) / to * to; }
+int64_t round_up(int64_t x, int64_t to) {
+  return (x + to - 1) / to * to;
+}
 
 void check_launch(MatmulVariant v, int err) {
   TORCH_CHECK(err == cudaSuccess, kOp, ": CUDA kernel launch failed (variant '", matmul_variant_name(v),
@@ -124,8 +128,10 @@ void run_wgmma(const at::Tensor& a, const at::Tensor& b, const at::Tensor& out) 
   TORCH_CHECK(m < kMaxDim && n8 < kMaxDim && k8 < kMaxDim, kOp, ": the wgmma variant takes dimensions below ",
               kMaxDim);
   at::Tensor a3 = row_major(as_batched(a)), b3 = as_batched(b);
-  if (k % 8 != 0) a3 = zero_padded(a3, m, k8);
-  else if (!tma_rows(a3)) a3 = a3.clone(at::MemoryFormat::Contiguous);  // not contiguous(): a (1, 1, k) view "is"
+  if (k % 8 != 0)
+    a3 = zero_padded(a3, m, k8);
+  else if (!tma_rows(a3))
+    a3 = a3.clone(at::MemoryFormat::Contiguous);  // not contiguous(): a (1, 1, k) view "is"
   const at::Tensor bt = b3.transpose(1, 2);
   const bool by_columns = k % 8 == 0 && tma_rows(bt);  // b_rs == 1
   const bool by_rows = k % 8 == 0 && tma_rows(b3);     // b_cs == 1
@@ -144,14 +150,17 @@ at::Tensor matmul_cuda(const at::Tensor& a, const at::Tensor& b, c10::string_vie
                     "float16 or bfloat16");
   const bool fp32 = dtype == at::kFloat;
   if (v == MatmulVariant::kAuto) {
-    v = fp32 ? MatmulVariant::kWarpTiled : matmul_wgmma_available() ? MatmulVariant::kWgmma : MatmulVariant::kMma;
+    v = fp32                       ? MatmulVariant::kWarpTiled
+        : matmul_wgmma_available() ? MatmulVariant::kWgmma
+                                   : MatmulVariant::kMma;
   }
   if (fp32) {
     TORCH_CHECK_VALUE(one_of(v, kFp32Variants), kOp, ": variant '", matmul_variant_name(v),
                       "' cannot serve float32; for float32 on CUDA the variants are: ", names(kFp32Variants));
   } else {
     TORCH_CHECK_VALUE(one_of(v, kHalfVariants), kOp, ": variant '", matmul_variant_name(v), "' cannot serve ",
-                      dtype_str(dtype), "; for ", dtype_str(dtype), " on CUDA the variants are: ", names(kHalfVariants));
+                      dtype_str(dtype), "; for ", dtype_str(dtype),
+                      " on CUDA the variants are: ", names(kHalfVariants));
   }
   check_available(v);
   const auto shape = matmul_output_shape(a, b);
@@ -200,15 +209,32 @@ at::Tensor matmul_cuda(const at::Tensor& a, const at::Tensor& b, c10::string_vie
   void* stream = at::cuda::getCurrentCUDAStream().stream();
   int err = cudaSuccess;
   switch (v) {
-    case MatmulVariant::kNaive: err = run_matmul_naive_cuda(p, stream); break;
-    case MatmulVariant::kSmemTiled: err = run_matmul_smem_tiled_cuda(p, stream); break;
-    case MatmulVariant::kRegisterBlocked: err = run_matmul_register_blocked_cuda(p, stream); break;
-    case MatmulVariant::kWarpTiledStaged: err = run_matmul_warp_tiled_staged_cuda(p, stream); break;
-    case MatmulVariant::kWarpTiledCpAsync: err = run_matmul_warp_tiled_cp_async_cuda(p, stream); break;
-    case MatmulVariant::kMmaCpAsync: err = run_matmul_mma_cp_async_cuda(p, stream); break;
-    case MatmulVariant::kMmaTma: err = run_matmul_mma_tma_cuda(p, stream); break;
-    case MatmulVariant::kMmaWs: err = run_matmul_mma_ws_cuda(p, stream); break;
-    default: TORCH_CHECK(false, kOp, ": internal error, no launcher for variant ", matmul_variant_name(v));
+    case MatmulVariant::kNaive:
+      err = run_matmul_naive_cuda(p, stream);
+      break;
+    case MatmulVariant::kSmemTiled:
+      err = run_matmul_smem_tiled_cuda(p, stream);
+      break;
+    case MatmulVariant::kRegisterBlocked:
+      err = run_matmul_register_blocked_cuda(p, stream);
+      break;
+    case MatmulVariant::kWarpTiledStaged:
+      err = run_matmul_warp_tiled_staged_cuda(p, stream);
+      break;
+    case MatmulVariant::kWarpTiledCpAsync:
+      err = run_matmul_warp_tiled_cp_async_cuda(p, stream);
+      break;
+    case MatmulVariant::kMmaCpAsync:
+      err = run_matmul_mma_cp_async_cuda(p, stream);
+      break;
+    case MatmulVariant::kMmaTma:
+      err = run_matmul_mma_tma_cuda(p, stream);
+      break;
+    case MatmulVariant::kMmaWs:
+      err = run_matmul_mma_ws_cuda(p, stream);
+      break;
+    default:
+      TORCH_CHECK(false, kOp, ": internal error, no launcher for variant ", matmul_variant_name(v));
   }
   check_launch(v, err);
   if (n_out != n) c3.copy_(c_kernel.narrow(2, 0, n));
@@ -217,6 +243,8 @@ at::Tensor matmul_cuda(const at::Tensor& a, const at::Tensor& b, c10::string_vie
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(opforge, CUDA, m) { m.impl("matmul", &matmul_cuda); }
+TORCH_LIBRARY_IMPL(opforge, CUDA, m) {
+  m.impl("matmul", &matmul_cuda);
+}
 
 }  // namespace opforge

@@ -12,9 +12,12 @@ namespace opforge {
 int run_matmul_mma_cp_async_cuda(const GemmParams& p, void* stream) {
   const auto s = static_cast<cudaStream_t>(stream);
   switch (p.dtype) {
-    case DType::kBFloat16: return mma::launch_cp_async<mma::CpAsyncTraits, __nv_bfloat16>(p, s);
-    case DType::kFloat16: return mma::launch_cp_async<mma::CpAsyncTraits, __half>(p, s);
-    default: return cudaErrorInvalidValue;
+    case DType::kBFloat16:
+      return mma::launch_cp_async<mma::CpAsyncTraits, __nv_bfloat16>(p, s);
+    case DType::kFloat16:
+      return mma::launch_cp_async<mma::CpAsyncTraits, __half>(p, s);
+    default:
+      return cudaErrorInvalidValue;
   }
 }
 

@@ -12,9 +12,12 @@ namespace opforge {
 int run_matmul_mma_tma_cuda(const GemmParams& p, void* stream) {
   const auto s = static_cast<cudaStream_t>(stream);
   switch (p.dtype) {
-    case DType::kBFloat16: return mma::launch_tma<mma::TmaTraits, __nv_bfloat16>(p, s);
-    case DType::kFloat16: return mma::launch_tma<mma::TmaTraits, __half>(p, s);
-    default: return cudaErrorInvalidValue;
+    case DType::kBFloat16:
+      return mma::launch_tma<mma::TmaTraits, __nv_bfloat16>(p, s);
+    case DType::kFloat16:
+      return mma::launch_tma<mma::TmaTraits, __half>(p, s);
+    default:
+      return cudaErrorInvalidValue;
   }
 }
 

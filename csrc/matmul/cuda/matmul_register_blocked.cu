@@ -10,8 +10,8 @@
 
 #include <cstdint>
 
-#include "matmul/matmul_params.h"
 #include "matmul/cuda/simt_common.cuh"
+#include "matmul/matmul_params.h"
 
 namespace opforge {
 namespace {
@@ -20,9 +20,9 @@ constexpr int kBM = 128, kBN = 128, kBK = 8, kPad = 4, kThreads = 256;
 
 template <bool kVec>
 __global__ void __launch_bounds__(kThreads)
-    matmul_register_blocked_kernel(const float* __restrict__ a, const float* __restrict__ b, float* __restrict__ c,
-                                   int64_t m, int64_t n, int64_t k, int64_t lda, int64_t ldb, int64_t ldc,
-                                   int64_t a_bs, int64_t b_bs, int64_t c_bs) {
+    matmul_register_blocked_kernel(const float* __restrict__ a, const float* __restrict__ b,
+                                   float* __restrict__ c, int64_t m, int64_t n, int64_t k, int64_t lda,
+                                   int64_t ldb, int64_t ldc, int64_t a_bs, int64_t b_bs, int64_t c_bs) {
   __shared__ __align__(16) float as[kBK][kBM + kPad];
   __shared__ __align__(16) float bs[kBK][kBN + kPad];
   const int tid = threadIdx.x;
@@ -32,7 +32,7 @@ __global__ void __launch_bounds__(kThreads)
   c += blockIdx.z * c_bs;
   const int a_row = tid / 2, a_k = (tid % 2) * 4;    // the a tile: 128 rows x 8 k, one float4 each
   const int b_k = tid / 32, b_col = (tid % 32) * 4;  // the b tile: 8 k x 128 columns
-  const int tr = tid / 16, tc = tid % 16;            // this thread's rows tr*4 + {0..3, 64..67}, likewise columns
+  const int tr = tid / 16, tc = tid % 16;  // this thread's rows tr*4 + {0..3, 64..67}, likewise columns
   float acc[8][8] = {};
   for (int64_t k0 = 0; k0 < k; k0 += kBK) {
     float va[4];
@@ -58,8 +58,10 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
   for (int i = 0; i < 8; ++i) {
     const int64_t row = m0 + (i < 4 ? tr * 4 + i : 64 + tr * 4 + i - 4);
-    simt::store4<kVec>(c, row, n0 + tc * 4, m, n, ldc, make_float4(acc[i][0], acc[i][1], acc[i][2], acc[i][3]));
-    simt::store4<kVec>(c, row, n0 + 64 + tc * 4, m, n, ldc, make_float4(acc[i][4], acc[i][5], acc[i][6], acc[i][7]));
+    simt::store4<kVec>(c, row, n0 + tc * 4, m, n, ldc,
+                       make_float4(acc[i][0], acc[i][1], acc[i][2], acc[i][3]));
+    simt::store4<kVec>(c, row, n0 + 64 + tc * 4, m, n, ldc,
+                       make_float4(acc[i][4], acc[i][5], acc[i][6], acc[i][7]));
   }
 }
 

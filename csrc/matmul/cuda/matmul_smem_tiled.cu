@@ -16,8 +16,8 @@ constexpr int kTile = 32;
 
 __global__ void __launch_bounds__(kTile* kTile)
     matmul_smem_tiled_kernel(const float* __restrict__ a, const float* __restrict__ b, float* __restrict__ c,
-                             int64_t m, int64_t n, int64_t k, int64_t lda, int64_t ldb, int64_t ldc, int64_t a_bs,
-                             int64_t b_bs, int64_t c_bs) {
+                             int64_t m, int64_t n, int64_t k, int64_t lda, int64_t ldb, int64_t ldc,
+                             int64_t a_bs, int64_t b_bs, int64_t c_bs) {
   __shared__ float as[kTile][kTile];
   __shared__ float bs[kTile][kTile];
   const int tx = threadIdx.x, ty = threadIdx.y;
@@ -41,11 +41,11 @@ __global__ void __launch_bounds__(kTile* kTile)
 
 int run_matmul_smem_tiled_cuda(const GemmParams& p, void* stream) {
   const dim3 block(kTile, kTile);
-  const dim3 grid(static_cast<unsigned>((p.n + kTile - 1) / kTile), static_cast<unsigned>((p.m + kTile - 1) / kTile),
-                  static_cast<unsigned>(p.batch));
+  const dim3 grid(static_cast<unsigned>((p.n + kTile - 1) / kTile),
+                  static_cast<unsigned>((p.m + kTile - 1) / kTile), static_cast<unsigned>(p.batch));
   matmul_smem_tiled_kernel<<<grid, block, 0, static_cast<cudaStream_t>(stream)>>>(
-      static_cast<const float*>(p.a), static_cast<const float*>(p.b), static_cast<float*>(p.c), p.m, p.n, p.k, p.a_rs,
-      p.b_rs, p.c_rs, p.a_bs, p.b_bs, p.c_bs);
+      static_cast<const float*>(p.a), static_cast<const float*>(p.b), static_cast<float*>(p.c), p.m, p.n, p.k,
+      p.a_rs, p.b_rs, p.c_rs, p.a_bs, p.b_bs, p.c_bs);
   return cudaGetLastError();
 }
 

@@ -33,9 +33,12 @@ cudaError_t launch_layout(const GemmParams& p, cudaStream_t stream) {
 int run_matmul_wgmma_cuda(const GemmParams& p, void* stream) {
   const auto s = static_cast<cudaStream_t>(stream);
   switch (p.dtype) {
-    case DType::kBFloat16: return launch_layout<__nv_bfloat16>(p, s);
-    case DType::kFloat16: return launch_layout<__half>(p, s);
-    default: return cudaErrorInvalidValue;
+    case DType::kBFloat16:
+      return launch_layout<__nv_bfloat16>(p, s);
+    case DType::kFloat16:
+      return launch_layout<__half>(p, s);
+    default:
+      return cudaErrorInvalidValue;
   }
 }
 

@@ -34,8 +34,8 @@ struct CpAsyncTraits {
 template <typename Traits, typename T>
 __global__ void __launch_bounds__(kThreads, Traits::kBlockN == 128 ? 2 : 1)
     matmul_mma_cp_async_kernel(const T* __restrict__ a, const T* __restrict__ b, T* __restrict__ c, int64_t m,
-                               int64_t n, int64_t k, int64_t lda, int64_t ldb, int64_t ldc, int64_t a_bs, int64_t b_bs,
-                               int64_t c_bs) {
+                               int64_t n, int64_t k, int64_t lda, int64_t ldb, int64_t ldc, int64_t a_bs,
+                               int64_t b_bs, int64_t c_bs) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   constexpr int kBN = Traits::kBlockN, kStages = Traits::kStages, kBK = Traits::kBlockK;
   using R = Ring<kBN, kStages, kBK>;
@@ -67,9 +67,11 @@ __global__ void __launch_bounds__(kThreads, Traits::kBlockN == 128 ? 2 : 1)
       T* const a_dst = as + stage * kATile + a_off<kBK>(tid / kChunksA, (tid % kChunksA) * 8);
       T* const b_dst = bs + stage * kBTile + b_off<kBN>(tid / kChunksB, (tid % kChunksB) * 8);
 #pragma unroll
-      for (int s = 0; s < kBM / kRowsA; ++s) cuda::cp_async16(a_dst + s * kRowsA * kBK, a_src + s * kRowsA * lda, 16);
+      for (int s = 0; s < kBM / kRowsA; ++s)
+        cuda::cp_async16(a_dst + s * kRowsA * kBK, a_src + s * kRowsA * lda, 16);
 #pragma unroll
-      for (int s = 0; s < kBK / kRowsB; ++s) cuda::cp_async16(b_dst + s * kRowsB * kBN, b_src + s * kRowsB * ldb, 16);
+      for (int s = 0; s < kBK / kRowsB; ++s)
+        cuda::cp_async16(b_dst + s * kRowsB * kBN, b_src + s * kRowsB * ldb, 16);
       return;
     }
 #pragma unroll
@@ -108,7 +110,7 @@ __global__ void __launch_bounds__(kThreads, Traits::kBlockN == 128 ? 2 : 1)
   constexpr uint32_t kAStage = kATile * 2, kBStage = kBTile * 2;  // bytes
   const uint32_t a_sm = cuda::smem_addr(as), b_sm = cuda::smem_addr(bs);
   const FragAddrs<kBK, kBN, kNT> fr(a_sm, b_sm, wm * kWM, wn * kWN, lane);
-  auto frags = [&](uint32_t st_a, uint32_t st_b, int q, uint32_t (&fa)[4][4], uint32_t (&fb)[kNT][2]) {
+  auto frags = [&](uint32_t st_a, uint32_t st_b, int q, uint32_t(&fa)[4][4], uint32_t(&fb)[kNT][2]) {
     fr.load(st_a, st_b, q, fa, fb);
   };
   // Interior copies: chunk tid % kChunks of rows tid / kChunks + i * kRows, i < kCopiesA for a,
@@ -147,8 +149,10 @@ __global__ void __launch_bounds__(kThreads, Traits::kBlockN == 128 ? 2 : 1)
 #pragma unroll
     for (int q = 0; q < kQ; ++q) {
       if (q < kParts) {
-        if (fast) copy_part(ws, q);
-        else if (q == 0 && next < tiles) load_tile(ws, next * kBK);
+        if (fast)
+          copy_part(ws, q);
+        else if (q == 0 && next < tiles)
+          load_tile(ws, next * kBK);
         if (q == kParts - 1) {
           cuda::cp_async_commit();
           a_g += kBK;
@@ -183,9 +187,10 @@ __global__ void __launch_bounds__(kThreads, Traits::kBlockN == 128 ? 2 : 1)
 template <typename Traits, typename T>
 cudaError_t prepare_cp_async() {
   static signed char configured[64] = {};
-  const cudaError_t err = cuda::configure_once(
-      matmul_mma_cp_async_kernel<Traits, T>, Ring<Traits::kBlockN, Traits::kStages, Traits::kBlockK>::kSmemBytes,
-      configured, [](const cudaFuncAttributes& f) { return f.ptxVersion >= 80; });
+  const cudaError_t err =
+      cuda::configure_once(matmul_mma_cp_async_kernel<Traits, T>,
+                           Ring<Traits::kBlockN, Traits::kStages, Traits::kBlockK>::kSmemBytes, configured,
+                           [](const cudaFuncAttributes& f) { return f.ptxVersion >= 80; });
   return err == cudaErrorInvalidConfiguration ? cudaErrorNoKernelImageForDevice : err;
 }
 
@@ -199,8 +204,8 @@ cudaError_t launch_cp_async(const GemmParams& p, cudaStream_t stream) {
                   static_cast<unsigned>(p.batch));
   matmul_mma_cp_async_kernel<Traits, T>
       <<<grid, kThreads, Ring<kBN, Traits::kStages, Traits::kBlockK>::kSmemBytes, stream>>>(
-          static_cast<const T*>(p.a), static_cast<const T*>(p.b), static_cast<T*>(p.c), p.m, p.n, p.k, p.a_rs, p.b_rs,
-          p.c_rs, p.a_bs, p.b_bs, p.c_bs);
+          static_cast<const T*>(p.a), static_cast<const T*>(p.b), static_cast<T*>(p.c), p.m, p.n, p.k, p.a_rs,
+          p.b_rs, p.c_rs, p.a_bs, p.b_bs, p.c_bs);
   return cudaGetLastError();
 }
 

@@ -72,22 +72,24 @@ __device__ __forceinline__ int a_box32_off(int r, int k) {
 // swizzle) then a 32-wide one).
 template <int kBK, int kBN, int kNT, bool kBoxes = false, bool kA64 = false>
 struct FragAddrs {
-  static constexpr bool kAMixed = kBoxes && kBK == 96 && kA64;    // a in a 64- and a 32-wide box
-  static constexpr bool kABoxes = kBoxes && kBK == 96 && !kA64;  // a in 32-wide boxes
+  static constexpr bool kAMixed = kBoxes && kBK == 96 && kA64;      // a in a 64- and a 32-wide box
+  static constexpr bool kABoxes = kBoxes && kBK == 96 && !kA64;     // a in 32-wide boxes
   static constexpr int kQ = kBK / 16, kBPitch = kBoxes ? 64 : kBN;  // b's row pitch in shared memory
   static constexpr int kAPitch = kABoxes ? 32 : kBK, kQA = kABoxes ? 2 : kQ;
   uint32_t a[kQA], b[kNT / 2];  // step q's a fragment (m16 tile 0); pair p's b fragment (step 0)
   __device__ __forceinline__ FragAddrs(uint32_t a_sm, uint32_t b_sm, int row0, int col0, int lane) {
 #pragma unroll
     for (int q = 0; q < kQA; ++q)
-      a[q] = a_sm + 2 * (kAMixed ? (q < 4 ? a_off<64>(row0 + lane % 16, q * 16 + (lane / 16) * 8)
-                                          : kBM * 64 + a_box32_off(row0 + lane % 16, (q - 4) * 16 + (lane / 16) * 8))
-                         : kABoxes ? a_box32_off(row0 + lane % 16, q * 16 + (lane / 16) * 8)
-                                   : a_off<kBK>(row0 + lane % 16, q * 16 + (lane / 16) * 8));
+      a[q] = a_sm +
+             2 * (kAMixed   ? (q < 4 ? a_off<64>(row0 + lane % 16, q * 16 + (lane / 16) * 8)
+                                     : kBM * 64 + a_box32_off(row0 + lane % 16, (q - 4) * 16 + (lane / 16) * 8))
+                  : kABoxes ? a_box32_off(row0 + lane % 16, q * 16 + (lane / 16) * 8)
+                            : a_off<kBK>(row0 + lane % 16, q * 16 + (lane / 16) * 8));
 #pragma unroll
     for (int pr = 0; pr < kNT / 2; ++pr)
-      b[pr] = b_sm + 2 * (kBoxes ? b_box_off<kBK>(lane % 8 + ((lane / 8) % 2) * 8, col0 + pr * 16 + (lane / 16) * 8)
-                                 : b_off<kBN>(lane % 8 + ((lane / 8) % 2) * 8, col0 + pr * 16 + (lane / 16) * 8));
+      b[pr] = b_sm +
+              2 * (kBoxes ? b_box_off<kBK>(lane % 8 + ((lane / 8) % 2) * 8, col0 + pr * 16 + (lane / 16) * 8)
+                          : b_off<kBN>(lane % 8 + ((lane / 8) % 2) * 8, col0 + pr * 16 + (lane / 16) * 8));
   }
   // Step q's fragments of the stage at byte offsets st_a, st_b.
   __device__ __forceinline__ void load(uint32_t st_a, uint32_t st_b, int q, uint32_t (&fa)[4][4],
@@ -114,8 +116,8 @@ struct FragAddrs {
 // lane / 4, columns 2 (lane % 4) + 0, 1; d2, d3 eight rows below) stored at rows r0.., columns
 // c0.. of c, rounded to T, pairs in one store where c's layout allows.
 template <typename T, int kNT>
-__device__ __forceinline__ void store_acc(const float (&acc)[4][kNT][4], T* c, int64_t r0, int64_t c0, int64_t m,
-                                          int64_t n, int64_t ldc, int64_t c_bs, int lane) {
+__device__ __forceinline__ void store_acc(const float (&acc)[4][kNT][4], T* c, int64_t r0, int64_t c0,
+                                          int64_t m, int64_t n, int64_t ldc, int64_t c_bs, int lane) {
   const bool pairs = ((ldc | c_bs) & 1) == 0 && reinterpret_cast<uintptr_t>(c) % 4 == 0;
 #pragma unroll
   for (int mi = 0; mi < 4; ++mi) {
@@ -126,7 +128,8 @@ __device__ __forceinline__ void store_acc(const float (&acc)[4][kNT][4], T* c, i
       for (int h = 0; h < 2; ++h) {
         const int64_t row = r0 + mi * 16 + lane / 4 + h * 8;
         if (row < m && col < n)
-          cuda::store_pair<T>(c + row * ldc + col, acc[mi][nj][2 * h], acc[mi][nj][2 * h + 1], pairs && col + 1 < n);
+          cuda::store_pair<T>(c + row * ldc + col, acc[mi][nj][2 * h], acc[mi][nj][2 * h + 1],
+                              pairs && col + 1 < n);
         if (row < m && col + 1 < n && !pairs)
           cuda::store_pair<T>(c + row * ldc + col + 1, acc[mi][nj][2 * h + 1], 0.f, false);
       }
@@ -140,9 +143,9 @@ __device__ __forceinline__ void store_acc(const float (&acc)[4][kNT][4], T* c, i
 // 32-wide boxes, or kA64: a 64-wide box of map_a and a 32-wide one of map_a2), kBN / 64 boxes of
 // kBK x 64 of b, completing on the stage's full mbarrier (full0 + 8 s). One thread.
 template <uint32_t kAStage, uint32_t kBStage, int kBK = 64, bool kA64 = false>
-__device__ __forceinline__ void tma_fill_stage(const CUtensorMap* map_a, const CUtensorMap* map_b, uint32_t a_sm,
-                                               uint32_t b_sm, uint32_t full0, int s, int j, int m0, int n0, int bz,
-                                               const CUtensorMap* map_a2 = nullptr) {
+__device__ __forceinline__ void tma_fill_stage(const CUtensorMap* map_a, const CUtensorMap* map_b,
+                                               uint32_t a_sm, uint32_t b_sm, uint32_t full0, int s, int j,
+                                               int m0, int n0, int bz, const CUtensorMap* map_a2 = nullptr) {
   constexpr int kBoxesB = kBStage / (kBK * 64 * 2);
   const uint32_t full = full0 + 8 * s;
   cuda::mbar_arrive_expect_tx(full, kAStage + kBStage);
@@ -165,7 +168,8 @@ __device__ __forceinline__ void tma_fill_stage(const CUtensorMap* map_a, const C
 // (64 columns x 128 rows of 128 bytes, 16 KB) of the buffer at c_sm, rows r0.., in the layout a
 // TMA store reads (the 8 rows one store instruction writes hit 8 different chunks).
 template <typename T>
-__device__ __forceinline__ void acc_to_smem(const float (&acc)[4][8][4], uint32_t c_sm, int box, int r0, int lane) {
+__device__ __forceinline__ void acc_to_smem(const float (&acc)[4][8][4], uint32_t c_sm, int box, int r0,
+                                            int lane) {
 #pragma unroll
   for (int mi = 0; mi < 4; ++mi)
 #pragma unroll
@@ -191,10 +195,11 @@ __device__ __forceinline__ void acc_to_smem(const float (&acc)[4][8][4], uint32_
 // k tile after the last, as rs | rph << 8. kSnakeMma: odd m16 rows take their n8 tiles in
 // reverse (the b fragment at the turn is reused).
 template <typename T, int kStages, uint32_t kAStage, uint32_t kBStage, int kBK = 64, bool kTrim = false,
-          bool kSnakeMma = false, typename Frags, typename Wait, typename Release, typename Finish, typename Landed>
+          bool kSnakeMma = false, typename Frags, typename Wait, typename Release, typename Finish,
+          typename Landed>
 __device__ __forceinline__ uint32_t consume_ring(const Frags& fr, Wait wait, int tiles, float (&acc)[4][8][4],
-                                                 Release release, Finish finish, Landed landed, int last_steps = 0,
-                                                 int rs = 0, uint32_t rph = 0) {
+                                                 Release release, Finish finish, Landed landed,
+                                                 int last_steps = 0, int rs = 0, uint32_t rph = 0) {
   constexpr int kQ = kBK / 16, kNT = 8;
   static_assert(kQ % 2 == 0, "the next tile's first fragments go where step kQ - 1's did not");
   uint32_t af[2][4][4], bf[2][kNT][2];
@@ -237,13 +242,14 @@ __device__ __forceinline__ uint32_t consume_ring(const Frags& fr, Wait wait, int
 // The TMA kernels' maps: a (m x k, boxes of kABox columns x kBM rows), b (k x n, 64 x kBK boxes),
 // c (m x n, 64 x kBM boxes; only when store_c). False if the driver refuses one.
 inline bool mma_tma_maps(const GemmParams& p, int kBK, uint32_t a_box, CUtensorMapSwizzle a_swizzle,
-                         CUtensorMapL2promotion promotion, bool store_c, CUtensorMap* map_a, CUtensorMap* map_b,
-                         CUtensorMap* map_c) {
-  return cuda::make_tma_map_16bit(map_a, p.a, p.dtype, p.m, p.k, p.batch, p.a_rs, p.a_bs, a_box, kBM, a_swizzle,
-                                  promotion) &&
+                         CUtensorMapL2promotion promotion, bool store_c, CUtensorMap* map_a,
+                         CUtensorMap* map_b, CUtensorMap* map_c) {
+  return cuda::make_tma_map_16bit(map_a, p.a, p.dtype, p.m, p.k, p.batch, p.a_rs, p.a_bs, a_box, kBM,
+                                  a_swizzle, promotion) &&
          cuda::make_tma_map_16bit(map_b, p.b, p.dtype, p.k, p.n, p.batch, p.b_rs, p.b_bs, 64, kBK,
                                   CU_TENSOR_MAP_SWIZZLE_128B, promotion) &&
-         (!store_c || cuda::make_tma_map_16bit(map_c, p.c, p.dtype, p.m, p.n, p.batch, p.c_rs, p.c_bs, 64, kBM));
+         (!store_c ||
+          cuda::make_tma_map_16bit(map_c, p.c, p.dtype, p.m, p.n, p.batch, p.c_rs, p.c_bs, 64, kBM));
 }
 
 }  // namespace mma

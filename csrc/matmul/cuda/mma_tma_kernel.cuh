@@ -48,7 +48,8 @@ struct TmaTraits {
 
 template <typename Traits, typename T, bool kTmaStore>
 __global__ void __launch_bounds__(kThreads, 1)
-    matmul_mma_tma_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
+    matmul_mma_tma_kernel(const __grid_constant__ CUtensorMap map_a,
+                          const __grid_constant__ CUtensorMap map_b,
                           const __grid_constant__ CUtensorMap map_c, T* __restrict__ c, int m, int n, int k,
                           int64_t ldc, int64_t c_bs) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -61,7 +62,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   constexpr uint32_t kAStage = R::kATile * 2, kBStage = R::kBTile * 2;  // bytes
   extern __shared__ __align__(128) unsigned char smem_raw[];
   __shared__ __align__(8) uint64_t full_bar[kStages];
-  __shared__ uint32_t readers_done[kStages];  // warps done with the stage, ever
+  __shared__ uint32_t readers_done[kStages];                          // warps done with the stage, ever
   const uint32_t a_sm = (cuda::smem_addr(smem_raw) + 1023) & ~1023u;  // the swizzle's 1024-byte atoms
   const uint32_t b_sm = a_sm + kStages * kAStage;
   const uint32_t full0 = cuda::smem_addr(full_bar), done0 = cuda::smem_addr(readers_done);
@@ -139,10 +140,12 @@ __global__ void __launch_bounds__(kThreads, 1)
 // when the binary has no sm_90 code for this GPU.
 template <typename Traits, typename T, bool kTmaStore>
 cudaError_t prepare_tma() {
-  constexpr int kSmem = Ring<256, Traits::kStages, Traits::kBlockK>::kSmemBytes + 1024;  // + alignment to 1024 bytes
+  constexpr int kSmem =
+      Ring<256, Traits::kStages, Traits::kBlockK>::kSmemBytes + 1024;  // + alignment to 1024 bytes
   static signed char configured[64] = {};
-  const cudaError_t err = cuda::configure_once(matmul_mma_tma_kernel<Traits, T, kTmaStore>, kSmem, configured,
-                                               [](const cudaFuncAttributes& f) { return f.ptxVersion >= 90; });
+  const cudaError_t err =
+      cuda::configure_once(matmul_mma_tma_kernel<Traits, T, kTmaStore>, kSmem, configured,
+                           [](const cudaFuncAttributes& f) { return f.ptxVersion >= 90; });
   return err == cudaErrorInvalidConfiguration ? cudaErrorNoKernelImageForDevice : err;
 }
 
@@ -159,11 +162,13 @@ cudaError_t launch_tma(const GemmParams& p, cudaStream_t stream) {
   CUtensorMap map_a{}, map_b{}, map_c{};
   constexpr uint32_t kABox = kBK == 96 ? 32 : 64;  // a's box width: 96 deep takes three of 32
   constexpr CUtensorMapSwizzle kASwizzle = kBK == 96 ? CU_TENSOR_MAP_SWIZZLE_64B : CU_TENSOR_MAP_SWIZZLE_128B;
-  if (!mma_tma_maps(p, kBK, kABox, kASwizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_128B, store_c, &map_a, &map_b, &map_c))
+  if (!mma_tma_maps(p, kBK, kABox, kASwizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_128B, store_c, &map_a, &map_b,
+                    &map_c))
     return cudaErrorInvalidValue;
   const dim3 grid(static_cast<unsigned>((p.n + 255) / 256), static_cast<unsigned>((p.m + kBM - 1) / kBM),
                   static_cast<unsigned>(p.batch));
-  const auto kernel = store_c ? matmul_mma_tma_kernel<Traits, T, true> : matmul_mma_tma_kernel<Traits, T, false>;
+  const auto kernel =
+      store_c ? matmul_mma_tma_kernel<Traits, T, true> : matmul_mma_tma_kernel<Traits, T, false>;
   kernel<<<grid, kThreads, kSmem, stream>>>(map_a, map_b, map_c, static_cast<T*>(p.c), static_cast<int>(p.m),
                                             static_cast<int>(p.n), static_cast<int>(p.k), p.c_rs, p.c_bs);
   return cudaGetLastError();

@@ -33,24 +33,25 @@ constexpr int kWsThreads = kThreads + 128;  // a producer warpgroup and 8 consum
 
 // The shipped configuration; benchmarks/tuning/ derives candidates from it by name.
 struct WsTraits {
-  static constexpr int kStages = 3;           // depth of the ring
-  static constexpr int kBlockK = 64;          // k tile depth (64, or 96 when not persistent)
-  static constexpr bool kPersistent = true;   // one block per SM walking the tiles
-  static constexpr int kGroupRows = 16;       // tile order: groups of 16 tile rows
-  static constexpr bool kSnakeTiles = true;   // odd groups right to left
-  static constexpr bool kSnakeMma = true;     // odd m16 rows' n8 tiles in reverse
-  static constexpr bool kSplitABox = false;   // 96 deep: a as a 64- and a 32-wide box (else three of 32)
-  static constexpr bool kL2Fetch256 = true;   // L2 fetches of a and b promoted to 256 bytes
+  static constexpr int kStages = 3;          // depth of the ring
+  static constexpr int kBlockK = 64;         // k tile depth (64, or 96 when not persistent)
+  static constexpr bool kPersistent = true;  // one block per SM walking the tiles
+  static constexpr int kGroupRows = 16;      // tile order: groups of 16 tile rows
+  static constexpr bool kSnakeTiles = true;  // odd groups right to left
+  static constexpr bool kSnakeMma = true;    // odd m16 rows' n8 tiles in reverse
+  static constexpr bool kSplitABox = false;  // 96 deep: a as a 64- and a 32-wide box (else three of 32)
+  static constexpr bool kL2Fetch256 = true;  // L2 fetches of a and b promoted to 256 bytes
 };
 
 template <typename Traits, typename T>
 __global__ void __launch_bounds__(kWsThreads, 1)
     matmul_mma_ws_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
-                         const __grid_constant__ CUtensorMap map_c, int k, const __grid_constant__ CUtensorMap map_a2,
-                         int tiles_m, int tiles_n, int batch) {
+                         const __grid_constant__ CUtensorMap map_c, int k,
+                         const __grid_constant__ CUtensorMap map_a2, int tiles_m, int tiles_n, int batch) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int kStages = Traits::kStages, kBK = Traits::kBlockK, kGroupRows = Traits::kGroupRows;
-  constexpr bool kPersistent = Traits::kPersistent, kSnake = Traits::kSnakeTiles, kSnakeMma = Traits::kSnakeMma;
+  constexpr bool kPersistent = Traits::kPersistent, kSnake = Traits::kSnakeTiles,
+                 kSnakeMma = Traits::kSnakeMma;
   constexpr bool kA64 = Traits::kSplitABox && kBK == 96;
   constexpr int kBN = 256, kWarps = kThreads / 32;
   using R = Ring<kBN, kStages, kBK>;
@@ -98,7 +99,8 @@ __global__ void __launch_bounds__(kWsThreads, 1)
         coords(lin, m0, n0, bz);
         for (int j = 0; j < tiles; ++j) {
           cuda::mbar_wait(empty0 + 8 * s, pass ^ 1);
-          tma_fill_stage<kAStage, kBStage, kBK, kA64>(&map_a, &map_b, a_sm, b_sm, full0, s, j, m0, n0, bz, &map_a2);
+          tma_fill_stage<kAStage, kBStage, kBK, kA64>(&map_a, &map_b, a_sm, b_sm, full0, s, j, m0, n0, bz,
+                                                      &map_a2);
           if (++s == kStages) s = 0, pass ^= 1;
         }
       }
@@ -110,8 +112,8 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   const int ct = threadIdx.x - 128, lane = ct % 32, warp = ct / 32, wm = warp / 4, wn = warp % 4;
   const FragAddrs<kBK, kBN, kNT, true, kA64> fr(a_sm, b_sm, wm * kWM, wn * kWN, lane);
   const int rem = k - (tiles - 1) * kBK;  // the last tile's depth holding data
-  int rs = 0;        // the ring's stage for the next k tile
-  uint32_t rph = 0;  // and the parity of its full phase
+  int rs = 0;                             // the ring's stage for the next k tile
+  uint32_t rph = 0;                       // and the parity of its full phase
   for (int lin = first(); lin < total; lin += step()) {
     int m0, n0, bz;
     coords(lin, m0, n0, bz);
@@ -145,7 +147,8 @@ __global__ void __launch_bounds__(kWsThreads, 1)
 
 template <typename Traits>
 constexpr int ws_smem_bytes() {  // the ring, the persistent kernel's staging buffer, 1024-byte alignment
-  return Ring<256, Traits::kStages, Traits::kBlockK>::kSmemBytes + (Traits::kPersistent ? kBM * 256 * 2 : 0) + 1024;
+  return Ring<256, Traits::kStages, Traits::kBlockK>::kSmemBytes + (Traits::kPersistent ? kBM * 256 * 2 : 0) +
+         1024;
 }
 
 // Sets the kernel up for the current device: cudaSuccess, or cudaErrorNoKernelImageForDevice
@@ -154,10 +157,9 @@ constexpr int ws_smem_bytes() {  // the ring, the persistent kernel's staging bu
 template <typename Traits, typename T>
 cudaError_t prepare_ws() {
   static signed char configured[64] = {};
-  const cudaError_t err = cuda::configure_once(matmul_mma_ws_kernel<Traits, T>, ws_smem_bytes<Traits>(), configured,
-                                               [](const cudaFuncAttributes& f) {
-                                                 return f.ptxVersion >= 90 && (f.numRegs + 7) / 8 * 8 >= 168;
-                                               });
+  const cudaError_t err = cuda::configure_once(
+      matmul_mma_ws_kernel<Traits, T>, ws_smem_bytes<Traits>(), configured,
+      [](const cudaFuncAttributes& f) { return f.ptxVersion >= 90 && (f.numRegs + 7) / 8 * 8 >= 168; });
   return err == cudaErrorInvalidConfiguration ? cudaErrorNoKernelImageForDevice : err;
 }
 
@@ -170,7 +172,8 @@ cudaError_t launch_ws(const GemmParams& p, cudaStream_t stream) {
   constexpr bool kA64 = Traits::kSplitABox && kBK == 96;
   CUtensorMap map_a{}, map_b{}, map_c{}, map_a2{};
   constexpr uint32_t kABox = kBK == 96 && !kA64 ? 32 : 64;
-  constexpr CUtensorMapSwizzle kASwizzle = kABox == 32 ? CU_TENSOR_MAP_SWIZZLE_64B : CU_TENSOR_MAP_SWIZZLE_128B;
+  constexpr CUtensorMapSwizzle kASwizzle =
+      kABox == 32 ? CU_TENSOR_MAP_SWIZZLE_64B : CU_TENSOR_MAP_SWIZZLE_128B;
   constexpr CUtensorMapL2promotion kPromo =
       Traits::kL2Fetch256 ? CU_TENSOR_MAP_L2_PROMOTION_L2_256B : CU_TENSOR_MAP_L2_PROMOTION_L2_128B;
   if (!mma_tma_maps(p, kBK, kABox, kASwizzle, kPromo, true, &map_a, &map_b, &map_c) ||

@@ -29,8 +29,8 @@ __device__ __forceinline__ float4 load4(const float* base, int64_t r, int64_t c,
 }
 
 template <bool kVec>
-__device__ __forceinline__ void store4(float* base, int64_t r, int64_t c, int64_t rows, int64_t cols, int64_t ld,
-                                       float4 v) {
+__device__ __forceinline__ void store4(float* base, int64_t r, int64_t c, int64_t rows, int64_t cols,
+                                       int64_t ld, float4 v) {
   if (r >= rows) return;
   float* p = base + r * ld + c;
   if (kVec && c + 3 < cols) {

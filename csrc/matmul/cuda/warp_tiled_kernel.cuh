@@ -44,7 +44,8 @@ struct CpAsyncTraits {
 // FMAs into acc. at, bt: the tile's shared buffers, a transposed ([k][m]) and b ([k][n]).
 template <int kBK, int kBN>
 __device__ __forceinline__ void warp_tile_fma(const float (*at)[kBM + kPad], const float (*bt)[kBN + kPad],
-                                              float (&acc)[8][8 * (kBN / 128)], int wm, int wn, int tm, int tn) {
+                                              float (&acc)[8][8 * (kBN / 128)], int wm, int wn, int tm,
+                                              int tn) {
   constexpr int kWN = kBN / 4, kSubN = kWN / 32;
 #pragma unroll
   for (int kk = 0; kk < kBK; ++kk) {
@@ -89,16 +90,17 @@ __device__ __forceinline__ void store_warp_tile(float* c, const float (&acc)[8][
 // share an SM, each one's barriers covered by the other's work.
 template <typename Traits, bool kVec>
 __global__ void __launch_bounds__(kThreads, Traits::kMinBlocksPerSm)
-    matmul_warp_tiled_staged_kernel(const float* __restrict__ a, const float* __restrict__ b, float* __restrict__ c,
-                             int64_t m, int64_t n, int64_t k, int64_t lda, int64_t ldb, int64_t ldc, int64_t a_bs,
-                             int64_t b_bs, int64_t c_bs) {
+    matmul_warp_tiled_staged_kernel(const float* __restrict__ a, const float* __restrict__ b,
+                                    float* __restrict__ c, int64_t m, int64_t n, int64_t k, int64_t lda,
+                                    int64_t ldb, int64_t ldc, int64_t a_bs, int64_t b_bs, int64_t c_bs) {
   constexpr int kBN = Traits::kBlockN, kBK = Traits::kBlockK;
   constexpr int kWN = kBN / 4, kSubN = kWN / 32;  // warp tile columns; 32-column sub-tiles of it
   __shared__ __align__(16) float as[2][kBK][kBM + kPad];
   __shared__ __align__(16) float bs[2][kBK][kBN + kPad];
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int wm = warp / 4, wn = warp % 4;  // this warp's tile: rows wm*64.., columns wn*kWN..
-  const int tm = lane / 4, tn = lane % 4;  // this lane's rows tm*4 + {0..3} of each 32-row sub-tile, columns tn*8..+7 of each 32-column one
+  const int tm = lane / 4, tn = lane % 4;  // this lane's rows tm*4 + {0..3} of each 32-row sub-tile, columns
+                                           // tn*8..+7 of each 32-column one
   const int64_t m0 = static_cast<int64_t>(blockIdx.y) * kBM, n0 = static_cast<int64_t>(blockIdx.x) * kBN;
   a += blockIdx.z * a_bs;
   b += blockIdx.z * b_bs;
@@ -123,7 +125,8 @@ __global__ void __launch_bounds__(kThreads, Traits::kMinBlocksPerSm)
 #pragma unroll
       for (int s = 0; s < kLoadsB; ++s) {
         const int idx = tid + s * kThreads;
-        rb[s] = __ldg(reinterpret_cast<const float4*>(b_inner + (k0 + idx / kChunksB) * ldb + (idx % kChunksB) * 4));
+        rb[s] = __ldg(
+            reinterpret_cast<const float4*>(b_inner + (k0 + idx / kChunksB) * ldb + (idx % kChunksB) * 4));
       }
       return;
     }
@@ -167,7 +170,6 @@ __global__ void __launch_bounds__(kThreads, Traits::kMinBlocksPerSm)
   store_warp_tile<kVec, kBN>(c, acc, m0 + wm * kWM + tm * 4, n0 + wn * kWN + tn * 8, m, n, ldc);
 }
 
-
 // The same tiles fed by cp.async (sm_80+): global -> shared copies that need no staging
 // registers, so 16- and 32-deep tiles (kBK) fit in 128 registers and two blocks share an SM (each
 // one's barrier covered by the other's FMAs; 32-deep tiles in dynamic shared memory, 66 KB a
@@ -176,9 +178,9 @@ __global__ void __launch_bounds__(kThreads, Traits::kMinBlocksPerSm)
 // source size). Serves vectorizable calls (simt_vectorizable).
 template <typename Traits>
 __global__ void __launch_bounds__(kThreads, 2)
-    matmul_warp_tiled_cp_async_kernel(const float* __restrict__ a, const float* __restrict__ b, float* __restrict__ c,
-                                   int64_t m, int64_t n, int64_t k, int64_t lda, int64_t ldb, int64_t ldc,
-                                   int64_t a_bs, int64_t b_bs, int64_t c_bs) {
+    matmul_warp_tiled_cp_async_kernel(const float* __restrict__ a, const float* __restrict__ b,
+                                      float* __restrict__ c, int64_t m, int64_t n, int64_t k, int64_t lda,
+                                      int64_t ldb, int64_t ldc, int64_t a_bs, int64_t b_bs, int64_t c_bs) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   constexpr int kBN = Traits::kBlockN, kBK = Traits::kBlockK;
   constexpr int kWN = kBN / 4, kSubN = kWN / 32;
@@ -205,7 +207,8 @@ __global__ void __launch_bounds__(kThreads, 2)
       for (int i = 0; i < kCopiesA; ++i)
         cuda::cp_async4(&as[buf][a_k][a_r + i * (kThreads / kBK)], a_g + k0 + i * (kThreads / kBK) * lda, 4);
 #pragma unroll
-      for (int i = 0; i < kCopiesB; ++i) cuda::cp_async16(&bs[buf][b_r + i * kRowsB][b_c], b_g + (k0 + i * kRowsB) * ldb, 16);
+      for (int i = 0; i < kCopiesB; ++i)
+        cuda::cp_async16(&bs[buf][b_r + i * kRowsB][b_c], b_g + (k0 + i * kRowsB) * ldb, 16);
       return;
     }
 #pragma unroll
@@ -269,8 +272,8 @@ template <typename Traits>
 cudaError_t prepare_cp_async() {
   static signed char configured[64] = {};
   const cudaError_t err =
-      cuda::configure_once(matmul_warp_tiled_cp_async_kernel<Traits>, cp_async_smem_bytes<Traits>(), configured,
-                           [](const cudaFuncAttributes& f) { return f.ptxVersion >= 80; });
+      cuda::configure_once(matmul_warp_tiled_cp_async_kernel<Traits>, cp_async_smem_bytes<Traits>(),
+                           configured, [](const cudaFuncAttributes& f) { return f.ptxVersion >= 80; });
   return err == cudaErrorInvalidConfiguration ? cudaErrorNoKernelImageForDevice : err;
 }
 

@@ -30,8 +30,8 @@
 
 #include "common/cuda/launch.cuh"
 #include "common/cuda/mbarrier.cuh"
-#include "common/cuda/pipeline.cuh"
 #include "common/cuda/mma_sync.cuh"
+#include "common/cuda/pipeline.cuh"
 #include "common/cuda/swizzle.cuh"
 #include "common/cuda/tile_order.cuh"
 #include "common/cuda/tma.cuh"
@@ -46,8 +46,8 @@ namespace opforge {
 namespace wgmma {
 
 constexpr int kBM = 128, kBK = 64;
-constexpr int kThreads = 384;    // producer warpgroup + 2 consumer warpgroups
-constexpr int kGroupRows = 8;    // tile rows (of clusters) per group of the tile order
+constexpr int kThreads = 384;  // producer warpgroup + 2 consumer warpgroups
+constexpr int kGroupRows = 8;  // tile rows (of clusters) per group of the tile order
 
 // The shipped configurations (the launcher takes Wide where there are at least half as many
 // 128 x 256 tiles as SMs: measured faster from 2048^3 up); benchmarks/tuning/ derives candidates.
@@ -64,11 +64,14 @@ template <int BN, int kCluster>
 struct Config {
   static constexpr int kTileBytesA = kBM * kBK * 2, kTileBytesB = BN * kBK * 2;
   static constexpr int kStageBytes = kTileBytesA + kTileBytesB;
-  static constexpr int kStages = 196608 / kStageBytes;  // a 192 KB ring: 4 stages of 128 x 256, 6 of 128 x 128
-  static constexpr int kSmemBytes = kStages * kStageBytes + 1024 /* alignment */ + 2 * kStages * 8 /* barriers */;
-  static constexpr int kRowsB = BN / kCluster;  // rows of the b^T tile each block of a cluster loads
+  static constexpr int kStages =
+      196608 / kStageBytes;  // a 192 KB ring: 4 stages of 128 x 256, 6 of 128 x 128
+  static constexpr int kSmemBytes =
+      kStages * kStageBytes + 1024 /* alignment */ + 2 * kStages * 8 /* barriers */;
+  static constexpr int kRowsB = BN / kCluster;          // rows of the b^T tile each block of a cluster loads
   static constexpr int kStoreBytes = 2 * 64 * 128 * 2;  // the TMA-store epilogue's buffers
-  static_assert(kRowsB <= 256 && kTileBytesA % 1024 == 0 && (kRowsB * kBK * 2) % 1024 == 0, "TMA box / swizzle atoms");
+  static_assert(kRowsB <= 256 && kTileBytesA % 1024 == 0 && (kRowsB * kBK * 2) % 1024 == 0,
+                "TMA box / swizzle atoms");
 };
 
 // kTmaStore: the epilogue writes each consumer's results, 64 x 128 at a time, into its own
@@ -79,8 +82,8 @@ struct Config {
 template <typename Traits, typename T, bool kTmaStore, bool kBNMajor>
 __global__ void __launch_bounds__(kThreads, 1)
     matmul_wgmma_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_bt,
-                        const __grid_constant__ CUtensorMap map_c, T* __restrict__ c, int m, int n, int k, int batch,
-                        int64_t ldc, int64_t c_bs) {
+                        const __grid_constant__ CUtensorMap map_c, T* __restrict__ c, int m, int n, int k,
+                        int batch, int64_t ldc, int64_t c_bs) {
 #ifdef OPFORGE_WGMMA_DEVICE
   constexpr int BN = Traits::kBlockN, kCluster = Traits::kCluster;
   using C = Config<BN, kCluster>;
@@ -99,8 +102,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     pipe.init(2 * kCluster);  // one arrival per consumer warpgroup of the cluster
     cuda::fence_mbarrier_init();
   }
-  if constexpr (kCluster > 1) cuda::cluster_sync();  // no block multicasts into barriers not yet set up
-  else __syncthreads();
+  if constexpr (kCluster > 1)
+    cuda::cluster_sync();  // no block multicasts into barriers not yet set up
+  else
+    __syncthreads();
 
   const int tiles_m = (m + kBM - 1) / kBM, tiles_n = (n + BN - 1) / BN;
   const int groups_m = (tiles_m + kCluster - 1) / kCluster;
@@ -117,7 +122,8 @@ __global__ void __launch_bounds__(kThreads, 1)
         for (int kt = 0; kt < k_tiles; ++kt, w.advance()) {
           pipe.producer_acquire(w);  // (the first pass finds every stage free)
           const uint32_t stage = smem_addr(smem + w.index * kStageBytes);
-          const uint32_t bar = pipe.producer_commit(w, kStageBytes);  // a, and all of b (part from the other blocks)
+          const uint32_t bar =
+              pipe.producer_commit(w, kStageBytes);  // a, and all of b (part from the other blocks)
           cuda::tma_load_3d(stage, &map_a, kt * kBK, m0, b, bar);
           if constexpr (kBNMajor) {
 #pragma unroll
@@ -126,8 +132,8 @@ __global__ void __launch_bounds__(kThreads, 1)
           } else if constexpr (kCluster == 1) {
             cuda::tma_load_3d(stage + C::kTileBytesA, &map_bt, kt * kBK, n0, b, bar);
           } else {
-            cuda::tma_load_3d_multicast(stage + C::kTileBytesA + rank * (C::kRowsB * kBK * 2), &map_bt, kt * kBK,
-                                        n0 + static_cast<int>(rank) * C::kRowsB, b, bar,
+            cuda::tma_load_3d_multicast(stage + C::kTileBytesA + rank * (C::kRowsB * kBK * 2), &map_bt,
+                                        kt * kBK, n0 + static_cast<int>(rank) * C::kRowsB, b, bar,
                                         static_cast<uint16_t>((1u << kCluster) - 1));
           }
         }
@@ -164,7 +170,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         cuda::wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < kBK / 16; ++kk) {  // a: 16 deep = 32 bytes along the swizzled 128-byte rows
-          if constexpr (kBNMajor)  // b: 16 rows of 128 bytes
+          if constexpr (kBNMajor)                // b: 16 rows of 128 bytes
             cuda::Wgmma<T, BN>::template mma<1>(d, cuda::smem_desc_k_major(a_tile + kk * 32),
                                                 cuda::smem_desc_mn_major(b_tile + kk * 2048), 1);
           else
@@ -218,8 +224,10 @@ __global__ void __launch_bounds__(kThreads, 1)
         for (int h = 0; h < 2; ++h) {
           const int row = m0 + half * 64 + warp * 16 + lane / 4 + h * 8;
           if (row < m && col < n) {
-            cuda::store_pair<T>(out + row * ldc + col, d[4 * j + 2 * h], d[4 * j + 2 * h + 1], pairs && col + 1 < n);
-            if (!pairs && col + 1 < n) cuda::store_pair<T>(out + row * ldc + col + 1, d[4 * j + 2 * h + 1], 0.f, false);
+            cuda::store_pair<T>(out + row * ldc + col, d[4 * j + 2 * h], d[4 * j + 2 * h + 1],
+                                pairs && col + 1 < n);
+            if (!pairs && col + 1 < n)
+              cuda::store_pair<T>(out + row * ldc + col + 1, d[4 * j + 2 * h + 1], 0.f, false);
           }
         }
       }
@@ -271,7 +279,8 @@ cudaError_t launch(const GemmParams& p, cudaStream_t stream) {
                : !make_map(&map_bt, p.b, p.dtype, p.n, p.k, p.batch, p.b_cs, p.b_bs, C::kRowsB))
     return cudaErrorInvalidValue;
   // c as (n, m, batch) in 64 x 64 boxes (the same shape of map as the operands': columns inner).
-  if (kTmaStore && !make_map(&map_c, p.c, p.dtype, p.m, p.n, p.batch, p.c_rs, p.c_bs, 64)) return cudaErrorInvalidValue;
+  if (kTmaStore && !make_map(&map_c, p.c, p.dtype, p.m, p.n, p.batch, p.c_rs, p.c_bs, 64))
+    return cudaErrorInvalidValue;
   const auto kernel = matmul_wgmma_kernel<Traits, T, kTmaStore, kBNMajor>;
   cudaError_t err = prepare<Traits, T, kTmaStore, kBNMajor>();
   if (err != cudaSuccess) return err;
@@ -300,8 +309,9 @@ cudaError_t launch(const GemmParams& p, cudaStream_t stream) {
   }
   if (slots < 1) return cudaErrorInvalidConfiguration;
   config.gridDim = dim3(static_cast<unsigned>((units < slots ? units : slots) * kCluster));
-  return cudaLaunchKernelEx(&config, kernel, map_a, map_bt, map_c, static_cast<T*>(p.c), static_cast<int>(p.m),
-                            static_cast<int>(p.n), static_cast<int>(p.k), static_cast<int>(p.batch), p.c_rs, p.c_bs);
+  return cudaLaunchKernelEx(&config, kernel, map_a, map_bt, map_c, static_cast<T*>(p.c),
+                            static_cast<int>(p.m), static_cast<int>(p.n), static_cast<int>(p.k),
+                            static_cast<int>(p.batch), p.c_rs, p.c_bs);
 }
 
 }  // namespace wgmma

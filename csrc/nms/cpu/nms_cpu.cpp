@@ -1,7 +1,7 @@
 // nms: CPU entries. Greedy NMS in scan order, 64 boxes at a time: the boxes of a block are
-// resolved one by one (each kept box suppressing the rest of its block), then the block's kept boxes suppress every later live
-// candidate of the same class in one vectorized pass (parallel over candidates when it pays).
-// Classes of batched_nms are independent segments, processed in parallel.
+// resolved one by one (each kept box suppressing the rest of its block), then the block's kept boxes suppress
+// every later live candidate of the same class in one vectorized pass (parallel over candidates when it
+// pays). Classes of batched_nms are independent segments, processed in parallel.
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
@@ -26,7 +26,7 @@ constexpr int64_t kWindowMin = 1024;  // segments at least this large use spatia
 // scheduler tick each (measured: batched_nms of 1k boxes went from 0.06 ms to 8 ms on 2 cores,
 // benchmarks/tuning/cpu_neighbour.py). torchvision's NMS is serial, so below these sizes opforge
 // stays serial too and is never slower than it because of its own threading.
-constexpr int64_t kParallelWork = 1 << 22;       // candidate x kept-box tests of one suppression pass
+constexpr int64_t kParallelWork = 1 << 22;        // candidate x kept-box tests of one suppression pass
 constexpr int64_t kParallelSegmentBoxes = 16384;  // batched_nms: boxes before classes run in parallel
 
 // Five coordinate arrays (x1, y1, x2, y2, area) of n boxes, each zero-padded by kNmsPad entries so
@@ -119,8 +119,11 @@ std::vector<uint8_t> nms_cpu_kept(const NmsPlan& plan) {
     for (int64_t i = begin; i < end; ++i) {
       if (!alive[i]) continue;  // i is kept
       // Window bounds in double with a margin: only ever more candidates, the IoU test decides.
-      const double lo_x = static_cast<double>(x1[i]) - widest - 1e-6 * (std::fabs(static_cast<double>(x1[i])) + widest);
-      const int64_t lo = std::upper_bound(wx1, wx1 + m, lo_x, [](double v, A x) { return v < static_cast<double>(x); }) - wx1;
+      const double lo_x =
+          static_cast<double>(x1[i]) - widest - 1e-6 * (std::fabs(static_cast<double>(x1[i])) + widest);
+      const int64_t lo =
+          std::upper_bound(wx1, wx1 + m, lo_x, [](double v, A x) { return v < static_cast<double>(x); }) -
+          wx1;
       const int64_t hi = std::lower_bound(wx1, wx1 + m, x2[i]) - wx1;
       if (lo < hi)
         window_pass(xb, order.data(), lo, hi, NmsKeptBox<A>{x1[i], y1[i], x2[i], y2[i], area[i]},
@@ -129,8 +132,10 @@ std::vector<uint8_t> nms_cpu_kept(const NmsPlan& plan) {
   };
   // The window pass is serial; it pays on large segments (measured: see docs/nms.md).
   auto run_segment = [&](int64_t begin, int64_t end, bool parallel) {
-    if (threshold >= A(0) && end - begin >= kWindowMin) segment_windowed(begin, end);
-    else segment(begin, end, parallel);
+    if (threshold >= A(0) && end - begin >= kWindowMin)
+      segment_windowed(begin, end);
+    else
+      segment(begin, end, parallel);
   };
 
   if (p.classes == nullptr) {
@@ -192,7 +197,8 @@ at::Tensor batched_nms_cpu(const at::Tensor& boxes, const at::Tensor& scores, co
 }
 
 std::tuple<at::Tensor, at::Tensor> nms_padded_cpu(const at::Tensor& boxes, const at::Tensor& scores,
-                                                  double iou_threshold, const std::optional<at::Tensor>& idxs) {
+                                                  double iou_threshold,
+                                                  const std::optional<at::Tensor>& idxs) {
   check_nms_inputs("opforge.nms_padded", boxes, scores, idxs, iou_threshold);
   const auto long_opts = boxes.options().dtype(at::kLong);
   at::Tensor keep = at::full({boxes.size(0)}, -1, long_opts);

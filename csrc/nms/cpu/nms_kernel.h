@@ -33,10 +33,10 @@ using NmsSuppressWindowFn = void (*)(const NmsBoxes<A>& xb, const int32_t* pos, 
                                      const NmsKeptBox<A>& k, int32_t min_pos, A threshold, uint8_t* alive,
                                      uint8_t* alive_x);
 
-#define OPFORGE_NMS_VARIANT_DECLS                    \
-  NmsSuppressFn<float> nms_suppress_f32();           \
-  NmsSuppressFn<double> nms_suppress_f64();          \
-  NmsSuppressWindowFn<float> nms_window_f32();       \
+#define OPFORGE_NMS_VARIANT_DECLS              \
+  NmsSuppressFn<float> nms_suppress_f32();     \
+  NmsSuppressFn<double> nms_suppress_f64();    \
+  NmsSuppressWindowFn<float> nms_window_f32(); \
   NmsSuppressWindowFn<double> nms_window_f64();
 
 namespace cpu_default {
@@ -52,20 +52,32 @@ template <typename A>
 NmsSuppressWindowFn<A> nms_window_fn(CpuIsa isa) {
 #if OPFORGE_CPU_AVX2_VARIANT
   if (isa == CpuIsa::kAvx2) {
-    if constexpr (sizeof(A) == 4) return cpu_avx2::nms_window_f32(); else return cpu_avx2::nms_window_f64();
+    if constexpr (sizeof(A) == 4)
+      return cpu_avx2::nms_window_f32();
+    else
+      return cpu_avx2::nms_window_f64();
   }
 #endif
-  if constexpr (sizeof(A) == 4) return cpu_default::nms_window_f32(); else return cpu_default::nms_window_f64();
+  if constexpr (sizeof(A) == 4)
+    return cpu_default::nms_window_f32();
+  else
+    return cpu_default::nms_window_f64();
 }
 
 template <typename A>
 NmsSuppressFn<A> nms_suppress_fn(CpuIsa isa) {
 #if OPFORGE_CPU_AVX2_VARIANT
   if (isa == CpuIsa::kAvx2) {
-    if constexpr (sizeof(A) == 4) return cpu_avx2::nms_suppress_f32(); else return cpu_avx2::nms_suppress_f64();
+    if constexpr (sizeof(A) == 4)
+      return cpu_avx2::nms_suppress_f32();
+    else
+      return cpu_avx2::nms_suppress_f64();
   }
 #endif
-  if constexpr (sizeof(A) == 4) return cpu_default::nms_suppress_f32(); else return cpu_default::nms_suppress_f64();
+  if constexpr (sizeof(A) == 4)
+    return cpu_default::nms_suppress_f32();
+  else
+    return cpu_default::nms_suppress_f64();
 }
 
 }  // namespace opforge

@@ -71,7 +71,8 @@ void suppress(const NmsBoxes<A>& b, const int64_t* kept, int nk, int64_t j0, int
   for (int64_t j = j0; j < j1; j += kLanes) {
     const int m = j1 - j < kLanes ? static_cast<int>(j1 - j) : kLanes;
     if (!Ln::live(alive, j, m)) continue;
-    const V x1 = Ln::load(b.x1 + j), y1 = Ln::load(b.y1 + j), x2 = Ln::load(b.x2 + j), y2 = Ln::load(b.y2 + j);
+    const V x1 = Ln::load(b.x1 + j), y1 = Ln::load(b.y1 + j), x2 = Ln::load(b.x2 + j),
+            y2 = Ln::load(b.y2 + j);
     const V area = Ln::load(b.area + j);
     VM gone = VM{};
     for (int q = 0; q < nk; ++q) {
@@ -92,8 +93,8 @@ void suppress(const NmsBoxes<A>& b, const int64_t* kept, int nk, int64_t j0, int
 }
 
 template <typename A>
-void suppress_window(const NmsBoxes<A>& xb, const int32_t* pos, int64_t j0, int64_t j1, const NmsKeptBox<A>& k,
-                     int32_t min_pos, A threshold, uint8_t* alive, uint8_t* alive_x) {
+void suppress_window(const NmsBoxes<A>& xb, const int32_t* pos, int64_t j0, int64_t j1,
+                     const NmsKeptBox<A>& k, int32_t min_pos, A threshold, uint8_t* alive, uint8_t* alive_x) {
   using Ln = Lanes<A>;
   using V = typename Ln::V;
   using VM = typename Ln::VM;
@@ -119,10 +120,18 @@ void suppress_window(const NmsBoxes<A>& xb, const int32_t* pos, int64_t j0, int6
 
 }  // namespace
 
-NmsSuppressFn<float> nms_suppress_f32() { return &suppress<float>; }
-NmsSuppressFn<double> nms_suppress_f64() { return &suppress<double>; }
-NmsSuppressWindowFn<float> nms_window_f32() { return &suppress_window<float>; }
-NmsSuppressWindowFn<double> nms_window_f64() { return &suppress_window<double>; }
+NmsSuppressFn<float> nms_suppress_f32() {
+  return &suppress<float>;
+}
+NmsSuppressFn<double> nms_suppress_f64() {
+  return &suppress<double>;
+}
+NmsSuppressWindowFn<float> nms_window_f32() {
+  return &suppress_window<float>;
+}
+NmsSuppressWindowFn<double> nms_window_f64() {
+  return &suppress_window<double>;
+}
 
 }  // namespace OPFORGE_CPU_VARIANT_NS
 }  // namespace opforge

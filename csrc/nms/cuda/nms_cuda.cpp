@@ -1,7 +1,7 @@
 // nms: CUDA launchers. checks -> device guard -> sort into scan order (on the device) -> overlap
-// graph and greedy resolution (nms_kernel.cu) -> compaction into score order. nms and batched_nms read the kept
-// count once (the single device->host copy, since the output size depends on the data);
-// nms_padded reads nothing, so it can be captured in a CUDA graph.
+// graph and greedy resolution (nms_kernel.cu) -> compaction into score order. nms and batched_nms read the
+// kept count once (the single device->host copy, since the output size depends on the data); nms_padded reads
+// nothing, so it can be captured in a CUDA graph.
 #include <ATen/cuda/CUDAContext.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/zeros.h>
@@ -15,7 +15,8 @@ namespace opforge {
 namespace {
 
 void check_cuda(const char* op, int err) {
-  TORCH_CHECK(err == cudaSuccess, op, ": CUDA kernel launch failed: ", cudaGetErrorString(static_cast<cudaError_t>(err)));
+  TORCH_CHECK(err == cudaSuccess, op,
+              ": CUDA kernel launch failed: ", cudaGetErrorString(static_cast<cudaError_t>(err)));
 }
 
 // (keep [n] padded with -1, num_kept 0-d), all on the device, no synchronisation.
@@ -43,8 +44,9 @@ std::tuple<at::Tensor, at::Tensor> padded(const char* op, const at::Tensor& boxe
   const int64_t* score_order = nullptr;
   if (!idxs.has_value() && n <= kNmsSmallSort && boxes.scalar_type() != at::kDouble) {
     const at::Tensor b = boxes.contiguous(), s = scores.contiguous();
-    check_cuda(op, run_nms_rank_sort_cuda(b.const_data_ptr(), s.const_data_ptr(), n, to_dtype(boxes.scalar_type()),
-                                          buf.rank, buf.score_order, buf.scan_boxes, stream));
+    check_cuda(
+        op, run_nms_rank_sort_cuda(b.const_data_ptr(), s.const_data_ptr(), n, to_dtype(boxes.scalar_type()),
+                                   buf.rank, buf.score_order, buf.scan_boxes, stream));
     plan.params = nms_params(n, boxes.scalar_type(), iou_threshold);
     plan.params.boxes = buf.scan_boxes;
     score_order = buf.score_order;
@@ -52,8 +54,8 @@ std::tuple<at::Tensor, at::Tensor> padded(const char* op, const at::Tensor& boxe
     plan = plan_nms(boxes, scores, idxs, iou_threshold);
     score_order = plan.score_order.const_data_ptr<int64_t>();
   }
-  check_cuda(op, run_nms_cuda(plan.params, buf, score_order, keep.data_ptr<int64_t>(), num_kept.data_ptr<int64_t>(),
-                              stream));
+  check_cuda(op, run_nms_cuda(plan.params, buf, score_order, keep.data_ptr<int64_t>(),
+                              num_kept.data_ptr<int64_t>(), stream));
   return {keep, num_kept};
 }
 
@@ -73,7 +75,8 @@ at::Tensor batched_nms_cuda(const at::Tensor& boxes, const at::Tensor& scores, c
 }
 
 std::tuple<at::Tensor, at::Tensor> nms_padded_cuda(const at::Tensor& boxes, const at::Tensor& scores,
-                                                   double iou_threshold, const std::optional<at::Tensor>& idxs) {
+                                                   double iou_threshold,
+                                                   const std::optional<at::Tensor>& idxs) {
   return padded("opforge.nms_padded", boxes, scores, idxs, iou_threshold);
 }
 

@@ -33,7 +33,9 @@ constexpr int kBlock = 64;  // boxes per mask word
 constexpr int kGreedyThreads = 512;
 constexpr unsigned kFull = 0xffffffffu;
 
-__device__ __forceinline__ int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+__device__ __forceinline__ int64_t min64(int64_t a, int64_t b) {
+  return a < b ? a : b;
+}
 
 template <typename T>
 struct Acc {
@@ -44,15 +46,27 @@ struct Acc<double> {
   using type = double;
 };
 
-__device__ __forceinline__ float to_acc(float x) { return x; }
-__device__ __forceinline__ double to_acc(double x) { return x; }
-__device__ __forceinline__ float to_acc(__half x) { return __half2float(x); }
-__device__ __forceinline__ float to_acc(__nv_bfloat16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ float to_acc(float x) {
+  return x;
+}
+__device__ __forceinline__ double to_acc(double x) {
+  return x;
+}
+__device__ __forceinline__ float to_acc(__half x) {
+  return __half2float(x);
+}
+__device__ __forceinline__ float to_acc(__nv_bfloat16 x) {
+  return __bfloat162float(x);
+}
 
 // IEEE operations that the compiler may not fuse into FMAs: the same bits as the CPU kernel and
 // as torchvision's CPU formula, inter / (area_i + area_j - inter).
-__device__ __forceinline__ float mul(float a, float b) { return __fmul_rn(a, b); }
-__device__ __forceinline__ double mul(double a, double b) { return __dmul_rn(a, b); }
+__device__ __forceinline__ float mul(float a, float b) {
+  return __fmul_rn(a, b);
+}
+__device__ __forceinline__ double mul(double a, double b) {
+  return __dmul_rn(a, b);
+}
 
 // The threshold test with precomputed bounds: IoU > t exactly as inter / union > t in IEEE
 // arithmetic. `lo`/`hi` are t * (1 -/+ 2^-20): a quotient from the fast reciprocal (at most 2 ulp
@@ -96,7 +110,8 @@ __device__ __forceinline__ A area(const Box4<A>& b) {
 // kNonneg (t >= 0): a pair that does not intersect (inter 0 or NaN) never exceeds t, and most
 // pairs stop after the x test.
 template <bool kNonneg, typename A>
-__device__ __forceinline__ bool suppresses(const Box4<A>& a, A aa, const Box4<A>& b, A ba, const Threshold<A>& th) {
+__device__ __forceinline__ bool suppresses(const Box4<A>& a, A aa, const Box4<A>& b, A ba,
+                                           const Threshold<A>& th) {
   if (kNonneg) {
     const A w = min(a.x2, b.x2) - max(a.x1, b.x1);
     if (!(w > A(0))) return false;
@@ -116,14 +131,14 @@ __device__ __forceinline__ bool suppresses(const Box4<A>& a, A aa, const Box4<A>
 // 64 threads: one per row box.
 template <typename T, bool kClasses, bool kNonneg>
 __global__ void __launch_bounds__(kBlock)
-    nms_mask_kernel(const T* __restrict__ boxes, const int64_t* __restrict__ classes, int64_t n, int64_t words,
-                    int64_t nz_words, int cols_per_block, Threshold<typename Acc<T>::type> th,
+    nms_mask_kernel(const T* __restrict__ boxes, const int64_t* __restrict__ classes, int64_t n,
+                    int64_t words, int64_t nz_words, int cols_per_block, Threshold<typename Acc<T>::type> th,
                     const int32_t* __restrict__ or_end, uint64_t* __restrict__ mask,
                     unsigned long long* __restrict__ row_nz, int32_t* __restrict__ in_deg) {
   using A = typename Acc<T>::type;
   const int64_t row_block = blockIdx.y;
-  const int64_t col_end = min64(kClasses ? or_end[row_block] : words,
-                                (static_cast<int64_t>(blockIdx.x) + 1) * cols_per_block);
+  const int64_t col_end =
+      min64(kClasses ? or_end[row_block] : words, (static_cast<int64_t>(blockIdx.x) + 1) * cols_per_block);
   int64_t col_block = std::max<int64_t>(static_cast<int64_t>(blockIdx.x) * cols_per_block, row_block);
   if (col_block >= col_end) return;
 
@@ -167,7 +182,8 @@ __global__ void __launch_bounds__(kBlock)
           const bool hit = (c.x1 < row.x2) & (row.x1 < c.x2) & (c.y1 < row.y2) & (row.y1 < c.y2);
           cand |= static_cast<uint64_t>(hit) << j;
         }
-        cand &= (col_size == kBlock ? ~0ull : (1ull << col_size) - 1) & (first == kBlock ? 0ull : ~((1ull << first) - 1));
+        cand &= (col_size == kBlock ? ~0ull : (1ull << col_size) - 1) &
+                (first == kBlock ? 0ull : ~((1ull << first) - 1));
         for (; cand; cand &= cand - 1) {
           const int j = __ffsll(static_cast<long long>(cand)) - 1;
           if ((!kClasses || col_class[j] == row_class) &&
@@ -183,7 +199,8 @@ __global__ void __launch_bounds__(kBlock)
       if (bits) {
         mask[i * words + col_block] = bits;
         atomicOr(&row_nz[i * nz_words + col_block / 64], 1ull << (col_block % 64));
-        for (uint64_t b = bits; b; b &= b - 1) atomicAdd(&col_count[__ffsll(static_cast<long long>(b)) - 1], 1);
+        for (uint64_t b = bits; b; b &= b - 1)
+          atomicAdd(&col_count[__ffsll(static_cast<long long>(b)) - 1], 1);
       }
     }
     __syncthreads();
@@ -203,7 +220,10 @@ __global__ void nms_or_end_kernel(const int64_t* __restrict__ classes, int64_t n
   int64_t lo = last + 1, hi = n;
   while (lo < hi) {
     const int64_t mid = (lo + hi) / 2;
-    if (classes[mid] == cls) lo = mid + 1; else hi = mid;
+    if (classes[mid] == cls)
+      lo = mid + 1;
+    else
+      hi = mid;
   }
   or_end[r] = static_cast<int32_t>((lo - 1) / kBlock + 1);
 }
@@ -307,8 +327,10 @@ __device__ __forceinline__ int64_t block_sum(int64_t v, int64_t* scratch) {
 __global__ void __launch_bounds__(kGreedyThreads, 2) nms_greedy_kernel(const GreedyArgs a) {
   // A one-block launch (small inputs) is not cooperative: its barrier is the block's.
   const auto barrier = [] {
-    if (gridDim.x == 1) __syncthreads();
-    else cg::this_grid().sync();
+    if (gridDim.x == 1)
+      __syncthreads();
+    else
+      cg::this_grid().sync();
   };
   // Scalars for the lambdas below (by value: a struct taken by reference would live in memory).
   const uint64_t* const mask = a.mask;
@@ -421,10 +443,11 @@ void launch_mask(const NmsParams& p, const NmsCudaBuffers& buf, const Threshold<
   // from 4k boxes made 10k boxes slower (83 -> 128 us): the tiles of a block run one after the
   // other, so the kernel is bound by each tile's latency, not by launching blocks.
   const int cols_per_block = words >= 256 ? 4 : 1;
-  const dim3 grid(static_cast<unsigned>((words + cols_per_block - 1) / cols_per_block), static_cast<unsigned>(words));
+  const dim3 grid(static_cast<unsigned>((words + cols_per_block - 1) / cols_per_block),
+                  static_cast<unsigned>(words));
   nms_mask_kernel<T, kClasses, kNonneg><<<grid, kBlock, 0, stream>>>(
-      static_cast<const T*>(p.boxes), p.classes, p.n, words, nz_words, cols_per_block, th, buf.or_end, buf.mask,
-      reinterpret_cast<unsigned long long*>(buf.row_nz), buf.in_deg);
+      static_cast<const T*>(p.boxes), p.classes, p.n, words, nz_words, cols_per_block, th, buf.or_end,
+      buf.mask, reinterpret_cast<unsigned long long*>(buf.row_nz), buf.in_deg);
 }
 
 template <typename T>
@@ -440,11 +463,15 @@ cudaError_t launch(const NmsParams& p, const NmsCudaBuffers& buf, const int64_t*
   if (p.classes) {
     nms_or_end_kernel<<<static_cast<unsigned>((words + 255) / 256), 256, 0, stream>>>(p.classes, p.n, words,
                                                                                       buf.or_end);
-    if (th.nonneg) launch_mask<T, true, true>(p, buf, th, stream);
-    else launch_mask<T, true, false>(p, buf, th, stream);
+    if (th.nonneg)
+      launch_mask<T, true, true>(p, buf, th, stream);
+    else
+      launch_mask<T, true, false>(p, buf, th, stream);
   } else {
-    if (th.nonneg) launch_mask<T, false, true>(p, buf, th, stream);
-    else launch_mask<T, false, false>(p, buf, th, stream);
+    if (th.nonneg)
+      launch_mask<T, false, true>(p, buf, th, stream);
+    else
+      launch_mask<T, false, false>(p, buf, th, stream);
   }
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) return err;
@@ -468,8 +495,10 @@ cudaError_t launch(const NmsParams& p, const NmsCudaBuffers& buf, const int64_t*
   // About two boxes per warp, within the co-resident limit.
   const int64_t want = (p.n + 2 * (kGreedyThreads / 32) - 1) / (2 * (kGreedyThreads / 32));
   // Up to 256 boxes, one block: its barriers cost far less than grid-wide ones.
-  const unsigned blocks = p.n <= 256 ? 1u : static_cast<unsigned>(std::max<int64_t>(
-                                                1, std::min<int64_t>({want, greedy_grid_cap(), kNmsMaxGreedyBlocks})));
+  const unsigned blocks = p.n <= 256
+                              ? 1u
+                              : static_cast<unsigned>(std::max<int64_t>(
+                                    1, std::min<int64_t>({want, greedy_grid_cap(), kNmsMaxGreedyBlocks})));
   if (blocks == 1) {
     nms_greedy_kernel<<<1, kGreedyThreads, 0, stream>>>(a);
     return cudaGetLastError();
@@ -481,9 +510,15 @@ cudaError_t launch(const NmsParams& p, const NmsCudaBuffers& buf, const int64_t*
 
 // ---- ranking sort for small plain nms -----------------------------------------------------
 
-__device__ __forceinline__ float as_float(float x) { return x; }
-__device__ __forceinline__ float as_float(__half x) { return __half2float(x); }
-__device__ __forceinline__ float as_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ float as_float(float x) {
+  return x;
+}
+__device__ __forceinline__ float as_float(__half x) {
+  return __half2float(x);
+}
+__device__ __forceinline__ float as_float(__nv_bfloat16 x) {
+  return __bfloat162float(x);
+}
 
 // A key whose ascending order is torch.sort's descending order: NaN first, then +inf ... -inf,
 // -0 equal to +0 (so the index decides, as in a stable sort).
@@ -538,8 +573,8 @@ __global__ void nms_rank_scatter_kernel(const T* __restrict__ boxes, int n, cons
 }
 
 template <typename T>
-cudaError_t launch_rank_sort(const void* boxes, const void* scores, int64_t n, int32_t* rank, int64_t* score_order,
-                             void* scan_boxes, cudaStream_t stream) {
+cudaError_t launch_rank_sort(const void* boxes, const void* scores, int64_t n, int32_t* rank,
+                             int64_t* score_order, void* scan_boxes, cudaStream_t stream) {
   const int row_blocks = static_cast<int>((n + kRankThreads - 1) / kRankThreads);
   // About 1k blocks: the compared boxes are split into slices of whole tiles.
   const int slices = std::max(1, std::min(row_blocks, 1024 / row_blocks));
@@ -559,10 +594,14 @@ int run_nms_cuda(const NmsParams& p, const NmsCudaBuffers& buf, const int64_t* s
   if (p.n == 0) return cudaSuccess;
   const auto s = static_cast<cudaStream_t>(stream);
   switch (p.dtype) {
-    case DType::kFloat32: return launch<float>(p, buf, score_order, keep, num_kept, s);
-    case DType::kFloat64: return launch<double>(p, buf, score_order, keep, num_kept, s);
-    case DType::kFloat16: return launch<__half>(p, buf, score_order, keep, num_kept, s);
-    case DType::kBFloat16: return launch<__nv_bfloat16>(p, buf, score_order, keep, num_kept, s);
+    case DType::kFloat32:
+      return launch<float>(p, buf, score_order, keep, num_kept, s);
+    case DType::kFloat64:
+      return launch<double>(p, buf, score_order, keep, num_kept, s);
+    case DType::kFloat16:
+      return launch<__half>(p, buf, score_order, keep, num_kept, s);
+    case DType::kBFloat16:
+      return launch<__nv_bfloat16>(p, buf, score_order, keep, num_kept, s);
   }
   return cudaErrorInvalidValue;
 }
@@ -579,7 +618,8 @@ int run_nms_rank_sort_cuda(const void* boxes, const void* scores, int64_t n, DTy
       return launch_rank_sort<__half>(boxes, scores, n, rank, score_order, scan_boxes, s);
     case DType::kBFloat16:
       return launch_rank_sort<__nv_bfloat16>(boxes, scores, n, rank, score_order, scan_boxes, s);
-    case DType::kFloat64: break;
+    case DType::kFloat64:
+      break;
   }
   return cudaErrorInvalidValue;
 }

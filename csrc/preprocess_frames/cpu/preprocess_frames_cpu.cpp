@@ -22,7 +22,8 @@ at::Tensor preprocess_frames_cpu(const at::Tensor& frames, c10::IntArrayRef size
                                  double scale, c10::ArrayRef<double> mean, c10::ArrayRef<double> std,
                                  double pad_value, c10::IntArrayRef channels, at::ScalarType out_dtype) {
   check_preprocess_frames_inputs(frames, size, region, scale, mean, std, pad_value, channels, out_dtype);
-  PreprocessPlan plan = plan_preprocess_frames(frames, size, region, scale, mean, std, pad_value, channels, out_dtype);
+  PreprocessPlan plan =
+      plan_preprocess_frames(frames, size, region, scale, mean, std, pad_value, channels, out_dtype);
   if (plan.out.numel() == 0) return plan.out;
   const PreprocessParams& p = plan.params;
 
@@ -88,6 +89,8 @@ at::Tensor preprocess_frames_cpu(const at::Tensor& frames, c10::IntArrayRef size
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(opforge, CPU, m) { m.impl("preprocess_frames", &preprocess_frames_cpu); }
+TORCH_LIBRARY_IMPL(opforge, CPU, m) {
+  m.impl("preprocess_frames", &preprocess_frames_cpu);
+}
 
 }  // namespace opforge

@@ -25,7 +25,8 @@ struct PreprocessTaps {
 };
 
 // Output rows [begin, end) of all frames (row = frame * out_h + oy).
-using PreprocessRowsFn = void (*)(const PreprocessParams& p, const PreprocessTaps& taps, int64_t begin, int64_t end);
+using PreprocessRowsFn = void (*)(const PreprocessParams& p, const PreprocessTaps& taps, int64_t begin,
+                                  int64_t end);
 
 namespace cpu_default {
 PreprocessRowsFn preprocess_rows(DType out_dtype);

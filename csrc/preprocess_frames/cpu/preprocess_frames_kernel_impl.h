@@ -36,7 +36,8 @@ void store_span(T* dst, const float* src, int64_t len) {
   constexpr int64_t n = VT::size();  // 2 float vectors
   constexpr int64_t f = VF::size();
   int64_t i = 0;
-  for (; i + n <= len; i += n) at::vec::convert_from_float<T>(VF::loadu(src + i), VF::loadu(src + i + f)).store(dst + i);
+  for (; i + n <= len; i += n)
+    at::vec::convert_from_float<T>(VF::loadu(src + i), VF::loadu(src + i + f)).store(dst + i);
   for (; i < len; i += f) {
     const int64_t rest = std::min<int64_t>(f, len - i);
     at::vec::convert_from_float<T>(VF::loadu(src + i, rest), VF(0.0f)).store(dst + i, static_cast<int>(rest));
@@ -57,13 +58,14 @@ void fill_span(T* dst, float value, int64_t len) {
 }
 
 // Region columns [sx0, sx0 + len) of one frame row, no resize: table lookups.
-void convert_span(const PreprocessParams& p, const PreprocessTaps& t, const uint8_t* row, int64_t sx0, int64_t len,
-                  float* const* buf) {
+void convert_span(const PreprocessParams& p, const PreprocessTaps& t, const uint8_t* row, int64_t sx0,
+                  int64_t len, float* const* buf) {
   int64_t j = 0;
 #if defined(CPU_CAPABILITY_AVX2)
   if (preprocess_packed(p)) {
     const int c = static_cast<int>(p.c);
-    const __m256i offsets = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(c));
+    const __m256i offsets =
+        _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(c));
     const __m256i byte = _mm256_set1_epi32(0xff);
     // A 4-byte read of a 3-channel pixel passes into the next pixel: not for the row's last one.
     const int64_t vec_end = c == 4 ? len : std::min(len, p.w - 1 - sx0);
@@ -84,8 +86,8 @@ void convert_span(const PreprocessParams& p, const PreprocessTaps& t, const uint
 
 // Region columns [dx0, dx0 + len) of one output row, resized: bilinear between frame rows r0
 // and r1 (weights h0, h1), then normalized.
-void resize_span(const PreprocessParams& p, const PreprocessTaps& t, const uint8_t* r0, const uint8_t* r1, float h0,
-                 float h1, int64_t dx0, int64_t len, float* const* buf) {
+void resize_span(const PreprocessParams& p, const PreprocessTaps& t, const uint8_t* r0, const uint8_t* r1,
+                 float h0, float h1, int64_t dx0, int64_t len, float* const* buf) {
   int64_t j = 0;
 #if defined(CPU_CAPABILITY_AVX2)
   if (t.g0 != nullptr) {
@@ -97,10 +99,14 @@ void resize_span(const PreprocessParams& p, const PreprocessTaps& t, const uint8
       const __m256i i1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(t.g1 + dx));
       const __m256i s0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(t.sh0 + dx));
       const __m256i s1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(t.sh1 + dx));
-      const __m256i a00 = _mm256_srlv_epi32(_mm256_i32gather_epi32(reinterpret_cast<const int*>(r0), i0, 1), s0);
-      const __m256i a01 = _mm256_srlv_epi32(_mm256_i32gather_epi32(reinterpret_cast<const int*>(r0), i1, 1), s1);
-      const __m256i a10 = _mm256_srlv_epi32(_mm256_i32gather_epi32(reinterpret_cast<const int*>(r1), i0, 1), s0);
-      const __m256i a11 = _mm256_srlv_epi32(_mm256_i32gather_epi32(reinterpret_cast<const int*>(r1), i1, 1), s1);
+      const __m256i a00 =
+          _mm256_srlv_epi32(_mm256_i32gather_epi32(reinterpret_cast<const int*>(r0), i0, 1), s0);
+      const __m256i a01 =
+          _mm256_srlv_epi32(_mm256_i32gather_epi32(reinterpret_cast<const int*>(r0), i1, 1), s1);
+      const __m256i a10 =
+          _mm256_srlv_epi32(_mm256_i32gather_epi32(reinterpret_cast<const int*>(r1), i0, 1), s0);
+      const __m256i a11 =
+          _mm256_srlv_epi32(_mm256_i32gather_epi32(reinterpret_cast<const int*>(r1), i1, 1), s1);
       const VF w1 = VF::loadu(t.l1 + dx);
       const VF w0 = one - w1;
       for (int k = 0; k < 3; ++k) {
@@ -183,10 +189,14 @@ void rows(const PreprocessParams& p, const PreprocessTaps& t, int64_t begin, int
 
 PreprocessRowsFn preprocess_rows(DType out_dtype) {
   switch (out_dtype) {
-    case DType::kFloat32: return &rows<float>;
-    case DType::kFloat16: return &rows<c10::Half>;
-    case DType::kBFloat16: return &rows<c10::BFloat16>;
-    case DType::kFloat64: break;
+    case DType::kFloat32:
+      return &rows<float>;
+    case DType::kFloat16:
+      return &rows<c10::Half>;
+    case DType::kBFloat16:
+      return &rows<c10::BFloat16>;
+    case DType::kFloat64:
+      break;
   }
   return nullptr;
 }

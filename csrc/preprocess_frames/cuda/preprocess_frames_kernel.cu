@@ -131,7 +131,8 @@ struct ConvertTile {
   const uint8_t* base = nullptr;
 };
 
-__device__ __forceinline__ ConvertTile convert_tile(const PreprocessParams& p, int64_t tile, int segs, bool narrow) {
+__device__ __forceinline__ ConvertTile convert_tile(const PreprocessParams& p, int64_t tile, int segs,
+                                                    bool narrow) {
   ConvertTile t;
   int seg = 0;
   if (narrow) {  // 32-bit divisions (the 64-bit ones are a long software sequence)
@@ -156,7 +157,8 @@ __device__ __forceinline__ ConvertTile convert_tile(const PreprocessParams& p, i
   t.staged = t.row_in && preprocess_packed(p) && t.lo < t.hi;
   if (t.staged) {
     const uintptr_t first = reinterpret_cast<uintptr_t>(t.src + static_cast<int64_t>(t.lo) * p.c);
-    const uintptr_t last = reinterpret_cast<uintptr_t>(t.src + static_cast<int64_t>(t.hi) * p.c);  // exclusive
+    const uintptr_t last =
+        reinterpret_cast<uintptr_t>(t.src + static_cast<int64_t>(t.hi) * p.c);  // exclusive
     const uintptr_t base = first & ~uintptr_t{15};
     t.delta = static_cast<int>(first - base);
     t.words = static_cast<int>((last - base + 15) / 16);
@@ -169,13 +171,14 @@ __device__ __forceinline__ ConvertTile convert_tile(const PreprocessParams& p, i
 // commit group per tile (empty when nothing is staged).
 __device__ __forceinline__ void stage_tile(const ConvertTile& t, uint8_t* stage) {
   if (t.staged)
-    for (int i = threadIdx.x; i < t.words; i += kConvertThreads) cuda::cp_async16(stage + 16 * i, t.base + 16 * i, 16);
+    for (int i = threadIdx.x; i < t.words; i += kConvertThreads)
+      cuda::cp_async16(stage + 16 * i, t.base + 16 * i, 16);
   cuda::cp_async_commit();
 }
 
 template <typename T, bool kSwap, bool kAffine>
-__device__ __forceinline__ void convert_pixels(const PreprocessParams& p, const ConvertTile& t, const uint8_t* stage,
-                                               T* out, int64_t plane, bool vec_store) {
+__device__ __forceinline__ void convert_pixels(const PreprocessParams& p, const ConvertTile& t,
+                                               const uint8_t* stage, T* out, int64_t plane, bool vec_store) {
   const int out_w = static_cast<int>(p.out_w);
   const int c = static_cast<int>(p.c);
   const int x0 = t.x_begin + threadIdx.x * kConvertPixels;
@@ -213,9 +216,11 @@ __device__ __forceinline__ void convert_pixels(const PreprocessParams& p, const 
       const bool inside = t.row_in && sx >= 0 && sx < p.rw && x0 + j < out_w;
 #pragma unroll
       for (int k = 0; k < 3; ++k)
-        v[k][j] = inside ? normalize_byte<kAffine>(p, k, byte_to_float(__ldg(t.src + static_cast<int64_t>(sx) * p.s_w +
-                                                                 in_channel<kSwap>(k) * p.s_c)))
-                         : p.pad[k];
+        v[k][j] = inside
+                      ? normalize_byte<kAffine>(p, k,
+                                                byte_to_float(__ldg(t.src + static_cast<int64_t>(sx) * p.s_w +
+                                                                    in_channel<kSwap>(k) * p.s_c)))
+                      : p.pad[k];
     }
   }
   const int valid = min(out_w - x0, kConvertPixels);
@@ -317,8 +322,8 @@ template <typename T, bool kSwap, bool kAffine>
 cudaError_t launch_convert(const PreprocessParams& p, int64_t tiles, cudaStream_t stream) {
   static int per_sm[64] = {};  // resident blocks per SM of this instantiation, per device
   unsigned grid = 0;
-  const cudaError_t err =
-      cuda::resident_grid(convert_kernel<T, kSwap, kAffine>, kConvertThreads, 0, tiles, p.num_sms, per_sm, grid);
+  const cudaError_t err = cuda::resident_grid(convert_kernel<T, kSwap, kAffine>, kConvertThreads, 0, tiles,
+                                              p.num_sms, per_sm, grid);
   if (err != cudaSuccess) return err;
   convert_kernel<T, kSwap, kAffine><<<grid, kConvertThreads, 0, stream>>>(p);
   return cudaGetLastError();
@@ -352,10 +357,14 @@ int run_preprocess_frames_cuda(const PreprocessParams& p, void* stream) {
   if (p.n == 0) return cudaSuccess;
   const auto s = static_cast<cudaStream_t>(stream);
   switch (p.out_dtype) {
-    case DType::kFloat32: return launch_for<float>(p, s);
-    case DType::kFloat16: return launch_for<__half>(p, s);
-    case DType::kBFloat16: return launch_for<__nv_bfloat16>(p, s);
-    case DType::kFloat64: break;
+    case DType::kFloat32:
+      return launch_for<float>(p, s);
+    case DType::kFloat16:
+      return launch_for<__half>(p, s);
+    case DType::kBFloat16:
+      return launch_for<__nv_bfloat16>(p, s);
+    case DType::kFloat64:
+      break;
   }
   return cudaErrorInvalidValue;
 }

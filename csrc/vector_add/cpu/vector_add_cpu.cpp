@@ -71,16 +71,26 @@ at::Tensor vector_add_cpu(const at::Tensor& a, const at::Tensor& b) {
   const VectorAddParams& p = plan.params;
   const AddContiguousFn contiguous = vector_add_contiguous(p.dtype, cpu_isa());
   switch (p.dtype) {
-    case DType::kFloat32: run<float>(p, contiguous); break;
-    case DType::kFloat64: run<double>(p, contiguous); break;
-    case DType::kFloat16: run<c10::Half>(p, contiguous); break;
-    case DType::kBFloat16: run<c10::BFloat16>(p, contiguous); break;
+    case DType::kFloat32:
+      run<float>(p, contiguous);
+      break;
+    case DType::kFloat64:
+      run<double>(p, contiguous);
+      break;
+    case DType::kFloat16:
+      run<c10::Half>(p, contiguous);
+      break;
+    case DType::kBFloat16:
+      run<c10::BFloat16>(p, contiguous);
+      break;
   }
   return plan.out;
 }
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(opforge, CPU, m) { m.impl("vector_add", &vector_add_cpu); }
+TORCH_LIBRARY_IMPL(opforge, CPU, m) {
+  m.impl("vector_add", &vector_add_cpu);
+}
 
 }  // namespace opforge

@@ -50,10 +50,14 @@ void add_contiguous(void* out_, const void* a_, const void* b_, int64_t n) {
 
 AddContiguousFn vector_add_contiguous(DType dtype) {
   switch (dtype) {
-    case DType::kFloat32: return &add_contiguous<float>;
-    case DType::kFloat64: return &add_contiguous<double>;
-    case DType::kFloat16: return &add_contiguous<c10::Half>;
-    case DType::kBFloat16: return &add_contiguous<c10::BFloat16>;
+    case DType::kFloat32:
+      return &add_contiguous<float>;
+    case DType::kFloat64:
+      return &add_contiguous<double>;
+    case DType::kFloat16:
+      return &add_contiguous<c10::Half>;
+    case DType::kBFloat16:
+      return &add_contiguous<c10::BFloat16>;
   }
   return nullptr;
 }

@@ -15,14 +15,16 @@ at::Tensor vector_add_cuda(const at::Tensor& a, const at::Tensor& b) {
   VectorAddPlan plan = plan_vector_add(a, b);
   if (plan.out.numel() == 0) return plan.out;
   plan.params.num_sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
-  const auto err = static_cast<cudaError_t>(
-      run_vector_add_cuda(plan.params, at::cuda::getCurrentCUDAStream().stream()));
+  const auto err =
+      static_cast<cudaError_t>(run_vector_add_cuda(plan.params, at::cuda::getCurrentCUDAStream().stream()));
   TORCH_CHECK(err == cudaSuccess, "opforge.vector_add: CUDA kernel launch failed: ", cudaGetErrorString(err));
   return plan.out;
 }
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(opforge, CUDA, m) { m.impl("vector_add", &vector_add_cuda); }
+TORCH_LIBRARY_IMPL(opforge, CUDA, m) {
+  m.impl("vector_add", &vector_add_cuda);
+}
 
 }  // namespace opforge

@@ -19,8 +19,12 @@ constexpr int kUnroll = 4;  // independent 16-byte loads per operand in flight p
 
 // a + b computed in float for the 16-bit types, then rounded once: the result is the
 // correctly rounded sum, bit-identical to torch.add.
-__device__ __forceinline__ float add(float a, float b) { return a + b; }
-__device__ __forceinline__ double add(double a, double b) { return a + b; }
+__device__ __forceinline__ float add(float a, float b) {
+  return a + b;
+}
+__device__ __forceinline__ double add(double a, double b) {
+  return a + b;
+}
 __device__ __forceinline__ __half add(__half a, __half b) {
   return __float2half_rn(__half2float(a) + __half2float(b));
 }
@@ -97,8 +101,8 @@ constexpr int kStridedUnroll = 4;
 // Any strides (transposed, sliced, expanded inputs): each element's offsets from its linear
 // index over the collapsed dims (innermost last), kStridedUnroll elements per thread in flight.
 template <typename T>
-__global__ void __launch_bounds__(kThreads)
-    add_strided32_kernel(T* __restrict__ out, const T* __restrict__ a, const T* __restrict__ b, Geometry32 g) {
+__global__ void __launch_bounds__(kThreads) add_strided32_kernel(T* __restrict__ out, const T* __restrict__ a,
+                                                                 const T* __restrict__ b, Geometry32 g) {
   constexpr uint32_t kTile = kThreads * kStridedUnroll;
   for (uint32_t base = blockIdx.x * kTile + threadIdx.x; base < g.numel; base += gridDim.x * kTile) {
     uint32_t oo[kStridedUnroll], oa[kStridedUnroll], ob[kStridedUnroll];
@@ -131,8 +135,8 @@ __global__ void __launch_bounds__(kThreads)
 
 // The same with 64-bit indices, for more than 2^31 elements or offsets.
 template <typename T>
-__global__ void __launch_bounds__(kThreads)
-    add_strided64_kernel(T* __restrict__ out, const T* __restrict__ a, const T* __restrict__ b, Geometry<3> g) {
+__global__ void __launch_bounds__(kThreads) add_strided64_kernel(T* __restrict__ out, const T* __restrict__ a,
+                                                                 const T* __restrict__ b, Geometry<3> g) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * kThreads;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; i < g.numel; i += stride) {
     int64_t rem = i, oo = 0, oa = 0, ob = 0;
@@ -162,11 +166,13 @@ cudaError_t launch(const VectorAddParams& p, cudaStream_t stream) {
     if (cuda::is_aligned(out, 16) && cuda::is_aligned(a, 16) && cuda::is_aligned(b, 16)) {
       constexpr int kVec = 16 / sizeof(T);
       const int64_t tiles = (n / kVec + kThreads * kUnroll - 1) / (kThreads * kUnroll);
-      add_flat_kernel<T, kVec, kUnroll><<<cuda::grid_for_tiles(tiles, kThreads, p.num_sms), kThreads, 0, stream>>>(out, a, b, n);
+      add_flat_kernel<T, kVec, kUnroll>
+          <<<cuda::grid_for_tiles(tiles, kThreads, p.num_sms), kThreads, 0, stream>>>(out, a, b, n);
     } else {
       constexpr int kScalarUnroll = 4 * kUnroll;  // same bytes in flight as the vector path
       const int64_t tiles = (n + kThreads * kScalarUnroll - 1) / (kThreads * kScalarUnroll);
-      add_flat_kernel<T, 1, kScalarUnroll><<<cuda::grid_for_tiles(tiles, kThreads, p.num_sms), kThreads, 0, stream>>>(out, a, b, n);
+      add_flat_kernel<T, 1, kScalarUnroll>
+          <<<cuda::grid_for_tiles(tiles, kThreads, p.num_sms), kThreads, 0, stream>>>(out, a, b, n);
     }
   } else if (n <= kMax32 / 2 && g.max_offset(0) <= kMax32 && g.max_offset(1) <= kMax32 &&
              g.max_offset(2) <= kMax32) {
@@ -179,9 +185,12 @@ cudaError_t launch(const VectorAddParams& p, cudaStream_t stream) {
       for (int op = 0; op < 3; ++op) g32.strides[op][d] = static_cast<uint32_t>(g.strides[op][d]);
     }
     const int64_t tiles = (n + kThreads * kStridedUnroll - 1) / (kThreads * kStridedUnroll);
-    add_strided32_kernel<T><<<cuda::grid_for_tiles(tiles, kThreads, p.num_sms), kThreads, 0, stream>>>(out, a, b, g32);
+    add_strided32_kernel<T>
+        <<<cuda::grid_for_tiles(tiles, kThreads, p.num_sms), kThreads, 0, stream>>>(out, a, b, g32);
   } else {
-    add_strided64_kernel<T><<<cuda::grid_for_tiles((n + kThreads - 1) / kThreads, kThreads, p.num_sms), kThreads, 0, stream>>>(out, a, b, g);
+    add_strided64_kernel<T>
+        <<<cuda::grid_for_tiles((n + kThreads - 1) / kThreads, kThreads, p.num_sms), kThreads, 0, stream>>>(
+            out, a, b, g);
   }
   return cudaGetLastError();
 }
@@ -192,10 +201,14 @@ int run_vector_add_cuda(const VectorAddParams& p, void* stream) {
   if (p.geom.numel == 0) return cudaSuccess;
   const auto s = static_cast<cudaStream_t>(stream);
   switch (p.dtype) {
-    case DType::kFloat32: return launch<float>(p, s);
-    case DType::kFloat64: return launch<double>(p, s);
-    case DType::kFloat16: return launch<__half>(p, s);
-    case DType::kBFloat16: return launch<__nv_bfloat16>(p, s);
+    case DType::kFloat32:
+      return launch<float>(p, s);
+    case DType::kFloat64:
+      return launch<double>(p, s);
+    case DType::kFloat16:
+      return launch<__half>(p, s);
+    case DType::kBFloat16:
+      return launch<__nv_bfloat16>(p, s);
   }
   return cudaErrorInvalidValue;
 }
