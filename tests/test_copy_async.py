@@ -191,6 +191,48 @@ def test_error_none_through_the_dispatcher():
         torch.ops.opforge.copy_async(torch.ones(3), None)
 
 
+def test_error_meta_source():
+    """A meta src has no data: refused as Tensor.copy_ refuses it (NotImplementedError), through
+    every entry (the call dispatches to the op's meta kernel, which once returned without writing
+    dst), and dst is left as it was."""
+    meta = torch.ones(3, device="meta")
+    with pytest.raises(NotImplementedError):
+        torch.full((3,), 7.0).copy_(meta)
+    dst = torch.full((3,), 7.0)
+    want = r"opforge\.copy_async: src is a meta tensor, it has no data to copy into dst \(on cpu\)"
+    with pytest.raises(NotImplementedError, match=want):
+        opforge.copy_async(dst, meta)
+    with pytest.raises(NotImplementedError, match=want):
+        torch.ops.opforge.copy_async(dst, meta)
+    assert torch.equal(dst, torch.full((3,), 7.0))
+    with pytest.raises(
+        NotImplementedError,
+        match=r"opforge\.to_device_async: src is a meta tensor, it has no data to copy to cpu",
+    ):
+        opforge.to_device_async(meta, "cpu")
+    with pytest.raises(NotImplementedError, match=want):
+        torch.ops.opforge.to_device_async(meta, torch.device("cpu"))
+
+
+def test_meta_destination_as_copy_():
+    """A meta dst holds no data, so a copy into it has nothing to write: allowed, as Tensor.copy_
+    and Tensor.to("meta") allow it (and the shape and dtype checks still apply)."""
+    for src in (torch.randn(4, 5), torch.empty(4, 5, device="meta")):
+        dst = torch.empty(4, 5, device="meta")
+        assert opforge.copy_async(dst, src) is dst
+        out = opforge.to_device_async(src, "meta")
+        assert out.device.type == "meta" and out.shape == (4, 5) and out.dtype == src.dtype
+    with pytest.raises(RuntimeError, match=r"opforge\.copy_async: src must have the same shape as dst"):
+        opforge.copy_async(torch.empty(4, 5, device="meta"), torch.randn(5, 4))
+
+
+def test_error_meta_source_compile_same_words():
+    torch._dynamo.reset()
+    f = torch.compile(opforge.copy_async, fullgraph=True)
+    with pytest.raises(Exception, match=r"opforge\.copy_async: src is a meta tensor, it has no data"):
+        f(torch.zeros(3), torch.ones(3, device="meta"))
+
+
 # --- compile, opcheck, to_device_async on the CPU ------------------------------------------------
 
 

@@ -49,11 +49,32 @@ def to_device_async(src: torch.Tensor, device: torch.device | str | int) -> torc
     require_tensor("opforge.to_device_async", "src", src)
     if isinstance(device, int):
         device = torch.device("cuda", device)
-    return torch.ops.opforge.to_device_async.default(src, torch.device(device))
+    device = torch.device(device)
+    if src.device.type == "meta" and device.type != "meta":
+        raise NotImplementedError(
+            f"opforge.to_device_async: src is a meta tensor, it has no data to copy to {device} "
+            "(Tensor.to refuses the same)"
+        )
+    return torch.ops.opforge.to_device_async.default(src, device)
+
+
+def check_not_from_meta(op: str, dst: torch.Tensor, src: torch.Tensor) -> None:
+    """Raise NotImplementedError, as ``Tensor.copy_`` does, for a meta ``src`` and a ``dst`` with
+    data: the call dispatches to the meta kernel then, which would return without writing ``dst``.
+    A meta ``dst`` is allowed whatever ``src`` is, as with ``copy_``: it holds no data to write.
+    Fake tensors (torch.compile) report their fake device, so this reads the same there."""
+    if src.device.type == "meta" and dst.device.type != "meta":
+        raise NotImplementedError(
+            f"{op}: src is a meta tensor, it has no data to copy into dst (on {dst.device}); "
+            "Tensor.copy_ refuses the same"
+        )
 
 
 @torch.library.register_fake("opforge::copy_async")
 def _(dst: torch.Tensor, src: torch.Tensor) -> None:
+    # Also the op's Meta kernel: a call with a meta tensor on either side dispatches here (the C++
+    # entry and torch.ops as well), so a meta source is refused here for every entry.
+    check_not_from_meta(OP, dst, src)
     check_same_dtype(OP, "src", src, "dst", dst)
     check_same_shape(OP, "src", src, "dst", dst)
     return None
