@@ -1,4 +1,4 @@
-// Tuning only: the decode sweeps' (decode_variants.cu, decode_lab.cu) view of a call on contiguous
+// Tuning only: the decode sweep's (decode_variants.cu) view of a call on contiguous
 // bf16 q (B, Hq, 1, D 128) and k, v (B, Hkv, S, 128), causal, optional per-sequence key counts
 // (`lens`: int64, kept alive by the caller), writing into out and lse.
 #pragma once

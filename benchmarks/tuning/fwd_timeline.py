@@ -1,5 +1,7 @@
 """Where a Hopper forward block's time goes: per-block clock64 stamps written by the kernel as
-benchmarks/tuning/fwd_timeline.patch instruments it (block start, the producer's Q issue and first
+fwd_timeline.patch instruments it (`git show 3b6aa88:benchmarks/tuning/fwd_timeline.patch`, applied to
+`git show cdd2bc9:csrc/attention/cuda/attention_fwd_hopper_kernel.cuh`: it does not apply to the current
+forward; LOG.md, "Removed tools and patches") (block start, the producer's Q issue and first
 K / V issue, each consumer warpgroup's Q arrival, first tile done, last P V done, epilogue done),
 read back by the launcher into the file OPFORGE_FWD_TIMELINE names (the patch only), summarised here
 per row: the phases' mean cycles, cycles a tile in the main loop, and the idle gap on a
