@@ -584,4 +584,9 @@ def cases(device: torch.device, full: bool) -> list[CaseBuilder]:
     return builders
 
 
-SPEC = Spec(op="attention", cases=cases)
+SPEC = Spec(
+    op="attention",
+    cases=cases,
+    about="opforge.attention vs SDPA and plain PyTorch; on CUDA also FlexAttention and FlashAttention-4 "
+    "(where installed)",
+)

@@ -72,7 +72,7 @@ def plot_ladder(result: dict[str, Any], path: str) -> bool:
         ax.set_xticks([i + 0.4 - width / 2 for i in range(len(shapes))])
         ax.set_xticklabels(["{}x{}x{}".format(*s) if len(set(s)) > 1 else f"{s[0]}³" for s in shapes])
         value_axis(ax, heights, "TFLOP/s")
-        ax.set_title(title, fontsize=10)
+        ax.set_title(f"{title}\nTFLOP/s, higher is better", fontsize=10)
         ax.grid(axis="y", alpha=0.3)
         ax.legend(fontsize=8, loc="upper left")
     fig.suptitle(

@@ -87,4 +87,9 @@ def cases(device: torch.device, full: bool) -> list[CaseBuilder]:
     return builders
 
 
-SPEC = Spec(op="matmul", cases=cases, plots=(write_ladder,))
+SPEC = Spec(
+    op="matmul",
+    cases=cases,
+    plots=(write_ladder,),
+    about="opforge.matmul vs torch.matmul (cuBLAS; oneDNN/MKL on the CPU); on CUDA every kernel (ladder.png)",
+)

@@ -126,4 +126,8 @@ def cases(device: torch.device, full: bool) -> list[CaseBuilder]:
     ]
 
 
-SPEC = Spec(op="nms", cases=cases)
+SPEC = Spec(
+    op="nms",
+    cases=cases,
+    about="opforge.nms and batched_nms vs torchvision.ops (and the Python greedy loop with --full)",
+)

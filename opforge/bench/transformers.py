@@ -254,5 +254,13 @@ def generate_cases(device: torch.device, full: bool) -> list[CaseBuilder]:
     ]
 
 
-SPEC = Spec(op="transformers", cases=cases)
-GENERATE_SPEC = Spec(op="transformers_generate", cases=generate_cases)
+SPEC = Spec(
+    op="transformers",
+    cases=cases,
+    about="a Mistral-type model's prefill on opforge attention vs eager, sdpa (and flex_attention on CUDA)",
+)
+GENERATE_SPEC = Spec(
+    op="transformers_generate",
+    cases=generate_cases,
+    about="the same model's static-cache generate() vs eager/sdpa (flex_attention on CUDA); --full only",
+)

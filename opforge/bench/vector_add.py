@@ -77,4 +77,4 @@ def cases(device: torch.device, full: bool) -> list[CaseBuilder]:
     return builders
 
 
-SPEC = Spec(op="vector_add", cases=cases)
+SPEC = Spec(op="vector_add", cases=cases, about="opforge.vector_add vs torch.add and the float64 reference")

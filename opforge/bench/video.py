@@ -235,4 +235,9 @@ def cases(device: torch.device, full: bool) -> list[CaseBuilder]:
     return builders
 
 
-SPEC = Spec(op="video", cases=cases)
+SPEC = Spec(
+    op="video",
+    cases=cases,
+    about="opforge.preprocess_frames vs the PyTorch chain, torchvision v2 and OpenCV; on CUDA FrameStream "
+    "vs serial loops and the copy bounds",
+)
