@@ -20,8 +20,10 @@ rules (csrc/attention/attention_params.h) tile by tile.
 from __future__ import annotations
 
 import numbers
-from collections.abc import Callable
+import sys
+from collections.abc import Callable, Iterator
 
+import numpy as np
 import torch
 
 OP = "opforge.block_mask"
@@ -163,18 +165,26 @@ class BlockMask:
 
     @classmethod
     def from_dense(cls, mask: torch.Tensor, block_size: int | tuple[int, int] = 128) -> BlockMask:
-        """From a bool tensor (B, H, Sq, Sk), (H, Sq, Sk) or (Sq, Sk) (missing dims: broadcast)."""
+        """From a bool tensor (B, H, Sq, Sk), (H, Sq, Sk) or (Sq, Sk) (missing dims: broadcast).
+        The mask is read about 16 MiB at a time and packed to bits before it is classified, so the
+        temporaries stay a small fraction of its size (plus the partial blocks' bits, at most 1/8 of
+        it, held twice while they are joined)."""
         if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
             raise TypeError(f"{OP}.from_dense: mask must be a bool tensor, got {_describe(mask)}")
         if not 2 <= mask.dim() <= 4:
             raise ValueError(
                 f"{OP}.from_dense: mask must be (B, H, Sq, Sk), (H, Sq, Sk) or (Sq, Sk), got {mask.dim()}-D"
             )
+        if mask.device.type == "meta":
+            raise NotImplementedError(
+                f"{OP}.from_dense: mask is a meta tensor; a block mask's contents are computed from the "
+                "mask's values, so it cannot be built from one without data"
+            )
         while mask.dim() < 4:
             mask = mask.unsqueeze(0)
         bq, bk = _block_size(block_size)
         B, H, sq, sk = mask.shape
-        kinds, index, bits = _classify([mask], sq, sk, bq, bk)
+        kinds, index, bits = _classify(_dense_pieces(mask, bq), (B, H), sq, sk, bq, bk, mask.device)
         return cls(kinds, index, bits, (B, H, sq, sk), (bq, bk))
 
     def to(self, device: torch.device | str) -> BlockMask:
@@ -251,7 +261,9 @@ def block_mask(
     """A `BlockMask` from ``fn(b, h, q, kv) -> bool``, evaluated once on index tensors that broadcast
     ((B, 1, 1, 1), (1, H, 1, 1), (1, 1, rows, 1), (1, 1, 1, Sk)), a few block rows at a time.
     ``B`` or ``H`` None: the mask is the same for every batch row / head (fn sees index 0).
-    Nothing is compiled: a new fn costs its evaluation only."""
+    Nothing is compiled: a new fn costs its evaluation only. ``device``: where fn is evaluated and
+    the mask's tensors live (None: the default device); not meta, since what the mask holds (which
+    blocks are partial, so even the size of its bits) depends on fn's values."""
     if not callable(fn):
         raise TypeError(f"{OP}: fn must be callable, got {_describe(fn)}")
     for name, value, allow_none in (("B", B, True), ("H", H, True), ("Sq", Sq, False), ("Sk", Sk, False)):
@@ -266,6 +278,14 @@ def block_mask(
                 f"{OP}: {name} must be a {'positive ' if allow_none else 'non-negative '}int, got {value!r}"
             )
     bq, bk = _block_size(block_size)
+    target = torch.empty(0, device=device).device  # None: the default device (torch.device context)
+    if target.type == "meta":
+        raise NotImplementedError(
+            f"{OP}: device is meta{' (the default device)' if device is None else ''}; a block mask's "
+            "contents are computed (which blocks are empty, full or partial, and so how many partial "
+            "blocks its bits hold, depend on fn's values), so it cannot be built on the meta device; "
+            "build it on the CPU or the target device"
+        )
     Sq, Sk = int(Sq), int(Sk)
     nb, nh = int(B or 1), int(H or 1)
     b = torch.arange(nb, device=device)[:, None, None, None]
@@ -289,9 +309,9 @@ def block_mask(
                     f"(it is called with b {tuple(b.shape)}, h {tuple(h.shape)}, q {tuple(q.shape)} and "
                     f"kv {tuple(kv.shape)}), got shape {tuple(out.shape)}"
                 ) from None
-            yield out
+            yield slice(None), slice(None), r0 // bq, out
 
-    kinds, index, bits = _classify(chunks(), Sq, Sk, bq, bk, nb, nh, device)
+    kinds, index, bits = _classify(chunks(), (nb, nh), Sq, Sk, bq, bk, target)
     return BlockMask(kinds, index, bits, (nb, nh, Sq, Sk), (bq, bk))
 
 
@@ -317,42 +337,121 @@ def _block_size(block_size) -> tuple[int, int]:
     return int(bq), int(bk)
 
 
+# Mask elements packed at a time by from_dense (16 MiB of bool): the packing's temporaries are a
+# fraction of a piece this size, so they stay a bounded amount whatever the mask's size.
+_PIECE_ELEMS = 1 << 24
+
+
+def _dense_pieces(mask: torch.Tensor, bq: int) -> Iterator[tuple[slice, slice, int, torch.Tensor]]:
+    """A (B, H, Sq, Sk) mask as views of about _PIECE_ELEMS elements each, in the order of the
+    blocks (b, h, block row, block column) row-major: whole (Sq, Sk) planes of several heads of one
+    batch row at a time, else block rows of one (b, h). Views only: nothing is copied (an expanded
+    mask stays expanded)."""
+    B, H, sq, sk = mask.shape
+    plane = sq * sk
+    if plane <= _PIECE_ELEMS:
+        heads = max(1, _PIECE_ELEMS // max(1, plane))
+        for b in range(B):
+            for h0 in range(0, H, heads):
+                h1 = min(H, h0 + heads)
+                yield slice(b, b + 1), slice(h0, h1), 0, mask[b : b + 1, h0:h1]
+        return
+    rows = max(1, _PIECE_ELEMS // (bq * sk)) * bq
+    for b in range(B):
+        for h in range(H):
+            for r0 in range(0, sq, rows):
+                yield slice(b, b + 1), slice(h, h + 1), r0 // bq, mask[b : b + 1, h : h + 1, r0 : r0 + rows]
+
+
+def _pack_bits(m: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
+    """uint8 (..., rows, cols / 8): m's elements 8 to a byte (element 8k + i in bit i of byte k),
+    m (..., r, c) padded with False to (rows, cols) (cols a multiple of 64). On the CPU numpy's
+    packbits (one pass, no temporaries beyond the result); elsewhere `_pack_bits_torch`."""
+    if m.device.type != "cpu":
+        return _pack_bits_torch(m, rows, cols)
+    packed = torch.from_numpy(np.packbits(m.numpy(), axis=-1, bitorder="little"))
+    r, c8 = packed.shape[-2:]
+    if (r, c8) == (rows, cols // 8):
+        return packed
+    out = torch.zeros(*packed.shape[:-2], rows, cols // 8, dtype=torch.uint8)
+    out[..., :r, :c8] = packed
+    return out
+
+
+def _pack_bits_torch(m: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
+    """`_pack_bits` with torch ops (any device, little-endian: every GPU): eight bools read as one
+    int64 (element i in bit 8 i) gathered into its low byte by three shift-ors. Temporaries: two
+    tensors of m's padded size."""
+    buf = torch.zeros(*m.shape[:-2], rows, cols, dtype=torch.bool, device=m.device)
+    buf[..., : m.shape[-2], : m.shape[-1]] = m
+    x = buf.view(torch.int64)  # bytes 0 / 1, so x < 2^57 and the shifts stay non-negative
+    s = x >> 7
+    x |= s  # byte k: element k in bit 0, element k + 1 in bit 1
+    torch.bitwise_right_shift(x, 14, out=s)
+    x |= s  # bits 2-3: elements k + 2, k + 3
+    torch.bitwise_right_shift(x, 28, out=s)
+    x |= s  # bits 4-7: elements k + 4 .. k + 7; byte 0 holds elements 0-7
+    x &= 0xFF
+    return x.to(torch.uint8)
+
+
 def _classify(
-    chunks, sq: int, sk: int, bq: int, bk: int, nb: int | None = None, nh: int | None = None, device=None
-):
-    """kinds, index, bits of a mask given as chunks of whole block rows (B, H, rows, Sk)."""
+    pieces: Iterator[tuple[slice, slice, int, torch.Tensor]],
+    bh: tuple[int, int],
+    sq: int,
+    sk: int,
+    bq: int,
+    bk: int,
+    device: torch.device,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """kinds, index, bits of a mask given as pieces (b slice, h slice, first block row, (b, h, rows,
+    Sk) bool) of whole block rows; partial blocks are numbered in the pieces' order, row-major within
+    each. A piece is packed to bits (1/8 of its bytes) and its blocks classified on the packed words:
+    the temporaries are about the piece's packed size, the bits of the partial blocks kept."""
     nq, nk = -(-sq // bq), -(-sk // bk)
-    kinds_rows, index_rows, parts = [], [], []
+    kinds: torch.Tensor | None = None
+    index: torch.Tensor | None = None
+    parts: list[torch.Tensor] = []
     count = 0
-    for m in chunks:
-        nb, nh, rows = m.shape[0], m.shape[1], m.shape[2]
-        dev = m.device
-        pq, pk = -(-rows // bq) * bq - rows, nk * bk - sk
-        # Padding (beyond Sq / Sk) counts as visible for the "full" test and as hidden for the bits.
-        padded_any = torch.nn.functional.pad(m, (0, pk, 0, pq), value=False)
-        padded_all = torch.nn.functional.pad(m, (0, pk, 0, pq), value=True)
-        rq = padded_any.shape[2] // bq
-        blocks = padded_any.reshape(nb, nh, rq, bq, nk, bk).transpose(3, 4)  # (B, H, rq, nk, bq, bk)
-        full = padded_all.reshape(nb, nh, rq, bq, nk, bk).transpose(3, 4).flatten(-2).all(-1)
-        some = blocks.flatten(-2).any(-1)
+    shape = (bh[0], bh[1], nq, nk)
+    # The columns beyond Sk, as set bits of the packed rows' int64 words (laid out as the rows are).
+    beyond = torch.arange(max(nk, 1) * bk) >= sk
+    col_pad = _pack_bits(beyond[None], 1, max(nk, 1) * bk).view(torch.int64).reshape(-1)
+    for bs, hs, q0, m in pieces:
+        if kinds is None or index is None:
+            kinds = torch.empty(shape, dtype=torch.uint8, device=m.device)
+            index = torch.empty(shape, dtype=torch.int32, device=m.device)
+            col_pad = col_pad.to(m.device)
+        g, rows = m.shape[0] * m.shape[1], m.shape[2]
+        if g * rows * nk == 0:  # no block in it
+            continue
+        rq = -(-rows // bq)
+        packed = _pack_bits(m, rq * bq, nk * bk).reshape(g, rq * bq, nk * bk // 8)
+        # Per int64 word of the rows (64 elements): any element set, every element set (the columns
+        # beyond Sk count as set, the rows beyond Sq as full); reduced over each block's rows first
+        # (a contiguous inner dimension), then over its words.
+        words = packed.view(torch.int64).reshape(g, rq, bq, nk * bk // 64)
+        some = (words != 0).any(2).reshape(g, rq, nk, bk // 64).any(-1)
+        set_ = (words | col_pad[: nk * bk // 64]) == -1
+        set_.view(g, rq * bq, -1)[:, rows:] = True
+        full = set_.all(2).reshape(g, rq, nk, bk // 64).all(-1)
         kind = torch.where(full, 1, torch.where(some, 2, 0)).to(torch.uint8)
         partial = kind == 2
-        index = torch.full(kind.shape, -1, dtype=torch.int32, device=dev)
         n = int(partial.sum())
+        idx = torch.full(kind.shape, -1, dtype=torch.int32, device=kind.device)
         if n:
-            index[partial] = torch.arange(count, count + n, dtype=torch.int32, device=dev)
-            sel = blocks[partial].reshape(-1, bq, bk // 32, 32).long()
-            words = (sel << torch.arange(32, device=dev)).sum(-1)
-            parts.append(torch.where(words >= 2**31, words - 2**32, words).to(torch.int32))
+            idx[partial] = torch.arange(count, count + n, dtype=torch.int32, device=kind.device)
+            blocks = packed.reshape(g, rq, bq, nk, bk // 8).transpose(2, 3)[partial]  # (n, bq, bk / 8)
+            if sys.byteorder == "big" and blocks.device.type == "cpu":  # int32 words read little-endian
+                blocks = blocks.reshape(n, bq, bk // 32, 4).flip(-1)
+            parts.append(blocks.contiguous().view(torch.int32).reshape(n, bq, bk // 32))
             count += n
-        kinds_rows.append(kind)
-        index_rows.append(index)
-    if not kinds_rows:  # Sq == 0
-        shape = (nb or 1, nh or 1, nq, nk)
+        sel = (bs, hs, slice(q0, q0 + rq))
+        kinds[sel] = kind.reshape(m.shape[0], m.shape[1], rq, nk)
+        index[sel] = idx.reshape(m.shape[0], m.shape[1], rq, nk)
+    if kinds is None or index is None:  # no block (Sq, Sk, B or H zero)
         kinds = torch.zeros(shape, dtype=torch.uint8, device=device)
         index = torch.full(shape, -1, dtype=torch.int32, device=device)
-    else:
-        kinds, index = torch.cat(kinds_rows, dim=2), torch.cat(index_rows, dim=2)
     bits = (
         torch.cat(parts) if parts else torch.zeros((0, bq, bk // 32), dtype=torch.int32, device=kinds.device)
     )
