@@ -515,3 +515,302 @@ def test_paged_attention_errors_and_registration():
         otf.opforge_paged_attention(
             module, q, k, k, None, cache=cache, cu_seq_lens_q=cu, cu_seq_lens_k=cu, s_aux=torch.zeros(4)
         )
+
+
+# ---- every keyword a model passes: implemented, without effect, or refused -----------------------
+
+
+def tiny_gpt_oss() -> transformers.PreTrainedModel:
+    """A 2-layer gpt-oss (one sliding, one full layer) with random attention sinks."""
+    cfg = transformers.GptOssConfig(
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        sliding_window=8,
+        num_local_experts=4,
+        num_experts_per_tok=2,
+        layer_types=["sliding_attention", "full_attention"],
+        max_position_embeddings=256,
+    )
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(getattr(module, "sinks", None), torch.Tensor):
+                module.sinks.normal_()
+    return model
+
+
+SINKS_ERROR = (
+    r"opforge\.integrations\.transformers: attention sinks \({}=.*not supported yet.*"
+    r"use attn_implementation='eager'"
+)
+
+
+def test_gpt_oss_attention_sinks_are_refused():
+    """gpt-oss passes its sinks (s_aux=module.sinks): opforge has none, so the model refuses to run
+    instead of returning logits that differ from eager's (finding r0: by 0.2-0.3, silently)."""
+    model = tiny_gpt_oss()
+    ids = torch.randint(1, VOCAB, (2, 21))
+    with torch.no_grad():
+        model.set_attn_implementation("eager")
+        assert model(ids).logits.isfinite().all()  # (the model itself runs)
+        model.set_attn_implementation("opforge")
+        with pytest.raises(NotImplementedError, match=SINKS_ERROR.format("s_aux")):
+            model(ids)
+        with pytest.raises(NotImplementedError, match=SINKS_ERROR.format("s_aux")):
+            model.generate(ids, max_new_tokens=2, do_sample=False, pad_token_id=0)
+    # The sinks on the module alone (gpt-oss's eager function reads module.sinks) are refused too, by
+    # both functions.
+    attn = model.model.layers[1].self_attn
+    q, k = torch.randn(1, 4, 5, 16), torch.randn(1, 2, 5, 16)
+    with pytest.raises(NotImplementedError, match=SINKS_ERROR.format(r"module\.sinks")):
+        otf.opforge_attention(attn, q, k, k, None)
+    cu = torch.tensor([0, 5], dtype=torch.int32)
+    cache = _GatheredCache([torch.randn(0, 2, 16)], [torch.randn(0, 2, 16)])
+    cache.new_counts = [5]
+    with pytest.raises(NotImplementedError, match=SINKS_ERROR.format(r"module\.sinks")):
+        otf.opforge_paged_attention(attn, q, k, k, None, cache=cache, cu_seq_lens_q=cu, cu_seq_lens_k=cu)
+
+
+def test_t5_position_bias_is_refused():
+    # T5 adds its relative position bias to the scores (position_bias=, in every layer).
+    cfg = transformers.T5Config(
+        vocab_size=VOCAB,
+        d_model=32,
+        d_kv=8,
+        d_ff=32,
+        num_layers=1,
+        num_decoder_layers=1,
+        num_heads=4,
+        decoder_start_token_id=0,
+        pad_token_id=0,
+    )
+    torch.manual_seed(0)
+    # (loaded with the implementation: transformers 5.17's set_attn_implementation leaves T5's encoder
+    # and decoder, which hold copies of the config, on sdpa)
+    model = transformers.AutoModelForSeq2SeqLM.from_config(cfg, attn_implementation="opforge").eval()
+    ids = torch.randint(1, VOCAB, (2, 7))
+    with torch.no_grad(), pytest.raises(NotImplementedError, match=r"transformers: .*\(position_bias=: T5"):
+        model(input_ids=ids, decoder_input_ids=ids)
+
+
+def qkv(batch: int = 1, length: int = 8) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    torch.manual_seed(1)
+    return (
+        torch.randn(batch, 4, length, 16),
+        torch.randn(batch, 2, length, 16),
+        torch.randn(batch, 2, length, 16),
+    )
+
+
+@pytest.mark.parametrize(
+    "name,value,match",
+    [
+        # Inkling 2's per-token sinks
+        ("sinks", torch.zeros(1, 4, 8, 1), r"attention sinks \(sinks=.*use attn_implementation='eager'"),
+        ("position_bias", torch.zeros(1, 4, 8, 8), r"score biases; use attn_implementation='eager'"),
+        ("head_mask", torch.ones(4), r"head_mask= .* is not supported"),
+        ("indices", torch.zeros(1, 8, 4, dtype=torch.long), r"selected keys \(indices="),  # DeepSeek V3.2
+        ("block_indices", torch.zeros(1, 8, 2, dtype=torch.long), r"key blocks \(block_indices="),  # MiniMax
+        ("read_index", [torch.arange(8)], r"\(read_index=\) need the 'paged\|opforge' implementation"),
+        ("write_index", [torch.arange(8)], r"\(write_index=\) need the 'paged\|opforge' implementation"),
+        ("block_table", torch.zeros(1, 1, dtype=torch.int32), r"\(block_table=\) need the 'paged\|opforge'"),
+    ],
+)
+def test_refused_kwargs(name, value, match):
+    """What changes the result and opforge does not do is an error naming the argument, never dropped
+    (an all-zero bias or sink included: a sink of 0 still adds exp(0) to every denominator)."""
+    q, k, v = qkv()
+    module = build("llama", "opforge").model.layers[0].self_attn
+    assert otf.opforge_attention(module, q, k, v, None, **{name: None})[0].shape == (1, 8, 4, 16)
+    with pytest.raises(NotImplementedError, match=r"^opforge\.integrations\.transformers: .*" + match):
+        otf.opforge_attention(module, q, k, v, None, **{name: value})
+
+
+def test_unknown_kwarg_is_refused_not_ignored():
+    """A keyword outside the audit (one a later transformers may add, or a user's own that the model
+    hands every layer) is a TypeError naming it; None passes (unset)."""
+    q, k, v = qkv()
+    module = build("llama", "opforge").model.layers[0].self_attn
+    with pytest.raises(TypeError, match=r"transformers: the model passed attention_bias= \(Tensor\), which"):
+        otf.opforge_attention(module, q, k, v, None, attention_bias=torch.zeros(1, 4, 8, 8))
+    assert otf.opforge_attention(module, q, k, v, None, attention_bias=None)[0].shape == (1, 8, 4, 16)
+    model = build("llama", "opforge")
+    ids = torch.randint(1, VOCAB, (1, 8))
+    with torch.no_grad(), pytest.raises(TypeError, match=r"the model passed my_scores_bias= \(Tensor\)"):
+        model(ids, my_scores_bias=torch.zeros(1))
+
+
+def test_kwargs_without_effect_change_nothing():
+    """The keywords that cannot change attention's result (position ids, the cache's, the model's
+    outputs, the loss's normaliser, continuous batching's head indices, FlashAttention's maxima) give
+    the output of the call without them, bit for bit; in a model too (output_hidden_states,
+    num_items_in_batch)."""
+    q, k, v = qkv()
+    module = build("llama", "opforge").model.layers[0].self_attn
+    want = otf.opforge_attention(module, q, k, v, None, scaling=0.3)[0]
+    extra = dict(
+        position_ids=torch.arange(8)[None],
+        position_embeddings=(torch.ones(1, 8, 16), torch.zeros(1, 8, 16)),
+        max_length_q=8,
+        max_length_k=8,
+        use_cache=True,
+        cache=object(),
+        past_key_values=object(),
+        output_hidden_states=True,
+        output_router_logits=True,
+        num_items_in_batch=torch.tensor(5),
+        seq_idx=torch.zeros(1, 8, dtype=torch.int32),
+        logits_indices=torch.tensor([7]),
+        logits_processor_args=torch.zeros(1, 1),
+        output_attentions=False,
+    )
+    assert set(extra) - {"output_attentions"} == set(otf._NO_EFFECT)
+    assert torch.equal(otf.opforge_attention(module, q, k, v, None, scaling=0.3, **extra)[0], want)
+    model = build("llama", "opforge")
+    ids = torch.randint(1, VOCAB, (2, 12))
+    with torch.no_grad():
+        a = model(ids).logits
+        b = model(ids, output_hidden_states=True, num_items_in_batch=torch.tensor(24)).logits
+    assert torch.equal(a, b)
+
+
+def test_sliding_window_without_a_mask_both_sides():
+    """A call without a mask reads sliding_window as FlashAttention does (keys within w - 1 of the
+    query, the later side cut when causal): ModernBERT-style bidirectional local attention too."""
+    q, k, v = qkv(2, 20)
+    module = torch.nn.Module()
+    i = torch.arange(20)
+    for causal in (True, False):
+        module.is_causal = causal
+        got = otf.opforge_attention(module, q, k, v, None, sliding_window=5, scaling=0.25)[0]
+        seen = (i[None, :] - i[:, None]).abs() <= 4
+        if causal:
+            seen &= i[None, :] <= i[:, None]
+        kr, vr = (t.repeat_interleave(2, 1) for t in (k, v))
+        want = torch.nn.functional.scaled_dot_product_attention(q, kr, vr, attn_mask=seen, scale=0.25)
+        torch.testing.assert_close(got, want.transpose(1, 2), atol=1e-5, rtol=1e-5)
+
+
+def test_deterministic_reaches_the_kernels(monkeypatch):
+    """ModernBERT passes deterministic= (FlashAttention's backward switch): it reaches opforge.attention
+    and opforge.attention_varlen, which mean the same by it."""
+    seen = []
+    for op in ("attention", "attention_varlen"):
+        real = getattr(opforge, op)
+        monkeypatch.setattr(
+            opforge, op, lambda *a, _real=real, **k: seen.append(k["deterministic"]) or _real(*a, **k)
+        )
+    q, k, v = qkv()
+    module = build("llama", "opforge").model.layers[0].self_attn
+    cu = torch.tensor([0, 3, 8], dtype=torch.int32)
+    for flag in (True, False):
+        otf.opforge_attention(module, q, k, v, None, deterministic=flag)
+        otf.opforge_attention(module, q, k, v, None, deterministic=flag, cu_seq_lens_q=cu, cu_seq_lens_k=cu)
+    assert seen == [True, True, False, False]
+
+
+def test_modernbert_local_and_global_layers_match_eager():
+    # Bidirectional sliding-window layers (local_attention 8) and global ones, a padded batch; the model
+    # passes sliding_window= and deterministic= besides the mask.
+    cfg = transformers.ModernBertConfig(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        global_attn_every_n_layers=3,
+        local_attention=8,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+        cls_token_id=1,
+        sep_token_id=2,
+        max_position_embeddings=128,
+    )
+    ids = torch.randint(3, VOCAB, (2, 20))
+    mask = torch.ones_like(ids)
+    mask[1, 15:] = 0
+    out = {}
+    for impl in ("eager", "opforge"):
+        torch.manual_seed(0)
+        model = transformers.ModernBertModel(cfg).eval()
+        model.set_attn_implementation(impl)
+        with torch.no_grad():
+            out[impl] = model(ids, attention_mask=mask).last_hidden_state
+    real = mask.bool()
+    assert close(out["opforge"][real], out["eager"][real])
+
+
+def test_packed_offsets_that_cannot_be_honoured_are_refused():
+    """cu_seq_lens_q / cu_seq_lens_k say where packed sequences are; a call that cannot run them on
+    opforge.attention_varlen refuses them instead of attending across the sequences."""
+    err = r"transformers: cu_seq_lens_q / cu_seq_lens_k \(FlashAttention's packed-sequence offsets\) cannot"
+    module = build("llama", "opforge").model.layers[0].self_attn
+    cu = torch.tensor([0, 3, 8], dtype=torch.int32)
+    q, k, v = qkv(2)
+    with pytest.raises(NotImplementedError, match=err + r".*got a batch of 2"):
+        otf.opforge_attention(module, q, k, v, None, cu_seq_lens_q=cu, cu_seq_lens_k=cu)
+    q, k, v = qkv()
+    with pytest.raises(NotImplementedError, match=err + r".*each a 1-D tensor, got Tensor and NoneType"):
+        otf.opforge_attention(module, q, k, v, None, cu_seq_lens_q=cu)
+    with pytest.raises(NotImplementedError, match=err + r".*got Tensor and dict"):
+        otf.opforge_attention(module, q, k, v, None, cu_seq_lens_q=cu, cu_seq_lens_k={"full_attention": cu})
+    dense_mask = torch.ones(1, 1, 8, 8, dtype=torch.bool).tril()
+    with pytest.raises(NotImplementedError, match=err + r".*a block mask"):
+        otf.opforge_attention(module, q, k, v, dense_mask, cu_seq_lens_q=cu, cu_seq_lens_k=cu)
+    # A padding mask with the offsets, in a model: the padded keys are not dropped.
+    model = build("llama", "opforge")
+    ids = torch.randint(1, VOCAB, (1, 8))
+    pad = torch.ones_like(ids)
+    pad[0, 5:] = 0
+    with torch.no_grad(), pytest.raises(NotImplementedError, match=err + r".*a padding mask"):
+        model(ids, attention_mask=pad, cu_seq_lens_q=cu, cu_seq_lens_k=cu, use_cache=False)
+
+
+def test_paged_attention_refuses_what_it_would_drop():
+    module = torch.nn.Module()
+    module.layer_idx = 0
+    q, k = torch.randn(1, 4, 3, 16), torch.randn(1, 2, 3, 16)
+    cache = _GatheredCache([torch.randn(0, 2, 16)], [torch.randn(0, 2, 16)])
+    cache.new_counts = [3]
+    cu = torch.tensor([0, 3], dtype=torch.int32)
+    args = dict(cache=cache, cu_seq_lens_q=cu, cu_seq_lens_k=cu)
+    with pytest.raises(ValueError, match=r"'paged\|opforge' takes no attention_mask .*got Tensor"):
+        otf.opforge_paged_attention(module, q, k, k, torch.ones(1, 1, 3, 3, dtype=torch.bool), **args)
+    with pytest.raises(NotImplementedError, match=r"is_causal=False is not supported"):
+        otf.opforge_paged_attention(module, q, k, k, None, is_causal=False, **args)
+    with pytest.raises(TypeError, match=r"the model passed attention_bias= \(Tensor\)"):
+        otf.opforge_paged_attention(module, q, k, k, None, attention_bias=torch.zeros(1), **args)
+    with pytest.raises(NotImplementedError, match=r"\(position_bias=: T5"):
+        otf.opforge_paged_attention(module, q, k, k, None, position_bias=torch.zeros(1), **args)
+    with pytest.raises(ValueError, match="output_attentions"):
+        otf.opforge_paged_attention(module, q, k, k, None, output_attentions=True, **args)
+    # what continuous batching passes besides runs (5.17's keywords, none refused)
+    out, _ = otf.opforge_paged_attention(
+        module,
+        q,
+        k,
+        k,
+        None,
+        **args,
+        max_seqlen_q=3,
+        max_seqlen_k=3,
+        read_index=[None],
+        write_index=[None],
+        block_table=None,
+        logits_indices=torch.tensor([2]),
+        logits_processor_args=torch.zeros(1, 1),
+        position_ids=torch.arange(3)[None],
+        use_cache=False,
+        dropout=0.0,
+        sliding_window=None,
+        is_causal=True,
+    )
+    assert out.shape == (1, 3, 4, 16)

@@ -25,8 +25,15 @@ function) run on ``opforge.attention_varlen``: each sequence's tiles on their ow
 two sequences. Without those kwargs (position ids alone) the mask function's segment ids say where
 the sequences are (packed documents of one row).
 
-Not supported (a clear error instead of a silent difference): attention dropout while training
-(``attention_dropout > 0``), ``output_attentions=True`` (no S x S matrix exists to return).
+Every keyword a model passes is read (see ``_NO_EFFECT`` and ``_REFUSED`` for the audit of what
+transformers 5.17 and 5.25 pass): implemented (``scaling``, ``softcap``, ``sliding_window``,
+``is_causal``, ``deterministic``, ``cu_seq_lens_q`` / ``cu_seq_lens_k``), without effect on the result
+for a reason written down (``position_ids``: RoPE has used them, ...), or refused with a clear error
+when set: attention sinks (``s_aux`` / ``sinks``, gpt-oss), score biases (``position_bias``, T5),
+sparse attention's selected keys (``indices`` / ``block_indices``), ``head_mask``, attention dropout
+while training (``attention_dropout > 0``), ``output_attentions=True`` (no S x S matrix exists to
+return), packed-sequence offsets the call cannot honour, and any keyword not in the audit (a
+TypeError naming it: never a silent difference).
 """
 
 from __future__ import annotations
@@ -49,12 +56,14 @@ class OpforgeMask:
 
     ``kwargs`` are opforge.attention's pattern arguments (causal, window, segment_ids, mask) for
     queries at absolute positions q_offset .. q_offset + q_length - 1 and the first ``keys`` keys of
-    the layer's cache (the rest of a static cache is not yet written and never visible)."""
+    the layer's cache (the rest of a static cache is not yet written and never visible). ``padded``:
+    a padding mask is part of the pattern (as segment ids)."""
 
     kwargs: dict[str, Any]
     q_length: int
     kv_length: int
     keys: int
+    padded: bool = False
 
     # transformers reads a mask's shape and rank in places; those of the dense mask it stands for.
     @property
@@ -185,7 +194,7 @@ def _static_decode_mask(
         pad = full_padding[:, kv_offset : kv_offset + kv_length]
         kv_seg = torch.where(pad, 0, -1).to(torch.int64).expand(batch_size, kv_length).contiguous()
         out["segment_ids"] = (torch.zeros(batch_size, 1, dtype=torch.int64, device=device), kv_seg)
-    return OpforgeMask(out, 1, kv_length, kv_length)
+    return OpforgeMask(out, 1, kv_length, kv_length, padded=full_padding is not None)
 
 
 def opforge_mask(
@@ -259,7 +268,96 @@ def opforge_mask(
         if pad is not None:  # padded keys get an id no query has
             kv_seg = torch.where(pad.to(dev), kv_seg, torch.full_like(kv_seg, -1))
         out["segment_ids"] = (q_seg.contiguous(), kv_seg.contiguous())
-    return OpforgeMask(out, q_length, kv_length, keys)
+    return OpforgeMask(out, q_length, kv_length, keys, padded=pad is not None)
+
+
+# ---- the keywords the models pass ---------------------------------------------------------------
+#
+# What transformers 5.17 and 5.25 hand an attention function, read from their sources (every model's
+# attention_interface(...) call, the keywords their layers spread into it through **kwargs,
+# TransformersKwargs, continuous batching's arguments) and from runs of small models. Each keyword is
+# implemented (the functions' parameters: dropout, scaling, softcap, sliding_window, is_causal,
+# deterministic, cu_seq_lens_q / cu_seq_lens_k; output_attentions=False), refused when set (_REFUSED,
+# attention dropout while training, output_attentions=True), or cannot change the result (_NO_EFFECT,
+# with why). Any other keyword with a value is refused as well (_check_kwargs): a keyword a later
+# transformers adds is an error until it is read here, never a silent difference.
+
+_NO_EFFECT: dict[str, str] = {
+    "position_ids": "the layer has rotated q and k by them (RoPE) before the call; packed sequences in them "
+    "are read where eager and sdpa read them, by the mask function (create_causal_mask(position_ids=...), "
+    "without a padding mask or a cache), whose mask says them as segment ids",
+    "position_embeddings": "RoPE's (cos, sin), applied to q and k by the layer before the call",
+    "max_length_q": "FlashAttention's maxima of the cu_seq_lens_q / cu_seq_lens_k lengths: "
+    "opforge.attention_varlen finds every length from the offsets themselves",
+    "max_length_k": "(as max_length_q)",
+    "use_cache": "the layer has written k and v to its cache before the call; k and v hold the keys",
+    "cache": "the layer's cache, already updated: k and v hold its keys (transformers 5.25's name)",
+    "past_key_values": "(as cache: transformers 5.17's name)",
+    "output_hidden_states": "an output of the model, not of attention",
+    "output_router_logits": "an output of mixture-of-experts routers, not of attention",
+    "num_items_in_batch": "the loss's normaliser (gradient accumulation)",
+    "seq_idx": "Mamba layers' packed-sequence index (hybrid models); attention's sequences come from the "
+    "mask or cu_seq_lens_q / cu_seq_lens_k",
+    "logits_indices": "continuous batching's: the rows whose logits the model's head keeps",
+    "logits_processor_args": "continuous batching's: the logits processors' arguments",
+}
+
+_SINKS = (
+    "attention sinks ({name}=: a learned per-head logit that joins every softmax's denominator, as "
+    "gpt-oss passes its module.sinks) are not supported yet: without them every output would differ; "
+    "use attn_implementation='eager' (or 'flex_attention' on CUDA, or a FlashAttention kernel with sinks)"
+)
+_INSTEAD = "use attn_implementation='eager'"
+_REFUSED: dict[str, str] = {
+    "s_aux": _SINKS.format(name="s_aux"),
+    "sinks": _SINKS.format(name="sinks"),
+    "position_bias": "a bias added to the scores (position_bias=: T5's relative position bias and the "
+    f"models built like it) is not supported: opforge attention takes masks, not score biases; {_INSTEAD}",
+    "head_mask": f"head_mask= (a factor on each head's attention weights) is not supported; {_INSTEAD}",
+    "indices": "sparse attention's selected keys (indices=: the model folds them into the mask only for "
+    "'eager' and 'sdpa') are not supported; use attn_implementation='eager' or 'sdpa'",
+    "block_indices": "block-sparse attention's selected key blocks (block_indices=: the model folds them "
+    "into the mask only for 'eager' and 'sdpa') are not supported; use attn_implementation='eager' or 'sdpa'",
+    "read_index": f"continuous batching's paged-cache arguments (read_index=) need the 'paged|{NAME}' "
+    "implementation (transformers 5.17's continuous batching)",
+    "write_index": f"continuous batching's paged-cache arguments (write_index=) need the 'paged|{NAME}' "
+    "implementation (transformers 5.17's continuous batching)",
+    "block_table": f"continuous batching's paged-cache arguments (block_table=) need the 'paged|{NAME}' "
+    "implementation (transformers 5.17's continuous batching)",
+}
+
+
+def _check_kwargs(module: torch.nn.Module, kwargs: dict[str, Any], read: frozenset[str]) -> None:
+    """Refuse whatever the model passes that the caller does not read (``read``) and that could change
+    the result: a refused keyword (NotImplementedError), or any keyword outside the audit that is not
+    None (TypeError). A module holding sinks (gpt-oss's ``module.sinks``, which its eager function reads
+    from the module) is refused even when no keyword carries them."""
+    for name, value in kwargs.items():
+        if value is None or name in read or name in _NO_EFFECT:
+            continue
+        if name in _REFUSED:
+            raise NotImplementedError(f"{OP}: {_REFUSED[name]}")
+        raise TypeError(
+            f"{OP}: the model passed {name}= ({type(value).__name__}), which opforge attention does not "
+            "read; it is refused rather than ignored, as it may change the result: use another "
+            "attn_implementation (such as 'eager') for this model"
+        )
+    if isinstance(getattr(module, "sinks", None), torch.Tensor):
+        raise NotImplementedError(f"{OP}: {_SINKS.format(name='module.sinks')}")
+
+
+def _check_training_options(module: torch.nn.Module, dropout: float, kwargs: dict[str, Any]) -> None:
+    # Dropout acts while training only, as in eager's nn.functional.dropout(training=module.training):
+    # in eval mode a model may pass its attention_dropout and nothing changes.
+    if dropout and getattr(module, "training", False):
+        raise NotImplementedError(
+            f"{OP}: attention dropout ({dropout}) is not supported while training; set the config's "
+            "attention_dropout to 0 or use another attn_implementation"
+        )
+    if kwargs.get("output_attentions"):
+        raise ValueError(
+            f"{OP}: output_attentions=True needs the attention weights; use attn_implementation='eager'"
+        )
 
 
 # ---- the attention function ---------------------------------------------------------------------
@@ -298,6 +396,9 @@ def _block_mask_of(mask: torch.Tensor) -> opforge.BlockMask:
     return block
 
 
+_READ = frozenset({"output_attentions", "cu_seq_lens_q", "cu_seq_lens_k"})
+
+
 def opforge_attention(
     module: torch.nn.Module,
     query: torch.Tensor,
@@ -309,55 +410,99 @@ def opforge_attention(
     softcap: float | None = None,
     sliding_window: int | None = None,
     is_causal: bool | None = None,
+    deterministic: bool | None = None,
     **kwargs,
 ) -> tuple[torch.Tensor, None]:
-    """transformers' attention interface for the "opforge" implementation: (B, S, H, D), None."""
-    if dropout and getattr(module, "training", False):
-        raise NotImplementedError(
-            f"{OP}: attention dropout ({dropout}) is not supported while training; set the config's "
-            "attention_dropout to 0 or use another attn_implementation"
-        )
-    if kwargs.get("output_attentions"):
-        raise ValueError(
-            f"{OP}: output_attentions=True needs the attention weights; use attn_implementation='eager'"
-        )
+    """transformers' attention interface for the "opforge" implementation: (B, S, H, D), None.
+    ``deterministic`` (ModernBERT's, FlashAttention's meaning) is the backward's, as in
+    opforge.attention."""
+    _check_training_options(module, dropout, kwargs)
+    _check_kwargs(module, kwargs, _READ)
+    padded = False
     if isinstance(attention_mask, OpforgeMask):
+        # The mask is the whole pattern, as a mask is for eager and sdpa: the model's mask function
+        # holds its window and causality (sliding_window and is_causal are FlashAttention's copies of
+        # them, for an implementation that gets no mask).
         kw = dict(attention_mask.kwargs)
+        padded = attention_mask.padded
         if attention_mask.keys < key.shape[2]:
             key, value = key[:, :, : attention_mask.keys], value[:, :, : attention_mask.keys]
     elif attention_mask is None:
         causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
         kw = {"causal": bool(causal)}
-        if sliding_window and causal:
-            kw["window"] = (int(sliding_window) - 1, 0)
+        if sliding_window:
+            # FlashAttention's reading: keys within sliding_window - 1 on both sides, the later side
+            # cut by causality (ModernBERT passes its half window + 1 for |q - k| <= half window).
+            w = int(sliding_window) - 1
+            kw["window"] = (w, 0 if causal else w)
     elif isinstance(attention_mask, torch.Tensor) and attention_mask.dim() == 4:
+        # (as for eager and sdpa, the mask is the pattern: sliding_window and is_causal are in it)
         kw = {"mask": _block_mask_of(attention_mask)}
     else:
         raise TypeError(
             f"{OP}: attention_mask must come from the 'opforge' mask function (register()), be None or a "
             f"4-D tensor, got {type(attention_mask).__name__}"
         )
-    varlen = _varlen(query, key, kw, kwargs)
+    varlen = _varlen(query, kw, kwargs, padded)
     if varlen is not None:
         cu_q, cu_k = varlen
         kw = {n: x for n, x in kw.items() if n != "segment_ids"}
         q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))  # (S, H, D) views
-        out = opforge.attention_varlen(q, k, v, cu_q, cu_k, scale=scaling, softcap=softcap or None, **kw)
+        out = opforge.attention_varlen(
+            q, k, v, cu_q, cu_k, scale=scaling, softcap=softcap or None, deterministic=deterministic, **kw
+        )
         return out.unsqueeze(0), None
-    out = opforge.attention(query, key, value, scale=scaling, softcap=softcap or None, **kw)
+    out = opforge.attention(
+        query, key, value, scale=scaling, softcap=softcap or None, deterministic=deterministic, **kw
+    )
     return out.transpose(1, 2).contiguous(), None
 
 
-def _varlen(query, key, kw, kwargs):
-    """FlashAttention's packed-sequence kwargs, where they describe this call: (cu_seq_lens_q,
-    cu_seq_lens_k) for one row of packed sequences whose pattern is causal / a window (the
-    sequences' segment ids then say nothing more), else None."""
+def _varlen(
+    query: torch.Tensor, kw: dict[str, Any], kwargs: dict[str, Any], padded: bool
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """FlashAttention's packed-sequence offsets (cu_seq_lens_q, cu_seq_lens_k) on the query's device,
+    for opforge.attention_varlen: one row of packed sequences whose pattern is causal, a window or
+    none (the sequences' segment ids then say nothing more); None without them. Offsets this call
+    cannot honour are refused, never dropped."""
     cu_q, cu_k = kwargs.get("cu_seq_lens_q"), kwargs.get("cu_seq_lens_k")
-    if not isinstance(cu_q, torch.Tensor) or not isinstance(cu_k, torch.Tensor):
+    if cu_q is None and cu_k is None:
         return None
-    if query.shape[0] != 1 or "mask" in kw or cu_q.dim() != 1 or cu_k.dim() != 1:
-        return None
+    why = None
+    if not all(isinstance(c, torch.Tensor) and c.dim() == 1 for c in (cu_q, cu_k)):
+        why = (
+            f"they must come together, each a 1-D tensor, got {type(cu_q).__name__} and {type(cu_k).__name__}"
+        )
+    elif query.shape[0] != 1:
+        why = f"packed sequences come in one row (batch 1), got a batch of {query.shape[0]}"
+    elif "mask" in kw:
+        why = "the mask is a block mask (a pattern opforge.attention_varlen does not take)"
+    elif "kv_lens" in kw:
+        why = "this is a static cache's decode step"
+    elif padded:
+        why = "a padding mask (attention_mask with zeros) comes with them"
+    if why is not None:
+        raise NotImplementedError(
+            f"{OP}: cu_seq_lens_q / cu_seq_lens_k (FlashAttention's packed-sequence offsets) cannot be "
+            f"honoured here: {why}; pass the packed sequences as one row without padding, or use "
+            "another attn_implementation"
+        )
     return cu_q.to(query.device), cu_k.to(query.device)
+
+
+_PAGED_READ = frozenset(
+    {
+        "output_attentions",
+        "cu_seq_lens_q",
+        "cu_seq_lens_k",
+        "max_seqlen_q",
+        "max_seqlen_k",
+        "read_index",
+        "write_index",
+        "block_table",
+        "sliding_window",
+    }
+)
 
 
 def opforge_paged_attention(
@@ -370,6 +515,8 @@ def opforge_paged_attention(
     scaling: float | None = None,
     softcap: float | None = None,
     cache=None,
+    is_causal: bool | None = None,
+    deterministic: bool | None = None,
     **kwargs,
 ) -> tuple[torch.Tensor, None]:
     """transformers' continuous batching (``"paged|opforge"``, transformers 5.17's contract): the new
@@ -379,7 +526,9 @@ def opforge_paged_attention(
     tokens attend causally to its cached ones and to each other (queries aligned to the end of the
     request's keys), within the layer's sliding window if it has one: opforge.attention_varlen.
     Returns (1, T, H, D), None (rows past the requests' tokens, the padding of a padded batch, are
-    zeros)."""
+    zeros). Keywords as for ``opforge_attention`` (max_seqlen_q / max_seqlen_k: maxima that
+    opforge.attention_varlen finds from the offsets itself); a mask, ``is_causal=False`` and a block
+    table are refused."""
     if cache is None or not hasattr(cache, "update"):
         raise TypeError(
             f"{OP}: 'paged|{NAME}' runs under transformers' continuous batching, which passes the paged "
@@ -390,10 +539,19 @@ def opforge_paged_attention(
             f"{OP}: transformers' block-table decode path (flash_attn_with_kvcache's) is not taken by "
             f"'paged|{NAME}'; it should not be offered to a non-flash implementation"
         )
-    if dropout and getattr(module, "training", False):
-        raise NotImplementedError(f"{OP}: attention dropout ({dropout}) is not supported while training")
-    if kwargs.get("s_aux") is not None or getattr(module, "sinks", None) is not None:
-        raise NotImplementedError(f"{OP}: attention sinks (s_aux) are not supported")
+    _check_training_options(module, dropout, kwargs)
+    _check_kwargs(module, kwargs, _PAGED_READ)
+    if attention_mask is not None:
+        raise ValueError(
+            f"{OP}: 'paged|{NAME}' takes no attention_mask (transformers 5.17's continuous batching gives "
+            f"a non-flash paged implementation none: the offsets say where the requests are), got "
+            f"{type(attention_mask).__name__}"
+        )
+    if is_causal is False:
+        raise NotImplementedError(
+            f"{OP}: 'paged|{NAME}' attends causally (each request's new tokens to its cache and to each "
+            "other); is_causal=False is not supported"
+        )
     # The cache's layer type is the module's (as transformers' paged functions read it); the window
     # may also come as a kwarg alone (Mistral), which the cache keeps as full attention.
     layer_type = "sliding_attention" if getattr(module, "sliding_window", None) else "full_attention"
@@ -429,6 +587,7 @@ def opforge_paged_attention(
         per_layer(kwargs.get("max_seqlen_k")),
         scale=scaling,
         softcap=softcap or None,
+        deterministic=deterministic,
         **kw,
     )
     if nq < q.shape[0]:
