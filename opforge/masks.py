@@ -32,11 +32,12 @@ OP = "opforge.block_mask"
 def prefix_means_causal(
     causal: bool, window: tuple[int | None, int | None] | None, prefix_len: int | None
 ) -> bool:
-    """Whether the pattern is causal: as asked, or implied by a prefix alone. ``prefix_len`` with
-    neither ``causal`` nor a bounded ``window`` is prefix-LM (bidirectional over the prefix, causal
-    after it): a prefix adds keys to a band, and without one every key is visible already."""
+    """Whether the pattern is causal: as asked, or implied by a prefix alone. ``prefix_len`` (any
+    value, 0 included: an empty prompt) with neither ``causal`` nor a bounded ``window`` is prefix-LM
+    (bidirectional over the prefix, causal after it): a prefix adds keys to a band, and without one
+    every key is visible already. ``prefix_len=None`` is no prefix."""
     no_band = window is None or tuple(window) == (None, None)
-    return causal or bool(prefix_len and no_band)
+    return causal or (prefix_len is not None and no_band)
 
 
 def pattern_mask(

@@ -1,6 +1,8 @@
 """opforge.masks' block masks: BlockMask.from_dense and opforge.block_mask give the blocks of the
 previous, whole-mask algorithm (reference_blocks below) bit for bit, from_dense's peak memory
-(measured in a subprocess), and the meta device refused with the op's words."""
+(measured in a subprocess), and the meta device refused with the op's words; block masks with
+opforge.attention: round trips, the built-in patterns as block masks, no compilation per mask,
+errors, device copies."""
 
 from __future__ import annotations
 
@@ -8,13 +10,15 @@ import json
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 import torch
+from attention_cases import qkv
 
 import opforge
 from opforge import masks
-from opforge.masks import BlockMask
+from opforge.masks import BlockMask, block_mask
 
 
 def reference_blocks(mask: torch.Tensor, bq: int, bk: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -151,7 +155,7 @@ _PEAK_SCRIPT = textwrap.dedent(
     """
     import json, sys
     import torch
-    from opforge.masks import BlockMask
+    from opforge.masks import BlockMask, block_mask
 
     def status(key):  # kB
         with open("/proc/self/status") as f:
@@ -219,3 +223,73 @@ def test_block_mask_on_meta_refused():
     with pytest.raises(NotImplementedError, match=r"opforge\.block_mask\.from_dense: mask is a meta tensor"):
         BlockMask.from_dense(torch.ones(6, 6, dtype=torch.bool, device="meta"))
     assert opforge.block_mask(fn, None, None, 6, 6, device="cpu").block_counts()["partial"] == 1
+
+
+def test_block_mask_round_trip():
+    dense = torch.rand(2, 3, 150, 260) < 0.5
+    dense[:, :, :64, :64] = True  # a full block
+    dense[:, :, 64:128, 64:128] = False  # an empty block
+    m = BlockMask.from_dense(dense, block_size=64)
+    assert torch.equal(m.to_dense(), dense)
+    assert m.kinds[0, 0, 0, 0] == 1 and m.kinds[0, 0, 1, 1] == 0
+    f = block_mask(lambda b, h, q, kv: dense[b, h, q, kv], 2, 3, 150, 260, block_size=(64, 128))
+    assert torch.equal(f.to_dense(), dense) and f.block_size == (64, 128)
+    # B, H None: one mask for every batch row and head
+    causal = block_mask(lambda b, h, q, kv: kv <= q, None, None, 300, 300)
+    assert causal.shape == (1, 1, 300, 300)
+    assert torch.equal(causal.to_dense()[0, 0], torch.ones(300, 300, dtype=torch.bool).tril())
+    counts = causal.block_counts()
+    assert counts == {"empty": 3, "full": 3, "partial": 3}
+
+
+def test_block_mask_equals_builtin_patterns():
+    B, H, S = 2, 2, 300
+    q, k, v = qkv(B, H, H, S, S, 16)
+    m = block_mask(lambda b, h, qi, kv: (kv <= qi) & (kv >= qi - 40), None, None, S, S)
+    a = opforge.attention(q, k, v, mask=m)
+    b = opforge.attention(q, k, v, causal=True, window=(40, 0))
+    assert (a - b).abs().max() < 1e-6
+
+
+def test_new_mask_compiles_nothing():
+    """A new function mask costs its evaluation: well under FlexAttention's ~2 s compile."""
+    q, k, v = qkv(1, 4, 4, 512, 512, 32)
+    t0 = time.perf_counter()
+    m = block_mask(lambda b, h, qi, kv: (qi // 64 + kv // 32) % 3 != 0, None, 4, 512, 512)
+    opforge.attention(q, k, v, mask=m)
+    assert time.perf_counter() - t0 < 1.0
+
+
+def test_block_mask_errors():
+    with pytest.raises(TypeError, match=r"opforge.block_mask: fn must be callable"):
+        block_mask(3, 1, 1, 10, 10)
+    with pytest.raises(TypeError, match=r"fn must return a bool tensor"):
+        block_mask(lambda b, h, q, kv: q - kv, 1, 1, 10, 10)
+    with pytest.raises(ValueError, match=r"block_size must be a positive multiple of 64"):
+        block_mask(lambda b, h, q, kv: q >= kv, 1, 1, 10, 10, block_size=48)
+    with pytest.raises(ValueError, match=r"Sq must be a non-negative int"):
+        block_mask(lambda b, h, q, kv: q >= kv, 1, 1, -1, 10)
+    with pytest.raises(TypeError, match=r"from_dense: mask must be a bool tensor"):
+        BlockMask.from_dense(torch.ones(4, 4))
+
+
+def test_block_mask_device_copy_is_kept():
+    """A mask used on another device is copied there once and the copy kept on the mask."""
+    m = block_mask(lambda b, h, qi, kv: kv <= qi, None, None, 100, 100, block_size=64)
+    first = m.tensors_on(torch.device("meta"))
+    assert all(t.device.type == "meta" for t in first)
+    assert all(a is b for a, b in zip(first, m.tensors_on("meta"), strict=True))
+    assert all(a is b for a, b in zip(m.tensors_on("cpu"), (m.kinds, m.index, m.bits), strict=True))
+
+
+def test_block_mask_fn_shape_and_empty_fraction():
+    with pytest.raises(
+        ValueError,
+        match=r"opforge.block_mask: fn must return a bool tensor that broadcasts to "
+        r"\(B, H, rows, Sk\) = \(1, 2, 10, 12\).*got shape \(3, 12\)",
+    ):
+        block_mask(lambda b, h, qi, kv: torch.ones(3, 12, dtype=torch.bool), 1, 2, 10, 12)
+    assert block_mask(lambda b, h, qi, kv: qi >= kv, 1, 1, 0, 10).visible_fraction() == 0.0
+    assert block_mask(lambda b, h, qi, kv: qi >= kv, 1, 1, 10, 0).visible_fraction() == 0.0
+    half = block_mask(lambda b, h, qi, kv: kv < 5, 1, 1, 10, 10).visible_fraction()
+    assert half == 0.5

@@ -23,24 +23,24 @@ void check_qkv(const char* op, const at::Tensor& q, const at::Tensor& k, const a
   check_defined(op, "k", k);
   check_defined(op, "v", v);
   for (auto [name, t] : {std::pair<const char*, const at::Tensor*>{"q", &q}, {"k", &k}, {"v", &v}}) {
-    TORCH_CHECK_VALUE(t->dim() == 4, op, ": ", name, " must be 4-D (batch, heads, sequence, head_dim), got ",
-                      t->dim(), "-D");
+    TORCH_CHECK(t->dim() == 4, op, ": ", name, " must be 4-D (batch, heads, sequence, head_dim), got ",
+                t->dim(), "-D");
   }
   check_dtype_in(op, "q", q, {at::kHalf, at::kBFloat16, at::kFloat, at::kDouble});
   check_same_dtype(op, "k", k, "q", q);
   check_same_dtype(op, "v", v, "q", q);
   check_same_device(op, "k", k, "q", q);
   check_same_device(op, "v", v, "q", q);
-  TORCH_CHECK_VALUE(k.sizes().equals(v.sizes()), op, ": k and v must have the same shape, got ", k.sizes(),
-                    " and ", v.sizes());
-  TORCH_CHECK_VALUE(q.size(0) == k.size(0), op, ": q and k must have the same batch size, got ", q.size(0),
-                    " and ", k.size(0));
-  TORCH_CHECK_VALUE(q.size(3) == k.size(3), op, ": q and k must have the same head_dim, got ", q.size(3),
-                    " and ", k.size(3));
-  TORCH_CHECK_VALUE(q.size(3) > 0, op, ": head_dim must be at least 1, got 0");
-  TORCH_CHECK_VALUE(k.size(1) > 0 && q.size(1) % k.size(1) == 0, op,
-                    ": q's heads must be a multiple of k's and v's heads (grouped-query attention), got ",
-                    q.size(1), " and ", k.size(1));
+  TORCH_CHECK(k.sizes().equals(v.sizes()), op, ": k and v must have the same shape, got ", k.sizes(), " and ",
+              v.sizes());
+  TORCH_CHECK(q.size(0) == k.size(0), op, ": q and k must have the same batch size, got ", q.size(0), " and ",
+              k.size(0));
+  TORCH_CHECK(q.size(3) == k.size(3), op, ": q and k must have the same head_dim, got ", q.size(3), " and ",
+              k.size(3));
+  TORCH_CHECK(q.size(3) > 0, op, ": head_dim must be at least 1, got 0");
+  TORCH_CHECK(k.size(1) > 0 && q.size(1) % k.size(1) == 0, op,
+              ": q's heads must be a multiple of k's and v's heads (grouped-query attention), got ",
+              q.size(1), " and ", k.size(1));
 }
 
 // A number the float32 kernels hold (those of float16, bfloat16 and float32 inputs: float64 runs in
@@ -54,6 +54,11 @@ void check_float32_number(const char* op, const char* what, double value) {
                     ", or 0)");
 }
 
+// The largest scale magnitude for the float32 kernels without a softcap: scores times scale * log2(e)
+// stay finite for |q.k| up to 2^63 with it, where a larger factor turns ordinary scores into inf and
+// rows into NaN (a softcap bounds the scores). opforge/ops/attention/checks.py checks the same bound.
+constexpr double kMaxScale = 18446744073709551616.0;  // 2^64
+
 void check_pattern(const char* op, const at::Tensor& q, const at::Tensor& k, double scale, double softcap,
                    const AttentionPatternArgs& p) {
   TORCH_CHECK_VALUE(std::isfinite(scale), op, ": scale must be finite, got ", scale);
@@ -63,6 +68,11 @@ void check_pattern(const char* op, const at::Tensor& q, const at::Tensor& k, dou
     // The scale and softcap, and the factors the kernels derive from them (the CUDA kernels' exp2
     // arithmetic: scale * log2(e); with a softcap, softcap * log2(e), scale / softcap and its inverse).
     constexpr double kLog2e = 1.4426950408889634;
+    TORCH_CHECK_VALUE(
+        softcap > 0.0 || std::abs(scale) <= kMaxScale, op, ": scale = ", scale,
+        " is too large for the float32 arithmetic the kernels use for ", dtype_str(q.scalar_type()),
+        " inputs without a softcap (scores times scale * log2(e) would overflow): magnitudes up to ",
+        "2^64 (1.8e19) are accepted");
     check_float32_number(op, "scale", scale);
     check_float32_number(op, "scale * log2(e)", scale * kLog2e);
     if (softcap > 0.0) {
@@ -94,8 +104,8 @@ void check_pattern(const char* op, const at::Tensor& q, const at::Tensor& k, dou
       check_defined(op, s.name, s.t);
       check_dtype_in(op, s.name, s.t, {at::kInt, at::kLong});
       check_same_device(op, s.name, s.t, "q", q);
-      TORCH_CHECK_VALUE(s.t.dim() == 2 && s.t.size(0) == B && s.t.size(1) == s.len, op, ": ", s.name,
-                        " must be (batch, ", s.len, ") = (", B, ", ", s.len, "), got ", s.t.sizes());
+      TORCH_CHECK(s.t.dim() == 2 && s.t.size(0) == B && s.t.size(1) == s.len, op, ": ", s.name,
+                  " must be (batch, ", s.len, ") = (", B, ", ", s.len, "), got ", s.t.sizes());
     }
   }
   const int n_mask = p.mask_kinds.has_value() + p.mask_index.has_value() + p.mask_bits.has_value();
@@ -115,24 +125,23 @@ void check_pattern(const char* op, const at::Tensor& q, const at::Tensor& k, dou
     check_same_device(op, "mask_index", index, "q", q);
     check_same_device(op, "mask_bits", bits, "q", q);
     const int64_t nq = (Sq + p.block_q - 1) / p.block_q, nk = (Sk + p.block_k - 1) / p.block_k;
-    TORCH_CHECK_VALUE(kinds.dim() == 4 && (kinds.size(0) == 1 || kinds.size(0) == B) &&
-                          (kinds.size(1) == 1 || kinds.size(1) == H) && kinds.size(2) == nq &&
-                          kinds.size(3) == nk,
-                      op, ": the mask was made for other sizes: its blocks are ", kinds.sizes(),
-                      ", this call needs (1 or ", B, ", 1 or ", H, ", ", nq, ", ", nk, ") (batch, heads, ",
-                      Sq, " queries and ", Sk, " keys in blocks of (", p.block_q, ", ", p.block_k, "))");
-    TORCH_CHECK_VALUE(index.sizes().equals(kinds.sizes()), op, ": mask_index must have mask_kinds' shape ",
-                      kinds.sizes(), ", got ", index.sizes());
-    TORCH_CHECK_VALUE(bits.dim() == 3 && bits.size(1) == p.block_q && bits.size(2) == p.block_k / 32, op,
-                      ": mask_bits must be (partial blocks, ", p.block_q, ", ", p.block_k / 32, "), got ",
-                      bits.sizes());
+    TORCH_CHECK(kinds.dim() == 4 && (kinds.size(0) == 1 || kinds.size(0) == B) &&
+                    (kinds.size(1) == 1 || kinds.size(1) == H) && kinds.size(2) == nq && kinds.size(3) == nk,
+                op, ": the mask was made for other sizes: its blocks are ", kinds.sizes(),
+                ", this call needs (1 or ", B, ", 1 or ", H, ", ", nq, ", ", nk, ") (batch, heads, ", Sq,
+                " queries and ", Sk, " keys in blocks of (", p.block_q, ", ", p.block_k, "))");
+    TORCH_CHECK(index.sizes().equals(kinds.sizes()), op, ": mask_index must have mask_kinds' shape ",
+                kinds.sizes(), ", got ", index.sizes());
+    TORCH_CHECK(bits.dim() == 3 && bits.size(1) == p.block_q && bits.size(2) == p.block_k / 32, op,
+                ": mask_bits must be (partial blocks, ", p.block_q, ", ", p.block_k / 32, "), got ",
+                bits.sizes());
   }
   TORCH_CHECK_VALUE(p.cu_seqlens_q.has_value() == p.cu_seqlens_k.has_value(), op,
                     ": cu_seqlens_q and cu_seqlens_k go together");
   if (p.varlen()) {
-    TORCH_CHECK_VALUE(B == 1, op,
-                      ": with cu_seqlens, q, k and v hold the packed sequences in a batch of one, got a ",
-                      "batch of ", B);
+    TORCH_CHECK(B == 1, op,
+                ": with cu_seqlens, q, k and v hold the packed sequences in a batch of one, got a ",
+                "batch of ", B);
     TORCH_CHECK_VALUE(
         !p.q_segments && !p.mask_kinds && !p.kv_lens && p.prefix_len == 0, op,
         ": cu_seqlens (packed sequences) combine with causal, a window and softcap only, not with ",
@@ -146,23 +155,22 @@ void check_pattern(const char* op, const at::Tensor& q, const at::Tensor& k, dou
       check_defined(op, name, *t);
       check_dtype_in(op, name, *t, {at::kInt, at::kLong});
       check_same_device(op, name, *t, "q", q);
-      TORCH_CHECK_VALUE(t->dim() == 1 && t->size(0) >= 1, op, ": ", name,
-                        " must be 1-D (number of sequences + 1,), got ", t->sizes());
-      TORCH_CHECK_VALUE(total < (int64_t{1} << 31), op,
-                        ": with cu_seqlens the packed sequences may hold at most ",
-                        "2^31 - 1 rows (int32 offsets), got ", total);
+      TORCH_CHECK(t->dim() == 1 && t->size(0) >= 1, op, ": ", name,
+                  " must be 1-D (number of sequences + 1,), got ", t->sizes());
+      TORCH_CHECK(total < (int64_t{1} << 31), op, ": with cu_seqlens the packed sequences may hold at most ",
+                  "2^31 - 1 rows (int32 offsets), got ", total);
     }
-    TORCH_CHECK_VALUE(p.cu_seqlens_q->size(0) == p.cu_seqlens_k->size(0), op,
-                      ": cu_seqlens_q and cu_seqlens_k must have the same length (sequences + 1), got ",
-                      p.cu_seqlens_q->size(0), " and ", p.cu_seqlens_k->size(0));
+    TORCH_CHECK(p.cu_seqlens_q->size(0) == p.cu_seqlens_k->size(0), op,
+                ": cu_seqlens_q and cu_seqlens_k must have the same length (sequences + 1), got ",
+                p.cu_seqlens_q->size(0), " and ", p.cu_seqlens_k->size(0));
   }
   if (p.kv_lens) {
     const at::Tensor& n = *p.kv_lens;
     check_defined(op, "kv_lens", n);
     check_dtype_in(op, "kv_lens", n, {at::kInt, at::kLong});
     check_same_device(op, "kv_lens", n, "q", q);
-    TORCH_CHECK_VALUE(n.dim() == 1 && n.size(0) == B, op, ": kv_lens must be (batch,) = (", B, ",), got ",
-                      n.sizes());
+    TORCH_CHECK(n.dim() == 1 && n.size(0) == B, op, ": kv_lens must be (batch,) = (", B, ",), got ",
+                n.sizes());
   }
 }
 
@@ -218,11 +226,10 @@ void check_attention_backward_inputs(const at::Tensor& grad_out, const at::Tenso
   check_same_device(op, "out", out, "q", q);
   check_same_device(op, "lse", lse, "q", q);
   const at::ScalarType lse_type = attention_lse_dtype(q);
-  TORCH_CHECK_VALUE(lse.scalar_type() == lse_type && lse.dim() == 3 && lse.size(0) == q.size(0) &&
-                        lse.size(1) == q.size(1) && lse.size(2) == q.size(2),
-                    op, ": lse must be ", dtype_str(lse_type),
-                    " (batch, heads, queries) = ", q.sizes().slice(0, 3), ", got ",
-                    dtype_str(lse.scalar_type()), " ", lse.sizes());
+  TORCH_CHECK(lse.scalar_type() == lse_type && lse.dim() == 3 && lse.size(0) == q.size(0) &&
+                  lse.size(1) == q.size(1) && lse.size(2) == q.size(2),
+              op, ": lse must be ", dtype_str(lse_type), " (batch, heads, queries) = ", q.sizes().slice(0, 3),
+              ", got ", dtype_str(lse.scalar_type()), " ", lse.sizes());
   if (grad_lse) {
     check_defined(op, "grad_lse", *grad_lse);
     check_same_shape(op, "grad_lse", *grad_lse, "lse", lse);
@@ -327,8 +334,8 @@ std::string attention_kernel_op(at::Device device, int64_t heads, int64_t kv_hea
 
 }  // namespace
 
-at::Tensor empty_attention_like(const at::Tensor& like) {
-  if (like.stride(1) < like.stride(2) && like.size(1) > 1 && like.size(2) > 1) {
+at::Tensor empty_attention_like(const at::Tensor& like, bool sequence_major) {
+  if (sequence_major || (like.stride(1) < like.stride(2) && like.size(1) > 1 && like.size(2) > 1)) {
     return at::empty({like.size(0), like.size(2), like.size(1), like.size(3)}, like.options())
         .transpose(1, 2);
   }
@@ -406,6 +413,30 @@ at::Tensor paged_view(const at::Tensor& cache, int64_t batch, int64_t keys) {
                           {0, cache.stride(2), 0, cache.stride(3)});
 }
 
+at::Tensor int32_block_table(const at::Tensor& block_table, int64_t num_pages) {
+  check_defined(kOp, "block_table", block_table);
+  check_dtype_in(kOp, "block_table", block_table, {at::kInt, at::kLong});
+  if (block_table.scalar_type() == at::kInt) return block_table;
+  return block_table.clamp(0, std::max<int64_t>(num_pages - 1, 0)).to(at::kInt);
+}
+
+std::tuple<at::Tensor, at::Tensor> attention_paged_gathered(
+    const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& kv_lens,
+    const at::Tensor& block_table, double scale, double softcap, bool causal, int64_t window_left,
+    int64_t window_right, int64_t prefix_len, c10::string_view variant) {
+  const int64_t batch = block_table.size(0), max_pages = block_table.size(1);
+  const at::Tensor table = block_table.to(at::kLong).clamp(0, k_cache.size(0) - 1).flatten();
+  const auto gather = [&](const at::Tensor& cache) {
+    return cache.index_select(0, table)
+        .view({batch, max_pages * cache.size(1), cache.size(2), cache.size(3)})
+        .transpose(1, 2);
+  };
+  return opforge::attention(q, gather(k_cache), gather(v_cache), scale, softcap, causal, window_left,
+                            window_right, prefix_len, std::nullopt, std::nullopt, std::nullopt, std::nullopt,
+                            std::nullopt, 128, 128, kv_lens, variant, std::nullopt, std::nullopt,
+                            std::nullopt);
+}
+
 AttentionPlan plan_paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                                    const at::Tensor& kv_lens, const at::Tensor& block_table,
                                    const at::Tensor& out, const at::Tensor& lse, double scale, double softcap,
@@ -415,24 +446,24 @@ AttentionPlan plan_paged_attention(const at::Tensor& q, const at::Tensor& k_cach
   check_defined(op, "block_table", block_table);
   check_defined(op, "k", k_cache);
   check_defined(op, "v", v_cache);
-  TORCH_CHECK_VALUE(q.dim() == 4, op, ": q must be 4-D (batch, heads, sequence, head_dim), got ", q.dim(),
-                    "-D");
-  TORCH_CHECK_VALUE(
+  TORCH_CHECK(q.dim() == 4, op, ": q must be 4-D (batch, heads, sequence, head_dim), got ", q.dim(), "-D");
+  TORCH_CHECK(
       k_cache.dim() == 4 && v_cache.dim() == 4 && k_cache.sizes() == v_cache.sizes(), op,
       ": with block_table, k and v must be paged caches (num_pages, page_size, kv_heads, head_dim) of "
       "one shape, got ",
       k_cache.sizes(), " and ", v_cache.sizes());
-  TORCH_CHECK_VALUE(k_cache.size(0) > 0 && k_cache.size(1) > 0, op,
-                    ": the paged caches have no pages, shape ", k_cache.sizes());
-  TORCH_CHECK_TYPE(block_table.scalar_type() == at::kInt, op, ": block_table must be int32 here, got ",
-                   dtype_str(block_table.scalar_type()));
-  TORCH_CHECK_VALUE(block_table.dim() == 2 && block_table.size(0) == q.size(0) && block_table.size(1) > 0, op,
-                    ": block_table must be (batch, max_pages) = (", q.size(0), ", >= 1), got shape ",
-                    block_table.sizes());
+  TORCH_CHECK(k_cache.size(0) > 0 && k_cache.size(1) > 0, op, ": the paged caches have no pages, shape ",
+              k_cache.sizes());
+  TORCH_CHECK(block_table.scalar_type() == at::kInt, op,
+              ": block_table must be int32 here (int32_block_table), got ",
+              dtype_str(block_table.scalar_type()));
+  TORCH_CHECK(block_table.dim() == 2 && block_table.size(0) == q.size(0) && block_table.size(1) > 0, op,
+              ": block_table must be (batch, max_pages) = (", q.size(0), ", >= 1), got shape ",
+              block_table.sizes());
   check_same_device(op, "block_table", block_table, "q", q);
   const int64_t keys = block_table.size(1) * k_cache.size(1);
-  TORCH_CHECK_VALUE(keys < (int64_t{1} << 31), op, ": a sequence's pages address at most 2^31 - 1 keys, got ",
-                    block_table.size(1), " pages x page_size ", k_cache.size(1));
+  TORCH_CHECK(keys < (int64_t{1} << 31), op, ": a sequence's pages address at most 2^31 - 1 keys, got ",
+              block_table.size(1), " pages x page_size ", k_cache.size(1));
   const at::Tensor k = paged_view(k_cache, q.size(0), keys), v = paged_view(v_cache, q.size(0), keys);
   AttentionPatternArgs args =
       attention_pattern_args(causal, window_left, window_right, prefix_len, std::nullopt, std::nullopt,

@@ -64,10 +64,16 @@ AttentionCall attention_call(const at::Tensor& q, const at::Tensor& k, bool kv_l
 // no index), or null when they can.
 const char* attention_hopper_missing(at::Device device);
 
+// The op a user called, for messages: packed sequences come from opforge.attention_varlen.
+inline const char* attention_op_name(const AttentionPatternArgs& args) {
+  return args.varlen() ? "opforge.attention_varlen" : "opforge.attention";
+}
+
 // A tensor of `like`'s shape whose memory follows like's order of the (S, H) dims: (B, S, H, D)
-// underneath when like is such a transposed view (as transformers passes q, k, v), else
-// contiguous (B, H, S, D).
-at::Tensor empty_attention_like(const at::Tensor& like);
+// underneath when like is such a transposed view (as transformers passes q, k, v) or when
+// `sequence_major` says so (packed sequences: attention_varlen's (total, H, D) output contiguous),
+// else contiguous (B, H, S, D).
+at::Tensor empty_attention_like(const at::Tensor& like, bool sequence_major = false);
 
 // The kernels' view of the call. The segment ids (as int64) and the mask tensors are kept alive
 // (contiguous copies where needed) by `keep`.
@@ -93,6 +99,16 @@ AttentionPlan plan_paged_attention(const at::Tensor& q, const at::Tensor& k_cach
 // The logical (B, Hkv, max_pages x page_size, D) shape of a paged call's k as a view with no extent
 // (batch and key strides 0), for the checks and the rule that read sizes.
 at::Tensor paged_view(const at::Tensor& cache, int64_t batch, int64_t keys);
+// The page table as the kernels read it: int32 (int64 entries clamped into [0, num_pages) first, as
+// the kernels clamp the entries they read).
+at::Tensor int32_block_table(const at::Tensor& block_table, int64_t num_pages);
+// A paged call whose kernel does not read the pages in place (the backends decide): each sequence's
+// pages gathered into one (B, Hkv, max_pages x page_size, D) copy (one more read and write of them),
+// then opforge::attention with the key counts.
+std::tuple<at::Tensor, at::Tensor> attention_paged_gathered(
+    const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& kv_lens,
+    const at::Tensor& block_table, double scale, double softcap, bool causal, int64_t window_left,
+    int64_t window_right, int64_t prefix_len, c10::string_view variant);
 
 // The backward's parameters: the plan's, grad_out's, the LSE gradient's (undefined: none) and the
 // outputs dq, dk, dv's.

@@ -195,7 +195,7 @@ void exp_rows(float* x, int64_t n, float m) {
   softmax_row_fns(cpu_isa()).exp(x, n, m);
 }
 double row_max(const double* x, int64_t n, double init) {
-  for (int64_t i = 0; i < n; ++i) init = std::max(init, x[i]);
+  for (int64_t i = 0; i < n; ++i) init = std::isnan(init) || x[i] <= init ? init : x[i];  // (NaN sticks)
   return init;
 }
 double exp_sum(double* x, int64_t n, double m) {
@@ -205,6 +205,12 @@ double exp_sum(double* x, int64_t n, double m) {
 }
 void exp_rows(double* x, int64_t n, double m) {
   for (int64_t i = 0; i < n; ++i) x[i] = std::exp(x[i] - m);
+}
+
+// max(a, b) that keeps a NaN of either (std::max drops a NaN b).
+template <typename A>
+A max_keeping_nan(A a, A b) {
+  return std::isnan(a) ? a : (std::isnan(b) || b > a) ? b : a;
 }
 
 template <typename T>
@@ -259,7 +265,7 @@ void forward_kernel(const AttentionParams& p) {
         finish_scores<A>(p, seq, kind, b, h, i0, rows, j0, cols, tk, s.data(), s.data(), true);
         for (int64_t r = 0; r < rows; ++r) {
           A* row = s.data() + r * tk;
-          const A mx = row_max(row, cols, m[r]);
+          const A mx = row_max(row, cols, m[r]);  // (NaN if a visible score is)
           if (mx == -std::numeric_limits<A>::infinity()) {  // nothing visible in this row yet
             for (int64_t c = 0; c < tk; ++c) row[c] = 0;
             continue;
@@ -285,10 +291,10 @@ void forward_kernel(const AttentionParams& p) {
       T* out = static_cast<T*>(p.out) + p.o_at(b, h) + i0 * p.o_ss;
       A* lse = static_cast<A*>(p.lse) + p.lse_at(b, h) + i0;
       for (int64_t r = 0; r < rows; ++r) {
-        // A row with nothing visible: zeros and an LSE of -inf (never NaN).
-        const A inv = l[r] > 0 ? A(1) / l[r] : A(0);
+        // A row with nothing visible: zeros and an LSE of -inf; NaN scores: NaN (l is NaN).
+        const A inv = l[r] == 0 ? A(0) : A(1) / l[r];
         for (int64_t d = 0; d < D; ++d) out[r * p.o_ss + d] = static_cast<T>(o[r * D + d] * inv);
-        lse[r] = l[r] > 0 ? m[r] + std::log(l[r]) : -std::numeric_limits<A>::infinity();
+        lse[r] = l[r] == 0 ? -std::numeric_limits<A>::infinity() : m[r] + std::log(l[r]);
       }
     }
   });
@@ -448,7 +454,7 @@ void decode_kernel(const AttentionParams& p) {
           }
           for (int64_t r = 0; r < rows; ++r) {
             A* row = sc.data() + r * cols;
-            const A mx = row_max(row, cols, m[r]);
+            const A mx = row_max(row, cols, m[r]);  // (NaN if a visible score is)
             if (mx == neg_inf) {  // nothing visible in this row yet
               std::fill(row, row + cols, A(0));
               continue;
@@ -479,7 +485,7 @@ void decode_kernel(const AttentionParams& p) {
       const int64_t r = idx % rows, bh = idx / rows, hk = bh % p.kv_heads, b = bh / p.kv_heads;
       const int64_t g = r / Sq, i = r % Sq, h = hk * group + g;
       A mx = neg_inf;
-      for (int64_t c = 0; c < chunks; ++c) mx = std::max(mx, part_m[(bh * chunks + c) * rows + r]);
+      for (int64_t c = 0; c < chunks; ++c) mx = max_keeping_nan(mx, part_m[(bh * chunks + c) * rows + r]);
       T* out = static_cast<T*>(p.out) + p.o_at(b, h) + i * p.o_ss;
       A* lse = static_cast<A*>(p.lse) + p.lse_at(b, h) + i;
       if (mx == neg_inf) {  // a row with nothing visible: zeros and an LSE of -inf
@@ -511,8 +517,8 @@ void probabilities(int64_t rows, int64_t cols, int64_t ld, const A* lse, A* s) {
   for (int64_t r = 0; r < rows; ++r) {
     A* row = s + r * ld;
     const A m = lse[r];
-    if (m == -std::numeric_limits<A>::infinity()) {
-      std::fill(row, row + ld, A(0));
+    if (m == -std::numeric_limits<A>::infinity() || std::isnan(m)) {  // (NaN: the row's gradients NaN)
+      std::fill(row, row + ld, std::isnan(m) ? m : A(0));
       continue;
     }
     exp_rows(row, cols, m);
@@ -720,18 +726,18 @@ std::tuple<at::Tensor, at::Tensor> attention_cpu(
     const std::optional<at::Tensor>& kv_lens, const std::optional<at::Tensor>& cu_seqlens_q,
     const std::optional<at::Tensor>& cu_seqlens_k, c10::string_view variant,
     std::optional<bool> /*deterministic*/) {
-  constexpr const char* op = "opforge.attention";
   AttentionPatternArgs args =
       attention_pattern_args(causal, window_left, window_right, prefix_len, q_segments, kv_segments,
                              mask_kinds, mask_index, mask_bits, block_q, block_k);
   args.kv_lens = kv_lens;
   args.cu_seqlens_q = cu_seqlens_q;
   args.cu_seqlens_k = cu_seqlens_k;
+  const char* op = attention_op_name(args);
   check_attention_inputs(q, k, v, scale, softcap, args);
   check_varlen_offsets(op, args, q.size(2), k.size(2));
   const AttentionCall call = attention_call(q, k, kv_lens.has_value(), false, args.varlen());
   const AttentionKernel kernel = choose_attention_kernel(op, call, variant);
-  at::Tensor out = empty_attention_like(q);
+  at::Tensor out = empty_attention_like(q, args.varlen());
   at::Tensor lse = at::empty({q.size(0), q.size(1), q.size(2)}, q.options().dtype(attention_lse_dtype(q)));
   if (out.numel() == 0) return {out, lse.fill_(-std::numeric_limits<double>::infinity())};
   const AttentionPlan plan = plan_attention(q, k, v, out, lse, scale, softcap, args);
@@ -794,20 +800,19 @@ std::tuple<at::Tensor, at::Tensor> attention_paged_cpu(const at::Tensor& q, cons
                                                        int64_t window_right, int64_t prefix_len,
                                                        c10::string_view variant) {
   constexpr const char* op = "opforge.attention";
-  TORCH_CHECK_VALUE(q.defined() && q.dim() == 4, op,
-                    ": q must be a 4-D tensor (batch, heads, sequence, head_dim)");
+  TORCH_CHECK(q.defined() && q.dim() == 4, op, ": q must be a 4-D tensor (batch, heads, sequence, head_dim)");
   at::Tensor out = empty_attention_like(q);
   at::Tensor lse = at::empty({q.size(0), q.size(1), q.size(2)}, q.options().dtype(attention_lse_dtype(q)));
-  const AttentionPlan plan = plan_paged_attention(q, k_cache, v_cache, kv_lens, block_table, out, lse, scale,
-                                                  softcap, causal, window_left, window_right, prefix_len);
+  const AttentionPlan plan =
+      plan_paged_attention(q, k_cache, v_cache, kv_lens, int32_block_table(block_table, k_cache.size(0)), out,
+                           lse, scale, softcap, causal, window_left, window_right, prefix_len);
   const AttentionKernel kernel = choose_attention_kernel(
       op, attention_call(q, paged_view(k_cache, q.size(0), plan.params.pattern.sk), true, false, false),
       variant);
-  TORCH_CHECK_VALUE(
-      kernel == AttentionKernel::kDecode, op,
-      ": on the CPU paged caches are read in place by the decode kernel only (opforge.attention gathers "
-      "the pages for the other kernels), got variant '",
-      variant, "' and ", q.size(2), " queries");
+  if (kernel != AttentionKernel::kDecode) {  // (the CPU's tiled kernel reads one contiguous cache)
+    return attention_paged_gathered(q, k_cache, v_cache, kv_lens, block_table, scale, softcap, causal,
+                                    window_left, window_right, prefix_len, variant);
+  }
   if (out.numel() == 0) return {out, lse.fill_(-std::numeric_limits<double>::infinity())};
   RECORD_FUNCTION("opforge.attention.decode", std::vector<c10::IValue>());
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, q.scalar_type(), "opforge.attention",

@@ -18,8 +18,9 @@ float row_max(const float* x, int64_t n, float init) {
   int64_t i = 0;
   Vec acc(init);
   for (; i + Vec::size() <= n; i += Vec::size()) acc = at::vec::maximum(acc, Vec::loadu(x + i));
+  // (at::vec::maximum propagates NaN; so does the tail: NaN scores make the row NaN, as in SDPA)
   float m = at::vec::vec_reduce_all<float>([](Vec& a, Vec& b) { return at::vec::maximum(a, b); }, acc);
-  for (; i < n; ++i) m = std::max(m, x[i]);
+  for (; i < n; ++i) m = std::isnan(m) || x[i] <= m ? m : x[i];
   return m;
 }
 

@@ -104,16 +104,15 @@ int64_t kernel_head_dim(int64_t d) {
 }
 
 void check_cuda_call(const char* op, const at::Tensor& q, const at::Tensor& k) {
-  TORCH_CHECK_VALUE(q.scalar_type() == at::kHalf || q.scalar_type() == at::kBFloat16, op,
-                    ": on CUDA q, k and v must be float16 or bfloat16, got ", dtype_str(q.scalar_type()),
-                    " (float32 and float64 run on the CPU)");
-  TORCH_CHECK_VALUE(q.size(3) <= kMaxHeadDim, op, ": head_dim up to ", kMaxHeadDim, " on CUDA, got ",
-                    q.size(3));
+  TORCH_CHECK(q.scalar_type() == at::kHalf || q.scalar_type() == at::kBFloat16, op,
+              ": on CUDA q, k and v must be float16 or bfloat16, got ", dtype_str(q.scalar_type()),
+              " (float32 and float64 run on the CPU)");
+  TORCH_CHECK(q.size(3) <= kMaxHeadDim, op, ": head_dim up to ", kMaxHeadDim, " on CUDA, got ", q.size(3));
   constexpr int64_t kMaxLen = (int64_t{1} << 30);
-  TORCH_CHECK_VALUE(q.size(2) < kMaxLen && k.size(2) < kMaxLen, op, ": sequences shorter than ", kMaxLen,
-                    " on CUDA, got ", q.size(2), " queries and ", k.size(2), " keys");
-  TORCH_CHECK_VALUE(q.size(0) <= 65535 && q.size(1) <= 65535, op,
-                    ": at most 65535 batches and heads on CUDA, got ", q.size(0), " and ", q.size(1));
+  TORCH_CHECK(q.size(2) < kMaxLen && k.size(2) < kMaxLen, op, ": sequences shorter than ", kMaxLen,
+              " on CUDA, got ", q.size(2), " queries and ", k.size(2), " keys");
+  TORCH_CHECK(q.size(0) <= 65535 && q.size(1) <= 65535, op, ": at most 65535 batches and heads on CUDA, got ",
+              q.size(0), " and ", q.size(1));
 }
 
 // Rows the kernels read with 16-byte copies: unit column stride, strides of 8 elements, a
@@ -284,19 +283,19 @@ std::tuple<at::Tensor, at::Tensor> attention_cuda(
     const std::optional<at::Tensor>& kv_lens, const std::optional<at::Tensor>& cu_seqlens_q,
     const std::optional<at::Tensor>& cu_seqlens_k, c10::string_view variant,
     std::optional<bool> /*deterministic*/) {
-  constexpr const char* op = "opforge.attention";
   AttentionPatternArgs args =
       attention_pattern_args(causal, window_left, window_right, prefix_len, q_segments, kv_segments,
                              mask_kinds, mask_index, mask_bits, block_q, block_k);
   args.kv_lens = kv_lens;
   args.cu_seqlens_q = cu_seqlens_q;
   args.cu_seqlens_k = cu_seqlens_k;
+  const char* op = attention_op_name(args);
   check_attention_inputs(q, k, v, scale, softcap, args);
   check_cuda_call(op, q, k);
   const c10::cuda::CUDAGuard guard(q.device());
   check_varlen_offsets_unless_capturing(op, args, q.size(2), k.size(2));
   const AttentionKernel kernel = cuda_kernel(op, q, k, kv_lens.has_value(), false, args.varlen(), variant);
-  at::Tensor out = empty_attention_like(q);
+  at::Tensor out = empty_attention_like(q, args.varlen());
   at::Tensor lse = at::empty({q.size(0), q.size(1), q.size(2)}, q.options().dtype(at::kFloat));
   constexpr double kInf = std::numeric_limits<double>::infinity();
   if (out.numel() == 0) return {out, lse.fill_(-kInf)};
@@ -304,7 +303,7 @@ std::tuple<at::Tensor, at::Tensor> attention_cuda(
   const int64_t d = q.size(3), kd = kernel_head_dim(d);
   const at::Tensor qk = kernel_operand(q, kd, kernel), kk = kernel_operand(k, kd, kernel);
   const at::Tensor vk = kernel_operand(v, kd, kernel);
-  at::Tensor out_k = kd == d ? out : empty_attention_like(qk);
+  at::Tensor out_k = kd == d ? out : empty_attention_like(qk, args.varlen());
   AttentionPlan plan = plan_attention(qk, kk, vk, out_k, lse, scale, softcap, args);
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream().stream();
   if (kernel == AttentionKernel::kDecode) {
@@ -396,28 +395,30 @@ std::tuple<at::Tensor, at::Tensor> attention_paged_cuda(const at::Tensor& q, con
                                                         int64_t window_right, int64_t prefix_len,
                                                         c10::string_view variant) {
   constexpr const char* op = "opforge.attention";
-  TORCH_CHECK_VALUE(q.defined() && q.dim() == 4, op,
-                    ": q must be a 4-D tensor (batch, heads, sequence, head_dim)");
+  TORCH_CHECK(q.defined() && q.dim() == 4, op, ": q must be a 4-D tensor (batch, heads, sequence, head_dim)");
   check_cuda_call(op, q, k_cache);
   const c10::cuda::CUDAGuard guard(q.device());
   at::Tensor out = empty_attention_like(q);
   at::Tensor lse = at::empty({q.size(0), q.size(1), q.size(2)}, q.options().dtype(at::kFloat));
-  AttentionPlan plan = plan_paged_attention(q, k_cache, v_cache, kv_lens, block_table, out, lse, scale,
-                                            softcap, causal, window_left, window_right, prefix_len);
+  AttentionPlan plan =
+      plan_paged_attention(q, k_cache, v_cache, kv_lens, int32_block_table(block_table, k_cache.size(0)), out,
+                           lse, scale, softcap, causal, window_left, window_right, prefix_len);
   if (out.numel() == 0) return {out, lse.fill_(-std::numeric_limits<double>::infinity())};
   const int64_t d = q.size(3);
   const AttentionKernel kernel = cuda_kernel(op, q, paged_view(k_cache, q.size(0), plan.params.pattern.sk),
                                              true, false, false, variant, k_cache.size(1));
-  TORCH_CHECK_VALUE(kernel_head_dim(d) == d, op, ": paged caches take head dims 64, 128 and 256 here; got ",
-                    d);
+  // Every kernel here reads pages in place at the head dims it runs (no zero padding of a page) and
+  // from rows its 16-byte copies can address (no stride-0 dimension); other caches are gathered.
+  bool in_place = kernel_head_dim(d) == d;
   for (const at::Tensor* t : {&k_cache, &v_cache}) {
-    bool aligned = t->stride(3) == 1 && reinterpret_cast<uintptr_t>(t->const_data_ptr()) % 16 == 0;
+    in_place = in_place && t->stride(3) == 1 && reinterpret_cast<uintptr_t>(t->const_data_ptr()) % 16 == 0;
     for (int dim = 0; dim < 3; ++dim) {
-      aligned = aligned && t->stride(dim) % 8 == 0 && (t->stride(dim) != 0 || t->size(dim) == 1);
+      in_place = in_place && t->stride(dim) % 8 == 0 && (t->stride(dim) != 0 || t->size(dim) == 1);
     }
-    TORCH_CHECK_VALUE(aligned, op,
-                      ": the paged caches' rows must start at 16-byte boundaries with unit column stride ",
-                      "(and no stride-0 dimension)");
+  }
+  if (!in_place) {
+    return attention_paged_gathered(q, k_cache, v_cache, kv_lens, block_table, scale, softcap, causal,
+                                    window_left, window_right, prefix_len, variant);
   }
   const at::Tensor qk = kernel_operand(q, d, kernel);
   plan.params.q = qk.const_data_ptr();

@@ -1,0 +1,214 @@
+"""KV caches: per-sequence key counts (kv_lens) over a preallocated cache, paged caches (block_table),
+and `paged_kv_append`, which writes new tokens into paged caches.
+
+Which kernel reads a cache, and whether it reads the pages in place, is decided in C++
+(opforge::attention_paged, csrc/attention/attention.cpp and the backends): this module only routes
+a call that records gradients, or carries segment ids or a block mask (per logical key), to the
+differentiable path, where the pages are gathered into one (B, Hkv, S, D) copy and the key counts
+become an exact block mask."""
+
+from __future__ import annotations
+
+import torch
+
+from opforge.masks import block_mask
+from opforge.ops._common import (
+    check_dtype_in,
+    check_same_device,
+    check_same_dtype,
+    dtype_name,
+    require_tensor,
+    transforms_active,
+)
+from opforge.ops.attention.checks import DTYPES
+
+APPEND_OP = "opforge.paged_kv_append"
+
+
+def records_gradient(q, k, v) -> bool:
+    """Whether this call records a gradient (no kernel here has a kv_lens or paged backward)."""
+    return torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+
+
+def pages_by_kernel(q, k_cache, v_cache, segment_ids, mask) -> bool:
+    """Whether a paged call goes to opforge::attention_paged (which reads the pages in place where its
+    kernels can, else gathers them itself): no gradient to record, no torch.func transform, no
+    segment ids or block mask."""
+    return (
+        segment_ids is None
+        and mask is None
+        and not transforms_active()
+        and not records_gradient(q, k_cache, v_cache)
+    )
+
+
+def gather_pages(k_cache, v_cache, block_table) -> tuple[torch.Tensor, torch.Tensor]:
+    """k and v as (B, Hkv, max_pages x page_size, D) views of one gathered copy of each sequence's
+    pages (after checks.check_paged; differentiable)."""
+    pages, page_size = k_cache.shape[0], k_cache.shape[1]
+    B, max_pages = block_table.shape
+    table = block_table.to(torch.int64).clamp(0, pages - 1).flatten()
+    k, v = (
+        t.index_select(0, table).view(B, max_pages * page_size, *t.shape[2:]).transpose(1, 2)
+        for t in (k_cache, v_cache)
+    )
+    return k, v
+
+
+def kv_lens_as_mask(q, k, v, kv_lens, args, mask):
+    """The pattern arguments with the per-sequence key counts, the band and prefix and any block mask
+    folded into one exact block mask (the segments stay as they are), and k, v with the slots past
+    each count zeroed (a preallocated cache may hold anything there; masked keys still meet P V).
+    Reads the counts on the host: the path of calls that record gradients."""
+    causal, left, right, prefix, q_seg, kv_seg = args[:6]
+    B, H, sq, sk = q.shape[0], q.shape[1], q.shape[2], k.shape[2]
+    n = kv_lens.to(torch.int64).clamp(0, sk)
+    written = (torch.arange(sk, device=k.device)[None, :] < n[:, None])[:, None, :, None]
+    k, v = k.where(written, 0), v.where(written, 0)
+    dense = mask.to_dense() if mask is not None else None
+    if causal:
+        right = 0
+
+    def fn(b, h, qi, kj):
+        count = n[b]
+        pos = qi + count - sq
+        band = torch.ones_like(kj, dtype=torch.bool)
+        if right >= 0:
+            band = band & (kj <= pos + right)
+        if left >= 0:
+            band = band & (kj >= pos - left)
+        if prefix:
+            band = band | (kj < prefix)
+        seen = (kj < count) & band
+        if dense is not None:
+            seen = seen & dense[b % dense.shape[0], h % dense.shape[1], qi, kj]
+        return seen
+
+    heads = H if dense is not None and dense.shape[1] > 1 else None
+    block = mask.block_size if mask is not None else 128
+    m = block_mask(fn, B, heads, sq, sk, block_size=block, device=q.device)
+    return (False, -1, -1, 0, q_seg, kv_seg, m.kinds, m.index, m.bits, *m.block_size), k, v
+
+
+def paged_kv_append(
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    block_table: torch.Tensor,
+    kv_lens: torch.Tensor,
+) -> None:
+    """Write new keys and values into paged caches, in place: sequence b's new token i goes to
+    position kv_lens[b] + i, that is ``k_cache[block_table[b, p // page_size], p % page_size]``.
+
+    Args:
+        k_cache, v_cache: (num_pages, page_size, Hkv, D), as `attention` reads them with
+            ``block_table=`` (any strides).
+        k, v: (B, Hkv, S_new, D) new tokens (the SDPA layout, views such as ``x.transpose(1, 2)``
+            read in place), in the caches' dtype.
+        block_table: (B, max_pages) int32 / int64 page indices.
+        kv_lens: (B,) int32 / int64, each sequence's key count before these tokens (not updated here:
+            add S_new afterwards, e.g. ``kv_lens += S_new``, before attending).
+
+    Nothing is read on the host on CUDA (a CUDA graph captures the call; the lengths and table may
+    change in place between replays). A position past the table (kv_lens[b] + i >= max_pages x
+    page_size), a negative count or a page outside [0, num_pages): a ValueError on the CPU; on CUDA
+    that token is not written (also under torch.compile). Tokens of different sequences must not
+    share a page position. Float caches (float16, bfloat16, float32, float64), not requiring grad.
+    The registered op is ``torch.ops.opforge.paged_kv_append`` (it mutates both caches).
+    """
+    for name, t in (("k_cache", k_cache), ("v_cache", v_cache), ("k", k), ("v", v)):
+        require_tensor(APPEND_OP, name, t)
+        if t.dim() != 4:
+            raise RuntimeError(f"{APPEND_OP}: {name} must be 4-D, got {t.dim()}-D")
+        check_same_device(APPEND_OP, name, t, "k_cache", k_cache)
+        check_same_dtype(APPEND_OP, name, t, "k_cache", k_cache)
+    check_dtype_in(APPEND_OP, "k_cache", k_cache, DTYPES)
+    for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if t.requires_grad and t.is_leaf and torch.is_grad_enabled():
+            raise RuntimeError(
+                f"{APPEND_OP}: {name} requires grad; a KV cache is written in place: detach it or "
+                "append under torch.no_grad()"
+            )
+    require_tensor(APPEND_OP, "block_table", block_table)
+    require_tensor(APPEND_OP, "kv_lens", kv_lens)
+    if k_cache.shape != v_cache.shape:
+        raise RuntimeError(
+            f"{APPEND_OP}: k_cache and v_cache must have the same shape, got {list(k_cache.shape)} and "
+            f"{list(v_cache.shape)}"
+        )
+    if k.shape != v.shape:
+        raise RuntimeError(
+            f"{APPEND_OP}: k and v must have the same shape, got {list(k.shape)} and {list(v.shape)}"
+        )
+    kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
+    B = k.shape[0]
+    if (k.shape[1], k.shape[3]) != (kv_heads, head_dim):
+        raise RuntimeError(
+            f"{APPEND_OP}: k must be (batch, kv_heads, new tokens, head_dim) with the caches' kv_heads "
+            f"and head_dim ({kv_heads}, {head_dim}), got {list(k.shape)}"
+        )
+    for name, t in (("block_table", block_table), ("kv_lens", kv_lens)):
+        if t.dtype not in (torch.int32, torch.int64):
+            raise RuntimeError(f"{APPEND_OP}: {name} must be int32 or int64, got {dtype_name(t.dtype)}")
+        check_same_device(APPEND_OP, name, t, "k_cache", k_cache)
+    if block_table.dim() != 2 or block_table.shape[0] != B or block_table.shape[1] < 1:
+        raise RuntimeError(
+            f"{APPEND_OP}: block_table must be (batch, max_pages) = ({B}, >= 1), got shape "
+            f"{list(block_table.shape)}"
+        )
+    if kv_lens.dim() != 1 or kv_lens.shape[0] != B:
+        raise RuntimeError(f"{APPEND_OP}: kv_lens must be (batch,) = ({B},), got shape {list(kv_lens.shape)}")
+    if k_cache.shape[0] < 1 or k_cache.shape[1] < 1:
+        raise RuntimeError(f"{APPEND_OP}: the caches have no pages, shape {list(k_cache.shape)}")
+    torch.ops.opforge.paged_kv_append(k_cache, v_cache, k, v, block_table, kv_lens)
+
+
+@torch.library.custom_op("opforge::paged_kv_append", mutates_args=("k_cache", "v_cache"))
+def _paged_kv_append(
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    block_table: torch.Tensor,
+    kv_lens: torch.Tensor,
+) -> None:
+    """The op behind paged_kv_append (after its checks): one scatter of the new rows per cache."""
+    pages, page_size, kv_heads, head_dim = k_cache.shape
+    B, _, s_new, _ = k.shape
+    if B == 0 or s_new == 0:
+        return
+    max_pages = block_table.shape[1]
+    dev = k_cache.device
+    pos = kv_lens.to(torch.int64)[:, None] + torch.arange(s_new, device=dev)[None, :]  # (B, S_new)
+    logical = pos.div(page_size, rounding_mode="floor")
+    page = block_table.to(torch.int64).gather(1, logical.clamp(0, max_pages - 1))
+    valid = (pos >= 0) & (logical < max_pages) & (page >= 0) & (page < pages)
+    if dev.type == "cpu" and not bool(valid.all()):
+        b, i = (int(x) for x in (~valid).nonzero()[0])
+        p, j = int(pos[b, i]), int(logical[b, i])
+        if p < 0:
+            why = f"kv_lens[{b}] = {int(kv_lens[b])} is negative"
+        elif j >= max_pages:
+            why = f"past its block_table row ({max_pages} pages x {page_size} positions)"
+        else:
+            why = f"block_table[{b}, {j}] = {int(block_table[b, j])} is not a page of the caches (0 to {pages - 1})"
+        raise ValueError(f"{APPEND_OP}: sequence {b}'s new token {i} goes to position {p}: {why}")
+    page, slot = page.flatten(), pos.remainder(page_size).flatten()
+    valid = valid.flatten()
+    # Tokens that cannot be written (CUDA) write instead, at (0, 0), what ends up there anyway: the
+    # token written there if one is, else what is there: every write to a place has one value.
+    page, slot = page.where(valid, 0), slot.where(valid, 0)
+    at_origin = valid & (page == 0) & (slot == 0)
+    for cache, new in ((k_cache, k), (v_cache, v)):
+        rows = new.transpose(1, 2).reshape(B * s_new, kv_heads, head_dim)
+        # (index_select, not rows[tensor]: a tensor index would read it on the host, which a CUDA
+        # graph's capture forbids)
+        first = rows.index_select(0, at_origin.to(torch.int32).argmax().view(1))[0]
+        origin = torch.where(at_origin.any(), first, cache[0, 0])
+        cache.index_put_((page, slot), rows.where(valid[:, None, None], origin))
+
+
+@_paged_kv_append.register_fake
+def _(k_cache, v_cache, k, v, block_table, kv_lens) -> None:
+    return None

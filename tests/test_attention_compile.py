@@ -1,0 +1,115 @@
+"""The attention ops under torch.library.opcheck and torch.compile (fullgraph, dynamic shapes), KV
+caches and packed sequences included."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from attention_cases import (
+    opcheck_patterns,
+    qkv,
+    random_block_mask,
+    random_segments,
+    to_pages,
+    varlen_case,
+)
+
+import opforge
+from opforge import reference
+
+
+def test_opcheck():
+    q, k, v = (t.requires_grad_() for t in qkv(1, 4, 2, 37, 45, 16))
+    opcheck_patterns(q, k, v, random_segments(1, 45), random_block_mask(1, 4, 37, 45), 0.25)
+
+
+def test_torch_compile_fullgraph():
+    q, k, v = (t.requires_grad_() for t in qkv(1, 4, 2, 64, 64, 16))
+    f = torch.compile(lambda q, k, v: opforge.attention(q, k, v, causal=True, window=(8, 0)), fullgraph=True)
+    out = f(q, k, v)
+    assert torch.allclose(out, opforge.attention(q, k, v, causal=True, window=(8, 0)))
+    out.sum().backward()
+    assert q.grad is not None and k.grad is not None
+
+
+def test_torch_compile_dynamic():
+    """dynamic=True: the default scale of a symbolic head_dim and a traced scale argument."""
+    f = torch.compile(lambda q, k, v: opforge.attention(q, k, v, causal=True), fullgraph=True, dynamic=True)
+    g = torch.compile(lambda q, k, v, s: opforge.attention(q, k, v, scale=s), fullgraph=True, dynamic=True)
+    for D in (8, 16):
+        q, k, v = qkv(1, 2, 1, 10, 12, D)
+        assert torch.allclose(f(q, k, v), opforge.attention(q, k, v, causal=True))
+        assert torch.allclose(g(q, k, v, 0.3), opforge.attention(q, k, v, scale=0.3))
+
+
+def test_kv_lens_compiles_without_graph_break():
+    q, k, v = qkv(2, 8, 2, 1, 400, 32)
+    lens = torch.tensor([400, 123])
+    f = torch.compile(lambda q, k, v, n: opforge.attention(q, k, v, kv_lens=n, causal=True), fullgraph=True)
+    assert torch.allclose(f(q, k, v, lens), opforge.attention(q, k, v, kv_lens=lens, causal=True))
+    lens[1] = 7  # the counts are data: no recompilation, new result
+    assert torch.allclose(
+        f(q, k, v, lens), reference.attention(q, k, v, kv_lens=lens, causal=True), atol=1e-5
+    )
+
+
+def test_varlen_torch_compile_fullgraph():
+    q, k, v, cu_q, cu_k = varlen_case([(20, 30), (0, 5), (40, 40)], 4, 2, 16)
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+
+    def f(q, k, v, cu_q, cu_k):
+        return opforge.attention_varlen(
+            q, k, v, cu_q, cu_k, 40, 40, causal=True, window=(8, 0), return_lse=True
+        )
+
+    out, lse = torch.compile(f, fullgraph=True)(q, k, v, cu_q, cu_k)
+    want, want_lse = f(q, k, v, cu_q, cu_k)
+    torch.testing.assert_close(out, want)
+    torch.testing.assert_close(lse, want_lse)
+    go = torch.randn_like(out)
+    got = torch.autograd.grad(out, (q, k, v), go)
+    for a, b in zip(got, torch.autograd.grad(want, (q, k, v), go), strict=True):
+        torch.testing.assert_close(a, b)
+
+
+def test_varlen_opcheck():
+    """torch.library.opcheck of the raw ops (forward and backward) with the offsets, on the (1, H,
+    total, D) views of packed tensors."""
+    q, k, v, cu_q, cu_k = varlen_case([(7, 11), (0, 3), (20, 9), (5, 0)], 4, 2, 16)
+    q4, k4, v4 = (t.unsqueeze(0).transpose(1, 2).requires_grad_() for t in (q, k, v))
+    offsets = dict(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k)
+    for causal, left, right, softcap in ((True, -1, -1, 0.0), (False, 3, 2, 2.0)):
+        args = (q4, k4, v4, 0.25, softcap, causal, left, right, 0, *(None,) * 5, 128, 128)
+        torch.library.opcheck(torch.ops.opforge.attention.default, args, offsets)
+    out, lse = torch.ops.opforge.attention.default(*args, **offsets)
+    bwd = (torch.randn_like(out), q4.detach(), k4.detach(), v4.detach(), out.detach(), lse.detach(), None)
+    torch.library.opcheck(
+        torch.ops.opforge.attention_backward.default,
+        (*bwd, 0.25, 2.0, False, 3, 2, 0, *(None,) * 5, 128, 128),
+        offsets,
+    )
+
+
+@pytest.mark.parametrize("paged", [False, True], ids=["contiguous", "paged"])
+def test_serving_step_compiles_with_dynamic_shapes(paged):
+    """A compiled serving step with per-sequence key counts (contiguous or paged caches), fullgraph,
+    called for a decode step and then for a chunk of new tokens (another Sq), and compiled with
+    dynamic=True (finding r4: failed on the second call, and at once with dynamic=True)."""
+    B, H, Hkv, D, P = 2, 4, 2, 8, 4
+    k, v = qkv(B, Hkv, Hkv, 1, 6 * P, D)[1:]
+    lens = torch.tensor([10, 7], dtype=torch.int32)
+    if paged:
+        k, v, table = to_pages(k, v, lens, P)
+        kw = dict(block_table=table)
+    else:
+        kw = {}
+
+    def step(q):
+        return opforge.attention(q, k, v, kv_lens=lens, causal=True, **kw)
+
+    for dynamic in (None, True):
+        torch._dynamo.reset()
+        compiled = torch.compile(step, fullgraph=True, dynamic=dynamic, backend="aot_eager")
+        for sq in (1, 5, 3):
+            q = torch.randn(B, H, sq, D)
+            assert torch.equal(compiled(q), step(q)), (dynamic, sq)

@@ -1,0 +1,343 @@
+"""opforge.attention under torch.func (grad, vjp, jacrev, jacfwd, vmap), forward-mode AD and double
+backward (gradgradcheck, nonlinear losses, jacrev of jacrev) against float64 references."""
+
+from __future__ import annotations
+
+from functools import partial
+
+import pytest
+import torch
+from attention_cases import (
+    NO_PATTERN,
+    TRANSFORM_PATTERNS,
+    qkv,
+    random_block_mask,
+    random_segments,
+    small_case,
+    varlen_case,
+)
+
+import opforge
+from opforge import reference
+from opforge.masks import BlockMask
+
+
+@pytest.mark.parametrize("name", TRANSFORM_PATTERNS)
+def test_forward_mode_ad(name):
+    """torch.func.jvp and torch.autograd.forward_ad give the reference's tangents (output and LSE)."""
+    import torch.autograd.forward_ad as fwad
+
+    q, k, v, kw = small_case(name)
+    tangents = tuple(torch.randn_like(t) for t in (q, k, v))
+
+    def ours(q, k, v):
+        return opforge.attention(q, k, v, return_lse=True, **kw)
+
+    def ref(q, k, v):
+        out, lse = reference.attention(q, k, v, return_lse=True, **kw)
+        return out, torch.where(lse.isfinite(), lse, 0.0)
+
+    (_, lse), (t_out, t_lse) = torch.func.jvp(ours, (q, k, v), tangents)
+    _, (w_out, w_lse) = torch.func.jvp(ref, (q, k, v), tangents)
+    assert t_out.abs().max() > 0  # a tangent, not zeros
+    seen = lse.isfinite()  # (the reference's tangent is NaN on rows that see nothing; ours 0)
+    torch.testing.assert_close(t_out[seen], w_out[seen], atol=1e-9, rtol=1e-7)
+    torch.testing.assert_close(t_lse[seen], w_lse[seen], atol=1e-9, rtol=1e-7)
+    assert (t_out[~seen] == 0).all() and (t_lse[~seen] == 0).all()
+    with fwad.dual_level():
+        duals = [fwad.make_dual(t, d) for t, d in zip((q, k, v), tangents, strict=True)]
+        tangent = fwad.unpack_dual(opforge.attention(*duals, **kw)).tangent
+    torch.testing.assert_close(tangent[seen], w_out[seen], atol=1e-9, rtol=1e-7)
+
+
+def test_forward_mode_ad_one_operand_and_float32():
+    """A tangent for v alone (the others None), and float32 inputs (tangents in float32)."""
+    q, k, v = qkv(2, 4, 2, 20, 30, 8)
+    dv = torch.randn_like(v)
+    _, t = torch.func.jvp(lambda v: opforge.attention(q, k, v, causal=True), (v,), (dv,))
+    _, w = torch.func.jvp(
+        lambda v: reference.attention(q.double(), k.double(), v, causal=True), (v.double(),), (dv.double(),)
+    )
+    assert t.dtype == torch.float32
+    assert (t.double() - w).abs().max() < 1e-5
+
+
+@pytest.mark.parametrize("name", TRANSFORM_PATTERNS)
+def test_func_grad_vjp_jacrev_jacfwd(name):
+    q, k, v, kw = small_case(name, Sq=5, Sk=6, D=3)
+    w = torch.randn(1, 2, 5, 3, dtype=torch.float64)
+
+    def loss(f):
+        return lambda q, k, v: (f(q, k, v, **kw) * w).sum()
+
+    got = torch.func.grad(loss(opforge.attention), argnums=(0, 1, 2))(q, k, v)
+    want = torch.func.grad(loss(reference.attention), argnums=(0, 1, 2))(q, k, v)
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-10, rtol=1e-8)
+    _, pull = torch.func.vjp(lambda q, k, v: opforge.attention(q, k, v, **kw), q, k, v)
+    _, ref_pull = torch.func.vjp(lambda q, k, v: reference.attention(q, k, v, **kw), q, k, v)
+    for a, b in zip(pull(w), ref_pull(w), strict=True):
+        torch.testing.assert_close(a, b, atol=1e-10, rtol=1e-8)
+    for jac in (torch.func.jacrev, torch.func.jacfwd):
+        got = jac(lambda k: opforge.attention(q, k, v, **kw))(k)
+        want = jac(lambda k: reference.attention(q, k, v, **kw))(k)
+        torch.testing.assert_close(got, want, atol=1e-10, rtol=1e-8)
+
+
+def test_vmap():
+    """vmap over q alone, and over q, k, v with segments and a block mask (the mapped dimension joins
+    the batch); in_dims other than 0."""
+    qs, ks, vs = (torch.randn(3, *t.shape) for t in qkv(2, 4, 2, 30, 40, 8))
+    seg = random_segments(2, 40)
+    mask = random_block_mask(2, 4, 30, 40)
+    for kw in (dict(causal=True), dict(segment_ids=seg, mask=mask, softcap=2.0)):
+        got = torch.func.vmap(partial(opforge.attention, **kw))(qs, ks, vs)
+        want = torch.stack([reference.attention(qs[i], ks[i], vs[i], **kw) for i in range(3)])
+        assert (got - want).abs().max() < 2e-5
+    got = torch.func.vmap(lambda q: opforge.attention(q, ks[0], vs[0], causal=True), in_dims=2)(
+        qs.movedim(0, 2)
+    )
+    want = torch.stack([reference.attention(qs[i], ks[0], vs[0], causal=True) for i in range(3)])
+    assert (got - want).abs().max() < 2e-5
+
+
+@pytest.mark.parametrize("name", ["causal", "prefix", "documents", "block mask", "softcap"])
+def test_gradgradcheck(name):
+    q, k, v, kw = small_case(name, Sq=5, Sk=7, D=3)
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+
+    def f(q, k, v):
+        out, lse = opforge.attention(q, k, v, return_lse=True, **kw)
+        return out, torch.where(lse.isfinite(), lse, 0.0)
+
+    assert torch.autograd.gradgradcheck(f, (q, k, v))
+
+
+def test_double_backward_matches_reference():
+    """A gradient penalty: d/dk of |d out/dq . g|^2 equals the reference's, float32 inputs (the dense
+    recomputation in float32) and fully masked rows (no NaN)."""
+    B, H, S, D = 1, 2, 70, 16
+    dense = torch.rand(B, H, S, S) < 0.3
+    dense[:, :, 5] = False
+    mask = BlockMask.from_dense(dense, block_size=64)
+    q, k, v = (t.requires_grad_() for t in qkv(B, H, H, S, S, D))
+    g = torch.randn(B, H, S, D)
+
+    def penalty(f, q, k, v):
+        (dq,) = torch.autograd.grad(f(q, k, v, mask=mask), q, g, create_graph=True)
+        return torch.autograd.grad(dq.pow(2).sum(), (k, v))
+
+    got = penalty(opforge.attention, q, k, v)
+    qd, kd, vd = (t.detach().double().requires_grad_() for t in (q, k, v))
+    want = penalty(reference.attention, qd, kd, vd)
+    for a, b in zip(got, want, strict=True):
+        assert a.isfinite().all()
+        assert (a.double() - b).abs().max() <= 1e-4 * max(1.0, b.abs().max().item())
+
+
+def test_backward_op_alone_is_not_differentiable():
+    q, k, v = (t.requires_grad_() for t in qkv(1, 2, 2, 6, 6, 4))
+    out, lse = torch.ops.opforge.attention.default(
+        q, k, v, 0.5, 0.0, False, -1, -1, 0, *(None,) * 5, 128, 128
+    )
+    dq, _, _ = torch.ops.opforge.attention_backward.default(
+        torch.ones_like(out), q, k, v, out.detach(), lse.detach(), None, 0.5, 0.0, *NO_PATTERN
+    )
+    with pytest.raises(
+        RuntimeError, match=r"opforge.attention_backward is not differentiable when called directly"
+    ):
+        dq.sum().backward()
+
+
+def test_varlen_transforms():
+    """torch.func.grad and jvp (forward mode) match the reference; vmap over q, k, v folds the mapped
+    dimension into the heads; double backward (gradgradcheck); mapped offsets are refused."""
+    lengths = [(3, 5), (0, 2), (4, 4), (2, 0)]
+    q, k, v, cu_q, cu_k = varlen_case(lengths, 2, 1, 3, torch.float64)
+    kw = dict(causal=True, softcap=2.0)
+    w = torch.randn_like(q)
+
+    def loss(f):
+        return lambda q, k, v: (f(q, k, v, cu_q, cu_k, **kw) * w).sum()
+
+    got = torch.func.grad(loss(opforge.attention_varlen), argnums=(0, 1, 2))(q, k, v)
+    want = torch.func.grad(loss(reference.attention_varlen), argnums=(0, 1, 2))(q, k, v)
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-10, rtol=1e-8)
+    tangents = tuple(torch.randn_like(t) for t in (q, k, v))
+    _, t_out = torch.func.jvp(
+        lambda q, k, v: opforge.attention_varlen(q, k, v, cu_q, cu_k, **kw), (q, k, v), tangents
+    )
+    _, w_out = torch.func.jvp(
+        lambda q, k, v: reference.attention_varlen(q, k, v, cu_q, cu_k, **kw), (q, k, v), tangents
+    )
+    # (the last sequence has no keys: the reference's tangent is NaN there, ours 0)
+    seen = torch.ones(q.shape[0], dtype=torch.bool)
+    seen[int(cu_q[3]) : int(cu_q[4])] = False
+    assert t_out.abs().max() > 0
+    torch.testing.assert_close(t_out[seen], w_out[seen], atol=1e-9, rtol=1e-7)
+    assert (t_out[~seen] == 0).all()
+    qs, ks, vs = (torch.randn(3, *t.shape, dtype=torch.float64) for t in (q, k, v))
+    mapped = torch.func.vmap(lambda q, k, v: opforge.attention_varlen(q, k, v, cu_q, cu_k, **kw))(qs, ks, vs)
+    loop = torch.stack([reference.attention_varlen(qs[i], ks[i], vs[i], cu_q, cu_k, **kw) for i in range(3)])
+    torch.testing.assert_close(mapped, loop, atol=1e-10, rtol=1e-8)
+    one_k = torch.func.vmap(lambda q: opforge.attention_varlen(q, k, v, cu_q, cu_k, **kw), in_dims=1)(
+        qs.movedim(0, 1)
+    )
+    torch.testing.assert_close(
+        one_k, torch.stack([reference.attention_varlen(qs[i], k, v, cu_q, cu_k, **kw) for i in range(3)])
+    )
+    jac = torch.func.jacrev(lambda v: opforge.attention_varlen(q, k, v, cu_q, cu_k, **kw))(v)
+    torch.testing.assert_close(
+        jac, torch.func.jacrev(lambda v: reference.attention_varlen(q, k, v, cu_q, cu_k, **kw))(v)
+    )
+
+    def f(q, k, v):
+        out, lse = opforge.attention_varlen(q, k, v, cu_q, cu_k, return_lse=True, **kw)
+        return out, torch.where(lse.isfinite(), lse, 0.0)
+
+    assert torch.autograd.gradgradcheck(f, tuple(t.clone().requires_grad_() for t in (q, k, v)))
+    with pytest.raises(
+        NotImplementedError, match=r"opforge.attention_varlen: vmap over cu_seqlens_q is not supported"
+    ):
+        torch.func.vmap(lambda c: opforge.attention_varlen(q, k, v, c, cu_k))(torch.stack([cu_q, cu_q]))
+
+
+def nonlinear_second_order(attn, q0, k0, v0, create_graph, **kw):
+    """A gradient penalty's gradient: the first gradients of a loss nonlinear in the output and the
+    LSE (so grad_out and grad_lse depend on them), then the gradient of a function of those."""
+    q, k, v = (t.clone().requires_grad_() for t in (q0, k0, v0))
+    out, lse = attn(q, k, v, return_lse=True, **kw)
+    seen = lse.isfinite()
+    loss = out.pow(2).sum() + out.sin().sum() + torch.where(seen, lse, 0.0).pow(2).sum()
+    gq, gk, gv = torch.autograd.grad(loss, (q, k, v), create_graph=True)
+    penalty = gq.pow(2).sum() + (gk * gv).sum() + gv.sin().sum()
+    return torch.autograd.grad(penalty, (q, k, v), create_graph=create_graph)
+
+
+@pytest.mark.parametrize("create_graph", [True, False])
+@pytest.mark.parametrize("name", ["full", "causal", "softcap", "documents", "block mask"])
+def test_second_derivatives_of_nonlinear_losses(name, create_graph):
+    """Second derivatives (gradient penalties, Hessian-vector products) where the loss is nonlinear
+    in the output: equal to the float64 reference's, with create_graph or without (finding r1: off by
+    their own size, or "backward through the graph a second time")."""
+    q, k, v, kw = small_case(name, Hq=4, Hkv=2)
+    got = nonlinear_second_order(opforge.attention, q, k, v, create_graph, **kw)
+    want = nonlinear_second_order(reference.attention, q, k, v, True, **kw)
+    for g, w in zip(got, want, strict=True):
+        assert w.abs().max() > 0
+        torch.testing.assert_close(g, w, atol=1e-9, rtol=1e-7)
+
+
+def test_hessian_vector_product_and_third_order():
+    """torch.autograd.functional.hvp of a nonlinear loss, and a third derivative (the double
+    backward's own backward is differentiable), against the reference."""
+    q, k, v, kw = small_case("causal")
+    u = torch.randn_like(q)
+
+    def loss(attn):
+        return lambda q: attn(q, k, v, **kw).tanh().sum()
+
+    _, got = torch.autograd.functional.hvp(loss(opforge.attention), q, u)
+    _, want = torch.autograd.functional.hvp(loss(reference.attention), q, u)
+    torch.testing.assert_close(got, want, atol=1e-9, rtol=1e-7)
+
+    def third(attn):
+        x = q.clone().requires_grad_()
+        (g,) = torch.autograd.grad(attn(x, k, v, **kw).pow(3).sum(), x, create_graph=True)
+        (h,) = torch.autograd.grad((g * u).sum(), x, create_graph=True)
+        return torch.autograd.grad(h.pow(2).sum(), x)[0]
+
+    torch.testing.assert_close(third(opforge.attention), third(reference.attention), atol=1e-8, rtol=1e-6)
+
+
+def test_varlen_second_derivatives():
+    q, k, v, cu_q, cu_k = (
+        t.double() if t.is_floating_point() else t for t in varlen_case([(4, 6), (3, 2)], 2, 1, 4)
+    )
+
+    def ours(q, k, v, return_lse):
+        return opforge.attention_varlen(q, k, v, cu_q, cu_k, causal=True, return_lse=return_lse)
+
+    def ref(q, k, v, return_lse):
+        return reference.attention_varlen(q, k, v, cu_q, cu_k, causal=True, return_lse=return_lse)
+
+    got = nonlinear_second_order(ours, q, k, v, False)
+    want = nonlinear_second_order(ref, q, k, v, True)
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w, atol=1e-9, rtol=1e-7)
+
+
+def test_jacrev_of_jacrev():
+    """torch.func.jacrev(jacrev(...)) (documented as supported; finding r2 raised) equals the
+    reference's, for a loss nonlinear in the output."""
+    q, k, v, kw = small_case("causal", Hq=1, Sq=3, Sk=4, D=3)
+
+    def second(attn):
+        return torch.func.jacrev(torch.func.jacrev(lambda q: attn(q, k, v, **kw).sin().sum()))(q)
+
+    got, want = second(opforge.attention), second(reference.attention)
+    assert got.shape == (*q.shape, *q.shape) and want.abs().max() > 0
+    torch.testing.assert_close(got, want, atol=1e-9, rtol=1e-7)
+
+
+def test_forward_mode_ad_on_views():
+    """Forward-mode AD with q a (B, S, H, D).transpose(1, 2) view and through attention_varlen (finding
+    r3: an internal assert of PyTorch on both), against the reference's tangents."""
+    import torch.autograd.forward_ad as fwad
+
+    q = torch.randn(1, 6, 2, 8, dtype=torch.float64).transpose(1, 2)
+    k, v = (torch.randn(1, 2, 7, 8, dtype=torch.float64) for _ in range(2))
+    dq = torch.randn_like(q)
+    _, want = torch.func.jvp(lambda q: reference.attention(q, k, v, causal=True), (q,), (dq,))
+    with fwad.dual_level():
+        out = opforge.attention(fwad.make_dual(q, dq), k, v, causal=True)
+        got = fwad.unpack_dual(out).tangent
+    torch.testing.assert_close(got, want, atol=1e-10, rtol=1e-8)
+
+    qv, kv, vv, cu_q, cu_k = (
+        t.double() if t.is_floating_point() else t for t in varlen_case([(5, 4), (3, 6)], 2, 2, 8)
+    )
+    tangents = tuple(torch.randn_like(t) for t in (qv, kv, vv))
+    _, want = torch.func.jvp(
+        lambda q, k, v: reference.attention_varlen(q, k, v, cu_q, cu_k, causal=True), (qv, kv, vv), tangents
+    )
+    for head_major in (False, True):
+        q_in = qv.transpose(0, 1).contiguous().transpose(0, 1) if head_major else qv
+        with fwad.dual_level():
+            duals = [fwad.make_dual(t, d) for t, d in zip((q_in, kv, vv), tangents, strict=True)]
+            got = fwad.unpack_dual(opforge.attention_varlen(*duals, cu_q, cu_k, causal=True)).tangent
+        torch.testing.assert_close(got, want, atol=1e-10, rtol=1e-8)
+
+
+def test_transforms_over_empty_queries():
+    """jacrev and vmap over size-0 queries give empty results as SDPA does (finding r6:
+    ZeroDivisionError, a false message)."""
+    k = torch.randn(1, 2, 4, 8, dtype=torch.float64)
+    q0 = torch.randn(1, 2, 0, 8, dtype=torch.float64)
+    want = torch.func.jacrev(lambda q: torch.nn.functional.scaled_dot_product_attention(q, k, k))(q0)
+    got = torch.func.jacrev(lambda q: opforge.attention(q, k, k))(q0)
+    assert got.shape == want.shape == (1, 2, 0, 8, 1, 2, 0, 8)
+    kv = torch.randn(4, 2, 8, dtype=torch.float64)
+    cq, ck = torch.tensor([0, 0], dtype=torch.int32), torch.tensor([0, 4], dtype=torch.int32)
+    got = torch.func.jacrev(lambda q: opforge.attention_varlen(q, kv, kv, cq, ck))(
+        torch.randn(0, 2, 8).double()
+    )
+    assert got.shape == (0, 2, 8, 0, 2, 8)
+    # vmap over a mapped dimension of size 0, and over queries of size 0
+    out = torch.func.vmap(lambda q: opforge.attention(q, k, k))(
+        torch.randn(0, 1, 2, 5, 8, dtype=torch.float64)
+    )
+    assert out.shape == (0, 1, 2, 5, 8)
+    out = torch.func.vmap(lambda q: opforge.attention(q, k, k))(
+        torch.randn(3, 1, 2, 0, 8, dtype=torch.float64)
+    )
+    assert out.shape == (3, 1, 2, 0, 8)
+    out = torch.func.vmap(lambda q: opforge.attention_varlen(q, kv, kv, cq, ck), in_dims=1)(
+        torch.randn(0, 3, 2, 8, dtype=torch.float64)
+    )
+    assert out.shape == (3, 0, 2, 8)
+    grads = torch.func.vmap(torch.func.grad(lambda q: opforge.attention(q, k, k).sum()))(
+        torch.randn(0, 1, 2, 5, 8, dtype=torch.float64)
+    )
+    assert grads.shape == (0, 1, 2, 5, 8)
