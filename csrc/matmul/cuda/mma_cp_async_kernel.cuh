@@ -24,7 +24,7 @@
 namespace opforge {
 namespace mma {
 
-// The shipped configuration; benchmarks/tuning/ derives candidates from it by name.
+// The shipped configuration; benchmarks/tuning/matmul/ derives candidates from it by name.
 struct CpAsyncTraits {
   static constexpr int kBlockN = 256;  // 128 x 256 block tiles (128: two blocks per SM)
   static constexpr int kStages = 3;    // depth of the cp.async ring

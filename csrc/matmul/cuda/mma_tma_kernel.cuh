@@ -30,14 +30,14 @@ namespace mma {
 
 // Called by the kernel at its ring's hand-over points (a fill issued by thread 0 or the refilling
 // lane; a warp's release of a stage and the landing of its next k tile, by lane 0). Empty in the
-// product: benchmarks/tuning/ instruments them.
+// product: benchmarks/tuning/matmul/ instruments them.
 struct NoHooks {
   static __device__ __forceinline__ void issued(int /*k_tile*/) {}
   static __device__ __forceinline__ void released(int /*warp*/, int /*k_tile*/) {}
   static __device__ __forceinline__ void landed(int /*warp*/, int /*k_tile*/) {}
 };
 
-// The shipped configuration; benchmarks/tuning/ derives candidates from it by name.
+// The shipped configuration; benchmarks/tuning/matmul/ derives candidates from it by name.
 struct TmaTraits {
   static constexpr int kStages = 3;            // depth of the ring
   static constexpr int kBlockK = 96;           // k tile depth: 64, or 96 (a in three 32-wide boxes)

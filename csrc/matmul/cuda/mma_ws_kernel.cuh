@@ -31,7 +31,7 @@ namespace mma {
 
 constexpr int kWsThreads = kThreads + 128;  // a producer warpgroup and 8 consumer warps
 
-// The shipped configuration; benchmarks/tuning/ derives candidates from it by name.
+// The shipped configuration; benchmarks/tuning/matmul/ derives candidates from it by name.
 struct WsTraits {
   static constexpr int kStages = 3;          // depth of the ring
   static constexpr int kBlockK = 64;         // k tile depth (64, or 96 when not persistent)

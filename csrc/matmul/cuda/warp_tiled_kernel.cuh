@@ -28,7 +28,7 @@ namespace warp_tiled {
 constexpr int kBM = 128, kPad = 4, kThreads = 256;
 constexpr int kWM = 64;  // warp tile rows; 2 x 4 warps
 
-// The shipped configurations; benchmarks/tuning/ derives candidates from them by name.
+// The shipped configurations; benchmarks/tuning/matmul/ derives candidates from them by name.
 struct StagedTraits {
   static constexpr int kBlockN = 128;        // tile width: 128 (8 x 8 a lane) or 256 (8 x 16)
   static constexpr int kBlockK = 16;         // depth of a shared tile (16 staged floats a thread)

@@ -50,7 +50,7 @@ constexpr int kThreads = 384;  // producer warpgroup + 2 consumer warpgroups
 constexpr int kGroupRows = 8;  // tile rows (of clusters) per group of the tile order
 
 // The shipped configurations (the launcher takes Wide where there are at least half as many
-// 128 x 256 tiles as SMs: measured faster from 2048^3 up); benchmarks/tuning/ derives candidates.
+// 128 x 256 tiles as SMs: measured faster from 2048^3 up); benchmarks/tuning/matmul/ derives candidates.
 struct WideTraits {
   static constexpr int kBlockN = 256;  // 128 x 256 tiles: wgmma.m64n256k16, a 4-stage ring
   static constexpr int kCluster = 1;   // blocks sharing b by multicast

@@ -24,7 +24,7 @@ constexpr int64_t kWindowMin = 1024;  // segments at least this large use spatia
 // Parallel regions only for work that is large against what a region can cost: when the other
 // cores are busy (a neighbour's threads), a region waits for its workers to be scheduled, a
 // scheduler tick each (measured: batched_nms of 1k boxes went from 0.06 ms to 8 ms on 2 cores,
-// benchmarks/tuning/cpu_neighbour.py). torchvision's NMS is serial, so below these sizes opforge
+// benchmarks/tuning/common/cpu_neighbour.py). torchvision's NMS is serial, so below these sizes opforge
 // stays serial too and is never slower than it because of its own threading.
 constexpr int64_t kParallelWork = 1 << 22;        // candidate x kept-box tests of one suppression pass
 constexpr int64_t kParallelSegmentBoxes = 16384;  // batched_nms: boxes before classes run in parallel

@@ -37,7 +37,7 @@ __device__ __forceinline__ __nv_bfloat16 add(__nv_bfloat16 a, __nv_bfloat16 b) {
 // consecutive threads on consecutive packs (coalesced). kVec = 16 / sizeof(T) gives 16-byte
 // LDG.128/STG.128 when all pointers are 16-byte aligned; kVec = 1 serves unaligned slices.
 // Tiles are contiguous per block and the grid strides over them: measured on an H200
-// (benchmarks/tuning/vector_add_variants.cu), this is 6% faster than interleaving a
+// (benchmarks/tuning/vector_add/vector_add_variants.cu), this is 6% faster than interleaving a
 // persistent grid's threads over the whole array.
 template <typename T, int kVec, int kUnroll>
 __global__ void __launch_bounds__(kThreads)
