@@ -341,3 +341,16 @@ def test_transforms_over_empty_queries():
         torch.randn(0, 1, 2, 5, 8, dtype=torch.float64)
     )
     assert grads.shape == (0, 1, 2, 5, 8)
+
+
+def test_vmap_with_kv_lens():
+    """vmap over calls with per-sequence key counts: the counts are mapped with the batch (each
+    mapped index its own), as the reference computes them one by one."""
+    q, k, v = (t.unflatten(0, (3, 2)) for t in qkv(6, 4, 2, 1, 50, 8))  # (mapped 3, B 2, ...)
+    lens = torch.randint(0, 51, (3, 2))
+    got = torch.func.vmap(lambda q, k, v, n: opforge.attention(q, k, v, kv_lens=n, causal=True))(
+        q, k, v, lens
+    )
+    for i in range(3):
+        want = reference.attention(q[i].double(), k[i].double(), v[i].double(), kv_lens=lens[i], causal=True)
+        assert (got[i].double() - want).abs().max() < 2e-5

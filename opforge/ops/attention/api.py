@@ -155,11 +155,13 @@ def attention(
     if kv_lens is not None:
         check_kv_lens(q, kv_lens, segment_ids)
     args = pattern_args(q, k, causal, window, prefix_len, segment_ids, mask)
-    if kv_lens is not None and (records_gradient(q, k, v) or transforms_active()):
+    if kv_lens is not None and records_gradient(q, k, v):  # (no kernel has a kv_lens backward)
         (args, k, v), kv_lens = kv_lens_as_mask(q, k, v, kv_lens, args, mask), None
     scale, softcap = scale_and_softcap(OP, q, scale, softcap)
     if transforms_active():  # torch.func / forward-mode AD: the Python autograd.Function
-        out, lse = Attention.apply(q, k, v, scale, softcap, variant, deterministic, None, None, *args)
+        out, lse = Attention.apply(
+            q, k, v, scale, softcap, variant, deterministic, None, None, *args, kv_lens
+        )
     else:
         out, lse = torch.ops.opforge.attention.default(
             q,
