@@ -1,13 +1,13 @@
 // matmul CPU: checks -> variant -> tasks over the output (batch x row blocks x column blocks)
-// -> the blocked GEMM of the CPU variant (gemm_kernel_impl.h) on each, in parallel.
+// -> the blocked GEMM of the CPU variant (common/cpu/gemm_impl.h) on each, in parallel.
 #include <ATen/Parallel.h>
 #include <ATen/ops/empty.h>
 #include <c10/core/CPUAllocator.h>
 #include <torch/library.h>
 
 #include "common/checks.h"
+#include "common/cpu/gemm.h"
 #include "common/cpu_isa.h"
-#include "matmul/cpu/gemm_kernel.h"
 #include "matmul/matmul.h"
 
 namespace opforge {
@@ -53,7 +53,7 @@ at::Tensor matmul_cpu(const at::Tensor& a, const at::Tensor& b, c10::string_view
     const int64_t tasks = p.batch * m_parts * n_parts;
     // A little work is not worth a thread: calls below 128^3 multiply-adds in all (about 40 us
     // on one core) run on the caller. A parallel region can cost a scheduler tick when the other
-    // cores are busy (benchmarks/tuning/cpu_neighbour.py).
+    // cores are busy (benchmarks/tuning/common/cpu_neighbour.py).
     const int64_t grain = p.batch * p.m * p.n * std::max<int64_t>(p.k, 1) < (1 << 21) ? tasks : 1;
     at::parallel_for(0, tasks, grain, [&](int64_t begin, int64_t end) {
       c10::DataPtr work = c10::GetCPUAllocator()->allocate(static_cast<size_t>(work_bytes));

@@ -1,10 +1,11 @@
-// matmul CPU: the blocked GEMM, one instantiation per CPU variant (common/cpu_isa.h).
+// CPU: the blocked GEMM that matmul's and attention's CPU kernels share, one instantiation per CPU
+// variant (common/cpu_isa.h).
 #pragma once
 
 #include <cstdint>
 
 #include "common/cpu_isa.h"
-#include "matmul/matmul_params.h"
+#include "matmul/matmul_params.h"  // GemmParams
 
 namespace opforge {
 

@@ -1,5 +1,5 @@
-// matmul CPU GEMM, compiled once per CPU variant: the including file defines CPU_CAPABILITY (and
-// CPU_CAPABILITY_AVX2 for that variant) and OPFORGE_CPU_VARIANT_NS first.
+// The CPU GEMM of common/cpu/gemm.h, compiled once per CPU variant: the including file defines
+// CPU_CAPABILITY (and CPU_CAPABILITY_AVX2 for that variant) and OPFORGE_CPU_VARIANT_NS first.
 //
 // The classic blocked GEMM (Goto / BLIS): for each kc-deep slice of k, a kc x nc block of b is
 // packed into NR-wide column panels (L3), an mc x kc block of a into MR-tall row panels (L2),
@@ -19,7 +19,7 @@
 #include <cstring>
 #include <type_traits>
 
-#include "matmul/cpu/gemm_kernel.h"
+#include "common/cpu/gemm.h"
 
 namespace opforge {
 namespace OPFORGE_CPU_VARIANT_NS {

@@ -1,4 +1,0 @@
-// matmul CPU GEMM: the portable variant (SSE2 on x86-64).
-#define CPU_CAPABILITY DEFAULT
-#define OPFORGE_CPU_VARIANT_NS cpu_default
-#include "matmul/cpu/gemm_kernel_impl.h"
