@@ -1,9 +1,13 @@
-"""Shared test setup: fresh random seeds, the `cuda` marker, device parametrization."""
+"""Shared test setup: fresh random seeds, the `cuda` marker, device parametrization, no FrameStream
+staging thread left behind by any test."""
 
 from __future__ import annotations
 
+import gc
 import os
 import random
+import threading
+import time
 import zlib
 
 import pytest
@@ -46,6 +50,34 @@ def _seed(request):
     torch.manual_seed(seed)
     random.seed(seed)
     yield
+
+
+STAGER = "opforge-framestream"  # opforge.video.FrameStream's staging thread's name
+
+
+def stagers() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == STAGER and t.is_alive()]
+
+
+def wait_stagers_gone(timeout: float = 5.0) -> list[threading.Thread]:
+    """The staging threads still alive after waiting up to ``timeout`` seconds for them to end."""
+    deadline = time.monotonic() + timeout
+    while stagers() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return stagers()
+
+
+@pytest.fixture(autouse=True)
+def _no_stager_left():
+    """Every test leaves no staging thread behind (a leak shows up in the test that made it).
+
+    A thread still alive after the test gets what it may need to end: a garbage collection (an
+    abandoned iterator in a reference cycle stops its thread when collected) and up to 5 s. The
+    collection runs only then, not after every test (it took 65 s over the suite)."""
+    yield
+    if stagers():
+        gc.collect()
+        assert wait_stagers_gone() == [], "a FrameStream staging thread outlived its test"
 
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]

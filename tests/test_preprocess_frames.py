@@ -1,100 +1,33 @@
-"""opforge.preprocess_frames: normalization, layouts, resize (PyTorch and OpenCV), letterbox
-geometry (Ultralytics' rules), errors, opcheck / compile, CUDA streams and graphs, CPU threads."""
+"""opforge.preprocess_frames' kernels (CPU, and CUDA where parametrized by device): normalization,
+layouts, resize (PyTorch and OpenCV), letterbox geometry (Ultralytics' rules), CPU threads.
+Errors, opcheck / compile and the CUDA-only tests are in test_preprocess_frames_*.py."""
 
 from __future__ import annotations
 
 import itertools
 
-import numpy as np
 import pytest
 import torch
-from conftest import DEVICES, poison_cuda_allocator
+from conftest import DEVICES
+from preprocess_cases import (
+    IMAGENET,
+    NORMS,
+    OUT_DTYPES,
+    call,
+    check_exact,
+    check_resize,
+    frames,
+    max_err,
+    tensor_of,
+)
 
 import opforge
 from opforge import reference
 from opforge.ops.preprocess_frames import FrameInfo, letterbox_geometry
 
-OUT_DTYPES = [torch.float16, torch.bfloat16, torch.float32]
-IMAGENET = dict(mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225])
-NORMS = {
-    "default": {},
-    "imagenet": IMAGENET,
-    "mean scalar": dict(mean=0.5),
-    "std only": dict(std=[0.3, 0.25, 0.2]),
-    "scale 1": dict(scale=1.0),
-    "scale 1 mean std": dict(scale=1.0, mean=[123.675, 116.28, 103.53], std=[58.395, 57.12, 57.375]),
-    "to [-1, 1] tensor mean": dict(scale=1 / 127.5, mean=torch.tensor([1.0, 1.0, 1.0]), std=1.0),
-    "odd scale": dict(scale=0.0123, mean=[-1.5, 0.0, 2.25], pad_value=0),
-    "numpy mean std": dict(mean=np.array(IMAGENET["mean"]), std=np.array(IMAGENET["std"], dtype=np.float32)),
-    "one-value numpy mean, tensor std": dict(mean=np.array([0.5]), std=torch.tensor(0.25)),
-}
 # (N, H, W): 1x1, a 3-channel row of one pixel, odd sizes, vector-width rows, a wide frame, N = 0.
 SHAPES = [(1, 1, 1), (2, 3, 1), (2, 17, 31), (3, 8, 16), (1, 127, 1000), (0, 5, 7)]
 ORDERS = [("rgb", "rgb"), ("rgb", "bgr"), ("bgr", "rgb"), ("bgr", "bgr")]
-
-
-def frames(n, h, w, c=3, device="cpu"):
-    return torch.randint(0, 256, (n, h, w, c), dtype=torch.uint8, device=device)
-
-
-def out_shape(x, kw):
-    """(N, 3, h, w) of the op's output for frames x and the op's keyword arguments kw."""
-    h, w = x.shape[2:4] if kw.get("layout") == "NCHW" else x.shape[1:3]
-    size = kw.get("size")
-    if kw.get("letterbox"):
-        opts = {k: kw[k] for k in ("scaleup", "stride", "center") if k in kw}
-        hw = letterbox_geometry((h, w), size, **opts).size
-    else:
-        hw = (h, w) if size is None else ((size, size) if isinstance(size, int) else tuple(size))
-    return (x.shape[0], 3, *hw)
-
-
-def call(x, **kw):
-    """The op, with the CUDA allocator poisoned first (an output element never written is NaN)."""
-    if x.is_cuda:
-        n, c, h, w = out_shape(x, kw)
-        poison_cuda_allocator(n * c * h * w * 4, str(x.device))
-    return opforge.preprocess_frames(x, **kw)
-
-
-def split(result, kw):
-    """(tensor, FrameInfo or None) of a result of the op called with kw."""
-    return result if kw.get("letterbox") else (result, None)
-
-
-def tensor_of(result):
-    return result[0] if isinstance(result, tuple) else result
-
-
-def check_exact(x, **kw):
-    """The op equals the plain-PyTorch chain bit for bit (on the CPU, from a contiguous copy)."""
-    out, info = split(call(x, **kw), kw)
-    want, want_info = split(reference.preprocess_frames(x.cpu().contiguous(), **kw), kw)
-    assert info == want_info
-    assert out.shape == want.shape and out.dtype == want.dtype and out.device == x.device
-    assert out.is_contiguous()
-    assert torch.equal(out.cpu(), want)
-    return out  # the tensor
-
-
-def max_err(a, b):
-    """Max |a - b| (NaN when either holds a NaN, so that an unwritten element fails any bound)."""
-    assert a.shape == b.shape, (a.shape, b.shape)
-    if a.numel() == 0:
-        return 0.0
-    return (a.cpu().float() - b.cpu().float()).abs().max().item()
-
-
-def check_resize(x, atol=1e-3, **kw):
-    """Resized with scale 1 to float32: within atol of F.interpolate's bilinear (values 0..255)."""
-    kw = dict(scale=1.0, out_dtype=torch.float32, **kw)
-    result = call(x, **kw)
-    out, info = split(result, kw)
-    want, want_info = split(reference.preprocess_frames(x.cpu().contiguous(), **kw), kw)
-    assert info == want_info
-    assert out.device == x.device and out.dtype == torch.float32 and out.is_contiguous()
-    assert max_err(out, want) <= atol
-    return result
 
 
 def pad_value_normalized(pad, scale, mean, std, dtype):
@@ -104,7 +37,7 @@ def pad_value_normalized(pad, scale, mean, std, dtype):
     return (v / f(std)).to(dtype)
 
 
-# --- 1. exact normalization without a resize -------------------------------------------------
+# --- exact normalization without a resize ---------------------------------------------------------
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -211,7 +144,7 @@ def test_empty_batch_of_empty_frames_info(device, hw):
     assert out.shape == (0, 3, 32, 48)
 
 
-# --- 2. non-contiguous frames ----------------------------------------------------------------
+# --- non-contiguous frames ------------------------------------------------------------------------
 
 
 def _views(device):
@@ -266,7 +199,7 @@ def test_layout_nchw(device, c):
         assert info == want_info and max_err(out, want) <= 1e-3
 
 
-# --- 3. resize against F.interpolate ---------------------------------------------------------
+# --- resize against F.interpolate -----------------------------------------------------------------
 
 RESIZES = [
     ((1, 1), (5, 7)),
@@ -325,7 +258,7 @@ def test_resize_normalized(device, dtype):
             torch.testing.assert_close(out.cpu().float(), want.float(), rtol=rtol, atol=atol)
 
 
-# --- 4. resize against OpenCV and an Ultralytics-style letterbox -----------------------------
+# --- resize against OpenCV and an Ultralytics-style letterbox -------------------------------------
 
 CV_RESIZES = [
     *RESIZES,
@@ -408,7 +341,7 @@ def test_letterbox_matches_ultralytics(hw, size, opts):
     assert max_err(out[0][:, inside], want[:, inside]) <= 1.0 + 1e-3
 
 
-# --- 5. letterbox geometry: Ultralytics' rules ------------------------------------------------
+# --- letterbox geometry: Ultralytics' rules -------------------------------------------------------
 
 
 def ultralytics_geometry(shape, size, scaleup=True, stride=None, center=True):
@@ -495,481 +428,7 @@ def test_frame_info_without_letterbox():
     assert info.shape == (10, 20) and info.ratio == (0.5, 0.5)
 
 
-# --- 7. errors: each message names the op and the argument -------------------------------------
-
-
-def out_range(dtype: str, largest: str, got: str) -> str:
-    """The message (a regex) of outputs beyond the output dtype's range."""
-    return (
-        r"scale, mean and std must keep the normalized pixel values \(0 to 255, and pad_value\) finite in "
-        rf"float32 and within {dtype}'s range \(largest {largest}\), got {got}"
-    )
-
-
-_X = frames(1, 4, 6)
-BAD_CALLS = [
-    ("list", dict(frames=[[1, 2, 3]]), TypeError, r"frames must be a torch\.Tensor, got list"),
-    ("None", dict(frames=None), TypeError, r"frames must be a torch\.Tensor, got NoneType"),
-    ("float frames", dict(frames=_X.float()), TypeError, r"frames must be uint8, got float32"),
-    ("int16 frames", dict(frames=_X.short()), TypeError, r"frames must be uint8, got int16"),
-    ("3-D", dict(frames=_X[0]), ValueError, r"frames must be 4-D \(N, H, W, C\), got 3-D"),
-    ("5-D", dict(frames=_X[None]), ValueError, r"frames must be 4-D \(N, H, W, C\), got 5-D"),
-    (
-        "NCHW 3-D",
-        dict(frames=_X[0], layout="NCHW"),
-        ValueError,
-        r"frames must be 4-D \(N, C, H, W\), got 3-D",
-    ),
-    ("C=2", dict(frames=_X[..., :2]), ValueError, r"frames must have 3 or 4 channels \(last dim\), got 2"),
-    (
-        "C=5",
-        dict(frames=frames(1, 4, 6, c=5)),
-        ValueError,
-        r"frames must have 3 or 4 channels \(last dim\), got 5",
-    ),
-    ("C=1", dict(frames=_X[..., :1]), ValueError, r"frames must have 3 or 4 channels \(last dim\), got 1"),
-    (
-        "NCHW C=6",
-        dict(frames=frames(1, 6, 4, c=5), layout="NCHW"),
-        ValueError,
-        r"frames must have 3 or 4 channels \(last dim\), got 6",
-    ),
-    ("H=0", dict(frames=frames(1, 0, 6)), ValueError, r"frames must have a height and width of at least 1"),
-    (
-        "mean of 2",
-        dict(mean=[0.5, 0.5]),
-        ValueError,
-        r"mean must have 3 values \(one per output channel\), got 2",
-    ),
-    (
-        "std of 4",
-        dict(std=[1, 1, 1, 1]),
-        ValueError,
-        r"std must have 3 values \(one per output channel\), got 4",
-    ),
-    ("mean string", dict(mean="abc"), ValueError, r"mean must be a number or 3 numbers"),
-    ("mean nan", dict(mean=[0, float("nan"), 0]), ValueError, r"mean must be finite"),
-    ("std zero", dict(std=[0.2, 0.0, 0.2]), ValueError, r"std must be finite and nonzero"),
-    ("std scalar zero", dict(std=0), ValueError, r"std must be finite and nonzero"),
-    ("std inf", dict(std=[1, float("inf"), 1]), ValueError, r"std must be finite"),
-    ("size 0", dict(size=0), ValueError, r"size must be positive, got \(0, 0\)"),
-    ("size negative", dict(size=(-3, 5)), ValueError, r"size must be positive, got \(-3, 5\)"),
-    ("size 3 values", dict(size=(3, 4, 5)), ValueError, r"size must be an int or \(height, width\)"),
-    ("size float", dict(size=(3.0, 4)), ValueError, r"size must be integers"),
-    ("letterbox size 0", dict(size=0, letterbox=True), ValueError, r"size must be positive"),
-    ("letterbox no size", dict(letterbox=True), ValueError, r"letterbox=True needs a size"),
-    (
-        "stride 0",
-        dict(size=64, letterbox=True, stride=0),
-        ValueError,
-        r"stride must be a positive integer, got 0",
-    ),
-    ("channels_in", dict(channels_in="rbg"), ValueError, r"channels_in must be one of .*, got 'rbg'"),
-    (
-        "channels_out",
-        dict(channels_out="rgba"),
-        ValueError,
-        r"channels_out must be 'rgb' or 'bgr', got 'rgba'",
-    ),
-    ("layout", dict(layout="HWC"), ValueError, r"layout must be 'NHWC' or 'NCHW', got 'HWC'"),
-    (
-        "float64",
-        dict(out_dtype=torch.float64),
-        TypeError,
-        r"out_dtype must be one of \(float16, bfloat16, float32\)",
-    ),
-    ("uint8 out", dict(out_dtype=torch.uint8), TypeError, r"out_dtype must be one of"),
-    ("pad 300", dict(pad_value=300), ValueError, r"pad_value must be a pixel value in \[0, 255\], got 300"),
-    ("pad -1", dict(pad_value=-1), ValueError, r"pad_value must be a pixel value in \[0, 255\], got -1"),
-    ("scale inf", dict(scale=float("inf")), ValueError, r"scale must be a finite number"),
-    (
-        "pad bool",
-        dict(pad_value=True),
-        ValueError,
-        r"pad_value must be a pixel value in \[0, 255\], got True",
-    ),
-    ("stride 0 without letterbox", dict(stride=0), ValueError, r"stride must be a positive integer, got 0"),
-    (
-        "stride negative without letterbox",
-        dict(size=8, stride=-32),
-        ValueError,
-        r"stride must be a positive integer, got -32",
-    ),
-    ("stride bool", dict(stride=True), ValueError, r"stride must be a positive integer, got True"),
-    ("stride float", dict(stride=32.0), ValueError, r"stride must be a positive integer, got 32\.0"),
-    # Numbers float32 (the kernels' arithmetic) cannot hold, or outputs beyond the output dtype.
-    ("scale 1e39", dict(scale=1e39), ValueError, r"scale must be finite in float32 .*, got 1e\+39"),
-    (
-        "mean 1e39",
-        dict(mean=[0, 1e39, 0]),
-        ValueError,
-        r"mean must be finite in float32 .*, got \[0\.0, 1e\+39",
-    ),
-    ("std 1e-50", dict(std=1e-50), ValueError, r"std must be finite and nonzero in float32 .*, got \[1e-50"),
-    (
-        "float16 overflow",
-        dict(scale=1.0, std=1e-3),
-        ValueError,
-        out_range("float16", "65504", "255000 for pixel value 255 in output channel 0"),
-    ),
-    (
-        "bfloat16 overflow",
-        dict(scale=1.0, mean=[0, 0, -3.4e38], out_dtype=torch.bfloat16),
-        ValueError,
-        out_range("bfloat16", r"3\.38953e\+38", r"3\.4e\+38 for pixel value 0 in output channel 2"),
-    ),
-    (
-        "float32 overflow",
-        dict(scale=1e37, out_dtype=torch.float32),
-        ValueError,
-        out_range("float32", r"3\.40282e\+38", "inf for pixel value 255 in output channel 0"),
-    ),
-    (
-        "float32 overflow in the division",
-        dict(mean=-1, std=[1, -1e-39, 1], out_dtype=torch.float32),
-        ValueError,
-        out_range("float32", r"3\.40282e\+38", "-inf for pixel value 0 in output channel 1"),
-    ),
-]
-
-
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("name, kw, err, msg", BAD_CALLS, ids=[c[0] for c in BAD_CALLS])
-def test_errors(device, name, kw, err, msg):
-    kw = dict(kw)
-    x = kw.pop("frames", _X)
-    if isinstance(x, torch.Tensor):
-        x = x.to(device)
-    with pytest.raises(err, match=r"opforge\.preprocess_frames: " + msg):
-        opforge.preprocess_frames(x, **kw)
-
-
-def _raw(
-    frames_,
-    size=(4, 6),
-    region=(0, 0, 4, 6),
-    scale=1.0,
-    mean=(),
-    std=(),
-    pad=114.0,
-    channels=(0, 1, 2),
-    dtype=torch.float32,
-):
-    return torch.ops.opforge.preprocess_frames.default(
-        frames_, list(size), list(region), scale, list(mean), list(std), pad, list(channels), dtype
-    )
-
-
-RAW_BAD = [
-    (
-        "region past the bottom",
-        dict(region=(1, 0, 4, 6)),
-        ValueError,
-        r"region \[1, 0, 4, 6\] must lie inside the output size \[4, 6\]",
-    ),
-    (
-        "region past the right",
-        dict(size=(8, 8), region=(0, 3, 4, 6)),
-        ValueError,
-        r"region \[0, 3, 4, 6\] must lie inside the output size \[8, 8\]",
-    ),
-    ("region empty", dict(region=(0, 0, 0, 6)), ValueError, r"region \[0, 0, 0, 6\] must lie inside"),
-    (
-        "region negative",
-        dict(size=(8, 8), region=(-1, 0, 4, 6)),
-        ValueError,
-        r"region \[-1, 0, 4, 6\] must lie inside",
-    ),
-    (
-        "region 3 values",
-        dict(region=(0, 0, 4)),
-        ValueError,
-        r"region must be \(top, left, height, width\), got 3 values",
-    ),
-    ("size 0", dict(size=(0, 6)), ValueError, r"size must be positive, got \[0, 6\]"),
-    ("size 1 value", dict(size=(4,)), ValueError, r"size must be \(height, width\), got 1 values"),
-    (
-        "channels",
-        dict(channels=(0, 0, 0)),
-        ValueError,
-        r"channels \(the input channel of each output channel\) must be \[0, 1, 2\] or \[2, 1, 0\], got \[0, 0, 0\]",
-    ),
-    ("channels 2", dict(channels=(0, 1)), ValueError, r"channels .* must be \[0, 1, 2\] or \[2, 1, 0\]"),
-    (
-        "mean 2",
-        dict(mean=(1.0, 2.0)),
-        ValueError,
-        r"mean must have 3 values \(one per output channel\), got 2",
-    ),
-    ("std zero", dict(std=(1.0, 0.0, 1.0)), ValueError, r"std must be finite and nonzero"),
-    ("pad 256", dict(pad=256.0), ValueError, r"pad_value must be a pixel value in \[0, 255\]"),
-    ("scale nan", dict(scale=float("nan")), ValueError, r"scale must be finite"),
-    (
-        "float64",
-        dict(dtype=torch.float64),
-        TypeError,
-        r"out_dtype must be one of \(float16, bfloat16, float32\), got float64",
-    ),
-]
-
-# Numbers float32 (the kernels' arithmetic) cannot hold, outputs beyond the output dtype's range:
-# the C++ checks and the fake kernel's (meta tensors, torch.compile) say the same words.
-RAW_RANGE_BAD = [
-    (
-        "scale 1e39",
-        dict(scale=1e39),
-        ValueError,
-        r"scale must be finite in float32 \(the kernels compute in float32\), got 1e\+39",
-    ),
-    (
-        "mean -1e39",
-        dict(mean=(1.5, -1e39, 1.5)),
-        ValueError,
-        r"mean must be finite in float32 \(the kernels compute in float32\), got \[1\.5, -1e\+39, 1\.5\]",
-    ),
-    (
-        "std 1e-50",
-        dict(std=(1e-50, 1e-50, 1e-50)),
-        ValueError,
-        r"std must be finite and nonzero in float32 \(the kernels compute in float32\), got \[1e-50, 1e-50, 1e-50\]",
-    ),
-    (
-        "float16 overflow",
-        dict(std=(1e-3, 1e-3, 1e-3), dtype=torch.float16),
-        ValueError,
-        out_range("float16", "65504", "255000 for pixel value 255 in output channel 0"),
-    ),
-    (
-        "bfloat16 overflow",
-        dict(mean=(1.5, 1.5, -3.4e38), dtype=torch.bfloat16),
-        ValueError,
-        out_range("bfloat16", r"3\.38953e\+38", r"3\.4e\+38 for pixel value 0 in output channel 2"),
-    ),
-    (
-        "float32 overflow",
-        dict(scale=1e37),
-        ValueError,
-        out_range("float32", r"3\.40282e\+38", "inf for pixel value 255 in output channel 0"),
-    ),
-]
-RAW_BAD += RAW_RANGE_BAD
-
-
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("name, kw, err, msg", RAW_BAD, ids=[c[0] for c in RAW_BAD])
-def test_errors_raw_op(device, name, kw, err, msg):
-    """The C++ checks (the raw op, as torch.ops sees it) raise the same kinds, naming the argument."""
-    with pytest.raises(err, match=r"opforge\.preprocess_frames: " + msg):
-        _raw(_X.to(device), **kw)
-
-
-@pytest.mark.parametrize("name, kw, err, msg", RAW_RANGE_BAD, ids=[c[0] for c in RAW_RANGE_BAD])
-def test_errors_raw_op_meta_range(name, kw, err, msg):
-    """The fake kernel checks the numbers against float32 and the output dtype as the C++ checks do."""
-    with pytest.raises(err, match=r"opforge\.preprocess_frames: " + msg):
-        _raw(_X.to("meta"), **kw)
-
-
-def test_range_edges_are_accepted():
-    """Outputs up to the largest finite value of the output dtype pass the checks, bit-identical to
-    the chain: 255 / std rounding to fp16's 65504, float32 outputs near 3.4e38."""
-    x = frames(2, 5, 7)
-    x[0, 0, 0] = 255
-    for kw in (
-        dict(scale=1.0, std=255 / 65519, out_dtype=torch.float16),
-        dict(scale=1.0, std=255 / 3.4e38, out_dtype=torch.float32),
-        dict(scale=1e36, mean=[-8e37, 0, 8e37], out_dtype=torch.float32),
-    ):
-        out = check_exact(x, **kw)
-        assert torch.isfinite(out).all() and out.abs().max() > torch.finfo(out.dtype).max / 2
-
-
-@pytest.mark.parametrize("device", DEVICES)
-def test_errors_raw_op_frames(device):
-    with pytest.raises(TypeError, match=r"opforge\.preprocess_frames: frames must be uint8, got float32"):
-        _raw(_X.float().to(device))
-    with pytest.raises(
-        ValueError, match=r"opforge\.preprocess_frames: frames must be 4-D \(N, H, W, C\), got 3-D"
-    ):
-        _raw(_X[0].to(device))
-    with pytest.raises(ValueError, match=r"opforge\.preprocess_frames: frames must have 3 or 4 channels"):
-        _raw(_X[..., :2].to(device))
-    # A valid raw call: the region of the output, the pad value around it.
-    out = _raw(_X.to(device), size=(6, 9), region=(1, 2, 4, 6), pad=7.0)
-    assert torch.equal(out[:, :, 1:5, 2:8].cpu(), _X.permute(0, 3, 1, 2).float())
-    border = torch.ones(6, 9, dtype=torch.bool)
-    border[1:5, 2:8] = False
-    assert (out[:, :, border] == 7.0).all()
-
-
-def test_meta_frames():
-    x = torch.empty(2, 30, 40, 3, dtype=torch.uint8, device="meta")
-    out = opforge.preprocess_frames(x, size=(8, 12), out_dtype=torch.bfloat16)
-    assert out.shape == (2, 3, 8, 12) and out.device.type == "meta" and out.dtype == torch.bfloat16
-    out, info = opforge.preprocess_frames(x, size=64, letterbox=True, stride=32)
-    assert out.shape == (2, 3, 64, 64) and info.resized == (48, 64)
-
-
-# --- 8. opcheck and torch.compile ------------------------------------------------------------
-
-
-@pytest.mark.parametrize("device", DEVICES)
-def test_opcheck(device):
-    x = frames(2, 12, 20, device=device)
-    x4 = frames(1, 9, 7, c=4, device=device)
-    samples = [
-        (x, [12, 20], [0, 0, 12, 20], 1 / 255, [], [], 114.0, [0, 1, 2], torch.float16),
-        (
-            x,
-            [20, 20],
-            [4, 0, 12, 20],
-            1 / 255,
-            IMAGENET["mean"],
-            IMAGENET["std"],
-            114.0,
-            [2, 1, 0],
-            torch.bfloat16,
-        ),
-        (x, [7, 31], [0, 0, 7, 31], 1.0, [1.0, 2.0, 3.0], [], 0.0, [0, 1, 2], torch.float32),  # resized
-        (x4, [16, 16], [3, 2, 10, 13], 0.5, [], [2.0, 2.0, 2.0], 255.0, [2, 1, 0], torch.float16),
-        (x[:, 1:-1, ::2, :], [10, 10], [0, 0, 10, 10], 1 / 255, [], [], 114.0, [0, 1, 2], torch.float32),
-        (
-            frames(0, 5, 5, device=device),
-            [5, 5],
-            [0, 0, 5, 5],
-            1 / 255,
-            [],
-            [],
-            114.0,
-            [0, 1, 2],
-            torch.float16,
-        ),
-    ]
-    for args in samples:
-        torch.library.opcheck(torch.ops.opforge.preprocess_frames.default, args)
-
-
-@pytest.mark.parametrize("device", DEVICES)
-def test_torch_compile_fullgraph(device):
-    torch._dynamo.reset()
-
-    def f(x):
-        a = opforge.preprocess_frames(x, **IMAGENET)
-        b, info = opforge.preprocess_frames(x, size=48, letterbox=True, stride=16, out_dtype=torch.float32)
-        c = opforge.preprocess_frames(x, size=(13, 9), channels_in="bgr", scale=1.0, out_dtype=torch.float32)
-        return a, b[:, :, info.pad[0] :], c + 1
-
-    x = frames(2, 24, 36, device=device)
-    got, want = torch.compile(f, fullgraph=True)(x), f(x)
-    for g, w in zip(got, want, strict=True):
-        assert g.shape == w.shape and g.dtype == w.dtype and torch.equal(g, w)
-    assert torch.equal(want[0].cpu(), reference.preprocess_frames(x.cpu(), **IMAGENET))
-
-
-def test_error_compile_same_words():
-    torch._dynamo.reset()
-    f = torch.compile(lambda x: opforge.preprocess_frames(x, size=8), fullgraph=True)
-    with pytest.raises(Exception, match=r"opforge\.preprocess_frames: frames must have 3 or 4 channels"):
-        f(frames(1, 4, 4, c=2))
-
-
-def test_error_compile_range_same_words():
-    """An output beyond the output dtype's range, found by the fake kernel while tracing."""
-    torch._dynamo.reset()
-    f = torch.compile(lambda x: opforge.preprocess_frames(x, scale=1.0, std=1e-3), fullgraph=True)
-    with pytest.raises(Exception, match=r"opforge\.preprocess_frames: scale, mean and std must keep"):
-        f(frames(1, 4, 4))
-
-
-# --- 9. CUDA: agreement with the CPU, streams, graphs, decoder frames ----------------------------
-
-
-@pytest.mark.cuda
-@pytest.mark.parametrize("dtype", OUT_DTYPES, ids=str)
-def test_cuda_matches_cpu(dtype):
-    for (n, h, w), c, norm in itertools.product(
-        [(1, 1, 1), (2, 17, 31), (2, 8, 64), (1, 720, 1280)], (3, 4), ("default", "imagenet", "odd scale")
-    ):
-        x = frames(n, h, w, c=c)
-        kw = dict(out_dtype=dtype, channels_in="bgr", **NORMS[norm])
-        assert torch.equal(call(x.cuda(), **kw).cpu(), opforge.preprocess_frames(x, **kw))
-        kw = dict(size=(h + 9, w + 16), letterbox=True, scaleup=False, out_dtype=dtype, **NORMS[norm])
-        assert torch.equal(call(x.cuda(), **kw)[0].cpu(), opforge.preprocess_frames(x, **kw)[0])
-        kw = dict(size=(h // 2 + 3, w * 2 + 1), scale=1.0, out_dtype=torch.float32)
-        assert max_err(call(x.cuda(), **kw), opforge.preprocess_frames(x, **kw)) <= 1e-3
-        kw = dict(size=640, letterbox=True, stride=32, scale=1.0, out_dtype=torch.float32)
-        (got, gi), (want, wi) = call(x.cuda(), **kw), opforge.preprocess_frames(x, **kw)
-        assert gi == wi and max_err(got, want) <= 1e-3
-
-
-@pytest.mark.cuda
-@pytest.mark.parametrize("resize", [False, True])
-def test_cuda_side_stream(resize):
-    """The kernel runs on the current stream: it must see the frames written before it there."""
-    x = frames(2, 270, 480)
-    kw = dict(size=(135, 241), **IMAGENET) if resize else dict(IMAGENET)
-    want = opforge.preprocess_frames(x, **kw)
-    src = x.cuda()
-    d = torch.zeros_like(src)
-    torch.cuda.synchronize()
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        torch.cuda._sleep(50_000_000)  # keep the stream busy: a launch on another stream reads zeros
-        d.copy_(src)
-        out = call(d, **kw)
-    s.synchronize()
-    assert torch.equal(out.cpu(), want)
-
-
-@pytest.mark.cuda
-@pytest.mark.parametrize(
-    "kw",
-    [
-        IMAGENET,
-        dict(size=(100, 77), scale=1.0, out_dtype=torch.float32),
-        dict(size=320, letterbox=True, stride=32),
-    ],
-    ids=["convert", "resize", "letterbox"],
-)
-def test_cuda_graph_capture(kw):
-    x = frames(2, 180, 320)
-    d = x.cuda()
-    call(d, **kw)  # warm up outside the capture
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        out = opforge.preprocess_frames(d, **kw)
-    out = out[0] if kw.get("letterbox") else out
-    for _ in range(3):
-        x = frames(2, 180, 320)
-        d.copy_(x.cuda())
-        g.replay()
-        torch.cuda.synchronize()
-        want = tensor_of(opforge.preprocess_frames(x, **kw))
-        if "size" in kw:
-            assert max_err(out, want) <= (1e-3 if want.dtype == torch.float32 else 2**-9 + 1e-5)
-        else:
-            assert torch.equal(out.cpu(), want)
-
-
-@pytest.mark.cuda
-@pytest.mark.parametrize("c", [3, 4])
-def test_cuda_decoder_frames_nchw(c):
-    """Frames a GPU decoder left in (N, C, H, W) (torchcodec) are read in place."""
-    nchw = torch.randint(0, 256, (3, c, 360, 640), dtype=torch.uint8, device="cuda")
-    nhwc = nchw.permute(0, 2, 3, 1).cpu().contiguous()
-    out = call(nchw, layout="NCHW", **IMAGENET)
-    assert torch.equal(out.cpu(), reference.preprocess_frames(nhwc, **IMAGENET))
-    kw = dict(size=640, letterbox=True, stride=32, scale=1.0, out_dtype=torch.float32)
-    (got, gi), (want, wi) = call(nchw, layout="NCHW", **kw), reference.preprocess_frames(nhwc, **kw)
-    assert gi == wi and got.shape == (3, 3, 384, 640) and max_err(got, want) <= 1e-3  # pad only
-    kw = dict(size=320, letterbox=True, stride=32, scale=1.0, out_dtype=torch.float32, channels_in="bgr")
-    (got, gi), (want, wi) = call(nchw, layout="NCHW", **kw), reference.preprocess_frames(nhwc, **kw)
-    assert gi == wi and got.shape == (3, 3, 192, 320) and max_err(got, want) <= 1e-3  # resized
-
-
-# --- 10. CPU threads ---------------------------------------------------------------------------
+# --- CPU threads ----------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -1012,20 +471,3 @@ def test_resize_source_index_clamped_near_2_pow_23(device, axis):
         x, size = big[:, :side], (side + 2, 1)
     got = call(x, size=size, scale=1.0, out_dtype=torch.float32)
     assert got.abs().max().item() == 0.0
-
-
-@pytest.mark.parametrize(
-    "kw",
-    [dict(mean=0.5, std=0.5), dict(size=64, letterbox=True), dict(size=(40, 50))],
-    ids=["norm", "letterbox", "resize"],
-)
-def test_compile_dynamic_shapes(kw):
-    """torch.compile(dynamic=True): the geometry is computed from symbolic sizes, no graph break."""
-    f = torch.compile(lambda x: opforge.preprocess_frames(x, **kw), fullgraph=True, dynamic=True)
-    for shape in [(2, 100, 120, 3), (3, 90, 131, 3)]:
-        x = frames(*shape[:3])
-        got, want = f(x), opforge.preprocess_frames(x, **kw)
-        if isinstance(want, tuple):
-            assert got[1] == want[1]
-            got, want = got[0], want[0]
-        assert torch.equal(got, want)
