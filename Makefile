@@ -7,7 +7,7 @@ STAMP := build/.opforge-built
 TORCH_STAMP := build/.torch-version
 SOURCES := $(shell find csrc -name '*.cpp' -o -name '*.cu' -o -name '*.h' -o -name '*.cuh') setup.py pyproject.toml
 
-.PHONY: setup build wheel test bench bench-full gpu-check cpp-example lint format clean FORCE
+.PHONY: setup build wheel test test-fast bench bench-full gpu-check cpp-example lint format clean FORCE
 
 setup:
 	@$(PYTHON) scripts/ensure_deps.py test bench
@@ -33,8 +33,13 @@ wheel:
 	rm -rf build/lib.* build/bdist.*
 	$(PYTHON) -m pip wheel -v --no-cache-dir --no-build-isolation --no-deps -w $(DIST) .
 
+# The whole suite; test-fast leaves out the tests marked slow (pyproject.toml's markers: the ones
+# over ~2 s on 2 cores). PYTEST_ARGS adds pytest options, e.g. PYTEST_ARGS=--durations=20.
 test: build
-	$(PYTHON) -m pytest tests -q
+	$(PYTHON) -m pytest tests -q $(PYTEST_ARGS)
+
+test-fast: build
+	$(PYTHON) -m pytest tests -q -m "not slow" $(PYTEST_ARGS)
 
 bench: build
 	$(PYTHON) -m opforge.bench $(if $(OUT),--out $(OUT))

@@ -731,6 +731,7 @@ def _run_detector(model, images, monkeypatch):
 
 
 @needs_torchvision
+@pytest.mark.slow
 def test_torchvision_patch_and_detection_model(monkeypatch):
     import torchvision.ops.boxes as tv_boxes
 
@@ -752,6 +753,7 @@ def test_torchvision_patch_and_detection_model(monkeypatch):
 
 
 @needs_torchvision
+@pytest.mark.slow
 @pytest.mark.parametrize("device", DEVICES)
 def test_detection_model_under_autocast(device, monkeypatch):
     """A patched detector under bfloat16 autocast gives torchvision's detections. On CUDA its RPN

@@ -68,6 +68,7 @@ def test_loader_reports_missing_build(monkeypatch):
         _loader.load_extension()
 
 
+@pytest.mark.slow
 def test_harness_runs_checks_and_writes(tmp_path):
     a, b = torch.randn(1000), torch.randn(1000)
 
@@ -103,6 +104,7 @@ def test_harness_runs_checks_and_writes(tmp_path):
     assert "Peak memory: host RSS" in md and "peak memory: host RSS" in harness.to_table(result)
 
 
+@pytest.mark.slow
 def test_harness_builds_one_case_at_a_time():
     """A case's inputs are allocated when it is about to run and freed before the next is built,
     whether its check passed, failed or raised."""
@@ -150,6 +152,7 @@ def test_listing_the_real_cases_allocates_nothing(monkeypatch):
     assert isinstance(case, Case) and calls
 
 
+@pytest.mark.slow
 def test_case_context_wraps_check_and_timing():
     events: list[str] = []
 
@@ -410,6 +413,7 @@ def test_ladder_plot_value_axes(tmp_path, monkeypatch):
     _check_value_axes(figs, ["log", "linear"])
 
 
+@pytest.mark.slow
 def test_cli_bench_cpu(tmp_path, capsys):
     from opforge.cli import main
 
@@ -434,6 +438,7 @@ def test_cli_rejects_unknown_op(capsys):
     assert "unknown op" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_python_dash_m_opforge():
     """`python -m opforge ...` is the `opforge` command (opforge/cli.py), run from the tree tested."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(opforge.__file__)))

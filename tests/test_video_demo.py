@@ -25,6 +25,7 @@ def check_drawn(png: str, frame_hwc: torch.Tensor) -> None:
     assert (image[:, changed] == RED).all()
 
 
+@pytest.mark.slow
 def test_demo_synthetic(tmp_path, capsys):
     pytest.importorskip("torchvision")
     from opforge.video import demo
@@ -38,6 +39,7 @@ def test_demo_synthetic(tmp_path, capsys):
     assert f"wrote {out}" in text
 
 
+@pytest.mark.slow
 def test_demo_video_file(tmp_path, capsys):
     pytest.importorskip("torchvision")
     pytest.importorskip("av")
