@@ -5,6 +5,7 @@ OUT ?=
 DIST ?= dist
 STAMP := build/.opforge-built
 TORCH_STAMP := build/.torch-version
+ENV_STAMP := build/.build-env
 SOURCES := $(shell find csrc -name '*.cpp' -o -name '*.cu' -o -name '*.h' -o -name '*.cuh') setup.py pyproject.toml
 
 .PHONY: setup build wheel test test-fast bench bench-full gpu-check cpp-example lint format clean FORCE
@@ -12,16 +13,26 @@ SOURCES := $(shell find csrc -name '*.cpp' -o -name '*.cu' -o -name '*.h' -o -na
 setup:
 	@$(PYTHON) scripts/ensure_deps.py test bench
 
-# Editable install; rebuilt when a C++/CUDA source, the build files or the installed torch changed.
+# Editable install; rebuilt when a C++/CUDA source, the build files, the installed torch or the
+# build's variables (OPFORGE_CUDA, OPFORGE_DEBUG, TORCH_CUDA_ARCH_LIST) changed. pip runs with -v
+# (without it, it shows nothing of the build) through scripts/build_progress.py, which shows the
+# configuration and one line per compiled file ([done/total] file (min:s)), warnings and errors,
+# a failure in full, and keeps the whole output in build/build.log.
 build: $(STAMP)
-$(STAMP): $(SOURCES) $(TORCH_STAMP) | setup
-	$(PYTHON) -m pip install --no-build-isolation --no-deps -e .
+$(STAMP): $(SOURCES) $(TORCH_STAMP) $(ENV_STAMP) | setup
+	$(PYTHON) scripts/build_progress.py build/build.log -- \
+	  $(PYTHON) -m pip install -v --no-build-isolation --no-deps -e .
 	@mkdir -p build && touch $(STAMP)
 
 # Rewritten only when torch's version changes, so that a torch upgrade triggers a rebuild.
 $(TORCH_STAMP): FORCE | setup
 	@mkdir -p build; v=$$($(PYTHON) -c 'import torch; print(torch.__version__)'); \
 	  [ "$$v" = "$$(cat $@ 2>/dev/null)" ] || echo "$$v" > $@
+
+# Rewritten only when one of the build's variables changes (e.g. OPFORGE_CUDA=1 after a CPU build).
+BUILD_ENV = OPFORGE_CUDA=$(OPFORGE_CUDA) OPFORGE_DEBUG=$(OPFORGE_DEBUG) TORCH_CUDA_ARCH_LIST=$(TORCH_CUDA_ARCH_LIST)
+$(ENV_STAMP): FORCE
+	@mkdir -p build; [ "$(BUILD_ENV)" = "$$(cat $@ 2>/dev/null)" ] || echo "$(BUILD_ENV)" > $@
 
 # A binary wheel in DIST for this Python and the installed torch, which its metadata pins (the C++
 # ABI); CUDA kernels included when the build has them (OPFORGE_CUDA=0: the CPU wheel). -v shows the

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import platform
@@ -10,6 +11,7 @@ import subprocess
 import sys
 import weakref
 from functools import partial
+from pathlib import Path
 
 import pytest
 import torch
@@ -478,3 +480,85 @@ def test_cpu_variant_follows_aten_cpu_capability():
         assert isa == "default"
     elif torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512") and platform.machine() == "x86_64":
         assert isa == "avx2"
+
+
+def build_progress():
+    """scripts/build_progress.py (make build's filter of pip's verbose build output) as a module."""
+    path = Path(__file__).resolve().parents[1] / "scripts" / "build_progress.py"
+    spec = importlib.util.spec_from_file_location("build_progress", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_build_progress_shows_one_line_per_file():
+    """The configuration once (pip runs setup.py twice), one short line per compiled file, the link,
+    warnings (colours stripped) and pip's result; nothing else of the build's output."""
+    bp = build_progress()
+    root = os.getcwd()
+    config = [
+        "  opforge build configuration:",
+        "    torch            2.14.1 (CUDA None)",
+        "    CUDA kernels     no (no GPU visible; OPFORGE_CUDA=1 builds them)",
+    ]
+    lines = [
+        *config,
+        "  running dist_info",
+        *config,
+        "  running build_ext",
+        f"  [1/2] c++ -MMD -MF /tmp/t/csrc/a.o.d -O3 -c -c {root}/csrc/a.cpp -o /tmp/t/csrc/a.o -std=c++17",
+        "  In file included from csrc/a.h:3,",
+        "  \x1b[01m\x1b[Kcsrc/a.cpp:7:9:\x1b[m\x1b[K \x1b[01;35m\x1b[Kwarning: \x1b[m\x1b[Kunused variable 'x'",
+        f"  [2/2] /usr/local/cuda/bin/nvcc -c -c {root}/csrc/cuda/b.cu -o /tmp/t/b.o -O3 -lineinfo",
+        "  g++ -shared /tmp/t/csrc/a.o /tmp/t/b.o -L/usr/lib -o /tmp/l/opforge/_C.cpython-311-x86_64-linux-gnu.so",
+        "  copying /tmp/l/opforge/_C.cpython-311-x86_64-linux-gnu.so -> opforge",
+        "Successfully installed opforge-0.1.0",
+    ]
+    filt = bp.Filter()
+    shown = [s for line in lines for s in filt.feed(line + "\n")]
+    shown += filt.end_block()
+    assert shown[:3] == [line[2:] for line in config]
+    assert [re.sub(r"\(\d+:\d\d\)$", "(t)", s) for s in shown[3:]] == [
+        "[1/2] csrc/a.cpp  (t)",
+        "csrc/a.cpp:7:9: warning: unused variable 'x'",
+        "[2/2] csrc/cuda/b.cu  (t)",
+        "linking _C.cpython-311-x86_64-linux-gnu.so  (t)",
+        "Successfully installed opforge-0.1.0",
+    ]
+    assert filt.compiled == 2
+
+
+def test_build_progress_prints_a_failure_in_full(tmp_path, capsys):
+    """A failed build: its exit status, and ninja's output from the failure to its end in full
+    (the command, every line of the compiler's message), then pip's errors; the log keeps it all."""
+    bp = build_progress()
+    output = [
+        "  [1/3] c++ -c -c csrc/a.cpp -o a.o",
+        "  FAILED: b.o",
+        "  c++ -O3 -c -c csrc/b.cpp -o b.o",
+        "  csrc/b.cpp: In function 'int f()':",
+        "  csrc/b.cpp:2:10: error: 'y' was not declared in this scope",
+        "      2 |   return y;",
+        "        |          ^",
+        "  [2/3] c++ -O3 -Wall -c -c csrc/c.cpp -o c.o",
+        "  ninja: build stopped: subcommand failed.",
+        "  Traceback (most recent call last):",
+        "  RuntimeError: Error compiling objects for extension",
+        "ERROR: Failed to build installable wheels for some pyproject.toml based projects (opforge)",
+    ]
+    script = "import sys\nfor line in sys.argv[1:]: print(line)\nsys.exit(3)"
+    log = tmp_path / "build.log"
+    assert bp.main([str(log), "--", sys.executable, "-c", script, *output]) == 3
+    printed = capsys.readouterr().out
+    failure = printed[printed.index("its output from the failure on:") :].splitlines()
+    assert failure[2:] == [
+        *output[1:7],
+        "  [2/3] csrc/c.cpp",
+        output[8],
+        output[11],
+        "",
+        f"the build failed (exit 3); full log: {log}",
+    ]
+    assert "Traceback" not in printed
+    assert log.read_text().splitlines() == output
