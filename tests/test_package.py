@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import HAS_CUDA
 
 import opforge
 from opforge import _loader
@@ -480,6 +481,16 @@ def test_cpu_variant_follows_aten_cpu_capability():
         assert isa == "default"
     elif torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512") and platform.machine() == "x86_64":
         assert isa == "avx2"
+
+
+def test_readme_python_example_runs(capsys):
+    """The README's first Python example runs as written, on the GPU or (without one) on the CPU,
+    and prints the device and that the op agreed with ``a + b.t()``."""
+    readme = Path(__file__).resolve().parents[1] / "README.md"
+    blocks = re.findall(r"^```python\n(.*?)^```", readme.read_text(), flags=re.MULTILINE | re.DOTALL)
+    assert blocks, "README.md has no ```python block"
+    exec(compile(blocks[0], str(readme), "exec"), {"__name__": "readme_example"})
+    assert capsys.readouterr().out == f"{'cuda' if HAS_CUDA else 'cpu'} True\n"
 
 
 def build_progress():
