@@ -11,6 +11,7 @@
 #include <cmath>
 
 #include "common/checks.h"
+#include "common/cuda/math_constants.h"
 #include "opforge.h"
 
 namespace opforge {
@@ -62,7 +63,7 @@ void check_pattern(const char* op, const at::Tensor& q, const at::Tensor& k, dou
   if (q.scalar_type() != at::kDouble) {
     // The scale and softcap, and the factors the kernels derive from them (the CUDA kernels' exp2
     // arithmetic: scale * log2(e); with a softcap, softcap * log2(e), scale / softcap and its inverse).
-    constexpr double kLog2e = 1.4426950408889634;
+    using cuda::kLog2e;
     check_float32_number(op, "scale", scale);
     check_float32_number(op, "scale * log2(e)", scale * kLog2e);
     if (softcap > 0.0) {

@@ -73,7 +73,7 @@ __global__ void __launch_bounds__(256) attention_bwd_prep_kernel(const Attention
     const int64_t src = p.lse_at(b, h) + i;
     const float lse = i < sq ? static_cast<const float*>(p.lse)[src] : kNegInf;
     a.delta[row] = i < sq ? acc - (a.g.grad_lse ? static_cast<const float*>(a.g.grad_lse)[src] : 0.f) : 0.f;
-    a.lse2[row] = lse == kNegInf ? -kNegInf : lse * kLog2e;
+    a.lse2[row] = lse == kNegInf ? -kNegInf : lse * cuda::kLog2eFloat;
   }
 }
 

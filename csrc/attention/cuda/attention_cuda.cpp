@@ -22,6 +22,7 @@
 
 #include "attention/attention.h"
 #include "common/checks.h"
+#include "common/cuda/math_constants.h"
 
 namespace opforge {
 
@@ -188,7 +189,7 @@ void add_segment_blocks(AttentionPlan& plan) {
 AttentionCudaArgs cuda_args(const AttentionParams& p) {
   AttentionCudaArgs a;
   a.g.fwd = p;
-  constexpr double kLog2e = 1.4426950408889634;
+  using cuda::kLog2e;
   a.scale = static_cast<float>(p.scale);
   a.scale_log2 = static_cast<float>(p.scale * kLog2e);
   a.num_sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;

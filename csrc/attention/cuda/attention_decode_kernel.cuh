@@ -21,6 +21,7 @@
 #include "common/cuda/cp_async.cuh"
 #include "common/cuda/launch.cuh"
 #include "common/cuda/math.cuh"
+#include "common/cuda/math_constants.h"
 #include "common/cuda/mma_sync.cuh"
 #include "common/cuda/vector.cuh"
 
@@ -224,7 +225,7 @@ __global__ void __launch_bounds__(kDecodeThreads)
   };
   uint32_t qa[Tr::kQInRegisters ? kSteps : 1][4];
   float o[kNd][4] = {}, m[2] = {kNegInf, kNegInf}, l[2] = {0.f, 0.f};
-  const float scale = a.scale, cap = a.cap_log2 != 0.f ? a.cap_log2 / 1.4426950408889634f : 0.f;
+  const float scale = a.scale, cap = a.cap_log2 != 0.f ? a.cap_log2 / cuda::kLog2eFloat : 0.f;
 
   // The kinds of the staged tiles, two bits a stage (a register, not an indexed array).
   uint32_t kinds = 0;

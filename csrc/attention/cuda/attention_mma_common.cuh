@@ -15,6 +15,7 @@
 #include "common/cuda/cp_async.cuh"
 #include "common/cuda/launch.cuh"
 #include "common/cuda/math.cuh"
+#include "common/cuda/math_constants.h"
 #include "common/cuda/mma_sync.cuh"
 #include "common/cuda/swizzle.cuh"
 #include "common/cuda/vector.cuh"
@@ -27,8 +28,6 @@ using cuda::ldmatrix_x4_trans;
 using cuda::mma_m16n8k16;
 using cuda::pack2;
 
-constexpr float kLog2e = 1.4426950408889634f;
-constexpr float kLn2 = 0.6931471805599453f;
 constexpr float kNegInf = -__builtin_huge_valf();
 
 // A tile of rows of kD 16-bit values: row r's 16-byte chunk c at r * 2 kD + 16 (c ^ (r % 8)).
@@ -790,7 +789,8 @@ __device__ __forceinline__ void finish_rows(const float (&m_run)[2], const float
     inv[r] = l > 0.f ? 1.f / l : 0.f;
     const int64_t i = row0 + g + 8 * r;
     if (t4 == 0 && i < sq) {
-      static_cast<float*>(p.lse)[p.lse_at(b, h) + i] = l > 0.f ? fmaf(m_run[r], k, log2f(l)) * kLn2 : kNegInf;
+      static_cast<float*>(p.lse)[p.lse_at(b, h) + i] =
+          l > 0.f ? fmaf(m_run[r], k, log2f(l)) * cuda::kLn2Float : kNegInf;
     }
   }
 }
