@@ -31,7 +31,10 @@
 #include <type_traits>
 
 #include "attention/cuda/attention_hopper_common.cuh"
-#include "attention/cuda/attention_mma_common.cuh"
+#include "attention/cuda/attention_mask.cuh"
+#include "attention/cuda/attention_softmax.cuh"
+#include "attention/cuda/attention_tile.cuh"
+#include "attention/cuda/attention_walk.cuh"
 #include "common/cuda/mbarrier.cuh"
 #include "common/cuda/pipeline.cuh"
 #include "common/cuda/ptx.cuh"
@@ -129,52 +132,6 @@ __device__ __forceinline__ int64_t dq_tile_offset(const AttentionCudaArgs& a, in
 struct BwdTileInfo {
   int tile, head, bits, staged;
 };
-
-// The backward's exponent and score gradient of one element, both consumer layouts': the exponent
-// is the score in the log2 domain minus its query's lse2 (a masked element is then set to -inf and
-// gives P = 0); the gradient dS = P (dP - delta), times 1 - tanh^2 under a softcap (tanh recovered
-// from P: log2(P) + lse2 = the capped score), without the softmax scale.
-template <bool kCap>
-__device__ __forceinline__ float bwd_logit(float s, float lse2, const AttentionCudaArgs& a) {
-  return kCap ? a.cap_log2 * cuda::fast_tanh(s * a.cap_inv_scale) - lse2 : fmaf(s, a.scale_log2, -lse2);
-}
-template <bool kCap>
-__device__ __forceinline__ float bwd_score_grad(float prob, float dp, float delta, float lse2,
-                                                const AttentionCudaArgs& a) {
-  float ds = prob * (dp - delta);
-  if (kCap) {
-    const float th = (cuda::fast_log2(prob) + lse2) * a.inv_cap_log2;
-    ds = prob > 0.f ? ds * (1.f - th * th) : 0.f;
-  }
-  return ds;
-}
-// The keys layout's P^T and dS^T over a warp's keys x queries block (columns are queries: each
-// column's lse2 and delta from the stage, read as pairs).
-template <bool kCap, int kN>
-__device__ __forceinline__ void bwd_logits(float (&s)[kN][4], const float* lse2, const AttentionCudaArgs& a,
-                                           int t4) {
-#pragma unroll
-  for (int n = 0; n < kN; ++n) {
-    const float2 l = *reinterpret_cast<const float2*>(lse2 + n * 8 + 2 * t4);
-#pragma unroll
-    for (int e = 0; e < 4; ++e) s[n][e] = bwd_logit<kCap>(s[n][e], e & 1 ? l.y : l.x, a);
-  }
-}
-template <bool kCap, int kN>
-__device__ __forceinline__ void bwd_score_grads(const float (&prob)[kN][4], float (&dp)[kN][4],
-                                                const float* lse2, const float* delta,
-                                                const AttentionCudaArgs& a, int t4) {
-#pragma unroll
-  for (int n = 0; n < kN; ++n) {
-    const float2 d = *reinterpret_cast<const float2*>(delta + n * 8 + 2 * t4);
-    float2 l = make_float2(0.f, 0.f);
-    if (kCap) l = *reinterpret_cast<const float2*>(lse2 + n * 8 + 2 * t4);
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      dp[n][e] = bwd_score_grad<kCap>(prob[n][e], dp[n][e], e & 1 ? d.y : d.x, e & 1 ? l.y : l.x, a);
-    }
-  }
-}
 
 template <typename Tr, typename T>
 __global__ void __launch_bounds__(Tr::kThreads, 1)
@@ -412,31 +369,19 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       const float2 dl = make_float2(deltas[row0 + g], deltas[row0 + g + 8]);
       cuda::wgmma_wait<1>();  // S (dP still running)
       cuda::fence_operands(sc);
-      // Exponents (element e of fragment n: row g + 8 (e / 2)), masked, then P.
-      // (The softcap's forms as separate code, as in the keys layout.)
-      const auto logits = [&](auto cap_tag) {
-#pragma unroll
-        for (int n = 0; n < 4; ++n) {
-#pragma unroll
-          for (int e = 0; e < 4; ++e)
-            sc[n][e] = bwd_logit<decltype(cap_tag)::value>(sc[n][e], e < 2 ? l2.x : l2.y, a);
-        }
-      };
+      // log2(P) (element e of fragment n: row g + 8 (e / 2)), masked, then P. (The softcap's forms
+      // through a generic lambda each: called directly, the PTX's virtual registers come numbered
+      // otherwise and ptxas allocates the deterministic D256 kernel's producer differently, 8
+      // instructions fewer; kept identical until measured on a GPU.)
+      const auto log2_probs = [&](auto cap_tag) { log2_probs_by_row<decltype(cap_tag)::value>(sc, l2, a); };
       const auto score_grads = [&](auto cap_tag) {
-#pragma unroll
-        for (int n = 0; n < 4; ++n) {
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            dp[n][e] = bwd_score_grad<decltype(cap_tag)::value>(sc[n][e], dp[n][e], e < 2 ? dl.x : dl.y,
-                                                                e < 2 ? l2.x : l2.y, a);
-          }
-        }
+        unscaled_score_grads_by_row<decltype(cap_tag)::value>(sc, dp, l2, dl, a);
       };
       const bool cap = a.cap_log2 != 0.f;
       if (cap) {
-        logits(std::true_type{});
+        log2_probs(std::true_type{});
       } else {
-        logits(std::false_type{});
+        log2_probs(std::false_type{});
       }
       uint32_t vis[2] = {~0u, ~0u};  // (every tile masked through its set, as in the keys layout)
       if (tc.kind == BlockKind::kPartial) {
@@ -444,20 +389,13 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
         // the stage where the producer staged them, else from global memory.
         const uint32_t* words = reinterpret_cast<const uint32_t*>(stats + kMaskOffset);
         uint32_t mask_rows[2] = {0u, 0u};
-        if (Tr::kStageMask && info.w) {
-#pragma unroll
-          for (int r = 0; r < 2; ++r)
-            mask_rows[r] = quad_bits(words[(row0 + g + 8 * r) * (kBN / 32) + half], t4);
-        }
+        if (Tr::kStageMask && info.w)
+          mask_rows_staged<32>(words + (row0 + g) * (kBN / 32) + half, kBN / 32, t4, mask_rows);
         mask_tile_bits<false, 32>(vis, pat, tc, b, h, int64_t{tile} * kBM + row0, j0 + half * 32, lane,
                                   Tr::kStageMask && info.w ? mask_rows : nullptr);
       }
       apply_visibility(sc, vis);
-#pragma unroll
-      for (int n = 0; n < 4; ++n) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) sc[n][e] = cuda::fast_exp2(sc[n][e]);
-      }
+      probs_from_log2(sc);
       cuda::wgmma_wait<0>();
       cuda::fence_operands(dp);
       if (cap) {
@@ -606,9 +544,9 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       // (The softcap's forms are separate instantiations, the masking shared.)
       const bool cap = a.cap_log2 != 0.f;
       if (cap) {
-        bwd_logits<true>(st, lse2s, a, t4);
+        log2_probs_by_column<true>(st, lse2s, a, t4);
       } else {
-        bwd_logits<false>(st, lse2s, a, t4);
+        log2_probs_by_column<false>(st, lse2s, a, t4);
       }
       // (Masked on every tile, all bits set on full ones: one path through the scores, so that the
       // register allocation need not reconcile two.)
@@ -617,31 +555,22 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
         // The block mask's bits of the thread's two key rows over the tile's queries: from the stage
         // where the producer staged them (query rows of kBN / 32 words), else from global memory.
         uint32_t mask_rows[2] = {0u, 0u};
-        if (Tr::kStageMask && info.w) {
-          const int kl = half * 64 + warp * 16 + g;  // the thread's first key row in the block
-          const uint32_t* col = reinterpret_cast<const uint32_t*>(stats + kMaskOffset) + kl / 32;
-#pragma unroll
-          for (int n = 0; n < kBM / 4; ++n) {
-            const uint32_t w = col[((n / 2) * 8 + 2 * t4 + n % 2) * (kBN / 32)];
-            mask_rows[0] |= ((w >> (kl % 32)) & 1u) << n;
-            mask_rows[1] |= ((w >> (kl % 32 + 8)) & 1u) << n;
-          }
+        if (Tr::kStageMask &&
+            info.w) {  // (the thread's first key row in the block: half * 64 + warp * 16 + g)
+          mask_key_rows_staged<kBM, kBN>(reinterpret_cast<const uint32_t*>(stats + kMaskOffset),
+                                         half * 64 + warp * 16 + g, t4, mask_rows);
         }
         mask_tile_bits<true, kBM>(vis, pat, tc, b, h, key0, int64_t{tile} * kBM, lane,
                                   Tr::kStageMask && info.w ? mask_rows : nullptr);
       }
       apply_visibility(st, vis);
-#pragma unroll
-      for (int n = 0; n < kMT; ++n) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) st[n][e] = cuda::fast_exp2(st[n][e]);
-      }
+      probs_from_log2(st);
       cuda::wgmma_wait<0>();
       cuda::fence_operands(dpt);
       if (cap) {
-        bwd_score_grads<true>(st, dpt, lse2s, deltas, a, t4);
+        unscaled_score_grads_by_column<true>(st, dpt, lse2s, deltas, a, t4);
       } else {
-        bwd_score_grads<false>(st, dpt, lse2s, deltas, a, t4);
+        unscaled_score_grads_by_column<false>(st, dpt, lse2s, deltas, a, t4);
       }
       uint32_t ap[kBM / 16][4], ads[kBM / 16][4];
 #pragma unroll

@@ -12,7 +12,10 @@
 // run-to-run bit differences.)
 #pragma once
 
-#include "attention/cuda/attention_mma_common.cuh"
+#include "attention/cuda/attention_mask.cuh"
+#include "attention/cuda/attention_softmax.cuh"
+#include "attention/cuda/attention_tile.cuh"
+#include "attention/cuda/attention_walk.cuh"
 
 namespace opforge {
 namespace attention_cuda {

@@ -17,7 +17,9 @@
 #include <cstdint>
 
 #include "attention/cuda/attention_cuda.h"
-#include "attention/cuda/attention_mma_common.cuh"
+#include "attention/cuda/attention_mask.cuh"
+#include "attention/cuda/attention_softmax.cuh"
+#include "attention/cuda/attention_tile.cuh"
 #include "common/cuda/cp_async.cuh"
 #include "common/cuda/launch.cuh"
 #include "common/cuda/math.cuh"
@@ -29,30 +31,6 @@ namespace opforge {
 namespace attention_cuda {
 
 constexpr int kDecodeThreads = 128, kDecodeWarps = 4;
-
-// What the tile [j0, j1) holds for the block's queries (every row of the group: the band and the
-// segments are the same for all heads; a block mask counts as visible where any head sees it).
-__device__ __forceinline__ BlockKind decode_tile_kind(const AttentionPattern& pat, int64_t b, int64_t h0,
-                                                      int64_t group, int64_t j0, int64_t j1,
-                                                      SegmentRange q_range) {
-  BlockKind kind = band_prefix_tile_kind(pat, 0, pat.sq, j0, j1);
-  if (kind == BlockKind::kEmpty) return kind;
-  if (pat.q_segments) {
-    kind = combine(kind, segment_tile_kind(
-                             q_range, block_segment_range(pat.kv_seg_blocks, pat.kv_seg_nblocks, b, j0, j1)));
-  }
-  if (pat.mask_kinds && kind != BlockKind::kEmpty) {
-    bool any = false, all = true;
-    for (int64_t g = 0; g < (pat.mask_h == 1 ? 1 : group); ++g) {
-      const BlockKind km = mask_tile_kind(pat, b, h0 + g, 0, pat.sq, j0, j1);
-      any = any || km != BlockKind::kEmpty;
-      all = all && km == BlockKind::kFull;
-    }
-    kind = combine(kind, !any ? BlockKind::kEmpty : all ? BlockKind::kFull : BlockKind::kPartial);
-  }
-  if (kind == BlockKind::kFull && j1 - j0 < kDecodeTile) kind = BlockKind::kPartial;  // the ragged last tile
-  return kind;
-}
 
 // This block's share [t0, t1) of its sequence's visible 64-key tiles (chunk c of s.chunks).
 __device__ __forceinline__ void decode_chunk_tiles(const AttentionPattern& pat, int chunks, int64_t c,
@@ -102,7 +80,7 @@ __device__ __forceinline__ BlockKind stage_decode_tile(const AttentionParams& p,
                                                        DecodePageRows pages) {
   constexpr int kD = Tr::kD;
   const int64_t j0 = int64_t{tile} * kDecodeTile, j1 = min(j0 + kDecodeTile, pat.sk);
-  const BlockKind kind = decode_tile_kind(pat, b, hk * group, group, j0, j1, q_range);
+  const BlockKind kind = group_tile_kind<kDecodeTile>(pat, b, hk * group, group, j0, j1, q_range);
   if (kind != BlockKind::kEmpty) {
     unsigned char* sk = stages + stage * 2 * Tr::kTileBytes;
     unsigned char* sv = sk + Tr::kTileBytes;
@@ -276,7 +254,12 @@ __global__ void __launch_bounds__(kDecodeThreads)
           cuda::mma_m16n8k16<T>(sc[n + 1], qf, kb + 2);
         }
       }
-      // Scale, softcap, the element tests; the rows' running max (over the quad of a row).
+      // Scale, softcap, the element tests; the rows' running max (over the quad of a row). The rows
+      // are the GQA group's heads x queries (row r: head hk * group + r / sq, query r % sq), not one
+      // head's consecutive queries as mask_tile_bits' bit sets take them: a partial tile tests each
+      // element with the pattern's own visible(). The softmax runs in the natural-log domain (the
+      // scale first, __expf); softmax_step's log2-domain form (the scale in the exponent's FFMA)
+      // would change this kernel's instructions and rounding: kept until measured on a GPU.
       float mx[2] = {kNegInf, kNegInf};
 #pragma unroll
       for (int n = 0; n < kN; ++n) {
@@ -297,8 +280,7 @@ __global__ void __launch_bounds__(kDecodeThreads)
       float alpha[2];
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
-        mx[half] = fmaxf(mx[half], __shfl_xor_sync(0xffffffffu, mx[half], 1));
-        mx[half] = fmaxf(mx[half], __shfl_xor_sync(0xffffffffu, mx[half], 2));
+        mx[half] = quad_max(mx[half]);
         const float m_new = fmaxf(m[half], mx[half]);
         // (a row with nothing visible yet keeps m = -inf: its p are 0, alpha 1)
         alpha[half] = m_new == kNegInf ? 1.f : __expf(m[half] - m_new);
@@ -314,19 +296,13 @@ __global__ void __launch_bounds__(kDecodeThreads)
           l[half] += sc[n][e];
         }
       }
-#pragma unroll
-      for (int nd = 0; nd < kNd; ++nd) {
-        o[nd][0] *= alpha[0], o[nd][1] *= alpha[0], o[nd][2] *= alpha[1], o[nd][3] *= alpha[1];
-      }
+      rescale_rows(o, alpha);
       // O += P V, 16 keys a step: P as the A operand (pairs of the accumulators), V (16 keys x kD)
       // two 8-column n tiles per transposed ldmatrix.
 #pragma unroll
       for (int ks = 0; ks < kN / 2; ++ks) {
         uint32_t pa[4];
-        pa[0] = cuda::pack2<T>(sc[2 * ks][0], sc[2 * ks][1]);
-        pa[1] = cuda::pack2<T>(sc[2 * ks][2], sc[2 * ks][3]);
-        pa[2] = cuda::pack2<T>(sc[2 * ks + 1][0], sc[2 * ks + 1][1]);
-        pa[3] = cuda::pack2<T>(sc[2 * ks + 1][2], sc[2 * ks + 1][3]);
+        acc_to_a<T>(pa, sc, ks);
 #pragma unroll
         for (int nd = 0; nd < kNd; nd += 2) {
           uint32_t vb[4];
@@ -344,10 +320,7 @@ __global__ void __launch_bounds__(kDecodeThreads)
   // idle stages, each lane's fragments side by side), then written as this block's partial state of
   // rows 16 mt + g, + 8.
 #pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    l[half] += __shfl_xor_sync(0xffffffffu, l[half], 1);
-    l[half] += __shfl_xor_sync(0xffffffffu, l[half], 2);
-  }
+  for (int half = 0; half < 2; ++half) l[half] = quad_sum(l[half]);
   cuda::cp_async_wait<0>();  // (no copy is left in flight where the states go, or when the block ends)
   if constexpr (kKeyWarps > 1) {
     // [m tile][warp kw 1 .. kKeyWarps - 1][kNd + 1][32 lanes]

@@ -34,7 +34,10 @@
 #include <algorithm>
 
 #include "attention/cuda/attention_hopper_common.cuh"
-#include "attention/cuda/attention_mma_common.cuh"
+#include "attention/cuda/attention_mask.cuh"
+#include "attention/cuda/attention_softmax.cuh"
+#include "attention/cuda/attention_tile.cuh"
+#include "attention/cuda/attention_walk.cuh"
 #include "common/cuda/mbarrier.cuh"
 #include "common/cuda/pipeline.cuh"
 #include "common/cuda/ptx.cuh"
@@ -346,10 +349,9 @@ __device__ __forceinline__ void fwd_consumer_item(const FwdSmem<Tr>& sm, const A
     uint32_t mask_rows[2] = {0u, 0u};
     if (tc.mask) {
       if (ti.z) {
-        const uint32_t* rows =
-            smask + st.index * Tr::kMaskWords + (half * 64 + warp * 16 + lane / 4) * (kBN / 32);
-        mask_rows[0] = mask_row_bits_staged<kBN>(rows, lane % 4);
-        mask_rows[1] = mask_row_bits_staged<kBN>(rows + 8 * (kBN / 32), lane % 4);
+        mask_rows_staged<kBN>(
+            smask + st.index * Tr::kMaskWords + (half * 64 + warp * 16 + lane / 4) * (kBN / 32), kBN / 32,
+            lane % 4, mask_rows);
       } else {
         mask_rows_ahead<kBN>(pat, b, h, row0, int64_t{ti.x} * kBN, lane, mask_rows);
       }
