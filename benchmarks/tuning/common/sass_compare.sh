@@ -10,7 +10,9 @@
 # type or namespace (which changes a mangled name only); an anonymous namespace's name, which holds a
 # hash of the source's path, is compared without it. Each kernel's body is compared with the
 # instruction addresses stripped (the encodings stay: branch targets are relative); duplicate
-# instantiations on one side must agree. Prints one line a kernel that differs or is on one side only
+# instantiations on one side must agree. (Only instruction lines count, their blanks collapsed:
+# cuobjdump pads a section's last function with lines of dots and aligns the encodings by its
+# longest instruction.) Prints one line a kernel that differs or is on one side only
 # (instruction counts and registers from cuobjdump -res-usage for those that differ) and a summary;
 # exit status 0 when every kernel of both sides is identical.
 set -euo pipefail
@@ -36,7 +38,7 @@ dump() {
         out = dir "/" parts[1] ".tmp"; printf "" > out
         print parts[1], name >> (dir "/index"); next }
       /^[ \t]*\.section|^[ \t]*Fatbin|^[ \t]*code for|^[ \t]*=+$|^[ \t]*(arch|code version|host|compile_size) =/ { flush(); name = ""; next }
-      name != "" { sub(/^[ \t]*\/\*[0-9a-f]+\*\/[ \t]*/, ""); print >> out }'
+      name != "" && /\/\* 0x[0-9a-f]+ \*\// { sub(/^[ \t]*\/\*[0-9a-f]+\*\/[ \t]*/, ""); gsub(/[ \t]+/, " "); print >> out }'
     for t in "$dir"/*.tmp; do
       [[ -e $t ]] || continue
       local s=${t%.tmp}.sass
