@@ -80,6 +80,27 @@ __global__ void __launch_bounds__(256) attention_bwd_prep_kernel(const Attention
   }
 }
 
+// The prep pass for head dim kD at the call's dtype: a row a kD / 8 lanes, 256 threads a block.
+template <int kD>
+int run_bwd_prep(const AttentionCudaArgs& a, void* stream) {
+  constexpr int kRowsPerBlock = 256 / (kD / 8);
+  const int64_t rows = (a.g.fwd.pattern.varlen() ? 1 : a.g.fwd.batch) * a.g.fwd.heads * a.lse2_ld;
+  const int64_t blocks = (rows + kRowsPerBlock - 1) / kRowsPerBlock;
+  if (blocks > 0x7fffffff) return cudaErrorInvalidValue;
+  const auto s = static_cast<cudaStream_t>(stream);
+  switch (a.g.fwd.dtype) {
+    case DType::kBFloat16:
+      attention_bwd_prep_kernel<kD, __nv_bfloat16><<<static_cast<unsigned>(blocks), 256, 0, s>>>(a);
+      break;
+    case DType::kFloat16:
+      attention_bwd_prep_kernel<kD, __half><<<static_cast<unsigned>(blocks), 256, 0, s>>>(a);
+      break;
+    default:
+      return cudaErrorInvalidValue;
+  }
+  return cudaGetLastError();
+}
+
 // ---- kv: dK, dV -----------------------------------------------------------------------------
 
 // kBlockN keys a block, 16 a warp; kDSplit warps share a key group, each accumulating kD / kDSplit

@@ -35,6 +35,7 @@
 
 #include "attention/cuda/attention_hopper_common.cuh"
 #include "attention/cuda/attention_mask.cuh"
+#include "attention/cuda/attention_segment_runs.cuh"
 #include "attention/cuda/attention_softmax.cuh"
 #include "attention/cuda/attention_tile.cuh"
 #include "attention/cuda/attention_walk.cuh"
@@ -655,7 +656,7 @@ struct FwdSchedule {
   int64_t total = 0, blocks = 0;  // items; query blocks a pair (varlen: padded tiles a head)
   int group_pairs = 1;            // (without varlen) pairs a group
   int* counter = nullptr;         // a zeroed int
-  // Segment ids as documents (hopper_fwd_runs), or null: run_attention_segment_runs' output (valid
+  // Segment ids as documents (hopper_fwd_runs), or null: launch_segment_runs' output (valid
   // flag, run count R, R + 1 offsets into the batch x run_rows rows). Where valid the items are, a
   // head at a time, the runs' padded tiles last to first (as varlen's sequences), else the above.
   const int32_t* runs = nullptr;
@@ -912,10 +913,10 @@ cudaError_t launch_hopper_fwd(const AttentionCudaArgs& a, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
-// kRuns: the form that reads segment ids' runs (a.seg_runs; its walk's state spills a little at item
-// boundaries), else without that code.
+// kRuns: the form that reads segment ids' runs (a.seg_runs, written by launch_segment_runs first; its
+// walk's state spills a little at item boundaries), else without that code.
 template <typename Tr, typename T, bool kRuns>
-cudaError_t launch_hopper_fwd_persistent_form(const AttentionCudaArgs& a, cudaStream_t stream) {
+cudaError_t launch_hopper_fwd_persistent(const AttentionCudaArgs& a, cudaStream_t stream) {
   static signed char state[64] = {};
   cudaError_t err =
       prepare_hopper(attention_fwd_hopper_persistent_kernel<Tr, T, kRuns>, Tr::kSmemBytes, state);
@@ -945,27 +946,28 @@ cudaError_t launch_hopper_fwd_persistent_form(const AttentionCudaArgs& a, cudaSt
   const auto kernel = attention_fwd_hopper_persistent_kernel<Tr, T, kRuns>;
   // (with runs the device's items may outnumber the host's count: a grid of their most, if fewer
   // than the GPU holds)
-  const int64_t items = kRuns ? std::max(sched.total, hopper_fwd_run_items(p)) : sched.total;
+  const int64_t items =
+      kRuns ? std::max(sched.total, hopper_fwd_run_items(p.batch, pat.sq, p.heads)) : sched.total;
   err = cuda::resident_grid(kernel, Tr::kThreads, Tr::kSmemBytes, items, a.num_sms, per_sm, blocks);
   if (err != cudaSuccess) return err;
   kernel<<<blocks, Tr::kThreads, Tr::kSmemBytes, stream>>>(mq, mk, mv, a, sched);
   return cudaGetLastError();
 }
 
-template <typename Tr, typename T>
-cudaError_t launch_hopper_fwd_persistent(const AttentionCudaArgs& a, cudaStream_t stream) {
-  return a.seg_runs != nullptr ? launch_hopper_fwd_persistent_form<Tr, T, true>(a, stream)
-                               : launch_hopper_fwd_persistent_form<Tr, T, false>(a, stream);
-}
-
-// The forward of traits Tr (its persistent form where Tr::kPersistent) at the call's dtype.
-template <typename Tr>
+// The forward of traits Tr (its persistent form where Tr::kPersistent; kRuns: the segment runs'
+// form, which first scans the segment ids into a.seg_runs) at the call's dtype.
+template <typename Tr, bool kRuns = false>
 int run_hopper_fwd(const AttentionCudaArgs& a, void* stream) {
+  static_assert(Tr::kPersistent || !kRuns, "segment runs are the persistent form's");
   const auto s = static_cast<cudaStream_t>(stream);
   const DType dtype = a.g.fwd.dtype;
   if constexpr (Tr::kPersistent) {
-    if (dtype == DType::kBFloat16) return launch_hopper_fwd_persistent<Tr, __nv_bfloat16>(a, s);
-    if (dtype == DType::kFloat16) return launch_hopper_fwd_persistent<Tr, __half>(a, s);
+    if constexpr (kRuns) {
+      const cudaError_t err = launch_segment_runs(a.g.fwd, a.seg_runs, s);
+      if (err != cudaSuccess) return err;
+    }
+    if (dtype == DType::kBFloat16) return launch_hopper_fwd_persistent<Tr, __nv_bfloat16, kRuns>(a, s);
+    if (dtype == DType::kFloat16) return launch_hopper_fwd_persistent<Tr, __half, kRuns>(a, s);
   } else {
     if (dtype == DType::kBFloat16) return launch_hopper_fwd<Tr, __nv_bfloat16>(a, s);
     if (dtype == DType::kFloat16) return launch_hopper_fwd<Tr, __half>(a, s);
