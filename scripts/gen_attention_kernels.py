@@ -160,7 +160,7 @@ def instances() -> list[Instance]:
             Instance(
                 f"attention_fwd_hopper{f.suffix}_d{f.head_dim}",
                 f"The Hopper forward at head dim {f.head_dim}, {f.what}: {f.traits}",
-                "attention_fwd_hopper_kernel.cuh",
+                "attention_fwd_hopper_launch.cuh",
                 tuple(specs),
             )
         )

@@ -2,7 +2,7 @@
 // The Hopper forward at head dim 64, the persistent form (a block a multiprocessor walking the work items),
 // segment ids taken as documents where the device finds them runs: HopperFwdTraitsPersistentD64. float16 and
 // bfloat16.
-#include "attention/cuda/attention_fwd_hopper_kernel.cuh"
+#include "attention/cuda/attention_fwd_hopper_launch.cuh"
 #include "attention/cuda/instantiations/attention_instantiations.h"
 
 namespace opforge {
