@@ -217,7 +217,7 @@ def instances() -> list[Instance]:
             Instance(
                 f"attention_bwd_prep_d{d}",
                 f"The backward's prep pass at head dim {d} (delta, lse2, the Hopper backward's dQ workspace zeroed)",
-                "attention_bwd_kernel.cuh",
+                "attention_bwd_prep.cuh",
                 (
                     (
                         f"int run_attention_bwd_prep<{d}>({FWD_ARGS})",
