@@ -56,6 +56,15 @@ TORCH_LIBRARY(opforge, m) {
       "_attention_kernel(Device device, int heads, int kv_heads, int sq, int sk, int head_dim, bool "
       "kv_lens=False, "
       "str variant=\"auto\", bool backward=False) -> str");
+  // The kernel and, on the Hopper kernels, the form (attention/attention_heuristics.h: HopperFwdForm,
+  // HopperBwdForm, e.g. "hopper/cache_mask") a call of these sizes and this pattern gets on `device`
+  // under `variant`: sq, sk the packed totals under varlen (batch: the sequences); page_size a paged
+  // cache's; deterministic the backward's mode (None: as torch.use_deterministic_algorithms says).
+  m.def(
+      "_attention_form(Device device, int heads, int kv_heads, int sq, int sk, int head_dim, bool "
+      "kv_lens=False, str variant=\"auto\", bool backward=False, *, int batch=1, int page_size=0, bool "
+      "causal=False, int window_left=-1, int window_right=-1, int prefix_len=0, bool segments=False, bool "
+      "block_mask=False, bool varlen=False, bool? deterministic=None) -> str");
   // Which CPU variant of the kernels runs here ("avx2" or "default"), for tests and benchmark
   // reports (common/cpu_isa.cpp).
   m.def("_cpu_isa() -> str");

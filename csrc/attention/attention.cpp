@@ -11,6 +11,7 @@
 #include <cmath>
 
 #include "common/checks.h"
+#include "common/cuda/math_constants.h"
 #include "opforge.h"
 
 namespace opforge {
@@ -67,7 +68,7 @@ void check_pattern(const char* op, const at::Tensor& q, const at::Tensor& k, dou
   if (q.scalar_type() != at::kDouble) {
     // The scale and softcap, and the factors the kernels derive from them (the CUDA kernels' exp2
     // arithmetic: scale * log2(e); with a softcap, softcap * log2(e), scale / softcap and its inverse).
-    constexpr double kLog2e = 1.4426950408889634;
+    using cuda::kLog2e;
     TORCH_CHECK_VALUE(
         softcap > 0.0 || std::abs(scale) <= kMaxScale, op, ": scale = ", scale,
         " is too large for the float32 arithmetic the kernels use for ", dtype_str(q.scalar_type()),

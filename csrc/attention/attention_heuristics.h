@@ -1,8 +1,11 @@
 // attention: which kernel serves a call. One rule for the CPU and CUDA backends and for Python
 // (opforge.attention asks it through the _attention_kernel op), and the named variants a caller
-// may force with `variant=` (no torch types; the choice itself is in attention.cpp).
+// may force with `variant=` (no torch types; the choice itself is in attention.cpp); and which form
+// of the Hopper kernels serves it (HopperFwdForm, HopperBwdForm: each form one generated
+// instantiation, csrc/attention/cuda/instantiations/; asked through _attention_form).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 
 namespace opforge {
@@ -68,6 +71,12 @@ struct AttentionCall {
   // CUDA: why the Hopper kernels cannot serve this call (no sm_90a code for this GPU in the build,
   // no Hopper kernel at this head dim), or null when they can.
   const char* hopper_missing = nullptr;
+  // The pattern, as the Hopper forms see it (hopper_fwd_form, hopper_bwd_form; the kernel rule does
+  // not read it): batch rows (varlen: sequences, sq and sk then their packed totals), the band's
+  // reach (window_left, band_right: causal is 0; -1 unbounded), the prefix, whether segment ids and
+  // a block mask come, and the backward's deterministic mode.
+  int64_t batch = 1, window_left = -1, band_right = -1, prefix_len = 0;
+  bool segments = false, block_mask = false, deterministic = false;
 
   int64_t rows() const { return sq * (kv_heads > 0 ? heads / kv_heads : 0); }
   int64_t decode_max_rows() const {
@@ -84,5 +93,111 @@ struct AttentionCall {
            (kv_lens || sk >= (cuda ? kAttentionCudaDecodeMinKeys : kAttentionCpuDecodeMinKeys));
   }
 };
+
+// The keys a query row sees on average under a band (window_left, band_right: -1 unbounded) and a
+// prefix (segments and block masks not counted), with sq queries against sk keys (varlen: a
+// sequence's mean lengths), from 16 sampled rows.
+inline double attention_mean_visible_keys(double sq, double sk, int64_t window_left, int64_t band_right,
+                                          int64_t prefix_len) {
+  if (sq <= 0 || sk <= 0) return 0;
+  const double prefix = std::min<double>(static_cast<double>(prefix_len), sk), right = band_right;
+  double sum = 0;
+  for (int r = 0; r < 16; ++r) {
+    const double pos = (r + 0.5) / 16 * sq + sk - sq;  // a query's position among the keys
+    const double lo = std::max(0.0, window_left >= 0 ? pos - window_left : 0.0);
+    const double hi = std::min(sk - 1, right >= 0 ? pos + right : sk - 1);
+    // the band [lo, hi] and the prefix [0, prefix): the prefix below the band, the band, above it
+    sum +=
+        std::max(0.0, hi - lo + 1) + std::min(prefix, lo) + std::max(0.0, prefix - 1 - std::max(hi, lo - 1));
+  }
+  return sum / 16;
+}
+
+// The Hopper forward's schedule: the persistent kernel (a block a multiprocessor, walking the work
+// items) where an item has few key tiles, else a block an item. A block's start and end cost about
+// 7 K cycles (the forward's timeline, benchmarks/tuning/LOG.md), which the persistent kernel
+// overlaps with the previous item's last tiles; on long items its consumers' 208 registers (232 a
+// block an item) cost more than that (measured: causal S 4096, ~17 tiles an item, 3% slower; sliding
+// window 512, ~5 tiles, 10% faster; 16 packed causal documents, ~5 tiles, 5% faster). Head dims 64
+// and 128 without a block mask; segment ids (packed documents, whose lengths the host does not know)
+// count as short.
+constexpr double kHopperFwdPersistentMaxTiles = 8;
+inline bool hopper_fwd_persistent(const AttentionCall& call) {
+  if (attention_cuda_head_dim(call.head_dim) > 128 || call.block_mask) return false;
+  if (call.segments) return true;
+  const double n = static_cast<double>(std::max<int64_t>(call.batch, 1));
+  const double sq = call.varlen ? static_cast<double>(call.sq) / n : static_cast<double>(call.sq);
+  const double sk = call.varlen ? static_cast<double>(call.sk) / n : static_cast<double>(call.sk);
+  // (a tile of 128 query rows spans its band's keys and 128 more)
+  const double keys = attention_mean_visible_keys(sq, sk, call.window_left, call.band_right, call.prefix_len);
+  return (keys + 128) / 128 <= kHopperFwdPersistentMaxTiles;
+}
+
+// The most items the runs of segment ids make (a run a row: heads x padded tiles of batch x sq rows
+// in batch x sq runs).
+constexpr int64_t hopper_fwd_run_items(int64_t batch, int64_t sq, int64_t heads) {
+  return heads * (batch * sq + batch * sq / 128 + 2);
+}
+// Segment ids the persistent forward may take as documents (its items then the runs of equal ids,
+// as varlen sequences, instead of query blocks whose tiles straddle them): Sq = Sk, no prefix;
+// whether they are runs (q's ids equal to kv's, never decreasing along a row) the device finds
+// (attention_segment_runs.cuh), the kernel reading it (otherwise it attends by segment as before).
+// Its items and the batch x sq rows' offsets fit int32.
+inline bool hopper_fwd_runs(const AttentionCall& call) {
+  return hopper_fwd_persistent(call) && call.segments && !call.varlen && call.sq == call.sk &&
+         call.prefix_len == 0 && !call.kv_lens &&
+         hopper_fwd_run_items(call.batch, call.sq, call.heads) <
+             (int64_t{1} << 31) - (int64_t{1} << 20);  // (items, offsets in int32)
+}
+
+// The Hopper forward's form: which of its instantiations serves a call (each a traits struct of
+// attention_fwd_hopper_kernel.cuh).
+struct HopperFwdForm {
+  int head_dim = 128;  // the kernel's: 64, 128 or 256
+  // Per-sequence key counts (kv_lens) or a paged cache: K / V tiles a page run at a time, the rows
+  // past a sequence's count zeroed in V (the one-item kernel).
+  bool kv_cache = false;
+  bool block_mask = false;    // a partial block-mask tile's bits staged by the producer
+  bool persistent = false;    // a block a multiprocessor walking the work items (hopper_fwd_persistent)
+  bool segment_runs = false;  // (persistent) segment ids as documents where they are runs (hopper_fwd_runs)
+
+  const char* name() const {
+    if (persistent) return segment_runs ? "hopper/persistent_runs" : "hopper/persistent";
+    if (kv_cache) return block_mask ? "hopper/cache_mask" : "hopper/cache";
+    return block_mask ? "hopper/mask" : "hopper";
+  }
+};
+inline HopperFwdForm hopper_fwd_form(const AttentionCall& call) {
+  HopperFwdForm f;
+  f.head_dim = static_cast<int>(attention_cuda_head_dim(call.head_dim));
+  f.kv_cache = call.kv_lens || call.page_size > 0;
+  f.block_mask = call.block_mask;
+  f.persistent = !f.kv_cache && !f.block_mask && hopper_fwd_persistent(call);
+  f.segment_runs = f.persistent && hopper_fwd_runs(call);
+  return f;
+}
+
+// The Hopper backward's form.
+struct HopperBwdForm {
+  int head_dim = 128;
+  // (head dims 64, 128) a partial block-mask tile's bits staged by the producer; at 256 the plain
+  // form reads them from global memory (its two Q / dO stages leave no room).
+  bool block_mask = false;
+  // (head dim 256) the deterministic mode's own kernel: one Q / dO stage, dQ staged for warp 1's
+  // ordered reductions (the plain one adds dQ from registers); at 64 and 128 the plain kernels order
+  // their additions themselves, given the counters.
+  bool deterministic = false;
+
+  const char* name() const {
+    return deterministic ? "hopper/deterministic" : block_mask ? "hopper/mask" : "hopper";
+  }
+};
+inline HopperBwdForm hopper_bwd_form(const AttentionCall& call) {
+  HopperBwdForm f;
+  f.head_dim = static_cast<int>(attention_cuda_head_dim(call.head_dim));
+  f.block_mask = call.block_mask && f.head_dim <= 128;
+  f.deterministic = call.deterministic && f.head_dim == 256;
+  return f;
+}
 
 }  // namespace opforge

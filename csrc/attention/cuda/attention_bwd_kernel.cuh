@@ -12,70 +12,14 @@
 // run-to-run bit differences.)
 #pragma once
 
-#include "attention/cuda/attention_mma_common.cuh"
+#include "attention/cuda/attention_bwd_prep.cuh"
+#include "attention/cuda/attention_mask.cuh"
+#include "attention/cuda/attention_softmax.cuh"
+#include "attention/cuda/attention_tile.cuh"
+#include "attention/cuda/attention_walk.cuh"
 
 namespace opforge {
 namespace attention_cuda {
-
-// ---- prep -----------------------------------------------------------------------------------
-
-template <int kD, typename T>
-__global__ void __launch_bounds__(256) attention_bwd_prep_kernel(const AttentionCudaArgs a) {
-  constexpr int kLanes = kD / 8, kRowsPerBlock = 256 / kLanes;  // one 16-byte chunk a lane
-  const AttentionParams& p = a.g.fwd;
-  const AttentionPattern& pat = p.pattern;
-  const int64_t ld = a.lse2_ld, rows = (pat.varlen() ? 1 : p.batch) * p.heads * ld;
-  const int64_t row = blockIdx.x * int64_t{kRowsPerBlock} + threadIdx.x / kLanes;
-  const int c = threadIdx.x % kLanes;
-  // The row's (batch row, head, query): varlen rows by their sequence's padded start (padding rows
-  // between sequences have i >= sq).
-  int64_t b = 0, h = 0, i = row % ld, sq = pat.sq;
-  if (pat.varlen()) {
-    h = row / ld;
-    int64_t tile;
-    if (padded_tile(pat.cu_seqlens_q, pat.total_q, p.batch, 128, i / 128, b, tile)) {
-      i = tile * 128 + i % 128;
-      sq = pat.at(b).sq;
-    } else {
-      sq = 0;
-    }
-  } else {
-    b = row / ld / p.heads, h = row / ld % p.heads;
-  }
-  if (a.offsets_invalid && blockIdx.x == 0) {  // (deterministic varlen) offsets a partition?
-    for (int64_t e = threadIdx.x; e <= p.batch; e += blockDim.x) {
-      for (int side = 0; side < 2; ++side) {
-        const int32_t* cu = side ? pat.cu_seqlens_k : pat.cu_seqlens_q;
-        const int64_t total = side ? pat.total_k : pat.total_q;
-        const bool bad =
-            (e == 0 && cu[0] != 0) || (e > 0 && cu[e] < cu[e - 1]) || (e == p.batch && cu[e] != total);
-        if (bad) atomicExch(a.offsets_invalid, 1);
-      }
-    }
-  }
-  float acc = 0.f;
-  if (row < rows && i < sq) {
-    const T* go = static_cast<const T*>(a.g.grad_out) + a.g.g_at(b, h) + i * a.g.g_ss + c * 8;
-    const T* o = static_cast<const T*>(p.out) + p.o_at(b, h) + i * p.o_ss + c * 8;
-    const cuda::Pack<T, 8> x = *reinterpret_cast<const cuda::Pack<T, 8>*>(go);
-    const cuda::Pack<T, 8> y = *reinterpret_cast<const cuda::Pack<T, 8>*>(o);
-#pragma unroll
-    for (int e = 0; e < 8; ++e) acc += cuda::to_float(x.v[e]) * cuda::to_float(y.v[e]);
-  }
-#pragma unroll
-  for (int off = kLanes / 2; off > 0; off /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, off);
-  if (a.dq_accum && row < rows) {  // the Hopper backward's dQ workspace: row's kD values
-    float4* z = reinterpret_cast<float4*>(a.dq_accum + row * kD + c * 8);
-    z[0] = z[1] = make_float4(0.f, 0.f, 0.f, 0.f);
-  }
-  if (row < rows && c == 0) {
-    // Padding rows (i >= Sq): P = 0 (lse2 +inf), delta 0.
-    const int64_t src = p.lse_at(b, h) + i;
-    const float lse = i < sq ? static_cast<const float*>(p.lse)[src] : kNegInf;
-    a.delta[row] = i < sq ? acc - (a.g.grad_lse ? static_cast<const float*>(a.g.grad_lse)[src] : 0.f) : 0.f;
-    a.lse2[row] = lse == kNegInf ? -kNegInf : lse * kLog2e;
-  }
-}
 
 // ---- kv: dK, dV -----------------------------------------------------------------------------
 
@@ -91,8 +35,11 @@ struct BwdKVTraits {
   static constexpr int kStageBytes = 2 * kQBytes + 2 * kBlockM * 4;
   static constexpr int kSmemBytes = 2 * kKVBytes + 2 * kStageBytes;
 };
+
 using BwdKVTraitsD64 = BwdKVTraits<64, 128, 64, 1>;
+
 using BwdKVTraitsD128 = BwdKVTraits<128, 128, 32, 1>;
+
 using BwdKVTraitsD256 = BwdKVTraits<256, 64, 32, 2>;
 
 template <typename Tr, typename T>
@@ -235,8 +182,11 @@ struct BwdQTraits {
   static constexpr int kQBytes = kBlockM * kD * 2, kKVBytes = kBlockN * kD * 2;
   static constexpr int kSmemBytes = 2 * kQBytes + 4 * kKVBytes;  // Q, dO; K and V of two stages
 };
+
 using BwdQTraitsD64 = BwdQTraits<64, 128, 64>;
+
 using BwdQTraitsD128 = BwdQTraits<128, 128, 64>;
+
 using BwdQTraitsD256 = BwdQTraits<256, 64, 32>;
 
 template <typename Tr, typename T>

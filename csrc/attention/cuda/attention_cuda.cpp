@@ -1,7 +1,9 @@
 // attention CUDA launcher: checks -> device guard -> the kernel the rule picks (attention_heuristics.h:
 // `variant`, or "auto"'s rule; never a fallback after a failed launch) -> operands in a form it reads
 // (head dim zero-padded to the kernel's 64 / 128 / 256, a contiguous copy only of rows it cannot
-// read) -> the forward kernel, or the backward's prep, dK/dV and dQ passes, on the current stream.
+// read) -> one launcher a pass (forward, backward, decode): the Hopper kernels' form
+// (attention_heuristics.h), the workspace it needs, and its instantiation (the generated
+// instantiations/attention_instantiations.h), on the current stream.
 #include "attention/cuda/attention_cuda.h"
 
 #include <ATen/Context.h>
@@ -21,64 +23,11 @@
 #include <limits>
 
 #include "attention/attention.h"
+#include "attention/cuda/instantiations/attention_instantiations.h"
 #include "common/checks.h"
+#include "common/cuda/math_constants.h"
 
 namespace opforge {
-
-int run_attention_fwd_cuda(const AttentionCudaArgs& a, int head_dim, AttentionKernel kernel, void* stream) {
-  const bool hopper = kernel == AttentionKernel::kHopper;
-  switch (head_dim) {
-    case 64:
-      return hopper ? run_attention_fwd_hopper_d64(a, stream) : run_attention_fwd_d64(a, stream);
-    case 128:
-      return hopper ? run_attention_fwd_hopper_d128(a, stream) : run_attention_fwd_d128(a, stream);
-    case 256:
-      return hopper ? run_attention_fwd_hopper_d256(a, stream) : run_attention_fwd_d256(a, stream);
-    default:
-      return cudaErrorInvalidValue;
-  }
-}
-
-int run_attention_bwd_cuda(const AttentionCudaArgs& a, int head_dim, AttentionKernel kernel, void* stream) {
-  int err = run_attention_bwd_prep(a, stream);
-  if (err != cudaSuccess) return err;
-  if (kernel == AttentionKernel::kHopper) {
-    switch (head_dim) {
-      case 64:
-        return run_attention_bwd_hopper_d64(a, stream);
-      case 128:
-        return run_attention_bwd_hopper_d128(a, stream);
-      case 256:
-        return run_attention_bwd_hopper_d256(a, stream);
-      default:
-        return cudaErrorInvalidValue;
-    }
-  }
-  switch (head_dim) {
-    case 64:
-      err = run_attention_bwd_kv_d64(a, stream);
-      break;
-    case 128:
-      err = run_attention_bwd_kv_d128(a, stream);
-      break;
-    case 256:
-      err = run_attention_bwd_kv_d256(a, stream);
-      break;
-    default:
-      return cudaErrorInvalidValue;
-  }
-  if (err != cudaSuccess) return err;
-  switch (head_dim) {
-    case 64:
-      return run_attention_bwd_q_d64(a, stream);
-    case 128:
-      return run_attention_bwd_q_d128(a, stream);
-    case 256:
-      return run_attention_bwd_q_d256(a, stream);
-    default:
-      return cudaErrorInvalidValue;
-  }
-}
 
 const char* attention_hopper_missing(at::Device device) {  // (every head dim has both Hopper kernels)
   const c10::cuda::OptionalCUDAGuard guard(device.has_index() ? std::optional<at::Device>(device)
@@ -151,14 +100,28 @@ void check_varlen_offsets_unless_capturing(const char* op, const AttentionPatter
   check_varlen_offsets(op, args, total_q, total_k);
 }
 
-// The call as the rule sees it on q's device, and the kernel it gets.
-AttentionKernel cuda_kernel(const char* op, const at::Tensor& q, const at::Tensor& k, bool kv_lens,
-                            bool backward, bool varlen, c10::string_view variant, int64_t page_size = 0) {
+// The call as the rule sees it on q's device.
+AttentionCall cuda_call(const at::Tensor& q, const at::Tensor& k, bool kv_lens, bool backward, bool varlen,
+                        int64_t page_size = 0) {
   AttentionCall call = attention_call(q, k, kv_lens, backward, varlen);
   call.hopper_missing = attention_hopper_missing(q.device());
   call.page_size = page_size;
-  const AttentionKernel kernel = choose_attention_kernel(op, call, variant);
-  return kernel;
+  return call;
+}
+
+// The call's pattern as the Hopper forms read it (AttentionCall's pattern fields), from the plan.
+void add_pattern(AttentionCall& call, const AttentionParams& p) {
+  const AttentionPattern& pat = p.pattern;
+  call.varlen = pat.varlen();
+  call.batch = p.batch;
+  call.sq = pat.varlen() ? pat.total_q : pat.sq;
+  call.sk = pat.varlen() ? pat.total_k : pat.sk;
+  call.window_left = pat.window_left;
+  call.band_right = pat.band_right();
+  call.prefix_len = pat.prefix_len;
+  call.kv_lens = pat.kv_lens != nullptr;
+  call.segments = pat.q_segments != nullptr;
+  call.block_mask = pat.mask_kinds != nullptr;
 }
 
 // Segment ids (B, S) int64 summarised per 32 rows: (B, ceil(S / 32), 2) min and max (the last
@@ -187,7 +150,7 @@ void add_segment_blocks(AttentionPlan& plan) {
 AttentionCudaArgs cuda_args(const AttentionParams& p) {
   AttentionCudaArgs a;
   a.g.fwd = p;
-  constexpr double kLog2e = 1.4426950408889634;
+  using cuda::kLog2e;
   a.scale = static_cast<float>(p.scale);
   a.scale_log2 = static_cast<float>(p.scale * kLog2e);
   a.num_sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
@@ -205,12 +168,7 @@ int decode_blocks_per_sm(int head_dim, int rows) {
   const int which = head_dim == 64 ? 0 : head_dim == 128 ? 1 : 2;
   if (rows < 1 || rows > 64) return 1;
   int& n = cache[which][rows];
-  if (n == 0) {
-    n = which == 0   ? attention_decode_blocks_per_sm_d64(rows)
-        : which == 1 ? attention_decode_blocks_per_sm_d128(rows)
-                     : attention_decode_blocks_per_sm_d256(rows);
-    n = std::max(n, 1);
-  }
+  if (n == 0) n = std::max(attention_decode_blocks_per_sm_at(head_dim, rows), 1);
   return n;
 }
 
@@ -223,7 +181,8 @@ void check_launch(const char* op, int err) {
               ": CUDA kernel launch failed: ", cudaGetErrorString(static_cast<cudaError_t>(err)));
 }
 
-// Few query rows against many keys: the split-KV decode kernel and its merge.
+// The decode pass (few query rows against many keys): the split-KV decode kernel and its merge, with
+// their workspace of partial states.
 void run_decode_plan(const char* op, AttentionPlan& plan, int64_t kd, const at::TensorOptions& options,
                      cudaStream_t stream) {
   add_segment_blocks(plan);
@@ -237,41 +196,32 @@ void run_decode_plan(const char* op, AttentionPlan& plan, int64_t kd, const at::
       at::empty({p.batch * p.kv_heads * s.chunks * s.rows * decode_part_stride(static_cast<int>(kd))},
                 options.dtype(at::kFloat));
   s.part = part.data_ptr<float>();
-  int err = cudaErrorInvalidValue;
-  switch (kd) {
-    case 64:
-      err = run_attention_decode_d64(cuda_args(p), s, stream);
-      break;
-    case 128:
-      err = run_attention_decode_d128(cuda_args(p), s, stream);
-      break;
-    case 256:
-      err = run_attention_decode_d256(cuda_args(p), s, stream);
-      break;
-  }
-  check_launch(op, err);
+  check_launch(op, run_attention_decode_at(static_cast<int>(kd), cuda_args(p), s, stream));
 }
 
-// The tiled forwards (kHopper, kMmaSync): the persistent Hopper form's work counter and segment
-// runs where it takes them.
-void run_forward_plan(const char* op, AttentionPlan& plan, int64_t kd, AttentionKernel kernel,
-                      const at::TensorOptions& options, cudaStream_t stream) {
+// The forward pass on the tiled kernels: kMmaSync's at the head dim, or kHopper's form
+// (hopper_fwd_form) with what it needs: the persistent forms' work counter, the segment-runs form's
+// workspace (the runs its first kernel finds).
+void run_forward_plan(const char* op, AttentionPlan& plan, AttentionCall call, int64_t kd,
+                      AttentionKernel kernel, const at::TensorOptions& options, cudaStream_t stream) {
   add_segment_blocks(plan);
   AttentionCudaArgs a = cuda_args(plan.params);
-  at::Tensor counter;  // (the persistent Hopper forward's work counter)
-  // (calls with per-sequence key counts run the one-item KV-cache form: no counter)
-  if (kernel == AttentionKernel::kHopper && !plan.params.pattern.kv_lens &&
-      hopper_fwd_persistent(plan.params, static_cast<int>(kd))) {
+  if (kernel != AttentionKernel::kHopper) {
+    check_launch(op, run_attention_mma_fwd_at(static_cast<int>(kd), a, stream));
+    return;
+  }
+  add_pattern(call, plan.params);
+  const HopperFwdForm form = hopper_fwd_form(call);
+  at::Tensor counter, runs;
+  if (form.persistent) {
     counter = at::zeros({1}, options.dtype(at::kInt));
     a.fwd_counter = counter.data_ptr<int>();
   }
-  at::Tensor runs;  // (segment ids as documents: their runs, found on the device)
-  if (kernel == AttentionKernel::kHopper && hopper_fwd_runs(plan.params, static_cast<int>(kd))) {
+  if (form.segment_runs) {
     runs = at::empty({plan.params.batch * plan.params.pattern.sq + 3}, options.dtype(at::kInt));
-    check_launch(op, run_attention_segment_runs(plan.params, runs.data_ptr<int32_t>(), stream));
     a.seg_runs = runs.data_ptr<int32_t>();
   }
-  check_launch(op, run_attention_fwd_cuda(a, static_cast<int>(kd), kernel, stream));
+  check_launch(op, run_attention_hopper_fwd_form(form, a, stream));
 }
 
 std::tuple<at::Tensor, at::Tensor> attention_cuda(
@@ -294,7 +244,8 @@ std::tuple<at::Tensor, at::Tensor> attention_cuda(
   check_cuda_call(op, q, k);
   const c10::cuda::CUDAGuard guard(q.device());
   check_varlen_offsets_unless_capturing(op, args, q.size(2), k.size(2));
-  const AttentionKernel kernel = cuda_kernel(op, q, k, kv_lens.has_value(), false, args.varlen(), variant);
+  const AttentionCall call = cuda_call(q, k, kv_lens.has_value(), false, args.varlen());
+  const AttentionKernel kernel = choose_attention_kernel(op, call, variant);
   at::Tensor out = empty_attention_like(q, args.varlen());
   at::Tensor lse = at::empty({q.size(0), q.size(1), q.size(2)}, q.options().dtype(at::kFloat));
   constexpr double kInf = std::numeric_limits<double>::infinity();
@@ -309,7 +260,7 @@ std::tuple<at::Tensor, at::Tensor> attention_cuda(
   if (kernel == AttentionKernel::kDecode) {
     run_decode_plan(op, plan, kd, q.options(), stream);
   } else {
-    run_forward_plan(op, plan, kd, kernel, q.options(), stream);
+    run_forward_plan(op, plan, call, kd, kernel, q.options(), stream);
   }
   if (kd != d) out.copy_(out_k.narrow(3, 0, d));
   return {out, lse};
@@ -334,7 +285,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_cuda(
   check_cuda_call(op, q, k);
   const c10::cuda::CUDAGuard guard(q.device());
   check_varlen_offsets_unless_capturing(op, args, q.size(2), k.size(2));
-  const AttentionKernel kernel = cuda_kernel(op, q, k, false, true, args.varlen(), variant);
+  AttentionCall call = cuda_call(q, k, false, true, args.varlen());
+  const AttentionKernel kernel = choose_attention_kernel(op, call, variant);
   at::Tensor dq = empty_attention_like(q), dk = empty_attention_like(k), dv = empty_attention_like(v);
   if (q.numel() == 0 || k.numel() == 0) return {dq.zero_(), dk.zero_(), dv.zero_()};
   const int64_t d = q.size(3), kd = kernel_head_dim(d);
@@ -362,17 +314,26 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_cuda(
   }
   // The Hopper kernel adds dQ in any order unless asked (None: as torch.use_deterministic_algorithms
   // says); the mma.sync passes are deterministic by construction.
+  add_pattern(call, plan.params);
+  call.deterministic = deterministic.value_or(at::globalContext().deterministicAlgorithms());
   at::Tensor dq_semaphore;
-  if (kernel == AttentionKernel::kHopper &&
-      deterministic.value_or(at::globalContext().deterministicAlgorithms())) {
+  if (kernel == AttentionKernel::kHopper && call.deterministic) {
     // (one int more: the flag of invalid varlen offsets, AttentionCudaArgs::offsets_invalid)
     const int64_t counters = q.size(0) * q.size(1) * (a.lse2_ld / 64);
     dq_semaphore = at::zeros({counters + 1}, q.options().dtype(at::kInt));
     a.dq_semaphore = dq_semaphore.data_ptr<int>();
     if (args.varlen()) a.offsets_invalid = a.dq_semaphore + counters;
   }
-  check_launch(
-      op, run_attention_bwd_cuda(a, static_cast<int>(kd), kernel, at::cuda::getCurrentCUDAStream().stream()));
+  // The backward pass: the prep, then kHopper's form (hopper_bwd_form: its one-pass kernel and dQ
+  // conversion) or kMmaSync's dK/dV and dQ passes.
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream().stream();
+  check_launch(op, run_attention_bwd_prep_at(static_cast<int>(kd), a, stream));
+  if (kernel == AttentionKernel::kHopper) {
+    check_launch(op, run_attention_hopper_bwd_form(hopper_bwd_form(call), a, stream));
+  } else {
+    check_launch(op, run_attention_mma_bwd_kv_at(static_cast<int>(kd), a, stream));
+    check_launch(op, run_attention_mma_bwd_q_at(static_cast<int>(kd), a, stream));
+  }
   if (kd != d) {
     dq.copy_(dq_k.narrow(3, 0, d));
     dk.copy_(dk_k.narrow(3, 0, d));
@@ -405,8 +366,9 @@ std::tuple<at::Tensor, at::Tensor> attention_paged_cuda(const at::Tensor& q, con
                            lse, scale, softcap, causal, window_left, window_right, prefix_len);
   if (out.numel() == 0) return {out, lse.fill_(-std::numeric_limits<double>::infinity())};
   const int64_t d = q.size(3);
-  const AttentionKernel kernel = cuda_kernel(op, q, paged_view(k_cache, q.size(0), plan.params.pattern.sk),
-                                             true, false, false, variant, k_cache.size(1));
+  const AttentionCall call = cuda_call(q, paged_view(k_cache, q.size(0), plan.params.pattern.sk), true, false,
+                                       false, k_cache.size(1));
+  const AttentionKernel kernel = choose_attention_kernel(op, call, variant);
   // Every kernel here reads pages in place at the head dims it runs (no zero padding of a page) and
   // from rows its 16-byte copies can address (no stride-0 dimension); other caches are gathered.
   bool in_place = kernel_head_dim(d) == d;
@@ -427,7 +389,7 @@ std::tuple<at::Tensor, at::Tensor> attention_paged_cuda(const at::Tensor& q, con
   if (kernel == AttentionKernel::kDecode) {
     run_decode_plan(op, plan, d, q.options(), stream);
   } else {
-    run_forward_plan(op, plan, d, kernel, q.options(), stream);
+    run_forward_plan(op, plan, call, d, kernel, q.options(), stream);
   }
   return {out, lse};
 }

@@ -1,5 +1,6 @@
-// attention CUDA: what the launcher (attention_cuda.cpp) hands the kernels' translation units
-// (one .cu per pass and head dim), with no torch types.
+// attention CUDA: what the launcher (attention_cuda.cpp) hands the kernels' translation units (one
+// generated .cu per instantiation: instantiations/attention_instantiations.h declares them), with no
+// torch types.
 #pragma once
 
 #include <algorithm>
@@ -22,9 +23,10 @@ struct AttentionCudaArgs {
   float inv_cap_log2 = 0.f;    // 1 / (softcap * log2(e))
   int num_sms = 0;             // the GPU's multiprocessors (the persistent forward's grid)
   int* fwd_counter = nullptr;  // a zeroed int: the persistent forward's work counter (else unused)
-  // (the persistent forward, hopper_fwd_runs) segment ids as documents, written on the device by
-  // run_attention_segment_runs: valid flag, run count, offsets; else null
-  const int32_t* seg_runs = nullptr;
+  // (the persistent forward's segment-runs form, HopperFwdForm::segment_runs) p.batch * p.pattern.sq + 3
+  // int32s: segment ids as documents, written on the device by its first kernel (valid flag, run count,
+  // offsets; attention_segment_runs.cuh) and read by the attention kernel; else null
+  int32_t* seg_runs = nullptr;
   // Backward scratch, (B, Hq, lse2_ld) each: lse * log2(e) (+inf for rows that see nothing), and
   // rowsum(dO * O) - grad_lse. Varlen: (1, Hq, lse2_ld), each sequence's rows at its padded start
   // (padded_start, in tiles of 128).
@@ -116,104 +118,5 @@ inline DecodeSplit decode_split(const AttentionParams& p, int64_t slots) {
   s.rows = static_cast<int>((p.heads / p.kv_heads) * pat.sq);
   return s;
 }
-
-// The keys a query row of `pat` sees on average (band and prefix; segments and block masks not
-// counted), with sq queries against sk keys (varlen: a sequence's mean lengths), from 16 sampled rows.
-inline double attention_mean_visible_keys(const AttentionPattern& pat, double sq, double sk) {
-  if (sq <= 0 || sk <= 0) return 0;
-  const double prefix = std::min<double>(static_cast<double>(pat.prefix_len), sk), right = pat.band_right();
-  double sum = 0;
-  for (int r = 0; r < 16; ++r) {
-    const double pos = (r + 0.5) / 16 * sq + sk - sq;  // a query's position among the keys
-    const double lo = std::max(0.0, pat.window_left >= 0 ? pos - pat.window_left : 0.0);
-    const double hi = std::min(sk - 1, right >= 0 ? pos + right : sk - 1);
-    // the band [lo, hi] and the prefix [0, prefix): the prefix below the band, the band, above it
-    sum +=
-        std::max(0.0, hi - lo + 1) + std::min(prefix, lo) + std::max(0.0, prefix - 1 - std::max(hi, lo - 1));
-  }
-  return sum / 16;
-}
-
-// The Hopper forward's schedule (one rule, for the launcher that gives the persistent kernel its
-// counter and for the kernels' translation units): the persistent kernel (a block a multiprocessor,
-// walking the work items) where an item has few key tiles, else a block an item. A block's start
-// and end cost about 7 K cycles (the forward's timeline, benchmarks/tuning/LOG.md), which the
-// persistent kernel overlaps with the previous item's last tiles; on long items its consumers' 208
-// registers (232 a block an item) cost more than that (measured: causal S 4096, ~17 tiles an item,
-// 3% slower; sliding window 512, ~5 tiles, 10% faster; 16 packed causal documents, ~5 tiles, 5%
-// faster). Head dims 64 and 128 without a block mask; segment ids (packed documents, whose lengths
-// the host does not know) count as short.
-constexpr double kHopperFwdPersistentMaxTiles = 8;
-inline bool hopper_fwd_persistent(const AttentionParams& p, int head_dim) {
-  const AttentionPattern& pat = p.pattern;
-  if (head_dim > 128 || pat.mask_kinds != nullptr) return false;
-  if (pat.q_segments != nullptr) return true;
-  const double n = static_cast<double>(std::max<int64_t>(p.batch, 1));
-  const double sq = pat.varlen() ? static_cast<double>(pat.total_q) / n : static_cast<double>(pat.sq);
-  const double sk = pat.varlen() ? static_cast<double>(pat.total_k) / n : static_cast<double>(pat.sk);
-  // (a tile of 128 query rows spans its band's keys and 128 more)
-  return (attention_mean_visible_keys(pat, sq, sk) + 128) / 128 <= kHopperFwdPersistentMaxTiles;
-}
-
-// The most items the runs of p's segment ids make (a run a row: heads x padded tiles of B x S rows
-// in B x S runs).
-inline int64_t hopper_fwd_run_items(const AttentionParams& p) {
-  const int64_t n = p.batch * p.pattern.sq;
-  return p.heads * (n + n / 128 + 2);
-}
-// Segment ids the persistent forward may take as documents (its items then the runs of equal ids,
-// as varlen sequences, instead of query blocks whose tiles straddle them): Sq = Sk, no prefix;
-// whether they are runs (q's ids equal to kv's, never decreasing along a row) the device finds
-// (run_attention_segment_runs), the kernel reading it (otherwise it attends by segment as before).
-// Its items and the B x S rows' offsets fit int32.
-inline bool hopper_fwd_runs(const AttentionParams& p, int head_dim) {
-  const AttentionPattern& pat = p.pattern;
-  return hopper_fwd_persistent(p, head_dim) && pat.q_segments != nullptr && !pat.varlen() &&
-         pat.sq == pat.sk && pat.prefix_len == 0 && pat.kv_lens == nullptr &&
-         hopper_fwd_run_items(p) < (int64_t{1} << 31) - (int64_t{1} << 20);  // (items, offsets in int32)
-}
-
-// Launchers, on `stream`; each returns a cudaError_t (cudaErrorNoKernelImageForDevice where the
-// binary has no sm_80+ code for this GPU).
-// The forward on `kernel` (kHopper or kMmaSync, as the rule chose).
-int run_attention_fwd_cuda(const AttentionCudaArgs& a, int head_dim, AttentionKernel kernel, void* stream);
-// The backward: prep, then on `kernel` the one-pass kernel and its dQ conversion (kHopper: head
-// dims 64 and 128), or the dK/dV and dQ passes (kMmaSync).
-int run_attention_bwd_cuda(const AttentionCudaArgs& a, int head_dim, AttentionKernel kernel, void* stream);
-// cudaSuccess where this binary runs the Hopper kernels on the current GPU (sm_90a code on an sm_90
-// GPU), cudaErrorNoKernelImageForDevice where it does not.
-int attention_hopper_status();
-// The Hopper forward (sm_90a; TMA needs positive 16-byte strides, which the launcher gives it):
-// cudaErrorNoKernelImageForDevice without its code.
-int run_attention_fwd_hopper_d64(const AttentionCudaArgs& a, void* stream);
-int run_attention_fwd_hopper_d128(const AttentionCudaArgs& a, void* stream);
-int run_attention_fwd_hopper_d256(const AttentionCudaArgs& a, void* stream);
-// Its persistent form (hopper_fwd_persistent; needs a.fwd_counter and a.num_sms).
-int run_attention_fwd_hopper_persistent_d64(const AttentionCudaArgs& a, void* stream);
-int run_attention_fwd_hopper_persistent_d128(const AttentionCudaArgs& a, void* stream);
-// The Hopper backward (needs a.dq_accum), same return values.
-int run_attention_bwd_hopper_d64(const AttentionCudaArgs& a, void* stream);
-int run_attention_bwd_hopper_d128(const AttentionCudaArgs& a, void* stream);
-int run_attention_bwd_hopper_d256(const AttentionCudaArgs& a, void* stream);
-int run_attention_fwd_d64(const AttentionCudaArgs& a, void* stream);
-int run_attention_fwd_d128(const AttentionCudaArgs& a, void* stream);
-int run_attention_fwd_d256(const AttentionCudaArgs& a, void* stream);
-int run_attention_bwd_kv_d64(const AttentionCudaArgs& a, void* stream);
-int run_attention_bwd_kv_d128(const AttentionCudaArgs& a, void* stream);
-int run_attention_bwd_kv_d256(const AttentionCudaArgs& a, void* stream);
-int run_attention_bwd_q_d64(const AttentionCudaArgs& a, void* stream);
-int run_attention_bwd_q_d128(const AttentionCudaArgs& a, void* stream);
-int run_attention_bwd_q_d256(const AttentionCudaArgs& a, void* stream);
-int run_attention_bwd_prep(const AttentionCudaArgs& a, void* stream);
-// Segment ids' runs into ws (p.batch * p.pattern.sq + 3 int32s; attention_segment_runs.cu).
-int run_attention_segment_runs(const AttentionParams& p, int32_t* ws, void* stream);
-// The decode path (sm_80+): split-KV kernel, then the chunks' merge; and how many decode blocks of
-// `rows` query rows an SM holds at once (0 where the binary has no kernel for this GPU).
-int run_attention_decode_d64(const AttentionCudaArgs& a, const DecodeSplit& s, void* stream);
-int run_attention_decode_d128(const AttentionCudaArgs& a, const DecodeSplit& s, void* stream);
-int run_attention_decode_d256(const AttentionCudaArgs& a, const DecodeSplit& s, void* stream);
-int attention_decode_blocks_per_sm_d64(int rows);
-int attention_decode_blocks_per_sm_d128(int rows);
-int attention_decode_blocks_per_sm_d256(int rows);
 
 }  // namespace opforge

@@ -10,131 +10,11 @@
 // LSE.
 #pragma once
 
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-#include <cuda_runtime.h>
-
-#include <cstdint>
-
-#include "attention/cuda/attention_cuda.h"
-#include "attention/cuda/attention_mma_common.cuh"
-#include "common/cuda/cp_async.cuh"
-#include "common/cuda/launch.cuh"
-#include "common/cuda/math.cuh"
-#include "common/cuda/mma_sync.cuh"
-#include "common/cuda/vector.cuh"
+#include "attention/cuda/attention_decode_merge.cuh"
+#include "attention/cuda/attention_decode_staging.cuh"
 
 namespace opforge {
 namespace attention_cuda {
-
-constexpr int kDecodeThreads = 128, kDecodeWarps = 4;
-
-// What the tile [j0, j1) holds for the block's queries (every row of the group: the band and the
-// segments are the same for all heads; a block mask counts as visible where any head sees it).
-__device__ __forceinline__ BlockKind decode_tile_kind(const AttentionPattern& pat, int64_t b, int64_t h0,
-                                                      int64_t group, int64_t j0, int64_t j1,
-                                                      SegmentRange q_range) {
-  BlockKind kind = band_prefix_tile_kind(pat, 0, pat.sq, j0, j1);
-  if (kind == BlockKind::kEmpty) return kind;
-  if (pat.q_segments) {
-    kind = combine(kind, segment_tile_kind(
-                             q_range, block_segment_range(pat.kv_seg_blocks, pat.kv_seg_nblocks, b, j0, j1)));
-  }
-  if (pat.mask_kinds && kind != BlockKind::kEmpty) {
-    bool any = false, all = true;
-    for (int64_t g = 0; g < (pat.mask_h == 1 ? 1 : group); ++g) {
-      const BlockKind km = mask_tile_kind(pat, b, h0 + g, 0, pat.sq, j0, j1);
-      any = any || km != BlockKind::kEmpty;
-      all = all && km == BlockKind::kFull;
-    }
-    kind = combine(kind, !any ? BlockKind::kEmpty : all ? BlockKind::kFull : BlockKind::kPartial);
-  }
-  if (kind == BlockKind::kFull && j1 - j0 < kDecodeTile) kind = BlockKind::kPartial;  // the ragged last tile
-  return kind;
-}
-
-// This block's share [t0, t1) of its sequence's visible 64-key tiles (chunk c of s.chunks).
-__device__ __forceinline__ void decode_chunk_tiles(const AttentionPattern& pat, int chunks, int64_t c,
-                                                   int& t0, int& t1) {
-  int64_t lo, hi;
-  band_key_range(pat, 0, pat.sq, lo, hi);
-  const int tb = static_cast<int>(lo / kDecodeTile);
-  const int te = hi <= lo ? tb : static_cast<int>((hi + kDecodeTile - 1) / kDecodeTile);
-  const int per = (te - tb + chunks - 1) / chunks;
-  t0 = tb + static_cast<int>(c) * per, t1 = min(te, t0 + per);
-}
-
-// A paged cache's rows of one 64-key tile as this thread's staging loop needs them: the tile's
-// rows are spread 16 to a warp (row k * (128 / C) + warp * (32 / C) + lane / C in step k of the
-// loop, C = kD / 8 16-byte chunks a row), and lane l (mod 16) holds the page and slot of its warp's
-// l-th row, looked up one tile ahead so that the table read is not on the staging path; the staging
-// loop takes them by shuffles. Unpaged caches: nothing is read.
-struct DecodePageRows {
-  int32_t page = 0, slot = 0;
-};
-
-template <int kD>
-__device__ __forceinline__ DecodePageRows fetch_decode_page_rows(const AttentionParams& p, int64_t b,
-                                                                 int tile, int64_t sk) {
-  DecodePageRows r;
-  constexpr int kC = kD / 8, kWarpRows = 32 / kC, kStepRows = kDecodeThreads / kC;
-  static_assert(kC <= 32 && kDecodeTile * kC / kDecodeThreads * kWarpRows == 16);
-  const int64_t j0 = int64_t{tile} * kDecodeTile;
-  if (!p.block_table || j0 >= sk) return r;
-  const int l = threadIdx.x % 16, warp = threadIdx.x / 32;
-  const int64_t j = j0 + (l / kWarpRows) * kStepRows + warp * kWarpRows + l % kWarpRows;
-  int64_t slot;
-  r.page = static_cast<int32_t>(p.kv_page(b, j < sk ? j : j0, slot));
-  r.slot = static_cast<int32_t>(slot);
-  return r;
-}
-
-// Classifies tile `tile` for the block's queries and, unless nothing in it is visible, stages its K
-// and V rows (Tr::kRowBytes apart, V Tr::kTileBytes after K) into stage `stage` of `stages`; one
-// commit group either way. kbase / vbase: the kv head's (no batch offset: the batch row, or the
-// page of a paged cache, is added here). pages: the tile's rows of a paged cache (fetch_decode_page_rows).
-template <typename Tr, typename T>
-__device__ __forceinline__ BlockKind stage_decode_tile(const AttentionParams& p, const AttentionPattern& pat,
-                                                       int64_t b, int64_t hk, int64_t group,
-                                                       SegmentRange q_range, const T* kbase, const T* vbase,
-                                                       unsigned char* stages, int stage, int tile,
-                                                       DecodePageRows pages) {
-  constexpr int kD = Tr::kD;
-  const int64_t j0 = int64_t{tile} * kDecodeTile, j1 = min(j0 + kDecodeTile, pat.sk);
-  const BlockKind kind = decode_tile_kind(pat, b, hk * group, group, j0, j1, q_range);
-  if (kind != BlockKind::kEmpty) {
-    unsigned char* sk = stages + stage * 2 * Tr::kTileBytes;
-    unsigned char* sv = sk + Tr::kTileBytes;
-    if (!p.block_table) {
-      const T* kb = kbase + b * p.k_bs;
-      const T* vb = vbase + b * p.v_bs;
-      for (int idx = threadIdx.x; idx < kDecodeTile * (kD / 8); idx += kDecodeThreads) {
-        const int row = idx / (kD / 8), chunk = idx % (kD / 8);
-        const int64_t j = j0 + row;
-        const bool in = j < j1;
-        const int64_t jj = in ? j : j0;
-        cuda::cp_async16(sk + row * Tr::kRowBytes + chunk * 16, kb + jj * p.k_ss + chunk * 8, in ? 16 : 0);
-        cuda::cp_async16(sv + row * Tr::kRowBytes + chunk * 16, vb + jj * p.v_ss + chunk * 8, in ? 16 : 0);
-      }
-    } else {  // (a paged cache: the rows' pages and slots from the lanes that looked them up)
-      constexpr int kC = kD / 8, kWarpRows = 32 / kC;
-      const int lane = threadIdx.x % 32, chunk = lane % kC;
-#pragma unroll
-      for (int step = 0; step < kDecodeTile * kC / kDecodeThreads; ++step) {
-        const int row = (step * kDecodeThreads + threadIdx.x) / kC, src = step * kWarpRows + lane / kC;
-        const int64_t page = __shfl_sync(0xffffffffu, pages.page, src);
-        const int64_t slot = __shfl_sync(0xffffffffu, pages.slot, src);
-        const int n = j0 + row < j1 ? 16 : 0;
-        cuda::cp_async16(sk + row * Tr::kRowBytes + chunk * 16,
-                         kbase + page * p.k_bs + slot * p.k_ss + chunk * 8, n);
-        cuda::cp_async16(sv + row * Tr::kRowBytes + chunk * 16,
-                         vbase + page * p.v_bs + slot * p.v_ss + chunk * 8, n);
-      }
-    }
-  }
-  cuda::cp_async_commit();
-  return kind;
-}
 
 // The decode kernel, on tensor cores (mma.sync): the block's query rows are kMTiles m16 tiles
 // (padded with zeros); warp w takes m tile w / kKeyWarps and keys [kWarpKeys * (w % kKeyWarps),
@@ -224,7 +104,7 @@ __global__ void __launch_bounds__(kDecodeThreads)
   };
   uint32_t qa[Tr::kQInRegisters ? kSteps : 1][4];
   float o[kNd][4] = {}, m[2] = {kNegInf, kNegInf}, l[2] = {0.f, 0.f};
-  const float scale = a.scale, cap = a.cap_log2 != 0.f ? a.cap_log2 / 1.4426950408889634f : 0.f;
+  const float scale = a.scale, cap = a.cap_log2 != 0.f ? a.cap_log2 / cuda::kLog2eFloat : 0.f;
 
   // The kinds of the staged tiles, two bits a stage (a register, not an indexed array).
   uint32_t kinds = 0;
@@ -275,7 +155,12 @@ __global__ void __launch_bounds__(kDecodeThreads)
           cuda::mma_m16n8k16<T>(sc[n + 1], qf, kb + 2);
         }
       }
-      // Scale, softcap, the element tests; the rows' running max (over the quad of a row).
+      // Scale, softcap, the element tests; the rows' running max (over the quad of a row). The rows
+      // are the GQA group's heads x queries (row r: head hk * group + r / sq, query r % sq), not one
+      // head's consecutive queries as mask_tile_bits' bit sets take them: a partial tile tests each
+      // element with the pattern's own visible(). The softmax runs in the natural-log domain (the
+      // scale first, __expf); softmax_step's log2-domain form (the scale in the exponent's FFMA)
+      // would change this kernel's instructions and rounding: kept until measured on a GPU.
       float mx[2] = {kNegInf, kNegInf};
 #pragma unroll
       for (int n = 0; n < kN; ++n) {
@@ -296,8 +181,7 @@ __global__ void __launch_bounds__(kDecodeThreads)
       float alpha[2];
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
-        mx[half] = fmaxf(mx[half], __shfl_xor_sync(0xffffffffu, mx[half], 1));
-        mx[half] = fmaxf(mx[half], __shfl_xor_sync(0xffffffffu, mx[half], 2));
+        mx[half] = quad_max(mx[half]);
         const float m_new = fmaxf(m[half], mx[half]);
         // (a row with nothing visible yet keeps m = -inf: its p are 0, alpha 1)
         alpha[half] = m_new == kNegInf ? 1.f : __expf(m[half] - m_new);
@@ -313,19 +197,13 @@ __global__ void __launch_bounds__(kDecodeThreads)
           l[half] += sc[n][e];
         }
       }
-#pragma unroll
-      for (int nd = 0; nd < kNd; ++nd) {
-        o[nd][0] *= alpha[0], o[nd][1] *= alpha[0], o[nd][2] *= alpha[1], o[nd][3] *= alpha[1];
-      }
+      rescale_rows(o, alpha);
       // O += P V, 16 keys a step: P as the A operand (pairs of the accumulators), V (16 keys x kD)
       // two 8-column n tiles per transposed ldmatrix.
 #pragma unroll
       for (int ks = 0; ks < kN / 2; ++ks) {
         uint32_t pa[4];
-        pa[0] = cuda::pack2<T>(sc[2 * ks][0], sc[2 * ks][1]);
-        pa[1] = cuda::pack2<T>(sc[2 * ks][2], sc[2 * ks][3]);
-        pa[2] = cuda::pack2<T>(sc[2 * ks + 1][0], sc[2 * ks + 1][1]);
-        pa[3] = cuda::pack2<T>(sc[2 * ks + 1][2], sc[2 * ks + 1][3]);
+        acc_to_a<T>(pa, sc, ks);
 #pragma unroll
         for (int nd = 0; nd < kNd; nd += 2) {
           uint32_t vb[4];
@@ -343,10 +221,7 @@ __global__ void __launch_bounds__(kDecodeThreads)
   // idle stages, each lane's fragments side by side), then written as this block's partial state of
   // rows 16 mt + g, + 8.
 #pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    l[half] += __shfl_xor_sync(0xffffffffu, l[half], 1);
-    l[half] += __shfl_xor_sync(0xffffffffu, l[half], 2);
-  }
+  for (int half = 0; half < 2; ++half) l[half] = quad_sum(l[half]);
   cuda::cp_async_wait<0>();  // (no copy is left in flight where the states go, or when the block ends)
   if constexpr (kKeyWarps > 1) {
     // [m tile][warp kw 1 .. kKeyWarps - 1][kNd + 1][32 lanes]
@@ -401,73 +276,6 @@ __global__ void __launch_bounds__(kDecodeThreads)
       *reinterpret_cast<float2*>(out + 8 * nd + 2 * t) = make_float2(o[nd][2 * half], o[nd][2 * half + 1]);
     }
     if (t == 0) out[kD] = m[half], out[kD + 1] = l[half];
-  }
-}
-
-// One block a query row: the chunks' partial states merged into the output and the LSE. Every warp
-// finds the max and the weighted sum over all parts (lanes over parts, reductions in a fixed order);
-// warp w sums the outputs of parts w, w + 4, ..., and the four sums are added in warp order
-// (deterministic). Lane l owns output columns l * kD / 32 onwards.
-constexpr int kMergeThreads = 128;
-
-template <int kD, typename T>
-__global__ void __launch_bounds__(kMergeThreads)
-    attention_decode_merge_kernel(const AttentionCudaArgs a, const DecodeSplit s) {
-  constexpr int kCols = kD / 32, kWarps = kMergeThreads / 32;
-  __shared__ float partial[kWarps - 1][kD];
-  const AttentionParams& p = a.g.fwd;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int64_t row = blockIdx.x;  // (b, hk, r)
-  const int64_t r = row % s.rows, bh = row / s.rows, hk = bh % p.kv_heads, b = bh / p.kv_heads;
-  const int64_t group = p.heads / p.kv_heads, sq = p.pattern.sq, h = hk * group + r / sq, i = r % sq;
-  const int parts = s.chunks;
-  const float* first = s.part + (bh * parts * s.rows + r) * decode_part_stride(kD);
-  const int64_t step = int64_t{s.rows} * decode_part_stride(kD);  // from one chunk's state to the next
-  float mx = kNegInf;
-  for (int c = lane; c < parts; c += 32) mx = fmaxf(mx, first[c * step + kD]);
-#pragma unroll
-  for (int off = 16; off > 0; off /= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
-  float acc[kCols] = {}, sum = 0.f;
-  if (mx != kNegInf) {
-    for (int c = lane; c < parts; c += 32) {
-      const float mc = first[c * step + kD];
-      if (mc != kNegInf) sum += __expf(mc - mx) * first[c * step + kD + 1];
-    }
-#pragma unroll
-    for (int off = 16; off > 0; off /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, off);
-#pragma unroll 4
-    for (int c = warp; c < parts; c += kWarps) {
-      const float* part = first + c * step;
-      const float mc = part[kD];
-      const float w = mc == kNegInf ? 0.f : __expf(mc - mx);
-      constexpr int kVec =
-          kCols < 4 ? kCols : 4;  // (16-byte loads at most: the states' rows are 16-byte aligned)
-#pragma unroll
-      for (int e0 = 0; e0 < kCols; e0 += kVec) {
-        const auto x = *reinterpret_cast<const cuda::Pack<float, kVec>*>(part + lane * kCols + e0);
-#pragma unroll
-        for (int e = 0; e < kVec; ++e) acc[e0 + e] += w * x.v[e];
-      }
-    }
-  }
-  if (warp > 0) {
-#pragma unroll
-    for (int e = 0; e < kCols; ++e) partial[warp - 1][lane * kCols + e] = acc[e];
-  }
-  __syncthreads();
-  if (warp > 0) return;
-#pragma unroll
-  for (int w = 0; w < kWarps - 1; ++w) {
-#pragma unroll
-    for (int e = 0; e < kCols; ++e) acc[e] += partial[w][lane * kCols + e];
-  }
-  const float inv = sum > 0.f ? 1.f / sum : 0.f;
-  T* out = static_cast<T*>(p.out) + b * p.o_bs + h * p.o_hs + i * p.o_ss + lane * kCols;
-#pragma unroll
-  for (int e = 0; e < kCols; e += 2) cuda::store_pair<T>(out + e, acc[e] * inv, acc[e + 1] * inv, true);
-  if (lane == 0) {
-    float* lse = static_cast<float*>(p.lse) + (b * p.heads + h) * sq + i;
-    *lse = sum > 0.f ? mx + __logf(sum) : kNegInf;
   }
 }
 

@@ -7,7 +7,10 @@
 // visited, full tiles take no mask arithmetic. Rows that see nothing give zeros and LSE -inf.
 #pragma once
 
-#include "attention/cuda/attention_mma_common.cuh"
+#include "attention/cuda/attention_mask.cuh"
+#include "attention/cuda/attention_softmax.cuh"
+#include "attention/cuda/attention_tile.cuh"
+#include "attention/cuda/attention_walk.cuh"
 
 namespace opforge {
 namespace attention_cuda {

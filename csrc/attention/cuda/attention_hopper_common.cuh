@@ -78,32 +78,6 @@ __device__ __forceinline__ bool padded_tile_warp(const int32_t* cu, int64_t tota
   return local * rows < q1 - q0;
 }
 
-// Block-mask bits staged by a producer warp: a tile of kRows queries x kCols keys that lies inside
-// one mask block (block sizes multiples of the tile's, the bit table 16-byte aligned: mask_stageable)
-// gets its bits copied into shared memory, kRows rows of kCols / 32 words, by the warp's lanes
-// (cp.async, 16 or 8 bytes a row; the stage's full barrier `bar` then also waits for them). False
-// (nothing copied) where the tile's block has no valid row of bits: the consumers read them from
-// global memory then (mask_word shows nothing for it).
-template <int kRows, int kCols>
-__device__ __forceinline__ bool mask_stageable(const AttentionPattern& pat) {
-  return pat.mask_kinds != nullptr && pat.block_q % kRows == 0 && pat.block_k % kCols == 0 &&
-         reinterpret_cast<uintptr_t>(pat.mask_bits) % 16 == 0;
-}
-template <int kRows, int kCols>
-__device__ __forceinline__ bool stage_mask_bits(const AttentionPattern& pat, int64_t b, int64_t h, int64_t i0,
-                                                int64_t j0, uint32_t* dst, uint64_t* bar, int lane) {
-  static_assert(kCols == 64 || kCols == 128, "a row's words in one 8- or 16-byte copy");
-  const int64_t index = pat.mask_index[pat.mask_block(b, h, i0 / pat.block_q, j0 / pat.block_k)];
-  if (index < 0 || index >= pat.mask_partials) return false;
-  const int64_t wpr = pat.block_k / 32;  // words a mask row
-  const uint32_t* src =
-      pat.mask_bits + (index * pat.block_q + i0 % pat.block_q) * wpr + (j0 % pat.block_k) / 32;
-#pragma unroll
-  for (int r = lane; r < kRows; r += 32) cuda::cp_async<kCols / 8>(dst + r * (kCols / 32), src + r * wpr);
-  cuda::cp_async_mbar_arrive(cuda::smem_addr(bar));
-  return true;
-}
-
 // Raises the kernel's shared-memory limit once; refuses a binary without its sm_90a code
 // (cudaErrorNoKernelImageForDevice: the trap-only stand-in of another build uses a handful of
 // registers, the kernels 128 or more).

@@ -1,0 +1,112 @@
+// attention CUDA decode: the key tiles of a decode block (attention_decode_kernel.cuh): its share of
+// its sequence's visible 64-key tiles, a paged cache's rows looked up a tile ahead, and a tile's K and
+// V rows staged by cp.async.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "attention/cuda/attention_cuda.h"
+#include "attention/cuda/attention_mask.cuh"
+#include "attention/cuda/attention_softmax.cuh"
+#include "attention/cuda/attention_tile.cuh"
+#include "common/cuda/cp_async.cuh"
+#include "common/cuda/launch.cuh"
+#include "common/cuda/math.cuh"
+#include "common/cuda/math_constants.h"
+#include "common/cuda/mma_sync.cuh"
+#include "common/cuda/vector.cuh"
+
+namespace opforge {
+namespace attention_cuda {
+
+constexpr int kDecodeThreads = 128, kDecodeWarps = 4;
+
+// This block's share [t0, t1) of its sequence's visible 64-key tiles (chunk c of s.chunks).
+__device__ __forceinline__ void decode_chunk_tiles(const AttentionPattern& pat, int chunks, int64_t c,
+                                                   int& t0, int& t1) {
+  int64_t lo, hi;
+  band_key_range(pat, 0, pat.sq, lo, hi);
+  const int tb = static_cast<int>(lo / kDecodeTile);
+  const int te = hi <= lo ? tb : static_cast<int>((hi + kDecodeTile - 1) / kDecodeTile);
+  const int per = (te - tb + chunks - 1) / chunks;
+  t0 = tb + static_cast<int>(c) * per, t1 = min(te, t0 + per);
+}
+
+// A paged cache's rows of one 64-key tile as this thread's staging loop needs them: the tile's
+// rows are spread 16 to a warp (row k * (128 / C) + warp * (32 / C) + lane / C in step k of the
+// loop, C = kD / 8 16-byte chunks a row), and lane l (mod 16) holds the page and slot of its warp's
+// l-th row, looked up one tile ahead so that the table read is not on the staging path; the staging
+// loop takes them by shuffles. Unpaged caches: nothing is read.
+struct DecodePageRows {
+  int32_t page = 0, slot = 0;
+};
+
+template <int kD>
+__device__ __forceinline__ DecodePageRows fetch_decode_page_rows(const AttentionParams& p, int64_t b,
+                                                                 int tile, int64_t sk) {
+  DecodePageRows r;
+  constexpr int kC = kD / 8, kWarpRows = 32 / kC, kStepRows = kDecodeThreads / kC;
+  static_assert(kC <= 32 && kDecodeTile * kC / kDecodeThreads * kWarpRows == 16);
+  const int64_t j0 = int64_t{tile} * kDecodeTile;
+  if (!p.block_table || j0 >= sk) return r;
+  const int l = threadIdx.x % 16, warp = threadIdx.x / 32;
+  const int64_t j = j0 + (l / kWarpRows) * kStepRows + warp * kWarpRows + l % kWarpRows;
+  int64_t slot;
+  r.page = static_cast<int32_t>(p.kv_page(b, j < sk ? j : j0, slot));
+  r.slot = static_cast<int32_t>(slot);
+  return r;
+}
+
+// Classifies tile `tile` for the block's queries and, unless nothing in it is visible, stages its K
+// and V rows (Tr::kRowBytes apart, V Tr::kTileBytes after K) into stage `stage` of `stages`; one
+// commit group either way. kbase / vbase: the kv head's (no batch offset: the batch row, or the
+// page of a paged cache, is added here). pages: the tile's rows of a paged cache (fetch_decode_page_rows).
+template <typename Tr, typename T>
+__device__ __forceinline__ BlockKind stage_decode_tile(const AttentionParams& p, const AttentionPattern& pat,
+                                                       int64_t b, int64_t hk, int64_t group,
+                                                       SegmentRange q_range, const T* kbase, const T* vbase,
+                                                       unsigned char* stages, int stage, int tile,
+                                                       DecodePageRows pages) {
+  constexpr int kD = Tr::kD;
+  const int64_t j0 = int64_t{tile} * kDecodeTile, j1 = min(j0 + kDecodeTile, pat.sk);
+  const BlockKind kind = group_tile_kind<kDecodeTile>(pat, b, hk * group, group, j0, j1, q_range);
+  if (kind != BlockKind::kEmpty) {
+    unsigned char* sk = stages + stage * 2 * Tr::kTileBytes;
+    unsigned char* sv = sk + Tr::kTileBytes;
+    if (!p.block_table) {
+      const T* kb = kbase + b * p.k_bs;
+      const T* vb = vbase + b * p.v_bs;
+      for (int idx = threadIdx.x; idx < kDecodeTile * (kD / 8); idx += kDecodeThreads) {
+        const int row = idx / (kD / 8), chunk = idx % (kD / 8);
+        const int64_t j = j0 + row;
+        const bool in = j < j1;
+        const int64_t jj = in ? j : j0;
+        cuda::cp_async16(sk + row * Tr::kRowBytes + chunk * 16, kb + jj * p.k_ss + chunk * 8, in ? 16 : 0);
+        cuda::cp_async16(sv + row * Tr::kRowBytes + chunk * 16, vb + jj * p.v_ss + chunk * 8, in ? 16 : 0);
+      }
+    } else {  // (a paged cache: the rows' pages and slots from the lanes that looked them up)
+      constexpr int kC = kD / 8, kWarpRows = 32 / kC;
+      const int lane = threadIdx.x % 32, chunk = lane % kC;
+#pragma unroll
+      for (int step = 0; step < kDecodeTile * kC / kDecodeThreads; ++step) {
+        const int row = (step * kDecodeThreads + threadIdx.x) / kC, src = step * kWarpRows + lane / kC;
+        const int64_t page = __shfl_sync(0xffffffffu, pages.page, src);
+        const int64_t slot = __shfl_sync(0xffffffffu, pages.slot, src);
+        const int n = j0 + row < j1 ? 16 : 0;
+        cuda::cp_async16(sk + row * Tr::kRowBytes + chunk * 16,
+                         kbase + page * p.k_bs + slot * p.k_ss + chunk * 8, n);
+        cuda::cp_async16(sv + row * Tr::kRowBytes + chunk * 16,
+                         vbase + page * p.v_bs + slot * p.v_ss + chunk * 8, n);
+      }
+    }
+  }
+  cuda::cp_async_commit();
+  return kind;
+}
+
+}  // namespace attention_cuda
+}  // namespace opforge

@@ -1,0 +1,149 @@
+// attention CUDA forward for Hopper (sm_90a; the design: attention_fwd_hopper_kernel.cuh): its forms'
+// traits (HopperFwdTraits: tiles, stages, consumer warpgroups, the register split, shared memory;
+// one alias a form, each instantiated by a generated .cu), the named barriers, and a block's shared
+// memory (FwdSmem).
+#pragma once
+
+#include <cuda.h>
+
+#include <algorithm>
+
+#include "attention/cuda/attention_hopper_common.cuh"
+#include "attention/cuda/attention_mask.cuh"
+#include "attention/cuda/attention_softmax.cuh"
+#include "attention/cuda/attention_tile.cuh"
+#include "attention/cuda/attention_walk.cuh"
+#include "common/cuda/mbarrier.cuh"
+#include "common/cuda/pipeline.cuh"
+#include "common/cuda/ptx.cuh"
+#include "common/cuda/tile_order.cuh"
+#include "common/cuda/tma.cuh"
+#include "common/cuda/wgmma.cuh"
+
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define OPFORGE_ATTENTION_WGMMA_DEVICE 1
+#endif
+
+namespace opforge {
+namespace attention_cuda {
+
+template <int kD_, int kBlockN_, int kStages_, int kConsumers_ = 2, bool kPingPong_ = true,
+          bool kStageMask_ = false, bool kPersistent_ = false, bool kKvCache_ = false>
+struct HopperFwdTraits {
+  static constexpr int kD = kD_, kBlockN = kBlockN_, kStages = kStages_, kConsumers = kConsumers_;
+  // The consumer warpgroups take turns to issue their products (named barriers of 256 threads: the
+  // warpgroup whose turn it is and the one before it).
+  static constexpr bool kPingPong = kPingPong_;
+  // The block-mask form (launched for patterns with a block mask): a partial mask tile's bits staged
+  // into the K stage by the producer (kMaskWords: kBlockM rows of kBlockN / 32 words), the stage
+  // handed back by every consumer warp (each reads the bits), a partial tile's visibility computed
+  // before the warpgroup's turn to issue.
+  static constexpr bool kStageMask = kStageMask_;
+  // The persistent form (attention_fwd_hopper_persistent_kernel): a block a multiprocessor, walking
+  // the work items (FwdSchedule); the next item's Q tile loads once this one's S products are done,
+  // its first K / V tiles while this one's last products and epilogue run, the output staged in its
+  // own tile (the Q tile holds the next item's by then). No block mask.
+  static constexpr bool kPersistent = kPersistent_;
+  static_assert(!(kPersistent && kStageMask), "the persistent form takes no block mask");
+  // The KV-cache form (launched for calls with per-sequence key counts, kv_lens, and paged caches):
+  // K / V tiles through fwd_load_kv_tile (a paged cache's page runs, a box a lane) and
+  // fwd_load_v_tile (a tile past a sequence's count has those rows zeroed before the consumers see
+  // it). One-item kernel only.
+  static constexpr bool kKvCache = kKvCache_;
+  static_assert(!(kPersistent && kKvCache), "the KV-cache form is the one-item kernel's");
+  static constexpr int kBlockM = 64 * kConsumers;
+  static constexpr int kThreads = 128 * (1 + kConsumers);  // producer warpgroup + consumer warpgroups
+  // Registers a thread after setmaxnreg (FA3's split: the launch's 65536 / kThreads, rounded down to
+  // 8, moved from the producer warpgroup to the consumers). The persistent producer holds an item's
+  // state across its loop (the pattern, the TMA coordinates, the next item): at 40 it spills, at 88
+  // only the next item's counter value, once an item (and with segment ids' runs a few values at an
+  // item's start); the consumers at 208 do not. The KV-cache form's producer (a page-table read and
+  // the ragged V tile's zeroing) spills at 40 and not at 56; its consumers take 224 (no spills).
+  static constexpr int kProducerRegs = kPersistent ? 88 : kConsumers == 2 ? (kKvCache_ ? 56 : 40) : 32;
+  static constexpr int kConsumerRegs = kPersistent ? 208 : kConsumers == 2 ? (kKvCache_ ? 224 : 232) : 160;
+  static_assert(kProducerRegs + kConsumers * kConsumerRegs <= (65536 / kThreads / 8 * 8) * (1 + kConsumers),
+                "register split");
+  static constexpr int kPanels = kD / 64;  // 64-column (128-byte) boxes a row
+  static constexpr int kQPanelBytes = kBlockM * 128, kKVPanelBytes = kBlockN * 128;
+  static constexpr int kQBytes = kPanels * kQPanelBytes, kKVBytes = kPanels * kKVPanelBytes;
+  static constexpr int kStageBytes = 2 * kKVBytes;  // K then V
+  static constexpr int kMaskWords = kStageMask ? kBlockM * kBlockN / 32 : 0;
+  static constexpr int kOBytes = kPersistent ? kQBytes : 0;  // (persistent) the output's staging
+  // Q, the stages, their mask bits, the output's staging, a tile's (index, class, staged) per stage,
+  // (persistent) the Q tile's item, the barriers (Q full (/ empty); K full / empty; V full / empty).
+  static constexpr int kSmemBytes = 1024 /* alignment */ + kQBytes +
+                                    kStages * (kStageBytes + kMaskWords * 4) + kOBytes + kStages * 16 +
+                                    (2 + 4 * kStages) * 8 + (kPersistent ? 32 + 8 : 0);
+  static_assert(kBlockN <= 256 && kSmemBytes <= 227 * 1024, "TMA box rows / shared memory");
+};
+
+using HopperFwdTraitsD64 =
+
+    HopperFwdTraits<64, 128, 2, 2>;  // (three consumers, 192 x 128: 2% faster causal, 11% slower sliding 512)
+using HopperFwdTraitsD128 = HopperFwdTraits<128, 128, 2>;
+
+using HopperFwdTraitsD256 =
+
+    HopperFwdTraits<256, 64, 2, 2, false>;  // (no ping-pong: 3% faster, as FA4 above D 128)
+// (persistent: chosen by hopper_fwd_persistent, attention_cuda.h)
+using HopperFwdTraitsPersistentD64 = HopperFwdTraits<64, 128, 2, 2, true, false, true>;
+
+using HopperFwdTraitsPersistentD128 = HopperFwdTraits<128, 128, 2, 2, true, false, true>;
+
+using HopperFwdTraitsMaskD64 = HopperFwdTraits<64, 128, 2, 2, true, true>;
+
+using HopperFwdTraitsMaskD128 = HopperFwdTraits<128, 128, 2, 2, true, true>;
+
+using HopperFwdTraitsMaskD256 = HopperFwdTraits<256, 64, 2, 2, false, true>;
+
+using HopperFwdTraitsCacheD64 = HopperFwdTraits<64, 128, 2, 2, true, false, false, true>;
+
+using HopperFwdTraitsCacheD128 = HopperFwdTraits<128, 128, 2, 2, true, false, false, true>;
+
+using HopperFwdTraitsCacheD256 = HopperFwdTraits<256, 64, 2, 2, false, false, false, true>;
+
+using HopperFwdTraitsCacheMaskD64 = HopperFwdTraits<64, 128, 2, 2, true, true, false, true>;
+
+using HopperFwdTraitsCacheMaskD128 = HopperFwdTraits<128, 128, 2, 2, true, true, false, true>;
+
+using HopperFwdTraitsCacheMaskD256 = HopperFwdTraits<256, 64, 2, 2, false, true, false, true>;
+
+// Named barriers (0 is __syncthreads's; 1 + c consumer warpgroup c's epilogue): + c, consumer
+// warpgroup c's turn to issue its products.
+constexpr int kFwdBarTurn = 4;
+
+// A block's shared memory (Tr::kSmemBytes from a 1024-byte aligned base), in order: the Q tile, the
+// K / V stages, their mask bits (block-mask form), the output's staging (persistent), a stage's tile
+// (index, class bits, staged), the Q tile's item (persistent: batch row, head, query block, live;
+// its first row and rows, a run's), the barriers (the last: the producer's own, for a V tile it
+// finishes itself: fwd_load_v_tile).
+template <typename Tr>
+struct FwdSmem {
+  static constexpr int kBars = Tr::kPersistent ? 2 : 1;  // Q full (and empty)
+  unsigned char* q;
+  unsigned char* kv;
+  uint32_t* mask;
+  unsigned char* o;
+  int4* info;
+  int4* q_info;
+  uint64_t* q_full;
+  uint64_t* q_empty;  // (persistent) the consumers' S products of the Q tile's item are done
+  cuda::Pipeline<Tr::kStages> pk, pv;
+  uint64_t* v_own;  // the producer's V tile landed (fwd_load_v_tile)
+
+  __device__ __forceinline__ explicit FwdSmem(unsigned char* base)
+      : q(base),
+        kv(base + Tr::kQBytes),
+        mask(reinterpret_cast<uint32_t*>(kv + Tr::kStages * Tr::kStageBytes)),
+        o(reinterpret_cast<unsigned char*>(mask + Tr::kStages * Tr::kMaskWords)),
+        info(reinterpret_cast<int4*>(o + Tr::kOBytes)),
+        q_info(info + Tr::kStages),
+        q_full(reinterpret_cast<uint64_t*>(q_info + (Tr::kPersistent ? 2 : 0))),
+        q_empty(Tr::kPersistent ? q_full + 1 : nullptr),
+        pk{q_full + kBars, q_full + kBars + Tr::kStages},
+        pv{q_full + kBars + 2 * Tr::kStages, q_full + kBars + 3 * Tr::kStages},
+        v_own(q_full + kBars + 4 * Tr::kStages) {}
+};
+
+}  // namespace attention_cuda
+}  // namespace opforge
