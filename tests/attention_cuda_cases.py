@@ -122,6 +122,16 @@ def kernels_run(fn):
     return names
 
 
+def kernel_names(fn) -> list[str]:
+    """The full names (template arguments included: the traits structs) of the CUDA kernels fn
+    launched, opforge's attention ones."""
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return sorted({e.name for e in prof.events() if "attention" in e.name or "segment_runs" in e.name})
+
+
 # Every attention kernel by its name (csrc/attention/cuda), for kernels_run.
 KERNELS = (
     "attention_fwd_hopper_kernel",

@@ -18,6 +18,7 @@ from attention_cuda_cases import (
     check_forward,
     check_gradients,
     grads,
+    kernel_names,
     kernels_run,
     max_err,
     pattern_kwargs,
@@ -420,3 +421,95 @@ def test_forward_items_with_nothing_to_see(d):
     check_forward(q, k, v, dict(causal=True))
     check_forward(q, k, v, dict(causal=True, window=(64, 0)))
     check_forward(*qkv(1, 16, 4, 2000, 150, d, dtype=torch.float16), dict(causal=True))
+
+
+def form_of(q, k, kw, backward=False, deterministic=None):
+    """torch.ops.opforge._attention_form for an opforge.attention call's arguments."""
+    left, right = kw.get("window", (None, None))
+    return torch.ops.opforge._attention_form(
+        q.device,
+        q.shape[1],
+        k.shape[1],
+        q.shape[2],
+        k.shape[2],
+        q.shape[3],
+        kw.get("kv_lens") is not None,
+        "auto",
+        backward,
+        batch=q.shape[0],
+        causal=kw.get("causal", False),
+        window_left=-1 if left is None else left,
+        window_right=-1 if right is None else right,
+        segments=kw.get("segment_ids") is not None,
+        block_mask=kw.get("mask") is not None,
+        deterministic=deterministic,
+    )
+
+
+# A form's kernels, by the names the profiler reports: (kernel, traits struct, other kernels).
+FORWARD_FORMS = {
+    "hopper": ("attention_fwd_hopper_kernel<", "HopperFwdTraitsD128", ()),
+    "hopper/mask": ("attention_fwd_hopper_kernel<", "HopperFwdTraitsMaskD128", ()),
+    "hopper/cache": ("attention_fwd_hopper_kernel<", "HopperFwdTraitsCacheD128", ()),
+    "hopper/cache_mask": ("attention_fwd_hopper_kernel<", "HopperFwdTraitsCacheMaskD128", ()),
+    "hopper/persistent": ("attention_fwd_hopper_persistent_kernel<", "HopperFwdTraitsPersistentD128", ()),
+    "hopper/persistent_runs": (
+        "attention_fwd_hopper_persistent_kernel<",
+        "HopperFwdTraitsPersistentD128",
+        ("segment_runs",),
+    ),
+    "mma_sync": ("attention_fwd_kernel<", "FwdTraitsD128", ()),
+    "decode": ("attention_decode_mma_kernel<", "", ()),
+}
+
+
+def test_forms_are_the_kernels_that_run():
+    """torch.ops.opforge._attention_form names the form of the Hopper forward (or the kernel) that a
+    call runs, for every form: checked against the kernels the profiler sees (their traits structs),
+    and the backward's forms likewise."""
+    B, H, S, D = 2, 8, 4096, 128
+    q, k, v = qkv(B, H, H, S, S, D)
+    ids = torch.arange(S, device=DEV).div(512, rounding_mode="floor").expand(B, S).contiguous()
+    mask = block_mask(lambda b, h, i, j: (i // 64 + j // 64) % 3 != 0, None, None, 256, S, device=DEV)
+    lens = torch.tensor([S, 1000], device=DEV)
+    chunk = q[:, :, :256]
+    cases = [
+        (q, dict(causal=True), "hopper"),
+        (q, dict(causal=True, window=(511, 0)), "hopper/persistent"),
+        (q, dict(causal=True, segment_ids=ids), "hopper/persistent_runs"),
+        (chunk, dict(mask=mask, kv_lens=None), "hopper/mask"),
+        (chunk, dict(kv_lens=lens, causal=True), "hopper/cache"),
+        (chunk, dict(kv_lens=lens, mask=mask), "hopper/cache_mask"),
+        (q[:, :, :1], dict(kv_lens=lens), "decode"),
+    ]
+    seen = set()
+    for qq, kw, form in cases:
+        kw = {key: val for key, val in kw.items() if val is not None}
+        assert form_of(qq, k, kw) == form, (form, kw.keys())
+        names = kernel_names(lambda qq=qq, kw=kw: opforge.attention(qq, k, v, **kw))
+        kernel, traits, others = FORWARD_FORMS[form]
+        assert any(kernel in n and traits in n for n in names), (form, names)
+        for other in others:
+            assert any(other in n for n in names), (form, other, names)
+        if form == "hopper/persistent":
+            assert not any("segment_runs" in n for n in names), names
+        seen.add(form)
+    names = kernel_names(lambda: opforge.attention(q, k, v, causal=True, variant="mma_sync"))
+    assert any("attention_fwd_kernel<" in n for n in names), names
+    assert seen | {"mma_sync"} == set(FORWARD_FORMS)
+    # the backward's forms
+    for kw, det, form, traits in (
+        (dict(causal=True), False, "hopper", "HopperBwdTraitsD128"),
+        (
+            dict(mask=block_mask(lambda b, h, i, j: i >= j, None, None, S, S, device=DEV)),
+            False,
+            "hopper/mask",
+            "HopperBwdTraitsMaskD128",
+        ),
+        (dict(causal=True), True, "hopper/deterministic", "HopperBwdTraitsD128"),
+    ):
+        assert form_of(q, k, kw, backward=True, deterministic=det) == form
+        qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
+        out = opforge.attention(qg, kg, vg, deterministic=det, **kw)
+        names = kernel_names(lambda out=out: out.sum().backward())
+        assert any("attention_bwd_hopper_kernel<" in n and traits in n for n in names), (form, names)

@@ -306,3 +306,23 @@ def test_scale_as_a_tensor():
         opforge.attention(q, k, v, scale="0.5")
     with pytest.raises(ValueError, match=r"opforge.attention: scale must be finite, got nan"):
         opforge.attention(q, k, v, scale=torch.tensor(math.nan))
+
+
+def test_attention_form_cpu():
+    """torch.ops.opforge._attention_form on the CPU names the kernel the call runs (no Hopper forms
+    there), as the profiler's scopes show; bad sizes are a ValueError naming the op."""
+    form = torch.ops.opforge._attention_form
+    cpu = torch.device("cpu")
+    q, k, v = qkv(1, 8, 2, 1, 600, 16)
+    lens = torch.tensor([600])
+    assert form(cpu, 8, 2, 1, 600, 16, True) == "decode"
+    assert ran(lambda: opforge.attention(q, k, v, kv_lens=lens)) == {"opforge.attention.decode"}
+    assert form(cpu, 8, 2, 40, 600, 16, True) == "tiled"
+    q40 = torch.randn(1, 8, 40, 16)
+    assert ran(lambda: opforge.attention(q40, k, v, kv_lens=lens)) == {"opforge.attention.tiled"}
+    assert form(cpu, 8, 2, 1, 600, 16, True, "tiled") == "tiled"
+    assert form(cpu, 8, 8, 300, 300, 64, backward=True, causal=True, deterministic=True) == "tiled"
+    with pytest.raises(ValueError, match=r"opforge._attention_form: needs heads a multiple of kv_heads"):
+        form(cpu, 8, 3, 1, 600, 16)
+    with pytest.raises(ValueError, match=r"variant 'hopper' has no kernel here"):
+        form(cpu, 8, 2, 1, 600, 16, variant="hopper")
