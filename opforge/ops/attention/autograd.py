@@ -105,39 +105,10 @@ def _gradients(ctx, grad_out, grad_lse):
     if grad_out is None:
         grad_out = torch.zeros_like(out)
     cu_q, cu_k = ctx.cu_seqlens
+    args = (grad_out, q, k, v, out, lse, grad_lse, ctx.scale, ctx.softcap, ctx.variant, ctx.deterministic)
     if torch.is_grad_enabled():
-        return _AttentionBackward.apply(
-            grad_out,
-            q,
-            k,
-            v,
-            out,
-            lse,
-            grad_lse,
-            ctx.scale,
-            ctx.softcap,
-            ctx.variant,
-            ctx.deterministic,
-            cu_q,
-            cu_k,
-            *ctx.pattern,
-        )
-    return torch.ops.opforge.attention_backward.default(
-        grad_out,
-        q,
-        k,
-        v,
-        out,
-        lse,
-        grad_lse,
-        ctx.scale,
-        ctx.softcap,
-        *ctx.pattern,
-        variant=ctx.variant,
-        deterministic=ctx.deterministic,
-        cu_seqlens_q=cu_q,
-        cu_seqlens_k=cu_k,
-    )
+        return _AttentionBackward.apply(*args, cu_q, cu_k, *ctx.pattern)
+    return _AttentionBackward.forward(*args, cu_q, cu_k, *ctx.pattern)  # (the op itself)
 
 
 def _backward(ctx, grad_out, grad_lse):
@@ -198,7 +169,7 @@ class Attention(torch.autograd.Function):
         # asks for) a tangent PyTorch cannot attach to a view made inside a Function: return plain
         # tensors then, with the same strides.
         if out._base is not None:
-            out = out.clone(memory_format=torch.preserve_format) if out.is_contiguous() else _own(out)
+            out = _own(out)
         return out, lse
 
     @staticmethod
@@ -233,7 +204,8 @@ class Attention(torch.autograd.Function):
 
 
 def _own(t: torch.Tensor) -> torch.Tensor:
-    """A tensor of t's values and strides that is not a view (t: a permutation of a dense tensor)."""
+    """A tensor of t's values and strides that is not a view (t: a dense tensor, or a permutation of
+    one)."""
     fresh = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device)
     return fresh.copy_(t)
 

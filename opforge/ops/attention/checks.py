@@ -246,17 +246,26 @@ def check_ranks(op: str, q, k, v) -> None:
 def check_qkv(op: str, q, k, v) -> None:
     """What the kernels need of q, k and v (B, H, S, D) together (also the fake kernels' check)."""
     check_ranks(op, q, k, v)
+    check_operands(op, q, k, v, batch=True)
+
+
+def check_operands(op: str, q, k, v, batch: bool, layout: str = "") -> None:
+    """q, k, v of one dtype and device, k and v of one shape, one head_dim (the last dim), q's heads
+    (dim 1) a multiple of k's, and with `batch` one batch size (dim 0). layout: k's dims as the
+    caller names them, for the message."""
     check_dtype_in(op, "q", q, DTYPES)
     check_same_dtype(op, "k", k, "q", q)
     check_same_dtype(op, "v", v, "q", q)
     check_same_device(op, "k", k, "q", q)
     check_same_device(op, "v", v, "q", q)
     if k.shape != v.shape:
-        raise RuntimeError(f"{op}: k and v must have the same shape, got {list(k.shape)} and {list(v.shape)}")
-    if q.shape[0] != k.shape[0]:
+        raise RuntimeError(
+            f"{op}: k and v must have the same shape{layout}, got {list(k.shape)} and {list(v.shape)}"
+        )
+    if batch and q.shape[0] != k.shape[0]:
         raise RuntimeError(f"{op}: q and k must have the same batch size, got {q.shape[0]} and {k.shape[0]}")
-    if q.shape[3] != k.shape[3]:
-        raise RuntimeError(f"{op}: q and k must have the same head_dim, got {q.shape[3]} and {k.shape[3]}")
+    if q.shape[-1] != k.shape[-1]:
+        raise RuntimeError(f"{op}: q and k must have the same head_dim, got {q.shape[-1]} and {k.shape[-1]}")
     if k.shape[1] == 0 or q.shape[1] % k.shape[1] != 0:
         raise RuntimeError(
             f"{op}: q's heads must be a multiple of k's and v's heads (grouped-query attention), "
@@ -280,25 +289,7 @@ def check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k
             raise RuntimeError(
                 f"{VARLEN_OP}: {name} must be 3-D (total tokens, heads, head_dim), got {t.dim()}-D"
             )
-    check_dtype_in(VARLEN_OP, "q", q, DTYPES)
-    check_same_dtype(VARLEN_OP, "k", k, "q", q)
-    check_same_dtype(VARLEN_OP, "v", v, "q", q)
-    check_same_device(VARLEN_OP, "k", k, "q", q)
-    check_same_device(VARLEN_OP, "v", v, "q", q)
-    if k.shape != v.shape:
-        raise RuntimeError(
-            f"{VARLEN_OP}: k and v must have the same shape (total_k, kv_heads, head_dim), got "
-            f"{list(k.shape)} and {list(v.shape)}"
-        )
-    if q.shape[2] != k.shape[2]:
-        raise RuntimeError(
-            f"{VARLEN_OP}: q and k must have the same head_dim, got {q.shape[2]} and {k.shape[2]}"
-        )
-    if k.shape[1] == 0 or q.shape[1] % k.shape[1] != 0:
-        raise RuntimeError(
-            f"{VARLEN_OP}: q's heads must be a multiple of k's and v's heads (grouped-query attention), "
-            f"got {q.shape[1]} and {k.shape[1]}"
-        )
+    check_operands(VARLEN_OP, q, k, v, batch=False, layout=" (total_k, kv_heads, head_dim)")
     for name, t in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
         if t.dtype not in (torch.int32, torch.int64):
             raise RuntimeError(f"{VARLEN_OP}: {name} must be int32 or int64, got {dtype_name(t.dtype)}")
