@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Hopper kernel configurations compared in one lease (after gpu_attention.sh's build): each variant
 # rewrites one `using ...Traits... = ...;` line of the kernel header (HEADER, default the forward's;
-# the backward's: HEADER=csrc/attention/cuda/attention_bwd_hopper_kernel.cuh FWD_ONLY=0), rebuilds in place
+# the backward's: HEADER=csrc/attention/cuda/attention_bwd_hopper_traits.cuh FWD_ONLY=0), rebuilds in place
 # (ninja: only the translation units that include it) and times the rows (attention_cases.py,
 # forward only, with their peers). The header is restored at the end.
 #   VARIANTS="HopperFwdTraitsD64 = HopperFwdTraits<64, 128, 2, 3>;HopperFwdTraitsD64 = HopperFwdTraits<64, 128, 2, 2>"
@@ -9,7 +9,7 @@
 #   ROWS="causal D64;sliding 512 D64"
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
-header=${HEADER:-csrc/attention/cuda/attention_fwd_hopper_kernel.cuh}
+header=${HEADER:-csrc/attention/cuda/attention_fwd_hopper_traits.cuh}
 cp "$header" /tmp/sweep_header.orig
 IFS=';' read -ra variants <<< "${VARIANTS:?}"
 IFS=';' read -ra rows <<< "${ROWS:?}"
