@@ -162,18 +162,56 @@ def test_error_shape():
 
 def test_error_expanded_dst():
     dst = torch.zeros(1, 5).expand(4, 5)
-    with pytest.raises(ValueError, match=r"opforge\.copy_async: dst has elements that share memory"):
+    with pytest.raises(RuntimeError, match=r"opforge\.copy_async: dst has elements that share memory"):
         opforge.copy_async(dst, torch.randn(4, 5))
     assert (dst == 0).all()
 
 
 def test_error_partial_overlap():
     buf = torch.arange(20.0)
-    with pytest.raises(ValueError, match=r"opforge\.copy_async: dst and src partially overlap in memory"):
+    with pytest.raises(RuntimeError, match=r"opforge\.copy_async: dst and src partially overlap in memory"):
         opforge.copy_async(buf[1:11], buf[0:10])
-    with pytest.raises(ValueError, match=r"opforge\.copy_async: dst and src partially overlap in memory"):
+    with pytest.raises(RuntimeError, match=r"opforge\.copy_async: dst and src partially overlap in memory"):
         opforge.copy_async(buf[:16].view(4, 4), buf[:16].view(4, 4).t())  # an in-place transpose
     assert torch.equal(buf, torch.arange(20.0))
+
+
+def test_overlap_errors_are_copy_s():
+    """Memory overlap raises RuntimeError, as Tensor.copy_ raises for the same tensors."""
+    buf = torch.arange(20.0)
+    for dst, src in ((torch.zeros(1, 5).expand(4, 5), torch.randn(4, 5)), (buf[1:11], buf[0:10])):
+        with pytest.raises(RuntimeError, match=r"unsupported operation"):
+            dst.copy_(src)
+        with pytest.raises(RuntimeError, match=r"opforge\.copy_async: "):
+            opforge.copy_async(dst, src)
+
+
+def test_one_exception_type_per_condition():
+    """The wrapper, the raw op and its fake kernel (FakeTensorMode, meta tensors) raise the same
+    type with the same words. copy_async takes no argument but its two tensors, so every condition
+    is one of tensors that do not fit: RuntimeError (a shape, a dtype and a memory condition)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    cases = [
+        (
+            (torch.empty(3, 4), torch.ones(4, 3)),
+            r"src must have the same shape as dst \[3, 4\], got \[4, 3\]",
+        ),
+        ((torch.empty(3), torch.ones(3, dtype=torch.float16)), r"src must have the same dtype as dst"),
+        ((torch.zeros(1, 5).expand(4, 5), torch.randn(4, 5)), r"dst has elements that share memory"),
+    ]
+    raw = torch.ops.opforge.copy_async.default
+    for (dst, src), msg in cases:
+        with pytest.raises(RuntimeError, match=r"opforge\.copy_async: " + msg) as wrapper:
+            opforge.copy_async(dst, src)
+        with pytest.raises(RuntimeError) as real:
+            raw(dst, src)
+        with FakeTensorMode() as mode, pytest.raises(RuntimeError) as fake:
+            raw(mode.from_tensor(dst), mode.from_tensor(src))
+        meta_dst = torch.empty_strided(dst.shape, dst.stride(), dtype=dst.dtype, device="meta")
+        with pytest.raises(RuntimeError) as meta:
+            raw(meta_dst, src.to("meta"))
+        assert str(wrapper.value) == str(real.value) == str(fake.value) == str(meta.value)
 
 
 @pytest.mark.parametrize("bad", [None, 3.0, [1.0, 2.0], "x"])
@@ -475,11 +513,11 @@ def test_cuda_graph_capture(kind):
 def test_cuda_graph_capture_pageable_raises():
     src, dst = torch.randn(1000), torch.empty(1000, device="cuda")
     g = torch.cuda.CUDAGraph()
-    with pytest.raises(ValueError, match=r"opforge\.copy_async: src is in pageable host memory"):
+    with pytest.raises(RuntimeError, match=r"opforge\.copy_async: src is in pageable host memory"):
         with torch.cuda.graph(g):
             opforge.copy_async(dst, src)
     g2 = torch.cuda.CUDAGraph()
-    with pytest.raises(ValueError, match=r"opforge\.copy_async: dst is in pageable host memory"):
+    with pytest.raises(RuntimeError, match=r"opforge\.copy_async: dst is in pageable host memory"):
         with torch.cuda.graph(g2):
             opforge.copy_async(torch.empty(1000), dst)
     torch.cuda.synchronize()

@@ -420,6 +420,32 @@ def test_errors():
         opforge.matmul(a, [[1.0]])
 
 
+def test_one_exception_type_per_condition():
+    """The wrapper, the raw op and its fake kernel (FakeTensorMode, meta tensors) raise the same
+    type with the same words: RuntimeError for tensors that do not fit, ValueError for an unknown
+    variant."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    a, b = torch.randn(4, 5), torch.randn(5, 6)
+    cases = [
+        (RuntimeError, (a, torch.randn(4, 6), "auto"), r"opforge\.matmul: inner dimensions differ"),
+        (RuntimeError, (torch.randn(2, 4, 5), torch.randn(3, 5, 6), "auto"), r"b must have a's batch size"),
+        (RuntimeError, (a, b.double(), "auto"), r"opforge\.matmul: b must have the same dtype as a"),
+        (ValueError, (a, b, "fast"), r"opforge\.matmul: unknown variant 'fast'; the variants are: auto"),
+    ]
+    raw = torch.ops.opforge.matmul.default
+    for err, (x, y, variant), msg in cases:
+        with pytest.raises(err, match=msg) as wrapper:
+            opforge.matmul(x, y, variant=variant)
+        with pytest.raises(err) as real:
+            raw(x, y, variant=variant)
+        with FakeTensorMode() as mode, pytest.raises(err) as fake:
+            raw(mode.from_tensor(x), mode.from_tensor(y), variant=variant)
+        with pytest.raises(err) as meta:
+            raw(x.to("meta"), y.to("meta"), variant=variant)
+        assert str(wrapper.value) == str(real.value) == str(fake.value) == str(meta.value)
+
+
 @pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU and a CUDA build of opforge")
 def test_errors_cuda():
     a, b = torch.randn(4, 5, device="cuda"), torch.randn(5, 6, device="cuda")
@@ -441,7 +467,7 @@ def test_errors_cuda():
             match=rf"opforge\.matmul: variant '{v}' cannot serve bfloat16; for bfloat16 on CUDA the variants are: {half}$",
         ):
             opforge.matmul(a.bfloat16(), b.bfloat16(), variant=v)
-    with pytest.raises(ValueError, match=r"opforge\.matmul: float64 is computed on the CPU only"):
+    with pytest.raises(NotImplementedError, match=r"opforge\.matmul: float64 is computed on the CPU only"):
         opforge.matmul(a.double(), b.double())
 
 

@@ -213,7 +213,7 @@ def test_iou_threshold_rejected():
         ):
             call(10**400)
         for nan in (float("nan"), np.float32("nan"), torch.tensor(float("nan"))):
-            with pytest.raises(RuntimeError, match=rf"{name}: iou_threshold must be a number, got nan"):
+            with pytest.raises(ValueError, match=rf"{name}: iou_threshold must be a number, got nan"):
                 call(nan)
     if tv_ops is not None:  # torchvision refuses these too
         for value in (
@@ -417,7 +417,7 @@ def test_errors():
         opforge.nms(b, s.double(), 0.5)
     with pytest.raises(RuntimeError, match=r"opforge\.nms: boxes must be one of .*got int64"):
         opforge.nms(b.long(), s.long(), 0.5)
-    with pytest.raises(RuntimeError, match=r"opforge\.nms: iou_threshold must be a number, got nan"):
+    with pytest.raises(ValueError, match=r"opforge\.nms: iou_threshold must be a number, got nan"):
         opforge.nms(b, s, float("nan"))
     with pytest.raises(
         RuntimeError, match=r"opforge\.batched_nms: idxs must have an integer dtype, got float32"
@@ -438,6 +438,68 @@ def test_errors():
         TypeError, match=r"opforge\.nms_padded: iou_threshold must be a real number .*, got str"
     ):
         opforge.nms_padded(b, s, "0.5")
+
+
+def test_one_exception_type_per_condition():
+    """The wrapper, the raw op and its fake kernel (FakeTensorMode, meta tensors) raise the same
+    type with the same words: RuntimeError for tensors that do not fit (as torchvision's nms
+    raises for bad shapes), ValueError for a NaN threshold (torchvision keeps every box then)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    b, s = uniform_boxes(10)
+    idxs = torch.zeros(10, dtype=torch.int64)
+    cases = [
+        (
+            RuntimeError,
+            (torch.zeros(10, 5), s, 0.5),
+            r"opforge\.nms: boxes must be a 2-D tensor of shape \(N, 4\)",
+        ),
+        (RuntimeError, (b, s[:9], 0.5), r"opforge\.nms: scores must be a 1-D tensor with one score per box"),
+        (ValueError, (b, s, float("nan")), r"opforge\.nms: iou_threshold must be a number, got nan"),
+    ]
+    raw = torch.ops.opforge.nms.default
+    for err, (boxes, scores, thr), msg in cases:
+        with pytest.raises(err, match=msg) as wrapper:
+            opforge.nms(boxes, scores, thr)
+        with pytest.raises(err) as real:
+            raw(boxes, scores, thr)
+        with FakeTensorMode() as mode, pytest.raises(err) as fake:
+            raw(mode.from_tensor(boxes), mode.from_tensor(scores), thr)
+        with pytest.raises(err) as meta:
+            raw(boxes.to("meta"), scores.to("meta"), thr)
+        assert str(wrapper.value) == str(real.value) == str(fake.value) == str(meta.value)
+    # batched_nms and nms_padded: the idxs checks and the threshold, the same way.
+    for err, args, msg in [
+        (RuntimeError, (b, s, idxs[:3], 0.5), r"opforge\.batched_nms: idxs must be a 1-D tensor"),
+        (RuntimeError, (b, s, idxs.float(), 0.5), r"opforge\.batched_nms: idxs must have an integer dtype"),
+        (ValueError, (b, s, idxs, float("nan")), r"opforge\.batched_nms: iou_threshold must be a number"),
+    ]:
+        with pytest.raises(err, match=msg) as wrapper:
+            opforge.batched_nms(*args)
+        with FakeTensorMode() as mode, pytest.raises(err) as fake:
+            torch.ops.opforge.batched_nms.default(*(mode.from_tensor(a) for a in args[:3]), args[3])
+        assert str(wrapper.value) == str(fake.value)
+    with pytest.raises(ValueError, match=r"opforge\.nms_padded: iou_threshold must be a number") as wrapper:
+        opforge.nms_padded(b, s, float("nan"), idxs)
+    with pytest.raises(ValueError) as meta:
+        torch.ops.opforge.nms_padded.default(b.to("meta"), s.to("meta"), float("nan"), idxs.to("meta"))
+    assert str(wrapper.value) == str(meta.value)
+
+
+@needs_torchvision
+def test_patched_torchvision_raises_its_types():
+    """Through opforge.integrations.torchvision.patch, bad box shapes still raise RuntimeError, as
+    torchvision's own nms does."""
+    import opforge.integrations.torchvision as otv
+
+    b, s = uniform_boxes(10)
+    for bad in ((b[:, :3], s), (b, s[:9])):
+        with pytest.raises(RuntimeError):
+            tv_ops.nms(*bad, 0.5)
+        with otv.patched(), pytest.raises(RuntimeError, match=r"opforge\.nms: "):
+            tv_ops.nms(*bad, 0.5)
+        with otv.patched(), pytest.raises(RuntimeError, match=r"opforge\.batched_nms: "):
+            tv_ops.batched_nms(*bad, torch.zeros(10, dtype=torch.int64), 0.5)
 
 
 def test_integer_idxs_dtypes():

@@ -25,31 +25,32 @@ _X = frames(1, 4, 6)
 BAD_CALLS = [
     ("list", dict(frames=[[1, 2, 3]]), TypeError, r"frames must be a torch\.Tensor, got list"),
     ("None", dict(frames=None), TypeError, r"frames must be a torch\.Tensor, got NoneType"),
-    ("float frames", dict(frames=_X.float()), TypeError, r"frames must be uint8, got float32"),
-    ("int16 frames", dict(frames=_X.short()), TypeError, r"frames must be uint8, got int16"),
-    ("3-D", dict(frames=_X[0]), ValueError, r"frames must be 4-D \(N, H, W, C\), got 3-D"),
-    ("5-D", dict(frames=_X[None]), ValueError, r"frames must be 4-D \(N, H, W, C\), got 5-D"),
+    # Frames that do not fit (dtype, rank, channels, sides): RuntimeError, as PyTorch's own ops.
+    ("float frames", dict(frames=_X.float()), RuntimeError, r"frames must be uint8, got float32"),
+    ("int16 frames", dict(frames=_X.short()), RuntimeError, r"frames must be uint8, got int16"),
+    ("3-D", dict(frames=_X[0]), RuntimeError, r"frames must be 4-D \(N, H, W, C\), got 3-D"),
+    ("5-D", dict(frames=_X[None]), RuntimeError, r"frames must be 4-D \(N, H, W, C\), got 5-D"),
     (
         "NCHW 3-D",
         dict(frames=_X[0], layout="NCHW"),
-        ValueError,
+        RuntimeError,
         r"frames must be 4-D \(N, C, H, W\), got 3-D",
     ),
-    ("C=2", dict(frames=_X[..., :2]), ValueError, r"frames must have 3 or 4 channels \(last dim\), got 2"),
+    ("C=2", dict(frames=_X[..., :2]), RuntimeError, r"frames must have 3 or 4 channels \(last dim\), got 2"),
     (
         "C=5",
         dict(frames=frames(1, 4, 6, c=5)),
-        ValueError,
+        RuntimeError,
         r"frames must have 3 or 4 channels \(last dim\), got 5",
     ),
-    ("C=1", dict(frames=_X[..., :1]), ValueError, r"frames must have 3 or 4 channels \(last dim\), got 1"),
+    ("C=1", dict(frames=_X[..., :1]), RuntimeError, r"frames must have 3 or 4 channels \(last dim\), got 1"),
     (
         "NCHW C=6",
         dict(frames=frames(1, 6, 4, c=5), layout="NCHW"),
-        ValueError,
+        RuntimeError,
         r"frames must have 3 or 4 channels \(last dim\), got 6",
     ),
-    ("H=0", dict(frames=frames(1, 0, 6)), ValueError, r"frames must have a height and width of at least 1"),
+    ("H=0", dict(frames=frames(1, 0, 6)), RuntimeError, r"frames must have a height and width of at least 1"),
     (
         "mean of 2",
         dict(mean=[0.5, 0.5]),
@@ -62,7 +63,8 @@ BAD_CALLS = [
         ValueError,
         r"std must have 3 values \(one per output channel\), got 4",
     ),
-    ("mean string", dict(mean="abc"), ValueError, r"mean must be a number or 3 numbers"),
+    # An argument of the wrong Python type: TypeError; a value out of range or unknown: ValueError.
+    ("mean string", dict(mean="abc"), TypeError, r"mean must be a number or 3 numbers"),
     ("mean nan", dict(mean=[0, float("nan"), 0]), ValueError, r"mean must be finite"),
     ("std zero", dict(std=[0.2, 0.0, 0.2]), ValueError, r"std must be finite and nonzero"),
     ("std scalar zero", dict(std=0), ValueError, r"std must be finite and nonzero"),
@@ -70,7 +72,9 @@ BAD_CALLS = [
     ("size 0", dict(size=0), ValueError, r"size must be positive, got \(0, 0\)"),
     ("size negative", dict(size=(-3, 5)), ValueError, r"size must be positive, got \(-3, 5\)"),
     ("size 3 values", dict(size=(3, 4, 5)), ValueError, r"size must be an int or \(height, width\)"),
-    ("size float", dict(size=(3.0, 4)), ValueError, r"size must be integers"),
+    ("size 3.5", dict(size=3.5), TypeError, r"size must be an int or \(height, width\), got 3\.5"),
+    ("size str", dict(size="ab"), TypeError, r"size must be an int or \(height, width\), got 'ab'"),
+    ("size float", dict(size=(3.0, 4)), TypeError, r"size must be integers"),
     ("letterbox size 0", dict(size=0, letterbox=True), ValueError, r"size must be positive"),
     ("letterbox no size", dict(letterbox=True), ValueError, r"letterbox=True needs a size"),
     (
@@ -86,21 +90,37 @@ BAD_CALLS = [
         ValueError,
         r"channels_out must be 'rgb' or 'bgr', got 'rgba'",
     ),
+    ("channels_in int", dict(channels_in=0), TypeError, r"channels_in must be one of .*, got 0"),
+    (
+        "channels_out None",
+        dict(channels_out=None),
+        TypeError,
+        r"channels_out must be 'rgb' or 'bgr', got None",
+    ),
     ("layout", dict(layout="HWC"), ValueError, r"layout must be 'NHWC' or 'NCHW', got 'HWC'"),
+    ("layout int", dict(layout=4), TypeError, r"layout must be 'NHWC' or 'NCHW', got 4"),
     (
         "float64",
         dict(out_dtype=torch.float64),
-        TypeError,
-        r"out_dtype must be one of \(float16, bfloat16, float32\)",
+        ValueError,
+        r"out_dtype must be one of \(float16, bfloat16, float32\), got float64$",
     ),
-    ("uint8 out", dict(out_dtype=torch.uint8), TypeError, r"out_dtype must be one of"),
+    ("uint8 out", dict(out_dtype=torch.uint8), ValueError, r"out_dtype must be one of .*, got uint8$"),
+    ("str out", dict(out_dtype="float16"), TypeError, r"out_dtype must be one of .*, got 'float16'$"),
     ("pad 300", dict(pad_value=300), ValueError, r"pad_value must be a pixel value in \[0, 255\], got 300"),
     ("pad -1", dict(pad_value=-1), ValueError, r"pad_value must be a pixel value in \[0, 255\], got -1"),
     ("scale inf", dict(scale=float("inf")), ValueError, r"scale must be a finite number"),
+    ("scale str", dict(scale="1"), TypeError, r"scale must be a finite number, got '1'"),
+    (
+        "pad str",
+        dict(pad_value="114"),
+        TypeError,
+        r"pad_value must be a pixel value in \[0, 255\], got '114'",
+    ),
     (
         "pad bool",
         dict(pad_value=True),
-        ValueError,
+        TypeError,
         r"pad_value must be a pixel value in \[0, 255\], got True",
     ),
     ("stride 0 without letterbox", dict(stride=0), ValueError, r"stride must be a positive integer, got 0"),
@@ -110,8 +130,8 @@ BAD_CALLS = [
         ValueError,
         r"stride must be a positive integer, got -32",
     ),
-    ("stride bool", dict(stride=True), ValueError, r"stride must be a positive integer, got True"),
-    ("stride float", dict(stride=32.0), ValueError, r"stride must be a positive integer, got 32\.0"),
+    ("stride bool", dict(stride=True), TypeError, r"stride must be a positive integer, got True"),
+    ("stride float", dict(stride=32.0), TypeError, r"stride must be a positive integer, got 32\.0"),
     # Numbers float32 (the kernels' arithmetic) cannot hold, or outputs beyond the output dtype.
     ("scale 1e39", dict(scale=1e39), ValueError, r"scale must be finite in float32 .*, got 1e\+39"),
     (
@@ -222,9 +242,10 @@ RAW_BAD = [
     (
         "float64",
         dict(dtype=torch.float64),
-        TypeError,
+        ValueError,
         r"out_dtype must be one of \(float16, bfloat16, float32\), got float64",
     ),
+    ("size 2^31", dict(size=(2**31, 6), region=(0, 0, 4, 6)), ValueError, r"size must be below 2\^31"),
 ]
 
 # Numbers float32 (the kernels' arithmetic) cannot hold, outputs beyond the output dtype's range:
@@ -278,11 +299,42 @@ def test_errors_raw_op(device, name, kw, err, msg):
         _raw(_X.to(device), **kw)
 
 
-@pytest.mark.parametrize("name, kw, err, msg", RAW_RANGE_BAD, ids=[c[0] for c in RAW_RANGE_BAD])
-def test_errors_raw_op_meta_range(name, kw, err, msg):
-    """The fake kernel checks the numbers against float32 and the output dtype as the C++ checks do."""
+@pytest.mark.parametrize("name, kw, err, msg", RAW_BAD, ids=[c[0] for c in RAW_BAD])
+def test_errors_raw_op_meta(name, kw, err, msg):
+    """The fake kernel (meta tensors) checks every argument as the C++ checks do, with the same
+    type and words: the numbers against float32 and the output dtype too."""
     with pytest.raises(err, match=r"opforge\.preprocess_frames: " + msg):
         _raw(_X.to("meta"), **kw)
+
+
+def test_one_exception_type_per_condition():
+    """The wrapper, the raw op and its fake kernel (FakeTensorMode, meta tensors) raise the same
+    type with the same words: RuntimeError for frames that do not fit (as PyTorch's own ops raise
+    for a tensor's dtype or shape), ValueError for an out_dtype the op does not produce."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    cases = [
+        (RuntimeError, _X[0], {}, r"frames must be 4-D \(N, H, W, C\), got 3-D$"),
+        (RuntimeError, _X.float(), {}, r"frames must be uint8, got float32$"),
+        (RuntimeError, _X[..., :2], {}, r"frames must have 3 or 4 channels \(last dim\), got 2$"),
+        (
+            ValueError,
+            _X,
+            dict(out_dtype=torch.float64),
+            r"out_dtype must be one of \(float16, bfloat16, float32\), got float64$",
+        ),
+    ]
+    for err, x, kw, msg in cases:
+        with pytest.raises(err, match=r"^opforge\.preprocess_frames: " + msg) as wrapper:
+            opforge.preprocess_frames(x, scale=1.0, **kw)
+        raw_kw = dict(dtype=kw.get("out_dtype", torch.float32))
+        with pytest.raises(err) as real:
+            _raw(x, **raw_kw)
+        with FakeTensorMode() as mode, pytest.raises(err) as fake:
+            _raw(mode.from_tensor(x), **raw_kw)
+        with pytest.raises(err) as meta:
+            _raw(x.to("meta"), **raw_kw)
+        assert str(wrapper.value) == str(real.value) == str(fake.value) == str(meta.value)
 
 
 def test_range_edges_are_accepted():
@@ -301,13 +353,13 @@ def test_range_edges_are_accepted():
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_errors_raw_op_frames(device):
-    with pytest.raises(TypeError, match=r"opforge\.preprocess_frames: frames must be uint8, got float32"):
+    with pytest.raises(RuntimeError, match=r"opforge\.preprocess_frames: frames must be uint8, got float32"):
         _raw(_X.float().to(device))
     with pytest.raises(
-        ValueError, match=r"opforge\.preprocess_frames: frames must be 4-D \(N, H, W, C\), got 3-D"
+        RuntimeError, match=r"opforge\.preprocess_frames: frames must be 4-D \(N, H, W, C\), got 3-D"
     ):
         _raw(_X[0].to(device))
-    with pytest.raises(ValueError, match=r"opforge\.preprocess_frames: frames must have 3 or 4 channels"):
+    with pytest.raises(RuntimeError, match=r"opforge\.preprocess_frames: frames must have 3 or 4 channels"):
         _raw(_X[..., :2].to(device))
     # A valid raw call: the region of the output, the pad value around it.
     out = _raw(_X.to(device), size=(6, 9), region=(1, 2, 4, 6), pad=7.0)

@@ -240,6 +240,33 @@ def test_error_not_a_tensor(bad):
         opforge.vector_add(bad, torch.ones(2))
 
 
+def test_one_exception_type_per_condition():
+    """The wrapper, the raw op and its fake kernel (FakeTensorMode, meta tensors) raise the same
+    type with the same words. vector_add takes no argument but its two tensors, so every condition
+    is one of tensors that do not fit: RuntimeError (a shape and a dtype condition here)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    cases = [
+        (
+            (torch.ones(3, 4), torch.ones(4, 3)),
+            r"opforge\.vector_add: b must have the same shape as a \[3, 4\]",
+        ),
+        ((torch.ones(3), torch.ones(3, dtype=torch.float16)), r"b must have the same dtype as a \(float32\)"),
+        ((torch.ones(3, dtype=torch.int64),) * 2, r"opforge\.vector_add: a must be one of \(float32"),
+    ]
+    raw = torch.ops.opforge.vector_add.default
+    for (a, b), msg in cases:
+        with pytest.raises(RuntimeError, match=msg) as wrapper:
+            opforge.vector_add(a, b)
+        with pytest.raises(RuntimeError) as real:
+            raw(a, b)
+        with FakeTensorMode() as mode, pytest.raises(RuntimeError) as fake:
+            raw(mode.from_tensor(a), mode.from_tensor(b))
+        with pytest.raises(RuntimeError) as meta:
+            raw(a.to("meta"), b.to("meta"))
+        assert str(wrapper.value) == str(real.value) == str(fake.value) == str(meta.value)
+
+
 def test_error_compile_same_words():
     torch._dynamo.reset()
     f = torch.compile(opforge.vector_add, fullgraph=True)

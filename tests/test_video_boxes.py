@@ -105,11 +105,11 @@ def test_scale_boxes_keeps_float_dtype(dtype):
 
 def test_scale_boxes_errors():
     info = letterbox_geometry((480, 640), 320)
-    with pytest.raises(ValueError, match=r"shape \(\.\.\., 4\)"):
+    with pytest.raises(RuntimeError, match=r"shape \(\.\.\., 4\)"):
         scale_boxes(torch.zeros(5, 5), info)
-    with pytest.raises(ValueError, match=r"shape \(\.\.\., 4\)"):
+    with pytest.raises(RuntimeError, match=r"shape \(\.\.\., 4\)"):
         scale_boxes(torch.zeros(4, 2), info)
-    with pytest.raises(ValueError, match=r"shape \(\.\.\., 4\)"):
+    with pytest.raises(RuntimeError, match=r"shape \(\.\.\., 4\)"):
         scale_boxes(torch.tensor(1.0), info)
     with pytest.raises(TypeError, match="info must be a FrameInfo, got tuple"):
         scale_boxes(torch.zeros(3, 4), tuple(info))

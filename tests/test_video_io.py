@@ -98,6 +98,11 @@ def test_read_frames_errors(clip, tmp_path):
         list(read_frames(path, channels="gray"))
     with pytest.raises(ValueError, match="batch_size must be positive"):
         list(read_frames(path, batch_size=0))
+    # The wrong Python type: TypeError.
+    with pytest.raises(TypeError, match=r"batch_size must be positive, got 2\.0"):
+        list(read_frames(path, batch_size=2.0))
+    with pytest.raises(TypeError, match="channels must be 'rgb' or 'bgr', got 3"):
+        list(read_frames(path, channels=3))
 
 
 def test_read_frames_no_video_stream(tmp_path):

@@ -466,14 +466,15 @@ def test_progress(device, generator):
 
 # --- bad input ------------------------------------------------------------------------------------
 
+# Frames (tensor data) of the wrong dtype or shape: RuntimeError; an item that is no array: TypeError.
 BAD_ITEMS = {
-    "float32 numpy": (lambda: np.zeros((8, 8, 3), np.float32), TypeError, "uint8"),
-    "int16 tensor": (lambda: torch.zeros(2, 8, 8, 3, dtype=torch.int16), TypeError, "uint8"),
-    "bool tensor": (lambda: torch.zeros(8, 8, 3, dtype=torch.bool), TypeError, "uint8"),
-    "2-D": (lambda: np.zeros((8, 8), np.uint8), ValueError, r"\(H, W, C\) or \(N, H, W, C\)"),
-    "5-D": (lambda: torch.zeros(1, 1, 8, 8, 3, dtype=torch.uint8), ValueError, r"\(N, H, W, C\)"),
-    "1 channel": (lambda: np.zeros((8, 8, 1), np.uint8), ValueError, "C = 3 or 4"),
-    "5 channels": (lambda: torch.zeros(2, 8, 8, 5, dtype=torch.uint8), ValueError, "C = 3 or 4"),
+    "float32 numpy": (lambda: np.zeros((8, 8, 3), np.float32), RuntimeError, "uint8"),
+    "int16 tensor": (lambda: torch.zeros(2, 8, 8, 3, dtype=torch.int16), RuntimeError, "uint8"),
+    "bool tensor": (lambda: torch.zeros(8, 8, 3, dtype=torch.bool), RuntimeError, "uint8"),
+    "2-D": (lambda: np.zeros((8, 8), np.uint8), RuntimeError, r"\(H, W, C\) or \(N, H, W, C\)"),
+    "5-D": (lambda: torch.zeros(1, 1, 8, 8, 3, dtype=torch.uint8), RuntimeError, r"\(N, H, W, C\)"),
+    "1 channel": (lambda: np.zeros((8, 8, 1), np.uint8), RuntimeError, "C = 3 or 4"),
+    "5 channels": (lambda: torch.zeros(2, 8, 8, 5, dtype=torch.uint8), RuntimeError, "C = 3 or 4"),
     "list": (lambda: [[0, 1, 2]] * 8, TypeError, "numpy arrays or tensors, got list"),
     "str": (lambda: "frame.png", TypeError, "numpy arrays or tensors, got str"),
 }
@@ -498,14 +499,15 @@ def test_bad_items(device, name):
     [
         (dict(batch_size=0), ValueError, "batch_size must be a positive int"),
         (dict(batch_size=-3), ValueError, "batch_size must be a positive int"),
-        (dict(batch_size=2.0), ValueError, "batch_size must be a positive int"),
+        (dict(batch_size=2.0), TypeError, "batch_size must be a positive int"),
         (dict(ring=1), ValueError, "ring must be an int >= 2"),
         (dict(ring=0), ValueError, "ring must be an int >= 2"),
-        (dict(ring=3.0), ValueError, "ring must be an int >= 2"),
+        (dict(ring=3.0), TypeError, "ring must be an int >= 2"),
+        (dict(ring=True), TypeError, "ring must be an int >= 2, got True"),
         (dict(raw=True, size=32), ValueError, "raw=True takes no preprocessing arguments"),
         (dict(raw=True, mean=0.5), ValueError, "raw=True takes no preprocessing arguments"),
         (dict(device="meta"), ValueError, "device must be a CUDA device or the CPU"),
-        (dict(batch_size=True), ValueError, "batch_size must be a positive int, got True"),
+        (dict(batch_size=True), TypeError, "batch_size must be a positive int, got True"),
         (dict(raw=1), TypeError, "raw must be a bool, got 1"),
         (dict(model=5), TypeError, "model must be callable or None, got int"),
         (dict(device=True), TypeError, "device must be a torch.device, a string or None, got True"),
@@ -520,6 +522,7 @@ def test_bad_items(device, name):
         "ring 1",
         "ring 0",
         "ring 3.0",
+        "ring True",
         "raw size",
         "raw mean",
         "meta",
@@ -554,6 +557,22 @@ def test_bad_arguments(kw, err, msg):
 def test_bad_preprocess_arguments_raise_in_the_constructor(kw, msg):
     """The preprocessing arguments are checked when the stream is made, not in its first batch."""
     with pytest.raises(ValueError, match=r"opforge\.preprocess_frames: " + msg):
+        FrameStream([rand(1, 4, 4)[0].numpy()], device="cpu", **kw)
+    assert stagers() == []
+
+
+@pytest.mark.parametrize(
+    "kw, msg",
+    [
+        (dict(stride=32.0), r"stride must be a positive integer, got 32\.0"),
+        (dict(out_dtype="float16"), r"out_dtype must be one of .*, got 'float16'"),
+        (dict(pad_value=True), r"pad_value must be a pixel value in \[0, 255\], got True"),
+    ],
+    ids=["stride float", "out_dtype str", "pad bool"],
+)
+def test_preprocess_arguments_of_the_wrong_type_raise_type_error(kw, msg):
+    """As preprocess_frames raises them: an argument of the wrong Python type is a TypeError."""
+    with pytest.raises(TypeError, match=r"opforge\.preprocess_frames: " + msg):
         FrameStream([rand(1, 4, 4)[0].numpy()], device="cpu", **kw)
     assert stagers() == []
 

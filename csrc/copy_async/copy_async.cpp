@@ -36,12 +36,14 @@ void check_copy_async_inputs(const at::Tensor& dst, const at::Tensor& src) {
   check_defined(kOp, "src", src);
   check_same_dtype(kOp, "src", src, "dst", dst);
   check_same_shape(kOp, "src", src, "dst", dst);
-  TORCH_CHECK_VALUE(at::has_internal_overlap(dst) != at::MemOverlap::Yes, kOp,
-                    ": dst has elements that share memory (an expanded or overlapping view); it cannot be "
-                    "written element by element");
+  // Memory overlap: RuntimeError, as Tensor.copy_ raises (at::assert_no_internal_overlap and
+  // at::assert_no_partial_overlap), with this op's words.
+  TORCH_CHECK(at::has_internal_overlap(dst) != at::MemOverlap::Yes, kOp,
+              ": dst has elements that share memory (an expanded or overlapping view); it cannot be "
+              "written element by element");
   if (dst.device() == src.device()) {
-    TORCH_CHECK_VALUE(at::get_overlap_status(dst, src) != at::MemOverlapStatus::Partial, kOp,
-                      ": dst and src partially overlap in memory");
+    TORCH_CHECK(at::get_overlap_status(dst, src) != at::MemOverlapStatus::Partial, kOp,
+                ": dst and src partially overlap in memory");
   }
 }
 

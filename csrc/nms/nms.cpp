@@ -34,7 +34,9 @@ void check_nms_inputs(const char* op, const at::Tensor& boxes, const at::Tensor&
                 ": idxs must have an integer dtype, got ", dtype_str(idxs->scalar_type()));
     check_same_device(op, "idxs", *idxs, "boxes", boxes);
   }
-  TORCH_CHECK(!std::isnan(iou_threshold), op, ": iou_threshold must be a number, got nan");
+  // A value out of range: ValueError. (torchvision.ops.nms takes a NaN threshold without a word and
+  // keeps every box, since no IoU is > NaN; opforge refuses it, as it refused it before.)
+  TORCH_CHECK_VALUE(!std::isnan(iou_threshold), op, ": iou_threshold must be a number, got nan");
 }
 
 NmsParams nms_params(int64_t n, at::ScalarType dtype, double iou_threshold) {

@@ -146,14 +146,17 @@ void check_preprocess_frames_inputs(const at::Tensor& frames, c10::IntArrayRef o
                                     c10::IntArrayRef region, double scale, c10::ArrayRef<double> mean,
                                     c10::ArrayRef<double> std, double pad_value, c10::IntArrayRef channels,
                                     at::ScalarType out_dtype) {
+  // One exception type per condition (docs/adding-an-op.md, section 3), as the wrapper and the fake
+  // kernel raise them: frames that do not fit -> RuntimeError (TORCH_CHECK); the other arguments'
+  // values -> ValueError (TORCH_CHECK_VALUE).
   check_defined(kOp, "frames", frames);
-  TORCH_CHECK_TYPE(frames.scalar_type() == at::kByte, kOp, ": frames must be uint8, got ",
-                   dtype_str(frames.scalar_type()));
-  TORCH_CHECK_VALUE(frames.dim() == 4, kOp, ": frames must be 4-D (N, H, W, C), got ", frames.dim(), "-D");
+  TORCH_CHECK(frames.scalar_type() == at::kByte, kOp, ": frames must be uint8, got ",
+              dtype_str(frames.scalar_type()));
+  TORCH_CHECK(frames.dim() == 4, kOp, ": frames must be 4-D (N, H, W, C), got ", frames.dim(), "-D");
   const int64_t c = frames.size(3);
-  TORCH_CHECK_VALUE(c == 3 || c == 4, kOp, ": frames must have 3 or 4 channels (last dim), got ", c);
-  TORCH_CHECK_VALUE(frames.numel() > 0 || frames.size(0) == 0, kOp,
-                    ": frames must have a height and width of at least 1, got ", frames.sizes());
+  TORCH_CHECK(c == 3 || c == 4, kOp, ": frames must have 3 or 4 channels (last dim), got ", c);
+  TORCH_CHECK(frames.numel() > 0 || frames.size(0) == 0, kOp,
+              ": frames must have a height and width of at least 1, got ", frames.sizes());
   TORCH_CHECK_VALUE(out_size.size() == 2, kOp, ": size must be (height, width), got ", out_size.size(),
                     " values");
   TORCH_CHECK_VALUE(out_size[0] > 0 && out_size[1] > 0, kOp, ": size must be positive, got ", out_size);
@@ -183,11 +186,12 @@ void check_preprocess_frames_inputs(const at::Tensor& frames, c10::IntArrayRef o
   TORCH_CHECK_VALUE(
       same_order || reversed, kOp,
       ": channels (the input channel of each output channel) must be [0, 1, 2] or [2, 1, 0], got ", channels);
-  TORCH_CHECK_TYPE(out_dtype == at::kHalf || out_dtype == at::kBFloat16 || out_dtype == at::kFloat, kOp,
-                   ": out_dtype must be one of (float16, bfloat16, float32), got ", dtype_str(out_dtype));
-  TORCH_CHECK_VALUE(frames.size(1) < (int64_t{1} << 31) && frames.size(2) < (int64_t{1} << 31) &&
-                        out_size[0] < (int64_t{1} << 31) && out_size[1] < (int64_t{1} << 31),
-                    kOp, ": frame sides must be below 2^31");
+  TORCH_CHECK_VALUE(out_dtype == at::kHalf || out_dtype == at::kBFloat16 || out_dtype == at::kFloat, kOp,
+                    ": out_dtype must be one of (float16, bfloat16, float32), got ", dtype_str(out_dtype));
+  TORCH_CHECK(frames.size(1) < (int64_t{1} << 31) && frames.size(2) < (int64_t{1} << 31), kOp,
+              ": frame sides must be below 2^31");
+  TORCH_CHECK_VALUE(out_size[0] < (int64_t{1} << 31) && out_size[1] < (int64_t{1} << 31), kOp,
+                    ": size must be below 2^31, got ", out_size);
   // Every output is (v * scale - mean[k]) / std[k] in float32 (normalize_exact, as the plan and the
   // kernels compute it), rounded once to out_dtype. That is monotonic in v, so pixel values 0 and
   // 255 bound it: the pad value (in [0, 255]) and bilinear blends (in [0, 255] up to a float32

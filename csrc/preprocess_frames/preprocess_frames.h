@@ -9,7 +9,8 @@
 
 namespace opforge {
 
-// Raise a TypeError / ValueError naming opforge.preprocess_frames and the argument.
+// Raise a RuntimeError (frames that do not fit) or a ValueError (an argument out of range) naming
+// opforge.preprocess_frames and the argument.
 void check_preprocess_frames_inputs(const at::Tensor& frames, c10::IntArrayRef out_size,
                                     c10::IntArrayRef region, double scale, c10::ArrayRef<double> mean,
                                     c10::ArrayRef<double> std, double pad_value, c10::IntArrayRef channels,

@@ -14,6 +14,11 @@ distinct values are distinct classes; ``opforge.batched_nms`` takes integer ids 
 patched function first maps such ids to integers with ``torch.unique(idxs, return_inverse=True)``:
 one more sort of ``idxs`` and, on CUDA, one more device-to-host sync. Integer ids go straight
 through.
+
+Errors keep torchvision's types where torchvision raises: boxes, scores or ids whose shape, dtype
+or device do not fit raise a ``RuntimeError`` (opforge's words). Where torchvision does not raise,
+opforge may: a NaN ``iou_threshold`` is a ``ValueError`` (torchvision keeps every box, as no IoU
+is > NaN), a threshold that is no real number a ``TypeError``.
 """
 
 from __future__ import annotations

@@ -70,11 +70,25 @@ def check_not_from_meta(op: str, dst: torch.Tensor, src: torch.Tensor) -> None:
         )
 
 
+def _has_internal_overlap(t: torch.Tensor) -> bool:
+    """at::has_internal_overlap(t) == MemOverlap::Yes: a dimension of stride 0 holds more than one
+    element (an expanded view). Strides and sizes only, so fake and meta tensors answer too."""
+    return any(st == 0 and sz > 1 for st, sz in zip(t.stride(), t.shape, strict=True))
+
+
 @torch.library.register_fake("opforge::copy_async")
 def _(dst: torch.Tensor, src: torch.Tensor) -> None:
     # Also the op's Meta kernel: a call with a meta tensor on either side dispatches here (the C++
     # entry and torch.ops as well), so a meta source is refused here for every entry.
+    # check_copy_async_inputs (csrc/copy_async/copy_async.cpp) otherwise, with its types: tensors
+    # that do not fit, memory overlap included, raise RuntimeError (as Tensor.copy_ does). (A
+    # partial overlap of dst and src needs their addresses, which fake tensors do not have.)
     check_not_from_meta(OP, dst, src)
     check_same_dtype(OP, "src", src, "dst", dst)
     check_same_shape(OP, "src", src, "dst", dst)
+    if _has_internal_overlap(dst):
+        raise RuntimeError(
+            f"{OP}: dst has elements that share memory (an expanded or overlapping view); it cannot be "
+            "written element by element"
+        )
     return None

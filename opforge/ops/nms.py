@@ -131,7 +131,9 @@ def _check(op: str, boxes, scores, idxs, iou_threshold: float) -> None:
             raise RuntimeError(f"{op}: idxs must have an integer dtype, got {dtype_name(idxs.dtype)}")
         check_same_device(op, "idxs", idxs, "boxes", boxes)
     if math.isnan(iou_threshold):
-        raise RuntimeError(f"{op}: iou_threshold must be a number, got nan")
+        # A value out of range: ValueError, as the C++ check. (torchvision.ops.nms takes NaN silently
+        # and keeps every box, since no IoU is > NaN.)
+        raise ValueError(f"{op}: iou_threshold must be a number, got nan")
 
 
 def _fake_keep(boxes: torch.Tensor) -> torch.Tensor:

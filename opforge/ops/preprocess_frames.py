@@ -15,6 +15,11 @@ import torch
 from opforge.ops._common import dtype_name, require_tensor
 
 OP = "opforge.preprocess_frames"
+# One exception type per condition (docs/adding-an-op.md, section 3), the same from this wrapper,
+# the C++ checks and the fake kernel: RuntimeError for frames whose dtype, shape or layout do not
+# fit; ValueError for an argument whose value is out of range or unknown (size, region, scale, mean,
+# std, pad_value, stride, a channel order or layout name, an out_dtype the op does not produce);
+# TypeError for an argument of the wrong Python type.
 OUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _ORDERS = {"rgb": 0, "bgr": 1, "rgba": 0, "bgra": 1}
 # A number x rounds to a finite value of the type when |x| is below these (to nearest even: the
@@ -90,20 +95,38 @@ def letterbox_geometry(
     )
 
 
+def _is_int(value) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
 def _check_stride(stride) -> None:
-    if not isinstance(stride, numbers.Integral) or isinstance(stride, bool) or stride <= 0:
-        raise ValueError(f"{OP}: stride must be a positive integer, got {stride!r}")
+    if not _is_int(stride) or stride <= 0:
+        err = ValueError if _is_int(stride) else TypeError  # 0 or -32; 32.0 or True
+        raise err(f"{OP}: stride must be a positive integer, got {stride!r}")
+
+
+def _check_str(arg: str, value, allowed) -> None:
+    """A name among ``allowed``: TypeError when it is no str, ValueError when it is another one."""
+    if not isinstance(value, str) or value not in allowed:
+        err = ValueError if isinstance(value, str) else TypeError
+        names = f"'{allowed[0]}' or '{allowed[1]}'" if len(allowed) == 2 else f"one of {sorted(allowed)}"
+        raise err(f"{OP}: {arg} must be {names}, got {value!r}")
 
 
 def _pair(arg: str, value) -> tuple[int, int]:
-    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+    if _is_int(value):
         value = (value, value)
+    # (The message is made on the error paths only: torch.compile cannot format a symbolic size.)
+    if isinstance(value, (str, bytes)):
+        raise TypeError(f"{OP}: {arg} must be an int or (height, width), got {value!r}")
     try:
         h, w = value
-    except (TypeError, ValueError):
+    except TypeError:  # not a sequence: 3.5, None
+        raise TypeError(f"{OP}: {arg} must be an int or (height, width), got {value!r}") from None
+    except ValueError:  # a sequence of 1 or 3 values
         raise ValueError(f"{OP}: {arg} must be an int or (height, width), got {value!r}") from None
-    if not all(isinstance(v, numbers.Integral) and not isinstance(v, bool) for v in (h, w)):
-        raise ValueError(f"{OP}: {arg} must be integers, got {value!r}")
+    if not all(_is_int(v) for v in (h, w)):
+        raise TypeError(f"{OP}: {arg} must be integers, got {value!r}")
     if h <= 0 or w <= 0:
         raise ValueError(f"{OP}: {arg} must be positive, got ({h}, {w})")
     return int(h), int(w)
@@ -121,7 +144,7 @@ def _three(arg: str, value) -> list[float]:
     if isinstance(value, numbers.Real):
         value = [value] * 3
     if not isinstance(value, Sequence) or isinstance(value, str):
-        raise ValueError(f"{OP}: {arg} must be a number or 3 numbers (one per output channel), got {value!r}")
+        raise TypeError(f"{OP}: {arg} must be a number or 3 numbers (one per output channel), got {value!r}")
     if len(value) != 3:
         raise ValueError(f"{OP}: {arg} must have 3 values (one per output channel), got {len(value)}")
     return [float(v) for v in value]
@@ -166,17 +189,31 @@ def _check_outputs(scale: float, mean: list[float], std: list[float], out_dtype:
 
 
 def _check_frames(frames: torch.Tensor) -> None:
-    """check_preprocess_frames_inputs (csrc/preprocess_frames/preprocess_frames.cpp) for frames."""
+    """check_preprocess_frames_inputs (csrc/preprocess_frames/preprocess_frames.cpp) for frames:
+    RuntimeError for frames that do not fit, as PyTorch's own ops raise for a tensor's dtype or
+    shape."""
     if frames.layout != torch.strided or frames.is_nested:
         raise RuntimeError(f"{OP}: frames must be a dense (strided) tensor")
     if frames.dtype != torch.uint8:
-        raise TypeError(f"{OP}: frames must be uint8, got {dtype_name(frames.dtype)}")
+        raise RuntimeError(f"{OP}: frames must be uint8, got {dtype_name(frames.dtype)}")
     if frames.dim() != 4:
-        raise ValueError(f"{OP}: frames must be 4-D (N, H, W, C), got {frames.dim()}-D")
+        raise RuntimeError(f"{OP}: frames must be 4-D (N, H, W, C), got {frames.dim()}-D")
     if frames.shape[3] not in (3, 4):
-        raise ValueError(f"{OP}: frames must have 3 or 4 channels (last dim), got {frames.shape[3]}")
+        raise RuntimeError(f"{OP}: frames must have 3 or 4 channels (last dim), got {frames.shape[3]}")
     if frames.shape[0] > 0 and (frames.shape[1] == 0 or frames.shape[2] == 0):
-        raise ValueError(f"{OP}: frames must have a height and width of at least 1, got {list(frames.shape)}")
+        raise RuntimeError(
+            f"{OP}: frames must have a height and width of at least 1, got {list(frames.shape)}"
+        )
+
+
+def _check_out_dtype(out_dtype) -> None:
+    """An out_dtype the op does not produce is a value out of range (ValueError); one that is no
+    torch.dtype at all, the wrong type (TypeError). The same words either way."""
+    if out_dtype not in OUT_DTYPES:
+        names = ", ".join(dtype_name(d) for d in OUT_DTYPES)
+        is_dtype = isinstance(out_dtype, torch.dtype)
+        got = dtype_name(out_dtype) if is_dtype else repr(out_dtype)
+        raise (ValueError if is_dtype else TypeError)(f"{OP}: out_dtype must be one of ({names}), got {got}")
 
 
 def preprocess_frames(
@@ -232,23 +269,22 @@ def preprocess_frames(
     within ``out_dtype``'s range (float16: 65504), else a ValueError (no output of inf).
     """
     require_tensor(OP, "frames", frames)
-    if layout not in ("NHWC", "NCHW"):
-        raise ValueError(f"{OP}: layout must be 'NHWC' or 'NCHW', got {layout!r}")
+    _check_str("layout", layout, ("NHWC", "NCHW"))
     if layout == "NCHW":
         if frames.dim() != 4:
-            raise ValueError(f"{OP}: frames must be 4-D (N, C, H, W), got {frames.dim()}-D")
+            raise RuntimeError(f"{OP}: frames must be 4-D (N, C, H, W), got {frames.dim()}-D")
         frames = frames.permute(0, 2, 3, 1)
     _check_frames(frames)
-    if channels_in not in _ORDERS:
-        raise ValueError(f"{OP}: channels_in must be one of {sorted(_ORDERS)}, got {channels_in!r}")
-    if channels_out not in ("rgb", "bgr"):
-        raise ValueError(f"{OP}: channels_out must be 'rgb' or 'bgr', got {channels_out!r}")
-    if out_dtype not in OUT_DTYPES:
-        names = ", ".join(dtype_name(d) for d in OUT_DTYPES)
-        raise TypeError(f"{OP}: out_dtype must be one of ({names}), got {out_dtype}")
-    if not isinstance(scale, numbers.Real) or not abs(scale) < math.inf:  # (NaN too; symbolic-friendly)
+    _check_str("channels_in", channels_in, tuple(_ORDERS))
+    _check_str("channels_out", channels_out, ("rgb", "bgr"))
+    _check_out_dtype(out_dtype)
+    if not isinstance(scale, numbers.Real):
+        raise TypeError(f"{OP}: scale must be a finite number, got {scale!r}")
+    if not abs(scale) < math.inf:  # (NaN too; symbolic-friendly)
         raise ValueError(f"{OP}: scale must be a finite number, got {scale!r}")
-    if isinstance(pad_value, bool) or not isinstance(pad_value, numbers.Real) or not 0 <= pad_value <= 255:
+    if isinstance(pad_value, bool) or not isinstance(pad_value, numbers.Real):
+        raise TypeError(f"{OP}: pad_value must be a pixel value in [0, 255], got {pad_value!r}")
+    if not 0 <= pad_value <= 255:
         raise ValueError(f"{OP}: pad_value must be a pixel value in [0, 255], got {pad_value!r}")
     mean_l, std_l = _three("mean", mean), _three("std", std)
     _check_float32(float(scale), mean_l, std_l)
@@ -281,17 +317,46 @@ def preprocess_frames(
     return (out, info) if letterbox else out
 
 
+_MAX_SIDE = 2**31  # the kernels index rows and columns in int
+
+
 @torch.library.register_fake("opforge::preprocess_frames")
 def _(frames, size, region, scale, mean, std, pad_value, channels, out_dtype):
+    # check_preprocess_frames_inputs (csrc/preprocess_frames/preprocess_frames.cpp), in its order.
     _check_frames(frames)
-    if len(size) != 2 or size[0] <= 0 or size[1] <= 0:
+    if len(size) != 2:
+        raise ValueError(f"{OP}: size must be (height, width), got {len(size)} values")
+    if not (size[0] > 0 and size[1] > 0):
         raise ValueError(f"{OP}: size must be positive, got {list(size)}")
+    if len(region) != 4:
+        raise ValueError(f"{OP}: region must be (top, left, height, width), got {len(region)} values")
+    top, left, height, width = region
+    if not (
+        height > 0
+        and width > 0
+        and top >= 0
+        and left >= 0
+        and top + height <= size[0]
+        and left + width <= size[1]
+    ):
+        raise ValueError(f"{OP}: region {list(region)} must lie inside the output size {list(size)}")
+    if not abs(scale) < _OVERFLOW[torch.float32]:
+        raise ValueError(f"{OP}: scale must be finite in float32 {_IN_F32}, got {scale!r}")
     for arg, values in (("mean", mean), ("std", std)):
         if len(values) not in (0, 3):
             raise ValueError(f"{OP}: {arg} must have 3 values (one per output channel), got {len(values)}")
     _check_float32(scale, list(mean), list(std))
-    if out_dtype not in OUT_DTYPES:
-        names = ", ".join(dtype_name(d) for d in OUT_DTYPES)
-        raise TypeError(f"{OP}: out_dtype must be one of ({names}), got {out_dtype}")
+    if not 0 <= pad_value <= 255:
+        raise ValueError(f"{OP}: pad_value must be a pixel value in [0, 255], got {pad_value!r}")
+    if list(channels) not in ([0, 1, 2], [2, 1, 0]):
+        raise ValueError(
+            f"{OP}: channels (the input channel of each output channel) must be [0, 1, 2] or [2, 1, 0], "
+            f"got {list(channels)}"
+        )
+    _check_out_dtype(out_dtype)
+    if frames.shape[1] >= _MAX_SIDE or frames.shape[2] >= _MAX_SIDE:
+        raise RuntimeError(f"{OP}: frame sides must be below 2^31")
+    if size[0] >= _MAX_SIDE or size[1] >= _MAX_SIDE:
+        raise ValueError(f"{OP}: size must be below 2^31, got {list(size)}")
     _check_outputs(scale, list(mean), list(std), out_dtype)
     return frames.new_empty((frames.shape[0], 3, size[0], size[1]), dtype=out_dtype)

@@ -17,8 +17,8 @@ def scale_boxes(boxes: torch.Tensor, info: FrameInfo, *, clip: bool = True) -> t
         raise TypeError(
             f"opforge.video.scale_boxes: boxes must be a torch.Tensor, got {type(boxes).__name__}"
         )
-    if boxes.shape[-1:] != (4,):
-        raise ValueError(
+    if boxes.shape[-1:] != (4,):  # a tensor that does not fit: RuntimeError, as PyTorch's ops
+        raise RuntimeError(
             f"opforge.video.scale_boxes: boxes must have shape (..., 4), got {list(boxes.shape)}"
         )
     if not isinstance(info, FrameInfo):

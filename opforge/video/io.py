@@ -31,10 +31,13 @@ def read_frames(
     (the frames' channel order). ``threads``: decoder threads (0 = FFmpeg's choice). Frame-level
     threading of the decoder is on, so decoding runs beside the caller's work. ``max_frames``
     stops early. Decoding goes straight into each batch's buffer (no per-frame copies kept)."""
-    if channels not in ("rgb", "bgr"):
-        raise ValueError(f"opforge.video.read_frames: channels must be 'rgb' or 'bgr', got {channels!r}")
+    # The wrong type (a str for an int, an int for a str): TypeError; a value out of range: ValueError.
+    if not isinstance(channels, str) or channels not in ("rgb", "bgr"):
+        err = ValueError if isinstance(channels, str) else TypeError
+        raise err(f"opforge.video.read_frames: channels must be 'rgb' or 'bgr', got {channels!r}")
     if not isinstance(batch_size, int) or batch_size <= 0:
-        raise ValueError(f"opforge.video.read_frames: batch_size must be positive, got {batch_size!r}")
+        err = ValueError if isinstance(batch_size, int) else TypeError
+        raise err(f"opforge.video.read_frames: batch_size must be positive, got {batch_size!r}")
     if max_frames is not None and max_frames < 0:
         raise ValueError(f"opforge.video.read_frames: max_frames must be >= 0, got {max_frames}")
     av = _av()

@@ -60,6 +60,10 @@ class _Item(NamedTuple):
     keep: Any  # the source's tensor, kept alive until the batch is consumed
 
 
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def _as_frames(item: Any) -> torch.Tensor:
     """A source item as a uint8 (n, H, W, C) tensor, without copying."""
     if isinstance(item, np.ndarray):
@@ -70,12 +74,14 @@ def _as_frames(item: Any) -> torch.Tensor:
         t = item
     else:
         raise TypeError(f"{FS}: the source must yield numpy arrays or tensors, got {type(item).__name__}")
+    # Frames whose dtype or shape do not fit: RuntimeError, as preprocess_frames (and PyTorch's own
+    # ops) raise for tensors; an item that is no array at all: TypeError.
     if t.dtype != torch.uint8:
-        raise TypeError(f"{FS}: frames must be uint8, got {t.dtype}")
+        raise RuntimeError(f"{FS}: frames must be uint8, got {t.dtype}")
     if t.dim() == 3:
         t = t.unsqueeze(0)
     if t.dim() != 4 or t.shape[3] not in (3, 4):
-        raise ValueError(
+        raise RuntimeError(
             f"{FS}: frames must be (H, W, C) or (N, H, W, C) with C = 3 or 4, got {list(t.shape)}"
         )
     return t
@@ -345,10 +351,13 @@ class FrameStream:
         # Every argument is checked here, not in the staging thread (bools are not ints).
         if not isinstance(source, Iterable):
             raise TypeError(f"{FS}: source must be an iterable of frames, got {type(source).__name__}")
-        if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size <= 0:
-            raise ValueError(f"{FS}: batch_size must be a positive int, got {batch_size!r}")
-        if not isinstance(ring, int) or isinstance(ring, bool) or ring < 2:
-            raise ValueError(f"{FS}: ring must be an int >= 2, got {ring!r}")
+        # A value of the wrong type (2.0, True) is a TypeError, an int out of range a ValueError.
+        if not _is_int(batch_size) or batch_size <= 0:
+            err = ValueError if _is_int(batch_size) else TypeError
+            raise err(f"{FS}: batch_size must be a positive int, got {batch_size!r}")
+        if not _is_int(ring) or ring < 2:
+            err = ValueError if _is_int(ring) else TypeError
+            raise err(f"{FS}: ring must be an int >= 2, got {ring!r}")
         if model is not None and not callable(model):
             raise TypeError(f"{FS}: model must be callable or None, got {type(model).__name__}")
         if not isinstance(raw, bool):

@@ -52,13 +52,15 @@ void record_host(const at::Tensor& t, const at::cuda::CUDAStream& stream, bool g
   at::getHostAllocator(at::kCUDA)->record_event(ptr.get(), ptr.get_context(), stream.unwrap());
 }
 
+// The refusals under CUDA-graph capture are about the tensors' memory (pageable, not dense) or
+// devices: RuntimeError, as for every tensor that does not fit (docs/adding-an-op.md, section 3).
 void device_to_device(const at::Tensor& dst, const at::Tensor& src, const at::cuda::CUDAStream& stream,
                       bool graph) {
   const bool cross = src.device() != dst.device();
-  TORCH_CHECK_VALUE(
-      !cross || !graph, kOp, ": a copy between two GPUs (", src.device().str(), " to ", dst.device().str(),
-      ") cannot be captured in a CUDA graph here (it orders two devices' streams); capture a copy "
-      "within one device");
+  TORCH_CHECK(!cross || !graph, kOp, ": a copy between two GPUs (", src.device().str(), " to ",
+              dst.device().str(),
+              ") cannot be captured in a CUDA graph here (it orders two devices' streams); capture a copy "
+              "within one device");
   if (cross) {
     at::cuda::CUDAEvent ready;
     ready.record(at::cuda::getCurrentCUDAStream(src.device().index()));
@@ -84,15 +86,15 @@ void host_to_device(const at::Tensor& dst, const at::Tensor& src, const at::cuda
   at::Tensor host = src;
   const auto pinned = src.options().pinned_memory(true);
   if (!src.is_pinned()) {
-    TORCH_CHECK_VALUE(!graph, kOp,
-                      ": src is in pageable host memory, which a CUDA graph cannot capture (the host-side "
-                      "staging copy would not replay); copy from pinned memory (tensor.pin_memory())");
+    TORCH_CHECK(!graph, kOp,
+                ": src is in pageable host memory, which a CUDA graph cannot capture (the host-side "
+                "staging copy would not replay); copy from pinned memory (tensor.pin_memory())");
     host = at::empty_like(dst, pinned);
     host_copy(host, src);
   } else if (!host.is_non_overlapping_and_dense()) {
-    TORCH_CHECK_VALUE(!graph, kOp,
-                      ": a non-dense pinned src cannot be captured in a CUDA graph (it is packed on "
-                      "the host first); pass a dense view");
+    TORCH_CHECK(!graph, kOp,
+                ": a non-dense pinned src cannot be captured in a CUDA graph (it is packed on "
+                "the host first); pass a dense view");
     host = at::empty(src.sizes(), pinned);
     host_copy(host, src);
   }
@@ -109,13 +111,12 @@ void host_to_device(const at::Tensor& dst, const at::Tensor& src, const at::cuda
 void device_to_host(const at::Tensor& dst, const at::Tensor& src, const at::cuda::CUDAStream& stream,
                     bool graph) {
   const bool pinned = dst.is_pinned();
-  TORCH_CHECK_VALUE(
-      !graph || pinned, kOp,
-      ": dst is in pageable host memory, which a CUDA graph cannot capture; copy into pinned memory");
+  TORCH_CHECK(!graph || pinned, kOp,
+              ": dst is in pageable host memory, which a CUDA graph cannot capture; copy into pinned memory");
   at::Tensor dev = src;
   if (!copy_async_same_dense_layout(dst, src)) {
-    TORCH_CHECK_VALUE(!graph || dst.is_non_overlapping_and_dense(), kOp,
-                      ": a non-dense dst cannot be captured in a CUDA graph; pass a dense view");
+    TORCH_CHECK(!graph || dst.is_non_overlapping_and_dense(), kOp,
+                ": a non-dense dst cannot be captured in a CUDA graph; pass a dense view");
     // Reorder on the GPU into dst's layout (or a dense one), then one flat transfer.
     dev = at::empty_like(dst, src.options());
     dev.copy_(src, /*non_blocking=*/true);
@@ -140,9 +141,9 @@ void device_to_host(const at::Tensor& dst, const at::Tensor& src, const at::cuda
 
 void copy_async_cuda(const at::Tensor& dst, const at::Tensor& src) {
   check_copy_async_inputs(dst, src);
-  TORCH_CHECK_VALUE((dst.is_cuda() || dst.is_cpu()) && (src.is_cuda() || src.is_cpu()), kOp,
-                    ": dst and src must be CPU or CUDA tensors, got ", dst.device().str(), " and ",
-                    src.device().str());
+  TORCH_CHECK((dst.is_cuda() || dst.is_cpu()) && (src.is_cuda() || src.is_cpu()), kOp,
+              ": dst and src must be CPU or CUDA tensors, got ", dst.device().str(), " and ",
+              src.device().str());
   if (dst.numel() == 0 || dst.is_same(src)) return;
   if (dst.device() == src.device() && at::get_overlap_status(dst, src) == at::MemOverlapStatus::Full) return;
   const c10::cuda::CUDAGuard guard(dst.is_cuda() ? dst.device() : src.device());

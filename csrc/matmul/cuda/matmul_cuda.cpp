@@ -146,8 +146,10 @@ at::Tensor matmul_cuda(const at::Tensor& a, const at::Tensor& b, c10::string_vie
   MatmulVariant v = parse_matmul_variant(variant);
   const c10::cuda::CUDAGuard guard(a.device());
   const at::ScalarType dtype = a.scalar_type();
-  TORCH_CHECK_VALUE(dtype != at::kDouble, kOp, ": float64 is computed on the CPU only; on CUDA use float32, ",
-                    "float16 or bfloat16");
+  // A dtype this backend has no kernel for: NotImplementedError, as PyTorch's "not implemented for".
+  TORCH_CHECK_NOT_IMPLEMENTED(
+      dtype != at::kDouble, kOp,
+      ": float64 is computed on the CPU only; on CUDA use float32, float16 or bfloat16");
   const bool fp32 = dtype == at::kFloat;
   if (v == MatmulVariant::kAuto) {
     v = fp32                       ? MatmulVariant::kWarpTiled
@@ -190,8 +192,8 @@ at::Tensor matmul_cuda(const at::Tensor& a, const at::Tensor& b, c10::string_vie
       if ((batch > 1 && a3.stride(0) == 0) || a3.stride(1) == 0) a3 = a3.clone(at::MemoryFormat::Contiguous);
       if ((batch > 1 && b3.stride(0) == 0) || b3.stride(1) == 0) b3 = b3.clone(at::MemoryFormat::Contiguous);
       constexpr int64_t kMax = (int64_t{1} << 31) - 512;
-      TORCH_CHECK_VALUE(m < kMax && b3.size(2) < kMax && a3.size(2) < kMax, kOp, ": variant '",
-                        matmul_variant_name(v), "' takes dimensions below ", kMax, "; use variant 'mma'");
+      TORCH_CHECK(m < kMax && b3.size(2) < kMax && a3.size(2) < kMax, kOp, ": variant '",
+                  matmul_variant_name(v), "' takes dimensions below ", kMax, "; use variant 'mma'");
     }
     if (v == MatmulVariant::kMmaWs && n % 8 != 0) n_out = round_up(n, 8);  // TMA stores 16-byte rows
   } else {
