@@ -1,11 +1,10 @@
 // attention CPU: forward and backward, tiled with an online softmax (no Sq x Sk matrix in memory).
 //
-// Forward: a task is one (batch, head, 64-query tile); it walks the key tiles the pattern leaves
-// visible (tile_kind: empty tiles are skipped, full tiles take no mask arithmetic), computing
-// S = Q K^T and P V with the CPU GEMM that matmul shares (common/cpu/gemm.h; AVX2 where the CPU has
-// it).
-// Backward: dK and dV by key tiles (a task owns its tile's rows for the whole GQA group: the
-// reduction over the group's query heads happens inside the task), then dQ by query tiles; every
+// Forward: a task is one (batch, head, tile of 96 queries (64 or 128 inside a block mask's blocks)); it walks
+// the key tiles the pattern leaves visible (tile_kind: empty tiles are skipped, full tiles take no mask
+// arithmetic), computing S = Q K^T and P V with the CPU GEMM that matmul shares (common/cpu/gemm.h; AVX2
+// where the CPU has it). Backward: dK and dV by key tiles (a task owns its tile's rows for the whole GQA
+// group: the reduction over the group's query heads happens inside the task), then dQ by query tiles; every
 // sum runs in a fixed order, so gradients are deterministic. Accumulation in float (double for
 // float64 inputs); 16-bit inputs round P and dS to their type for the P V and dS K products, as
 // GPU flash attention does.
