@@ -102,8 +102,11 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
               k_row0 = static_cast<int>(p.pattern.k_start(b));
     if (lane == 0) {
       cuda::mbar_arrive_expect_tx(smem_addr(bar_q), Tr::kQBytes);
-      fwd_load_q_tile<Tr>(&map_q, sQ, q_row0 + static_cast<int>(i0), static_cast<int>(h), tb,
-                          smem_addr(bar_q));
+#pragma unroll
+      for (int pn = 0; pn < Tr::kPanels; ++pn) {
+        cuda::tma_load_4d(smem_addr(sQ + pn * Tr::kQPanelBytes), &map_q, pn * 64,
+                          q_row0 + static_cast<int>(i0), static_cast<int>(h), tb, smem_addr(bar_q));
+      }
     }
     // The block-mask form: a partial mask tile inside one mask block gets its bits (the block's rows
     // of the Q tile, the tile's columns) copied into the stage by the warp's lanes (cp.async, which
@@ -160,7 +163,11 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       } else if (lane == 0) {
         pv.producer_acquire(w);
         const uint32_t bar = pv.producer_commit(w, Tr::kKVBytes);
-        fwd_load_kv_tile<Tr>(&map_v, sK + Tr::kKVBytes, p, tile, k_row0, hk, tb, bar, run, lane);
+#pragma unroll
+        for (int pn = 0; pn < Tr::kPanels; ++pn) {
+          cuda::tma_load_4d(smem_addr(sK + Tr::kKVBytes + pn * Tr::kKVPanelBytes), &map_v, pn * 64,
+                            k_row0 + tile * kBN, hk, tb, bar);
+        }
       }
       __syncwarp();
     }

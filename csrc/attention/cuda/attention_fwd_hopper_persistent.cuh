@@ -138,8 +138,12 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
           pq.producer_acquire(wq);  // the last item's S products are done
           sm.q_info[0] = make_int4(static_cast<int>(b), static_cast<int>(h), static_cast<int>(qb), 1);
           sm.q_info[1] = make_int4(static_cast<int>(first), static_cast<int>(len), runs >= 0, 0);
-          fwd_load_q_tile<Tr>(&map_q, sm.q, q_row0 + static_cast<int>(i0), static_cast<int>(h), tb,
-                              pq.producer_commit(wq, Tr::kQBytes));
+          const uint32_t qbar = pq.producer_commit(wq, Tr::kQBytes);
+#pragma unroll
+          for (int pn = 0; pn < Tr::kPanels; ++pn) {
+            cuda::tma_load_4d(smem_addr(sm.q + pn * Tr::kQPanelBytes), &map_q, pn * 64,
+                              q_row0 + static_cast<int>(i0), static_cast<int>(h), tb, qbar);
+          }
         }
         wq.advance();
         for (; tile < walk.end; tile = walk.next(tile + 1, tc, lane), wk.advance(), wv.advance()) {
@@ -148,11 +152,19 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
             sm.pk.producer_acquire(wk);
             sm.info[wk.index] = make_int4(tile, tile_class_bits(tc), 0, 0);
             const uint32_t kbar = sm.pk.producer_commit(wk, Tr::kKVBytes);
-            fwd_load_kv_tile<Tr>(&map_k, sK, p, tile, k_row0, hk, tb, kbar, FwdPageRun{}, lane);
+#pragma unroll
+            for (int pn = 0; pn < Tr::kPanels; ++pn) {
+              cuda::tma_load_4d(smem_addr(sK + pn * Tr::kKVPanelBytes), &map_k, pn * 64, k_row0 + tile * kBN,
+                                hk, tb, kbar);
+            }
             unsigned char* const sV = sm.kv + wv.index * Tr::kStageBytes + Tr::kKVBytes;
             sm.pv.producer_acquire(wv);
             const uint32_t vbar = sm.pv.producer_commit(wv, Tr::kKVBytes);
-            fwd_load_kv_tile<Tr>(&map_v, sV, p, tile, k_row0, hk, tb, vbar, FwdPageRun{}, lane);
+#pragma unroll
+            for (int pn = 0; pn < Tr::kPanels; ++pn) {
+              cuda::tma_load_4d(smem_addr(sV + pn * Tr::kKVPanelBytes), &map_v, pn * 64, k_row0 + tile * kBN,
+                                hk, tb, vbar);
+            }
           }
           __syncwarp();
         }

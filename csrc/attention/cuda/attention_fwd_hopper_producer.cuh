@@ -38,8 +38,8 @@ __device__ __forceinline__ FwdPageRun fwd_page_run(const AttentionParams& p, int
 // through map, completing on the mbarrier at bar (which expects the tile's bytes): one box a panel
 // (lane 0), or for a paged cache (the KV-cache form; map: (D, page_size, Hkv, num_pages)) a box a
 // page run, lane r issuing run r (its FwdPageRun). The paged page size divides kBlockN or is a
-// multiple of it (hopper_fwd_pages), so a box never crosses a page. (Every K and V tile of both
-// kernels comes through here, as every Q tile through fwd_load_q_tile.)
+// multiple of it (hopper_fwd_pages), so a box never crosses a page. (The one-item kernel's K tiles
+// of every form and the KV-cache form's V tiles come through here.)
 template <typename Tr>
 __device__ __forceinline__ void fwd_load_kv_tile(const CUtensorMap* map, unsigned char* dst,
                                                  const AttentionParams& p, int tile, int row0, int hk, int tb,
@@ -62,17 +62,6 @@ __device__ __forceinline__ void fwd_load_kv_tile(const CUtensorMap* map, unsigne
       cuda::tma_load_4d(cuda::smem_addr(dst + pn * Tr::kKVPanelBytes + lane * box * 128), map, pn * 64,
                         run.slot, hk, run.page, bar);
     }
-  }
-}
-
-// The Q tile of kBlockM rows from row `row` of head h into dst (kPanels boxes of 64 columns) through
-// map, completing on the mbarrier at bar (lane 0; both kernels' Q).
-template <typename Tr>
-__device__ __forceinline__ void fwd_load_q_tile(const CUtensorMap* map, unsigned char* dst, int row, int h,
-                                                int tb, uint32_t bar) {
-#pragma unroll
-  for (int pn = 0; pn < Tr::kPanels; ++pn) {
-    cuda::tma_load_4d(cuda::smem_addr(dst + pn * Tr::kQPanelBytes), map, pn * 64, row, h, tb, bar);
   }
 }
 
