@@ -91,16 +91,13 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   constexpr int kD = Tr::kD, kBM = Tr::kBlockM, kBN = Tr::kBlockN, kDT = kD / 8;
   using cuda::smem_addr;
   using State = cuda::PipelineState<Tr::kStages>;
-  using QState = cuda::PipelineState<1>;  // (the Q tile: one stage, its phase flipping each item)
   extern __shared__ unsigned char smem_raw[];
   const FwdSmem<Tr> sm(cuda::align_shared<1024>(smem_raw));
-  // The Q tile as a one-stage ring: full when its item's Q landed, empty once the consumers' S
-  // products of that item are done (each consumer warp arrives).
-  const cuda::Pipeline<1> pq{sm.q_full, sm.q_empty};
   const AttentionParams& p = a.g.fwd;
   const int wg = threadIdx.x / 128, t = threadIdx.x % 128, warp = t / 32, lane = t % 32;
   if (threadIdx.x == 0) {
-    pq.init(4 * Tr::kConsumers);
+    cuda::mbar_init(smem_addr(sm.q_full), 1);
+    cuda::mbar_init(smem_addr(sm.q_empty), 4 * Tr::kConsumers);
     sm.pk.init(4 * Tr::kConsumers);  // (each consumer warp reads a stage's info, so each hands it back)
     sm.pv.init(Tr::kConsumers);
     cuda::fence_mbarrier_init();
@@ -111,7 +108,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     cuda::setmaxnreg_dec<Tr::kProducerRegs>();
     if (warp != 0) return;
     State wk, wv;     // the K ring (tiles and each item's end) and the V ring (tiles)
-    QState wq;        // the Q tile
+    int n = 0;        // items begun
     int pending = 0;  // (lane 0) the counter's value for the item after this one
     // (Segment ids as documents where the device found them runs: the items from their count.)
     const auto total = [&]() {
@@ -135,17 +132,18 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
         TileClass tc;
         int tile = walk.next(walk.begin, tc, lane);
         if (lane == 0) {
-          pq.producer_acquire(wq);  // the last item's S products are done
+          if (n > 0)
+            cuda::mbar_wait(smem_addr(sm.q_empty), (n - 1) & 1);  // the last item's S products are done
           sm.q_info[0] = make_int4(static_cast<int>(b), static_cast<int>(h), static_cast<int>(qb), 1);
           sm.q_info[1] = make_int4(static_cast<int>(first), static_cast<int>(len), runs >= 0, 0);
-          const uint32_t qbar = pq.producer_commit(wq, Tr::kQBytes);
+          cuda::mbar_arrive_expect_tx(smem_addr(sm.q_full), Tr::kQBytes);
 #pragma unroll
           for (int pn = 0; pn < Tr::kPanels; ++pn) {
             cuda::tma_load_4d(smem_addr(sm.q + pn * Tr::kQPanelBytes), &map_q, pn * 64,
-                              q_row0 + static_cast<int>(i0), static_cast<int>(h), tb, qbar);
+                              q_row0 + static_cast<int>(i0), static_cast<int>(h), tb, smem_addr(sm.q_full));
           }
         }
-        wq.advance();
+        ++n;
         for (; tile < walk.end; tile = walk.next(tile + 1, tc, lane), wk.advance(), wv.advance()) {
           if (lane == 0) {
             unsigned char* const sK = sm.kv + wk.index * Tr::kStageBytes;
@@ -179,9 +177,9 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       item = static_cast<int>(gridDim.x) + __shfl_sync(0xffffffffu, pending, 0);
     }
     if (lane == 0) {  // no more items: a Q arrival without bytes, not live
-      pq.producer_acquire(wq);
+      if (n > 0) cuda::mbar_wait(smem_addr(sm.q_empty), (n - 1) & 1);
       *sm.q_info = make_int4(0, 0, 0, 0);
-      pq.producer_arrive(wq);
+      cuda::mbar_arrive(smem_addr(sm.q_full));
     }
     return;
   }
@@ -192,8 +190,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   const bool raw_scores = a.cap_log2 == 0.f && a.scale_log2 > 0.f;  // (as the one-item kernel's)
   const float k = raw_scores ? a.scale_log2 : 1.f;
   State rk, rv;
-  for (QState rq;; rq.advance()) {
-    pq.consumer_wait(rq);                              // (its acquire orders the item's read after the write)
+  for (int n = 0;; ++n) {
+    cuda::mbar_wait(smem_addr(sm.q_full), n & 1);      // (its acquire orders the item's read after the write)
     const int4 qi = sm.q_info[0], run = sm.q_info[1];  // (run: first row, rows, is a run)
     if (!qi.w) break;
     const int64_t b = qi.x, h = qi.y, i0 = int64_t{qi.z} * kBM, first = run.x;
