@@ -120,38 +120,5 @@ struct BwdTileInfo {
   int tile, head, bits, staged;
 };
 
-// A block's shared memory (Tr::kSmemBytes from a 1024-byte aligned base), in order: the K and V
-// tiles; the Q / dO stages; dS^T (keys layout) or dS (head-dim layout), two buffers; the head-dim
-// layout's P, two buffers; the dQ parts' staging (unless Tr::kDQAtomic); each stage's stats (lse2,
-// delta, the tile's BwdTileInfo, the block-mask form's bits); the staged dQ parts' tile info (one a
-// consumer warpgroup); the barriers (K and V loaded; the stages' full / empty).
-template <typename Tr>
-struct BwdSmem {
-  static constexpr int kInfoOffset = 2 * Tr::kBlockM * 4;  // in a stage's stats, after lse2 and delta
-  static constexpr int kMaskOffset = kInfoOffset + 16;     // then the mask bits
-  unsigned char* k;
-  unsigned char* v;
-  unsigned char* stages;
-  unsigned char* ds;
-  unsigned char* p;
-  unsigned char* dq;
-  unsigned char* stats;
-  BwdTileInfo* dq_info;
-  uint64_t* kv_full;
-  cuda::Pipeline<Tr::kStages> pipe;
-
-  __device__ __forceinline__ explicit BwdSmem(unsigned char* base)
-      : k(base),
-        v(base + Tr::kKBytes),
-        stages(v + Tr::kKBytes),
-        ds(stages + Tr::kStages * Tr::kStageBytes),
-        p(ds + 2 * Tr::kDSBytes),
-        dq(p + 2 * Tr::kPBytes),
-        stats(dq + Tr::kDQStageBytes),
-        dq_info(reinterpret_cast<BwdTileInfo*>(stats + Tr::kStages * Tr::kStatsBytes)),
-        kv_full(reinterpret_cast<uint64_t*>(dq_info + 2)),
-        pipe{kv_full + 1, kv_full + 1 + Tr::kStages} {}
-};
-
 }  // namespace attention_cuda
 }  // namespace opforge
