@@ -188,15 +188,12 @@ __global__ void __launch_bounds__(kDecodeThreads)
         m[half] = m_new;
         l[half] *= alpha[half];
       }
-      // (a row that has seen only masked scores keeps m = -inf: exp(-inf - 0) = 0; a NaN score, which
-      // the max skips, stays NaN, and so do the row's sum, output and LSE, as in SDPA)
-      const float m_use[2] = {m[0] == kNegInf ? 0.f : m[0], m[1] == kNegInf ? 0.f : m[1]};
 #pragma unroll
       for (int n = 0; n < kN; ++n) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int half = e / 2;
-          sc[n][e] = __expf(sc[n][e] - m_use[half]);
+          sc[n][e] = m[half] == kNegInf ? 0.f : __expf(sc[n][e] - m[half]);
           l[half] += sc[n][e];
         }
       }

@@ -30,16 +30,14 @@ __global__ void __launch_bounds__(kMergeThreads)
   for (int c = lane; c < parts; c += 32) mx = fmaxf(mx, first[c * step + kD]);
 #pragma unroll
   for (int off = 16; off > 0; off /= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
-  // The weighted sum of the parts' sums: a part that saw nothing adds 0 (its sum is 0), one that saw a
-  // NaN score adds NaN whatever its max (0 x NaN), which makes the row's output and LSE NaN.
   float acc[kCols] = {}, sum = 0.f;
-  for (int c = lane; c < parts; c += 32) {
-    const float mc = first[c * step + kD];
-    sum += (mc == kNegInf ? 0.f : __expf(mc - mx)) * first[c * step + kD + 1];
-  }
-#pragma unroll
-  for (int off = 16; off > 0; off /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, off);
   if (mx != kNegInf) {
+    for (int c = lane; c < parts; c += 32) {
+      const float mc = first[c * step + kD];
+      if (mc != kNegInf) sum += __expf(mc - mx) * first[c * step + kD + 1];
+    }
+#pragma unroll
+    for (int off = 16; off > 0; off /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, off);
 #pragma unroll 4
     for (int c = warp; c < parts; c += kWarps) {
       const float* part = first + c * step;
@@ -66,13 +64,13 @@ __global__ void __launch_bounds__(kMergeThreads)
 #pragma unroll
     for (int e = 0; e < kCols; ++e) acc[e] += partial[w][lane * kCols + e];
   }
-  const float inv = sum == 0.f ? 0.f : 1.f / sum;
+  const float inv = sum > 0.f ? 1.f / sum : 0.f;
   T* out = static_cast<T*>(p.out) + b * p.o_bs + h * p.o_hs + i * p.o_ss + lane * kCols;
 #pragma unroll
   for (int e = 0; e < kCols; e += 2) cuda::store_pair<T>(out + e, acc[e] * inv, acc[e + 1] * inv, true);
   if (lane == 0) {
     float* lse = static_cast<float*>(p.lse) + (b * p.heads + h) * sq + i;
-    *lse = sum == 0.f ? kNegInf : mx + __logf(sum);
+    *lse = sum > 0.f ? mx + __logf(sum) : kNegInf;
   }
 }
 

@@ -239,8 +239,7 @@ __device__ __forceinline__ void unscaled_score_grads_by_row(const float (&prob)[
 }
 
 // The forward's row totals: each row's 1 / sum (0 for a row that saw nothing) into inv, and its
-// LSE (natural log; -inf for such a row, NaN for a row that saw a NaN score) written by the quad's
-// first lane. row0: the warp's first
+// LSE (natural log; -inf for such a row) written by the quad's first lane. row0: the warp's first
 // query row; sq: batch row b's query count; k: softmax_step's.
 __device__ __forceinline__ void finish_rows(const float (&m_run)[2], const float (&l_run)[2], float (&inv)[2],
                                             const AttentionParams& p, int64_t sq, int64_t b, int64_t h,
@@ -248,13 +247,12 @@ __device__ __forceinline__ void finish_rows(const float (&m_run)[2], const float
   const int g = lane / 4, t4 = lane % 4;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    // (l is NaN where a visible score was: NaN in q or k gives NaN outputs and LSE, as in SDPA)
     const float l = quad_sum(l_run[r]);
-    inv[r] = l == 0.f ? 0.f : 1.f / l;
+    inv[r] = l > 0.f ? 1.f / l : 0.f;
     const int64_t i = row0 + g + 8 * r;
     if (t4 == 0 && i < sq) {
       static_cast<float*>(p.lse)[p.lse_at(b, h) + i] =
-          l == 0.f ? kNegInf : fmaf(m_run[r], k, log2f(l)) * cuda::kLn2Float;
+          l > 0.f ? fmaf(m_run[r], k, log2f(l)) * cuda::kLn2Float : kNegInf;
     }
   }
 }
