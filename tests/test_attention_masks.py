@@ -181,6 +181,7 @@ _PEAK_SCRIPT = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(sys.platform != "linux", reason="reads the peak resident size from /proc/self/status")
 def test_from_dense_peak_memory():
     """The process's peak resident memory while from_dense turns a 64 MiB mask into blocks grows by

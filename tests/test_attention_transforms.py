@@ -101,6 +101,7 @@ def test_vmap():
     assert (got - want).abs().max() < 2e-5
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["causal", "prefix", "documents", "block mask", "softcap"])
 def test_gradgradcheck(name):
     q, k, v, kw = small_case(name, Sq=5, Sk=7, D=3)
@@ -149,6 +150,7 @@ def test_backward_op_alone_is_not_differentiable():
         dq.sum().backward()
 
 
+@pytest.mark.slow
 def test_varlen_transforms():
     """torch.func.grad and jvp (forward mode) match the reference; vmap over q, k, v folds the mapped
     dimension into the heads; double backward (gradgradcheck); mapped offsets are refused."""

@@ -70,6 +70,7 @@ def test_varlen_matches_reference(dtype, name, heads):
             assert (grads[1][rows] == 0).all() and (grads[2][rows] == 0).all()
 
 
+@pytest.mark.slow
 def test_varlen_random_lengths():
     """Many sequences of random lengths (fresh every run; int64 offsets), sliding window, float32."""
     B = 12

@@ -116,6 +116,7 @@ def test_prefill_bfloat16(kind):
     assert (got - ref).abs().max() <= 2 * (low - ref).abs().max() + 1e-2
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", MODELS)
 def test_generate_left_padded_batch(kind):
     # Two prompts of 9 and 5 tokens, left-padded; 32 greedy steps (past the window of 12).
@@ -145,6 +146,7 @@ def test_generate_static_cache(kind):
     assert torch.equal(got, want)
 
 
+@pytest.mark.slow
 def test_generate_static_cache_compiled():
     # generate()'s own torch.compile of the forward (as on GPUs with a static cache), here forced on
     # the CPU with dynamo's eager backend: the same tokens as eager attention.

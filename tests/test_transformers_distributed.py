@@ -86,6 +86,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["ddp", "fsdp2"])
 def test_distributed_training_step_matches_one_process(mode):
     otf.register()
