@@ -223,9 +223,8 @@ def attention_varlen(
             ValueError).
 
     Returns the output (total_q, Hq, D) in q's dtype (contiguous, whatever q's layout), and the LSE
-    when asked. A query
-    whose sequence has no keys gets zeros and an LSE of -inf. The pattern (causal, window, softcap)
-    applies to each sequence on its own; prefixes, segment ids, block masks and kv_lens do not
+    when asked. A query whose sequence has no keys gets zeros and an LSE of -inf. The pattern
+    (causal, window, softcap) applies to each sequence on its own; prefixes, segment ids, block masks and kv_lens do not
     combine with packed sequences. Differentiable in q, k and v (keys no query sees get zero
     gradients), under torch.compile and the torch.func transforms as opforge.attention is (vmap
     maps q, k and v by folding the mapped dimension into the heads; mapped offsets raise a
