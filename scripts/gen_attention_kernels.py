@@ -170,7 +170,7 @@ def instances() -> list[Instance]:
                 f"attention_bwd_hopper{f.suffix}_d{f.head_dim}",
                 f"The Hopper backward at head dim {f.head_dim}, {f.what}: {f.traits}, its one-pass kernel and dQ "
                 "conversion",
-                "attention_bwd_hopper_kernel.cuh",
+                "attention_bwd_hopper_launch.cuh",
                 (
                     (
                         hopper_bwd_decl(f),
