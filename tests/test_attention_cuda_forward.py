@@ -446,19 +446,26 @@ def form_of(q, k, kw, backward=False, deterministic=None):
     )
 
 
-# A form's kernels, by the names the profiler reports: (kernel, traits struct, other kernels).
+# A form's kernels, by the names the profiler reports (demangled: the traits aliases appear as their
+# templates, HopperFwdTraits<kD, kBlockN, kStages, kConsumers, kPingPong, kStageMask, kPersistent,
+# kKvCache>; compared with the blanks removed): (kernel, traits, other kernels).
+def _fwd_traits(mask=False, persistent=False, cache=False):
+    flags = ",".join(str(f).lower() for f in (mask, persistent, cache))
+    return f"HopperFwdTraits<128,128,2,2,true,{flags}>"
+
+
 FORWARD_FORMS = {
-    "hopper": ("attention_fwd_hopper_kernel<", "HopperFwdTraitsD128", ()),
-    "hopper/mask": ("attention_fwd_hopper_kernel<", "HopperFwdTraitsMaskD128", ()),
-    "hopper/cache": ("attention_fwd_hopper_kernel<", "HopperFwdTraitsCacheD128", ()),
-    "hopper/cache_mask": ("attention_fwd_hopper_kernel<", "HopperFwdTraitsCacheMaskD128", ()),
-    "hopper/persistent": ("attention_fwd_hopper_persistent_kernel<", "HopperFwdTraitsPersistentD128", ()),
+    "hopper": ("attention_fwd_hopper_kernel<", _fwd_traits(), ()),
+    "hopper/mask": ("attention_fwd_hopper_kernel<", _fwd_traits(mask=True), ()),
+    "hopper/cache": ("attention_fwd_hopper_kernel<", _fwd_traits(cache=True), ()),
+    "hopper/cache_mask": ("attention_fwd_hopper_kernel<", _fwd_traits(mask=True, cache=True), ()),
+    "hopper/persistent": ("attention_fwd_hopper_persistent_kernel<", _fwd_traits(persistent=True), ()),
     "hopper/persistent_runs": (
         "attention_fwd_hopper_persistent_kernel<",
-        "HopperFwdTraitsPersistentD128",
+        _fwd_traits(persistent=True),
         ("segment_runs",),
     ),
-    "mma_sync": ("attention_fwd_kernel<", "FwdTraitsD128", ()),
+    "mma_sync": ("attention_fwd_kernel<", "FwdTraits<128,128,64>", ()),
     "decode": ("attention_decode_mma_kernel<", "", ()),
 }
 
@@ -486,7 +493,9 @@ def test_forms_are_the_kernels_that_run():
     for qq, kw, form in cases:
         kw = {key: val for key, val in kw.items() if val is not None}
         assert form_of(qq, k, kw) == form, (form, kw.keys())
-        names = kernel_names(lambda qq=qq, kw=kw: opforge.attention(qq, k, v, **kw))
+        names = [
+            n.replace(" ", "") for n in kernel_names(lambda qq=qq, kw=kw: opforge.attention(qq, k, v, **kw))
+        ]
         kernel, traits, others = FORWARD_FORMS[form]
         assert any(kernel in n and traits in n for n in names), (form, names)
         for other in others:
@@ -494,22 +503,26 @@ def test_forms_are_the_kernels_that_run():
         if form == "hopper/persistent":
             assert not any("segment_runs" in n for n in names), names
         seen.add(form)
-    names = kernel_names(lambda: opforge.attention(q, k, v, causal=True, variant="mma_sync"))
-    assert any("attention_fwd_kernel<" in n for n in names), names
+    names = [
+        n.replace(" ", "")
+        for n in kernel_names(lambda: opforge.attention(q, k, v, causal=True, variant="mma_sync"))
+    ]
+    kernel, traits, _ = FORWARD_FORMS["mma_sync"]
+    assert any(kernel in n and traits in n for n in names), names
     assert seen | {"mma_sync"} == set(FORWARD_FORMS)
     # the backward's forms
     for kw, det, form, traits in (
-        (dict(causal=True), False, "hopper", "HopperBwdTraitsD128"),
+        (dict(causal=True), False, "hopper", "HopperBwdTraits<128,64,128,2,false,24,240,false>"),
         (
             dict(mask=block_mask(lambda b, h, i, j: i >= j, None, None, S, S, device=DEV)),
             False,
             "hopper/mask",
-            "HopperBwdTraitsMaskD128",
+            "HopperBwdTraits<128,64,128,2,false,24,240,true>",
         ),
-        (dict(causal=True), True, "hopper/deterministic", "HopperBwdTraitsD128"),
+        (dict(causal=True), True, "hopper/deterministic", "HopperBwdTraits<128,64,128,2,false,24,240,false>"),
     ):
         assert form_of(q, k, kw, backward=True, deterministic=det) == form
         qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
         out = opforge.attention(qg, kg, vg, deterministic=det, **kw)
-        names = kernel_names(lambda out=out: out.sum().backward())
+        names = [n.replace(" ", "") for n in kernel_names(lambda out=out: out.sum().backward())]
         assert any("attention_bwd_hopper_kernel<" in n and traits in n for n in names), (form, names)
