@@ -123,6 +123,28 @@ def _paged(B, Hq, Hkv, Sk, D, page, Sq=1):
     return make
 
 
+def _chunk(B, Hq, Hkv, Sk, D, Sq, blocks=False):
+    """A prefill chunk of Sq queries over a contiguous cache of Sk rows with per-sequence counts
+    (the KV-cache form; with blocks, a block mask too)."""
+    import opforge
+
+    def make():
+        q, k, v = _qkv(B, Hq, Hkv, Sq, Sk, D)
+        g = torch.Generator(device="cpu").manual_seed(0)
+        lens = torch.randint(Sk // 2, Sk + 1, (B,), generator=g).to(DEV)
+        kw = dict(kv_lens=lens)
+        if blocks:
+            table = (torch.rand(Sq // 128, Sk // 128, generator=g) < 0.5).to(DEV)
+            kw["mask"] = opforge.block_mask(
+                lambda b, h, i, j: table[i // 128, j // 128], None, None, Sq, Sk, device=DEV
+            )
+        else:
+            kw["causal"] = True
+        return lambda: opforge.attention(q, k, v, **kw)
+
+    return make
+
+
 def _varlen(lengths, H, D, backward=False):
     import opforge
 
@@ -154,6 +176,11 @@ ROWS = {
     "fwd documents 8x512": _documents(4, 16, 4096, 128, 8),
     "fwd random blocks 30%": _random_blocks(4, 16, 4096, 128, 0.3),
     "fwd varlen 8 x ~1k": _varlen([700, 1300, 1024, 512, 1536, 900, 1100, 1022], 16, 128),
+    "fwd varlen 64 x ~300": _varlen([100 + (37 * i) % 400 for i in range(64)], 16, 128),
+    "fwd random blocks 30% D256": _random_blocks(4, 8, 4096, 256, 0.3),
+    "fwd sliding 512 D64": _forward(4, 32, 32, 4096, 64, **SLIDING),
+    "fwd chunk 512 kv_lens 8k": _chunk(4, 32, 8, 8192, 128, 512),
+    "fwd chunk 512 kv_lens 8k blocks": _chunk(4, 32, 8, 8192, 128, 512, blocks=True),
     "bwd causal": _backward(4, 16, 16, 4096, 128, causal=True),
     "bwd full": _backward(4, 16, 16, 4096, 128),
     "bwd GQA 32/8 causal 8k": _backward(2, 32, 8, 8192, 128, causal=True),
@@ -161,6 +188,8 @@ ROWS = {
     "bwd causal D256": _backward(4, 8, 8, 4096, 256, causal=True),
     "bwd sliding 512": _backward(4, 16, 16, 4096, 128, **SLIDING),
     "bwd causal deterministic": _backward(4, 16, 16, 4096, 128, causal=True, deterministic=True),
+    "bwd causal deterministic D256": _backward(4, 8, 8, 4096, 256, causal=True, deterministic=True),
+    "bwd random blocks 30% D64": _random_blocks(4, 32, 4096, 64, 0.3, backward=True),
     "bwd documents 8x512": _documents(4, 16, 4096, 128, 8, backward=True),
     "bwd random blocks 30%": _random_blocks(4, 16, 4096, 128, 0.3, backward=True),
     "bwd varlen 8 x ~1k": _varlen([700, 1300, 1024, 512, 1536, 900, 1100, 1022], 16, 128, backward=True),

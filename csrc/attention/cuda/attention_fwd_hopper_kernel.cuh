@@ -116,7 +116,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     const bool stage_bits = Tr::kStageMask && mask_stageable<kBM, kBN>(pat);
     TileClass tc;
     State w;
-    uint32_t own_phase = 0;  // (kKvCache: fwd_load_v_tile's barrier)
+    cuda::PipelineState<1> v_own;  // (kKvCache: fwd_load_v_tile's own barrier, a one-stage ring)
     for (int tile = walk.next(walk.begin, tc, lane); tile < walk.end;
          tile = walk.next(tile + 1, tc, lane), w.advance()) {
       unsigned char* const sK = sKV + w.index * Tr::kStageBytes;
@@ -158,8 +158,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       if constexpr (Tr::kKvCache) {
         if (lane == 0) pv.producer_acquire(w);
         __syncwarp();
-        fwd_load_v_tile<Tr>(sm, &map_v, sK + Tr::kKVBytes, p, pat, tile, k_row0, hk, tb, run, w, own_phase,
-                            lane);
+        fwd_load_v_tile<Tr>(sm, &map_v, sK + Tr::kKVBytes, p, pat, tile, k_row0, hk, tb, run, w, v_own, lane);
       } else if (lane == 0) {
         pv.producer_acquire(w);
         const uint32_t bar = pv.producer_commit(w, Tr::kKVBytes);

@@ -77,18 +77,19 @@ __device__ __forceinline__ bool fwd_v_tile_ragged(const AttentionParams& p, cons
 }
 
 // The V tile `tile` into the stage of pipeline state w (producer warp, all lanes): a tile that
-// fwd_v_tile_ragged says needs it lands on the producer's own barrier (v_own, its phase own_phase,
-// flipped here), has its rows from the sequence's count on zeroed (whole 128-byte rows of every
-// panel: the 128-byte swizzle permutes 16-byte chunks within a row), made visible to the async proxy
-// (the consumers' wgmma) and only then released to the consumers (an arrival without bytes); other
-// tiles complete on the stage's full barrier as they land. Lane 0 has acquired the stage.
+// fwd_v_tile_ragged says needs it lands on the producer's own barrier (v_own, a one-stage ring
+// whose state own_pass advances here), has its rows from the sequence's count on zeroed (whole
+// 128-byte rows of every panel: the 128-byte swizzle permutes 16-byte chunks within a row), made
+// visible to the async proxy (the consumers' wgmma) and only then released to the consumers (an
+// arrival without bytes); other tiles complete on the stage's full barrier as they land. Lane 0 has
+// acquired the stage.
 template <typename Tr>
 __device__ __forceinline__ void fwd_load_v_tile(const FwdSmem<Tr>& sm, const CUtensorMap* map,
                                                 unsigned char* dst, const AttentionParams& p,
                                                 const AttentionPattern& pat, int tile, int row0, int hk,
                                                 int tb, FwdPageRun run,
                                                 const cuda::PipelineState<Tr::kStages>& w,
-                                                uint32_t& own_phase, int lane) {
+                                                cuda::PipelineState<1>& own_pass, int lane) {
   constexpr int kBN = Tr::kBlockN;
   if (!fwd_v_tile_ragged<Tr>(p, pat, tile)) {
     if (lane == 0) sm.pv.producer_commit(w, Tr::kKVBytes);
@@ -100,8 +101,8 @@ __device__ __forceinline__ void fwd_load_v_tile(const FwdSmem<Tr>& sm, const CUt
   if (lane == 0) cuda::mbar_arrive_expect_tx(own, Tr::kKVBytes);
   __syncwarp();
   fwd_load_kv_tile<Tr>(map, dst, p, tile, row0, hk, tb, own, run, lane);
-  cuda::mbar_wait(own, own_phase);
-  own_phase ^= 1u;
+  cuda::mbar_wait(own, own_pass.phase);
+  own_pass.advance();
   const int keep =
       static_cast<int>(pat.sk - int64_t{tile} * kBN);  // (rows [keep, kBN) are zeroed; keep >= 1)
   const int chunks = (kBN - keep) * 8;                 // 16-byte chunks a panel
