@@ -7,14 +7,17 @@ restructure or a kernel change made no row slower (issue 46's before/after table
 
 `compare` runs `time` in fresh processes with PYTHONPATH=A_DIR then B_DIR (each a tree built in
 place, e.g. a commit unpacked by rows_at_commits.sh pack and built with setup.py build_ext
---inplace), alternating A, B, A, B, ... (drift and a neighbour hit both), and prints per row the
-median over passes of each build's time and B / A. Only the public API is called (opforge.attention,
+--inplace: house_gpu.sh does both in one lease), alternating A, B, A, B, ... (drift and a neighbour
+hit both), and prints per row the median over passes of each build's time, B / A and each build's
+spread (max / min over passes: the row's noise); the JSON has them with the device, torch, date and
+A_COMMIT / B_COMMIT from the environment. Only the public API is called (opforge.attention,
 attention_varlen, block_mask), so any two commits compare. Timing: CUDA events around one call, the
 L2 flushed before each (a 256 MiB write), median of 30 after 5 warm-ups.
 """
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import statistics
@@ -245,7 +248,10 @@ def compare(a: str, b: str, passes: int, out: str | None) -> None:
             with open(path) as f:
                 runs[tree].append(json.load(f)["rows"])
     table = {}
-    print(f"{'row':32s} {'A ms':>10s} {'B ms':>10s} {'B / A':>7s}   (A = {a}, B = {b}, {passes} passes)")
+    print(
+        f"{'row':32s} {'A ms':>10s} {'B ms':>10s} {'B / A':>7s} {'A spread':>9s} {'B spread':>9s}"
+        f"   (A = {a}, B = {b}, {passes} passes; spread: max / min over passes)"
+    )
     for name in ROWS:
         cells = []
         for tree in (a, b):
@@ -265,11 +271,21 @@ def compare(a: str, b: str, passes: int, out: str | None) -> None:
             "spread_b": spread[b],
         }
         fmt = lambda x: f"{x:10.4f}" if x else f"{'-':>10s}"  # noqa: E731
-        print(f"{name:32s} {fmt(ta)} {fmt(tb)} {ratio:7.3f}" if ratio else f"{name:32s} {fmt(ta)} {fmt(tb)}")
+        sp = lambda x: f"{x:9.3f}" if x else f"{'-':>9s}"  # noqa: E731
+        r = f"{ratio:7.3f}" if ratio else f"{'-':>7s}"
+        print(f"{name:32s} {fmt(ta)} {fmt(tb)} {r} {sp(spread[a])} {sp(spread[b])}")
     if out:
         with open(out, "w") as f:
             json.dump(
-                {"a": a, "b": b, "passes": passes, "rows": table, "device": torch.cuda.get_device_name()},
+                {
+                    "a": os.environ.get("A_COMMIT", a),
+                    "b": os.environ.get("B_COMMIT", b),
+                    "passes": passes,
+                    "device": torch.cuda.get_device_name(),
+                    "torch": torch.__version__,
+                    "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                    "rows": table,
+                },
                 f,
                 indent=1,
             )
