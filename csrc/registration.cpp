@@ -30,6 +30,15 @@ TORCH_LIBRARY(opforge, m) {
       "Tensor? cu_seqlens_q=None, Tensor? cu_seqlens_k=None, *, str variant=\"auto\", bool? "
       "deterministic=None) -> "
       "(Tensor, Tensor)");
+  // opforge::attention's checks of its arguments' sizes, dtypes, devices and values (nothing read
+  // from a tensor's data): what the fake kernel runs (torch.compile, meta tensors), so that a
+  // condition raises the same error there as in the op.
+  m.def(
+      "_attention_check(Tensor q, Tensor k, Tensor v, float scale, float softcap, bool causal, int "
+      "window_left, int window_right, int prefix_len, Tensor? q_segments, Tensor? kv_segments, Tensor? "
+      "mask_kinds, Tensor? mask_index, Tensor? mask_bits, int block_q, int block_k, Tensor? kv_lens=None, "
+      "Tensor? cu_seqlens_q=None, Tensor? cu_seqlens_k=None, *, str variant=\"auto\", bool? "
+      "deterministic=None) -> ()");
   // Attention against paged K/V caches (num_pages, page_size, Hkv, D): key j of sequence b is row
   // j % page_size of page block_table[b, j / page_size], for j < kv_lens[b]; the decode kernels (few
   // query rows a kv head) and on CUDA the mma.sync forward (chunks of new queries), the forward

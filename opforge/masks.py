@@ -183,7 +183,7 @@ class BlockMask:
             )
         while mask.dim() < 4:
             mask = mask.unsqueeze(0)
-        bq, bk = _block_size(block_size)
+        bq, bk = _block_size(block_size, f"{OP}.from_dense")
         B, H, sq, sk = mask.shape
         kinds, index, bits = _classify(_dense_pieces(mask, bq), (B, H), sq, sk, bq, bk, mask.device)
         return cls(kinds, index, bits, (B, H, sq, sk), (bq, bk))
@@ -270,14 +270,11 @@ def block_mask(
     for name, value, allow_none in (("B", B, True), ("H", H, True), ("Sq", Sq, False), ("Sk", Sk, False)):
         if value is None and allow_none:
             continue
-        if (
-            not isinstance(value, numbers.Integral)
-            or isinstance(value, bool)
-            or value < (1 if allow_none else 0)
-        ):
-            raise ValueError(
-                f"{OP}: {name} must be a {'positive ' if allow_none else 'non-negative '}int, got {value!r}"
-            )
+        kind = f"a {'positive ' if allow_none else 'non-negative '}int{' or None' if allow_none else ''}"
+        if not isinstance(value, numbers.Integral) or isinstance(value, bool):
+            raise TypeError(f"{OP}: {name} must be {kind}, got {_describe(value)}")
+        if value < (1 if allow_none else 0):
+            raise ValueError(f"{OP}: {name} must be {kind}, got {value!r}")
     bq, bk = _block_size(block_size)
     target = torch.empty(0, device=device).device  # None: the default device (torch.device context)
     if target.type == "meta":
@@ -322,20 +319,22 @@ def _describe(value) -> str:
     return type(value).__name__
 
 
-def _block_size(block_size) -> tuple[int, int]:
-    if isinstance(block_size, numbers.Integral):
-        pair = (block_size, block_size)
-    elif isinstance(block_size, (tuple, list)) and len(block_size) == 2:
+def _block_size(block_size, op: str = OP) -> tuple[int, int]:
+    """block_size (an int or a pair of ints, positive multiples of 64) as (bq, bk); op: the caller's
+    name in the messages (a wrong Python type: TypeError; a wrong value: ValueError)."""
+    what = "block_size must be a positive multiple of 64 (or a pair of them)"
+    if isinstance(block_size, (tuple, list)):
+        if len(block_size) != 2:
+            raise ValueError(f"{op}: {what}, got {block_size!r}")
         pair = tuple(block_size)
     else:
-        pair = (None, None)
-    bq, bk = pair
-    for v in (bq, bk):
-        if not isinstance(v, numbers.Integral) or isinstance(v, bool) or v <= 0 or v % 64:
-            raise ValueError(
-                f"{OP}: block_size must be a positive multiple of 64 (or a pair of them), got {block_size!r}"
-            )
-    return int(bq), int(bk)
+        pair = (block_size, block_size)
+    for v in pair:
+        if not isinstance(v, numbers.Integral) or isinstance(v, bool):
+            raise TypeError(f"{op}: {what}, got {block_size!r}")
+        if v <= 0 or v % 64:
+            raise ValueError(f"{op}: {what}, got {block_size!r}")
+    return int(pair[0]), int(pair[1])
 
 
 # Mask elements packed at a time by from_dense (16 MiB of bool): the packing's temporaries are a
@@ -366,17 +365,32 @@ def _dense_pieces(mask: torch.Tensor, bq: int) -> Iterator[tuple[slice, slice, i
 
 def _pack_bits(m: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
     """uint8 (..., rows, cols / 8): m's elements 8 to a byte (element 8k + i in bit i of byte k),
-    m (..., r, c) padded with False to (rows, cols) (cols a multiple of 64). On the CPU numpy's
-    packbits (one pass, no temporaries beyond the result); elsewhere `_pack_bits_torch`."""
-    if m.device.type != "cpu":
+    m (..., r, c) padded with False to (rows, cols) (cols a multiple of 64). A plain CPU tensor by
+    numpy's packbits (one pass, no temporaries beyond the result); anything else (a GPU tensor, one
+    under torch.func's transforms or being traced, which has no storage numpy could read)
+    `_pack_bits_torch`."""
+    array = _as_numpy(m)
+    if array is None:
         return _pack_bits_torch(m, rows, cols)
-    packed = torch.from_numpy(np.packbits(m.numpy(), axis=-1, bitorder="little"))
+    # (C order: packbits keeps a transposed view's order, and the callers view the bytes as words)
+    packed = torch.from_numpy(np.ascontiguousarray(np.packbits(array, axis=-1, bitorder="little")))
     r, c8 = packed.shape[-2:]
     if (r, c8) == (rows, cols // 8):
         return packed
     out = torch.zeros(*packed.shape[:-2], rows, cols // 8, dtype=torch.uint8)
     out[..., :r, :c8] = packed
     return out
+
+
+def _as_numpy(m: torch.Tensor) -> np.ndarray | None:
+    """m's elements as a numpy array sharing its storage, or None where m has none numpy can read:
+    another device, a tensor wrapped by torch.func's transforms or a fake one under tracing."""
+    if m.device.type != "cpu" or torch.compiler.is_compiling():  # (Dynamo cannot trace numpy)
+        return None
+    try:
+        return m.numpy()
+    except (RuntimeError, TypeError):
+        return None
 
 
 def _pack_bits_torch(m: torch.Tensor, rows: int, cols: int) -> torch.Tensor:

@@ -49,7 +49,20 @@ ERRORS = [
         ValueError,
         r"window sides must be ints >= 0",
     ),
-    ("window shape", lambda q, k, v: (q, k, v, dict(window=3)), ValueError, r"window must be a pair"),
+    ("window shape", lambda q, k, v: (q, k, v, dict(window=(3,))), ValueError, r"window must be a pair"),
+    ("window type", lambda q, k, v: (q, k, v, dict(window=3)), TypeError, r"window must be a pair"),
+    (
+        "window side type",
+        lambda q, k, v: (q, k, v, dict(window=(2.0, 0))),
+        TypeError,
+        r"window sides must be ints >= 0 or None, got \(2.0, 0\)",
+    ),
+    (
+        "window side bool",
+        lambda q, k, v: (q, k, v, dict(window=(True, 0))),
+        TypeError,
+        r"window sides must be ints >= 0 or None",
+    ),
     ("prefix", lambda q, k, v: (q, k, v, dict(prefix_len=-1)), ValueError, r"prefix_len must be an int >= 0"),
     (
         "segments",
@@ -61,7 +74,7 @@ ERRORS = [
         "segment dtype",
         lambda q, k, v: (q, k, v, dict(segment_ids=torch.zeros(2, 20))),
         RuntimeError,
-        r"segment_ids must be int32 or int64, got float32",
+        r"segment_ids must be one of \(int32, int64\), got float32",
     ),
     (
         "mask shape",
@@ -192,7 +205,7 @@ def test_paged_errors():
     kc, vc, table = to_pages(k, v, lens, 8)
     with pytest.raises(ValueError, match="block_table needs kv_lens"):
         opforge.attention(q, kc, vc, block_table=table)
-    with pytest.raises(RuntimeError, match="block_table must be int32 or int64"):
+    with pytest.raises(RuntimeError, match=r"block_table must be one of \(int32, int64\)"):
         opforge.attention(q, kc, vc, kv_lens=lens, block_table=table.float())
     with pytest.raises(RuntimeError, match=r"block_table must be \(batch, max_pages\)"):
         opforge.attention(q, kc, vc, kv_lens=lens, block_table=table[:1])
@@ -219,13 +232,17 @@ def test_paged_errors():
         opforge.paged_kv_append(kc.clone().requires_grad_(), vc, new, new, table, lens)
     with pytest.raises(RuntimeError, match="with the caches' kv_heads"):
         opforge.paged_kv_append(kc, vc, new[:, :1], new[:, :1], table, lens)
-    with pytest.raises(RuntimeError, match="kv_lens must be int32 or int64"):
+    with pytest.raises(RuntimeError, match=r"kv_lens must be one of \(int32, int64\)"):
         opforge.paged_kv_append(kc, vc, new, new, table, lens.float())
 
 
 KV_LENS_ERRORS = [
     (dict(kv_lens=[3, 4]), TypeError, r"opforge.attention: kv_lens must be a torch.Tensor"),
-    (dict(kv_lens=torch.tensor([3.0, 4.0])), RuntimeError, r"kv_lens must be int32 or int64, got float32"),
+    (
+        dict(kv_lens=torch.tensor([3.0, 4.0])),
+        RuntimeError,
+        r"kv_lens must be one of \(int32, int64\), got float32",
+    ),
     (dict(kv_lens=torch.tensor([3])), RuntimeError, r"kv_lens must be \(batch,\) = \(2,\), got shape \[1\]"),
     (dict(kv_lens=torch.tensor([[3, 4]])), RuntimeError, r"kv_lens must be \(batch,\)"),
     (
@@ -360,7 +377,7 @@ VARLEN_ERRORS = [
         "cu float",
         lambda a: a.update(cu_seqlens_q=a["cu_seqlens_q"].float()),
         RuntimeError,
-        r"opforge.attention_varlen: cu_seqlens_q must be int32 or int64, got float32",
+        r"opforge.attention_varlen: cu_seqlens_q must be one of \(int32, int64\), got float32",
     ),
     (
         "cu 2-D",
@@ -546,3 +563,49 @@ def test_one_exception_type_per_condition():
         assert str(wrapper.value) == str(real.value) == str(fake.value)
         with pytest.raises(RuntimeError, match=re.escape(str(real.value))):  # (the Meta kernel: the fake)
             raw(*(t.to("meta") for t in (qb, kb, vb)), 0.25, 0.0, *NO_PATTERN)
+
+
+def test_fake_kernels_raise_the_ops_errors():
+    """The registered ops' fake kernels (torch.compile's tracing, meta tensors) raise what the ops
+    raise on real tensors, type and message, for conditions that read no data."""
+    attention = torch.ops.opforge.attention.default
+    paged = torch.ops.opforge.attention_paged.default
+    append = torch.ops.opforge.paged_kv_append.default
+    no_pattern = (None, None, None, None, None, 128, 128)
+    q, k = torch.randn(2, 4, 5, 8), torch.randn(2, 2, 7, 8)
+    kc, table, lens = torch.randn(6, 4, 2, 8), torch.tensor([[0, 1, 2], [3, 4, 5]]), torch.tensor([5, 9])
+    new = torch.randn(2, 2, 1, 8)
+    segments = (torch.zeros(2, 3, dtype=torch.long), torch.zeros(2, 7, dtype=torch.long))
+    cases = [
+        (attention, (q, k, k, 0.3, 0.0, False, -1, -1, 0, *no_pattern, torch.ones(2)), {}),
+        (attention, (q, k, k, 0.3, 0.0, False, -1, -1, 0, *segments, None, None, None, 128, 128), {}),
+        (attention, (q, k, k, float("nan"), 0.0, False, -1, -1, 0, *no_pattern), {}),
+        (attention, (q, k, k, 0.3, 0.0, False, -5, -1, 0, *no_pattern), {}),
+        (attention, (q[..., :0], k[..., :0], k[..., :0], 0.3, 0.0, False, -1, -1, 0, *no_pattern), {}),
+        (paged, (q[:, :, :1], kc, kc, lens, table.float(), 0.3, 0.0, False, -1, -1, 0, "auto"), {}),
+        (append, (kc.int(), kc.int(), new.int(), new.int(), table, lens), {}),
+        (append, (kc.clone(), kc.clone(), new, new, table.float(), lens), {}),
+        (
+            append,
+            (
+                kc.clone(),
+                kc.clone(),
+                new[:, :1].expand(2, 3, 1, 8),
+                new[:, :1].expand(2, 3, 1, 8),
+                table,
+                lens,
+            ),
+            {},
+        ),
+        (append, (kc.clone(), kc.clone(), new.double(), new.double(), table, lens), {}),
+    ]
+    for op, args, kwargs in cases:
+        with pytest.raises(Exception) as real:
+            op(*args, **kwargs)
+        meta = [a.to("meta") if isinstance(a, torch.Tensor) else a for a in args]
+        with pytest.raises(type(real.value)) as fake:
+            op(*meta, **kwargs)
+        assert str(fake.value).splitlines()[0] == str(real.value).splitlines()[0], (op, str(real.value))
+    # (a variant is checked against the device's kernels; on meta tensors, against every name)
+    with pytest.raises(ValueError, match=r"opforge.attention: variant 'nope' is unknown"):
+        attention(*(t.to("meta") for t in (q, k, k)), 0.3, 0.0, False, -1, -1, 0, *no_pattern, variant="nope")

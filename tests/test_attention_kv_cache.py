@@ -171,3 +171,73 @@ def test_paged_op_reads_in_place_or_gathers(variant, sq):
                 q, kc, vc, kv_lens=lens, block_table=t, causal=True, scale=0.25, variant=variant
             ),
         )
+
+
+def test_paged_kv_append_refuses_gradients():
+    """Appending is not differentiable (the new tokens would get no gradient and the caches' would
+    ignore the rows written over): with gradients enabled, new tokens or caches (leaves or not) that
+    require grad are a RuntimeError naming the argument, from the wrapper and the raw op alike;
+    detached tensors, or the same call under no_grad, append."""
+    D = 8
+    bt, lens = torch.tensor([[0, 1], [2, 3]]), torch.tensor([0, 0])
+    kc, vc = torch.zeros(4, 4, 1, D), torch.zeros(4, 4, 1, D)
+    new = torch.randn(2, 1, 3, D, requires_grad=True)
+    w = torch.ones(4, 4, 1, D, requires_grad=True)
+    raw = torch.ops.opforge.paged_kv_append
+    for call, name in (
+        (lambda: opforge.paged_kv_append(kc, vc, new, new.detach(), bt, lens), "k"),
+        (lambda: raw(kc, vc, new.detach(), new, bt, lens), "v"),
+        (lambda: opforge.paged_kv_append(w * 1, vc, new.detach(), new.detach(), bt, lens), "k_cache"),
+        (lambda: raw(kc, w * 1, new.detach(), new.detach(), bt, lens), "v_cache"),
+    ):
+        with pytest.raises(
+            RuntimeError, match=rf"opforge.paged_kv_append: {name} requires grad, but appending"
+        ):
+            call()
+    assert kc.count_nonzero() == 0 and vc.count_nonzero() == 0  # (nothing written)
+    with torch.no_grad():
+        opforge.paged_kv_append(kc, vc, new, new, bt, lens)
+    assert torch.equal(kc[0, :3, 0], new[0, 0].detach())
+
+
+def test_paged_entries_checked_by_the_cpu_op():
+    """On the CPU a table entry a sequence needs that is not a page is a ValueError naming it, from
+    the wrapper, the registered op (which reads the pages in place) and the gathered path (q requires
+    grad) alike, and under torch.compile; entries past a sequence's pages may hold anything."""
+    kc, vc = torch.randn(6, 4, 2, 8), torch.randn(6, 4, 2, 8)
+    table = torch.tensor([[0, 9, 2], [3, 4, 5]])  # (entry 9: not a page, needed by sequence 0)
+    lens = torch.tensor([6, 5])
+    q = torch.randn(2, 4, 1, 8)
+    want = r"block_table\[0, 1\] = 9 is not a page of the caches \(0 to 5\), and sequence 0 needs it"
+    raw = torch.ops.opforge.attention_paged.default
+    for call in (
+        lambda: opforge.attention(q, kc, vc, kv_lens=lens, block_table=table),
+        lambda: raw(q, kc, vc, lens, table, 8**-0.5, 0.0, False, -1, -1, 0, "auto"),
+        lambda: opforge.attention(q.requires_grad_(), kc, vc, kv_lens=lens, block_table=table),
+        lambda: torch.compile(opforge.attention, fullgraph=True)(
+            q.detach(), kc, vc, kv_lens=lens, block_table=table
+        ),
+    ):
+        with pytest.raises(ValueError, match=want):
+            call()
+    short = torch.tensor([4, 5])  # (sequence 0 needs its first page only)
+    assert opforge.attention(q.detach(), kc, vc, kv_lens=short, block_table=table).isfinite().all()
+    append = torch.compile(opforge.paged_kv_append, fullgraph=True)
+    with pytest.raises(
+        ValueError, match=r"opforge.paged_kv_append: sequence 0's new token 0 goes to position 6"
+    ):
+        append(kc, vc, torch.randn(2, 2, 1, 8), torch.randn(2, 2, 1, 8), table, lens)
+
+
+def test_empty_batch_with_kv_lens_and_gradients():
+    """Empty calls with per-sequence key counts and inputs that require grad (the path that builds an
+    exact mask from the counts) return what the calls without gradients do."""
+    for B, Sq, Sk in ((0, 1, 16), (2, 0, 16), (2, 3, 0)):
+        q, k, v = (t.requires_grad_() for t in qkv(B, 4, 2, Sq, Sk, 8))
+        lens = torch.full((B,), min(3, Sk), dtype=torch.int32)
+        out = opforge.attention(q, k, v, kv_lens=lens, causal=True)
+        assert torch.equal(
+            out, opforge.attention(q.detach(), k.detach(), v.detach(), kv_lens=lens, causal=True)
+        )
+        out.sum().backward()
+        assert q.grad.shape == q.shape and q.grad.count_nonzero() == 0

@@ -270,6 +270,15 @@ def test_block_mask_errors():
         block_mask(lambda b, h, q, kv: q >= kv, 1, 1, 10, 10, block_size=48)
     with pytest.raises(ValueError, match=r"Sq must be a non-negative int"):
         block_mask(lambda b, h, q, kv: q >= kv, 1, 1, -1, 10)
+    # (a wrong Python type: TypeError, as the other ops' arguments)
+    with pytest.raises(TypeError, match=r"opforge.block_mask: B must be a positive int or None, got float"):
+        block_mask(lambda b, h, q, kv: q >= kv, 2.0, None, 10, 10)
+    with pytest.raises(TypeError, match=r"opforge.block_mask: Sq must be a non-negative int, got str"):
+        block_mask(lambda b, h, q, kv: q >= kv, None, None, "4", 10)
+    with pytest.raises(TypeError, match=r"opforge.block_mask: block_size must be a positive multiple of 64"):
+        block_mask(lambda b, h, q, kv: q >= kv, 1, 1, 10, 10, block_size=64.0)
+    with pytest.raises(TypeError, match=r"opforge.block_mask.from_dense: block_size must be"):
+        BlockMask.from_dense(torch.ones(4, 4, dtype=torch.bool), block_size="128")
     with pytest.raises(TypeError, match=r"from_dense: mask must be a bool tensor"):
         BlockMask.from_dense(torch.ones(4, 4))
 
@@ -294,3 +303,19 @@ def test_block_mask_fn_shape_and_empty_fraction():
     assert block_mask(lambda b, h, qi, kv: qi >= kv, 1, 1, 10, 0).visible_fraction() == 0.0
     half = block_mask(lambda b, h, qi, kv: kv < 5, 1, 1, 10, 10).visible_fraction()
     assert half == 0.5
+
+
+def test_from_dense_and_block_mask_take_transposed_views():
+    """A mask given as a transposed (column-major) view, from from_dense or returned by block_mask's
+    function, gives the blocks of the same values made contiguous."""
+    causal = torch.ones(256, 256, dtype=torch.bool).tril()
+    rand = torch.rand(1, 1, 128, 192).transpose(2, 3) < 0.5
+    for m in (causal.mT, rand):
+        got, want = BlockMask.from_dense(m), BlockMask.from_dense(m.contiguous())
+        for a, b in zip((got.kinds, got.index, got.bits), (want.kinds, want.index, want.bits), strict=True):
+            assert torch.equal(a, b)
+    got = block_mask(
+        lambda b, h, i, j: (i.reshape(-1)[None, :] >= j.reshape(-1)[:, None]).mT, None, None, 128, 128
+    )
+    want = block_mask(lambda b, h, i, j: i >= j, None, None, 128, 128)
+    assert torch.equal(got.to_dense(), want.to_dense())

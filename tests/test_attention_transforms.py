@@ -356,3 +356,90 @@ def test_vmap_with_kv_lens():
     for i in range(3):
         want = reference.attention(q[i].double(), k[i].double(), v[i].double(), kv_lens=lens[i], causal=True)
         assert (got[i].double() - want).abs().max() < 2e-5
+
+
+def test_func_transforms_with_kv_lens_pages_and_masks_built_inside():
+    """torch.func.grad / jacrev / vjp of calls with per-sequence key counts, with a paged cache, or
+    with a block mask built inside the transformed function (whose bits are packed from tensors
+    torch.func wraps) equal plain autograd; vmap over the counts of a paged call equals the calls one
+    by one."""
+    q, k, v = qkv(2, 4, 2, 6, 9, 8, dtype=torch.float64)
+    lens = torch.tensor([3, 9])
+
+    def loss(q):
+        return opforge.attention(q, k, v, kv_lens=lens, causal=True).sin().sum()
+
+    qq = q.clone().requires_grad_()
+    loss(qq).backward()
+    assert torch.allclose(torch.func.grad(loss)(q), qq.grad, atol=1e-12)
+    jac = torch.func.jacrev(lambda q: opforge.attention(q, k, v, kv_lens=lens))(q)
+    assert jac.shape == (*q.shape, *q.shape)
+    kc, vc = torch.randn(10, 4, 2, 8, dtype=torch.float64), torch.randn(10, 4, 2, 8, dtype=torch.float64)
+    table = torch.tensor([[0, 1, 2], [3, 4, 5]])
+    paged = torch.tensor([7, 12])
+    one = q[:, :, :1]
+    _, pull = torch.func.vjp(lambda q: opforge.attention(q, kc, vc, kv_lens=paged, block_table=table), one)
+    g = torch.randn_like(one)
+    (got,) = pull(g)
+    leaf = one.clone().requires_grad_()
+    opforge.attention(leaf, kc, vc, kv_lens=paged, block_table=table).backward(g)
+    assert torch.allclose(got, leaf.grad, atol=1e-12)
+
+    def masked(q):
+        m = opforge.block_mask(lambda b, h, i, j: i >= j, None, None, 6, 9)
+        return opforge.attention(q, k, v, mask=m).square().sum()
+
+    leaf = q.clone().requires_grad_()
+    masked(leaf).backward()
+    assert torch.allclose(torch.func.grad(masked)(q), leaf.grad, atol=1e-12)
+    mapped = torch.tensor([[3, 9], [5, 1]])
+    got = torch.func.vmap(lambda n: opforge.attention(one, kc, vc, kv_lens=n, block_table=table))(mapped)
+    for i in range(2):
+        assert torch.equal(got[i], opforge.attention(one, kc, vc, kv_lens=mapped[i], block_table=table))
+
+
+def test_forward_over_reverse_raises_the_documented_error():
+    """torch.func.hessian and jacfwd of jacrev (forward mode over the backward, unsupported) raise
+    the NotImplementedError that names opforge.attention, not an error from inside functorch."""
+    q, k, _ = qkv(1, 2, 1, 3, 5, 4)
+
+    def f(q):
+        return opforge.attention(q, k, k, causal=True).square().sum()
+
+    kv = k[0].transpose(0, 1)
+    varlen = lambda x: opforge.attention_varlen(x, kv, kv, torch.tensor([0, 3]), torch.tensor([0, 5])).sum()  # noqa: E731
+    for call in (
+        lambda: torch.func.hessian(f)(q),
+        lambda: torch.func.jacfwd(torch.func.jacrev(f))(q),
+        lambda: torch.func.hessian(varlen)(q[0].transpose(0, 1)),
+    ):
+        with pytest.raises(NotImplementedError, match=r"opforge.attention: forward-mode AD of its gradients"):
+            call()
+    # (reverse over forward and plain forward mode still work)
+    assert torch.func.jacrev(torch.func.jacfwd(f))(q).shape == (*q.shape, *q.shape)
+
+
+def test_tangent_never_builds_the_dense_mask():
+    """Forward mode's dense tangent works in chunks of about 2^24 scores and reads the pattern as one
+    (Sq, Sk) mask shared by every batch row and head: no bool tensor it makes holds more than a chunk
+    or that mask (the (B, Hq, Sq, Sk) mask at 32 heads and 32k keys would be 32 GiB)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class LargestBool(TorchDispatchMode):
+        largest = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            for t in out if isinstance(out, (tuple, list)) else (out,):
+                if isinstance(t, torch.Tensor) and t.dtype == torch.bool:  # (its memory, not a view's extent)
+                    LargestBool.largest = max(LargestBool.largest, t.untyped_storage().nbytes())
+            return out
+
+    B, H, S = 1, 64, 1024  # (64 Mi scores: four chunks)
+    q, k, v = qkv(B, H, 2, S, S, 2)
+    with LargestBool():
+        _, tangent = torch.func.jvp(
+            lambda q: opforge.attention(q, k, v, causal=True), (q,), (torch.randn_like(q),)
+        )
+    assert tangent.isfinite().all()
+    assert LargestBool.largest <= max(1 << 24, S * S) < B * H * S * S

@@ -209,6 +209,24 @@ void check_attention_inputs(const at::Tensor& q, const at::Tensor& k, const at::
   check_pattern(kOp, q, k, scale, softcap, pattern);
 }
 
+AttentionPatternArgs checked_attention_args(
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale, double softcap, bool causal,
+    int64_t window_left, int64_t window_right, int64_t prefix_len,
+    const std::optional<at::Tensor>& q_segments, const std::optional<at::Tensor>& kv_segments,
+    const std::optional<at::Tensor>& mask_kinds, const std::optional<at::Tensor>& mask_index,
+    const std::optional<at::Tensor>& mask_bits, int64_t block_q, int64_t block_k,
+    const std::optional<at::Tensor>& kv_lens, const std::optional<at::Tensor>& cu_seqlens_q,
+    const std::optional<at::Tensor>& cu_seqlens_k) {
+  AttentionPatternArgs args =
+      attention_pattern_args(causal, window_left, window_right, prefix_len, q_segments, kv_segments,
+                             mask_kinds, mask_index, mask_bits, block_q, block_k);
+  args.kv_lens = kv_lens;
+  args.cu_seqlens_q = cu_seqlens_q;
+  args.cu_seqlens_k = cu_seqlens_k;
+  check_attention_inputs(q, k, v, scale, softcap, args);
+  return args;
+}
+
 void check_attention_backward_inputs(const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k,
                                      const at::Tensor& v, const at::Tensor& out, const at::Tensor& lse,
                                      const std::optional<at::Tensor>& grad_lse, double scale, double softcap,
@@ -523,10 +541,48 @@ std::tuple<at::Tensor, at::Tensor> attention(
 
 }  // namespace opforge
 
+namespace opforge {
+namespace {
+
+// opforge::_attention_check (registration.cpp): the backends' checks that read no data (the varlen
+// offsets' values are the one check left to the op); the variant against the kernels of the tensors'
+// device, or on meta tensors (no device to run on) against the names alone.
+void attention_check_op(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale,
+                        double softcap, bool causal, int64_t window_left, int64_t window_right,
+                        int64_t prefix_len, const std::optional<at::Tensor>& q_segments,
+                        const std::optional<at::Tensor>& kv_segments,
+                        const std::optional<at::Tensor>& mask_kinds,
+                        const std::optional<at::Tensor>& mask_index,
+                        const std::optional<at::Tensor>& mask_bits, int64_t block_q, int64_t block_k,
+                        const std::optional<at::Tensor>& kv_lens,
+                        const std::optional<at::Tensor>& cu_seqlens_q,
+                        const std::optional<at::Tensor>& cu_seqlens_k, c10::string_view variant,
+                        std::optional<bool> /*deterministic*/) {
+  const AttentionPatternArgs args = checked_attention_args(
+      q, k, v, scale, softcap, causal, window_left, window_right, prefix_len, q_segments, kv_segments,
+      mask_kinds, mask_index, mask_bits, block_q, block_k, kv_lens, cu_seqlens_q, cu_seqlens_k);
+  const char* op = attention_op_name(args);
+  if (!q.is_meta()) {
+    choose_attention_kernel(op, attention_call(q, k, kv_lens.has_value(), false, args.varlen()), variant);
+  } else {
+    TORCH_CHECK_VALUE(variant == "auto" || variant == "tiled" || variant == "decode" || variant == "hopper" ||
+                          variant == "mma_sync",
+                      op, ": variant '", variant, "' is unknown; variants are: auto, tiled, decode, hopper, ",
+                      "mma_sync");
+  }
+}
+
+}  // namespace
+}  // namespace opforge
+
 // The rule's query op (schema in registration.cpp): no tensor argument, so one kernel serves every
 // dispatch key.
 TORCH_LIBRARY_IMPL(opforge, CompositeExplicitAutograd, m) {
   m.impl("_attention_kernel", &opforge::attention_kernel_op);
+}
+// The checks run on any tensors, fake ones included (a composite kernel: no fake kernel needed).
+TORCH_LIBRARY_IMPL(opforge, CompositeImplicitAutograd, m) {
+  m.impl("_attention_check", &opforge::attention_check_op);
 }
 
 namespace opforge {}  // namespace opforge

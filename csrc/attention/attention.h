@@ -84,6 +84,17 @@ struct AttentionPlan {
   at::Tensor cu_seqlens_q, cu_seqlens_k;  // varlen: the int32 offsets it points to (undefined: none)
   std::vector<at::Tensor> keep;
 };
+// opforge::attention's pattern arguments, key counts and packed-sequence offsets as the pattern the
+// backends read, checked with q, k, v, the scale and the softcap (check_attention_inputs): the first
+// step of the op's entries and of its check op.
+AttentionPatternArgs checked_attention_args(
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale, double softcap, bool causal,
+    int64_t window_left, int64_t window_right, int64_t prefix_len,
+    const std::optional<at::Tensor>& q_segments, const std::optional<at::Tensor>& kv_segments,
+    const std::optional<at::Tensor>& mask_kinds, const std::optional<at::Tensor>& mask_index,
+    const std::optional<at::Tensor>& mask_bits, int64_t block_q, int64_t block_k,
+    const std::optional<at::Tensor>& kv_lens, const std::optional<at::Tensor>& cu_seqlens_q,
+    const std::optional<at::Tensor>& cu_seqlens_k);
 AttentionPlan plan_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                              const at::Tensor& out, const at::Tensor& lse, double scale, double softcap,
                              const AttentionPatternArgs& pattern);

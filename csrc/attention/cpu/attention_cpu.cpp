@@ -19,6 +19,7 @@
 #include <ATen/record_function.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <limits>
 #include <vector>
 
@@ -54,14 +55,10 @@ std::tuple<at::Tensor, at::Tensor> attention_cpu(
     const std::optional<at::Tensor>& kv_lens, const std::optional<at::Tensor>& cu_seqlens_q,
     const std::optional<at::Tensor>& cu_seqlens_k, c10::string_view variant,
     std::optional<bool> /*deterministic*/) {
-  AttentionPatternArgs args =
-      attention_pattern_args(causal, window_left, window_right, prefix_len, q_segments, kv_segments,
-                             mask_kinds, mask_index, mask_bits, block_q, block_k);
-  args.kv_lens = kv_lens;
-  args.cu_seqlens_q = cu_seqlens_q;
-  args.cu_seqlens_k = cu_seqlens_k;
+  const AttentionPatternArgs args = checked_attention_args(
+      q, k, v, scale, softcap, causal, window_left, window_right, prefix_len, q_segments, kv_segments,
+      mask_kinds, mask_index, mask_bits, block_q, block_k, kv_lens, cu_seqlens_q, cu_seqlens_k);
   const char* op = attention_op_name(args);
-  check_attention_inputs(q, k, v, scale, softcap, args);
   check_varlen_offsets(op, args, q.size(2), k.size(2));
   const AttentionCall call = attention_call(q, k, kv_lens.has_value(), false, args.varlen());
   const AttentionKernel kernel = choose_attention_kernel(op, call, variant);
@@ -116,6 +113,27 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_cpu(
   return {dq, dk, dv};
 }
 
+// On the CPU every table entry a sequence needs is checked (a ValueError naming it; the device
+// kernels, which cannot check without a synchronisation, clamp entries into range instead): the
+// first kv_lens[b] / page_size (rounded up) entries of row b, kv_lens clamped to the table's reach.
+void check_cpu_block_table(const char* op, const at::Tensor& kv_lens, const at::Tensor& block_table,
+                           int64_t pages, int64_t page_size) {
+  const at::Tensor lens = kv_lens.to(at::kLong).contiguous();
+  const at::Tensor table = block_table.to(at::kLong).contiguous();
+  const int64_t batch = table.size(0), max_pages = table.size(1);
+  const int64_t* n = lens.data_ptr<int64_t>();
+  const int64_t* t = table.data_ptr<int64_t>();
+  for (int64_t b = 0; b < batch; ++b) {
+    const int64_t count = std::min(std::max<int64_t>(n[b], 0), max_pages * page_size);
+    for (int64_t j = 0; j * page_size < count; ++j) {
+      const int64_t e = t[b * max_pages + j];
+      TORCH_CHECK_VALUE(e >= 0 && e < pages, op, ": block_table[", b, ", ", j, "] = ", e,
+                        " is not a page of the caches (0 to ", pages - 1, "), and sequence ", b,
+                        " needs it (kv_lens ", count, ")");
+    }
+  }
+}
+
 }  // namespace
 
 std::tuple<at::Tensor, at::Tensor> attention_paged_cpu(const at::Tensor& q, const at::Tensor& k_cache,
@@ -131,6 +149,7 @@ std::tuple<at::Tensor, at::Tensor> attention_paged_cpu(const at::Tensor& q, cons
   const AttentionPlan plan =
       plan_paged_attention(q, k_cache, v_cache, kv_lens, int32_block_table(block_table, k_cache.size(0)), out,
                            lse, scale, softcap, causal, window_left, window_right, prefix_len);
+  check_cpu_block_table(op, kv_lens, block_table, k_cache.size(0), k_cache.size(1));
   const AttentionKernel kernel = choose_attention_kernel(
       op, attention_call(q, paged_view(k_cache, q.size(0), plan.params.pattern.sk), true, false, false),
       variant);

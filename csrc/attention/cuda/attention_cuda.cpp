@@ -233,14 +233,10 @@ std::tuple<at::Tensor, at::Tensor> attention_cuda(
     const std::optional<at::Tensor>& kv_lens, const std::optional<at::Tensor>& cu_seqlens_q,
     const std::optional<at::Tensor>& cu_seqlens_k, c10::string_view variant,
     std::optional<bool> /*deterministic*/) {
-  AttentionPatternArgs args =
-      attention_pattern_args(causal, window_left, window_right, prefix_len, q_segments, kv_segments,
-                             mask_kinds, mask_index, mask_bits, block_q, block_k);
-  args.kv_lens = kv_lens;
-  args.cu_seqlens_q = cu_seqlens_q;
-  args.cu_seqlens_k = cu_seqlens_k;
+  const AttentionPatternArgs args = checked_attention_args(
+      q, k, v, scale, softcap, causal, window_left, window_right, prefix_len, q_segments, kv_segments,
+      mask_kinds, mask_index, mask_bits, block_q, block_k, kv_lens, cu_seqlens_q, cu_seqlens_k);
   const char* op = attention_op_name(args);
-  check_attention_inputs(q, k, v, scale, softcap, args);
   check_cuda_call(op, q, k);
   const c10::cuda::CUDAGuard guard(q.device());
   check_varlen_offsets_unless_capturing(op, args, q.size(2), k.size(2));

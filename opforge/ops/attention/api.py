@@ -150,7 +150,7 @@ def attention(
                 variant,
             )
             return (out, lse) if return_lse else out
-        k, v = gather_pages(k, v, block_table)
+        k, v = gather_pages(k, v, block_table, kv_lens)
     check_ranks(OP, q, k, v)  # (the pattern arguments read the sizes)
     if kv_lens is not None:
         check_kv_lens(q, kv_lens, segment_ids)

@@ -8,50 +8,22 @@ from __future__ import annotations
 import torch
 
 from opforge.ops.attention import dense
-from opforge.ops.attention.checks import BACKWARD_OP, OP, check_qkv, empty_like_output, lse_dtype
+from opforge.ops.attention.checks import BACKWARD_OP, OP, check_paged, check_qkv, empty_like_output, lse_dtype
 from opforge.ops.attention.schema import ATTENTION
 
 
 @torch.library.register_fake("opforge::attention")
-def _(
-    q,
-    k,
-    v,
-    scale,
-    softcap,
-    causal,
-    window_left,
-    window_right,
-    prefix_len,
-    q_segments,
-    kv_segments,
-    mask_kinds,
-    mask_index,
-    mask_bits,
-    block_q,
-    block_k,
-    kv_lens=None,
-    cu_seqlens_q=None,
-    cu_seqlens_k=None,
-    *,
-    variant="auto",
-    deterministic=None,
-):
+def _(q, k, v, *rest, variant="auto", deterministic=None):
     check_qkv(OP, q, k, v)
-    out = empty_like_output(q, varlen=cu_seqlens_q is not None)
-    return out, q.new_empty(q.shape[:3], dtype=lse_dtype(q))
+    # (the op's own checks of everything else that reads no data: one error a condition, fake or not)
+    torch.ops.opforge._attention_check(q, k, v, *rest, variant=variant, deterministic=deterministic)
+    varlen = ATTENTION.get((q, k, v, *rest), "cu_seqlens_q") is not None
+    return empty_like_output(q, varlen=varlen), q.new_empty(q.shape[:3], dtype=lse_dtype(q))
 
 
 @torch.library.register_fake("opforge::attention_paged")
 def _(q, k_cache, v_cache, kv_lens, block_table, *rest):
-    if q.dim() != 4 or k_cache.dim() != 4 or k_cache.shape != v_cache.shape:
-        raise RuntimeError(
-            f"{OP}: with block_table, q must be 4-D and k, v paged caches (num_pages, page_size, kv_heads, "
-            f"head_dim) of one shape, got {list(q.shape)}, {list(k_cache.shape)} and {list(v_cache.shape)}"
-        )
-    for name, t in (("k", k_cache), ("v", v_cache), ("kv_lens", kv_lens), ("block_table", block_table)):
-        if t.device != q.device:
-            raise RuntimeError(f"{OP}: {name} must be on the same device as q ({q.device}), got {t.device}")
+    check_paged(q, k_cache, v_cache, block_table, kv_lens)  # (the wrapper's: sizes, dtypes, devices)
     return empty_like_output(q), q.new_empty(q.shape[:3], dtype=lse_dtype(q))
 
 
@@ -93,9 +65,26 @@ def _setup_context(ctx, inputs, keyword_only_inputs, output):
     ctx.set_materialize_grads(False)
 
 
+_NO_FORWARD_OVER_REVERSE = (
+    f"{OP}: forward-mode AD of its gradients (e.g. torch.func.hessian / jacfwd of jacrev) is not "
+    "supported; reverse-over-reverse (torch.autograd.grad with create_graph=True, jacrev of jacrev) is"
+)
+
+
+def _under_forward_mode() -> bool:
+    """Whether a forward-mode transform encloses this call: torch.func.jvp / jacfwd (a Jvp level on
+    functorch's interpreter stack)."""
+    stack = torch._C._functorch.get_interpreter_stack() or []
+    return any(ci.key() == torch._C._functorch.TransformType.Jvp for ci in stack)
+
+
 def _gradients(ctx, grad_out, grad_lse):
     """(dq, dk, dv) by the backward kernels; differentiable again (double backward) when the
     gradients are being recorded (create_graph=True, torch.func)."""
+    if torch.is_grad_enabled() and _under_forward_mode():
+        # (the gradients would need the tangent of the backward, which is not implemented; under
+        # jacfwd's vmap functorch fails inside before _AttentionBackward.jvp could say so)
+        raise NotImplementedError(_NO_FORWARD_OVER_REVERSE)
     if ctx.kv_lens is not None:
         raise NotImplementedError(
             f"{BACKWARD_OP}: no gradient through kv_lens' kernels; call opforge.attention, which builds "
@@ -291,8 +280,4 @@ class _AttentionBackward(torch.autograd.Function):
 
     @staticmethod
     def jvp(ctx, *tangents):
-        raise NotImplementedError(
-            "opforge.attention: forward-mode AD of its gradients (e.g. torch.func.hessian / jacfwd of "
-            "jacrev) is not supported; reverse-over-reverse (torch.autograd.grad with create_graph=True, "
-            "jacrev of jacrev) is"
-        )
+        raise NotImplementedError(_NO_FORWARD_OVER_REVERSE)

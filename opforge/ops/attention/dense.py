@@ -97,8 +97,11 @@ def tangent(q, k, v, out, lse, dq, dk, dv, scale, softcap, pattern, kv_lens, cu_
     if out.numel() == 0:
         return torch.zeros_like(out), torch.zeros_like(lse)
     group = H // k.shape[1]
-    # (NaN LSEs stay NaN: their rows' tangents are NaN as the rows are.)
-    seen = visible(q, k, pattern, kv_lens, cu_seqlens) & (lse != -torch.inf)[..., None]
+    # (The mask as visible() gives it, a broadcast view where the pattern is the same for every batch
+    # row and head, and rows that see nothing, per chunk: the dense (B, Hq, Sq, Sk) mask is never
+    # built. NaN LSEs stay NaN: their rows' tangents are NaN as the rows are.)
+    seen = visible(q, k, pattern, kv_lens, cu_seqlens)
+    some = lse != -torch.inf
     vf = v.to(dt).repeat_interleave(group, dim=1)
     dvf = dv.to(dt).repeat_interleave(group, dim=1) if dv is not None else None
     d_out, d_lse = [], []
@@ -107,7 +110,7 @@ def tangent(q, k, v, out, lse, dq, dk, dv, scale, softcap, pattern, kv_lens, cu_
         rows = slice(i0, min(sq, i0 + step))
         qc, lc = q[:, :, rows].to(dt), lse[:, :, rows].to(dt)
         s, t = scores(qc, k.to(dt), scale, softcap)
-        p = torch.where(seen[:, :, rows], torch.exp(s - lc[..., None]), 0.0)
+        p = torch.where(seen[:, :, rows] & some[:, :, rows, None], torch.exp(s - lc[..., None]), 0.0)
         ds = None
         if dq is not None:
             ds = scores(dq[:, :, rows].to(dt), k.to(dt), scale, 0.0)[0]

@@ -20,7 +20,7 @@ from opforge.ops._common import (
     require_tensor,
     transforms_active,
 )
-from opforge.ops.attention.checks import DTYPES
+from opforge.ops.attention.checks import DTYPES, OP
 
 APPEND_OP = "opforge.paged_kv_append"
 
@@ -42,11 +42,25 @@ def pages_by_kernel(q, k_cache, v_cache, segment_ids, mask) -> bool:
     )
 
 
-def gather_pages(k_cache, v_cache, block_table) -> tuple[torch.Tensor, torch.Tensor]:
+def gather_pages(k_cache, v_cache, block_table, kv_lens) -> tuple[torch.Tensor, torch.Tensor]:
     """k and v as (B, Hkv, max_pages x page_size, D) views of one gathered copy of each sequence's
-    pages (after checks.check_paged; differentiable)."""
+    pages (after checks.check_paged; differentiable). On the CPU (eager) a table entry a sequence
+    needs that is not a page is a ValueError, as in the CPU op (attention_cpu.cpp,
+    check_cpu_block_table); elsewhere, and under the torch.func transforms (where a mapped kv_lens
+    has no values to test on the host), entries are clamped into range, as the device kernels do."""
     pages, page_size = k_cache.shape[0], k_cache.shape[1]
     B, max_pages = block_table.shape
+    if block_table.device.type == "cpu" and not torch.compiler.is_compiling() and not transforms_active():
+        n = kv_lens.to(torch.int64).clamp(0, max_pages * page_size)
+        entries = block_table.to(torch.int64)
+        used = torch.arange(max_pages)[None, :] * page_size < n[:, None]
+        bad = used & ((entries < 0) | (entries >= pages))
+        if bool(bad.any()):
+            b, j = (int(x) for x in bad.nonzero()[0])
+            raise ValueError(
+                f"{OP}: block_table[{b}, {j}] = {int(entries[b, j])} is not a page of the caches "
+                f"(0 to {pages - 1}), and sequence {b} needs it (kv_lens {int(n[b])})"
+            )
     table = block_table.to(torch.int64).clamp(0, pages - 1).flatten()
     k, v = (
         t.index_select(0, table).view(B, max_pages * page_size, *t.shape[2:]).transpose(1, 2)
@@ -62,6 +76,8 @@ def kv_lens_as_mask(q, k, v, kv_lens, args, mask):
     Reads the counts on the host: the path of calls that record gradients."""
     causal, left, right, prefix, q_seg, kv_seg = args[:6]
     B, H, sq, sk = q.shape[0], q.shape[1], q.shape[2], k.shape[2]
+    if 0 in (B, H, sq, sk):  # (no score to mask: an empty output, or rows that see no key either way)
+        return args, k, v
     n = kv_lens.to(torch.int64).clamp(0, sk)
     written = (torch.arange(sk, device=k.device)[None, :] < n[:, None])[:, None, :, None]
     k, v = k.where(written, 0), v.where(written, 0)
@@ -112,26 +128,33 @@ def paged_kv_append(
 
     Nothing is read on the host on CUDA (a CUDA graph captures the call; the lengths and table may
     change in place between replays). A position past the table (kv_lens[b] + i >= max_pages x
-    page_size), a negative count or a page outside [0, num_pages): a ValueError on the CPU; on CUDA
-    that token is not written (also under torch.compile). Tokens of different sequences must not
-    share a page position. Float caches (float16, bfloat16, float32, float64), not requiring grad.
+    page_size), a negative count or a page outside [0, num_pages): a ValueError on the CPU (eager or
+    compiled); on CUDA that token is not written. Tokens of different sequences must not share a page
+    position. Float caches (float16, bfloat16, float32, float64). Not differentiable: with gradients
+    enabled, neither the caches nor k, v may require grad (a RuntimeError).
     The registered op is ``torch.ops.opforge.paged_kv_append`` (it mutates both caches).
     """
-    for name, t in (("k_cache", k_cache), ("v_cache", v_cache), ("k", k), ("v", v)):
+    for name, t in (
+        ("k_cache", k_cache),
+        ("v_cache", v_cache),
+        ("k", k),
+        ("v", v),
+        ("block_table", block_table),
+        ("kv_lens", kv_lens),
+    ):
         require_tensor(APPEND_OP, name, t)
+    torch.ops.opforge.paged_kv_append(k_cache, v_cache, k, v, block_table, kv_lens)
+
+
+def _check_append(k_cache, v_cache, k, v, block_table, kv_lens) -> None:
+    """paged_kv_append's checks (the wrapper's, the registered op's and its fake's: one exception a
+    condition whichever is called)."""
+    for name, t in (("k_cache", k_cache), ("v_cache", v_cache), ("k", k), ("v", v)):
         if t.dim() != 4:
             raise RuntimeError(f"{APPEND_OP}: {name} must be 4-D, got {t.dim()}-D")
         check_same_device(APPEND_OP, name, t, "k_cache", k_cache)
         check_same_dtype(APPEND_OP, name, t, "k_cache", k_cache)
     check_dtype_in(APPEND_OP, "k_cache", k_cache, DTYPES)
-    for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
-        if t.requires_grad and t.is_leaf and torch.is_grad_enabled():
-            raise RuntimeError(
-                f"{APPEND_OP}: {name} requires grad; a KV cache is written in place: detach it or "
-                "append under torch.no_grad()"
-            )
-    require_tensor(APPEND_OP, "block_table", block_table)
-    require_tensor(APPEND_OP, "kv_lens", kv_lens)
     if k_cache.shape != v_cache.shape:
         raise RuntimeError(
             f"{APPEND_OP}: k_cache and v_cache must have the same shape, got {list(k_cache.shape)} and "
@@ -150,7 +173,9 @@ def paged_kv_append(
         )
     for name, t in (("block_table", block_table), ("kv_lens", kv_lens)):
         if t.dtype not in (torch.int32, torch.int64):
-            raise RuntimeError(f"{APPEND_OP}: {name} must be int32 or int64, got {dtype_name(t.dtype)}")
+            raise RuntimeError(
+                f"{APPEND_OP}: {name} must be one of (int32, int64), got {dtype_name(t.dtype)}"
+            )
         check_same_device(APPEND_OP, name, t, "k_cache", k_cache)
     if block_table.dim() != 2 or block_table.shape[0] != B or block_table.shape[1] < 1:
         raise RuntimeError(
@@ -161,7 +186,6 @@ def paged_kv_append(
         raise RuntimeError(f"{APPEND_OP}: kv_lens must be (batch,) = ({B},), got shape {list(kv_lens.shape)}")
     if k_cache.shape[0] < 1 or k_cache.shape[1] < 1:
         raise RuntimeError(f"{APPEND_OP}: the caches have no pages, shape {list(k_cache.shape)}")
-    torch.ops.opforge.paged_kv_append(k_cache, v_cache, k, v, block_table, kv_lens)
 
 
 @torch.library.custom_op("opforge::paged_kv_append", mutates_args=("k_cache", "v_cache"))
@@ -173,7 +197,8 @@ def _paged_kv_append(
     block_table: torch.Tensor,
     kv_lens: torch.Tensor,
 ) -> None:
-    """The op behind paged_kv_append (after its checks): one scatter of the new rows per cache."""
+    """The op behind paged_kv_append: its checks, then one scatter of the new rows per cache."""
+    _check_append(k_cache, v_cache, k, v, block_table, kv_lens)
     pages, page_size, kv_heads, head_dim = k_cache.shape
     B, _, s_new, _ = k.shape
     if B == 0 or s_new == 0:
@@ -211,4 +236,26 @@ def _paged_kv_append(
 
 @_paged_kv_append.register_fake
 def _(k_cache, v_cache, k, v, block_table, kv_lens) -> None:
-    return None
+    _check_append(k_cache, v_cache, k, v, block_table, kv_lens)
+
+
+# Not differentiable: the new tokens would get no gradient and the caches' gradients would ignore
+# the rows written over. PyTorch registers no autograd formula for an op that mutates its inputs, so
+# the op's Autograd kernel is this check (then the op below autograd), for the wrapper and the raw op
+# alike.
+_AUTOGRAD_LIB = torch.library.Library("opforge", "IMPL")
+
+
+def _append_autograd(k_cache, v_cache, k, v, block_table, kv_lens) -> None:
+    if torch.is_grad_enabled():
+        for name, t in (("k_cache", k_cache), ("v_cache", v_cache), ("k", k), ("v", v)):
+            if t.requires_grad:
+                raise RuntimeError(
+                    f"{APPEND_OP}: {name} requires grad, but appending to a KV cache is not differentiable "
+                    "(it writes in place): append detached tensors, or under torch.no_grad()"
+                )
+    with torch._C._AutoDispatchBelowAutograd():
+        torch.ops.opforge.paged_kv_append(k_cache, v_cache, k, v, block_table, kv_lens)
+
+
+_AUTOGRAD_LIB.impl("paged_kv_append", _append_autograd, "Autograd")
