@@ -42,6 +42,16 @@ def test_torch_compile_dynamic():
         assert torch.allclose(g(q, k, v, 0.3), opforge.attention(q, k, v, scale=0.3))
 
 
+def test_torch_compile_dynamic_shapes_do_not_recompile():
+    """dynamic=True over more shapes than Dynamo's recompile limit (8): the fake kernels read no size
+    as a number (that would specialise the graph on it, one recompilation a shape, and fullgraph
+    then fails)."""
+    f = torch.compile(lambda q, k, v: opforge.attention(q, k, v, causal=True), fullgraph=True, dynamic=True)
+    for S in range(5, 25, 2):
+        q, k, v = qkv(2, 4, 2, S, S + 3, 8)
+        assert torch.allclose(f(q, k, v), opforge.attention(q, k, v, causal=True))
+
+
 def test_kv_lens_compiles_without_graph_break():
     q, k, v = qkv(2, 8, 2, 1, 400, 32)
     lens = torch.tensor([400, 123])

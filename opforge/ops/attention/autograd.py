@@ -15,8 +15,12 @@ from opforge.ops.attention.schema import ATTENTION
 @torch.library.register_fake("opforge::attention")
 def _(q, k, v, *rest, variant="auto", deterministic=None):
     check_qkv(OP, q, k, v)
-    # (the op's own checks of everything else that reads no data: one error a condition, fake or not)
-    torch.ops.opforge._attention_check(q, k, v, *rest, variant=variant, deterministic=deterministic)
+    # The op's own checks of everything else that reads no data (one error a condition, fake or not),
+    # where the sizes are numbers: C++ reading a symbolic size (torch.compile's dynamic shapes) would
+    # specialise the graph on it, a recompilation a shape (the wrapper checks those calls anyway).
+    tensors = (q, k, v, *(t for t in rest if isinstance(t, torch.Tensor)))
+    if not any(isinstance(n, torch.SymInt) for t in tensors for n in t.shape):
+        torch.ops.opforge._attention_check(q, k, v, *rest, variant=variant, deterministic=deterministic)
     varlen = ATTENTION.get((q, k, v, *rest), "cu_seqlens_q") is not None
     return empty_like_output(q, varlen=varlen), q.new_empty(q.shape[:3], dtype=lse_dtype(q))
 
