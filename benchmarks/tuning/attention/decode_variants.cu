@@ -39,7 +39,7 @@ std::vector<at::Tensor> run(const at::Tensor& q, const at::Tensor& k, const at::
   s.part = part.data_ptr<float>();
   AttentionCudaArgs a;
   a.g.fwd = p;
-  a.scale = static_cast<float>(p.scale);
+  set_scale_args(a, p.scale, p.softcap);
   const cudaStream_t st = at::cuda::getCurrentCUDAStream().stream();
   (void)cudaGetLastError();  // (an earlier call's error is not this launch's)
   int err = stages == 2 ? launch<2>(a, s, st) : stages == 3 ? launch<3>(a, s, st) : launch<4>(a, s, st);

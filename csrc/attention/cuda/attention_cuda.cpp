@@ -150,15 +150,8 @@ void add_segment_blocks(AttentionPlan& plan) {
 AttentionCudaArgs cuda_args(const AttentionParams& p) {
   AttentionCudaArgs a;
   a.g.fwd = p;
-  using cuda::kLog2e;
-  a.scale = static_cast<float>(p.scale);
-  a.scale_log2 = static_cast<float>(p.scale * kLog2e);
+  set_scale_args(a, p.scale, p.softcap);
   a.num_sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
-  if (p.softcap > 0.0) {
-    a.cap_log2 = static_cast<float>(p.softcap * kLog2e);
-    a.cap_inv_scale = static_cast<float>(p.scale / p.softcap);
-    a.inv_cap_log2 = static_cast<float>(1.0 / (p.softcap * kLog2e));
-  }
   return a;
 }
 

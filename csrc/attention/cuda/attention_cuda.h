@@ -8,6 +8,7 @@
 
 #include "attention/attention_heuristics.h"
 #include "attention/attention_params.h"
+#include "common/cuda/math_constants.h"
 
 namespace opforge {
 
@@ -56,6 +57,21 @@ struct AttentionCudaArgs {
                         : (b * g.fwd.heads + h) * lse2_ld;
   }
 };
+
+// The scale and softcap in the forms the kernels read (a.scale, a.scale_log2, and with a softcap
+// cap_log2, cap_inv_scale, inv_cap_log2): one place sets them, for the launchers and the tuning
+// harnesses alike.
+inline void set_scale_args(AttentionCudaArgs& a, double scale, double softcap) {
+  using cuda::kLog2e;
+  a.scale = static_cast<float>(scale);
+  a.scale_log2 = static_cast<float>(scale * kLog2e);
+  a.cap_log2 = a.cap_inv_scale = a.inv_cap_log2 = 0.f;
+  if (softcap > 0.0) {
+    a.cap_log2 = static_cast<float>(softcap * kLog2e);
+    a.cap_inv_scale = static_cast<float>(scale / softcap);
+    a.inv_cap_log2 = static_cast<float>(1.0 / (softcap * kLog2e));
+  }
+}
 
 // The (batch row, tile) of a block in a grid over tiles of `rows` queries (keys: keys) and batch
 // rows: without varlen the grid's x is the tile and z the batch row; with it, x runs over the padded
