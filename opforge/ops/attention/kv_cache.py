@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from opforge.masks import block_mask
+from opforge.masks import BlockMask, block_mask
 from opforge.ops._common import (
     check_dtype_in,
     check_same_device,
@@ -73,7 +73,9 @@ def kv_lens_as_mask(q, k, v, kv_lens, args, mask):
     """The pattern arguments with the per-sequence key counts, the band and prefix and any block mask
     folded into one exact block mask (the segments stay as they are), and k, v with the slots past
     each count zeroed (a preallocated cache may hold anything there; masked keys still meet P V).
-    Reads the counts on the host: the path of calls that record gradients."""
+    The mask is built from the counts' values (read on the host) by the op _kv_lens_block_mask, so
+    that torch.compile traces the call (its partial blocks' count a size known when it runs): the
+    path of calls that record gradients."""
     causal, left, right, prefix, q_seg, kv_seg = args[:6]
     B, H, sq, sk = q.shape[0], q.shape[1], q.shape[2], k.shape[2]
     if 0 in (B, H, sq, sk):  # (no score to mask: an empty output, or rows that see no key either way)
@@ -81,7 +83,42 @@ def kv_lens_as_mask(q, k, v, kv_lens, args, mask):
     n = kv_lens.to(torch.int64).clamp(0, sk)
     written = (torch.arange(sk, device=k.device)[None, :] < n[:, None])[:, None, :, None]
     k, v = k.where(written, 0), v.where(written, 0)
-    dense = mask.to_dense() if mask is not None else None
+    given = (
+        (mask.kinds, mask.index, mask.bits, *mask.block_size)
+        if mask is not None
+        else (None, None, None, 128, 128)
+    )
+    kinds, index, bits = torch.ops.opforge._kv_lens_block_mask(
+        n, H, sq, sk, causal, left, right, prefix, *given
+    )
+    return (False, -1, -1, 0, q_seg, kv_seg, kinds, index, bits, *given[3:]), k, v
+
+
+@torch.library.custom_op("opforge::_kv_lens_block_mask", mutates_args=())
+def _kv_lens_block_mask(
+    n: torch.Tensor,
+    heads: int,
+    sq: int,
+    sk: int,
+    causal: bool,
+    left: int,
+    right: int,
+    prefix: int,
+    kinds: torch.Tensor | None,
+    index: torch.Tensor | None,
+    bits: torch.Tensor | None,
+    block_q: int,
+    block_k: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """kv_lens_as_mask's block mask (kinds, index, bits of opforge.block_mask) for counts n (B,)
+    int64 in [0, sk]: sequence b's queries at the end of its n[b] keys, the band (causal: right 0)
+    and prefix, and the given block mask (kinds, index, bits; None: none) of (block_q, block_k)."""
+    B = n.shape[0]
+    dense = (
+        BlockMask(kinds, index, bits, (kinds.shape[0], kinds.shape[1], sq, sk), (block_q, block_k)).to_dense()
+        if kinds is not None
+        else None
+    )
     if causal:
         right = 0
 
@@ -100,10 +137,21 @@ def kv_lens_as_mask(q, k, v, kv_lens, args, mask):
             seen = seen & dense[b % dense.shape[0], h % dense.shape[1], qi, kj]
         return seen
 
-    heads = H if dense is not None and dense.shape[1] > 1 else None
-    block = mask.block_size if mask is not None else 128
-    m = block_mask(fn, B, heads, sq, sk, block_size=block, device=q.device)
-    return (False, -1, -1, 0, q_seg, kv_seg, m.kinds, m.index, m.bits, *m.block_size), k, v
+    per_head = heads if dense is not None and dense.shape[1] > 1 else None
+    m = block_mask(fn, B, per_head, sq, sk, block_size=(block_q, block_k), device=n.device)
+    return m.kinds, m.index, m.bits
+
+
+@_kv_lens_block_mask.register_fake
+def _(n, heads, sq, sk, causal, left, right, prefix, kinds, index, bits, block_q, block_k):
+    nq, nk = -(-sq // block_q), -(-sk // block_k)
+    h = heads if kinds is not None and kinds.shape[1] > 1 else 1
+    partial = torch.library.get_ctx().new_dynamic_size()  # (the partial blocks: known when it runs)
+    return (
+        n.new_empty((n.shape[0], h, nq, nk), dtype=torch.uint8),
+        n.new_empty((n.shape[0], h, nq, nk), dtype=torch.int32),
+        n.new_empty((partial, block_q, block_k // 32), dtype=torch.int32),
+    )
 
 
 def paged_kv_append(
