@@ -176,3 +176,18 @@ def test_kv_lens_with_gradients_compiles():
             results.append((out, qq.grad, kk.grad))
         for a, b in zip(*results, strict=True):
             assert (a is None and b is None) or torch.allclose(a, b, atol=1e-6)  # (the paged call: no k)
+
+
+def test_tensor_scale_under_compile():
+    """A one-element tensor scale (taken in eager, as SDPA does) cannot become the op's float
+    argument inside a graph: fullgraph fails with a message that says so; without fullgraph the call
+    runs (eager at that point) and gives eager's result."""
+    q, k, v = qkv(1, 2, 1, 4, 6, 8)
+    s = torch.tensor(0.3)
+    want = opforge.attention(q, k, v, scale=0.3)
+    with pytest.raises(
+        Exception, match=r"opforge.attention: under torch.compile, scale must be a Python number"
+    ):
+        torch.compile(lambda q, s: opforge.attention(q, k, v, scale=s), fullgraph=True)(q, s)
+    torch._dynamo.reset()
+    assert torch.allclose(torch.compile(lambda q, s: opforge.attention(q, k, v, scale=s))(q, s), want)

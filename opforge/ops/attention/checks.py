@@ -58,6 +58,9 @@ def scale_arg(op: str, q: torch.Tensor, scale):
                 f"{op}: scale must be a number or a one-element real tensor, got a {dtype_name(scale.dtype)} "
                 f"tensor of shape {list(scale.shape)}"
             )
+        if torch.compiler.is_compiling():
+            # (its value would be data the graph reads at run time, which a float argument cannot take)
+            raise TypeError(f"{op}: under torch.compile, scale must be a Python number, not a tensor")
         scale = scale.item()
     if not isinstance(scale, (numbers.Real, torch.SymFloat)) or isinstance(scale, bool):
         raise TypeError(f"{op}: scale must be a number, got {type(scale).__name__}")
