@@ -37,6 +37,16 @@ def _qkv(B, Hq, Hkv, Sq, Sk, D, grad=False):
     return q, k, v
 
 
+def _timed(call, leaves, backward: bool):
+    """The timed callable: the forward `call`, or with `backward` the gradients of one forward's
+    output with respect to `leaves` (a random cotangent; the graph kept for every repetition)."""
+    if not backward:
+        return call
+    out = call()
+    go = torch.randn_like(out)
+    return lambda: torch.autograd.grad(out, leaves, go, retain_graph=True)
+
+
 def _forward(B, Hq, Hkv, S, D, **kw):
     import opforge
 
@@ -52,9 +62,7 @@ def _backward(B, Hq, Hkv, S, D, **kw):
 
     def make():
         q, k, v = _qkv(B, Hq, Hkv, S, S, D, grad=True)
-        out = opforge.attention(q, k, v, **kw)
-        go = torch.randn_like(out)
-        return lambda: torch.autograd.grad(out, (q, k, v), go, retain_graph=True)
+        return _timed(lambda: opforge.attention(q, k, v, **kw), (q, k, v), True)
 
     return make
 
@@ -65,11 +73,7 @@ def _documents(B, H, S, D, docs, backward=False):
     def make():
         q, k, v = _qkv(B, H, H, S, S, D, grad=backward)
         ids = torch.arange(S, device=DEV).div(S // docs, rounding_mode="floor").expand(B, S).contiguous()
-        if not backward:
-            return lambda: opforge.attention(q, k, v, causal=True, segment_ids=ids)
-        out = opforge.attention(q, k, v, causal=True, segment_ids=ids)
-        go = torch.randn_like(out)
-        return lambda: torch.autograd.grad(out, (q, k, v), go, retain_graph=True)
+        return _timed(lambda: opforge.attention(q, k, v, causal=True, segment_ids=ids), (q, k, v), backward)
 
     return make
 
@@ -85,11 +89,7 @@ def _random_blocks(B, H, S, D, density, backward=False):
         m = opforge.block_mask(
             lambda b, h, i, j: table[i // 128, j // 128] & bits[i, j], None, None, S, S, device=DEV
         )
-        if not backward:
-            return lambda: opforge.attention(q, k, v, mask=m)
-        out = opforge.attention(q, k, v, mask=m)
-        go = torch.randn_like(out)
-        return lambda: torch.autograd.grad(out, (q, k, v), go, retain_graph=True)
+        return _timed(lambda: opforge.attention(q, k, v, mask=m), (q, k, v), backward)
 
     return make
 
@@ -157,11 +157,7 @@ def _varlen(lengths, H, D, backward=False):
         k = torch.randn(total, H, D, device=DEV, dtype=BF16, requires_grad=backward)
         v = torch.randn(total, H, D, device=DEV, dtype=BF16, requires_grad=backward)
         cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], device=DEV, dtype=torch.int32)
-        if not backward:
-            return lambda: opforge.attention_varlen(q, k, v, cu, cu, causal=True)
-        out = opforge.attention_varlen(q, k, v, cu, cu, causal=True)
-        go = torch.randn_like(out)
-        return lambda: torch.autograd.grad(out, (q, k, v), go, retain_graph=True)
+        return _timed(lambda: opforge.attention_varlen(q, k, v, cu, cu, causal=True), (q, k, v), backward)
 
     return make
 
