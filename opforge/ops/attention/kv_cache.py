@@ -9,6 +9,8 @@ become an exact block mask."""
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 
 from opforge.masks import BlockMask, block_mask
@@ -191,6 +193,7 @@ def paged_kv_append(
         ("kv_lens", kv_lens),
     ):
         require_tensor(APPEND_OP, name, t)
+    _refuse_grad(k_cache, v_cache, k, v)
     torch.ops.opforge.paged_kv_append(k_cache, v_cache, k, v, block_table, kv_lens)
 
 
@@ -289,12 +292,15 @@ def _(k_cache, v_cache, k, v, block_table, kv_lens) -> None:
 
 # Not differentiable: the new tokens would get no gradient and the caches' gradients would ignore
 # the rows written over. PyTorch registers no autograd formula for an op that mutates its inputs, so
-# the op's Autograd kernel is this check (then the op below autograd), for the wrapper and the raw op
-# alike.
+# tensors that require grad (with gradients enabled) are refused: by the wrapper before the op, and by
+# the op's Autograd kernel (this check, then the op below autograd) for the raw op. That kernel
+# replaces the one torch.library.custom_op registers, which some PyTorch releases refuse unless asked
+# with allow_override=True (2.11: a RuntimeError at import without it). A release whose Library.impl
+# has no such argument keeps custom_op's kernel: there the wrapper alone refuses.
 _AUTOGRAD_LIB = torch.library.Library("opforge", "IMPL")
 
 
-def _append_autograd(k_cache, v_cache, k, v, block_table, kv_lens) -> None:
+def _refuse_grad(k_cache, v_cache, k, v) -> None:
     if torch.is_grad_enabled():
         for name, t in (("k_cache", k_cache), ("v_cache", v_cache), ("k", k), ("v", v)):
             if t.requires_grad:
@@ -302,8 +308,13 @@ def _append_autograd(k_cache, v_cache, k, v, block_table, kv_lens) -> None:
                     f"{APPEND_OP}: {name} requires grad, but appending to a KV cache is not differentiable "
                     "(it writes in place): append detached tensors, or under torch.no_grad()"
                 )
+
+
+def _append_autograd(k_cache, v_cache, k, v, block_table, kv_lens) -> None:
+    _refuse_grad(k_cache, v_cache, k, v)
     with torch._C._AutoDispatchBelowAutograd():
         torch.ops.opforge.paged_kv_append(k_cache, v_cache, k, v, block_table, kv_lens)
 
 
-_AUTOGRAD_LIB.impl("paged_kv_append", _append_autograd, "Autograd")
+if "allow_override" in inspect.signature(torch.library.Library.impl).parameters:
+    _AUTOGRAD_LIB.impl("paged_kv_append", _append_autograd, "Autograd", allow_override=True)
