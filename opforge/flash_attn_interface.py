@@ -1,0 +1,448 @@
+"""FlashAttention's Python API on opforge: code written for ``flash_attn`` / ``flash_attn_interface``
+runs on opforge by changing its import.
+
+    from opforge.flash_attn_interface import flash_attn_func, flash_attn_varlen_func, flash_attn_with_kvcache
+
+The three functions take FlashAttention-3's signatures (``hopper/flash_attn_interface.py``: the
+module this one is named after) and the keywords FlashAttention-2 adds (``dropout_p``,
+``alibi_slopes``, ``block_table``), with FlashAttention's semantics:
+
+- tensors are (batch, seqlen, heads, head_dim) (packed (total, heads, head_dim) for varlen), read in
+  place: opforge's kernels take these layouts as views, with no copy;
+- grouped-query attention: q's heads a multiple of k's and v's;
+- ``softmax_scale`` (default 1 / sqrt(head_dim)); ``causal`` aligned to the bottom right (query i
+  of Sq sees key j of Sk when j <= i + Sk - Sq; a query that sees no key gets zeros);
+  ``window_size=(left, right)``: keys in [i + Sk - Sq - left, i + Sk - Sq + right], a negative side
+  unbounded (``(-1, -1)``: no window); ``softcap`` (0: none);
+- ``deterministic``: the backward's. True asks for the deterministic backward (dQ accumulated in a
+  fixed order); False asks for nothing, so ``torch.use_deterministic_algorithms(True)`` still makes
+  it deterministic (FlashAttention ignores PyTorch's flag; opforge never runs a nondeterministic
+  kernel under it);
+- the log-sum-exp when asked (``return_attn_probs=True`` in the first two, as FlashAttention-3 returns
+  it: ``(out, softmax_lse)``; ``return_softmax_lse=True`` in ``flash_attn_with_kvcache``): float32,
+  (batch, heads, seqlen), or (heads, total_q) for varlen.
+
+What opforge does not compute raises a NotImplementedError naming the argument, never a silent
+difference: dropout (``dropout_p > 0``), ALiBi (``alibi_slopes``), rotary embedding (``rotary_cos`` /
+``rotary_sin``), FP8 (``q_descale`` / ``k_descale`` / ``v_descale``), ``qv``, attention sinks
+(``s_aux`` / ``learnable_sink``: accepted in the signature so that callers which pass them only where
+a function names them, as transformers does, hand them over to be refused rather than drop them),
+chunked attention (``attention_chunk``), ``seqused_q`` / ``seqused_k``, a left-padded cache
+(``cache_leftpad``), paged varlen (``block_table`` in ``flash_attn_varlen_func``), and packed queries
+in ``flash_attn_with_kvcache`` (``cu_seqlens_q`` / ``cu_seqlens_k_new``). Arguments that only tune
+FlashAttention's own kernels (``num_splits``, ``pack_gqa``, ``sm_margin``, ``scheduler_metadata``) are
+accepted and change nothing: opforge picks its kernel by its own rule (docs/attention.md).
+
+Differentiable as opforge.attention is (``flash_attn_func``, ``flash_attn_varlen_func``; FlashAttention
+has no backward for ``flash_attn_with_kvcache``, and here the cache write is not differentiable).
+None of the three reads a tensor on the host on CUDA except the varlen offsets' check (see
+opforge.attention_varlen), so decoding steps are capturable in CUDA graphs with the lengths and page
+tables updated in place.
+"""
+
+from __future__ import annotations
+
+import numbers
+
+import torch
+
+from opforge.ops._common import require_tensor
+from opforge.ops.attention.api import attention, attention_varlen
+from opforge.ops.attention.kv_cache import paged_kv_append
+
+__all__ = ["flash_attn_func", "flash_attn_varlen_func", "flash_attn_with_kvcache"]
+
+_MOD = "opforge.flash_attn_interface"
+
+
+def _refuse(fn: str, **args) -> None:
+    """NotImplementedError for an argument opforge does not compute, when it is set."""
+    for name, value in args.items():
+        if value is None or value is False:
+            continue
+        if isinstance(value, numbers.Real) and not isinstance(value, bool) and value == 0:
+            continue
+        what = {
+            "dropout_p": "attention dropout (dropout_p > 0)",
+            "alibi_slopes": "ALiBi (alibi_slopes)",
+            "rotary_cos": "rotary embedding (rotary_cos / rotary_sin): rotate q and k before the call",
+            "rotary_sin": "rotary embedding (rotary_cos / rotary_sin): rotate q and k before the call",
+            "qv": "qv",
+            "q_descale": "FP8 attention (q_descale / k_descale / v_descale)",
+            "k_descale": "FP8 attention (q_descale / k_descale / v_descale)",
+            "v_descale": "FP8 attention (q_descale / k_descale / v_descale)",
+            "s_aux": "attention sinks (s_aux)",
+            "learnable_sink": "attention sinks (learnable_sink)",
+            "attention_chunk": "chunked attention (attention_chunk != 0)",
+            "seqused_q": "seqused_q (give each sequence's used length through cu_seqlens_q)",
+            "seqused_k": "seqused_k (give each sequence's used length through cu_seqlens_k)",
+            "cache_leftpad": "a left-padded cache (cache_leftpad)",
+            "block_table": "a paged cache in flash_attn_varlen_func (block_table): use flash_attn_with_kvcache",
+            "cu_seqlens_q": "packed queries (cu_seqlens_q) in flash_attn_with_kvcache",
+            "cu_seqlens_k_new": "packed new keys (cu_seqlens_k_new) in flash_attn_with_kvcache",
+            "rotary_seqlens": "rotary embedding (rotary_seqlens)",
+        }[name]
+        raise NotImplementedError(f"{_MOD}.{fn}: opforge does not support {what}")
+
+
+def _window(fn: str, window_size) -> tuple[int | None, int | None] | None:
+    """FlashAttention's (left, right), a negative side unbounded, as opforge's window (None: none)."""
+    if not isinstance(window_size, (tuple, list)) or len(window_size) != 2:
+        raise TypeError(f"{_MOD}.{fn}: window_size must be a pair (left, right), got {window_size!r}")
+    sides = []
+    for name, side in zip(("left", "right"), window_size, strict=False):
+        if isinstance(side, torch.Tensor) or not isinstance(side, numbers.Integral) or isinstance(side, bool):
+            raise TypeError(
+                f"{_MOD}.{fn}: window_size's {name} side must be an int, got {type(side).__name__}"
+            )
+        sides.append(None if side < 0 else int(side))
+    return None if sides == [None, None] else (sides[0], sides[1])
+
+
+def _softcap(fn: str, softcap) -> float | None:
+    if isinstance(softcap, bool) or not isinstance(softcap, numbers.Real):
+        raise TypeError(f"{_MOD}.{fn}: softcap must be a number (0: none), got {type(softcap).__name__}")
+    if softcap < 0:
+        raise ValueError(f"{_MOD}.{fn}: softcap must be >= 0 (0: none), got {softcap!r}")
+    return float(softcap) if softcap > 0 else None
+
+
+def _deterministic(fn: str, deterministic) -> bool | None:
+    if not isinstance(deterministic, bool):
+        raise TypeError(f"{_MOD}.{fn}: deterministic must be a bool, got {type(deterministic).__name__}")
+    return True if deterministic else None  # (False: torch.are_deterministic_algorithms_enabled() decides)
+
+
+def _check_rank(fn: str, rank: int, layout: str, **tensors) -> None:
+    for name, t in tensors.items():
+        require_tensor(f"{_MOD}.{fn}", name, t)
+        if t.dim() != rank:
+            raise RuntimeError(f"{_MOD}.{fn}: {name} must be {rank}-D {layout}, got shape {list(t.shape)}")
+
+
+def flash_attn_func(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    softmax_scale: float | None = None,
+    causal: bool = False,
+    qv: torch.Tensor | None = None,
+    q_descale: torch.Tensor | None = None,
+    k_descale: torch.Tensor | None = None,
+    v_descale: torch.Tensor | None = None,
+    window_size: tuple[int, int] = (-1, -1),
+    attention_chunk: int = 0,
+    softcap: float = 0.0,
+    num_splits: int = 1,
+    pack_gqa: bool | None = None,
+    deterministic: bool = False,
+    sm_margin: int = 0,
+    return_attn_probs: bool = False,
+    *,
+    dropout_p: float = 0.0,
+    alibi_slopes: torch.Tensor | None = None,
+    s_aux: torch.Tensor | None = None,
+    learnable_sink: torch.Tensor | None = None,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """FlashAttention's ``flash_attn_func`` on opforge.attention.
+
+    Args:
+        q: (batch, seqlen_q, heads, head_dim); k, v: (batch, seqlen_k, kv_heads, head_dim), heads a
+            multiple of kv_heads. float16, bfloat16, float32 or float64 (FlashAttention: the first
+            two).
+        softmax_scale, causal, window_size, softcap, deterministic: as in the module's docstring.
+        return_attn_probs: also return the LSE (FlashAttention-3's return: no probabilities).
+        The rest: accepted for FlashAttention's signature; the module's docstring says which raise.
+
+    Returns out (batch, seqlen_q, heads, head_dim) in q's dtype (contiguous when q is), and
+    ``softmax_lse`` (batch, heads, seqlen_q) float32 with ``return_attn_probs``.
+    """
+    fn = "flash_attn_func"
+    _refuse(
+        fn,
+        dropout_p=dropout_p,
+        alibi_slopes=alibi_slopes,
+        qv=qv,
+        q_descale=q_descale,
+        k_descale=k_descale,
+        v_descale=v_descale,
+        attention_chunk=attention_chunk,
+        s_aux=s_aux,
+        learnable_sink=learnable_sink,
+    )
+    _check_rank(fn, 4, "(batch, seqlen, heads, head_dim)", q=q, k=k, v=v)
+    res = attention(
+        q.transpose(1, 2),
+        k.transpose(1, 2),
+        v.transpose(1, 2),
+        causal=bool(causal),
+        window=_window(fn, window_size),
+        scale=softmax_scale,
+        softcap=_softcap(fn, softcap),
+        deterministic=_deterministic(fn, deterministic),
+        return_lse=return_attn_probs,
+    )
+    if return_attn_probs:
+        return res[0].transpose(1, 2), res[1]
+    return res.transpose(1, 2)
+
+
+def flash_attn_varlen_func(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    max_seqlen_q: int | None = None,
+    max_seqlen_k: int | None = None,
+    seqused_q: torch.Tensor | None = None,
+    seqused_k: torch.Tensor | None = None,
+    softmax_scale: float | None = None,
+    causal: bool = False,
+    qv: torch.Tensor | None = None,
+    q_descale: torch.Tensor | None = None,
+    k_descale: torch.Tensor | None = None,
+    v_descale: torch.Tensor | None = None,
+    window_size: tuple[int, int] = (-1, -1),
+    attention_chunk: int = 0,
+    softcap: float = 0.0,
+    num_splits: int = 1,
+    pack_gqa: bool | None = None,
+    deterministic: bool = False,
+    sm_margin: int = 0,
+    return_attn_probs: bool = False,
+    *,
+    dropout_p: float = 0.0,
+    alibi_slopes: torch.Tensor | None = None,
+    block_table: torch.Tensor | None = None,
+    s_aux: torch.Tensor | None = None,
+    learnable_sink: torch.Tensor | None = None,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """FlashAttention's ``flash_attn_varlen_func`` on opforge.attention_varlen.
+
+    Args:
+        q: (total_q, heads, head_dim); k, v: (total_k, kv_heads, head_dim): the sequences' tokens one
+            after another.
+        cu_seqlens_q, cu_seqlens_k: (batch + 1,) int32 (or int64) offsets: sequence b holds
+            ``q[cu_seqlens_q[b]:cu_seqlens_q[b + 1]]`` and ``k[cu_seqlens_k[b]:cu_seqlens_k[b + 1]]``
+            (checked as opforge.attention_varlen checks them).
+        max_seqlen_q, max_seqlen_k: accepted (opforge's kernels find the lengths on the device).
+        softmax_scale, causal (per sequence, bottom-right), window_size, softcap, deterministic,
+        return_attn_probs: as in flash_attn_func.
+
+    Returns out (total_q, heads, head_dim) contiguous, and ``softmax_lse`` (heads, total_q) float32
+    with ``return_attn_probs``.
+    """
+    fn = "flash_attn_varlen_func"
+    _refuse(
+        fn,
+        dropout_p=dropout_p,
+        alibi_slopes=alibi_slopes,
+        qv=qv,
+        q_descale=q_descale,
+        k_descale=k_descale,
+        v_descale=v_descale,
+        attention_chunk=attention_chunk,
+        seqused_q=seqused_q,
+        seqused_k=seqused_k,
+        block_table=block_table,
+        s_aux=s_aux,
+        learnable_sink=learnable_sink,
+    )
+    _check_rank(fn, 3, "(total, heads, head_dim)", q=q, k=k, v=v)
+    return attention_varlen(
+        q,
+        k,
+        v,
+        cu_seqlens_q,
+        cu_seqlens_k,
+        max_seqlen_q,
+        max_seqlen_k,
+        causal=bool(causal),
+        window=_window(fn, window_size),
+        scale=softmax_scale,
+        softcap=_softcap(fn, softcap),
+        deterministic=_deterministic(fn, deterministic),
+        return_lse=return_attn_probs,
+    )
+
+
+def flash_attn_with_kvcache(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    k: torch.Tensor | None = None,
+    v: torch.Tensor | None = None,
+    qv: torch.Tensor | None = None,
+    rotary_cos: torch.Tensor | None = None,
+    rotary_sin: torch.Tensor | None = None,
+    cache_seqlens: int | torch.Tensor | None = None,
+    cache_batch_idx: torch.Tensor | None = None,
+    cache_leftpad: torch.Tensor | None = None,
+    page_table: torch.Tensor | None = None,
+    cu_seqlens_q: torch.Tensor | None = None,
+    cu_seqlens_k_new: torch.Tensor | None = None,
+    max_seqlen_q: int | None = None,
+    rotary_seqlens: torch.Tensor | None = None,
+    q_descale: torch.Tensor | None = None,
+    k_descale: torch.Tensor | None = None,
+    v_descale: torch.Tensor | None = None,
+    softmax_scale: float | None = None,
+    causal: bool = False,
+    window_size: tuple[int, int] = (-1, -1),
+    attention_chunk: int = 0,
+    softcap: float = 0.0,
+    rotary_interleaved: bool = True,
+    scheduler_metadata: torch.Tensor | None = None,
+    num_splits: int = 0,
+    pack_gqa: bool | None = None,
+    sm_margin: int = 0,
+    return_softmax_lse: bool = False,
+    *,
+    block_table: torch.Tensor | None = None,
+    alibi_slopes: torch.Tensor | None = None,
+    s_aux: torch.Tensor | None = None,
+    learnable_sink: torch.Tensor | None = None,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """FlashAttention's ``flash_attn_with_kvcache``: new keys and values written into the cache in
+    place, then q attends to each sequence's cache.
+
+    Args:
+        q: (batch, seqlen_q, heads, head_dim).
+        k_cache, v_cache: (batch_cache, seqlen_cache, kv_heads, head_dim) without a page table, or
+            (num_pages, page_size, kv_heads, head_dim) with one (any page size), any strides but the
+            last.
+        k, v: optional new tokens (batch, seqlen_new, kv_heads, head_dim), written into the cache at
+            positions ``cache_seqlens[b]``, ``cache_seqlens[b] + 1``, ... (both or neither). A
+            position past the cache raises a ValueError on the CPU; on CUDA (where checking would
+            synchronise) that token is not written.
+        cache_seqlens: int or (batch,) int32 / int64: the keys in each sequence's cache before the
+            new ones (None: the whole cache, which then takes no new tokens). Not updated here (add
+            seqlen_new afterwards, as with FlashAttention).
+        cache_batch_idx: (batch,) int32 / int64: the cache row of each sequence (without a page
+            table; default ``arange(batch)``, the cache then having batch rows). Read on the device.
+        page_table (FlashAttention-3's name) or block_table (FlashAttention-2's): (batch,
+            max_pages) int32 / int64 page indices; sequence b's key j is
+            ``k_cache[page_table[b, j // page_size], j % page_size]``.
+        softmax_scale, causal (bottom-right: query i at position cache_seqlens[b] + seqlen_new -
+            seqlen_q + i), window_size, softcap: as in flash_attn_func.
+        return_softmax_lse: also return the LSE (batch, heads, seqlen_q) float32.
+        The rest: accepted for FlashAttention's signature; the module's docstring says which raise.
+
+    Each sequence attends to its first cache_seqlens[b] + seqlen_new keys. Nothing is read on the host
+    on CUDA: a CUDA graph captures the call, lengths and tables updated in place between replays.
+
+    Returns out (batch, seqlen_q, heads, head_dim), and the LSE with ``return_softmax_lse``.
+    """
+    fn = "flash_attn_with_kvcache"
+    op = f"{_MOD}.{fn}"
+    _refuse(
+        fn,
+        qv=qv,
+        rotary_cos=rotary_cos,
+        rotary_sin=rotary_sin,
+        rotary_seqlens=rotary_seqlens,
+        cache_leftpad=cache_leftpad,
+        cu_seqlens_q=cu_seqlens_q,
+        cu_seqlens_k_new=cu_seqlens_k_new,
+        q_descale=q_descale,
+        k_descale=k_descale,
+        v_descale=v_descale,
+        attention_chunk=attention_chunk,
+        alibi_slopes=alibi_slopes,
+        s_aux=s_aux,
+        learnable_sink=learnable_sink,
+    )
+    _check_rank(fn, 4, "(batch, seqlen, heads, head_dim)", q=q, k_cache=k_cache, v_cache=v_cache)
+    if page_table is not None and block_table is not None:
+        raise TypeError(f"{op}: give page_table or block_table (the same argument), not both")
+    table = page_table if page_table is not None else block_table
+    if (k is None) != (v is None):
+        raise TypeError(f"{op}: give the new k and v together (got only {'k' if v is None else 'v'})")
+    if k is not None:
+        _check_rank(fn, 4, "(batch, seqlen_new, kv_heads, head_dim)", k=k, v=v)
+    B = q.shape[0]
+    for name, t in (("k", k), ("v", v)):
+        if t is not None and t.shape[0] != B:
+            raise RuntimeError(f"{op}: {name} must have q's batch {B}, got shape {list(t.shape)}")
+    dev = q.device
+    if table is not None:
+        require_tensor(op, "page_table" if page_table is not None else "block_table", table)
+        if cache_batch_idx is not None:
+            raise TypeError(
+                f"{op}: cache_batch_idx is for a cache without a page table; the table says where"
+            )
+        capacity = table.shape[-1] * k_cache.shape[1] if table.dim() == 2 else 0
+    else:
+        if cache_batch_idx is not None:
+            require_tensor(op, "cache_batch_idx", cache_batch_idx)
+            if cache_batch_idx.dim() != 1 or cache_batch_idx.shape[0] != B:
+                raise RuntimeError(
+                    f"{op}: cache_batch_idx must be (batch,) = ({B},), got shape {list(cache_batch_idx.shape)}"
+                )
+            if cache_batch_idx.dtype not in (torch.int32, torch.int64):
+                raise RuntimeError(
+                    f"{op}: cache_batch_idx must be one of (int32, int64), got {cache_batch_idx.dtype}"
+                )
+            if cache_batch_idx.device != dev:
+                raise RuntimeError(
+                    f"{op}: cache_batch_idx must be on q's device {dev}, got {cache_batch_idx.device}"
+                )
+        elif k_cache.shape[0] != B:
+            raise RuntimeError(
+                f"{op}: without cache_batch_idx or a page table the cache has one row a sequence: k_cache's "
+                f"batch {k_cache.shape[0]} must be q's {B}"
+            )
+        capacity = k_cache.shape[1]
+    if cache_seqlens is None:
+        if k is not None:
+            raise TypeError(f"{op}: new k and v need cache_seqlens (where to write them)")
+        lens = None
+    elif isinstance(cache_seqlens, torch.Tensor):
+        lens = cache_seqlens
+        if lens.dim() != 1 or lens.shape[0] != B:
+            raise RuntimeError(f"{op}: cache_seqlens must be (batch,) = ({B},), got shape {list(lens.shape)}")
+        if lens.dtype not in (torch.int32, torch.int64):
+            raise RuntimeError(f"{op}: cache_seqlens must be one of (int32, int64), got {lens.dtype}")
+        if lens.device != dev:
+            raise RuntimeError(f"{op}: cache_seqlens must be on q's device {dev}, got {lens.device}")
+    elif isinstance(cache_seqlens, numbers.Integral) and not isinstance(cache_seqlens, bool):
+        if cache_seqlens < 0:
+            raise ValueError(f"{op}: cache_seqlens must be >= 0, got {cache_seqlens}")
+        lens = torch.full((B,), int(cache_seqlens), dtype=torch.int32, device=dev)
+    else:
+        raise TypeError(
+            f"{op}: cache_seqlens must be an int or a (batch,) tensor, got {type(cache_seqlens).__name__}"
+        )
+
+    # A cache without a page table is a paged one whose pages are its rows (one page a sequence, as
+    # long as the cache): cache_batch_idx is then the page table, read on the device.
+    if table is None and cache_batch_idx is not None:
+        table = cache_batch_idx.view(B, 1)
+    s_new = 0
+    if k is not None:
+        s_new = k.shape[1]
+        if table is not None:
+            paged_kv_append(k_cache, v_cache, k.transpose(1, 2), v.transpose(1, 2), table, lens)
+        else:
+            rows = torch.arange(B, device=dev, dtype=torch.int32).view(B, 1)
+            paged_kv_append(k_cache, v_cache, k.transpose(1, 2), v.transpose(1, 2), rows, lens)
+    if lens is None:
+        kv_lens = torch.full((B,), capacity, dtype=torch.int32, device=dev) if table is not None else None
+    else:
+        kv_lens = lens + s_new if s_new else lens
+    kw = dict(
+        causal=bool(causal),
+        window=_window(fn, window_size),
+        scale=softmax_scale,
+        softcap=_softcap(fn, softcap),
+        kv_lens=kv_lens,
+        return_lse=return_softmax_lse,
+    )
+    if table is not None:
+        res = attention(q.transpose(1, 2), k_cache, v_cache, block_table=table, **kw)
+    else:
+        res = attention(q.transpose(1, 2), k_cache.transpose(1, 2), v_cache.transpose(1, 2), **kw)
+    if return_softmax_lse:
+        return res[0].transpose(1, 2), res[1]
+    return res.transpose(1, 2)

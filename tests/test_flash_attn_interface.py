@@ -1,0 +1,484 @@
+"""opforge.flash_attn_interface: FlashAttention's three functions on opforge, checked against
+FlashAttention's documented semantics ((B, S, H, D) tensors, bottom-right causal, window_size with
+-1 unbounded, softcap 0 = none, the cache written in place) with a float64 reference written here
+from those semantics, on the CPU and on CUDA."""
+
+from __future__ import annotations
+
+import inspect
+import math
+import re
+
+import pytest
+import torch
+from conftest import DEVICES, poison_cuda_allocator
+
+from opforge.flash_attn_interface import flash_attn_func, flash_attn_varlen_func, flash_attn_with_kvcache
+
+MOD = "opforge.flash_attn_interface"
+
+
+def fa_reference(q, k, v, causal=False, window_size=(-1, -1), softcap=0.0, scale=None):
+    """FlashAttention's documented result for one batch of (B, Sq, H, D) q and (B, Sk, Hkv, D) k, v,
+    in float64: query i sees key j when j <= i + Sk - Sq (causal) and
+    i + Sk - Sq - left <= j <= i + Sk - Sq + right (window, a negative side unbounded); a query that
+    sees nothing gets zeros. Returns out (B, Sq, H, D) and the LSE (B, H, Sq)."""
+    q, k, v = (t.double() for t in (q, k, v))
+    _B, sq, h, d = q.shape
+    sk, hk = k.shape[1], k.shape[2]
+    scale = 1 / math.sqrt(d) if scale is None else scale
+    k, v = (t.repeat_interleave(h // hk, dim=2) for t in (k, v))
+    s = torch.einsum("bihd,bjhd->bhij", q, k) * scale
+    if softcap > 0:
+        s = softcap * torch.tanh(s / softcap)
+    i = torch.arange(sq)[:, None] + sk - sq
+    j = torch.arange(sk)[None, :]
+    ok = torch.ones(sq, sk, dtype=torch.bool)
+    left, right = window_size
+    if causal:
+        ok &= j <= i
+    if right >= 0:
+        ok &= j <= i + right
+    if left >= 0:
+        ok &= j >= i - left
+    s = s.masked_fill(~ok, -math.inf)
+    lse = torch.logsumexp(s, dim=-1)
+    p = torch.exp(s - lse[..., None]).nan_to_num(0.0)
+    out = torch.einsum("bhij,bjhd->bihd", p, v)
+    return out, lse
+
+
+CASES = [  # (B, Sq, Sk, H, Hkv, D, causal, window_size, softcap)
+    (2, 37, 37, 4, 4, 32, False, (-1, -1), 0.0),
+    (2, 37, 37, 4, 2, 32, True, (-1, -1), 0.0),
+    (1, 17, 70, 6, 2, 64, True, (-1, -1), 0.0),  # fewer queries than keys: bottom-right
+    (1, 70, 17, 4, 1, 64, True, (-1, -1), 0.0),  # more queries than keys: rows that see nothing
+    (2, 50, 50, 4, 2, 32, True, (7, 0), 0.0),  # Mistral's window
+    (2, 40, 60, 4, 4, 16, False, (5, 9), 0.0),
+    (1, 40, 60, 2, 1, 16, False, (-1, 3), 0.0),
+    (1, 40, 60, 2, 1, 16, False, (6, -1), 30.0),  # Gemma 2's softcap
+    (2, 1, 90, 8, 2, 64, True, (-1, -1), 0.0),  # a decoding step
+]
+
+
+def _close(got, want, dtype):
+    tol = {torch.float64: 1e-9, torch.float32: 2e-5, torch.bfloat16: 2e-2, torch.float16: 4e-3}[dtype]
+    assert torch.isfinite(got).all()
+    assert (got.double() - want).abs().max().item() <= tol
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("case", CASES, ids=str)
+def test_flash_attn_func_matches_flash_attention_semantics(case, device):
+    B, sq, sk, h, hk, d, causal, window, softcap = case
+    dtype = torch.float32 if device == "cpu" else torch.bfloat16
+    q = torch.randn(B, sq, h, d, device=device, dtype=dtype)
+    k = torch.randn(B, sk, hk, d, device=device, dtype=dtype)
+    v = torch.randn(B, sk, hk, d, device=device, dtype=dtype)
+    poison_cuda_allocator(q.numel() * 8, device)
+    out, lse = flash_attn_func(
+        q, k, v, causal=causal, window_size=window, softcap=softcap, return_attn_probs=True
+    )
+    want, want_lse = fa_reference(q.cpu(), k.cpu(), v.cpu(), causal, window, softcap)
+    assert out.shape == (B, sq, h, d) and out.dtype == dtype
+    assert lse.shape == (B, h, sq) and lse.dtype == torch.float32
+    _close(out.cpu(), want, dtype)
+    seen = torch.isfinite(want_lse)
+    assert torch.equal(torch.isfinite(lse.cpu()), seen)
+    assert (lse.cpu().double()[seen] - want_lse[seen]).abs().max().item() <= 1e-3
+    plain = flash_attn_func(q, k, v, causal=causal, window_size=window, softcap=softcap)
+    assert torch.equal(plain, out)
+
+
+@pytest.mark.parametrize("case", [CASES[1], CASES[2], CASES[4], CASES[7]], ids=str)
+def test_flash_attn_func_gradients(case):
+    """Gradients in float64 against the reference's autograd, with the scale and deterministic
+    flag passed through."""
+    B, sq, sk, h, hk, d, causal, window, softcap = case
+    q = torch.randn(B, sq, h, d, dtype=torch.float64, requires_grad=True)
+    k = torch.randn(B, sk, hk, d, dtype=torch.float64, requires_grad=True)
+    v = torch.randn(B, sk, hk, d, dtype=torch.float64, requires_grad=True)
+    go = torch.randn(B, sq, h, d, dtype=torch.float64)
+    kw = dict(causal=causal, window_size=window, softcap=softcap)
+    got = torch.autograd.grad(flash_attn_func(q, k, v, 0.3, deterministic=True, **kw), (q, k, v), go)
+    want = torch.autograd.grad(fa_reference(q, k, v, scale=0.3, **kw)[0], (q, k, v), go)
+    for g, w in zip(got, want, strict=False):
+        assert (g - w).abs().max().item() <= 1e-9
+
+
+def _packed(lengths_q, lengths_k, h, hk, d, dtype, device):
+    cu = [
+        torch.tensor([0, *lens], device=device).cumsum(0).to(torch.int32) for lens in (lengths_q, lengths_k)
+    ]
+    q = torch.randn(sum(lengths_q), h, d, device=device, dtype=dtype)
+    k = torch.randn(sum(lengths_k), hk, d, device=device, dtype=dtype)
+    v = torch.randn(sum(lengths_k), hk, d, device=device, dtype=dtype)
+    return q, k, v, cu[0], cu[1]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize(
+    "causal, window, softcap",
+    [(False, (-1, -1), 0.0), (True, (-1, -1), 0.0), (True, (9, 0), 0.0), (False, (4, 6), 20.0)],
+)
+def test_flash_attn_varlen_func_matches_each_sequence(causal, window, softcap, device):
+    """Each packed sequence attends to its own keys with the pattern aligned bottom-right in it:
+    the reference run on each sequence alone; the LSE is (heads, total_q)."""
+    dtype = torch.float32 if device == "cpu" else torch.bfloat16
+    lq, lk = [5, 0, 33, 1, 20], [9, 4, 33, 40, 7]
+    q, k, v, cu_q, cu_k = _packed(lq, lk, 6, 2, 32, dtype, device)
+    out, lse = flash_attn_varlen_func(
+        q,
+        k,
+        v,
+        cu_q,
+        cu_k,
+        max(lq),
+        max(lk),
+        causal=causal,
+        window_size=window,
+        softcap=softcap,
+        return_attn_probs=True,
+    )
+    assert out.shape == q.shape and out.is_contiguous() and lse.shape == (6, q.shape[0])
+    for b in range(len(lq)):
+        rq, rk = slice(int(cu_q[b]), int(cu_q[b + 1])), slice(int(cu_k[b]), int(cu_k[b + 1]))
+        if lq[b] == 0:
+            continue
+        want, want_lse = fa_reference(
+            q[None, rq].cpu(), k[None, rk].cpu(), v[None, rk].cpu(), causal, window, softcap
+        )
+        _close(out[rq].cpu()[None], want, dtype)
+        seen = torch.isfinite(want_lse[0])
+        assert torch.equal(torch.isfinite(lse[:, rq].cpu()), seen)
+
+
+def test_flash_attn_varlen_func_gradients():
+    lq, lk = [6, 11, 3], [6, 20, 9]
+    q, k, v, cu_q, cu_k = _packed(lq, lk, 4, 2, 16, torch.float64, "cpu")
+    for t in (q, k, v):
+        t.requires_grad_(True)
+    go = torch.randn_like(q)
+    got = torch.autograd.grad(flash_attn_varlen_func(q, k, v, cu_q, cu_k, 11, 20, causal=True), (q, k, v), go)
+    outs = []
+    for b in range(3):
+        rq, rk = slice(int(cu_q[b]), int(cu_q[b + 1])), slice(int(cu_k[b]), int(cu_k[b + 1]))
+        outs.append(fa_reference(q[None, rq], k[None, rk], v[None, rk], causal=True)[0][0])
+    want = torch.autograd.grad(torch.cat(outs), (q, k, v), go)
+    for g, w in zip(got, want, strict=False):
+        assert (g - w).abs().max().item() <= 1e-9
+
+
+def _cache_case(device, dtype, B=3, rows=5, cap=40, hk=2, h=8, d=32):
+    """A cache of `rows` rows of `cap` positions, NaN where nothing was written (a read past a
+    sequence's keys would show), sequences' lengths before the step, their rows."""
+    kc = torch.full((rows, cap, hk, d), float("nan"), device=device, dtype=dtype)
+    vc = kc.clone()
+    lens = torch.tensor([11, 0, 25], device=device, dtype=torch.int32)[:B]
+    idx = torch.tensor([3, 0, 4], device=device, dtype=torch.int32)[:B]
+    for b in range(B):
+        n = int(lens[b])
+        kc[idx[b], :n] = torch.randn(n, hk, d, device=device, dtype=dtype)
+        vc[idx[b], :n] = torch.randn(n, hk, d, device=device, dtype=dtype)
+    return kc, vc, lens, idx
+
+
+def _paged(kc, vc, idx, page_size, device):
+    """The same caches as pages of `page_size` in a shuffled pool, and their table."""
+    rows, cap, hk, d = kc.shape
+    per = cap // page_size
+    pool = torch.randperm(rows * per + 2, device=device)
+    kp = torch.full((rows * per + 2, page_size, hk, d), float("nan"), device=device, dtype=kc.dtype)
+    vp = kp.clone()
+    table = torch.empty(len(idx), per, dtype=torch.int32, device=device)
+    for b, r in enumerate(idx.tolist()):
+        for p in range(per):
+            page = pool[r * per + p]
+            table[b, p] = page
+            kp[page] = kc[r, p * page_size : (p + 1) * page_size]
+            vp[page] = vc[r, p * page_size : (p + 1) * page_size]
+    return kp, vp, table
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("layout", ["rows", "cache_batch_idx", "page_table", "block_table"])
+@pytest.mark.parametrize(
+    "s_new, sq, causal, window",
+    [(1, 1, True, (-1, -1)), (4, 4, True, (6, 0)), (3, 5, True, (-1, -1)), (0, 2, False, (-1, -1))],
+)
+def test_flash_attn_with_kvcache_writes_then_attends(s_new, sq, causal, window, layout, device):
+    """New keys land at cache_seqlens[b] ... in the sequence's row (or pages), nothing else of the
+    cache changes, and q attends to the first cache_seqlens[b] + s_new keys with the pattern
+    aligned bottom-right; the result equals the reference on those keys."""
+    dtype = torch.float32 if device == "cpu" else torch.bfloat16
+    kc, vc, lens, idx = _cache_case(device, dtype)
+    B, hk, d, h = 3, kc.shape[2], kc.shape[3], 8
+    if layout == "rows":
+        kc, vc, idx = (
+            kc[idx.long()].clone(),
+            vc[idx.long()].clone(),
+            torch.arange(B, device=device, dtype=torch.int32),
+        )
+    before = [(kc[r, : int(n)].clone(), vc[r, : int(n)].clone()) for r, n in zip(idx.tolist(), lens, strict=False)]
+    q = torch.randn(B, sq, h, d, device=device, dtype=dtype)
+    kn = torch.randn(B, s_new, hk, d, device=device, dtype=dtype) if s_new else None
+    vn = torch.randn(B, s_new, hk, d, device=device, dtype=dtype) if s_new else None
+    kw = dict(cache_seqlens=lens, causal=causal, window_size=window, return_softmax_lse=True)
+    if layout in ("page_table", "block_table"):
+        kp, vp, table = _paged(kc, vc, idx, 8, device)
+        out, lse = flash_attn_with_kvcache(q, kp, vp, kn, vn, **{layout: table}, **kw)
+        # the sequences' keys read back through the table
+        kc = torch.stack([kp[table[b].long()].flatten(0, 1) for b in range(B)])
+        vc = torch.stack([vp[table[b].long()].flatten(0, 1) for b in range(B)])
+        idx = torch.arange(B, device=device)
+    elif layout == "cache_batch_idx":
+        out, lse = flash_attn_with_kvcache(q, kc, vc, kn, vn, cache_batch_idx=idx, **kw)
+    else:
+        out, lse = flash_attn_with_kvcache(q, kc, vc, kn, vn, **kw)
+    assert out.shape == (B, sq, h, d) and lse.shape == (B, h, sq)
+    for b, r in enumerate(idx.tolist()):
+        n = int(lens[b])
+        assert torch.equal(kc[r, :n], before[b][0]) and torch.equal(vc[r, :n], before[b][1])
+        if s_new:
+            assert torch.equal(kc[r, n : n + s_new], kn[b]) and torch.equal(vc[r, n : n + s_new], vn[b])
+        assert kc[r, n + s_new :].isnan().all()  # nothing written past the new tokens
+        keys, vals = kc[r, : n + s_new], vc[r, : n + s_new]
+        want, want_lse = fa_reference(q[b : b + 1].cpu(), keys[None].cpu(), vals[None].cpu(), causal, window)
+        _close(out[b : b + 1].cpu(), want, dtype)
+        assert torch.equal(torch.isfinite(lse[b].cpu()), torch.isfinite(want_lse[0]))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_flash_attn_with_kvcache_int_and_absent_lengths(device):
+    """cache_seqlens as an int is every sequence's length; absent, the whole cache is attended."""
+    dtype = torch.float32 if device == "cpu" else torch.bfloat16
+    k = torch.randn(2, 24, 2, 16, device=device, dtype=dtype)
+    v = torch.randn_like(k)
+    q = torch.randn(2, 3, 4, 16, device=device, dtype=dtype)
+    got = flash_attn_with_kvcache(q, k, v, cache_seqlens=10, causal=True)
+    _close(got.cpu(), fa_reference(q.cpu(), k[:, :10].cpu(), v[:, :10].cpu(), causal=True)[0], dtype)
+    got = flash_attn_with_kvcache(q, k, v, causal=True)
+    _close(got.cpu(), fa_reference(q.cpu(), k.cpu(), v.cpu(), causal=True)[0], dtype)
+
+
+@pytest.mark.parametrize("paged", [False, True])
+def test_flash_attn_with_kvcache_reads_nothing_on_the_host(paged):
+    """A decoding step on CUDA tensors (fake ones: this runs on the CPU too) with new tokens reads
+    no tensor on the host (a host read of a fake tensor raises): a CUDA graph captures it."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        B, h, hk, d = 4, 8, 2, 64
+        q = torch.randn(B, 1, h, d, device="cuda", dtype=torch.bfloat16)
+        kn, vn = (torch.randn(B, 1, hk, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+        lens = torch.zeros(B, dtype=torch.int32, device="cuda")
+        if paged:
+            kc, vc = (torch.randn(64, 16, hk, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+            table = torch.zeros(B, 8, dtype=torch.int32, device="cuda")
+            out = flash_attn_with_kvcache(
+                q, kc, vc, kn, vn, cache_seqlens=lens, page_table=table, causal=True
+            )
+        else:
+            kc, vc = (torch.randn(6, 128, hk, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+            idx = torch.zeros(B, dtype=torch.int32, device="cuda")
+            out = flash_attn_with_kvcache(
+                q, kc, vc, kn, vn, cache_seqlens=lens, cache_batch_idx=idx, causal=True
+            )
+        assert out.shape == (B, 1, h, d)
+
+
+def _qkv4():
+    return torch.randn(1, 4, 2, 8), torch.randn(1, 4, 2, 8), torch.randn(1, 4, 2, 8)
+
+
+@pytest.mark.parametrize(
+    "fn, kwargs, words",
+    [
+        ("func", dict(dropout_p=0.1), "dropout"),
+        ("func", dict(alibi_slopes=torch.ones(2)), "ALiBi"),
+        ("func", dict(q_descale=torch.ones(1, 2)), "FP8"),
+        ("func", dict(qv=torch.ones(1)), "qv"),
+        ("func", dict(s_aux=torch.zeros(2)), "sinks (s_aux)"),
+        ("func", dict(learnable_sink=torch.zeros(2)), "sinks (learnable_sink)"),
+        ("func", dict(attention_chunk=8), "attention_chunk"),
+        ("varlen", dict(seqused_k=torch.ones(1, dtype=torch.int32)), "seqused_k"),
+        ("varlen", dict(block_table=torch.zeros(1, 1, dtype=torch.int32)), "block_table"),
+        ("varlen", dict(dropout_p=0.5), "dropout"),
+        ("kvcache", dict(rotary_cos=torch.ones(4, 4), rotary_sin=torch.ones(4, 4)), "rotary"),
+        ("kvcache", dict(cache_leftpad=torch.zeros(1, dtype=torch.int32)), "cache_leftpad"),
+        ("kvcache", dict(cu_seqlens_q=torch.zeros(2, dtype=torch.int32)), "cu_seqlens_q"),
+        ("kvcache", dict(s_aux=torch.zeros(2)), "s_aux"),
+    ],
+)
+def test_unsupported_arguments_raise_naming_them(fn, kwargs, words):
+    q, k, v = _qkv4()
+    with pytest.raises(
+        NotImplementedError, match=rf"{MOD}\.flash_attn_\w+: opforge does not support .*{re.escape(words)}"
+    ):
+        if fn == "func":
+            flash_attn_func(q, k, v, **kwargs)
+        elif fn == "varlen":
+            cu = torch.tensor([0, 4], dtype=torch.int32)
+            flash_attn_varlen_func(q[0], k[0], v[0], cu, cu, 4, 4, **kwargs)
+        else:
+            flash_attn_with_kvcache(q, k, v, cache_seqlens=2, **kwargs)
+
+
+def test_zero_valued_unsupported_arguments_are_accepted():
+    """FlashAttention's defaults of the refused features (dropout 0, no chunk) and the tuning knobs
+    change nothing."""
+    q, k, v = _qkv4()
+    want = flash_attn_func(q, k, v, causal=True)
+    got = flash_attn_func(
+        q, k, v, causal=True, dropout_p=0.0, attention_chunk=0, num_splits=3, pack_gqa=True, sm_margin=4
+    )
+    assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize(
+    "call, exc, words",
+    [
+        (lambda q, k, v: flash_attn_func(q, k, v, window_size=4), TypeError, "window_size must be a pair"),
+        (
+            lambda q, k, v: flash_attn_func(q, k, v, window_size=(1.5, 0)),
+            TypeError,
+            "left side must be an int",
+        ),
+        (lambda q, k, v: flash_attn_func(q, k, v, softcap=-1.0), ValueError, "softcap must be >= 0"),
+        (lambda q, k, v: flash_attn_func(q, k, v, softcap=None), TypeError, "softcap must be a number"),
+        (
+            lambda q, k, v: flash_attn_func(q, k, v, deterministic=None),
+            TypeError,
+            "deterministic must be a bool",
+        ),
+        (lambda q, k, v: flash_attn_func(q[0], k, v), RuntimeError, "q must be 4-D"),
+        (lambda q, k, v: flash_attn_func(q, k.numpy(), v), TypeError, "k must be a"),
+        (lambda q, k, v: flash_attn_varlen_func(q, k, v, None, None), RuntimeError, "q must be 3-D"),
+        (
+            lambda q, k, v: flash_attn_with_kvcache(q, k, v, k, None, cache_seqlens=0),
+            TypeError,
+            "k and v together",
+        ),
+        (lambda q, k, v: flash_attn_with_kvcache(q, k, v, k, v), TypeError, "need cache_seqlens"),
+        (
+            lambda q, k, v: flash_attn_with_kvcache(q, k, v, cache_seqlens=-1),
+            ValueError,
+            "cache_seqlens must be >= 0",
+        ),
+        (
+            lambda q, k, v: flash_attn_with_kvcache(q, k, v, cache_seqlens=1.0),
+            TypeError,
+            "cache_seqlens must be an int",
+        ),
+        (
+            lambda q, k, v: flash_attn_with_kvcache(q, k, v, cache_seqlens=torch.ones(2, dtype=torch.int32)),
+            RuntimeError,
+            r"cache_seqlens must be \(batch,\)",
+        ),
+        (
+            lambda q, k, v: flash_attn_with_kvcache(q, torch.cat([k, k]), v, cache_seqlens=1),
+            RuntimeError,
+            "k_cache's batch 2 must be q's 1",
+        ),
+        (
+            lambda q, k, v: flash_attn_with_kvcache(q, k, v, cache_seqlens=1, cache_batch_idx=torch.zeros(1)),
+            RuntimeError,
+            "cache_batch_idx must be one of",
+        ),
+        (
+            lambda q, k, v: flash_attn_with_kvcache(
+                q,
+                k,
+                v,
+                cache_seqlens=1,
+                page_table=torch.zeros(1, 1, dtype=torch.int32),
+                block_table=torch.zeros(1, 1, dtype=torch.int32),
+            ),
+            TypeError,
+            "not both",
+        ),
+    ],
+)
+def test_bad_arguments_raise_naming_the_function_and_argument(call, exc, words):
+    q, k, v = _qkv4()
+    with pytest.raises(exc, match=words) as err:
+        call(q, k, v)
+    assert str(err.value).startswith("opforge."), str(err.value)
+
+
+def test_a_cache_write_past_the_end_raises_on_the_cpu():
+    k = torch.zeros(1, 8, 2, 8)
+    v = torch.zeros(1, 8, 2, 8)
+    q, kn, vn = torch.randn(1, 3, 2, 8), torch.randn(1, 3, 2, 8), torch.randn(1, 3, 2, 8)
+    with pytest.raises(ValueError, match="sequence 0's new token 2 goes to position 8"):
+        flash_attn_with_kvcache(q, k, v, kn, vn, cache_seqlens=6)
+
+
+def test_signatures_are_flash_attention_3s():
+    """FlashAttention-3's parameter names and order (code passing them by position runs), and the
+    ones transformers looks for in a flash function's signature to decide what to hand it: with them
+    present it passes dropout, windows, softcaps, sinks and the page table, which opforge then
+    computes or refuses, rather than dropping them silently."""
+
+    def names(fn):
+        return list(inspect.signature(fn).parameters)
+
+    assert names(flash_attn_func)[:17] == [
+        "q",
+        "k",
+        "v",
+        "softmax_scale",
+        "causal",
+        "qv",
+        "q_descale",
+        "k_descale",
+        "v_descale",
+        "window_size",
+        "attention_chunk",
+        "softcap",
+        "num_splits",
+        "pack_gqa",
+        "deterministic",
+        "sm_margin",
+        "return_attn_probs",
+    ]
+    assert names(flash_attn_varlen_func)[:11] == [
+        "q",
+        "k",
+        "v",
+        "cu_seqlens_q",
+        "cu_seqlens_k",
+        "max_seqlen_q",
+        "max_seqlen_k",
+        "seqused_q",
+        "seqused_k",
+        "softmax_scale",
+        "causal",
+    ]
+    assert names(flash_attn_with_kvcache)[:12] == [
+        "q",
+        "k_cache",
+        "v_cache",
+        "k",
+        "v",
+        "qv",
+        "rotary_cos",
+        "rotary_sin",
+        "cache_seqlens",
+        "cache_batch_idx",
+        "cache_leftpad",
+        "page_table",
+    ]
+    for fn in (flash_attn_func, flash_attn_varlen_func, flash_attn_with_kvcache):
+        for p in (
+            "softmax_scale",
+            "causal",
+            "window_size",
+            "softcap",
+            "dropout_p" if fn is not flash_attn_with_kvcache else "alibi_slopes",
+            "s_aux",
+        ):
+            assert p in names(fn), (fn.__name__, p)
+    assert "block_table" in names(flash_attn_with_kvcache) and "cache_seqlens" in names(
+        flash_attn_with_kvcache
+    )
