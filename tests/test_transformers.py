@@ -816,3 +816,37 @@ def test_paged_attention_refuses_what_it_would_drop():
         is_causal=True,
     )
     assert out.shape == (1, 3, 4, 16)
+
+
+# ---- continuous batching on the installed release -------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["llama", "mistral", "gemma2"])
+def test_generate_batch_on_the_installed_release(kind, monkeypatch):
+    """register() returns the name continuous batching takes on the installed transformers (5.24+:
+    opforge's FlashAttention API as a local kernel; earlier: 'paged|opforge'); generate_batch on it
+    gives each prompt plain greedy generate()'s tokens on eager (Mistral's window with prompts past
+    it, Gemma 2's softcap and sliding layers), and its attention ran on opforge."""
+    from transformers.generation.configuration_utils import ContinuousBatchingConfig
+
+    import opforge.flash_attn_interface as ofa
+
+    name = otf.register()
+    release = tuple(int(x) for x in transformers.__version__.split(".")[:2])
+    assert name == ("opforge/flash-attn3" if release >= (5, 24) else "paged|opforge")
+    calls = []  # (opforge's entries as the FlashAttention functions call them)
+    for fn in ("attention", "attention_varlen"):
+        real = getattr(ofa, fn)
+        monkeypatch.setattr(ofa, fn, (lambda r: lambda *a, **k: calls.append(r.__name__) or r(*a, **k))(real))
+    ref, model = build(kind, "eager"), build(kind, name)
+    torch.manual_seed(1)
+    prompts = [torch.randint(3, VOCAB, (n,)).tolist() for n in (5, 23, 9, 31)]
+    gen = transformers.GenerationConfig(max_new_tokens=8, do_sample=False, pad_token_id=0, eos_token_id=None)
+    cb = ContinuousBatchingConfig(num_blocks=32, max_batch_tokens=64)
+    out = model.generate_batch(inputs=prompts, generation_config=gen, continuous_batching_config=cb)
+    assert len(out) == len(prompts)
+    for i, p in enumerate(prompts):
+        want = ref.generate(torch.tensor([p]), generation_config=gen)[0, len(p) :].tolist()
+        assert out[f"req_{i}"].generated_tokens == want, (i, len(p))
+    if release >= (5, 24):
+        assert "attention_varlen" in calls

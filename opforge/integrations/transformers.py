@@ -595,9 +595,81 @@ def opforge_paged_attention(
     return out.unsqueeze(0), None
 
 
-def register(name: str = NAME) -> None:
-    """Register opforge attention with transformers under ``name`` (idempotent), and its
-    continuous-batching form under ``"paged|" + name``."""
+# transformers >= 5.24 runs continuous batching only on "paged|eager", "sdpa" and flash-named
+# implementations, and loads an unknown flash name as a Hub kernel through the `kernels` package
+# (a dependency of those releases), whose LOCAL_KERNELS override maps a kernel "repo id" to a local
+# directory. register() writes such a directory (a module exporting opforge.flash_attn_interface's
+# three functions) and maps this name to it. The name has "flash" and "3" in it: transformers takes
+# its block-table decode path (flash_attn_with_kvcache) only for names matching FlashAttention 2 / 3.
+FLASH_NAME = "opforge/flash-attn3"
+_CB_FLASH_RELEASE = (5, 24)
+_flash_kernel_dir: str | None = None
+
+
+def _transformers_release() -> tuple[int, int]:
+    import transformers
+
+    major, minor = (
+        int("".join(ch for ch in part if ch.isdigit()) or 0)
+        for part in transformers.__version__.split(".")[:2]
+    )
+    return major, minor
+
+
+def _register_flash_kernel() -> None:
+    """FLASH_NAME as a local kernel for the `kernels` package (once a process): a directory in the
+    layout it reads (build/torch-universal/ with the module and its metadata.json), removed at exit,
+    added to LOCAL_KERNELS (other entries kept)."""
+    global _flash_kernel_dir
+    import atexit
+    import json
+    import os
+    import shutil
+    import tempfile
+
+    if _flash_kernel_dir is None:
+        root = tempfile.mkdtemp(prefix="opforge-hf-kernel-")
+        atexit.register(shutil.rmtree, root, True)
+        variant = os.path.join(root, "build", "torch-universal")
+        os.makedirs(variant)
+        with open(os.path.join(variant, "__init__.py"), "w") as f:
+            f.write(
+                '"""opforge\'s FlashAttention API as a transformers kernel (opforge.integrations.transformers)."""\n'
+                "from opforge.flash_attn_interface import (  # noqa: F401\n"
+                "    flash_attn_func,\n    flash_attn_varlen_func,\n    flash_attn_with_kvcache,\n)\n"
+            )
+        metadata = {
+            "id": "_opforge_flash_attn",  # (the module's name in sys.modules)
+            "name": "opforge-flash-attn",
+            "version": 1,
+            "license": "NOASSERTION",
+            "backend": {"type": "cpu"},  # (torch-universal: the module runs wherever opforge does)
+            "python-depends": [],
+        }
+        with open(os.path.join(variant, "metadata.json"), "w") as f:
+            json.dump(metadata, f)
+        _flash_kernel_dir = root
+    entries = [
+        e for e in os.environ.get("LOCAL_KERNELS", "").split(":") if e and e.split("=")[0] != FLASH_NAME
+    ]
+    os.environ["LOCAL_KERNELS"] = ":".join([*entries, f"{FLASH_NAME}={_flash_kernel_dir}"])
+
+
+def register(name: str = NAME) -> str:
+    """Register opforge attention with transformers under ``name`` (idempotent), its
+    continuous-batching form, and return the implementation name to pass for continuous batching
+    (``model.generate_batch``, ``ContinuousBatchingManager``) on the installed release:
+
+    - transformers < 5.24: ``"paged|" + name`` (opforge_paged_attention, on the gathered cache);
+    - transformers >= 5.24: ``FLASH_NAME`` (``"opforge/flash-attn3"``), a local kernel exporting
+      opforge.flash_attn_interface's three functions through the `kernels` package's LOCAL_KERNELS
+      override (set here for this process): transformers then calls flash_attn_varlen_func on the
+      gathered cache in prefill steps and, on CUDA, flash_attn_with_kvcache on the pages in decode
+      steps.
+
+    ``name`` itself (``"opforge"``) stays the implementation for everything else (prefill, generate,
+    training): its mask function gives opforge the model's pattern (windows, packed sequences,
+    padding, any mask function), which a flash name does not get."""
     if "flash" in name:
         raise ValueError(
             f"{OP}: the name must not contain 'flash' (transformers treats those as flash attention)"
@@ -609,3 +681,7 @@ def register(name: str = NAME) -> None:
     AttentionInterface.register(name, opforge_attention)
     AttentionMaskInterface.register(name, opforge_mask)
     AttentionInterface.register("paged|" + name, opforge_paged_attention)
+    if _transformers_release() >= _CB_FLASH_RELEASE:
+        _register_flash_kernel()
+        return FLASH_NAME
+    return "paged|" + name
