@@ -73,13 +73,19 @@ def varlen_mask(
     causal: bool = False,
     window: tuple[int | None, int | None] | None = None,
     device: torch.device | str | None = None,
+    total_q: int | None = None,
+    total_k: int | None = None,
 ) -> torch.Tensor:
     """(total_q, total_k) bool: what each query of packed variable-length sequences sees
     (opforge.attention_varlen). Sequence b holds queries ``[cu_seqlens_q[b], cu_seqlens_q[b + 1])``
     and keys ``[cu_seqlens_k[b], cu_seqlens_k[b + 1])``; a query sees keys of its own sequence only,
-    as `pattern_mask` of that sequence's lengths allows (its queries at the end of its keys)."""
+    as `pattern_mask` of that sequence's lengths allows (its queries at the end of its keys).
+    total_q / total_k (default: the last offsets) may be larger: rows past the last offset belong
+    to no sequence and see nothing."""
     cu_q, cu_k = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
-    ok = torch.zeros(cu_q[-1], cu_k[-1], dtype=torch.bool, device=device)
+    total_q = cu_q[-1] if total_q is None else total_q
+    total_k = cu_k[-1] if total_k is None else total_k
+    ok = torch.zeros(total_q, total_k, dtype=torch.bool, device=device)
     for q0, q1, k0, k1 in zip(cu_q[:-1], cu_q[1:], cu_k[:-1], cu_k[1:], strict=True):
         ok[q0:q1, k0:k1] = pattern_mask(q1 - q0, k1 - k0, causal=causal, window=window, device=device)
     return ok

@@ -143,8 +143,8 @@ def test_varlen_errors_cuda():
     bad = torch.tensor([0, 25, 20], dtype=torch.int32, device=DEV)
     with pytest.raises(ValueError, match=r"opforge\.attention: cu_seqlens_q must not decrease"):
         varlen_forward(q, k, v, bad, cu_k, {})
-    with pytest.raises(ValueError, match="cu_seqlens_k must end at the packed length 30"):
-        varlen_forward(q, k, v, cu_q, torch.tensor([0, 10, 29], dtype=torch.int32, device=DEV), {})
+    with pytest.raises(ValueError, match="cu_seqlens_k must end at most at the packed length 30"):
+        varlen_forward(q, k, v, cu_q, torch.tensor([0, 10, 31], dtype=torch.int32, device=DEV), {})
     with pytest.raises(ValueError, match="variant 'decode' does not take packed sequences"):
         varlen_forward(q, k, v, cu_q, cu_k, {}, variant="decode")
 

@@ -413,10 +413,10 @@ VARLEN_ERRORS = [
     ),
     (
         "cu end",
-        lambda a: a["cu_seqlens_q"][-1].sub_(1),
+        lambda a: a["cu_seqlens_q"][-1].add_(1),
         ValueError,
-        r"opforge.attention_varlen: cu_seqlens_q must end at the packed length 17 \(every row in one "
-        r"sequence\), got 16",
+        r"opforge.attention_varlen: cu_seqlens_q must end at most at the packed length 17 \(rows past its "
+        r"last offset belong to no sequence\), got 18",
     ),
     (
         "q dtype",

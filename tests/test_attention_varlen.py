@@ -168,3 +168,38 @@ def test_varlen_output_is_contiguous():
         assert out.is_contiguous() and lse.is_contiguous()
         assert torch.equal(out, want)
         out.view(out.shape[0], -1)  # (a view needs the contiguous layout)
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_varlen_padded_rows_past_the_last_offset(causal, device):
+    """Offsets ending before the packed length (a padded batch, as transformers pads continuous
+    batching's steps and FlashAttention allows): the sequences' rows are those of the call without
+    the padding, rows past the last offsets get zeros, an LSE of -inf and zero gradients, and the
+    padding's values (NaN here) reach nothing."""
+    dtype = torch.float32 if device == "cpu" else torch.bfloat16
+    lq, lk, pad_q, pad_k = [5, 0, 37, 1], [9, 4, 37, 70], 11, 6
+    H, Hkv, D = 4, 2, 64
+    cu_q = torch.tensor([0, *torch.tensor(lq).cumsum(0).tolist()], dtype=torch.int32, device=device)
+    cu_k = torch.tensor([0, *torch.tensor(lk).cumsum(0).tolist()], dtype=torch.int32, device=device)
+    nq, nk = sum(lq), sum(lk)
+    q = torch.randn(nq + pad_q, H, D, device=device, dtype=dtype)
+    k = torch.randn(nk + pad_k, Hkv, D, device=device, dtype=dtype)
+    v = torch.randn(nk + pad_k, Hkv, D, device=device, dtype=dtype)
+    for t, n in ((q, nq), (k, nk), (v, nk)):
+        t[n:] = float("nan")
+    qg, kg, vg = (t.clone().requires_grad_(True) for t in (q, k, v))
+    out, lse = opforge.attention_varlen(qg, kg, vg, cu_q, cu_k, causal=causal, return_lse=True)
+    want, want_lse = opforge.attention_varlen(
+        q[:nq], k[:nk], v[:nk], cu_q, cu_k, causal=causal, return_lse=True
+    )
+    assert out.shape == q.shape and lse.shape == (H, nq + pad_q)
+    assert torch.equal(out[:nq], want) and torch.equal(lse[:, :nq], want_lse)
+    assert (out[nq:] == 0).all() and (lse[:, nq:] == -float("inf")).all()
+    go = torch.randn_like(out)
+    go[nq:] = float("nan")  # (the padding's cotangent must not reach any gradient either)
+    out.backward(go)
+    qw, kw_, vw = (t[:n].clone().requires_grad_(True) for t, n in ((q, nq), (k, nk), (v, nk)))
+    opforge.attention_varlen(qw, kw_, vw, cu_q, cu_k, causal=causal).backward(go[:nq])
+    for g, w, n in ((qg.grad, qw.grad, nq), (kg.grad, kw_.grad, nk), (vg.grad, vw.grad, nk)):
+        assert torch.equal(g[:n], w) and (g[n:] == 0).all()

@@ -2,6 +2,7 @@
 #include "attention/attention.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/ops/arange.h>
 #include <ATen/ops/cat.h>
 #include <ATen/ops/empty.h>
 #include <torch/library.h>
@@ -186,8 +187,8 @@ void check_offsets(const char* op, const char* name, const int64_t* v, int64_t n
     TORCH_CHECK_VALUE(v[i] >= v[i - 1], op, ": ", name, " must not decrease, got ", v[i - 1], " then ", v[i],
                       " at index ", i);
   }
-  TORCH_CHECK_VALUE(v[n - 1] == total, op, ": ", name, " must end at the packed length ", total,
-                    " (every row in one sequence), got ", v[n - 1]);
+  TORCH_CHECK_VALUE(v[n - 1] <= total, op, ": ", name, " must end at most at the packed length ", total,
+                    " (rows past its last offset belong to no sequence), got ", v[n - 1]);
 }
 
 }  // namespace
@@ -267,6 +268,16 @@ void check_varlen_offsets(const char* op, const AttentionPatternArgs& pattern, i
   const int64_t* v = h.const_data_ptr<int64_t>();
   check_offsets(op, "cu_seqlens_q", v, cq.numel(), total_q);
   check_offsets(op, "cu_seqlens_k", v + cq.numel(), h.numel() - cq.numel(), total_k);
+}
+
+void fill_rows_past_offsets(const at::Tensor& t, const at::Tensor& cu_seqlens, double value) {
+  const int64_t total = t.size(2);
+  if (total == 0) return;
+  const at::Tensor end = cu_seqlens.select(0, cu_seqlens.size(0) - 1).to(at::kLong);
+  const at::Tensor past = at::arange(total, cu_seqlens.options().dtype(at::kLong)).ge(end);
+  std::vector<int64_t> shape(t.dim(), 1);
+  shape[2] = total;
+  t.masked_fill_(past.view(shape), value);
 }
 
 AttentionCall attention_call(const at::Tensor& q, const at::Tensor& k, bool kv_lens, bool backward,

@@ -49,10 +49,16 @@ void check_attention_backward_inputs(const at::Tensor& grad_out, const at::Tenso
 
 // Varlen: the offsets' values read on the host (a copy from the GPU, so a synchronization; the CUDA
 // entries skip it while a CUDA graph is being captured, where the kernels' clamping keeps every
-// access inside the tensors): a ValueError naming `op` unless each starts at 0, ends at its packed
-// dim's length (every row belongs to one sequence) and never decreases.
+// access inside the tensors): a ValueError naming `op` unless each starts at 0, never decreases and
+// ends at most at its packed dim's length (rows past the last offset belong to no sequence: the
+// padding of a padded batch, as FlashAttention allows).
 void check_varlen_offsets(const char* op, const AttentionPatternArgs& pattern, int64_t total_q,
                           int64_t total_k);
+
+// Varlen: t's rows (dim 2 of a (1, H, total, ...) tensor) at or past cu_seqlens[-1], which belong
+// to no sequence and no kernel writes, set to `value` (outputs and gradients 0, the LSE -inf), on
+// t's device without reading the offsets on the host.
+void fill_rows_past_offsets(const at::Tensor& t, const at::Tensor& cu_seqlens, double value);
 
 // The kernel that serves `call` under `variant` ("auto": the rule of attention_heuristics.h; a named
 // kernel that cannot serve the call raises a ValueError naming `op` and saying why).

@@ -572,15 +572,15 @@ def opforge_paged_attention(
     )
     cu_q, cu_k = cu_q.to(query.device), cu_k.to(query.device)
     q = query[0].transpose(0, 1)  # (T, H, D) view
-    # A padded batch (CUDA graphs / compile) has rows past the last request's: garbage, left out.
-    nq, nk = torch.stack([cu_q[-1], cu_k[-1].to(cu_q.dtype)]).tolist()  # (one read on the host)
+    # A padded batch (CUDA graphs / compile) has rows past the last request's: they belong to no
+    # sequence, and attention_varlen returns zeros for them (no read of the offsets on the host).
     kw: dict[str, Any] = {"causal": True}
     if sliding:
         kw["window"] = (int(sliding) - 1, 0)
     out = opforge.attention_varlen(
-        q[:nq],
-        k[:nk],
-        v[:nk],
+        q,
+        k,
+        v,
         cu_q,
         cu_k,
         per_layer(kwargs.get("max_seqlen_q")),
@@ -590,8 +590,6 @@ def opforge_paged_attention(
         deterministic=deterministic,
         **kw,
     )
-    if nq < q.shape[0]:
-        out = torch.cat([out, out.new_zeros(q.shape[0] - nq, *out.shape[1:])])
     return out.unsqueeze(0), None
 
 

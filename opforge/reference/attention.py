@@ -74,7 +74,8 @@ def attention_varlen(
 ):
     """What opforge.attention_varlen computes, in q's dtype: `attention` of each packed sequence on
     its own. q (total_q, Hq, D), k and v (total_k, Hkv, D); sequence b is queries
-    ``[cu_seqlens_q[b], cu_seqlens_q[b + 1])`` and keys ``[cu_seqlens_k[b], cu_seqlens_k[b + 1])``.
+    ``[cu_seqlens_q[b], cu_seqlens_q[b + 1])`` and keys ``[cu_seqlens_k[b], cu_seqlens_k[b + 1])``;
+    rows past the last offsets belong to no sequence (zeros, an LSE of -inf).
     Returns out (total_q, Hq, D) and, with return_lse, lse (Hq, total_q)."""
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     cu_q, cu_k = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
@@ -87,6 +88,10 @@ def attention_varlen(
         )
         outs.append(out[0].transpose(0, 1))
         lses.append(lse[0])
-    out = torch.cat(outs, dim=0) if outs else q.new_zeros(q.shape)
-    lse = torch.cat(lses, dim=1) if lses else q.new_zeros(q.shape[1], 0)
+    # Rows past the last offset (the padding of a padded batch) belong to no sequence: zeros, LSE -inf.
+    pad = q.shape[0] - cu_q[-1]
+    outs.append(q.new_zeros(pad, q.shape[1], v.shape[-1]))
+    lses.append(q.new_full((q.shape[1], pad), -math.inf))
+    out = torch.cat(outs, dim=0)
+    lse = torch.cat(lses, dim=1)
     return (out, lse) if return_lse else out

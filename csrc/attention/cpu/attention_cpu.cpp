@@ -75,6 +75,10 @@ std::tuple<at::Tensor, at::Tensor> attention_cpu(
   } else {
     attention_cpu_forward(plan.params);
   }
+  if (args.varlen()) {  // (rows past the last offset: the padding of a padded batch)
+    fill_rows_past_offsets(out, *args.cu_seqlens_q, 0.0);
+    fill_rows_past_offsets(lse, *args.cu_seqlens_q, -std::numeric_limits<double>::infinity());
+  }
   return {out, lse};
 }
 
@@ -110,6 +114,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_cpu(
   check_mask_values(plan.params.pattern, mask_bits ? mask_bits->size(0) : 0);
   const AttentionGradParams g = attention_grad_params(plan.params, go, grad_lse_c, dq, dk, dv);
   attention_cpu_backward(g);
+  if (args.varlen()) {
+    fill_rows_past_offsets(dq, *args.cu_seqlens_q, 0.0);
+    fill_rows_past_offsets(dk, *args.cu_seqlens_k, 0.0);
+    fill_rows_past_offsets(dv, *args.cu_seqlens_k, 0.0);
+  }
   return {dq, dk, dv};
 }
 

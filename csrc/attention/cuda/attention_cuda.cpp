@@ -252,6 +252,10 @@ std::tuple<at::Tensor, at::Tensor> attention_cuda(
     run_forward_plan(op, plan, call, kd, kernel, q.options(), stream);
   }
   if (kd != d) out.copy_(out_k.narrow(3, 0, d));
+  if (args.varlen()) {  // (rows past the last offset: the padding of a padded batch)
+    fill_rows_past_offsets(out, *args.cu_seqlens_q, 0.0);
+    fill_rows_past_offsets(lse, *args.cu_seqlens_q, -kInf);
+  }
   return {out, lse};
 }
 
@@ -327,6 +331,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_cuda(
     dq.copy_(dq_k.narrow(3, 0, d));
     dk.copy_(dk_k.narrow(3, 0, d));
     dv.copy_(dv_k.narrow(3, 0, d));
+  }
+  if (args.varlen()) {
+    fill_rows_past_offsets(dq, *args.cu_seqlens_q, 0.0);
+    fill_rows_past_offsets(dk, *args.cu_seqlens_k, 0.0);
+    fill_rows_past_offsets(dv, *args.cu_seqlens_k, 0.0);
   }
   return {dq, dk, dv};
 }

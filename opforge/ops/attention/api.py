@@ -204,9 +204,12 @@ def attention_varlen(
         cu_seqlens_q, cu_seqlens_k: (B + 1,) int32 or int64 on q's device: sequence b holds the
             queries ``q[cu_seqlens_q[b]:cu_seqlens_q[b + 1]]`` and the keys
             ``k[cu_seqlens_k[b]:cu_seqlens_k[b + 1]]`` (and v's). Each must start at 0, never
-            decrease and end at total_q / total_k (a ValueError otherwise; the check reads them on the
-            host, which on CUDA is a synchronization, skipped while a CUDA graph is captured).
-            Sequences may be empty on either side, and a sequence's query and key counts may differ.
+            decrease and end at most at total_q / total_k (a ValueError otherwise; the check reads
+            them on the host, which on CUDA is a synchronization, skipped while a CUDA graph is
+            captured). Rows past the last offset belong to no sequence (the padding of a padded
+            batch, as FlashAttention allows): their outputs are zeros, their LSE -inf and their
+            gradients zeros. Sequences may be empty on either side, and a sequence's query and key
+            counts may differ.
         max_seqlen_q, max_seqlen_k: ints >= 0 or None, accepted for FlashAttention's signature; the
             kernels find every sequence's length from the offsets on the device, so they change
             nothing.

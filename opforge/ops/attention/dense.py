@@ -33,7 +33,9 @@ def visible(q, k, pattern, kv_lens=None, cu_seqlens=(None, None)) -> torch.Tenso
     B, H, sq, sk = q.shape[0], q.shape[1], q.shape[2], k.shape[2]
     kw = pattern_kwargs(pattern, sq, sk, kv_lens)
     if cu_seqlens[0] is not None:
-        ok = varlen_mask(*cu_seqlens, causal=kw["causal"], window=kw["window"], device=q.device)
+        ok = varlen_mask(
+            *cu_seqlens, causal=kw["causal"], window=kw["window"], device=q.device, total_q=sq, total_k=sk
+        )
         return ok.expand(B, H, sq, sk)
     return attention_mask(B, H, sq, sk, device=q.device, **kw)
 
