@@ -219,7 +219,9 @@ def test_flash_attn_with_kvcache_writes_then_attends(s_new, sq, causal, window, 
             vc[idx.long()].clone(),
             torch.arange(B, device=device, dtype=torch.int32),
         )
-    before = [(kc[r, : int(n)].clone(), vc[r, : int(n)].clone()) for r, n in zip(idx.tolist(), lens, strict=False)]
+    before = [
+        (kc[r, : int(n)].clone(), vc[r, : int(n)].clone()) for r, n in zip(idx.tolist(), lens, strict=False)
+    ]
     q = torch.randn(B, sq, h, d, device=device, dtype=dtype)
     kn = torch.randn(B, s_new, hk, d, device=device, dtype=dtype) if s_new else None
     vn = torch.randn(B, s_new, hk, d, device=device, dtype=dtype) if s_new else None
@@ -482,3 +484,84 @@ def test_signatures_are_flash_attention_3s():
     assert "block_table" in names(flash_attn_with_kvcache) and "cache_seqlens" in names(
         flash_attn_with_kvcache
     )
+
+
+def _capture(fn):
+    """fn captured in a CUDA graph (after a warm-up on a side stream), and its output."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fn()
+    return graph, out
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("paged", [False, True])
+def test_flash_attn_with_kvcache_replays_in_a_cuda_graph(paged):
+    """A decoding step (write the new token, attend) captured once replays step after step with the
+    lengths (and the page table) updated in place: each replay writes its token where the lengths
+    say and gives a fresh call's result. A padding row (length -1, table -1, as transformers pads
+    continuous batching's decode batches) writes nothing and gets zeros."""
+    dev, dt = "cuda", torch.bfloat16
+    B, h, hk, d, ps, pages = 4, 8, 2, 128, 16, 64
+    kc = (
+        torch.randn(pages, ps, hk, d, device=dev, dtype=dt)
+        if paged
+        else torch.randn(B, 256, hk, d, device=dev, dtype=dt)
+    )
+    vc = torch.randn_like(kc)
+    table = torch.randperm(pages, device=dev)[: B * 8].view(B, 8).to(torch.int32)
+    lens = torch.tensor([5, 40, 17, 90], device=dev, dtype=torch.int32)
+    q = torch.randn(B, 1, h, d, device=dev, dtype=dt)
+    kn, vn = torch.randn(B, 1, hk, d, device=dev, dtype=dt), torch.randn(B, 1, hk, d, device=dev, dtype=dt)
+    kw = dict(page_table=table) if paged else {}
+
+    def step():
+        return flash_attn_with_kvcache(q, kc, vc, kn, vn, cache_seqlens=lens, causal=True, **kw)
+
+    graph, out = _capture(step)
+    for it in range(3):
+        lens.add_(1 + it)  # (next step's lengths, in place)
+        if paged and it == 2:
+            lens[3] = -1
+            table[3] = -1
+        for t in (q, kn, vn):
+            t.normal_()
+        before = kc.clone()
+        graph.replay()
+        kc_graph, got = kc.clone(), out.clone()
+        kc.copy_(before)
+        want = step()
+        assert torch.equal(kc, kc_graph)
+        assert torch.equal(got, want)
+        if paged and it == 2:
+            assert (got[3] == 0).all()
+
+
+@pytest.mark.cuda
+def test_flash_attn_varlen_func_padded_rows_in_a_cuda_graph():
+    """transformers' padded continuous-batching step: q has rows past cu_seqlens_q[-1] and the
+    offsets change between replays; no host read in the call (it captures), padded rows zeros."""
+    dev, dt = "cuda", torch.bfloat16
+    total, h, hk, d = 64, 8, 2, 128
+    q = torch.randn(total, h, d, device=dev, dtype=dt)
+    k, v = (
+        torch.randn(3 * total, hk, d, device=dev, dtype=dt),
+        torch.randn(3 * total, hk, d, device=dev, dtype=dt),
+    )
+    cu_q = torch.tensor([0, 10, 11, 40], device=dev, dtype=torch.int32)
+    cu_k = torch.tensor([0, 30, 61, 150], device=dev, dtype=torch.int32)
+
+    def step():
+        return flash_attn_varlen_func(q, k, v, cu_q, cu_k, total, 3 * total, causal=True)
+
+    graph, out = _capture(step)
+    cu_q.copy_(torch.tensor([0, 1, 2, 3], device=dev, dtype=torch.int32))
+    cu_k.copy_(torch.tensor([0, 100, 101, 180], device=dev, dtype=torch.int32))
+    graph.replay()
+    want = step()
+    assert torch.equal(out, want) and (out[3:] == 0).all()
