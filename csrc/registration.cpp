@@ -50,6 +50,11 @@ TORCH_LIBRARY(opforge, m) {
       "float softcap, bool causal, int window_left, int window_right, int prefix_len, str variant=\"auto\") "
       "-> "
       "(Tensor, Tensor)");
+  // New tokens k, v (B, Hkv, S_new, D) written into paged caches (num_pages, page_size, Hkv, D) in place:
+  // sequence b's token i at position kv_lens[b] + i through block_table (B, max_pages).
+  m.def(
+      "paged_kv_append(Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor k, Tensor v, Tensor block_table, "
+      "Tensor kv_lens) -> ()");
   m.def(
       "attention_backward(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor? "
       "grad_lse, "

@@ -9,8 +9,6 @@ become an exact block mask."""
 
 from __future__ import annotations
 
-import inspect
-
 import torch
 
 from opforge.masks import BlockMask, block_mask
@@ -239,16 +237,10 @@ def _check_append(k_cache, v_cache, k, v, block_table, kv_lens) -> None:
         raise RuntimeError(f"{APPEND_OP}: the caches have no pages, shape {list(k_cache.shape)}")
 
 
-@torch.library.custom_op("opforge::paged_kv_append", mutates_args=("k_cache", "v_cache"))
-def _paged_kv_append(
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    block_table: torch.Tensor,
-    kv_lens: torch.Tensor,
-) -> None:
-    """The op behind paged_kv_append: its checks, then one scatter of the new rows per cache."""
+# On CUDA (until its kernel is measured on a GPU, wip/47-gpu): the scatter in ATen ops, nothing read
+# on the host (a CUDA graph captures it); tokens that cannot be written are skipped.
+@torch.library.impl("opforge::paged_kv_append", "CUDA")
+def _paged_kv_append_cuda(k_cache, v_cache, k, v, block_table, kv_lens) -> None:
     _check_append(k_cache, v_cache, k, v, block_table, kv_lens)
     pages, page_size, kv_heads, head_dim = k_cache.shape
     B, _, s_new, _ = k.shape
@@ -259,21 +251,10 @@ def _paged_kv_append(
     pos = kv_lens.to(torch.int64)[:, None] + torch.arange(s_new, device=dev)[None, :]  # (B, S_new)
     logical = pos.div(page_size, rounding_mode="floor")
     page = block_table.to(torch.int64).gather(1, logical.clamp(0, max_pages - 1))
-    valid = (pos >= 0) & (logical < max_pages) & (page >= 0) & (page < pages)
-    if dev.type == "cpu" and not bool(valid.all()):
-        b, i = (int(x) for x in (~valid).nonzero()[0])
-        p, j = int(pos[b, i]), int(logical[b, i])
-        if p < 0:
-            why = f"kv_lens[{b}] = {int(kv_lens[b])} is negative"
-        elif j >= max_pages:
-            why = f"past its block_table row ({max_pages} pages x {page_size} positions)"
-        else:
-            why = f"block_table[{b}, {j}] = {int(block_table[b, j])} is not a page of the caches (0 to {pages - 1})"
-        raise ValueError(f"{APPEND_OP}: sequence {b}'s new token {i} goes to position {p}: {why}")
+    valid = ((pos >= 0) & (logical < max_pages) & (page >= 0) & (page < pages)).flatten()
     page, slot = page.flatten(), pos.remainder(page_size).flatten()
-    valid = valid.flatten()
-    # Tokens that cannot be written (CUDA) write instead, at (0, 0), what ends up there anyway: the
-    # token written there if one is, else what is there: every write to a place has one value.
+    # Tokens that cannot be written write instead, at (0, 0), what ends up there anyway: the token
+    # written there if one is, else what is there: every write to a place has one value.
     page, slot = page.where(valid, 0), slot.where(valid, 0)
     at_origin = valid & (page == 0) & (slot == 0)
     for cache, new in ((k_cache, k), (v_cache, v)):
@@ -285,7 +266,10 @@ def _paged_kv_append(
         cache.index_put_((page, slot), rows.where(valid[:, None, None], origin))
 
 
-@_paged_kv_append.register_fake
+# The op (csrc/registration.cpp) has a C++ CPU kernel (csrc/attention/cpu/paged_append_cpu.cpp: every
+# token's place checked, then one parallel pass of row copies); its fake kernel checks what the
+# kernels check before data.
+@torch.library.register_fake("opforge::paged_kv_append")
 def _(k_cache, v_cache, k, v, block_table, kv_lens) -> None:
     _check_append(k_cache, v_cache, k, v, block_table, kv_lens)
 
@@ -293,10 +277,8 @@ def _(k_cache, v_cache, k, v, block_table, kv_lens) -> None:
 # Not differentiable: the new tokens would get no gradient and the caches' gradients would ignore
 # the rows written over. PyTorch registers no autograd formula for an op that mutates its inputs, so
 # tensors that require grad (with gradients enabled) are refused: by the wrapper before the op, and by
-# the op's Autograd kernel (this check, then the op below autograd) for the raw op. That kernel
-# replaces the one torch.library.custom_op registers, which some PyTorch releases refuse unless asked
-# with allow_override=True (2.11: a RuntimeError at import without it). A release whose Library.impl
-# has no such argument keeps custom_op's kernel: there the wrapper alone refuses.
+# the op's Autograd kernel (this check, then the op below autograd) for the raw op (the op is defined
+# in C++ without one).
 _AUTOGRAD_LIB = torch.library.Library("opforge", "IMPL")
 
 
@@ -316,5 +298,4 @@ def _append_autograd(k_cache, v_cache, k, v, block_table, kv_lens) -> None:
         torch.ops.opforge.paged_kv_append(k_cache, v_cache, k, v, block_table, kv_lens)
 
 
-if "allow_override" in inspect.signature(torch.library.Library.impl).parameters:
-    _AUTOGRAD_LIB.impl("paged_kv_append", _append_autograd, "Autograd", allow_override=True)
+_AUTOGRAD_LIB.impl("paged_kv_append", _append_autograd, "Autograd")
