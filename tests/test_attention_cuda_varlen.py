@@ -141,7 +141,7 @@ def test_varlen_errors_cuda():
     """Offsets read on the host: a ValueError naming the op and the argument."""
     q, k, v, cu_q, cu_k = varlen_case([10, 20], [10, 20], 2, 2, 64)
     bad = torch.tensor([0, 25, 20], dtype=torch.int32, device=DEV)
-    with pytest.raises(ValueError, match=r"opforge\.attention: cu_seqlens_q must not decrease"):
+    with pytest.raises(ValueError, match=r"opforge\.attention_varlen: cu_seqlens_q must not decrease"):
         varlen_forward(q, k, v, bad, cu_k, {})
     with pytest.raises(ValueError, match="cu_seqlens_k must end at most at the packed length 30"):
         varlen_forward(q, k, v, cu_q, torch.tensor([0, 10, 31], dtype=torch.int32, device=DEV), {})

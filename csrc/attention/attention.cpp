@@ -258,9 +258,9 @@ void check_attention_backward_inputs(const at::Tensor& grad_out, const at::Tenso
   }
 }
 
-void check_varlen_offsets(const char* op, const AttentionPatternArgs& pattern, int64_t total_q,
-                          int64_t total_k) {
-  if (!pattern.varlen()) return;
+std::pair<int64_t, int64_t> check_varlen_offsets(const char* op, const AttentionPatternArgs& pattern,
+                                                 int64_t total_q, int64_t total_k) {
+  if (!pattern.varlen()) return {total_q, total_k};
   // Both in one copy to the host (on CUDA one synchronization, not two).
   const at::Tensor& cq = *pattern.cu_seqlens_q;
   const at::Tensor h =
@@ -268,6 +268,7 @@ void check_varlen_offsets(const char* op, const AttentionPatternArgs& pattern, i
   const int64_t* v = h.const_data_ptr<int64_t>();
   check_offsets(op, "cu_seqlens_q", v, cq.numel(), total_q);
   check_offsets(op, "cu_seqlens_k", v + cq.numel(), h.numel() - cq.numel(), total_k);
+  return {v[cq.numel() - 1], v[h.numel() - 1]};
 }
 
 void fill_rows_past_offsets(const at::Tensor& t, const at::Tensor& cu_seqlens, double value) {

@@ -5,6 +5,7 @@
 #include <c10/util/string_view.h>
 
 #include <optional>
+#include <utility>
 
 #include "attention/attention_heuristics.h"
 #include "attention/attention_params.h"
@@ -52,8 +53,9 @@ void check_attention_backward_inputs(const at::Tensor& grad_out, const at::Tenso
 // access inside the tensors): a ValueError naming `op` unless each starts at 0, never decreases and
 // ends at most at its packed dim's length (rows past the last offset belong to no sequence: the
 // padding of a padded batch, as FlashAttention allows).
-void check_varlen_offsets(const char* op, const AttentionPatternArgs& pattern, int64_t total_q,
-                          int64_t total_k);
+// Returns the last offsets (the rows in sequences), or (total_q, total_k) without varlen.
+std::pair<int64_t, int64_t> check_varlen_offsets(const char* op, const AttentionPatternArgs& pattern,
+                                                 int64_t total_q, int64_t total_k);
 
 // Varlen: t's rows (dim 2 of a (1, H, total, ...) tensor) at or past cu_seqlens[-1], which belong
 // to no sequence and no kernel writes, set to `value` (outputs and gradients 0, the LSE -inf), on

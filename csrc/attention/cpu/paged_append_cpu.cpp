@@ -26,8 +26,8 @@ void place_tokens(const at::Tensor& block_table, const at::Tensor& kv_lens, int6
       TORCH_CHECK_VALUE(before >= 0, kAppendOp, ": sequence ", b, "'s new token ", i, " goes to position ", p,
                         ": kv_lens[", b, "] = ", before, " is negative");
       const int64_t j = p / page_size;
-      TORCH_CHECK_VALUE(j < max_pages, kAppendOp, ": sequence ", b, "'s new token ", i, " goes to position ", p,
-                        ": past its block_table row (", max_pages, " pages x ", page_size, " positions)");
+      TORCH_CHECK_VALUE(j < max_pages, kAppendOp, ": sequence ", b, "'s new token ", i, " goes to position ",
+                        p, ": past its block_table row (", max_pages, " pages x ", page_size, " positions)");
       const int64_t e = static_cast<int64_t>(table[b * ts0 + j * ts1]);
       TORCH_CHECK_VALUE(e >= 0 && e < pages, kAppendOp, ": sequence ", b, "'s new token ", i,
                         " goes to position ", p, ": block_table[", b, ", ", j, "] = ", e,
@@ -81,6 +81,8 @@ void paged_kv_append_cpu(const at::Tensor& k_cache, const at::Tensor& v_cache, c
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(opforge, CPU, m) { m.impl("paged_kv_append", &paged_kv_append_cpu); }
+TORCH_LIBRARY_IMPL(opforge, CPU, m) {
+  m.impl("paged_kv_append", &paged_kv_append_cpu);
+}
 
 }  // namespace opforge

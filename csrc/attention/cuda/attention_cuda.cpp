@@ -11,6 +11,7 @@
 #include <ATen/ops/cat.h>
 #include <ATen/ops/constant_pad_nd.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/full.h>
 #include <ATen/ops/stack.h>
 #include <ATen/ops/zeros.h>
 #include <c10/cuda/CUDAGraphsC10Utils.h>
@@ -93,11 +94,13 @@ at::Tensor kernel_operand(const at::Tensor& t, int64_t kd, AttentionKernel kerne
 
 // Varlen offsets checked on the host (check_varlen_offsets), except while the current stream is
 // being captured into a CUDA graph: a copy to the host cannot be captured.
-void check_varlen_offsets_unless_capturing(const char* op, const AttentionPatternArgs& args, int64_t total_q,
-                                           int64_t total_k) {
+// Returns the rows in sequences (the last offsets) when it read them, else (total_q, total_k).
+std::pair<int64_t, int64_t> check_varlen_offsets_unless_capturing(const char* op,
+                                                                  const AttentionPatternArgs& args,
+                                                                  int64_t total_q, int64_t total_k) {
   if (!args.varlen() || c10::cuda::currentStreamCaptureStatusMayInitCtx() != c10::cuda::CaptureStatus::None)
-    return;
-  check_varlen_offsets(op, args, total_q, total_k);
+    return {total_q, total_k};
+  return check_varlen_offsets(op, args, total_q, total_k);
 }
 
 // The call as the rule sees it on q's device.
@@ -232,7 +235,24 @@ std::tuple<at::Tensor, at::Tensor> attention_cuda(
   const char* op = attention_op_name(args);
   check_cuda_call(op, q, k);
   const c10::cuda::CUDAGuard guard(q.device());
-  check_varlen_offsets_unless_capturing(op, args, q.size(2), k.size(2));
+  const auto [rows_q, rows_k] = check_varlen_offsets_unless_capturing(op, args, q.size(2), k.size(2));
+  if (rows_q < q.size(2) || rows_k < k.size(2)) {
+    // Rows past the last offsets (a padded batch), with the offsets read: the kernels run on the rows
+    // in sequences only, so that the padding's values (whatever they are) are never loaded as keys of
+    // the last sequence; the output's other rows are zeros, their LSE -inf. (While a CUDA graph is
+    // captured the offsets are not read: the kernels take the whole tensors, and keys past the last
+    // sequence's end in its last tile are masked.)
+    auto [o, l] = attention_cuda(q.narrow(2, 0, rows_q), k.narrow(2, 0, rows_k), v.narrow(2, 0, rows_k),
+                                 scale, softcap, causal, window_left, window_right, prefix_len, q_segments,
+                                 kv_segments, mask_kinds, mask_index, mask_bits, block_q, block_k, kv_lens,
+                                 cu_seqlens_q, cu_seqlens_k, variant, std::nullopt);
+    at::Tensor out = empty_attention_like(q, true).zero_();
+    at::Tensor lse = at::full({q.size(0), q.size(1), q.size(2)}, -std::numeric_limits<double>::infinity(),
+                              q.options().dtype(at::kFloat));
+    out.narrow(2, 0, rows_q).copy_(o);
+    lse.narrow(2, 0, rows_q).copy_(l);
+    return {out, lse};
+  }
   const AttentionCall call = cuda_call(q, k, kv_lens.has_value(), false, args.varlen());
   const AttentionKernel kernel = choose_attention_kernel(op, call, variant);
   at::Tensor out = empty_attention_like(q, args.varlen());
@@ -277,7 +297,22 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_cuda(
   check_attention_backward_inputs(grad_out, q, k, v, out, lse, grad_lse, scale, softcap, args);
   check_cuda_call(op, q, k);
   const c10::cuda::CUDAGuard guard(q.device());
-  check_varlen_offsets_unless_capturing(op, args, q.size(2), k.size(2));
+  const auto [rows_q, rows_k] = check_varlen_offsets_unless_capturing(op, args, q.size(2), k.size(2));
+  if (rows_q < q.size(2) || rows_k < k.size(2)) {  // (as the forward: the rows in sequences only)
+    const auto nq = [&](const at::Tensor& t) { return t.narrow(2, 0, rows_q); };
+    const auto nk = [&](const at::Tensor& t) { return t.narrow(2, 0, rows_k); };
+    const std::optional<at::Tensor> gl = grad_lse ? std::optional<at::Tensor>(nq(*grad_lse)) : std::nullopt;
+    auto [dq_r, dk_r, dv_r] = attention_backward_cuda(
+        nq(grad_out), nq(q), nk(k), nk(v), nq(out), nq(lse), gl, scale, softcap, causal, window_left,
+        window_right, prefix_len, q_segments, kv_segments, mask_kinds, mask_index, mask_bits, block_q,
+        block_k, cu_seqlens_q, cu_seqlens_k, variant, deterministic);
+    at::Tensor dq = empty_attention_like(q).zero_(), dk = empty_attention_like(k).zero_();
+    at::Tensor dv = empty_attention_like(v).zero_();
+    nq(dq).copy_(dq_r);
+    nk(dk).copy_(dk_r);
+    nk(dv).copy_(dv_r);
+    return {dq, dk, dv};
+  }
   AttentionCall call = cuda_call(q, k, false, true, args.varlen());
   const AttentionKernel kernel = choose_attention_kernel(op, call, variant);
   at::Tensor dq = empty_attention_like(q), dk = empty_attention_like(k), dv = empty_attention_like(v);
