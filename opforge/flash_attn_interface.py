@@ -3,9 +3,15 @@ runs on opforge by changing its import.
 
     from opforge.flash_attn_interface import flash_attn_func, flash_attn_varlen_func, flash_attn_with_kvcache
 
-The three functions take FlashAttention-3's signatures (``hopper/flash_attn_interface.py``: the
+The three functions take FlashAttention-3's parameters (``hopper/flash_attn_interface.py``: the
 module this one is named after) and the keywords FlashAttention-2 adds (``dropout_p``,
-``alibi_slopes``, ``block_table``), with FlashAttention's semantics:
+``alibi_slopes``, ``block_table``), with FlashAttention's semantics. Positional are only the
+arguments both releases put first, in the same order (q, k, v; the offsets and maxima of varlen;
+the caches and new k, v of the KV-cache call); the rest are keyword-only, because the two releases
+order them differently (FlashAttention-2's ``flash_attn_func(q, k, v, dropout_p, softmax_scale,
+...)`` against FlashAttention-3's ``(q, k, v, softmax_scale, causal, ...)``): a call written for
+either by position gets a TypeError, never the other's meaning (a dropout of 0.0 taken as a scale
+of 0 would be uniform attention, silently).
 
 - tensors are (batch, seqlen, heads, head_dim) (packed (total, heads, head_dim) for varlen), read in
   place: opforge's kernels take these layouts as views, with no copy;
@@ -124,6 +130,7 @@ def flash_attn_func(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
+    *,
     softmax_scale: float | None = None,
     causal: bool = False,
     qv: torch.Tensor | None = None,
@@ -138,7 +145,6 @@ def flash_attn_func(
     deterministic: bool = False,
     sm_margin: int = 0,
     return_attn_probs: bool = False,
-    *,
     dropout_p: float = 0.0,
     alibi_slopes: torch.Tensor | None = None,
     s_aux: torch.Tensor | None = None,
@@ -195,6 +201,7 @@ def flash_attn_varlen_func(
     cu_seqlens_k: torch.Tensor,
     max_seqlen_q: int | None = None,
     max_seqlen_k: int | None = None,
+    *,
     seqused_q: torch.Tensor | None = None,
     seqused_k: torch.Tensor | None = None,
     softmax_scale: float | None = None,
@@ -211,7 +218,6 @@ def flash_attn_varlen_func(
     deterministic: bool = False,
     sm_margin: int = 0,
     return_attn_probs: bool = False,
-    *,
     dropout_p: float = 0.0,
     alibi_slopes: torch.Tensor | None = None,
     block_table: torch.Tensor | None = None,
@@ -273,6 +279,7 @@ def flash_attn_with_kvcache(
     v_cache: torch.Tensor,
     k: torch.Tensor | None = None,
     v: torch.Tensor | None = None,
+    *,
     qv: torch.Tensor | None = None,
     rotary_cos: torch.Tensor | None = None,
     rotary_sin: torch.Tensor | None = None,
@@ -298,7 +305,6 @@ def flash_attn_with_kvcache(
     pack_gqa: bool | None = None,
     sm_margin: int = 0,
     return_softmax_lse: bool = False,
-    *,
     block_table: torch.Tensor | None = None,
     alibi_slopes: torch.Tensor | None = None,
     s_aux: torch.Tensor | None = None,

@@ -100,7 +100,9 @@ def test_flash_attn_func_gradients(case):
     v = torch.randn(B, sk, hk, d, dtype=torch.float64, requires_grad=True)
     go = torch.randn(B, sq, h, d, dtype=torch.float64)
     kw = dict(causal=causal, window_size=window, softcap=softcap)
-    got = torch.autograd.grad(flash_attn_func(q, k, v, 0.3, deterministic=True, **kw), (q, k, v), go)
+    got = torch.autograd.grad(
+        flash_attn_func(q, k, v, softmax_scale=0.3, deterministic=True, **kw), (q, k, v), go
+    )
     want = torch.autograd.grad(fa_reference(q, k, v, scale=0.3, **kw)[0], (q, k, v), go)
     for g, w in zip(got, want, strict=False):
         assert (g - w).abs().max().item() <= 1e-9
@@ -416,35 +418,22 @@ def test_a_cache_write_past_the_end_raises_on_the_cpu():
         flash_attn_with_kvcache(q, k, v, kn, vn, cache_seqlens=6)
 
 
-def test_signatures_are_flash_attention_3s():
-    """FlashAttention-3's parameter names and order (code passing them by position runs), and the
-    ones transformers looks for in a flash function's signature to decide what to hand it: with them
+def test_signatures_are_flash_attentions():
+    """FlashAttention's parameter names; positional only where FlashAttention-2 and -3 agree (a
+    call by position written for either gets a TypeError, not the other's meaning), and the names
+    transformers looks for in a flash function's signature to decide what to hand it: with them
     present it passes dropout, windows, softcaps, sinks and the page table, which opforge then
     computes or refuses, rather than dropping them silently."""
+
+    def positional(fn):
+        kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+        return [n for n, p in inspect.signature(fn).parameters.items() if p.kind in kinds]
 
     def names(fn):
         return list(inspect.signature(fn).parameters)
 
-    assert names(flash_attn_func)[:17] == [
-        "q",
-        "k",
-        "v",
-        "softmax_scale",
-        "causal",
-        "qv",
-        "q_descale",
-        "k_descale",
-        "v_descale",
-        "window_size",
-        "attention_chunk",
-        "softcap",
-        "num_splits",
-        "pack_gqa",
-        "deterministic",
-        "sm_margin",
-        "return_attn_probs",
-    ]
-    assert names(flash_attn_varlen_func)[:11] == [
+    assert positional(flash_attn_func) == ["q", "k", "v"]
+    assert positional(flash_attn_varlen_func) == [
         "q",
         "k",
         "v",
@@ -452,38 +441,26 @@ def test_signatures_are_flash_attention_3s():
         "cu_seqlens_k",
         "max_seqlen_q",
         "max_seqlen_k",
-        "seqused_q",
-        "seqused_k",
-        "softmax_scale",
-        "causal",
     ]
-    assert names(flash_attn_with_kvcache)[:12] == [
-        "q",
-        "k_cache",
-        "v_cache",
-        "k",
-        "v",
-        "qv",
-        "rotary_cos",
-        "rotary_sin",
+    assert positional(flash_attn_with_kvcache) == ["q", "k_cache", "v_cache", "k", "v"]
+    q, k, v = _qkv4()
+    with pytest.raises(TypeError):
+        flash_attn_func(q, k, v, 0.0)  # (FlashAttention-2's dropout_p, or -3's softmax_scale)
+    for fn in (flash_attn_func, flash_attn_varlen_func, flash_attn_with_kvcache):
+        for p in ("softmax_scale", "causal", "window_size", "softcap", "alibi_slopes", "s_aux", "num_splits"):
+            assert p in names(fn), (fn.__name__, p)
+    for fn in (flash_attn_func, flash_attn_varlen_func):
+        for p in ("dropout_p", "deterministic", "return_attn_probs", "qv", "q_descale", "attention_chunk"):
+            assert p in names(fn), (fn.__name__, p)
+    for p in (
         "cache_seqlens",
         "cache_batch_idx",
-        "cache_leftpad",
         "page_table",
-    ]
-    for fn in (flash_attn_func, flash_attn_varlen_func, flash_attn_with_kvcache):
-        for p in (
-            "softmax_scale",
-            "causal",
-            "window_size",
-            "softcap",
-            "dropout_p" if fn is not flash_attn_with_kvcache else "alibi_slopes",
-            "s_aux",
-        ):
-            assert p in names(fn), (fn.__name__, p)
-    assert "block_table" in names(flash_attn_with_kvcache) and "cache_seqlens" in names(
-        flash_attn_with_kvcache
-    )
+        "block_table",
+        "return_softmax_lse",
+        "rotary_cos",
+    ):
+        assert p in names(flash_attn_with_kvcache), p
 
 
 def _capture(fn):
