@@ -54,6 +54,7 @@ import torch
 
 from opforge.ops._common import require_tensor
 from opforge.ops.attention.api import attention, attention_varlen
+from opforge.ops.attention.checks import scale_arg
 from opforge.ops.attention.kv_cache import paged_kv_append
 
 __all__ = ["flash_attn_func", "flash_attn_varlen_func", "flash_attn_with_kvcache"]
@@ -425,8 +426,17 @@ def flash_attn_with_kvcache(
     # long as the cache): cache_batch_idx is then the page table, read on the device.
     if table is None and cache_batch_idx is not None:
         table = cache_batch_idx.view(B, 1)
+    # Everything the attention checks without reading data is checked before the cache is written,
+    # so that a call that raises leaves the cache as it was (FlashAttention checks first too).
+    window, cap = _window(fn, window_size), _softcap(fn, softcap)
+    scale_arg(op, q, softmax_scale)
+    if q.dtype != k_cache.dtype or q.shape[3] != k_cache.shape[3] or q.shape[2] % max(k_cache.shape[2], 1):
+        raise RuntimeError(
+            f"{op}: q {list(q.shape)} ({q.dtype}) must have the caches' dtype ({k_cache.dtype}) and head_dim "
+            f"({k_cache.shape[3]}), and heads a multiple of theirs ({k_cache.shape[2]})"
+        )
     s_new = 0
-    if k is not None:
+    if k is not None and k.shape[1] > 0:  # (no new tokens: nothing to write)
         s_new = k.shape[1]
         if table is not None:
             paged_kv_append(k_cache, v_cache, k.transpose(1, 2), v.transpose(1, 2), table, lens)
@@ -439,9 +449,9 @@ def flash_attn_with_kvcache(
         kv_lens = lens + s_new if s_new else lens
     kw = dict(
         causal=bool(causal),
-        window=_window(fn, window_size),
+        window=window,
         scale=softmax_scale,
-        softcap=_softcap(fn, softcap),
+        softcap=cap,
         kv_lens=kv_lens,
         return_lse=return_softmax_lse,
     )

@@ -542,3 +542,31 @@ def test_flash_attn_varlen_func_padded_rows_in_a_cuda_graph():
     graph.replay()
     want = step()
     assert torch.equal(out, want) and (out[3:] == 0).all()
+
+
+@pytest.mark.parametrize(
+    "bad, exc",
+    [
+        (dict(softcap=-1.0), ValueError),
+        (dict(window_size=(1.5, 0)), TypeError),
+        (dict(softmax_scale=float("nan")), ValueError),
+        (dict(q_dtype=torch.float32), RuntimeError),
+    ],
+)
+def test_flash_attn_with_kvcache_checks_before_writing(bad, exc):
+    """A call that raises leaves the cache as it was (the new tokens are not written first)."""
+    kc, vc = torch.zeros(1, 4, 1, 8, dtype=torch.float64), torch.zeros(1, 4, 1, 8, dtype=torch.float64)
+    new = torch.ones(1, 1, 1, 8, dtype=torch.float64)
+    q = torch.randn(1, 1, 1, 8, dtype=bad.pop("q_dtype", torch.float64))
+    with pytest.raises(exc):
+        flash_attn_with_kvcache(q, kc, vc, new, new, cache_seqlens=0, **bad)
+    assert kc.count_nonzero() == 0 and vc.count_nonzero() == 0
+
+
+def test_flash_attn_with_kvcache_no_new_tokens_on_an_empty_cache():
+    """Zero new tokens on a cache of no positions: nothing to write, zeros out (FlashAttention's
+    result for rows that see no key)."""
+    z = torch.zeros(1, 0, 1, 8)
+    q = torch.randn(1, 2, 1, 8)
+    out = flash_attn_with_kvcache(q, z, z, z, z, cache_seqlens=0)
+    assert out.shape == q.shape and (out == 0).all()
