@@ -25,8 +25,8 @@ of 0 would be uniform attention, silently).
   it deterministic (FlashAttention ignores PyTorch's flag; opforge never runs a nondeterministic
   kernel under it);
 - the log-sum-exp when asked (``return_attn_probs=True`` in the first two, as FlashAttention-3 returns
-  it: ``(out, softmax_lse)``; ``return_softmax_lse=True`` in ``flash_attn_with_kvcache``): float32,
-  (batch, heads, seqlen), or (heads, total_q) for varlen.
+  it: ``(out, softmax_lse)``; ``return_softmax_lse=True`` in ``flash_attn_with_kvcache``): float32
+  (float64 for float64 inputs), (batch, heads, seqlen), or (heads, total_q) for varlen.
 
 What opforge does not compute raises a NotImplementedError naming the argument, never a silent
 difference: dropout (``dropout_p > 0``), ALiBi (``alibi_slopes``), rotary embedding (``rotary_cos`` /
@@ -54,7 +54,7 @@ import torch
 
 from opforge.ops._common import require_tensor
 from opforge.ops.attention.api import attention, attention_varlen
-from opforge.ops.attention.checks import scale_arg
+from opforge.ops.attention.checks import check_counts, scale_arg
 from opforge.ops.attention.kv_cache import paged_kv_append
 
 __all__ = ["flash_attn_func", "flash_attn_varlen_func", "flash_attn_with_kvcache"]
@@ -97,7 +97,7 @@ def _window(fn: str, window_size) -> tuple[int | None, int | None] | None:
     if not isinstance(window_size, (tuple, list)) or len(window_size) != 2:
         raise TypeError(f"{_MOD}.{fn}: window_size must be a pair (left, right), got {window_size!r}")
     sides = []
-    for name, side in zip(("left", "right"), window_size, strict=False):
+    for name, side in zip(("left", "right"), window_size, strict=True):
         if isinstance(side, torch.Tensor) or not isinstance(side, numbers.Integral) or isinstance(side, bool):
             raise TypeError(
                 f"{_MOD}.{fn}: window_size's {name} side must be an int, got {type(side).__name__}"
@@ -162,7 +162,7 @@ def flash_attn_func(
         The rest: accepted for FlashAttention's signature; the module's docstring says which raise.
 
     Returns out (batch, seqlen_q, heads, head_dim) in q's dtype (contiguous when q is), and
-    ``softmax_lse`` (batch, heads, seqlen_q) float32 with ``return_attn_probs``.
+    ``softmax_lse`` (batch, heads, seqlen_q) with ``return_attn_probs``.
     """
     fn = "flash_attn_func"
     _refuse(
@@ -237,7 +237,7 @@ def flash_attn_varlen_func(
         softmax_scale, causal (per sequence, bottom-right), window_size, softcap, deterministic,
         return_attn_probs: as in flash_attn_func.
 
-    Returns out (total_q, heads, head_dim) contiguous, and ``softmax_lse`` (heads, total_q) float32
+    Returns out (total_q, heads, head_dim) contiguous, and ``softmax_lse`` (heads, total_q)
     with ``return_attn_probs``.
     """
     fn = "flash_attn_varlen_func"
@@ -333,7 +333,7 @@ def flash_attn_with_kvcache(
             ``k_cache[page_table[b, j // page_size], j % page_size]``.
         softmax_scale, causal (bottom-right: query i at position cache_seqlens[b] + seqlen_new -
             seqlen_q + i), window_size, softcap: as in flash_attn_func.
-        return_softmax_lse: also return the LSE (batch, heads, seqlen_q) float32.
+        return_softmax_lse: also return the LSE (batch, heads, seqlen_q).
         The rest: accepted for FlashAttention's signature; the module's docstring says which raise.
 
     Each sequence attends to its first cache_seqlens[b] + seqlen_new keys. Nothing is read on the host
@@ -382,19 +382,7 @@ def flash_attn_with_kvcache(
         capacity = table.shape[-1] * k_cache.shape[1] if table.dim() == 2 else 0
     else:
         if cache_batch_idx is not None:
-            require_tensor(op, "cache_batch_idx", cache_batch_idx)
-            if cache_batch_idx.dim() != 1 or cache_batch_idx.shape[0] != B:
-                raise RuntimeError(
-                    f"{op}: cache_batch_idx must be (batch,) = ({B},), got shape {list(cache_batch_idx.shape)}"
-                )
-            if cache_batch_idx.dtype not in (torch.int32, torch.int64):
-                raise RuntimeError(
-                    f"{op}: cache_batch_idx must be one of (int32, int64), got {cache_batch_idx.dtype}"
-                )
-            if cache_batch_idx.device != dev:
-                raise RuntimeError(
-                    f"{op}: cache_batch_idx must be on q's device {dev}, got {cache_batch_idx.device}"
-                )
+            check_counts(op, "cache_batch_idx", cache_batch_idx, B, q)
         elif k_cache.shape[0] != B:
             raise RuntimeError(
                 f"{op}: without cache_batch_idx or a page table the cache has one row a sequence: k_cache's "
@@ -406,13 +394,8 @@ def flash_attn_with_kvcache(
             raise TypeError(f"{op}: new k and v need cache_seqlens (where to write them)")
         lens = None
     elif isinstance(cache_seqlens, torch.Tensor):
+        check_counts(op, "cache_seqlens", cache_seqlens, B, q)
         lens = cache_seqlens
-        if lens.dim() != 1 or lens.shape[0] != B:
-            raise RuntimeError(f"{op}: cache_seqlens must be (batch,) = ({B},), got shape {list(lens.shape)}")
-        if lens.dtype not in (torch.int32, torch.int64):
-            raise RuntimeError(f"{op}: cache_seqlens must be one of (int32, int64), got {lens.dtype}")
-        if lens.device != dev:
-            raise RuntimeError(f"{op}: cache_seqlens must be on q's device {dev}, got {lens.device}")
     elif isinstance(cache_seqlens, numbers.Integral) and not isinstance(cache_seqlens, bool):
         if cache_seqlens < 0:
             raise ValueError(f"{op}: cache_seqlens must be >= 0, got {cache_seqlens}")
@@ -438,11 +421,9 @@ def flash_attn_with_kvcache(
     s_new = 0
     if k is not None and k.shape[1] > 0:  # (no new tokens: nothing to write)
         s_new = k.shape[1]
-        if table is not None:
-            paged_kv_append(k_cache, v_cache, k.transpose(1, 2), v.transpose(1, 2), table, lens)
-        else:
-            rows = torch.arange(B, device=dev, dtype=torch.int32).view(B, 1)
-            paged_kv_append(k_cache, v_cache, k.transpose(1, 2), v.transpose(1, 2), rows, lens)
+        # (a cache without a table: its row b is sequence b's one page)
+        rows = table if table is not None else torch.arange(B, device=dev, dtype=torch.int32).view(B, 1)
+        paged_kv_append(k_cache, v_cache, k.transpose(1, 2), v.transpose(1, 2), rows, lens)
     if lens is None:
         kv_lens = torch.full((B,), capacity, dtype=torch.int32, device=dev) if table is not None else None
     else:

@@ -271,8 +271,13 @@ std::pair<int64_t, int64_t> check_varlen_offsets(const char* op, const Attention
   return {v[cq.numel() - 1], v[h.numel() - 1]};
 }
 
-void fill_rows_past_offsets(const at::Tensor& t, const at::Tensor& cu_seqlens, double value) {
+void fill_rows_past_offsets(const at::Tensor& t, std::optional<int64_t> rows, const at::Tensor& cu_seqlens,
+                            double value) {
   const int64_t total = t.size(2);
+  if (rows) {
+    if (*rows < total) t.narrow(2, *rows, total - *rows).fill_(value);
+    return;
+  }
   if (total == 0) return;
   const at::Tensor end = cu_seqlens.select(0, cu_seqlens.size(0) - 1).to(at::kLong);
   const at::Tensor past = at::arange(total, cu_seqlens.options().dtype(at::kLong)).ge(end);

@@ -57,10 +57,13 @@ void check_attention_backward_inputs(const at::Tensor& grad_out, const at::Tenso
 std::pair<int64_t, int64_t> check_varlen_offsets(const char* op, const AttentionPatternArgs& pattern,
                                                  int64_t total_q, int64_t total_k);
 
-// Varlen: t's rows (dim 2 of a (1, H, total, ...) tensor) at or past cu_seqlens[-1], which belong
-// to no sequence and no kernel writes, set to `value` (outputs and gradients 0, the LSE -inf), on
-// t's device without reading the offsets on the host.
-void fill_rows_past_offsets(const at::Tensor& t, const at::Tensor& cu_seqlens, double value);
+// Varlen: t's rows (dim 2 of a (1, H, total, ...) tensor) past the last offset, which belong to no
+// sequence and no kernel writes, set to `value` (outputs and gradients 0, the LSE -inf): `rows` the
+// last offset as check_varlen_offsets read it (only the rows past it are written, none when there are
+// none), or, where the offsets were not read (a CUDA graph's capture), nullopt: then every row is
+// compared with cu_seqlens[-1] on t's device.
+void fill_rows_past_offsets(const at::Tensor& t, std::optional<int64_t> rows, const at::Tensor& cu_seqlens,
+                            double value);
 
 // The kernel that serves `call` under `variant` ("auto": the rule of attention_heuristics.h; a named
 // kernel that cannot serve the call raises a ValueError naming `op` and saying why).

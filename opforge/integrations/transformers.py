@@ -600,18 +600,8 @@ def opforge_paged_attention(
 # three functions) and maps this name to it. The name has "flash" and "3" in it: transformers takes
 # its block-table decode path (flash_attn_with_kvcache) only for names matching FlashAttention 2 / 3.
 FLASH_NAME = "opforge/flash-attn3"
-_CB_FLASH_RELEASE = (5, 24)
+_CB_FLASH_RELEASE = "5.24"
 _flash_kernel_dir: str | None = None
-
-
-def _transformers_release() -> tuple[int, int]:
-    import transformers
-
-    major, minor = (
-        int("".join(ch for ch in part if ch.isdigit()) or 0)
-        for part in transformers.__version__.split(".")[:2]
-    )
-    return major, minor
 
 
 def _register_flash_kernel() -> None:
@@ -679,7 +669,10 @@ def register(name: str = NAME) -> str:
     AttentionInterface.register(name, opforge_attention)
     AttentionMaskInterface.register(name, opforge_mask)
     AttentionInterface.register("paged|" + name, opforge_paged_attention)
-    if _transformers_release() >= _CB_FLASH_RELEASE:
+    import transformers
+    from packaging.version import Version
+
+    if Version(transformers.__version__).release >= Version(_CB_FLASH_RELEASE).release:
         _register_flash_kernel()
         return FLASH_NAME
     return "paged|" + name

@@ -59,7 +59,7 @@ std::tuple<at::Tensor, at::Tensor> attention_cpu(
       q, k, v, scale, softcap, causal, window_left, window_right, prefix_len, q_segments, kv_segments,
       mask_kinds, mask_index, mask_bits, block_q, block_k, kv_lens, cu_seqlens_q, cu_seqlens_k);
   const char* op = attention_op_name(args);
-  check_varlen_offsets(op, args, q.size(2), k.size(2));
+  const int64_t rows_q = check_varlen_offsets(op, args, q.size(2), k.size(2)).first;
   const AttentionCall call = attention_call(q, k, kv_lens.has_value(), false, args.varlen());
   const AttentionKernel kernel = choose_attention_kernel(op, call, variant);
   at::Tensor out = empty_attention_like(q, args.varlen());
@@ -76,8 +76,8 @@ std::tuple<at::Tensor, at::Tensor> attention_cpu(
     attention_cpu_forward(plan.params);
   }
   if (args.varlen()) {  // (rows past the last offset: the padding of a padded batch)
-    fill_rows_past_offsets(out, *args.cu_seqlens_q, 0.0);
-    fill_rows_past_offsets(lse, *args.cu_seqlens_q, -std::numeric_limits<double>::infinity());
+    fill_rows_past_offsets(out, rows_q, *args.cu_seqlens_q, 0.0);
+    fill_rows_past_offsets(lse, rows_q, *args.cu_seqlens_q, -std::numeric_limits<double>::infinity());
   }
   return {out, lse};
 }
@@ -97,7 +97,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_cpu(
   args.cu_seqlens_q = cu_seqlens_q;
   args.cu_seqlens_k = cu_seqlens_k;
   check_attention_backward_inputs(grad_out, q, k, v, out, lse, grad_lse, scale, softcap, args);
-  check_varlen_offsets("opforge.attention_backward", args, q.size(2), k.size(2));
+  const auto [rows_q, rows_k] =
+      check_varlen_offsets("opforge.attention_backward", args, q.size(2), k.size(2));
   choose_attention_kernel("opforge.attention_backward", attention_call(q, k, false, true, args.varlen()),
                           variant);  // (tiled)
   RECORD_FUNCTION("opforge.attention_backward.tiled", std::vector<c10::IValue>());
@@ -115,9 +116,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_cpu(
   const AttentionGradParams g = attention_grad_params(plan.params, go, grad_lse_c, dq, dk, dv);
   attention_cpu_backward(g);
   if (args.varlen()) {
-    fill_rows_past_offsets(dq, *args.cu_seqlens_q, 0.0);
-    fill_rows_past_offsets(dk, *args.cu_seqlens_k, 0.0);
-    fill_rows_past_offsets(dv, *args.cu_seqlens_k, 0.0);
+    fill_rows_past_offsets(dq, rows_q, *args.cu_seqlens_q, 0.0);
+    fill_rows_past_offsets(dk, rows_k, *args.cu_seqlens_k, 0.0);
+    fill_rows_past_offsets(dv, rows_k, *args.cu_seqlens_k, 0.0);
   }
   return {dq, dk, dv};
 }

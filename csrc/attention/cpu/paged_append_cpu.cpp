@@ -12,15 +12,14 @@
 namespace opforge {
 namespace {
 
-// (int64 copies of the table and the counts)
-template <typename I>
+// (block_table, kv_lens: int64)
 void place_tokens(const at::Tensor& block_table, const at::Tensor& kv_lens, int64_t s_new, int64_t pages,
                   int64_t page_size, std::vector<int64_t>& page, std::vector<int64_t>& row) {
   const int64_t batch = block_table.size(0), max_pages = block_table.size(1);
-  const I* table = block_table.const_data_ptr<I>();
+  const int64_t* table = block_table.const_data_ptr<int64_t>();
   const int64_t ts0 = block_table.stride(0), ts1 = block_table.stride(1);
   for (int64_t b = 0; b < batch; ++b) {
-    const int64_t before = static_cast<int64_t>(kv_lens.const_data_ptr<I>()[b * kv_lens.stride(0)]);
+    const int64_t before = kv_lens.const_data_ptr<int64_t>()[b * kv_lens.stride(0)];
     for (int64_t i = 0; i < s_new; ++i) {
       const int64_t p = before + i;
       TORCH_CHECK_VALUE(before >= 0, kAppendOp, ": sequence ", b, "'s new token ", i, " goes to position ", p,
@@ -28,7 +27,7 @@ void place_tokens(const at::Tensor& block_table, const at::Tensor& kv_lens, int6
       const int64_t j = p / page_size;
       TORCH_CHECK_VALUE(j < max_pages, kAppendOp, ": sequence ", b, "'s new token ", i, " goes to position ",
                         p, ": past its block_table row (", max_pages, " pages x ", page_size, " positions)");
-      const int64_t e = static_cast<int64_t>(table[b * ts0 + j * ts1]);
+      const int64_t e = table[b * ts0 + j * ts1];
       TORCH_CHECK_VALUE(e >= 0 && e < pages, kAppendOp, ": sequence ", b, "'s new token ", i,
                         " goes to position ", p, ": block_table[", b, ", ", j, "] = ", e,
                         " is not a page of the caches (0 to ", pages - 1, ")");
@@ -72,7 +71,7 @@ void paged_kv_append_cpu(const at::Tensor& k_cache, const at::Tensor& v_cache, c
   if (batch == 0 || s_new == 0) return;
   const at::Tensor table = block_table.to(at::kLong), lens = kv_lens.to(at::kLong);
   std::vector<int64_t> page(batch * s_new), row(batch * s_new);
-  place_tokens<int64_t>(table, lens, s_new, k_cache.size(0), k_cache.size(1), page, row);
+  place_tokens(table, lens, s_new, k_cache.size(0), k_cache.size(1), page, row);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, k_cache.scalar_type(), "paged_kv_append", [&] {
     copy_tokens<scalar_t>(k_cache, k, page, row);
     copy_tokens<scalar_t>(v_cache, v, page, row);

@@ -94,12 +94,12 @@ at::Tensor kernel_operand(const at::Tensor& t, int64_t kd, AttentionKernel kerne
 
 // Varlen offsets checked on the host (check_varlen_offsets), except while the current stream is
 // being captured into a CUDA graph: a copy to the host cannot be captured.
-// Returns the rows in sequences (the last offsets) when it read them, else (total_q, total_k).
-std::pair<int64_t, int64_t> check_varlen_offsets_unless_capturing(const char* op,
-                                                                  const AttentionPatternArgs& args,
-                                                                  int64_t total_q, int64_t total_k) {
-  if (!args.varlen() || c10::cuda::currentStreamCaptureStatusMayInitCtx() != c10::cuda::CaptureStatus::None)
-    return {total_q, total_k};
+// Returns the rows in sequences (the last offsets; (total_q, total_k) without varlen), or nullopt
+// while capturing (not read).
+std::optional<std::pair<int64_t, int64_t>> check_varlen_offsets_unless_capturing(
+    const char* op, const AttentionPatternArgs& args, int64_t total_q, int64_t total_k) {
+  if (args.varlen() && c10::cuda::currentStreamCaptureStatusMayInitCtx() != c10::cuda::CaptureStatus::None)
+    return std::nullopt;
   return check_varlen_offsets(op, args, total_q, total_k);
 }
 
@@ -235,8 +235,9 @@ std::tuple<at::Tensor, at::Tensor> attention_cuda(
   const char* op = attention_op_name(args);
   check_cuda_call(op, q, k);
   const c10::cuda::CUDAGuard guard(q.device());
-  const auto [rows_q, rows_k] = check_varlen_offsets_unless_capturing(op, args, q.size(2), k.size(2));
-  if (rows_q < q.size(2) || rows_k < k.size(2)) {
+  const auto rows = check_varlen_offsets_unless_capturing(op, args, q.size(2), k.size(2));
+  if (rows && (rows->first < q.size(2) || rows->second < k.size(2))) {
+    const auto [rows_q, rows_k] = *rows;
     // Rows past the last offsets (a padded batch), with the offsets read: the kernels run on the rows
     // in sequences only, so that the padding's values (whatever they are) are never loaded as keys of
     // the last sequence; the output's other rows are zeros, their LSE -inf. (While a CUDA graph is
@@ -272,9 +273,9 @@ std::tuple<at::Tensor, at::Tensor> attention_cuda(
     run_forward_plan(op, plan, call, kd, kernel, q.options(), stream);
   }
   if (kd != d) out.copy_(out_k.narrow(3, 0, d));
-  if (args.varlen()) {  // (rows past the last offset: the padding of a padded batch)
-    fill_rows_past_offsets(out, *args.cu_seqlens_q, 0.0);
-    fill_rows_past_offsets(lse, *args.cu_seqlens_q, -kInf);
+  if (args.varlen() && !rows) {  // (captured: rows past the last offset, unknown here, on the device)
+    fill_rows_past_offsets(out, std::nullopt, *args.cu_seqlens_q, 0.0);
+    fill_rows_past_offsets(lse, std::nullopt, *args.cu_seqlens_q, -kInf);
   }
   return {out, lse};
 }
@@ -297,8 +298,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_cuda(
   check_attention_backward_inputs(grad_out, q, k, v, out, lse, grad_lse, scale, softcap, args);
   check_cuda_call(op, q, k);
   const c10::cuda::CUDAGuard guard(q.device());
-  const auto [rows_q, rows_k] = check_varlen_offsets_unless_capturing(op, args, q.size(2), k.size(2));
-  if (rows_q < q.size(2) || rows_k < k.size(2)) {  // (as the forward: the rows in sequences only)
+  const auto rows = check_varlen_offsets_unless_capturing(op, args, q.size(2), k.size(2));
+  if (rows && (rows->first < q.size(2) || rows->second < k.size(2))) {  // (as the forward)
+    const auto [rows_q, rows_k] = *rows;
     const auto nq = [&](const at::Tensor& t) { return t.narrow(2, 0, rows_q); };
     const auto nk = [&](const at::Tensor& t) { return t.narrow(2, 0, rows_k); };
     const std::optional<at::Tensor> gl = grad_lse ? std::optional<at::Tensor>(nq(*grad_lse)) : std::nullopt;
@@ -367,10 +369,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_cuda(
     dk.copy_(dk_k.narrow(3, 0, d));
     dv.copy_(dv_k.narrow(3, 0, d));
   }
-  if (args.varlen()) {
-    fill_rows_past_offsets(dq, *args.cu_seqlens_q, 0.0);
-    fill_rows_past_offsets(dk, *args.cu_seqlens_k, 0.0);
-    fill_rows_past_offsets(dv, *args.cu_seqlens_k, 0.0);
+  if (args.varlen() && !rows) {  // (as the forward)
+    fill_rows_past_offsets(dq, std::nullopt, *args.cu_seqlens_q, 0.0);
+    fill_rows_past_offsets(dk, std::nullopt, *args.cu_seqlens_k, 0.0);
+    fill_rows_past_offsets(dv, std::nullopt, *args.cu_seqlens_k, 0.0);
   }
   return {dq, dk, dv};
 }

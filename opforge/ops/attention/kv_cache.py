@@ -191,7 +191,6 @@ def paged_kv_append(
         ("kv_lens", kv_lens),
     ):
         require_tensor(APPEND_OP, name, t)
-    _refuse_grad(k_cache, v_cache, k, v)
     torch.ops.opforge.paged_kv_append(k_cache, v_cache, k, v, block_table, kv_lens)
 
 
@@ -276,13 +275,13 @@ def _(k_cache, v_cache, k, v, block_table, kv_lens) -> None:
 
 # Not differentiable: the new tokens would get no gradient and the caches' gradients would ignore
 # the rows written over. PyTorch registers no autograd formula for an op that mutates its inputs, so
-# tensors that require grad (with gradients enabled) are refused: by the wrapper before the op, and by
-# the op's Autograd kernel (this check, then the op below autograd) for the raw op (the op is defined
+# tensors that require grad (with gradients enabled) are refused by the op's Autograd kernel (this
+# check, then the op below autograd), the wrapper's calls and the raw op's alike (the op is defined
 # in C++ without one).
 _AUTOGRAD_LIB = torch.library.Library("opforge", "IMPL")
 
 
-def _refuse_grad(k_cache, v_cache, k, v) -> None:
+def _append_autograd(k_cache, v_cache, k, v, block_table, kv_lens) -> None:
     if torch.is_grad_enabled():
         for name, t in (("k_cache", k_cache), ("v_cache", v_cache), ("k", k), ("v", v)):
             if t.requires_grad:
@@ -290,10 +289,6 @@ def _refuse_grad(k_cache, v_cache, k, v) -> None:
                     f"{APPEND_OP}: {name} requires grad, but appending to a KV cache is not differentiable "
                     "(it writes in place): append detached tensors, or under torch.no_grad()"
                 )
-
-
-def _append_autograd(k_cache, v_cache, k, v, block_table, kv_lens) -> None:
-    _refuse_grad(k_cache, v_cache, k, v)
     with torch._C._AutoDispatchBelowAutograd():
         torch.ops.opforge.paged_kv_append(k_cache, v_cache, k, v, block_table, kv_lens)
 
