@@ -102,6 +102,49 @@ def test_kv_lens_cuda_graph():
         assert max_err(out, want) < 2e-2
 
 
+@pytest.mark.parametrize("Hkv", [8, 2])
+def test_kv_lens_split_by_tokens_present_cuda_graph(Hkv):
+    """The decode kernel's split by the tokens present (each block finds its sequence and chunk from
+    a prefix sum of kv_lens on the device), captured once and replayed with counts that move the
+    split: more than 32 sequences (the scan's passes), empty ones, one long among short ones, all
+    long, all empty; NaN past each count."""
+    B, H, S, D = 37, 32, 9000, 128
+    q, k, v = qkv(B, H, Hkv, 1, S, D)
+    lens = torch.full((B,), S, device=DEV)
+    kw = dict(causal=True)
+    opforge.attention(q, k, v, kv_lens=lens, **kw)  # warm-up (kernel attributes) outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out, lse = opforge.attention(q, k, v, kv_lens=lens, return_lse=True, **kw)
+    g = torch.Generator(device="cpu").manual_seed(int(torch.randint(1 << 30, ())))
+    steps = [
+        torch.randint(0, S + 1, (B,), generator=g),
+        torch.where(torch.arange(B) == 17, S, torch.randint(0, 200, (B,), generator=g)),
+        torch.full((B,), S),
+        torch.zeros(B, dtype=torch.long),
+        torch.where(torch.arange(B) % 3 == 0, 0, torch.randint(1, 70, (B,), generator=g)),
+    ]
+    for new in steps:
+        lens.copy_(new.to(DEV))
+        kn, vn = k.clone(), v.clone()
+        past = torch.arange(S, device=DEV)[None, :] >= lens[:, None]
+        kn[past[:, None, :, None].expand_as(k)] = float("nan")
+        vn[past[:, None, :, None].expand_as(v)] = float("nan")
+        k.copy_(kn), v.copy_(vn)
+        q.copy_(torch.randn_like(q))
+        out.fill_(float("nan")), lse.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        kc, vc = k.nan_to_num(0.0).double(), v.nan_to_num(0.0).double()
+        want, want_lse = reference.attention(q.double(), kc, vc, kv_lens=lens, return_lse=True, **kw)
+        assert torch.equal(lse.isinf(), want_lse.isinf()) and not out.isnan().any()
+        assert max_err(out, want) < 2e-2
+        finite = want_lse.isfinite()
+        if finite.any():
+            assert (lse[finite].double() - want_lse[finite]).abs().max().item() < 1e-3
+
+
 @pytest.mark.parametrize("page_size", [16, 64, 256])
 @pytest.mark.parametrize("name", ["causal", "sliding", "softcap"])
 def test_paged_cache_matches_reference(name, page_size):

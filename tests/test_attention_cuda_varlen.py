@@ -196,3 +196,35 @@ def test_varlen_deterministic_replay_with_invalid_offsets_finishes(d, lens_q, le
     want = varlen_backward(q, k, v, good_q, good_k, go, {}, deterministic=True)
     for x, y in zip(grads, want, strict=True):
         assert torch.equal(x, y)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_varlen_padded_deterministic_backward_cuda_graph(causal):
+    """A padded batch (offsets ending before the packed length, as transformers' continuous batching
+    pads its captured steps) in a CUDA graph with deterministic=True: the prep kernel takes the offsets
+    as valid (the ordered dQ additions run), two replays give the same bits, and the sequences' rows
+    match the unpadded eager call."""
+    lq, lk, pad_q, pad_k = [70, 1, 300, 0, 129], [70, 200, 300, 5, 129], 60, 90
+    q, k, v, cu_q, cu_k = varlen_case([*lq[:-1], lq[-1] + pad_q], [*lk[:-1], lk[-1] + pad_k], 8, 2, 128)
+    cu_q[-1] -= pad_q
+    cu_k[-1] -= pad_k
+    nq, nk = sum(lq), sum(lk)
+    go = torch.randn_like(q)
+    kw = {"causal": causal}
+    run = lambda: varlen_backward(q, k, v, cu_q, cu_k, go, kw, deterministic=True)  # noqa: E731
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        run()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        grads = run()
+    graph.replay()
+    first = [g.clone() for g in grads]
+    graph.replay()
+    torch.cuda.synchronize()
+    want = varlen_backward(q[:nq], k[:nk], v[:nk], cu_q, cu_k, go[:nq], kw, deterministic=True)
+    for g, f, w, n in zip(grads, first, want, (nq, nk, nk), strict=True):
+        assert torch.equal(g, f)
+        assert max_err(g[:n], w.double()) <= 2e-2 * max(1.0, w.abs().max().item()) and (g[n:] == 0).all()

@@ -88,11 +88,20 @@ struct AttentionPattern {
       p.sq = q1 > q0 ? q1 - q0 : 0;
       p.sk = k1 > k0 ? k1 - k0 : 0;
     }
-    if (kv_lens) {
-      const int64_t n = kv_lens[b];
-      p.sk = n < 0 ? 0 : (n > sk ? sk : n);
-    }
+    if (kv_lens) p.sk = kv_len(b);
     return p;
+  }
+  // at(b) for a call without packed sequences (the decode kernel's: no varlen branch to hold
+  // registers for).
+  OPFORGE_HD AttentionPattern at_unpacked(int64_t b) const {
+    AttentionPattern p = *this;
+    if (kv_lens) p.sk = kv_len(b);
+    return p;
+  }
+  // Sequence b's key count from kv_lens, clamped to [0, sk].
+  OPFORGE_HD int64_t kv_len(int64_t b) const {
+    const int64_t n = kv_lens[b];
+    return n < 0 ? 0 : (n > sk ? sk : n);
   }
   // The position of query i among the keys.
   OPFORGE_HD int64_t pos(int64_t i) const { return i + sk - sq; }

@@ -49,7 +49,7 @@ __global__ void __launch_bounds__(256) attention_bwd_prep_kernel(const Attention
         const int32_t* cu = side ? pat.cu_seqlens_k : pat.cu_seqlens_q;
         const int64_t total = side ? pat.total_k : pat.total_q;
         const bool bad =
-            (e == 0 && cu[0] != 0) || (e > 0 && cu[e] < cu[e - 1]) || (e == p.batch && cu[e] != total);
+            (e == 0 && cu[0] != 0) || (e > 0 && cu[e] < cu[e - 1]) || cu[e] > total;
         if (bad) atomicExch(a.offsets_invalid, 1);
       }
     }

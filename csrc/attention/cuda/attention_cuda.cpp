@@ -192,6 +192,11 @@ void run_decode_plan(const char* op, AttentionPlan& plan, int64_t kd, const at::
       at::empty({p.batch * p.kv_heads * s.chunks * s.rows * decode_part_stride(static_cast<int>(kd))},
                 options.dtype(at::kFloat));
   s.part = part.data_ptr<float>();
+  at::Tensor counts;
+  if (s.blocks) {
+    counts = at::empty({p.batch}, options.dtype(at::kInt));
+    s.counts = counts.data_ptr<int32_t>();
+  }
   check_launch(op, run_attention_decode_at(static_cast<int>(kd), cuda_args(p), s, stream));
 }
 

@@ -43,7 +43,8 @@ struct AttentionCudaArgs {
   // that order the dQ additions; null: additions in any order (fast).
   int* dq_semaphore = nullptr;
   // Deterministic mode with varlen: a zeroed int the prep kernel sets when the offsets are not a
-  // valid partition (start 0, never decreasing, ending at the packed length), which only a CUDA-graph
+  // valid partition (start 0, never decreasing, none past the packed length: a padded batch's
+  // last offsets may end before it), which only a CUDA-graph
   // replay can bring (the host checks them otherwise). The backward then adds dQ in any order: with
   // such offsets sequences' tiles may share a counter or have no block, and ordered additions would
   // wait forever.
@@ -97,15 +98,30 @@ inline void tile_grid(const AttentionParams& p, bool keys, int64_t rows, int64_t
 }
 
 // The decode path's split (attention_decode_kernel.cuh). Each (batch, kv head) spreads the 64-key
-// tiles its queries may see over `chunks` blocks (a block finds its own tiles: with per-sequence key
-// counts only the device knows where they are). The rows run on tensor cores as one, two or four
-// m16 tiles (kDecodeMmaRows rows each), the block's four warps sharing each tile's keys four, two
-// or one ways (combined in the block). part: each block's partial states, (B, Hkv, chunks, rows) x
-// decode_part_stride(head_dim) floats (output, max, sum).
+// tiles its queries may see over chunks, one block each. The rows run on tensor cores as one, two or
+// four m16 tiles (kDecodeMmaRows rows each), the block's four warps sharing each tile's keys four,
+// two or one ways (combined in the block). Two forms:
+//   - uniform (no per-sequence key counts): every (batch, kv head) takes `chunks` chunks, the grid
+//     (chunks, kv heads, batch);
+//   - by the tokens present (kv_lens, which only the device reads): `blocks` blocks in a flat grid,
+//     each finding its (sequence, kv head, chunk) from a prefix sum of the sequences' chunk counts
+//     over kv_lens (every block computes the same sums), with chunks of about the same number of
+//     tiles however long each sequence is: the visible tiles of all sequences over `target` blocks, at
+//     least `min_tiles` a chunk, at least one chunk a sequence. `chunks` is then the most a sequence
+//     can take (the workspace's stride), and sequence b's count goes to counts[b] for the merge.
+// part: each block's partial states, (B, Hkv, chunks, rows) x decode_part_stride(head_dim) floats
+// (output, max, sum).
 constexpr int kDecodeTile = 64, kDecodeMmaRows = 16;
+// The fewest tiles a chunk takes, and the waves of resident blocks the tokens-present split aims at
+// (more, smaller chunks even out the blocks' ends; each costs its staging's fill and a partial state).
+constexpr int kDecodeMinTiles = 2, kDecodeWaves = 2;
 struct DecodeSplit {
   float* part = nullptr;
   int chunks = 1, rows = 0;
+  int64_t blocks = 0;  // the tokens-present form's grid; 0: the uniform form
+  int64_t target = 0;  // its blocks aimed at
+  int min_tiles = kDecodeMinTiles;
+  int32_t* counts = nullptr;  // its (B,) chunk counts (written by the decode kernel, read by the merge)
 };
 
 // Floats a partial state takes in the workspace: the output, max, sum and two of padding (rows
@@ -119,8 +135,12 @@ constexpr int decode_max_rows(int head_dim) {
   return static_cast<int>(attention_cuda_decode_max_rows(head_dim));
 }
 
-// The split for `slots` resident decode blocks on the GPU: enough chunks to fill them once, each of
-// at least two tiles.
+// The split for `slots` resident decode blocks on the GPU. Uniform: the chunk count (each of at
+// least min_tiles tiles) whose waves of blocks x (tiles a block + one for its fill and merge state)
+// is least, so that the last wave is not mostly idle (B64 x 2k keys, 512 (batch, kv head) pairs on
+// 396 slots: 3 chunks of 11 tiles in 4 waves, not 1 chunk of 32 tiles in 2). Tokens present: kDecodeWaves
+// waves of blocks, and a grid that holds every block the device can ask for (the sum over sequences of
+// ceil(tiles / a chunk's) <= target / Hkv + B).
 inline DecodeSplit decode_split(const AttentionParams& p, int64_t slots) {
   DecodeSplit s;
   const AttentionPattern& pat = p.pattern;
@@ -129,9 +149,24 @@ inline DecodeSplit decode_split(const AttentionParams& p, int64_t slots) {
   // (With per-sequence counts a band's keys sit elsewhere: its width is the same, one tile more.)
   int64_t tiles = hi <= lo ? 0 : (hi + kDecodeTile - 1) / kDecodeTile - lo / kDecodeTile;
   if (pat.kv_lens) tiles = std::min<int64_t>(tiles + 1, (pat.sk + kDecodeTile - 1) / kDecodeTile);
-  const int64_t pairs = p.batch * p.kv_heads;
-  s.chunks = static_cast<int>(std::max<int64_t>(1, std::min(slots / std::max<int64_t>(pairs, 1), tiles / 2)));
+  const int64_t pairs = std::max<int64_t>(p.batch * p.kv_heads, 1);
+  slots = std::max<int64_t>(slots, 1);
   s.rows = static_cast<int>((p.heads / p.kv_heads) * pat.sq);
+  const int64_t most = std::max<int64_t>(1, tiles / s.min_tiles);
+  if (pat.kv_lens) {
+    s.target = slots * kDecodeWaves;
+    const int64_t chunks = std::min<int64_t>(
+        (tiles + s.min_tiles - 1) / s.min_tiles, (s.target + p.kv_heads - 1) / std::max<int64_t>(p.kv_heads, 1));
+    s.chunks = static_cast<int>(std::max<int64_t>(1, chunks));
+    s.blocks = std::min<int64_t>(s.target + pairs, pairs * s.chunks);
+    return s;
+  }
+  int64_t best = 1, best_cost = -1;
+  for (int64_t c = 1; c <= std::min<int64_t>(most, 4 * slots / pairs + 1); ++c) {
+    const int64_t cost = (pairs * c + slots - 1) / slots * ((tiles + c - 1) / c + 1);
+    if (best_cost < 0 || cost < best_cost) best = c, best_cost = cost;
+  }
+  s.chunks = static_cast<int>(best);
   return s;
 }
 

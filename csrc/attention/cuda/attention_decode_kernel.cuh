@@ -23,7 +23,7 @@ namespace attention_cuda {
 // memory into the block's one partial state of its rows. No element conversions or redundant
 // per-row work: the kernel reads K and V at the memory's pace for every row count it takes.
 //   kStages: K/V tiles staged at once (kStages - 1 in flight while one is computed). Two at one m
-//     tile (two blocks an SM by registers at head dims 128 and 256); three for paged caches.
+//     tile (three blocks an SM at head dim 128, kMinBlocks); three for paged caches.
 //   kMTiles: 1, 2 or 4 m tiles (up to 16, 32, 64 rows; decode_max_rows(kD) the most a head dim
 //     takes). kKeyWarps = 4 / kMTiles warps share a tile's 64 keys.
 //   kQInRegisters: the rows' A fragments kept in registers for every tile (else read from shared
@@ -40,13 +40,17 @@ struct DecodeMmaTraits {
   static constexpr int kRowBytes = kD_ * 2 + 16;  // staged K / V rows padded: ldmatrix rows in distinct banks
   static constexpr int kTileBytes = kDecodeTile * kRowBytes;
   static constexpr int smem_bytes() { return kRows * kRowBytes + kStages * 2 * kTileBytes; }
+  // Blocks an SM must hold (the registers capped for them): three at one m tile, head dim 128 and two
+  // stages (218 registers would hold two; at 168 ptxas spills ~80 bytes, a few L1 accesses a tile);
+  // else as the registers fall.
+  static constexpr int kMinBlocks = kMTiles_ == 1 && kD_ == 128 && kStages_ == 2 ? 3 : 1;
   static_assert(kMTiles_ == 1 || kMTiles_ == 2 || kMTiles_ == 4);
   // (the stages hold the warps' states for the in-block combine after the last tile)
   static_assert((kDecodeWarps - kMTiles_) * (kD_ / 8 + 1) * 32 * 16 <= kStages * 2 * kTileBytes);
 };
 
 template <typename Tr, typename T>
-__global__ void __launch_bounds__(kDecodeThreads)
+__global__ void __launch_bounds__(kDecodeThreads, Tr::kMinBlocks)
     attention_decode_mma_kernel(const AttentionCudaArgs a, const DecodeSplit s) {
   constexpr int kD = Tr::kD, kSteps = kD / 16, kNd = kD / 8;
   constexpr int kKeyWarps = Tr::kKeyWarps, kWarpKeys = Tr::kWarpKeys, kN = kWarpKeys / 8;
@@ -54,8 +58,10 @@ __global__ void __launch_bounds__(kDecodeThreads)
   const AttentionParams& p = a.g.fwd;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int mt = warp / kKeyWarps, kw = warp % kKeyWarps;  // this warp's m tile and key share
-  const int64_t b = blockIdx.z, hk = blockIdx.y, c = blockIdx.x;
-  const AttentionPattern pat = p.pattern.at(b);
+  const DecodeWork work = decode_block_work(p, s);
+  if (work.b < 0) return;
+  const int64_t b = work.b, hk = work.hk, c = work.c;
+  const AttentionPattern pat = p.pattern.at_unpacked(b);
   const int64_t group = p.heads / p.kv_heads, sq = pat.sq;
   const int rows = s.rows;
   unsigned char* sq_rows = smem;
@@ -73,7 +79,7 @@ __global__ void __launch_bounds__(kDecodeThreads)
   cuda::cp_async_commit();
 
   int t0, t1;
-  decode_chunk_tiles(pat, s.chunks, c, t0, t1);
+  decode_chunk_tiles(pat, work.chunks, c, t0, t1);
   const SegmentRange q_range =
       pat.q_segments ? block_segment_range(pat.q_seg_blocks, pat.q_seg_nblocks, b, 0, sq) : SegmentRange{};
 
@@ -295,8 +301,9 @@ cudaError_t launch_decode_mma(const AttentionCudaArgs& a, DecodeSplit s, cudaStr
   if (s.rows < 1 || s.rows > Tr::kRows) return cudaErrorInvalidValue;
   const cudaError_t err = configure_decode_mma<Tr, T>();
   if (err != cudaSuccess) return err;
-  const dim3 grid(static_cast<unsigned>(s.chunks), static_cast<unsigned>(p.kv_heads),
-                  static_cast<unsigned>(p.batch));
+  const dim3 grid = s.blocks ? dim3(static_cast<unsigned>(s.blocks))
+                            : dim3(static_cast<unsigned>(s.chunks), static_cast<unsigned>(p.kv_heads),
+                                   static_cast<unsigned>(p.batch));
   attention_decode_mma_kernel<Tr, T><<<grid, kDecodeThreads, Tr::smem_bytes(), stream>>>(a, s);
   cudaError_t launched = cudaGetLastError();
   if (launched != cudaSuccess) return launched;

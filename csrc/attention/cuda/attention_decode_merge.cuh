@@ -23,8 +23,8 @@ __global__ void __launch_bounds__(kMergeThreads)
   const int64_t row = blockIdx.x;  // (b, hk, r)
   const int64_t r = row % s.rows, bh = row / s.rows, hk = bh % p.kv_heads, b = bh / p.kv_heads;
   const int64_t group = p.heads / p.kv_heads, sq = p.pattern.sq, h = hk * group + r / sq, i = r % sq;
-  const int parts = s.chunks;
-  const float* first = s.part + (bh * parts * s.rows + r) * decode_part_stride(kD);
+  const int parts = s.blocks ? s.counts[b] : s.chunks;  // (the tokens-present split: this sequence's)
+  const float* first = s.part + (bh * s.chunks * s.rows + r) * decode_part_stride(kD);
   const int64_t step = int64_t{s.rows} * decode_part_stride(kD);  // from one chunk's state to the next
   float mx = kNegInf;
   for (int c = lane; c < parts; c += 32) mx = fmaxf(mx, first[c * step + kD]);

@@ -25,15 +25,82 @@ namespace attention_cuda {
 
 constexpr int kDecodeThreads = 128, kDecodeWarps = 4;
 
-// This block's share [t0, t1) of its sequence's visible 64-key tiles (chunk c of s.chunks).
-__device__ __forceinline__ void decode_chunk_tiles(const AttentionPattern& pat, int chunks, int64_t c,
-                                                   int& t0, int& t1) {
+// The visible 64-key tiles [tb, te) of a sequence's queries.
+__device__ __forceinline__ void decode_visible_tiles(const AttentionPattern& pat, int& tb, int& te) {
   int64_t lo, hi;
   band_key_range(pat, 0, pat.sq, lo, hi);
-  const int tb = static_cast<int>(lo / kDecodeTile);
-  const int te = hi <= lo ? tb : static_cast<int>((hi + kDecodeTile - 1) / kDecodeTile);
+  tb = static_cast<int>(lo / kDecodeTile);
+  te = hi <= lo ? tb : static_cast<int>((hi + kDecodeTile - 1) / kDecodeTile);
+}
+
+// This block's share [t0, t1) of its sequence's visible 64-key tiles (chunk c of chunks).
+__device__ __forceinline__ void decode_chunk_tiles(const AttentionPattern& pat, int chunks, int64_t c,
+                                                   int& t0, int& t1) {
+  int tb, te;
+  decode_visible_tiles(pat, tb, te);
   const int per = (te - tb + chunks - 1) / chunks;
   t0 = tb + static_cast<int>(c) * per, t1 = min(te, t0 + per);
+}
+
+// A decode block's work: batch row b, kv head hk, chunk c of its sequence's `chunks`; b < 0: none
+// (a block past the tokens-present split's last).
+struct DecodeWork {
+  int64_t b = -1, hk = 0;
+  int c = 0, chunks = 1;
+};
+
+// The uniform split: the grid's (chunk, kv head, batch row). The tokens-present split (s.blocks,
+// kv_lens): block i is chunk-slot j = i / Hkv of kv head i % Hkv; warp 0 sums the sequences' visible
+// tiles (a chunk's tiles: max(s.min_tiles, ceil(Hkv x the sum / s.target))), then scans their chunk
+// counts (max(1, ceil(tiles / a chunk's))) 32 sequences at a time to find the sequence whose chunks
+// hold j. Every block computes the same sums from kv_lens, so the split needs no other kernel and no
+// host read (CUDA graphs replay it with the lengths updated in place); the first block of each
+// sequence writes its count for the merge. Called by every thread (one __syncthreads).
+__device__ __forceinline__ DecodeWork decode_block_work(const AttentionParams& p, const DecodeSplit& s) {
+  DecodeWork w;
+  if (s.blocks == 0) {
+    w.b = blockIdx.z, w.hk = blockIdx.y, w.c = static_cast<int>(blockIdx.x), w.chunks = s.chunks;
+    return w;
+  }
+  __shared__ int64_t found[2];  // (b, c | chunks << 32)
+  const AttentionPattern& pat = p.pattern;
+  const int64_t j = blockIdx.x / p.kv_heads;
+  if (threadIdx.x < 32) {
+    const int lane = threadIdx.x;
+    const auto seq_tiles = [&](int64_t b) {
+      int tb, te;
+      decode_visible_tiles(pat.at_unpacked(b), tb, te);
+      return static_cast<int64_t>(te - tb);
+    };
+    int64_t total = 0;
+    for (int64_t b = lane; b < p.batch; b += 32) total += seq_tiles(b);
+#pragma unroll
+    for (int off = 16; off > 0; off /= 2) total += __shfl_xor_sync(0xffffffffu, total, off);
+    const int64_t per = max(int64_t{s.min_tiles}, (total * p.kv_heads + s.target - 1) / s.target);
+    if (lane == 0) found[0] = -1;
+    __syncwarp();
+    int64_t before = 0;  // chunks of the sequences before this pass's 32
+    for (int64_t b0 = 0; b0 < p.batch && before <= j; b0 += 32) {
+      const int64_t b = b0 + lane;
+      const int64_t n = b < p.batch ? max(int64_t{1}, (seq_tiles(b) + per - 1) / per) : 0;
+      int64_t incl = n;
+#pragma unroll
+      for (int off = 1; off < 32; off *= 2) {
+        const int64_t x = __shfl_up_sync(0xffffffffu, incl, off);
+        if (lane >= off) incl += x;
+      }
+      incl += before;
+      if (n > 0 && incl - n <= j && j < incl) found[0] = b, found[1] = (j - (incl - n)) | (n << 32);
+      before = __shfl_sync(0xffffffffu, incl, 31);
+    }
+  }
+  __syncthreads();
+  w.b = found[0];
+  if (w.b < 0) return w;
+  w.hk = blockIdx.x % p.kv_heads;
+  w.c = static_cast<int>(found[1] & 0xffffffff), w.chunks = static_cast<int>(found[1] >> 32);
+  if (threadIdx.x == 0 && w.c == 0 && w.hk == 0) s.counts[w.b] = w.chunks;
+  return w;
 }
 
 // A paged cache's rows of one 64-key tile as this thread's staging loop needs them: the tile's

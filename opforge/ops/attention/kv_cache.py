@@ -236,38 +236,10 @@ def _check_append(k_cache, v_cache, k, v, block_table, kv_lens) -> None:
         raise RuntimeError(f"{APPEND_OP}: the caches have no pages, shape {list(k_cache.shape)}")
 
 
-# On CUDA (until its kernel is measured on a GPU, wip/47-gpu): the scatter in ATen ops, nothing read
-# on the host (a CUDA graph captures it); tokens that cannot be written are skipped.
-@torch.library.impl("opforge::paged_kv_append", "CUDA")
-def _paged_kv_append_cuda(k_cache, v_cache, k, v, block_table, kv_lens) -> None:
-    _check_append(k_cache, v_cache, k, v, block_table, kv_lens)
-    pages, page_size, kv_heads, head_dim = k_cache.shape
-    B, _, s_new, _ = k.shape
-    if B == 0 or s_new == 0:
-        return
-    max_pages = block_table.shape[1]
-    dev = k_cache.device
-    pos = kv_lens.to(torch.int64)[:, None] + torch.arange(s_new, device=dev)[None, :]  # (B, S_new)
-    logical = pos.div(page_size, rounding_mode="floor")
-    page = block_table.to(torch.int64).gather(1, logical.clamp(0, max_pages - 1))
-    valid = ((pos >= 0) & (logical < max_pages) & (page >= 0) & (page < pages)).flatten()
-    page, slot = page.flatten(), pos.remainder(page_size).flatten()
-    # Tokens that cannot be written write instead, at (0, 0), what ends up there anyway: the token
-    # written there if one is, else what is there: every write to a place has one value.
-    page, slot = page.where(valid, 0), slot.where(valid, 0)
-    at_origin = valid & (page == 0) & (slot == 0)
-    for cache, new in ((k_cache, k), (v_cache, v)):
-        rows = new.transpose(1, 2).reshape(B * s_new, kv_heads, head_dim)
-        # (index_select, not rows[tensor]: a tensor index would read it on the host, which a CUDA
-        # graph's capture forbids)
-        first = rows.index_select(0, at_origin.to(torch.int32).argmax().view(1))[0]
-        origin = torch.where(at_origin.any(), first, cache[0, 0])
-        cache.index_put_((page, slot), rows.where(valid[:, None, None], origin))
-
-
-# The op (csrc/registration.cpp) has a C++ CPU kernel (csrc/attention/cpu/paged_append_cpu.cpp: every
-# token's place checked, then one parallel pass of row copies); its fake kernel checks what the
-# kernels check before data.
+# The op (csrc/registration.cpp) has C++ kernels: the CPU's (csrc/attention/cpu/paged_append_cpu.cpp:
+# every token's place checked, then one parallel pass of row copies) and CUDA's
+# (csrc/attention/cuda/paged_append_cuda.cpp: one block a token, its place looked up on the device,
+# tokens without one skipped); its fake kernel checks what the kernels check before data.
 @torch.library.register_fake("opforge::paged_kv_append")
 def _(k_cache, v_cache, k, v, block_table, kv_lens) -> None:
     _check_append(k_cache, v_cache, k, v, block_table, kv_lens)
