@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Issue 47's serving work on the H200 in one lease: two runs back to back (the machine keeps ignored
+# build outputs and /root while it stays warm, ~30 s). Logs under $OUT (default /tmp/serving).
+#   here:   bash ../shared/tools/flashinfer_peer.sh prepare          (.fi_a, .fi_b)
+#   run 1:  (carry [".fi_a"]) bash benchmarks/tuning/serving/gpu_serving.sh build
+#           FlashInfer's first part to /root/fi; the tree built in place (16 jobs); the CUDA tests
+#           (pytest -m cuda, 8 workers; TESTS=0 skips them); the decode grid's GRID_ROWS (default
+#           core,ragged,paged) against SDPA; Nsight Compute on the NCU rows (decode_grid ids; default
+#           the ragged B8 x 32k row and the B8 x 32k row, opforge's decode kernel)
+#   run 2:  (carry [".fi_b"]) bash benchmarks/tuning/serving/gpu_serving.sh peers
+#           FlashInfer installed, then `opforge bench --ops serving` (BENCH_FULL=1: --full) with it
+set -uo pipefail
+cd "$(dirname "$0")/../../.."
+OUT=${OUT:-/tmp/serving}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
+case "${1:-}" in
+build)
+  [ -d .fi_a ] && mkdir -p /root/fi && cp .fi_a/* /root/fi/
+  { date -u; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; echo "commit ${OPFORGE_COMMIT:-?}"
+    python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"; } > "$OUT/env.txt" 2>&1
+  start=$(date +%s)
+  MAX_JOBS=16 python3 -m pip install --no-build-isolation --no-deps -e . > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
+  echo "built in $(( $(date +%s) - start )) s"
+  if [ "${TESTS:-1}" = 1 ]; then
+    timeout "${TEST_TIMEOUT:-200}" python3 -m pytest tests -m cuda -q -n 8 -p no:cacheprovider ${TESTS_K:+-k "$TESTS_K"} > "$OUT/tests.log" 2>&1
+    echo "tests: rc $?"; grep -E "^FAILED|^ERROR| passed| failed" "$OUT/tests.log" | head -30
+  fi
+  timeout "${GRID_TIMEOUT:-240}" python3 benchmarks/tuning/attention/decode_grid.py --rows "${GRID_ROWS:-core,ragged,paged}" \
+    --json "$OUT/grid.json" 2>&1 | grep -v Warn | tee "$OUT/grid.txt"
+  metrics=dram__bytes_read.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,gpu__time_duration.sum,launch__grid_size,launch__registers_per_thread,launch__occupancy_limit_registers,launch__occupancy_limit_shared_mem,sm__warps_active.avg.pct_of_peak_sustained_active,sm__cycles_active.avg,sm__cycles_active.max,smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio
+  for row in ${NCU:-33 7}; do
+    timeout 100 ncu --clock-control none --kernel-name regex:decode --launch-skip 2 --launch-count 2 --metrics "$metrics" \
+      python3 benchmarks/tuning/attention/decode_grid.py --one "$row" --impl opforge > "$OUT/ncu_$row.txt" 2>&1
+    echo "== ncu row $row"; grep -E "attention_decode|dram__|gpu__time|launch__|sm__|smsp__" "$OUT/ncu_$row.txt" | sed 's/(opforge::[^)]*)//' | cut -c1-150
+  done ;;
+peers)
+  [ -d .fi_b ] && { bash .fi_b/flashinfer_peer.sh install || echo "FlashInfer install failed"; }
+  export PYTHONPATH=$PWD:/root/fi_site FLASHINFER_WORKSPACE_BASE=/root/fi_ws
+  timeout "${BENCH_TIMEOUT:-420}" python3 -m opforge.bench --device cuda --ops serving ${BENCH_FULL:+--full} --out "$OUT/bench" \
+    > "$OUT/bench.txt" 2>&1
+  echo "bench: rc $?"; grep -vE "Warn|^\s*$" "$OUT/bench.txt" | tail -40 ;;
+*) sed -n '2,13p' "$0"; exit 2 ;;
+esac
