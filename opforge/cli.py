@@ -107,7 +107,8 @@ def main(argv: list[str] | None = None) -> int:
         default="auto",
         help="cpu, cuda, cuda:N or auto (default: auto: cuda when a GPU is present, else cpu)",
     )
-    bench.add_argument("--ops", default="", help=f"comma-separated ops (default: all: {','.join(SPECS)})")
+    # (", " between the ops: a wrapped help line breaks at the spaces, not inside a name)
+    bench.add_argument("--ops", default="", help=f"comma-separated ops (default: all: {', '.join(SPECS)})")
     bench.add_argument(
         "--out",
         default="",

@@ -1,7 +1,8 @@
-"""Tuning only: the tensor-core decode kernel at staging depths 2-4 and chunk counts from half to
-four times the shipped choice (one wave of resident blocks), on the bench's decode rows (B8 32/8
-heads D128 32k causal; the same with ragged kv_lens), against SDPA in the same run. Each variant's
-output is checked against opforge.attention's first.
+"""Tuning only: the tensor-core decode kernel (one m tile, D128) at other traits than the shipped ones
+(2 stages at 3 or 2 blocks an SM, 3 stages; the L2::128B prefetch hint on its copies) and other splits
+(uniform: chunk counts around the shipped choice; tokens present: 1, 2, 4 waves), on rows where the
+split matters (B8 x 32k, B64 x 2k, each with and without kv_lens; a ragged B16 x U(100, 16k)), against
+SDPA in the same run. Each variant's output is checked against opforge.attention's.
 
     python benchmarks/tuning/attention/decode_variants.py
 """
@@ -27,7 +28,7 @@ def main() -> None:
         extra_include_paths=[os.path.join(ROOT, "csrc"), os.path.join(ROOT, "benchmarks/tuning/attention")],
         extra_cuda_cflags=[
             "-O3",
-            "-std=c++17",
+            "-std=c++20",
             "--expt-relaxed-constexpr",
             "-gencode=arch=compute_90a,code=sm_90a",
         ],
@@ -36,38 +37,54 @@ def main() -> None:
     dev = torch.device("cuda")
     timer = CudaTimer(dev)
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
-    B, H, Hkv, S, D = 8, 32, 8, 32768, 128
-    q = torch.randn(B, H, 1, D, device=dev, dtype=torch.bfloat16)
-    k, v = (torch.randn(B, Hkv, S, D, device=dev, dtype=torch.bfloat16) for _ in range(2))
-    ragged = torch.linspace(S // 8, S, B, device=dev).long()
-    for lens in (None, ragged):
+    names = ["2 stages 3 blocks", "2 stages 3 blocks L2", "2 stages 2 blocks", "3 stages", "3 stages L2"]
+    per_sm = [ext.blocks_per_sm(i) for i in range(len(names))]
+    print("blocks an SM:", dict(zip(names, per_sm, strict=True)))
+    H, Hkv, D = 32, 8, 128
+    g = torch.Generator(device="cpu").manual_seed(0)
+    rows = [
+        ("B8 32k", 8, 32768, None),
+        ("B8 32k kv_lens", 8, 32768, torch.full((8,), 32768)),
+        ("B64 2k", 64, 2048, None),
+        ("B64 2k kv_lens", 64, 2048, torch.full((64,), 2048)),
+        ("ragged B16 U(100,16k)", 16, 16384, torch.randint(100, 16385, (16,), generator=g)),
+    ]
+    for label, B, S, lens in rows:
+        q = torch.randn(B, H, 1, D, device=dev, dtype=torch.bfloat16)
+        k, v = (torch.randn(B, Hkv, S, D, device=dev, dtype=torch.bfloat16) for _ in range(2))
+        lens = None if lens is None else lens.to(dev)
         nbytes = 2 * Hkv * D * 2 * (B * S if lens is None else int(lens.sum()))
         want = opforge.attention(q, k, v, causal=True, kv_lens=lens)
-        sdpa_mask = (
-            None if lens is None else (torch.arange(S, device=dev)[None, :] < lens[:, None])[:, None, None, :]
-        )
-        sdpa = timer(
-            lambda m=sdpa_mask: F.scaled_dot_product_attention(q, k, v, attn_mask=m, enable_gqa=True)
-        )
+        mask = None if lens is None else (torch.arange(S, device=dev)[None, :] < lens[:, None])[:, None, None, :]
+        sdpa = timer(lambda m=mask: F.scaled_dot_product_attention(q, k, v, attn_mask=m, enable_gqa=True))
+        shipped = timer(lambda: opforge.attention(q, k, v, causal=True, kv_lens=lens))
         print(
-            f"{'ragged' if lens is not None else 'causal'}: SDPA {sdpa * 1e3:.1f} us ({nbytes / sdpa / 1e9:.2f} TB/s)"
+            f"{label}: SDPA {sdpa * 1e3:.1f} us ({nbytes / sdpa / 1e9:.2f} TB/s); opforge.attention "
+            f"{shipped * 1e3:.1f} us ({sdpa / shipped:.2f}x SDPA)"
         )
-        for stages in (2, 3, 4):
-            per_sm = ext.blocks_per_sm(stages, H // Hkv)
-            one_wave = max(1, sms * per_sm // (B * Hkv))
-            for factor in (0.5, 1, 2, 4):
-                chunks = max(1, int(one_wave * factor))
+        splits = [(0, 0)]  # (chunks, waves): the shipped split
+        splits += [(0, w) for w in (1, 2, 4)] if lens is not None else []
+        for variant, name in enumerate(names):
+            slots = sms * per_sm[variant]
+            extra = []
+            if lens is None:
+                one_wave = max(1, slots // (B * Hkv))
+                extra = [(c, 0) for c in sorted({one_wave, 2 * one_wave, 3 * one_wave, 4 * one_wave})]
+            for chunks, waves in splits + extra:
                 try:
-                    out, _ = ext.run(q, k, v, lens, stages, chunks)
+                    out, _ = ext.run(q, k, v, lens, variant, chunks, waves, slots)
                 except RuntimeError as e:
-                    print(f"  stages {stages} chunks {chunks}: {str(e).splitlines()[0]}")
+                    print(f"  {name} chunks {chunks} waves {waves}: {str(e).splitlines()[0]}")
                     continue
                 err = (out.float() - want.float()).abs().max().item()
-                t = timer(lambda s=stages, c=chunks, n=lens: ext.run(q, k, v, n, s, c))
+                t = timer(lambda v_=variant, c=chunks, w=waves, s_=slots: ext.run(q, k, v, lens, v_, c, w, s_))
+                split = "shipped split" if (chunks, waves) == (0, 0) else f"chunks {chunks}" if chunks else f"waves {waves}"
                 print(
-                    f"  stages {stages} ({per_sm} blocks/SM) chunks {chunks:3d}: {t * 1e3:6.1f} us "
-                    f"({nbytes / t / 1e9:.2f} TB/s, {sdpa / t:.2f}x SDPA), max diff {err:.1e}"
+                    f"  {name:22s} {split:14s}: {t * 1e3:6.1f} us ({nbytes / t / 1e9:.2f} TB/s, "
+                    f"{sdpa / t:.2f}x SDPA), max diff {err:.1e}"
                 )
+        del q, k, v
+        torch.cuda.empty_cache()
 
 
 if __name__ == "__main__":

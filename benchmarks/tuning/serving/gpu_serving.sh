@@ -8,7 +8,8 @@
 #           core,ragged,paged) against SDPA; Nsight Compute on the NCU rows (decode_grid ids; default
 #           the ragged B8 x 32k row and the B8 x 32k row, opforge's decode kernel)
 #   run 2:  (carry [".fi_b"]) bash benchmarks/tuning/serving/gpu_serving.sh peers
-#           FlashInfer installed, then `opforge bench --ops serving` (BENCH_FULL=1: --full) with it
+#           FlashInfer installed, then `opforge bench --ops serving` (BENCH_FULL=1: --full) with it;
+#           the decode kernel's traits and splits (decode_variants.py; VARIANTS=0 skips it)
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
 OUT=${OUT:-/tmp/serving}
@@ -39,6 +40,10 @@ peers)
   export PYTHONPATH=$PWD:/root/fi_site FLASHINFER_WORKSPACE_BASE=/root/fi_ws
   timeout "${BENCH_TIMEOUT:-420}" python3 -m opforge.bench --device cuda --ops serving ${BENCH_FULL:+--full} --out "$OUT/bench" \
     > "$OUT/bench.txt" 2>&1
-  echo "bench: rc $?"; grep -vE "Warn|^\s*$" "$OUT/bench.txt" | tail -40 ;;
+  echo "bench: rc $?"; grep -vE "Warn|^\s*$" "$OUT/bench.txt" | tail -40
+  if [ "${VARIANTS:-1}" = 1 ]; then
+    timeout "${VARIANTS_TIMEOUT:-240}" python3 benchmarks/tuning/attention/decode_variants.py > "$OUT/variants.txt" 2>&1
+    echo "variants: rc $?"; grep -v Warn "$OUT/variants.txt" | tail -80
+  fi ;;
 *) sed -n '2,13p' "$0"; exit 2 ;;
 esac

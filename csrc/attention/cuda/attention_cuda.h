@@ -138,10 +138,10 @@ constexpr int decode_max_rows(int head_dim) {
 // The split for `slots` resident decode blocks on the GPU. Uniform: the chunk count (each of at
 // least min_tiles tiles) whose waves of blocks x (tiles a block + one for its fill and merge state)
 // is least, so that the last wave is not mostly idle (B64 x 2k keys, 512 (batch, kv head) pairs on
-// 396 slots: 3 chunks of 11 tiles in 4 waves, not 1 chunk of 32 tiles in 2). Tokens present: kDecodeWaves
+// 396 slots: 3 chunks of 11 tiles in 4 waves, not 1 chunk of 32 tiles in 2). Tokens present: `waves`
 // waves of blocks, and a grid that holds every block the device can ask for (the sum over sequences of
 // ceil(tiles / a chunk's) <= target / Hkv + B).
-inline DecodeSplit decode_split(const AttentionParams& p, int64_t slots) {
+inline DecodeSplit decode_split(const AttentionParams& p, int64_t slots, int waves = kDecodeWaves) {
   DecodeSplit s;
   const AttentionPattern& pat = p.pattern;
   int64_t lo, hi;
@@ -154,7 +154,7 @@ inline DecodeSplit decode_split(const AttentionParams& p, int64_t slots) {
   s.rows = static_cast<int>((p.heads / p.kv_heads) * pat.sq);
   const int64_t most = std::max<int64_t>(1, tiles / s.min_tiles);
   if (pat.kv_lens) {
-    s.target = slots * kDecodeWaves;
+    s.target = slots * std::max(waves, 1);
     const int64_t chunks = std::min<int64_t>(
         (tiles + s.min_tiles - 1) / s.min_tiles, (s.target + p.kv_heads - 1) / std::max<int64_t>(p.kv_heads, 1));
     s.chunks = static_cast<int>(std::max<int64_t>(1, chunks));

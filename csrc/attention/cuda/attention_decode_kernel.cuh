@@ -28,7 +28,12 @@ namespace attention_cuda {
 //     takes). kKeyWarps = 4 / kMTiles warps share a tile's 64 keys.
 //   kQInRegisters: the rows' A fragments kept in registers for every tile (else read from shared
 //     memory each tile: at head dim 256 with more than one m tile, where registers would spill).
-template <int kD_, int kStages_ = 2, int kMTiles_ = 1>
+//   kMinBlocks: blocks an SM must hold (registers capped for them; 1: no cap). Three at one m tile,
+//     head dim 128 and two stages (218 registers would hold two; at 168 ptxas spills ~80 bytes, a few
+//     L1 accesses a tile).
+//   kL2Prefetch: K/V copies with the L2::128B prefetch hint.
+template <int kD_, int kStages_ = 2, int kMTiles_ = 1,
+          int kMinBlocks_ = (kMTiles_ == 1 && kD_ == 128 && kStages_ == 2 ? 3 : 1), bool kL2Prefetch_ = false>
 struct DecodeMmaTraits {
   static constexpr int kD = kD_;
   static constexpr int kMTiles = kMTiles_;
@@ -40,10 +45,8 @@ struct DecodeMmaTraits {
   static constexpr int kRowBytes = kD_ * 2 + 16;  // staged K / V rows padded: ldmatrix rows in distinct banks
   static constexpr int kTileBytes = kDecodeTile * kRowBytes;
   static constexpr int smem_bytes() { return kRows * kRowBytes + kStages * 2 * kTileBytes; }
-  // Blocks an SM must hold (the registers capped for them): three at one m tile, head dim 128 and two
-  // stages (218 registers would hold two; at 168 ptxas spills ~80 bytes, a few L1 accesses a tile);
-  // else as the registers fall.
-  static constexpr int kMinBlocks = kMTiles_ == 1 && kD_ == 128 && kStages_ == 2 ? 3 : 1;
+  static constexpr int kMinBlocks = kMinBlocks_;
+  static constexpr bool kL2Prefetch = kL2Prefetch_;
   static_assert(kMTiles_ == 1 || kMTiles_ == 2 || kMTiles_ == 4);
   // (the stages hold the warps' states for the in-block combine after the last tile)
   static_assert((kDecodeWarps - kMTiles_) * (kD_ / 8 + 1) * 32 * 16 <= kStages * 2 * kTileBytes);
