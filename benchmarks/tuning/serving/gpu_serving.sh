@@ -10,6 +10,8 @@
 #   run 2:  (carry [".fi_b"]) bash benchmarks/tuning/serving/gpu_serving.sh peers
 #           FlashInfer installed, then `opforge bench --ops serving` (BENCH_FULL=1: --full) with it;
 #           the decode kernel's traits and splits (decode_variants.py; VARIANTS=0 skips it)
+#   run 3:  (carry [".tf525"]) bash benchmarks/tuning/serving/gpu_serving.sh cb
+#           the continuous-batching row (serving_row.py: opforge against sdpa) on transformers 5.17 and 5.25
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
 OUT=${OUT:-/tmp/serving}
@@ -45,5 +47,15 @@ peers)
     timeout "${VARIANTS_TIMEOUT:-240}" python3 benchmarks/tuning/attention/decode_variants.py > "$OUT/variants.txt" 2>&1
     echo "variants: rc $?"; grep -v Warn "$OUT/variants.txt" | tail -80
   fi ;;
-*) sed -n '2,13p' "$0"; exit 2 ;;
+cb)
+  # transformers 5.17 (installed there) and 5.25 (its wheels, .tf525: pip download of transformers==5.25.0
+  # and kernels==0.19.1 with their dependencies for Python 3.12, numpy left out) in turn
+  timeout "${CB_TIMEOUT:-270}" python3 benchmarks/tuning/serving/serving_row.py > "$OUT/cb_517.txt" 2>&1
+  echo "5.17: rc $?"; grep -vE "Warn|WARNING" "$OUT/cb_517.txt" | tail -4
+  if [ -d .tf525 ]; then
+    python3 -m pip install -q --no-index --no-deps --target /root/tf525 .tf525/*.whl > /dev/null 2>&1 || echo "5.25 wheels: install failed"
+    PYTHONPATH=/root/tf525:$PWD timeout "${CB_TIMEOUT:-270}" python3 benchmarks/tuning/serving/serving_row.py > "$OUT/cb_525.txt" 2>&1
+    echo "5.25: rc $?"; grep -vE "Warn|WARNING" "$OUT/cb_525.txt" | tail -4
+  fi ;;
+*) sed -n '2,16p' "$0"; exit 2 ;;
 esac

@@ -1,10 +1,10 @@
-"""Issue 32's serving row (tuning; transformers 5.17's continuous batching): a Llama-type model with
+"""Issue 32's and 47's serving row (tuning; transformers' continuous batching, 5.17 and 5.24+): a Llama-type model with
 random weights under ``model.generate_batch``, requests with prompts of mixed lengths and a fixed
 number of new tokens each, for each attention implementation in turn in one process: wall time, new
 tokens/s, time to first token (median / p90 over requests) and how many requests generated the same
 tokens as the first implementation (bf16 greedy decoding may part late on near-ties).
 
-    python benchmarks/tuning/serving/serving_row.py                       # the issue's row on CUDA
+    python benchmarks/tuning/serving/serving_row.py                       # the issue's row on CUDA (opforge, sdpa)
     python benchmarks/tuning/serving/serving_row.py --tiny                # a small model on the CPU (a check)
     python benchmarks/tuning/serving/serving_row.py --impls "paged|sdpa,paged|opforge,sdpa" --check
 """
@@ -87,7 +87,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--tiny", action="store_true")
     ap.add_argument("--bf16", action="store_true", help="bfloat16 with --tiny too")
-    ap.add_argument("--impls", default="paged|opforge,paged|sdpa")
+    ap.add_argument("--impls", default=None, help="default: opforge's name on this release (register()), sdpa")
     ap.add_argument("--requests", type=int, default=None)
     ap.add_argument("--new", type=int, default=None)
     ap.add_argument("--check", action="store_true", help="the logit gaps where tokens part (parting_check)")
@@ -95,7 +95,7 @@ def main() -> None:
     device = torch.device("cpu" if args.tiny else "cuda")
     dtype = torch.float32 if args.tiny and not args.bf16 else torch.bfloat16
     n_req = args.requests or (8 if args.tiny else 64)
-    new = args.new or (8 if args.tiny else 256)
+    new = args.new or (8 if args.tiny else 128)
     lo, hi = (10, 60) if args.tiny else (100, 4000)
     if device.type == "cpu":  # (the cache sizes itself from free device memory; fix it on the CPU)
         import transformers.generation.continuous_batching.cache as cb_cache
@@ -103,7 +103,8 @@ def main() -> None:
         for obj in vars(cb_cache).values():
             if isinstance(obj, type) and hasattr(obj, "get_available_memory"):
                 obj.get_available_memory = lambda self: 1 << 30
-    otf.register()
+    name = otf.register()  # ("opforge/flash-attn3" on transformers 5.24+, "paged|opforge" before)
+    impls = args.impls or f"{name},sdpa"
     model, vocab = model_of(args.tiny, device, dtype)
     rng = random.Random(0)
     prompts = [[rng.randrange(1, vocab) for _ in range(rng.randint(lo, hi))] for _ in range(n_req)]
@@ -114,7 +115,7 @@ def main() -> None:
     gen = GenerationConfig(max_new_tokens=new, do_sample=False, eos_token_id=-1)
     first = None
     checks = []
-    for impl in args.impls.split(","):
+    for impl in impls.split(","):
         try:
             model.set_attn_implementation(impl)
             model.generate_batch(
