@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 47's serving work on the H200 in one lease: two runs back to back (the machine keeps ignored
+# Issue 47's serving work on the H200 in one lease: three runs back to back (the machine keeps ignored
 # build outputs and /root while it stays warm, ~30 s). Logs under $OUT (default /tmp/serving).
 #   here:   bash ../shared/tools/flashinfer_peer.sh prepare          (.fi_a, .fi_b)
 #   run 1:  (carry [".fi_a"]) bash benchmarks/tuning/serving/gpu_serving.sh build
