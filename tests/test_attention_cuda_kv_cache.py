@@ -127,11 +127,9 @@ def test_kv_lens_split_by_tokens_present_cuda_graph(Hkv):
     ]
     for new in steps:
         lens.copy_(new.to(DEV))
-        kn, vn = k.clone(), v.clone()
-        past = torch.arange(S, device=DEV)[None, :] >= lens[:, None]
-        kn[past[:, None, :, None].expand_as(k)] = float("nan")
-        vn[past[:, None, :, None].expand_as(v)] = float("nan")
-        k.copy_(kn), v.copy_(vn)
+        past = (torch.arange(S, device=DEV)[None, :] >= lens[:, None])[:, None, :, None]
+        for t in (k, v):  # (fresh keys each step: NaN only past this step's counts)
+            t.copy_(torch.randn_like(t).masked_fill(past, float("nan")))
         q.copy_(torch.randn_like(q))
         out.fill_(float("nan")), lse.fill_(float("nan"))
         graph.replay()

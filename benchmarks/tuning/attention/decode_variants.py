@@ -1,6 +1,7 @@
 """Tuning only: the tensor-core decode kernel (one m tile, D128) at other traits than the shipped ones
 (2 stages at 3 or 2 blocks an SM, 3 stages; the L2::128B prefetch hint on its copies) and other splits
-(uniform: chunk counts around the shipped choice; tokens present: 1, 2, 4 waves), on rows where the
+(uniform: chunk counts around the shipped choice; both: the most rounds of resident blocks the split
+weighs, 1, 2, 4 or 8), on rows where the
 split matters (B8 x 32k, B64 x 2k, each with and without kv_lens; a ragged B16 x U(100, 16k)), against
 SDPA in the same run. Each variant's output is checked against opforge.attention's.
 
@@ -63,7 +64,7 @@ def main() -> None:
             f"{shipped * 1e3:.1f} us ({sdpa / shipped:.2f}x SDPA)"
         )
         splits = [(0, 0)]  # (chunks, waves): the shipped split
-        splits += [(0, w) for w in (1, 2, 4)] if lens is not None else []
+        splits += [(0, w) for w in (1, 2, 4, 8)]
         for variant, name in enumerate(names):
             slots = sms * per_sm[variant]
             extra = []
@@ -78,7 +79,7 @@ def main() -> None:
                     continue
                 err = (out.float() - want.float()).abs().max().item()
                 t = timer(lambda v_=variant, c=chunks, w=waves, s_=slots: ext.run(q, k, v, lens, v_, c, w, s_))
-                split = "shipped split" if (chunks, waves) == (0, 0) else f"chunks {chunks}" if chunks else f"waves {waves}"
+                split = "shipped split" if (chunks, waves) == (0, 0) else f"chunks {chunks}" if chunks else f"max waves {waves}"
                 print(
                     f"  {name:22s} {split:14s}: {t * 1e3:6.1f} us ({nbytes / t / 1e9:.2f} TB/s, "
                     f"{sdpa / t:.2f}x SDPA), max diff {err:.1e}"

@@ -31,7 +31,7 @@ __global__ void __launch_bounds__(kAppendThreads) paged_kv_append_kernel(const P
   const int64_t t = blockIdx.x, b = t / p.s_new, i = t % p.s_new;
   const int64_t before = read_index(p.kv_lens, p.lens_64, b * p.l_s0);
   const int64_t pos = before + i;
-  if (before < 0) return;
+  if (pos < 0) return;
   const int64_t j = pos / p.page_size;
   if (j >= p.max_pages) return;
   const int64_t page = read_index(p.block_table, p.table_64, b * p.t_s0 + j * p.t_s1);

@@ -23,7 +23,7 @@ struct PagedAppendParams {
 };
 
 // One block a new token: its place looked up on the device (nothing read on the host), a token
-// whose place is not in the table (a negative count, a position past the table's row, a page outside
+// whose place is not in the table (a negative position, past the table's row, a page outside
 // the caches) written nowhere; its kv heads' rows copied in 16-byte pieces where every row allows.
 // Returns a cudaError_t.
 int run_paged_kv_append_cuda(const PagedAppendParams& p, void* stream);
