@@ -11,7 +11,8 @@ from opforge.bench.vector_add import SPEC as VECTOR_ADD
 from opforge.bench.video import SPEC as VIDEO
 
 SPECS: dict[str, Spec] = {
-    spec.op: spec for spec in [VECTOR_ADD, NMS, MATMUL, VIDEO, ATTENTION, SERVING, TRANSFORMERS, TRANSFORMERS_GENERATE]
+    spec.op: spec
+    for spec in [VECTOR_ADD, NMS, MATMUL, VIDEO, ATTENTION, SERVING, TRANSFORMERS, TRANSFORMERS_GENERATE]
 }
 
 __all__ = ["SPECS", "Case", "CaseBuilder", "Spec"]

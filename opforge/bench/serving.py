@@ -124,14 +124,28 @@ def _decode_case(
         indptr, indices, last = _flashinfer_pages(table, klen.to(torch.int32), fi_pages)
         if chunk == 1:
             # (tensor cores for GQA groups of 4 and more, as FlashInfer advises)
-            w = fi.BatchDecodeWithPagedKVCacheWrapper(_workspace(device), "NHD", use_tensor_cores=H // Hkv >= 4)
+            w = fi.BatchDecodeWithPagedKVCacheWrapper(
+                _workspace(device), "NHD", use_tensor_cores=H // Hkv >= 4
+            )
             w.plan(indptr, indices, last, H, Hkv, D, fi_pages, q_data_type=dtype, kv_data_type=dtype)
             q3 = q[:, :, 0].contiguous()
             impls["FlashInfer"] = peer = lambda: w.run(q3, (kc, vc))
         else:
             w = fi.BatchPrefillWithPagedKVCacheWrapper(_workspace(device), "NHD")
             qo = torch.arange(B + 1, device=device, dtype=torch.int32) * chunk
-            w.plan(qo, indptr, indices, last, H, Hkv, D, fi_pages, causal=True, q_data_type=dtype, kv_data_type=dtype)
+            w.plan(
+                qo,
+                indptr,
+                indices,
+                last,
+                H,
+                Hkv,
+                D,
+                fi_pages,
+                causal=True,
+                q_data_type=dtype,
+                kv_data_type=dtype,
+            )
             qp = q.transpose(1, 2).reshape(B * chunk, H, D).contiguous()
             impls["FlashInfer"] = peer = lambda: w.run(qp, (kc, vc))
 

@@ -41,7 +41,6 @@ def main() -> None:
     names = ["2 stages 3 blocks", "2 stages 3 blocks L2", "2 stages 2 blocks", "3 stages", "3 stages L2"]
     per_sm = [ext.blocks_per_sm(i) for i in range(len(names))]
     print("blocks an SM:", dict(zip(names, per_sm, strict=True)))
-    H, Hkv, D = 32, 8, 128
     g = torch.Generator(device="cpu").manual_seed(0)
     rows = [
         ("B8 32k", 8, 32768, None),
@@ -51,41 +50,51 @@ def main() -> None:
         ("ragged B16 U(100,16k)", 16, 16384, torch.randint(100, 16385, (16,), generator=g)),
     ]
     for label, B, S, lens in rows:
-        q = torch.randn(B, H, 1, D, device=dev, dtype=torch.bfloat16)
-        k, v = (torch.randn(B, Hkv, S, D, device=dev, dtype=torch.bfloat16) for _ in range(2))
-        lens = None if lens is None else lens.to(dev)
-        nbytes = 2 * Hkv * D * 2 * (B * S if lens is None else int(lens.sum()))
-        want = opforge.attention(q, k, v, causal=True, kv_lens=lens)
-        mask = None if lens is None else (torch.arange(S, device=dev)[None, :] < lens[:, None])[:, None, None, :]
-        sdpa = timer(lambda m=mask: F.scaled_dot_product_attention(q, k, v, attn_mask=m, enable_gqa=True))
-        shipped = timer(lambda: opforge.attention(q, k, v, causal=True, kv_lens=lens))
-        print(
-            f"{label}: SDPA {sdpa * 1e3:.1f} us ({nbytes / sdpa / 1e9:.2f} TB/s); opforge.attention "
-            f"{shipped * 1e3:.1f} us ({sdpa / shipped:.2f}x SDPA)"
-        )
-        splits = [(0, 0)]  # (chunks, waves): the shipped split
-        splits += [(0, w) for w in (1, 2, 4, 8)]
-        for variant, name in enumerate(names):
-            slots = sms * per_sm[variant]
-            extra = []
-            if lens is None:
-                one_wave = max(1, slots // (B * Hkv))
-                extra = [(c, 0) for c in sorted({one_wave, 2 * one_wave, 3 * one_wave, 4 * one_wave})]
-            for chunks, waves in splits + extra:
-                try:
-                    out, _ = ext.run(q, k, v, lens, variant, chunks, waves, slots)
-                except RuntimeError as e:
-                    print(f"  {name} chunks {chunks} waves {waves}: {str(e).splitlines()[0]}")
-                    continue
-                err = (out.float() - want.float()).abs().max().item()
-                t = timer(lambda v_=variant, c=chunks, w=waves, s_=slots: ext.run(q, k, v, lens, v_, c, w, s_))
-                split = "shipped split" if (chunks, waves) == (0, 0) else f"chunks {chunks}" if chunks else f"max waves {waves}"
-                print(
-                    f"  {name:22s} {split:14s}: {t * 1e3:6.1f} us ({nbytes / t / 1e9:.2f} TB/s, "
-                    f"{sdpa / t:.2f}x SDPA), max diff {err:.1e}"
-                )
-        del q, k, v
+        run_row(ext, timer, names, [sms * n for n in per_sm], label, B, S, lens)
         torch.cuda.empty_cache()
+
+
+def run_row(ext, timer, names, slots_of, label, B, S, lens) -> None:
+    """One row: SDPA, opforge.attention, then every traits variant at each split."""
+    H, Hkv, D = 32, 8, 128
+    dev = torch.device("cuda")
+    q = torch.randn(B, H, 1, D, device=dev, dtype=torch.bfloat16)
+    k, v = (torch.randn(B, Hkv, S, D, device=dev, dtype=torch.bfloat16) for _ in range(2))
+    lens = None if lens is None else lens.to(dev)
+    nbytes = 2 * Hkv * D * 2 * (B * S if lens is None else int(lens.sum()))
+    want = opforge.attention(q, k, v, causal=True, kv_lens=lens)
+    mask = None if lens is None else (torch.arange(S, device=dev)[None, :] < lens[:, None])[:, None, None, :]
+    sdpa = timer(lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True))
+    shipped = timer(lambda: opforge.attention(q, k, v, causal=True, kv_lens=lens))
+    print(
+        f"{label}: SDPA {sdpa * 1e3:.1f} us ({nbytes / sdpa / 1e9:.2f} TB/s); opforge.attention "
+        f"{shipped * 1e3:.1f} us ({sdpa / shipped:.2f}x SDPA)"
+    )
+    for variant, name in enumerate(names):
+        slots = slots_of[variant]
+        splits = [(0, 0)] + [(0, w) for w in (1, 2, 4, 8)]  # (chunks, max waves); (0, 0): the shipped split
+        if lens is None:
+            one_wave = max(1, slots // (B * Hkv))
+            splits += [(c, 0) for c in sorted({one_wave, 2 * one_wave, 3 * one_wave, 4 * one_wave})]
+        for chunks, waves in splits:
+            try:
+                out, _ = ext.run(q, k, v, lens, variant, chunks, waves, slots)
+            except RuntimeError as e:
+                print(f"  {name} chunks {chunks} waves {waves}: {str(e).splitlines()[0]}")
+                continue
+            err = (out.float() - want.float()).abs().max().item()
+            t = timer(lambda v_=variant, c=chunks, w=waves, s_=slots: ext.run(q, k, v, lens, v_, c, w, s_))
+            split = (
+                "shipped split"
+                if (chunks, waves) == (0, 0)
+                else f"chunks {chunks}"
+                if chunks
+                else f"max waves {waves}"
+            )
+            print(
+                f"  {name:22s} {split:14s}: {t * 1e3:6.1f} us ({nbytes / t / 1e9:.2f} TB/s, "
+                f"{sdpa / t:.2f}x SDPA), max diff {err:.1e}"
+            )
 
 
 if __name__ == "__main__":

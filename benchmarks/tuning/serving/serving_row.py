@@ -87,7 +87,9 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--tiny", action="store_true")
     ap.add_argument("--bf16", action="store_true", help="bfloat16 with --tiny too")
-    ap.add_argument("--impls", default=None, help="default: opforge's name on this release (register()), sdpa")
+    ap.add_argument(
+        "--impls", default=None, help="default: opforge's name on this release (register()), sdpa"
+    )
     ap.add_argument("--requests", type=int, default=None)
     ap.add_argument("--new", type=int, default=None)
     ap.add_argument("--check", action="store_true", help="the logit gaps where tokens part (parting_check)")

@@ -48,8 +48,7 @@ __global__ void __launch_bounds__(256) attention_bwd_prep_kernel(const Attention
       for (int side = 0; side < 2; ++side) {
         const int32_t* cu = side ? pat.cu_seqlens_k : pat.cu_seqlens_q;
         const int64_t total = side ? pat.total_k : pat.total_q;
-        const bool bad =
-            (e == 0 && cu[0] != 0) || (e > 0 && cu[e] < cu[e - 1]) || cu[e] > total;
+        const bool bad = (e == 0 && cu[0] != 0) || (e > 0 && cu[e] < cu[e - 1]) || cu[e] > total;
         if (bad) atomicExch(a.offsets_invalid, 1);
       }
     }

@@ -162,7 +162,8 @@ inline DecodeSplit decode_split(const AttentionParams& p, int64_t slots, int max
     return s;
   }
   int64_t best = 1, best_cost = -1;
-  const int64_t top = std::min<int64_t>(std::max<int64_t>(1, tiles / s.min_tiles), s.max_waves * s.slots / pairs + 1);
+  const int64_t top =
+      std::min<int64_t>(std::max<int64_t>(1, tiles / s.min_tiles), s.max_waves * s.slots / pairs + 1);
   for (int64_t c = 1; c <= top; ++c) {
     const int64_t cost = (pairs * c + s.slots - 1) / s.slots * ((tiles + c - 1) / c + 1);
     if (best_cost < 0 || cost < best_cost) best = c, best_cost = cost;

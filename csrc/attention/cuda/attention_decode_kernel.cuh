@@ -306,8 +306,8 @@ cudaError_t launch_decode_mma(const AttentionCudaArgs& a, DecodeSplit s, cudaStr
   const cudaError_t err = configure_decode_mma<Tr, T>();
   if (err != cudaSuccess) return err;
   const dim3 grid = s.blocks ? dim3(static_cast<unsigned>(s.blocks))
-                            : dim3(static_cast<unsigned>(s.chunks), static_cast<unsigned>(p.kv_heads),
-                                   static_cast<unsigned>(p.batch));
+                             : dim3(static_cast<unsigned>(s.chunks), static_cast<unsigned>(p.kv_heads),
+                                    static_cast<unsigned>(p.batch));
   attention_decode_mma_kernel<Tr, T><<<grid, kDecodeThreads, Tr::smem_bytes(), stream>>>(a, s);
   cudaError_t launched = cudaGetLastError();
   if (launched != cudaSuccess) return launched;

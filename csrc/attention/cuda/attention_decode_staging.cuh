@@ -90,8 +90,9 @@ __device__ __forceinline__ DecodeWork decode_block_work(const AttentionParams& p
     for (int i = 0, last = 0; i < 2 * s.max_waves; ++i) {
       const int64_t waves = i % s.max_waves + 1, even = waves * s.slots / (p.batch * p.kv_heads);
       if (i >= s.max_waves && even < 1) continue;
-      const int64_t want = max(int64_t{s.min_tiles}, i < s.max_waves ? (total + waves * s.slots - 1) / (waves * s.slots)
-                                                                     : (most + even - 1) / even);
+      const int64_t want =
+          max(int64_t{s.min_tiles},
+              i < s.max_waves ? (total + waves * s.slots - 1) / (waves * s.slots) : (most + even - 1) / even);
       if (want == last) continue;
       last = static_cast<int>(want);
       int64_t n = 0, big = 0;  // (chunks, the largest chunk's tiles)

@@ -25,13 +25,14 @@ void paged_kv_append_cuda(const at::Tensor& k_cache, const at::Tensor& v_cache, 
   p.pages = k_cache.size(0), p.page_size = k_cache.size(1), p.max_pages = block_table.size(1);
   p.elem_bytes = static_cast<int>(k_cache.element_size());
   for (int d = 0; d < 4; ++d) {
-    p.c_s[d] = k_cache.stride(d), p.vc_s[d] = v_cache.stride(d), p.k_s[d] = k.stride(d), p.v_s[d] = v.stride(d);
+    p.c_s[d] = k_cache.stride(d), p.vc_s[d] = v_cache.stride(d), p.k_s[d] = k.stride(d),
+    p.v_s[d] = v.stride(d);
   }
   p.t_s0 = block_table.stride(0), p.t_s1 = block_table.stride(1), p.l_s0 = kv_lens.stride(0);
   TORCH_CHECK(p.batch * p.s_new <= 0x7fffffff, kAppendOp, ": at most 2^31 - 1 new tokens a call, got ",
               p.batch * p.s_new);
-  const auto err = static_cast<cudaError_t>(
-      run_paged_kv_append_cuda(p, at::cuda::getCurrentCUDAStream().stream()));
+  const auto err =
+      static_cast<cudaError_t>(run_paged_kv_append_cuda(p, at::cuda::getCurrentCUDAStream().stream()));
   TORCH_CHECK(err == cudaSuccess, kAppendOp, ": CUDA kernel launch failed: ", cudaGetErrorString(err));
 }
 

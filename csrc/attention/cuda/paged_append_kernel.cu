@@ -17,7 +17,8 @@ __device__ __forceinline__ int64_t read_index(const void* base, bool is64, int64
 // Copies one token's kv heads (kv_heads rows of `units` pieces of U) from src into dst.
 template <typename U>
 __device__ __forceinline__ void copy_rows(U* dst, const U* src, int64_t dst_head, int64_t src_head,
-                                          int64_t dst_unit, int64_t src_unit, int64_t kv_heads, int64_t units) {
+                                          int64_t dst_unit, int64_t src_unit, int64_t kv_heads,
+                                          int64_t units) {
   for (int64_t e = threadIdx.x; e < kv_heads * units; e += kAppendThreads) {
     const int64_t h = e / units, u = e % units;
     dst[h * dst_head + u * dst_unit] = src[h * src_head + u * src_unit];
@@ -47,8 +48,8 @@ __global__ void __launch_bounds__(kAppendThreads) paged_kv_append_kernel(const P
   const U* ks = at(p.k, b * p.k_s[0] + i * p.k_s[2]);
   const U* vs = at(p.v, b * p.v_s[0] + i * p.v_s[2]);
   // (pieces: a head's stride in pieces when per > 1 is exact: the launcher checked it)
-  copy_rows(kd, ks, p.c_s[2] / per, p.k_s[1] / per, per > 1 ? 1 : p.c_s[3], per > 1 ? 1 : p.k_s[3], p.kv_heads,
-            units);
+  copy_rows(kd, ks, p.c_s[2] / per, p.k_s[1] / per, per > 1 ? 1 : p.c_s[3], per > 1 ? 1 : p.k_s[3],
+            p.kv_heads, units);
   copy_rows(vd, vs, p.vc_s[2] / per, p.v_s[1] / per, per > 1 ? 1 : p.vc_s[3], per > 1 ? 1 : p.v_s[3],
             p.kv_heads, units);
 }
