@@ -1,6 +1,6 @@
 // Tuning only (benchmarks/tuning/attention/decode_variants.py builds it with torch's JIT): the tensor-core
 // decode kernel (csrc/attention/cuda/attention_decode_kernel.cuh) at other traits (staging depth, blocks
-// an SM, the L2 prefetch hint) and splits (uniform chunk counts; the most rounds a split considers) than
+// an SM, the L2 prefetch hint) and splits (uniform chunk counts; the tokens-present split's waves) than
 // the shipped ones, on contiguous bf16 q (B, Hq, 1, D 128) and k, v (B, Hkv, S, D), causal, optional
 // per-sequence key counts. Not part of the product.
 #include <ATen/cuda/CUDAContext.h>
@@ -40,13 +40,14 @@ auto with_variant(int64_t variant, F&& f) {
 }
 
 // out, lse. chunks > 0: the uniform split with that many chunks a (batch, kv head) (kv_lens must be
-// absent); waves > 0: the split choosing among 1 to `waves` rounds of slots; both 0: the shipped split.
+// absent); waves > 0 (kv_lens): the tokens-present split aiming at waves x slots blocks; both 0: the
+// shipped split.
 std::vector<at::Tensor> run(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                             const std::optional<at::Tensor>& kv_lens, int64_t variant, int64_t chunks,
                             int64_t waves, int64_t slots) {
   at::Tensor out, lse, lens = kv_lens ? kv_lens->to(at::kLong).contiguous() : at::Tensor();
   const opforge::AttentionParams p = decode_sweep_params(q, k, v, lens, out, lse);
-  DecodeSplit s = opforge::decode_split(p, slots, waves > 0 ? static_cast<int>(waves) : opforge::kDecodeMaxWaves);
+  DecodeSplit s = opforge::decode_split(p, slots, waves > 0 ? static_cast<int>(waves) : opforge::kDecodeWaves);
   TORCH_CHECK(s.rows <= opforge::kDecodeMmaRows);
   if (chunks > 0) {
     TORCH_CHECK(!lens.defined(), "chunks: the uniform split (no kv_lens)");

@@ -1,9 +1,8 @@
 """Tuning only: the tensor-core decode kernel (one m tile, D128) at other traits than the shipped ones
 (2 stages at 3 or 2 blocks an SM, 3 stages; the L2::128B prefetch hint on its copies) and other splits
-(uniform: chunk counts around the shipped choice; both: the most rounds of resident blocks the split
-weighs, 1, 2, 4 or 8), on rows where the
-split matters (B8 x 32k, B64 x 2k, each with and without kv_lens; a ragged B16 x U(100, 16k)), against
-SDPA in the same run. Each variant's output is checked against opforge.attention's.
+(uniform: chunk counts around the shipped choice; tokens present: blocks for 1, 2, 4 or 8 waves of
+resident blocks), on rows where the split matters (B8 x 32k, B64 x 2k, each with and without kv_lens;
+a ragged B16 x U(100, 16k)), against SDPA in the same run. Each variant's output is checked against opforge.attention's.
 
     python benchmarks/tuning/attention/decode_variants.py
 """
@@ -72,7 +71,8 @@ def run_row(ext, timer, names, slots_of, label, B, S, lens) -> None:
     )
     for variant, name in enumerate(names):
         slots = slots_of[variant]
-        splits = [(0, 0)] + [(0, w) for w in (1, 2, 4, 8)]  # (chunks, max waves); (0, 0): the shipped split
+        splits = [(0, 0)]  # (chunks, waves); (0, 0): the shipped split
+        splits += [(0, w) for w in (1, 2, 4, 8)] if lens is not None else []
         if lens is None:
             one_wave = max(1, slots // (B * Hkv))
             splits += [(c, 0) for c in sorted({one_wave, 2 * one_wave, 3 * one_wave, 4 * one_wave})]
@@ -89,7 +89,7 @@ def run_row(ext, timer, names, slots_of, label, B, S, lens) -> None:
                 if (chunks, waves) == (0, 0)
                 else f"chunks {chunks}"
                 if chunks
-                else f"max waves {waves}"
+                else f"waves {waves}"
             )
             print(
                 f"  {name:22s} {split:14s}: {t * 1e3:6.1f} us ({nbytes / t / 1e9:.2f} TB/s, "

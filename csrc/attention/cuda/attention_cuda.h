@@ -100,31 +100,31 @@ inline void tile_grid(const AttentionParams& p, bool keys, int64_t rows, int64_t
 // The decode path's split (attention_decode_kernel.cuh). Each (batch, kv head) spreads the 64-key
 // tiles its queries may see over chunks, one block each. The rows run on tensor cores as one, two or
 // four m16 tiles (kDecodeMmaRows rows each), the block's four warps sharing each tile's keys four,
-// two or one ways (combined in the block). Both forms choose the chunk size by one cost: the rounds
-// of `slots` resident blocks the chunks take x (the largest chunk's tiles + one, for a block's fill
-// and partial state). Whole rounds count: B8 x 32k keys on 396 slots take 6 chunks a (batch, kv head)
-// (384 blocks, one round of 86 tiles), not 13 (832 blocks: three rounds of 40).
+// two or one ways (combined in the block). Two forms:
 //   - uniform (no per-sequence key counts): every (batch, kv head) takes `chunks` chunks, the grid
 //     (chunks, kv heads, batch);
-//   - by the tokens present (kv_lens, which only the device reads): `blocks` blocks in a flat grid.
-//     Every block computes the same choice from kv_lens: chunk sizes of the visible tiles over 1 to
-//     max_waves rounds of slots (at least min_tiles tiles; each sequence at least one chunk), the
-//     cheapest kept, then a prefix sum of the sequences' chunk counts to find its own (sequence, kv
-//     head, chunk); a block past the last exits. No other kernel and no host read: CUDA graphs replay
-//     it with the lengths updated in place. `chunks` is the most a sequence can take (the workspace's
-//     stride); sequence b's count goes to counts[b] for the merge.
+//   - by the tokens present (kv_lens, which only the device reads): `blocks` blocks in a flat grid,
+//     each finding its (sequence, kv head, chunk) from a prefix sum of the sequences' chunk counts
+//     over kv_lens (every block computes the same sums), with chunks of about the same number of
+//     tiles however long each sequence is: the visible tiles of all sequences over `target` blocks, at
+//     least `min_tiles` a chunk, at least one chunk a sequence. `chunks` is then the most a sequence
+//     can take (the workspace's stride), and sequence b's count goes to counts[b] for the merge.
 // part: each block's partial states, (B, Hkv, chunks, rows) x decode_part_stride(head_dim) floats
 // (output, max, sum).
 constexpr int kDecodeTile = 64, kDecodeMmaRows = 16;
-// The fewest tiles a chunk takes, and the most rounds of resident blocks a split considers.
-constexpr int kDecodeMinTiles = 2, kDecodeMaxWaves = 8;
+// The fewest tiles a chunk takes, and the waves of resident blocks the tokens-present split aims at
+// (more, smaller chunks even out the blocks' ends; each costs its staging's fill and a partial state).
+// Two, measured on the H200: four ran the ragged B16 x U(100, 16k) row in 158 us against 171, but the
+// same lengths through kv_lens lose to the uniform split's single round (B8 x 32k: 346 us at two, 311
+// at four, 300 uniform); a cost over whole rounds is next (LOG.md "Serving (issue 47), session 2").
+constexpr int kDecodeMinTiles = 2, kDecodeWaves = 2;
 struct DecodeSplit {
   float* part = nullptr;
   int chunks = 1, rows = 0;
   int64_t blocks = 0;  // the tokens-present form's grid; 0: the uniform form
-  int64_t slots = 1;   // resident decode blocks on the GPU
-  int max_waves = kDecodeMaxWaves, min_tiles = kDecodeMinTiles;
-  int32_t* counts = nullptr;  // the tokens-present form's (B,) chunk counts (written by the decode kernel)
+  int64_t target = 0;  // its blocks aimed at
+  int min_tiles = kDecodeMinTiles;
+  int32_t* counts = nullptr;  // its (B,) chunk counts (written by the decode kernel, read by the merge)
 };
 
 // Floats a partial state takes in the workspace: the output, max, sum and two of padding (rows
@@ -138,11 +138,13 @@ constexpr int decode_max_rows(int head_dim) {
   return static_cast<int>(attention_cuda_decode_max_rows(head_dim));
 }
 
-// The split for `slots` resident decode blocks on the GPU (the cost above; uniform: chunk counts from
-// 1 to max_waves rounds' worth). Tokens present: a grid that holds every block the device can choose
-// (a chunk is at least ceil(Hkv x the visible tiles / (max_waves x slots)) tiles, so the chunks number
-// at most max_waves x slots / Hkv + B).
-inline DecodeSplit decode_split(const AttentionParams& p, int64_t slots, int max_waves = kDecodeMaxWaves) {
+// The split for `slots` resident decode blocks on the GPU. Uniform: the chunk count (each of at
+// least min_tiles tiles) whose waves of blocks x (tiles a block + one for its fill and merge state)
+// is least, so that the last wave is not mostly idle (B64 x 2k keys, 512 (batch, kv head) pairs on
+// 396 slots: 3 chunks of 11 tiles in 4 waves, not 1 chunk of 32 tiles in 2). Tokens present: `waves`
+// waves of blocks, and a grid that holds every block the device can ask for (the sum over sequences of
+// ceil(tiles / a chunk's) <= target / Hkv + B).
+inline DecodeSplit decode_split(const AttentionParams& p, int64_t slots, int waves = kDecodeWaves) {
   DecodeSplit s;
   const AttentionPattern& pat = p.pattern;
   int64_t lo, hi;
@@ -150,22 +152,21 @@ inline DecodeSplit decode_split(const AttentionParams& p, int64_t slots, int max
   // (With per-sequence counts a band's keys sit elsewhere: its width is the same, one tile more.)
   int64_t tiles = hi <= lo ? 0 : (hi + kDecodeTile - 1) / kDecodeTile - lo / kDecodeTile;
   if (pat.kv_lens) tiles = std::min<int64_t>(tiles + 1, (pat.sk + kDecodeTile - 1) / kDecodeTile);
-  const int64_t pairs = std::max<int64_t>(p.batch * p.kv_heads, 1), hkv = std::max<int64_t>(p.kv_heads, 1);
-  s.slots = std::max<int64_t>(slots, 1);
-  s.max_waves = std::max(max_waves, 1);
+  const int64_t pairs = std::max<int64_t>(p.batch * p.kv_heads, 1);
+  slots = std::max<int64_t>(slots, 1);
   s.rows = static_cast<int>((p.heads / p.kv_heads) * pat.sq);
+  const int64_t most = std::max<int64_t>(1, tiles / s.min_tiles);
   if (pat.kv_lens) {
-    const int64_t most = s.max_waves * s.slots;
-    s.chunks = static_cast<int>(std::max<int64_t>(
-        1, std::min<int64_t>((tiles + s.min_tiles - 1) / s.min_tiles, (most + hkv - 1) / hkv)));
-    s.blocks = std::min<int64_t>(most + pairs, pairs * s.chunks);
+    s.target = slots * std::max(waves, 1);
+    const int64_t chunks = std::min<int64_t>((tiles + s.min_tiles - 1) / s.min_tiles,
+                                             (s.target + p.kv_heads - 1) / std::max<int64_t>(p.kv_heads, 1));
+    s.chunks = static_cast<int>(std::max<int64_t>(1, chunks));
+    s.blocks = std::min<int64_t>(s.target + pairs, pairs * s.chunks);
     return s;
   }
   int64_t best = 1, best_cost = -1;
-  const int64_t top =
-      std::min<int64_t>(std::max<int64_t>(1, tiles / s.min_tiles), s.max_waves * s.slots / pairs + 1);
-  for (int64_t c = 1; c <= top; ++c) {
-    const int64_t cost = (pairs * c + s.slots - 1) / s.slots * ((tiles + c - 1) / c + 1);
+  for (int64_t c = 1; c <= std::min<int64_t>(most, 4 * slots / pairs + 1); ++c) {
+    const int64_t cost = (pairs * c + slots - 1) / slots * ((tiles + c - 1) / c + 1);
     if (best_cost < 0 || cost < best_cost) best = c, best_cost = cost;
   }
   s.chunks = static_cast<int>(best);

@@ -23,7 +23,7 @@ namespace attention_cuda {
 // memory into the block's one partial state of its rows. No element conversions or redundant
 // per-row work: the kernel reads K and V at the memory's pace for every row count it takes.
 //   kStages: K/V tiles staged at once (kStages - 1 in flight while one is computed). Two at one m
-//     tile (three blocks an SM at head dim 128, kMinBlocks); three for paged caches at 64 and 256.
+//     tile (three blocks an SM at head dim 128, kMinBlocks); three for paged caches.
 //   kMTiles: 1, 2 or 4 m tiles (up to 16, 32, 64 rows; decode_max_rows(kD) the most a head dim
 //     takes). kKeyWarps = 4 / kMTiles warps share a tile's 64 keys.
 //   kQInRegisters: the rows' A fragments kept in registers for every tile (else read from shared
@@ -31,10 +31,11 @@ namespace attention_cuda {
 //   kMinBlocks: blocks an SM must hold (registers capped for them; 1: no cap). Three at one m tile,
 //     head dim 128 and two stages (218 registers would hold two; at 168 ptxas spills ~80 bytes, a few
 //     L1 accesses a tile): B8 x 32k keys 300 us against 315 at two blocks and 329 at three stages
-//     (LOG.md "Serving (issue 47), session 2").
-//   kL2Prefetch: K/V copies with the L2::128B prefetch hint (1-2 % on most rows there).
+//     (H200, LOG.md "Serving (issue 47), session 2").
+//   kL2Prefetch: K/V copies with the L2::128B prefetch hint (off: 0-2 % faster on most rows there, to
+//     be confirmed in a same-run before/after).
 template <int kD_, int kStages_ = 2, int kMTiles_ = 1,
-          int kMinBlocks_ = (kMTiles_ == 1 && kD_ == 128 && kStages_ == 2 ? 3 : 1), bool kL2Prefetch_ = true>
+          int kMinBlocks_ = (kMTiles_ == 1 && kD_ == 128 && kStages_ == 2 ? 3 : 1), bool kL2Prefetch_ = false>
 struct DecodeMmaTraits {
   static constexpr int kD = kD_;
   static constexpr int kMTiles = kMTiles_;
@@ -317,10 +318,10 @@ cudaError_t launch_decode_mma(const AttentionCudaArgs& a, DecodeSplit s, cudaStr
 }
 
 // The decode kernel for `rows` query rows: the fewest m tiles that hold them. Paged caches at one m
-// tile and head dims 64 and 256: three stages (the page-table rows add latency a tile that two stages
-// do not cover: B8 x 32k at page sizes 16 / 64 / 256 ran 4-5 % faster at two blocks an SM, LOG.md
-// "Serving (issue 32), session 2"); at head dim 128 two stages and three blocks an SM, as contiguous
-// caches; more m tiles keep two stages. `f` is called with a value of the traits type.
+// tile: three stages (the page-table rows add latency a tile that two stages do not cover: B8 x 32k
+// at page sizes 16 / 64 / 256 ran 4-5 % faster, LOG.md "Serving (issue 32), session 2"; contiguous
+// caches gained nothing and keep two; more m tiles keep two, for two blocks an SM). `f` is called
+// with a value of the traits type.
 template <int kD, typename F>
 decltype(auto) with_decode_traits(int rows, bool paged, F&& f) {
   static_assert(decode_max_rows(kD) == 2 * kDecodeMmaRows || decode_max_rows(kD) == 4 * kDecodeMmaRows);
@@ -328,9 +329,7 @@ decltype(auto) with_decode_traits(int rows, bool paged, F&& f) {
     if (rows > 2 * kDecodeMmaRows) return f(DecodeMmaTraits<kD, 2, 4>{});
   }
   if (rows > kDecodeMmaRows) return f(DecodeMmaTraits<kD, 2, 2>{});
-  if constexpr (kD != 128) {
-    if (paged) return f(DecodeMmaTraits<kD, 3, 1>{});
-  }
+  if (paged) return f(DecodeMmaTraits<kD, 3, 1>{});
   return f(DecodeMmaTraits<kD, 2, 1>{});
 }
 

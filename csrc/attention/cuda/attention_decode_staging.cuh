@@ -50,11 +50,12 @@ struct DecodeWork {
 };
 
 // The uniform split: the grid's (chunk, kv head, batch row). The tokens-present split (s.blocks,
-// kv_lens; attention_cuda.h): block i is chunk-slot j = i / Hkv of kv head i % Hkv. Warp 0 sums the
-// sequences' visible tiles, prices chunk sizes for 1 to s.max_waves rounds of s.slots blocks (a pass
-// over the sequences each: their chunk counts and largest chunk), keeps the cheapest, then scans
-// the chunk counts 32 sequences at a time to find the sequence whose chunks hold j. The first block
-// of each sequence writes its count for the merge. Called by every thread (one __syncthreads).
+// kv_lens): block i is chunk-slot j = i / Hkv of kv head i % Hkv; warp 0 sums the sequences' visible
+// tiles (a chunk's tiles: max(s.min_tiles, ceil(Hkv x the sum / s.target))), then scans their chunk
+// counts (max(1, ceil(tiles / a chunk's))) 32 sequences at a time to find the sequence whose chunks
+// hold j. Every block computes the same sums from kv_lens, so the split needs no other kernel and no
+// host read (CUDA graphs replay it with the lengths updated in place); the first block of each
+// sequence writes its count for the merge. Called by every thread (one __syncthreads).
 __device__ __forceinline__ DecodeWork decode_block_work(const AttentionParams& p, const DecodeSplit& s) {
   DecodeWork w;
   if (s.blocks == 0) {
@@ -71,45 +72,15 @@ __device__ __forceinline__ DecodeWork decode_block_work(const AttentionParams& p
       decode_visible_tiles(pat.at_unpacked(b), tb, te);
       return static_cast<int64_t>(te - tb);
     };
-    const auto warp_sum = [](int64_t x) {
+    int64_t total = 0;
+    for (int64_t b = lane; b < p.batch; b += 32) total += seq_tiles(b);
 #pragma unroll
-      for (int off = 16; off > 0; off /= 2) x += __shfl_xor_sync(0xffffffffu, x, off);
-      return x;
-    };
-    int64_t total = 0, most = 0;
-    for (int64_t b = lane; b < p.batch; b += 32) {
-      const int64_t t = seq_tiles(b);
-      total += t, most = max(most, t);
-    }
-    total = warp_sum(total) * p.kv_heads;
-#pragma unroll
-    for (int off = 16; off > 0; off /= 2) most = max(most, __shfl_xor_sync(0xffffffffu, most, off));
-    // Chunk sizes priced: the tiles over `waves` rounds of slots, and the longest sequence's over the
-    // chunks a (sequence, kv head) gets in them (equal lengths: the uniform split's choice).
-    int64_t per = s.min_tiles, chunks_all = 0, best_cost = -1;
-    for (int i = 0, last = 0; i < 2 * s.max_waves; ++i) {
-      const int64_t waves = i % s.max_waves + 1, even = waves * s.slots / (p.batch * p.kv_heads);
-      if (i >= s.max_waves && even < 1) continue;
-      const int64_t want =
-          max(int64_t{s.min_tiles},
-              i < s.max_waves ? (total + waves * s.slots - 1) / (waves * s.slots) : (most + even - 1) / even);
-      if (want == last) continue;
-      last = static_cast<int>(want);
-      int64_t n = 0, big = 0;  // (chunks, the largest chunk's tiles)
-      for (int64_t b = lane; b < p.batch; b += 32) {
-        const int64_t t = seq_tiles(b), c = max(int64_t{1}, (t + want - 1) / want);
-        n += c, big = max(big, (t + c - 1) / c);
-      }
-      n = warp_sum(n);
-#pragma unroll
-      for (int off = 16; off > 0; off /= 2) big = max(big, __shfl_xor_sync(0xffffffffu, big, off));
-      const int64_t cost = (n * p.kv_heads + s.slots - 1) / s.slots * (big + 1);
-      if (best_cost < 0 || cost < best_cost) best_cost = cost, per = want, chunks_all = n;
-    }
+    for (int off = 16; off > 0; off /= 2) total += __shfl_xor_sync(0xffffffffu, total, off);
+    const int64_t per = max(int64_t{s.min_tiles}, (total * p.kv_heads + s.target - 1) / s.target);
     if (lane == 0) found[0] = -1;
     __syncwarp();
     int64_t before = 0;  // chunks of the sequences before this pass's 32
-    for (int64_t b0 = 0; b0 < p.batch && before <= j && j < chunks_all; b0 += 32) {
+    for (int64_t b0 = 0; b0 < p.batch && before <= j; b0 += 32) {
       const int64_t b = b0 + lane;
       const int64_t n = b < p.batch ? max(int64_t{1}, (seq_tiles(b) + per - 1) / per) : 0;
       int64_t incl = n;
