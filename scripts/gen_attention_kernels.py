@@ -129,6 +129,7 @@ class Instance:
     what: str
     include: str
     specs: tuple[tuple[str, str], ...]
+    dtypes: str = "float16 and bfloat16"
 
 
 def hopper_fwd_decl(f: HopperFwd) -> str:
@@ -235,12 +236,27 @@ def instances() -> list[Instance]:
                         f"attention_cuda::run_decode<{d}>(a, s, stream)",
                     ),
                     (
-                        f"int attention_decode_blocks_per_sm<{d}>(int rows)",
-                        f"attention_cuda::decode_blocks_per_sm<{d}>(rows)",
+                        f"int attention_decode_blocks_per_sm<{d}>(int rows, bool paged)",
+                        f"attention_cuda::decode_blocks_per_sm<{d}>(rows, paged)",
                     ),
                 ),
             ),
         ]
+    out.append(
+        Instance(
+            "attention_paged_append",
+            "paged_kv_append's kernel (paged_append_kernel.cuh) for caches of 2-, 4- and 8-byte elements",
+            "paged_append_kernel.cuh",
+            tuple(
+                (
+                    f"int run_paged_kv_append<{n}>(const PagedAppendParams& p, void* stream)",
+                    f"attention_cuda::run_paged_append<{n}>(p, stream)",
+                )
+                for n in (2, 4, 8)
+            ),
+            "float16, bfloat16, float32 and float64",
+        )
+    )
     return out
 
 
@@ -268,12 +284,9 @@ def spec_lines(decl: str, body: str) -> list[str]:
 
 
 def cu_file(inst: Instance) -> str:
-    lines = [GENERATED, *wrap_comment(inst.what + ". float16 and bfloat16.")]
-    lines += [
-        f'#include "attention/cuda/{inst.include}"',
-        f'#include "attention/cuda/instantiations/{HEADER}"',
-        "",
-    ]
+    lines = [GENERATED, *wrap_comment(f"{inst.what}. {inst.dtypes}.")]
+    includes = sorted([f"attention/cuda/{inst.include}", f"attention/cuda/instantiations/{HEADER}"])
+    lines += [*(f'#include "{path}"' for path in includes), ""]  # (sorted, as clang-format keeps them)
     lines += ["namespace opforge {", ""]
     for decl, body in inst.specs:
         lines += [*spec_lines(decl, body), ""]
@@ -334,6 +347,7 @@ def header(insts: list[Instance]) -> str:
         "",
         '#include "attention/attention_heuristics.h"',
         '#include "attention/cuda/attention_cuda.h"',
+        '#include "attention/cuda/paged_append_kernel.h"',
         "",
         "namespace opforge {",
         "",
@@ -361,11 +375,15 @@ def header(insts: list[Instance]) -> str:
         "template <int kHeadDim>",
         f"int run_attention_bwd_prep({FWD_ARGS});",
         "// The decode path (sm_80+): split-KV kernel, then the chunks' merge; and how many decode blocks",
-        "// of `rows` query rows an SM holds at once (0 where the binary has no kernel for this GPU).",
+        "// of `rows` query rows an SM holds at once, on a paged cache or not (0 where the binary has no",
+        "// kernel for this GPU).",
         "template <int kHeadDim>",
         f"int run_attention_decode({DECODE_ARGS});",
         "template <int kHeadDim>",
-        "int attention_decode_blocks_per_sm(int rows);",
+        "int attention_decode_blocks_per_sm(int rows, bool paged);",
+        "// paged_kv_append's kernel (sm_80+) for caches of elements of kElemBytes bytes (2, 4 or 8).",
+        "template <int kElemBytes>",
+        "int run_paged_kv_append(const PagedAppendParams& p, void* stream);",
         "",
         "// The instantiations (one .cu each in this folder).",
     ]
@@ -415,7 +433,10 @@ def header(insts: list[Instance]) -> str:
     lines += [
         "",
         *dispatch_head_dim(
-            "attention_decode_blocks_per_sm_at", "attention_decode_blocks_per_sm", "int rows", "rows"
+            "attention_decode_blocks_per_sm_at",
+            "attention_decode_blocks_per_sm",
+            "int rows, bool paged",
+            "rows, paged",
         ),
     ]
     lines += ["", "}  // namespace opforge", ""]

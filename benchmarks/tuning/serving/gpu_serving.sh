@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Issue 47's serving work on the H200 in one lease: three runs back to back (the machine keeps ignored
-# build outputs and /root while it stays warm, ~30 s). Logs under $OUT (default /tmp/serving).
+# build outputs and /root while it stays warm, ~30 s). Logs under $OUT (default /tmp/serving). Pass
+# OPFORGE_COMMIT=<sha> literally in each run's command: the device's .git is not the tree measured
+# (`git rev-parse` there named the session's base commit), and the bench stamps its results with it.
 #   here:   bash ../shared/tools/flashinfer_peer.sh prepare          (.fi_a, .fi_b)
 #   run 1:  (carry [".fi_a"]) bash benchmarks/tuning/serving/gpu_serving.sh build
 #           FlashInfer's first part to /root/fi; the tree built in place (16 jobs); the CUDA tests
@@ -39,7 +41,7 @@ build)
   done ;;
 peers)
   [ -d .fi_b ] && { bash .fi_b/flashinfer_peer.sh install || echo "FlashInfer install failed"; }
-  export PYTHONPATH=$PWD:/root/fi_site FLASHINFER_WORKSPACE_BASE=/root/fi_ws
+  export PYTHONPATH=$PWD:/root/fi_site FLASHINFER_WORKSPACE_BASE=/root/fi_ws OPFORGE_COMMIT=${OPFORGE_COMMIT:-?}
   timeout "${BENCH_TIMEOUT:-420}" python3 -m opforge.bench --device cuda --ops serving ${BENCH_FULL:+--full} --out "$OUT/bench" \
     > "$OUT/bench.txt" 2>&1
   echo "bench: rc $?"; grep -vE "Warn|^\s*$" "$OUT/bench.txt" | tail -40

@@ -158,13 +158,14 @@ AttentionCudaArgs cuda_args(const AttentionParams& p) {
   return a;
 }
 
-// Resident decode blocks of `rows` query rows an SM holds, asked once per (head dim, rows).
-int decode_blocks_per_sm(int head_dim, int rows) {
-  static int cache[3][65] = {};  // (64, 128, 256) x rows; 0: not asked yet (a benign race: same value)
+// Resident decode blocks of `rows` query rows an SM holds, asked once per (head dim, rows, paged).
+int decode_blocks_per_sm(int head_dim, int rows, bool paged) {
+  // (64, 128, 256) x (contiguous, paged) x rows; 0: not asked yet (a benign race: same value)
+  static int cache[3][2][65] = {};
   const int which = head_dim == 64 ? 0 : head_dim == 128 ? 1 : 2;
   if (rows < 1 || rows > 64) return 1;
-  int& n = cache[which][rows];
-  if (n == 0) n = std::max(attention_decode_blocks_per_sm_at(head_dim, rows), 1);
+  int& n = cache[which][paged ? 1 : 0][rows];
+  if (n == 0) n = std::max(attention_decode_blocks_per_sm_at(head_dim, rows, paged), 1);
   return n;
 }
 
@@ -186,7 +187,8 @@ void run_decode_plan(const char* op, AttentionPlan& plan, int64_t kd, const at::
   const int rows = static_cast<int>((p.heads / p.kv_heads) * p.pattern.sq);
   const cudaDeviceProp* props = at::cuda::getCurrentDeviceProperties();
   const int64_t slots =
-      int64_t{props->multiProcessorCount} * std::max(1, decode_blocks_per_sm(static_cast<int>(kd), rows));
+      int64_t{props->multiProcessorCount} *
+      std::max(1, decode_blocks_per_sm(static_cast<int>(kd), rows, p.block_table != nullptr));
   DecodeSplit s = decode_split(p, slots);
   at::Tensor part =
       at::empty({p.batch * p.kv_heads * s.chunks * s.rows * decode_part_stride(static_cast<int>(kd))},

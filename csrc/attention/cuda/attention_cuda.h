@@ -114,10 +114,12 @@ inline void tile_grid(const AttentionParams& p, bool keys, int64_t rows, int64_t
 constexpr int kDecodeTile = 64, kDecodeMmaRows = 16;
 // The fewest tiles a chunk takes, and the waves of resident blocks the tokens-present split aims at
 // (more, smaller chunks even out the blocks' ends; each costs its staging's fill and a partial state).
-// Two, measured on the H200: four ran the ragged B16 x U(100, 16k) row in 158 us against 171, but the
-// same lengths through kv_lens lose to the uniform split's single round (B8 x 32k: 346 us at two, 311
-// at four, 300 uniform); a cost over whole rounds is next (LOG.md "Serving (issue 47), session 2").
-constexpr int kDecodeMinTiles = 2, kDecodeWaves = 2;
+// Four, measured on the H200 (decode_variants.py, one run): the ragged B16 x U(100, 16k) row 158 us
+// against 171 at two and 187 at one; equal lengths through kv_lens 311 us at B8 x 32k (346 at two; the
+// uniform split without kv_lens, one round of 86 tiles, 300) and 178 at B64 x 2k (181 at two). A cost
+// over whole rounds that also finds the uniform split's choice is next (LOG.md "Serving (issue 47),
+// session 2").
+constexpr int kDecodeMinTiles = 2, kDecodeWaves = 4;
 struct DecodeSplit {
   float* part = nullptr;
   int chunks = 1, rows = 0;

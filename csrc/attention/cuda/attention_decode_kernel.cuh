@@ -349,12 +349,11 @@ int run_decode(const AttentionCudaArgs& a, const DecodeSplit& s, void* stream) {
   });
 }
 
-// Resident decode blocks of `rows` query rows an SM holds (the float16 and bfloat16 kernels use the
-// same resources; the split sizes from the contiguous cache's kernel); 0 where the binary has no
-// kernel for this GPU.
+// Resident decode blocks of `rows` query rows an SM holds, on a paged cache or not (the float16 and
+// bfloat16 kernels use the same resources); 0 where the binary has no kernel for this GPU.
 template <int kD>
-int decode_blocks_per_sm(int rows) {
-  return with_decode_traits<kD>(rows, false, [](auto tr) -> int {
+int decode_blocks_per_sm(int rows, bool paged) {
+  return with_decode_traits<kD>(rows, paged, [](auto tr) -> int {
     using Tr = decltype(tr);
     if (configure_decode_mma<Tr, __nv_bfloat16>() != cudaSuccess) return 0;
     int blocks = 0;

@@ -12,8 +12,8 @@ int run_attention_decode<128>(const AttentionCudaArgs& a, const DecodeSplit& s, 
 }
 
 template <>
-int attention_decode_blocks_per_sm<128>(int rows) {
-  return attention_cuda::decode_blocks_per_sm<128>(rows);
+int attention_decode_blocks_per_sm<128>(int rows, bool paged) {
+  return attention_cuda::decode_blocks_per_sm<128>(rows, paged);
 }
 
 }  // namespace opforge

@@ -12,8 +12,8 @@ int run_attention_decode<256>(const AttentionCudaArgs& a, const DecodeSplit& s, 
 }
 
 template <>
-int attention_decode_blocks_per_sm<256>(int rows) {
-  return attention_cuda::decode_blocks_per_sm<256>(rows);
+int attention_decode_blocks_per_sm<256>(int rows, bool paged) {
+  return attention_cuda::decode_blocks_per_sm<256>(rows, paged);
 }
 
 }  // namespace opforge

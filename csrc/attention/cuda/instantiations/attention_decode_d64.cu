@@ -12,8 +12,8 @@ int run_attention_decode<64>(const AttentionCudaArgs& a, const DecodeSplit& s, v
 }
 
 template <>
-int attention_decode_blocks_per_sm<64>(int rows) {
-  return attention_cuda::decode_blocks_per_sm<64>(rows);
+int attention_decode_blocks_per_sm<64>(int rows, bool paged) {
+  return attention_cuda::decode_blocks_per_sm<64>(rows, paged);
 }
 
 }  // namespace opforge

@@ -10,6 +10,7 @@
 
 #include "attention/attention_heuristics.h"
 #include "attention/cuda/attention_cuda.h"
+#include "attention/cuda/paged_append_kernel.h"
 
 namespace opforge {
 
@@ -37,11 +38,15 @@ int run_attention_mma_bwd_q(const AttentionCudaArgs& a, void* stream);
 template <int kHeadDim>
 int run_attention_bwd_prep(const AttentionCudaArgs& a, void* stream);
 // The decode path (sm_80+): split-KV kernel, then the chunks' merge; and how many decode blocks
-// of `rows` query rows an SM holds at once (0 where the binary has no kernel for this GPU).
+// of `rows` query rows an SM holds at once, on a paged cache or not (0 where the binary has no
+// kernel for this GPU).
 template <int kHeadDim>
 int run_attention_decode(const AttentionCudaArgs& a, const DecodeSplit& s, void* stream);
 template <int kHeadDim>
-int attention_decode_blocks_per_sm(int rows);
+int attention_decode_blocks_per_sm(int rows, bool paged);
+// paged_kv_append's kernel (sm_80+) for caches of elements of kElemBytes bytes (2, 4 or 8).
+template <int kElemBytes>
+int run_paged_kv_append(const PagedAppendParams& p, void* stream);
 
 // The instantiations (one .cu each in this folder).
 template <>
@@ -101,7 +106,7 @@ int run_attention_bwd_prep<64>(const AttentionCudaArgs& a, void* stream);
 template <>
 int run_attention_decode<64>(const AttentionCudaArgs& a, const DecodeSplit& s, void* stream);
 template <>
-int attention_decode_blocks_per_sm<64>(int rows);
+int attention_decode_blocks_per_sm<64>(int rows, bool paged);
 template <>
 int run_attention_mma_fwd<128>(const AttentionCudaArgs& a, void* stream);
 template <>
@@ -113,7 +118,7 @@ int run_attention_bwd_prep<128>(const AttentionCudaArgs& a, void* stream);
 template <>
 int run_attention_decode<128>(const AttentionCudaArgs& a, const DecodeSplit& s, void* stream);
 template <>
-int attention_decode_blocks_per_sm<128>(int rows);
+int attention_decode_blocks_per_sm<128>(int rows, bool paged);
 template <>
 int run_attention_mma_fwd<256>(const AttentionCudaArgs& a, void* stream);
 template <>
@@ -125,7 +130,13 @@ int run_attention_bwd_prep<256>(const AttentionCudaArgs& a, void* stream);
 template <>
 int run_attention_decode<256>(const AttentionCudaArgs& a, const DecodeSplit& s, void* stream);
 template <>
-int attention_decode_blocks_per_sm<256>(int rows);
+int attention_decode_blocks_per_sm<256>(int rows, bool paged);
+template <>
+int run_paged_kv_append<2>(const PagedAppendParams& p, void* stream);
+template <>
+int run_paged_kv_append<4>(const PagedAppendParams& p, void* stream);
+template <>
+int run_paged_kv_append<8>(const PagedAppendParams& p, void* stream);
 
 // Whether this binary runs the Hopper kernels on the current GPU (every Hopper kernel is built for
 // the same arches, so one stands for all).
@@ -255,14 +266,14 @@ inline int run_attention_decode_at(int head_dim, const AttentionCudaArgs& a, con
   }
 }
 
-inline int attention_decode_blocks_per_sm_at(int head_dim, int rows) {
+inline int attention_decode_blocks_per_sm_at(int head_dim, int rows, bool paged) {
   switch (head_dim) {
     case 64:
-      return attention_decode_blocks_per_sm<64>(rows);
+      return attention_decode_blocks_per_sm<64>(rows, paged);
     case 128:
-      return attention_decode_blocks_per_sm<128>(rows);
+      return attention_decode_blocks_per_sm<128>(rows, paged);
     case 256:
-      return attention_decode_blocks_per_sm<256>(rows);
+      return attention_decode_blocks_per_sm<256>(rows, paged);
     default:
       return cudaErrorInvalidValue;
   }

@@ -1,12 +1,18 @@
-// opforge::paged_kv_append's CUDA kernel (paged_append_kernel.h).
+// opforge::paged_kv_append's CUDA kernel: one block a new token, its place looked up on the device
+// (nothing read on the host), a token whose place is not in the table (a negative position, past the
+// table's row, a page outside the caches) written nowhere; its kv heads' rows copied in 16-byte pieces
+// where every row allows. run_paged_append<kElemBytes> returns a cudaError_t.
+#pragma once
+
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "attention/cuda/paged_append_kernel.h"
 
 namespace opforge {
-namespace {
+namespace attention_cuda {
 
 constexpr int kAppendThreads = 128;
 
@@ -26,8 +32,8 @@ __device__ __forceinline__ void copy_rows(U* dst, const U* src, int64_t dst_head
 }
 
 // U: the piece copied (uint4 where every row is contiguous and 16-byte aligned, else the element's
-// own width); strides in elements of the cache's dtype, converted to pieces by `per` (elements a piece).
-template <typename U>
+// own width); strides in elements (kElemBytes each), converted to pieces by `per` (elements a piece).
+template <int kElemBytes, typename U>
 __global__ void __launch_bounds__(kAppendThreads) paged_kv_append_kernel(const PagedAppendParams p, int per) {
   const int64_t t = blockIdx.x, b = t / p.s_new, i = t % p.s_new;
   const int64_t before = read_index(p.kv_lens, p.lens_64, b * p.l_s0);
@@ -38,10 +44,9 @@ __global__ void __launch_bounds__(kAppendThreads) paged_kv_append_kernel(const P
   const int64_t page = read_index(p.block_table, p.table_64, b * p.t_s0 + j * p.t_s1);
   if (page < 0 || page >= p.pages) return;
   const int64_t row = pos % p.page_size, units = p.head_dim / per;
-  const int eb = p.elem_bytes;
   // (byte offsets: the strides are in elements)
   auto at = [&](const void* base, int64_t off) {
-    return reinterpret_cast<const U*>(static_cast<const char*>(base) + off * eb);
+    return reinterpret_cast<const U*>(static_cast<const char*>(base) + off * kElemBytes);
   };
   U* kd = const_cast<U*>(at(p.k_cache, page * p.c_s[0] + row * p.c_s[1]));
   U* vd = const_cast<U*>(at(p.v_cache, page * p.vc_s[0] + row * p.vc_s[1]));
@@ -54,17 +59,18 @@ __global__ void __launch_bounds__(kAppendThreads) paged_kv_append_kernel(const P
             p.kv_heads, units);
 }
 
-template <typename U>
-cudaError_t launch(const PagedAppendParams& p, int per, cudaStream_t stream) {
-  paged_kv_append_kernel<U><<<static_cast<unsigned>(p.batch * p.s_new), kAppendThreads, 0, stream>>>(p, per);
+template <int kElemBytes, typename U>
+cudaError_t launch_paged_append(const PagedAppendParams& p, int per, cudaStream_t stream) {
+  paged_kv_append_kernel<kElemBytes, U>
+      <<<static_cast<unsigned>(p.batch * p.s_new), kAppendThreads, 0, stream>>>(p, per);
   return cudaGetLastError();
 }
 
 // Whether every row (the caches', k's and v's) is contiguous and 16-byte aligned, and each head's
 // stride a whole number of 16-byte pieces.
-bool rows_in_pieces(const PagedAppendParams& p) {
-  const int64_t per = 16 / p.elem_bytes;
-  if ((p.head_dim * p.elem_bytes) % 16 != 0) return false;
+inline bool rows_in_pieces(const PagedAppendParams& p, int elem_bytes) {
+  const int64_t per = 16 / elem_bytes;
+  if ((p.head_dim * elem_bytes) % 16 != 0) return false;
   const void* bases[4] = {p.k_cache, p.v_cache, p.k, p.v};
   const int64_t* strides[4] = {p.c_s, p.vc_s, p.k_s, p.v_s};
   for (int n = 0; n < 4; ++n) {
@@ -76,23 +82,17 @@ bool rows_in_pieces(const PagedAppendParams& p) {
   return true;
 }
 
-}  // namespace
-
-int run_paged_kv_append_cuda(const PagedAppendParams& p, void* stream) {
+template <int kElemBytes>
+int run_paged_append(const PagedAppendParams& p, void* stream) {
+  static_assert(kElemBytes == 2 || kElemBytes == 4 || kElemBytes == 8);
+  using Elem =
+      std::conditional_t<kElemBytes == 2, uint16_t, std::conditional_t<kElemBytes == 4, uint32_t, uint64_t>>;
   const auto st = static_cast<cudaStream_t>(stream);
   if (p.batch * p.s_new == 0) return cudaSuccess;
   if (p.batch * p.s_new > 0x7fffffff) return cudaErrorInvalidValue;
-  if (rows_in_pieces(p)) return launch<uint4>(p, 16 / p.elem_bytes, st);
-  switch (p.elem_bytes) {
-    case 2:
-      return launch<uint16_t>(p, 1, st);
-    case 4:
-      return launch<uint32_t>(p, 1, st);
-    case 8:
-      return launch<uint64_t>(p, 1, st);
-    default:
-      return cudaErrorInvalidValue;
-  }
+  if (rows_in_pieces(p, kElemBytes)) return launch_paged_append<kElemBytes, uint4>(p, 16 / kElemBytes, st);
+  return launch_paged_append<kElemBytes, Elem>(p, 1, st);
 }
 
+}  // namespace attention_cuda
 }  // namespace opforge
