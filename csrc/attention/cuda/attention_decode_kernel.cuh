@@ -32,8 +32,8 @@ namespace attention_cuda {
 //     head dim 128 and two stages (218 registers would hold two; at 168 ptxas spills ~80 bytes, a few
 //     L1 accesses a tile): B8 x 32k keys 300 us against 315 at two blocks and 329 at three stages
 //     (H200, LOG.md "Serving (issue 47), session 2").
-//   kL2Prefetch: K/V copies with the L2::128B prefetch hint (off: 0-2 % faster on most rows there, to
-//     be confirmed in a same-run before/after).
+//   kL2Prefetch: K/V copies with the L2::128B prefetch hint. Off by default until a same-run
+//     before/after: turned on it ran 0-2 % faster on most rows there.
 template <int kD_, int kStages_ = 2, int kMTiles_ = 1,
           int kMinBlocks_ = (kMTiles_ == 1 && kD_ == 128 && kStages_ == 2 ? 3 : 1), bool kL2Prefetch_ = false>
 struct DecodeMmaTraits {
