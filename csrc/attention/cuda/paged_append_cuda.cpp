@@ -35,6 +35,10 @@ void paged_kv_append_cuda(const at::Tensor& k_cache, const at::Tensor& v_cache, 
   const auto err = static_cast<cudaError_t>(bytes == 2   ? run_paged_kv_append<2>(p, stream)
                                             : bytes == 4 ? run_paged_kv_append<4>(p, stream)
                                                          : run_paged_kv_append<8>(p, stream));
+  TORCH_CHECK(
+      err != cudaErrorNoKernelImageForDevice, kAppendOp,
+      ": this build has no kernel for this GPU (the CUDA kernels need compute capability 8.0 or newer "
+      "and a build for it)");
   TORCH_CHECK(err == cudaSuccess, kAppendOp, ": CUDA kernel launch failed: ", cudaGetErrorString(err));
 }
 
