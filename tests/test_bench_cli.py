@@ -245,3 +245,32 @@ def test_plot_panels_carry_units_and_directions(tmp_path, monkeypatch):
     assert titles[2].startswith("attention: TFLOP/s") and titles[3].startswith("attention: GB/s")
     assert f"{harness.NOISY_MARK} noisy" in axes[0].get_xticklabels()[0].get_text()
     assert "noisy" not in axes[1].get_xticklabels()[0].get_text()
+
+
+def test_serving_grid_plots_each_rows_opforge_as_one_series(tmp_path, monkeypatch):
+    """serving_grid.png: every row's first implementation (opforge, or opforge on the pages) is the one
+    "opforge" series, each peer's ratio is its time over that row's opforge; no serving rows, no plot."""
+    matplotlib = pytest.importorskip("matplotlib")
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from opforge.bench.serving import write_grid
+
+    rows = [
+        _row("serving", "decode", "gbps", {"opforge": 0.1, "SDPA": 0.08}),
+        _row("serving", "paged", "gbps", {"opforge paged": 0.2, "opforge contiguous": 0.1}),
+        _row("attention", "causal", "tflops", {"opforge": 1.0}),
+    ]
+    figs = []
+    monkeypatch.setattr(plt, "close", figs.append)
+    assert write_grid(_result(rows), str(tmp_path)) == [str(tmp_path / "serving_grid.png")]
+    top, bottom = figs[0].axes
+    series = {line.get_label(): line for line in top.get_lines() if not line.get_label().startswith("_")}
+    assert list(series) == ["opforge", "SDPA", "opforge contiguous"]
+    assert list(series["opforge"].get_xdata()) == [0, 1]
+    assert list(series["opforge"].get_ydata()) == [pytest.approx(10 / 50), pytest.approx(5 / 50)]
+    ratios = {
+        line.get_label(): list(line.get_ydata()) for line in bottom.get_lines() if line.get_label()[0] != "_"
+    }
+    assert ratios == {"SDPA": [pytest.approx(0.8)], "opforge contiguous": [pytest.approx(0.5)]}
+    assert write_grid(_result(rows[2:]), str(tmp_path)) == []

@@ -6,12 +6,16 @@ where it is installed (a peer only, never a dependency: ../shared/tools/flashinf
 GB/s count the K/V bytes of the keys present (each kv head once), the copy ceiling's unit.
 
 CUDA (bfloat16, 32 query / 8 kv heads, head dim 128): decode B8 x 32k and B64 x 2k keys, a ragged
-batch (B16, 100-16k keys), paged decode (B32, 4k-8k keys, pages of 16 and 64; full mode also 8 and
-256) and chunked prefill on pages (B4, 512 new queries on 8k keys). CPU (float32, 8 / 2 heads, head
-dim 64): decode and paged decode at B4 x 8k."""
+batch (B16, 100-16k keys), paged decode (B32, 4k-8k keys, pages of 16 and 64) and chunked prefill on
+pages (B4, 512 new queries on 8k keys); full mode adds the decode grid (batch 1-128 x caches 1k-128k,
+GQA groups 1, 8, 16, head dims 64 and 256, ragged batches, pages of 8 and 256, equal lengths on pages,
+a 2048-query chunk on 32k keys) and serving_grid.png (each row's share of the copy ceiling, and the
+peers' time over opforge's). CPU (float32, 8 / 2 heads, head dim 64): decode and paged decode at B4 x
+8k."""
 
 from __future__ import annotations
 
+import os
 from functools import partial
 
 import torch
@@ -192,6 +196,30 @@ def _decode_case(
     )
 
 
+def _full_grid(device: torch.device) -> list[CaseBuilder]:
+    """The decode grid beyond the quick rows (issue 47): batch x cache at D128 GQA 32/8 (caches whose
+    K/V fit in 24 GB), GQA groups 1, 8 and 16, head dims 64 and 256, ragged batches, page sizes 8-256
+    and equal-length pages, a second chunked prefill."""
+    rows = []
+    for B in (1, 8, 32, 128):
+        for cache in (1024, 8192, 32768, 131072):
+            if (B, cache) not in ((8, 32768), (64, 2048)) and 2 * B * 8 * cache * 128 * 2 <= 24 << 30:
+                rows.append(partial(_decode_case, device, B, 32, 8, 128, cache))
+    for H, Hkv in ((32, 32), (32, 4), (64, 4)):
+        rows.append(partial(_decode_case, device, 8, H, Hkv, 128, 32768))
+    for D in (64, 256):
+        rows.append(partial(_decode_case, device, 8, 32, 8, D, 32768))
+    rows += [
+        partial(_decode_case, device, 8, 32, 8, 128, 32768, (4096, 32768)),
+        partial(_decode_case, device, 32, 32, 8, 128, 8192, (1024, 8192)),
+        partial(_decode_case, device, 32, 32, 8, 128, 8192, (4096, 8192), 8),
+        partial(_decode_case, device, 32, 32, 8, 128, 8192, (4096, 8192), 256),
+        partial(_decode_case, device, 8, 32, 8, 128, 32768, None, 16),
+        partial(_decode_case, device, 1, 32, 8, 128, 32768, None, 64, 2048),
+    ]
+    return rows
+
+
 def cases(device: torch.device, full: bool) -> list[CaseBuilder]:
     if device.type != "cuda":
         return [
@@ -206,20 +234,66 @@ def cases(device: torch.device, full: bool) -> list[CaseBuilder]:
         partial(_decode_case, device, 32, 32, 8, 128, 8192, (4096, 8192), 64),
         partial(_decode_case, device, 4, 32, 8, 128, 8192, None, 16, 512),
     ]
-    if full:
-        rows += [
-            partial(_decode_case, device, 32, 32, 8, 128, 8192, (4096, 8192), 8),
-            partial(_decode_case, device, 32, 32, 8, 128, 8192, (4096, 8192), 256),
-            partial(_decode_case, device, 1, 32, 8, 128, 131072),
-            partial(_decode_case, device, 4, 32, 32, 64, 16384),
-            partial(_decode_case, device, 1, 32, 8, 128, 32768, None, 64, 2048),
-        ]
-    return rows
+    return rows + (_full_grid(device) if full else [])
+
+
+def write_grid(result: dict, out_dir: str) -> list[str]:
+    """serving_grid.png: each serving row's share of the copy ceiling per implementation (the K/V
+    bytes present over the time, against the copy measured in the same run), and each peer's time
+    over opforge's (above 1: opforge faster). Nothing without matplotlib or serving rows."""
+    rows = [r for r in result["rows"] if r["op"] == "serving" and not r["error"] and r["impls"]]
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return []
+    if not rows:
+        return []
+    meta = result["meta"]
+    # (each row's first implementation is opforge's: on paged rows, opforge on the pages)
+    series = ["opforge", *dict.fromkeys(name for r in rows for name in list(r["impls"])[1:])]
+
+    def entry(r, name):
+        names = list(r["impls"])
+        return r["impls"][names[0]] if name == "opforge" else r["impls"].get(name)
+
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(12, 8.5), sharex=True)
+    xs = list(range(len(rows)))
+    for k, name in enumerate(series):
+        got = [(x, entry(r, name)) for x, r in zip(xs, rows, strict=True) if entry(r, name)]
+        top.plot([x for x, _ in got], [e["gbps"] / meta["copy_gbps"] for _, e in got], "o" if k == 0 else "s",
+                 color=f"C{k}", label=name, ms=6 if k == 0 else 4)  # fmt: skip
+        if k:
+            bottom.plot([x for x, _ in got], [e["speedup_of_opforge"] for _, e in got], "s", color=f"C{k}",
+                        label=name, ms=4)  # fmt: skip
+    top.axhline(1.0, color="gray", ls=":", lw=1)
+    top.set_ylabel("share of the copy ceiling")
+    top.set_title(
+        f"serving rows: the K/V bytes present over the time, against the copy measured in the same run "
+        f"({meta['copy_gbps']:.0f} GB/s); higher is better\n{meta['device']}, torch {meta['torch']}, {meta['date']}",
+        fontsize=9,
+    )
+    bottom.axhline(1.0, color="gray", ls=":", lw=1)
+    bottom.set_ylabel("peer time / opforge time")
+    bottom.set_title("each peer's time over opforge's: above 1 opforge is faster", fontsize=9)
+    bottom.set_xticks(xs)
+    bottom.set_xticklabels([r["case"] for r in rows], rotation=60, ha="right", fontsize=7)
+    for ax in (top, bottom):
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    fig.tight_layout()
+    path = os.path.join(out_dir, "serving_grid.png")
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return [path]
 
 
 SPEC = Spec(
     op="serving",
     cases=cases,
+    plots=(write_grid,),
     about="decode and chunked prefill on KV caches (contiguous, ragged, paged) vs SDPA, opforge on the "
     "same keys contiguous, and FlashInfer (where installed)",
 )
