@@ -4,6 +4,7 @@ restructure or a kernel change made no row slower (issue 46's before/after table
     python benchmarks/tuning/attention/before_after.py rows           # the row names
     python benchmarks/tuning/attention/before_after.py time OUT.json  # this process's opforge, one pass
     python benchmarks/tuning/attention/before_after.py compare A_DIR B_DIR [--passes 3] [--json out.json]
+        [--only decode,paged]   (the rows whose names contain one of these words)
 
 `compare` runs `time` in fresh processes with PYTHONPATH=A_DIR then B_DIR (each a tree built in
 place, e.g. a commit unpacked by rows_at_commits.sh pack and built with setup.py build_ext
@@ -94,23 +95,28 @@ def _random_blocks(B, H, S, D, density, backward=False):
     return make
 
 
-def _decode(B, Hq, Hkv, Sk, D, ragged=False):
+def _decode(B, Hq, Hkv, Sk, D, ragged=False, lens=True):
+    """One query a sequence against Sk keys: with per-sequence counts (all Sk, or with `ragged` drawn
+    in [100, Sk]), or without them (lens=False: the uniform split)."""
     import opforge
 
     def make():
         q, k, v = _qkv(B, Hq, Hkv, 1, Sk, D)
         g = torch.Generator(device="cpu").manual_seed(0)
-        lens = (
+        counts = (
             torch.randint(100, Sk + 1, (B,), generator=g)
             if ragged
             else torch.full((B,), Sk, dtype=torch.int64)
         ).to(DEV)
-        return lambda: opforge.attention(q, k, v, kv_lens=lens, causal=True)
+        kw = dict(kv_lens=counts) if lens else {}
+        return lambda: opforge.attention(q, k, v, causal=True, **kw)
 
     return make
 
 
-def _paged(B, Hq, Hkv, Sk, D, page, Sq=1):
+def _paged(B, Hq, Hkv, Sk, D, page, Sq=1, low=None):
+    """Sq queries a sequence on a paged cache of Sk positions (pages in random order), every sequence
+    holding Sk keys or (low) a count drawn in [low, Sk]."""
     import opforge
 
     def make():
@@ -120,7 +126,8 @@ def _paged(B, Hq, Hkv, Sk, D, page, Sq=1):
         table = torch.randperm(B * P, generator=g).view(B, P).to(DEV, torch.int32)
         kc = torch.randn(B * P, page, Hkv, D, device=DEV, dtype=BF16)
         vc = torch.randn_like(kc)
-        lens = torch.full((B,), Sk, device=DEV, dtype=torch.int32)
+        counts = torch.randint(low, Sk + 1, (B,), generator=g) if low else torch.full((B,), Sk)
+        lens = counts.to(DEV, torch.int32)
         return lambda: opforge.attention(q, kc, vc, kv_lens=lens, block_table=table, causal=True)
 
     return make
@@ -196,8 +203,13 @@ ROWS = {
     "decode B64 32/8 2k": _decode(64, 32, 8, 2048, 128),
     "decode ragged B16 16k": _decode(16, 32, 8, 16384, 128, ragged=True),
     "decode B8 32/8 32k D64": _decode(8, 32, 8, 32768, 64),
+    "decode B8 32/8 32k no lens": _decode(8, 32, 8, 32768, 128, lens=False),
+    "decode B64 32/8 2k no lens": _decode(64, 32, 8, 2048, 128, lens=False),
+    "decode B1 32/8 8k no lens": _decode(1, 32, 8, 8192, 128, lens=False),
+    "decode B128 32/8 1k no lens": _decode(128, 32, 8, 1024, 128, lens=False),
     "paged decode B8 32k page 16": _paged(8, 32, 8, 32768, 128, 16),
     "paged decode B8 32k page 64": _paged(8, 32, 8, 32768, 128, 64),
+    "paged decode B32 4k-8k page 16": _paged(32, 32, 8, 8192, 128, 16, low=4096),
     "paged chunk 512 B4 8k page 16": _paged(4, 32, 8, 8192, 128, 16, Sq=512),
 }
 
@@ -219,11 +231,17 @@ def time_call(fn, reps: int = 30, warm: int = 5) -> float:
     return statistics.median(times)
 
 
-def time_rows(path: str) -> None:
+def _chosen(only: str | None) -> list[str]:
+    words = [w for w in (only or "").split(",") if w]
+    return [name for name in ROWS if not words or any(w in name for w in words)]
+
+
+def time_rows(path: str, only: str | None = None) -> None:
     import opforge
 
     result = {"opforge": os.path.dirname(os.path.dirname(opforge.__file__)), "rows": {}}
-    for name, make in ROWS.items():
+    for name in _chosen(only):
+        make = ROWS[name]
         torch.manual_seed(0)
         try:
             result["rows"][name] = time_call(make())
@@ -234,13 +252,14 @@ def time_rows(path: str) -> None:
         json.dump(result, f)
 
 
-def compare(a: str, b: str, passes: int, out: str | None) -> None:
+def compare(a: str, b: str, passes: int, out: str | None, only: str | None = None) -> None:
     runs: dict[str, list[dict]] = {a: [], b: []}
     for i in range(passes):
         for tree in (a, b):
             path = f"/tmp/before_after_{i}_{os.path.basename(tree.rstrip('/'))}.json"
             env = dict(os.environ, PYTHONPATH=tree)
-            subprocess.run([sys.executable, __file__, "time", path], env=env, check=True)
+            extra = ["--only", only] if only else []
+            subprocess.run([sys.executable, __file__, "time", path, *extra], env=env, check=True)
             with open(path) as f:
                 runs[tree].append(json.load(f)["rows"])
     table = {}
@@ -248,7 +267,7 @@ def compare(a: str, b: str, passes: int, out: str | None) -> None:
         f"{'row':32s} {'A ms':>10s} {'B ms':>10s} {'B / A':>7s} {'A spread':>9s} {'B spread':>9s}"
         f"   (A = {a}, B = {b}, {passes} passes; spread: max / min over passes)"
     )
-    for name in ROWS:
+    for name in _chosen(only):
         cells = []
         for tree in (a, b):
             vals = [r[name] for r in runs[tree] if isinstance(r[name], float)]
@@ -292,9 +311,11 @@ if __name__ == "__main__":
     if cmd == "rows":
         print("\n".join(ROWS))
     elif cmd == "time":
-        time_rows(sys.argv[2])
+        args = sys.argv[2:]
+        time_rows(args[0], args[args.index("--only") + 1] if "--only" in args else None)
     elif cmd == "compare":
         args = sys.argv[2:]
         passes = int(args[args.index("--passes") + 1]) if "--passes" in args else 3
         out = args[args.index("--json") + 1] if "--json" in args else None
-        compare(args[0], args[1], passes, out)
+        only = args[args.index("--only") + 1] if "--only" in args else None
+        compare(args[0], args[1], passes, out, only)

@@ -6,8 +6,9 @@
 #           the working tree built in place (16 jobs), the baseline in .bisect_build/BASE (16 jobs),
 #           then the CUDA tests (pytest -m cuda, 8 workers)
 #   run 2:  bash benchmarks/tuning/attention/house_gpu.sh compare
-#           a compute-sanitizer memcheck of the forms / paged / NaN tests, then before_after.py
-#           compare BASE -> working tree (3 passes, alternating), JSON under $OUT
+#           a compute-sanitizer memcheck of the forms / paged / NaN tests (MEMCHECK=0 skips it), then
+#           before_after.py compare BASE -> working tree (PASSES, default 3, alternating; ONLY=decode,paged
+#           times only the rows whose names hold one of those words), JSON under $OUT
 # Logs and results under $OUT (default /tmp/house). A run that finds no build says so and stops.
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
@@ -31,11 +32,13 @@ build)
   echo "tests: rc $?"; tail -5 "$OUT/tests.log" ;;
 compare)
   [ -d "$bdir" ] && ls opforge/_C*.so > /dev/null 2>&1 || { echo "no builds here: run 'build' first (the machine went cold?)"; exit 2; }
-  PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout 150 compute-sanitizer --tool memcheck --error-exitcode 1 \
-    python3 -m pytest -q -p no:cacheprovider tests/test_attention_cuda_forward.py tests/test_attention_cuda_kv_cache.py \
-    -k "forms or nan or paged" > "$OUT/memcheck.log" 2>&1
-  echo "memcheck: rc $?"; tail -3 "$OUT/memcheck.log"
+  if [ "${MEMCHECK:-1}" = 1 ]; then
+    PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout 150 compute-sanitizer --tool memcheck --error-exitcode 1 \
+      python3 -m pytest -q -p no:cacheprovider tests/test_attention_cuda_forward.py tests/test_attention_cuda_kv_cache.py \
+      -k "forms or nan or paged" > "$OUT/memcheck.log" 2>&1
+    echo "memcheck: rc $?"; tail -3 "$OUT/memcheck.log"
+  fi
   A_COMMIT=$base B_COMMIT=${OPFORGE_COMMIT:-working tree} timeout "${COMPARE_TIMEOUT:-400}" python3 benchmarks/tuning/attention/before_after.py compare "$bdir" "$PWD" \
-    --passes "${PASSES:-3}" --json "$OUT/before_after.json" | tee "$OUT/before_after.txt" ;;
+    --passes "${PASSES:-3}" --json "$OUT/before_after.json" ${ONLY:+--only "$ONLY"} | tee "$OUT/before_after.txt" ;;
 *) sed -n '2,11p' "$0"; exit 2 ;;
 esac
