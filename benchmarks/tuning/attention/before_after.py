@@ -207,6 +207,7 @@ ROWS = {
     "decode B64 32/8 2k no lens": _decode(64, 32, 8, 2048, 128, lens=False),
     "decode B1 32/8 8k no lens": _decode(1, 32, 8, 8192, 128, lens=False),
     "decode B128 32/8 1k no lens": _decode(128, 32, 8, 1024, 128, lens=False),
+    "decode B256 32/8 2k": _decode(256, 32, 8, 2048, 128),  # (every block reads 256 counts first)
     "paged decode B8 32k page 16": _paged(8, 32, 8, 32768, 128, 16),
     "paged decode B8 32k page 64": _paged(8, 32, 8, 32768, 128, 64),
     "paged decode B32 4k-8k page 16": _paged(32, 32, 8, 8192, 128, 16, low=4096),
