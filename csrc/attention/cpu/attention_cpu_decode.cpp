@@ -96,7 +96,7 @@ void decode_kernel(const AttentionParams& p) {
       part_l(heads * chunks * rows);
   at::parallel_for(0, tasks, grain, [&](int64_t begin, int64_t end) {
     std::vector<A> qs(heads_a_task * rows * D), kb(kDecodeBlock * D), vb(kDecodeBlock * D),
-        sc(rows * kDecodeBlock);
+        sc(rows * kDecodeBlock), run_sc(rows * kDecodeBlock);
     std::vector<BlockKind> kinds(group);
     for (int64_t task = begin; task < end; ++task) {
       const int64_t c = task / units, u = task % units;
@@ -125,14 +125,20 @@ void decode_kernel(const AttentionParams& p) {
       const SegmentRange q_range = segment_range(pat.q_segments, pat.q_seg_bs, b, 0, Sq);
       // Rows [j0, j0 + cols) of K or V into a block, a page's run at a time (key j's row at
       // head + kv_row(b, j, ...): through the page table for paged caches).
-      const auto load_keys = [&](const T* head, int64_t bs, int64_t ss, int64_t ds, int64_t j0, int64_t cols,
-                                 A* dst) {
+      // f(j, run) for each run of keys [j, j + run) in one page (the whole range when not paged).
+      const auto for_page_runs = [&](int64_t j0, int64_t cols, auto&& f) {
         for (int64_t j = j0; j < j0 + cols;) {
           const int64_t run =
               p.block_table ? std::min(j0 + cols - j, p.page_size - j % p.page_size) : j0 + cols - j;
-          load_rows(head + p.kv_row(b, j, bs, ss), ss, ds, run, D, dst + (j - j0) * D);
+          f(j, run);
           j += run;
         }
+      };
+      const auto load_keys = [&](const T* head, int64_t bs, int64_t ss, int64_t ds, int64_t j0, int64_t cols,
+                                 A* dst) {
+        for_page_runs(j0, cols, [&](int64_t j, int64_t run) {
+          load_rows(head + p.kv_row(b, j, bs, ss), ss, ds, run, D, dst + (j - j0) * D);
+        });
       };
       for (int64_t blk = blk0; blk < blk1; ++blk) {
         const int64_t j0 = blk * kDecodeBlock, cols = std::min(kDecodeBlock, bpat.sk - j0);
@@ -154,14 +160,29 @@ void decode_kernel(const AttentionParams& p) {
           }
           if (!any) continue;
           // K and V in place when they are already the accumulation type with unit column stride
-          // (float32 / float64 caches, not paged), else converted into a block.
+          // (float32 / float64 caches; paged ones a page's run of rows at a time, the run's scores
+          // and probabilities through run_sc), else converted into a block.
+          bool in_runs = false;
+          if constexpr (std::is_same_v<T, A>) in_runs = p.block_table && p.k_ds == 1 && p.v_ds == 1;
           const A* kt = kb.data();
           int64_t kld = D;
           if constexpr (std::is_same_v<T, A>) {
             if (p.k_ds == 1 && !p.block_table) kt = khead + p.kv_row(b, j0, p.k_bs, p.k_ss), kld = p.k_ss;
+            if (in_runs) {
+              for_page_runs(j0, cols, [&](int64_t j, int64_t run) {
+                const A* kr = khead + p.kv_row(b, j, p.k_bs, p.k_ss);
+                if (run == cols) return decode_scores(qs.data() + i * rows * D, rows, kr, p.k_ss, run, D, sc.data());
+                decode_scores(qs.data() + i * rows * D, rows, kr, p.k_ss, run, D, run_sc.data());
+                for (int64_t r = 0; r < rows; ++r) {
+                  std::copy_n(run_sc.data() + r * run, run, sc.data() + r * cols + (j - j0));
+                }
+              });
+            }
           }
-          if (kt == kb.data()) load_keys(khead, p.k_bs, p.k_ss, p.k_ds, j0, cols, kb.data());
-          decode_scores(qs.data() + i * rows * D, rows, kt, kld, cols, D, sc.data());
+          if (!in_runs) {
+            if (kt == kb.data()) load_keys(khead, p.k_bs, p.k_ss, p.k_ds, j0, cols, kb.data());
+            decode_scores(qs.data() + i * rows * D, rows, kt, kld, cols, D, sc.data());
+          }
           for (int64_t g = 0; g < group; ++g) {
             A* sg = sc.data() + g * Sq * cols;
             if (kinds[g] == BlockKind::kEmpty) {
@@ -189,9 +210,21 @@ void decode_kernel(const AttentionParams& p) {
           int64_t vld = D;
           if constexpr (std::is_same_v<T, A>) {
             if (p.v_ds == 1 && !p.block_table) vt = vhead + p.kv_row(b, j0, p.v_bs, p.v_ss), vld = p.v_ss;
+            if (in_runs) {
+              for_page_runs(j0, cols, [&](int64_t j, int64_t run) {
+                const A* vr = vhead + p.kv_row(b, j, p.v_bs, p.v_ss);
+                if (run == cols) return decode_accumulate(sc.data(), rows, vr, p.v_ss, run, D, o);
+                for (int64_t r = 0; r < rows; ++r) {
+                  std::copy_n(sc.data() + r * cols + (j - j0), run, run_sc.data() + r * run);
+                }
+                decode_accumulate(run_sc.data(), rows, vr, p.v_ss, run, D, o);
+              });
+            }
           }
-          if (vt == vb.data()) load_keys(vhead, p.v_bs, p.v_ss, p.v_ds, j0, cols, vb.data());
-          decode_accumulate(sc.data(), rows, vt, vld, cols, D, o);
+          if (!in_runs) {
+            if (vt == vb.data()) load_keys(vhead, p.v_bs, p.v_ss, p.v_ds, j0, cols, vb.data());
+            decode_accumulate(sc.data(), rows, vt, vld, cols, D, o);
+          }
         }
       }
     }
