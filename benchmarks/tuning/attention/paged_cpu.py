@@ -11,7 +11,7 @@ import torch
 
 import opforge
 from opforge.bench.timing import CpuTimer
-from opforge.ops.attention import _paged_kv
+from opforge.ops.attention.kv_cache import gather_pages
 
 
 def row(timer, B, H, Hkv, S, D, dtype) -> None:
@@ -33,7 +33,8 @@ def row(timer, B, H, Hkv, S, D, dtype) -> None:
         kc[perm] = k.transpose(1, 2).reshape(B * per, ps, Hkv, D)
         vc[perm] = v.transpose(1, 2).reshape(B * per, ps, Hkv, D)
         paged = timer(lambda: opforge.attention(q, kc, vc, kv_lens=lens, block_table=table, causal=True))  # noqa: B023
-        gathered = timer(lambda: opforge.attention(q, *_paged_kv(kc, vc, table), kv_lens=lens, causal=True))  # noqa: B023
+        gather = lambda kc=kc, vc=vc, table=table: gather_pages(kc, vc, table, lens)  # noqa: E731
+        gathered = timer(lambda: opforge.attention(q, *gather(), kv_lens=lens, causal=True))  # noqa: B023
         print(
             f"B{B} H{H}/{Hkv} S{S} D{D} {str(dtype)[6:]} page {ps}: contiguous {base:.2f} ms, paged in place "
             f"{paged:.2f} ms ({base / paged:.2f}x contiguous), gathered {gathered:.2f} ms ({base / gathered:.2f}x)",
