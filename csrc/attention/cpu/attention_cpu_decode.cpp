@@ -171,7 +171,8 @@ void decode_kernel(const AttentionParams& p) {
             if (in_runs) {
               for_page_runs(j0, cols, [&](int64_t j, int64_t run) {
                 const A* kr = khead + p.kv_row(b, j, p.k_bs, p.k_ss);
-                if (run == cols) return decode_scores(qs.data() + i * rows * D, rows, kr, p.k_ss, run, D, sc.data());
+                if (run == cols)
+                  return decode_scores(qs.data() + i * rows * D, rows, kr, p.k_ss, run, D, sc.data());
                 decode_scores(qs.data() + i * rows * D, rows, kr, p.k_ss, run, D, run_sc.data());
                 for (int64_t r = 0; r < rows; ++r) {
                   std::copy_n(run_sc.data() + r * run, run, sc.data() + r * cols + (j - j0));
