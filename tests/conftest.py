@@ -93,3 +93,17 @@ def poison_cuda_allocator(nbytes: int, device: str) -> None:
             for _ in range(2)
         ]
         del blocks
+
+
+def capture_cuda_graph(fn):
+    """fn captured in a CUDA graph after a warm-up on a side stream (kernel attributes, the
+    allocator's pool), and its output from the capture: (graph, out)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fn()
+    return graph, out

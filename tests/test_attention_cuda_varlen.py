@@ -18,7 +18,7 @@ from attention_cuda_cases import (
     varlen_case,
     varlen_forward,
 )
-from conftest import poison_cuda_allocator
+from conftest import capture_cuda_graph, poison_cuda_allocator
 
 from opforge import reference
 
@@ -121,14 +121,7 @@ def test_varlen_cuda_graph_with_new_offsets():
     updated in place: the same result as a fresh call with the new offsets."""
     q, k, v, cu_q, cu_k = varlen_case([300, 200, 524], [300, 200, 524], 4, 4, 128)
     kw = dict(causal=True)
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        varlen_forward(q, k, v, cu_q, cu_k, kw)
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out, _ = varlen_forward(q, k, v, cu_q, cu_k, kw)
+    graph, (out, _) = capture_cuda_graph(lambda: varlen_forward(q, k, v, cu_q, cu_k, kw))
     new = torch.tensor([0, 100, 700, 1024], dtype=torch.int32, device=DEV)
     cu_q.copy_(new)
     cu_k.copy_(new)
@@ -176,14 +169,7 @@ def test_varlen_deterministic_replay_with_invalid_offsets_finishes(d, lens_q, le
     go = torch.randn_like(q)
     good_q, good_k = cu_q.clone(), cu_k.clone()
     run = lambda: varlen_backward(q, k, v, cu_q, cu_k, go, {}, deterministic=True)  # noqa: E731
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        run()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        grads = run()
+    graph, grads = capture_cuda_graph(run)
     if bad_q is not None:
         cu_q.copy_(torch.tensor(bad_q, dtype=torch.int32))
     if bad_k is not None:
@@ -212,14 +198,7 @@ def test_varlen_padded_deterministic_backward_cuda_graph(causal):
     go = torch.randn_like(q)
     kw = {"causal": causal}
     run = lambda: varlen_backward(q, k, v, cu_q, cu_k, go, kw, deterministic=True)  # noqa: E731
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        run()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        grads = run()
+    graph, grads = capture_cuda_graph(run)
     graph.replay()
     first = [g.clone() for g in grads]
     graph.replay()

@@ -11,7 +11,7 @@ import re
 
 import pytest
 import torch
-from conftest import DEVICES, poison_cuda_allocator
+from conftest import DEVICES, capture_cuda_graph, poison_cuda_allocator
 
 from opforge.flash_attn_interface import flash_attn_func, flash_attn_varlen_func, flash_attn_with_kvcache
 
@@ -463,19 +463,6 @@ def test_signatures_are_flash_attentions():
         assert p in names(flash_attn_with_kvcache), p
 
 
-def _capture(fn):
-    """fn captured in a CUDA graph (after a warm-up on a side stream), and its output."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = fn()
-    return graph, out
-
-
 @pytest.mark.cuda
 @pytest.mark.parametrize("paged", [False, True])
 def test_flash_attn_with_kvcache_replays_in_a_cuda_graph(paged):
@@ -500,7 +487,7 @@ def test_flash_attn_with_kvcache_replays_in_a_cuda_graph(paged):
     def step():
         return flash_attn_with_kvcache(q, kc, vc, kn, vn, cache_seqlens=lens, causal=True, **kw)
 
-    graph, out = _capture(step)
+    graph, out = capture_cuda_graph(step)
     for it in range(3):
         lens.add_(1 + it)  # (next step's lengths, in place)
         if paged and it == 2:
@@ -536,7 +523,7 @@ def test_flash_attn_varlen_func_padded_rows_in_a_cuda_graph():
     def step():
         return flash_attn_varlen_func(q, k, v, cu_q, cu_k, total, 3 * total, causal=True)
 
-    graph, out = _capture(step)
+    graph, out = capture_cuda_graph(step)
     cu_q.copy_(torch.tensor([0, 1, 2, 3], device=dev, dtype=torch.int32))
     cu_k.copy_(torch.tensor([0, 100, 101, 180], device=dev, dtype=torch.int32))
     graph.replay()

@@ -76,8 +76,9 @@ AttentionCall attention_call(const at::Tensor& q, const at::Tensor& k, bool kv_l
 const char* attention_hopper_missing(at::Device device);
 
 // The op a user called, for messages: packed sequences come from opforge.attention_varlen.
+inline constexpr const char* kAttentionOp = "opforge.attention";
 inline const char* attention_op_name(const AttentionPatternArgs& args) {
-  return args.varlen() ? "opforge.attention_varlen" : "opforge.attention";
+  return args.varlen() ? "opforge.attention_varlen" : kAttentionOp;
 }
 
 // A tensor of `like`'s shape whose memory follows like's order of the (S, H) dims: (B, S, H, D)

@@ -1,6 +1,6 @@
 // Tuning only (benchmarks/tuning/attention/decode_variants.py builds it with torch's JIT): the tensor-core
 // decode kernel (csrc/attention/cuda/attention_decode_kernel.cuh) at other traits (staging depth, blocks
-// an SM, the L2 prefetch hint) and splits (uniform chunk counts; the tokens-present split's waves) than
+// an SM) and splits (uniform chunk counts; the tokens-present split's waves) than
 // the shipped ones, on contiguous bf16 q (B, Hq, 1, D 128) and k, v (B, Hkv, S, D), causal, optional
 // per-sequence key counts. Not part of the product.
 #include <ATen/cuda/CUDAContext.h>
@@ -18,24 +18,19 @@ using opforge::DecodeSplit;
 // The sweep's own traits type: kernels of this module must not share a mangled name with those of
 // opforge._C, loaded in the same process (the two-stage variant, named like the shipped kernel,
 // failed to launch with "invalid argument" when it did).
-template <int kStages, int kMinBlocks, bool kL2>
-struct SweepTraits : opforge::attention_cuda::DecodeMmaTraits<128, kStages, 1, kMinBlocks, kL2> {};
+template <int kStages, int kMinBlocks>
+struct SweepTraits : opforge::attention_cuda::DecodeMmaTraits<128, kStages, 1, kMinBlocks> {};
 
-// variant: 0 (2 stages, 3 blocks), 1 (the same, L2 hint), 2 (2 stages, no cap: 2 blocks),
-// 3 (3 stages, 2 blocks), 4 (3 stages, L2 hint)
+// variant: 0 (2 stages, 3 blocks), 1 (2 stages, no cap: 2 blocks), 2 (3 stages, 2 blocks)
 template <typename F>
 auto with_variant(int64_t variant, F&& f) {
   switch (variant) {
     case 0:
-      return f(SweepTraits<2, 3, false>{});
+      return f(SweepTraits<2, 3>{});
     case 1:
-      return f(SweepTraits<2, 3, true>{});
-    case 2:
-      return f(SweepTraits<2, 1, false>{});
-    case 3:
-      return f(SweepTraits<3, 1, false>{});
+      return f(SweepTraits<2, 1>{});
     default:
-      return f(SweepTraits<3, 1, true>{});
+      return f(SweepTraits<3, 1>{});
   }
 }
 

@@ -1,5 +1,5 @@
 """Tuning only: the tensor-core decode kernel (one m tile, D128) at other traits than the shipped ones
-(2 stages at 3 or 2 blocks an SM, 3 stages; the L2::128B prefetch hint on its copies) and other splits
+(2 stages at 3 or 2 blocks an SM, 3 stages) and other splits
 (uniform: chunk counts around the shipped choice; tokens present: blocks for 1, 2, 4 or 8 waves of
 resident blocks), on rows where the split matters (B8 x 32k, B64 x 2k, each with and without kv_lens;
 a ragged B16 x U(100, 16k)), against SDPA in the same run. Each variant's output is checked against opforge.attention's.
@@ -37,7 +37,7 @@ def main() -> None:
     dev = torch.device("cuda")
     timer = CudaTimer(dev)
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
-    names = ["2 stages 3 blocks", "2 stages 3 blocks L2", "2 stages 2 blocks", "3 stages", "3 stages L2"]
+    names = ["2 stages 3 blocks", "2 stages 2 blocks", "3 stages"]
     per_sm = [ext.blocks_per_sm(i) for i in range(len(names))]
     print("blocks an SM:", dict(zip(names, per_sm, strict=True)))
     g = torch.Generator(device="cpu").manual_seed(0)

@@ -141,13 +141,6 @@ __device__ __forceinline__ BlockKind stage_decode_tile(const AttentionParams& p,
   constexpr int kD = Tr::kD;
   const int64_t j0 = int64_t{tile} * kDecodeTile, j1 = min(j0 + kDecodeTile, pat.sk);
   const BlockKind kind = group_tile_kind<kDecodeTile>(pat, b, hk * group, group, j0, j1, q_range);
-  const auto copy16 = [](void* dst, const void* src, int n) {
-    if constexpr (Tr::kL2Prefetch) {
-      cuda::cp_async16_l2_128(dst, src, n);
-    } else {
-      cuda::cp_async16(dst, src, n);
-    }
-  };
   if (kind != BlockKind::kEmpty) {
     unsigned char* sk = stages + stage * 2 * Tr::kTileBytes;
     unsigned char* sv = sk + Tr::kTileBytes;
@@ -159,8 +152,8 @@ __device__ __forceinline__ BlockKind stage_decode_tile(const AttentionParams& p,
         const int64_t j = j0 + row;
         const bool in = j < j1;
         const int64_t jj = in ? j : j0;
-        copy16(sk + row * Tr::kRowBytes + chunk * 16, kb + jj * p.k_ss + chunk * 8, in ? 16 : 0);
-        copy16(sv + row * Tr::kRowBytes + chunk * 16, vb + jj * p.v_ss + chunk * 8, in ? 16 : 0);
+        cuda::cp_async16(sk + row * Tr::kRowBytes + chunk * 16, kb + jj * p.k_ss + chunk * 8, in ? 16 : 0);
+        cuda::cp_async16(sv + row * Tr::kRowBytes + chunk * 16, vb + jj * p.v_ss + chunk * 8, in ? 16 : 0);
       }
     } else {  // (a paged cache: the rows' pages and slots from the lanes that looked them up)
       constexpr int kC = kD / 8, kWarpRows = 32 / kC;
@@ -171,8 +164,10 @@ __device__ __forceinline__ BlockKind stage_decode_tile(const AttentionParams& p,
         const int64_t page = __shfl_sync(0xffffffffu, pages.page, src);
         const int64_t slot = __shfl_sync(0xffffffffu, pages.slot, src);
         const int n = j0 + row < j1 ? 16 : 0;
-        copy16(sk + row * Tr::kRowBytes + chunk * 16, kbase + page * p.k_bs + slot * p.k_ss + chunk * 8, n);
-        copy16(sv + row * Tr::kRowBytes + chunk * 16, vbase + page * p.v_bs + slot * p.v_ss + chunk * 8, n);
+        cuda::cp_async16(sk + row * Tr::kRowBytes + chunk * 16,
+                         kbase + page * p.k_bs + slot * p.k_ss + chunk * 8, n);
+        cuda::cp_async16(sv + row * Tr::kRowBytes + chunk * 16,
+                         vbase + page * p.v_bs + slot * p.v_ss + chunk * 8, n);
       }
     }
   }

@@ -34,7 +34,7 @@ DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 # The largest scale magnitude for float16, bfloat16 and float32 inputs without a softcap: the kernels
 # multiply scores by scale * log2(e) in float32, which stays finite for |q.k| up to 2^63 with it (a
 # larger factor turns ordinary scores into inf and rows into NaN; a softcap bounds the scores, and its
-# own checks keep scale / softcap finite). csrc/attention/attention.cpp checks the same bound.
+# own checks keep scale / softcap finite). csrc/attention/attention_checks.cpp checks the same bound.
 MAX_SCALE = 2.0**64
 
 
