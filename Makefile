@@ -8,7 +8,7 @@ TORCH_STAMP := build/.torch-version
 ENV_STAMP := build/.build-env
 SOURCES := $(shell find csrc -name '*.cpp' -o -name '*.cu' -o -name '*.h' -o -name '*.cuh') setup.py pyproject.toml
 
-.PHONY: setup build wheel test test-fast bench bench-full gpu-check cpp-example lint format clean FORCE
+.PHONY: setup build wheel test test-fast test-transformers-release bench bench-full gpu-check cpp-example lint format clean FORCE
 
 setup:
 	@$(PYTHON) scripts/ensure_deps.py test bench
@@ -51,6 +51,18 @@ test: build
 
 test-fast: build
 	$(PYTHON) -m pytest tests -q -m "not slow" $(PYTEST_ARGS)
+
+# The transformers tests (the model integrations, continuous batching) on another release than the
+# one `setup` installs (default 5.17, the last before 5.24 changed continuous batching's contract):
+# a venv in build/ over the installed packages with only that release (and what it pins differently,
+# huggingface_hub < 2) on top; psutil because 5.17's continuous batching sizes its cache from it.
+TRANSFORMERS_RELEASE ?= 5.17.0
+TF_VENV = build/venv-transformers-$(TRANSFORMERS_RELEASE)
+test-transformers-release: build
+	@[ -x $(TF_VENV)/bin/python ] || $(PYTHON) -m venv --system-site-packages $(TF_VENV)
+	$(TF_VENV)/bin/python -m pip install -q --disable-pip-version-check transformers==$(TRANSFORMERS_RELEASE) psutil
+	$(TF_VENV)/bin/python -c 'import transformers as t; assert t.__version__ == "$(TRANSFORMERS_RELEASE)", t.__version__'
+	$(TF_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/test_transformers.py tests/test_transformers_distributed.py $(PYTEST_ARGS)
 
 bench: build
 	$(PYTHON) -m opforge.bench $(if $(OUT),--out $(OUT))
