@@ -7,6 +7,10 @@ tokens as the first implementation (bf16 greedy decoding may part late on near-t
     python benchmarks/tuning/serving/serving_row.py                       # the issue's row on CUDA (opforge, sdpa)
     python benchmarks/tuning/serving/serving_row.py --tiny                # a small model on the CPU (a check)
     python benchmarks/tuning/serving/serving_row.py --impls "paged|sdpa,paged|opforge,sdpa" --check
+    python benchmarks/tuning/serving/serving_row.py --impls "paged|opforge,paged|opforge+graphs,sdpa"
+
+An implementation name ending in "+graphs" runs with ContinuousBatchingConfig(use_cuda_graph=True)
+(transformers 5.17 turns CUDA graphs on by default only for flash names; "paged|opforge" can ask).
 """
 
 from __future__ import annotations
@@ -119,14 +123,20 @@ def main() -> None:
     checks = []
     for impl in impls.split(","):
         try:
-            model.set_attn_implementation(impl)
+            base, graphs = impl.removesuffix("+graphs"), impl.endswith("+graphs")
+            cb = {}
+            if graphs:
+                from transformers.generation.configuration_utils import ContinuousBatchingConfig
+
+                cb = {"continuous_batching_config": ContinuousBatchingConfig(use_cuda_graph=True)}
+            model.set_attn_implementation(base)
             model.generate_batch(
-                prompts[:2], generation_config=GenerationConfig(max_new_tokens=4, do_sample=False)
+                prompts[:2], generation_config=GenerationConfig(max_new_tokens=4, do_sample=False), **cb
             )
             if device.type == "cuda":
                 torch.cuda.synchronize()
             t0 = time.perf_counter()
-            out = model.generate_batch(prompts, generation_config=gen, record_timestamps=True)
+            out = model.generate_batch(prompts, generation_config=gen, record_timestamps=True, **cb)
             if device.type == "cuda":
                 torch.cuda.synchronize()
             wall = time.perf_counter() - t0
