@@ -14,6 +14,7 @@
 #           the decode kernel's traits and splits (decode_variants.py; VARIANTS=0 skips it)
 #   run 3:  (carry [".tf525"]) bash benchmarks/tuning/serving/gpu_serving.sh cb
 #           the continuous-batching row (serving_row.py: opforge against sdpa) on transformers 5.17 and 5.25
+#           (5.17 also with CUDA graphs asked for; CB_PROFILE=1: profiler tables and traces for 5.17)
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
 OUT=${OUT:-/tmp/serving}
@@ -54,7 +55,7 @@ cb)
   # and kernels==0.19.1 with their dependencies for Python 3.12, numpy left out) in turn
   # (5.17: also "paged|opforge" with CUDA graphs asked for, which 5.17 gives only flash names by default)
   timeout "${CB_TIMEOUT:-270}" python3 benchmarks/tuning/serving/serving_row.py \
-    --impls "paged|opforge,paged|opforge+graphs,sdpa" > "$OUT/cb_517.txt" 2>&1
+    --impls "paged|opforge,paged|opforge+graphs,sdpa" ${CB_PROFILE:+--profile "$OUT/cb_traces"} > "$OUT/cb_517.txt" 2>&1
   echo "5.17: rc $?"; grep -vE "Warn|WARNING" "$OUT/cb_517.txt" | tail -4
   if [ -d .tf525 ]; then
     python3 -m pip install -q --no-index --no-deps --target /root/tf525 .tf525/*.whl > /dev/null 2>&1 || echo "5.25 wheels: install failed"

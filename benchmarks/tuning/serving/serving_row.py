@@ -11,6 +11,12 @@ tokens as the first implementation (bf16 greedy decoding may part late on near-t
 
 An implementation name ending in "+graphs" runs with ContinuousBatchingConfig(use_cuda_graph=True)
 (transformers 5.17 turns CUDA graphs on by default only for flash names; "paged|opforge" can ask).
+--profile DIR: after the timed runs, each implementation again on 16 of the requests (16 new tokens)
+under torch.profiler: the top operators by device and by host time, the host-device synchronizations
+(cudaStreamSynchronize, cudaDeviceSynchronize, cudaMemcpy / cudaMemcpyAsync calls, the device-to-host
+copies that block), and a Chrome trace per implementation in DIR. (generate_batch runs the model in
+its own thread: the operator tables hold the calling thread's operators; kernels and CUDA runtime calls
+come from CUPTI, which records every thread.)
 """
 
 from __future__ import annotations
@@ -97,6 +103,7 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=None)
     ap.add_argument("--new", type=int, default=None)
     ap.add_argument("--check", action="store_true", help="the logit gaps where tokens part (parting_check)")
+    ap.add_argument("--profile", default=None, metavar="DIR", help="profile each implementation (see above)")
     args = ap.parse_args()
     device = torch.device("cpu" if args.tiny else "cuda")
     dtype = torch.float32 if args.tiny and not args.bf16 else torch.bfloat16
@@ -174,6 +181,48 @@ def main() -> None:
 
     for impl, tokens in checks:
         print(f"  {impl} vs {first[0]}: {parting_check(model, prompts, first[1], tokens, device)}")
+    if args.profile:
+        for impl in impls.split(","):
+            profile(model, impl, prompts[:16], args.profile)
+
+
+def profile(model, impl: str, prompts, out_dir: str) -> None:
+    """impl on prompts (16 new tokens each) under torch.profiler: where the device and the host spend
+    their time, and how often the host waits for the device (the suspects of 5.17's row: a host read
+    of the offsets in every layer, the paged cache's gather)."""
+    import os
+
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    base, graphs = impl.removesuffix("+graphs"), impl.endswith("+graphs")
+    cb = {}
+    if graphs:
+        from transformers.generation.configuration_utils import ContinuousBatchingConfig
+
+        cb = {"continuous_batching_config": ContinuousBatchingConfig(use_cuda_graph=True)}
+    model.set_attn_implementation(base)
+    gen = GenerationConfig(max_new_tokens=16, do_sample=False, eos_token_id=-1)
+    model.generate_batch(prompts[:2], generation_config=gen, **cb)  # (warm)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    with torch_profile(activities=activities) as prof:
+        t0 = time.perf_counter()
+        model.generate_batch(prompts, generation_config=gen, **cb)
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        wall = time.perf_counter() - t0
+    os.makedirs(out_dir, exist_ok=True)
+    safe = impl.replace("|", "_").replace("/", "_").replace("+", "_")
+    prof.export_chrome_trace(os.path.join(out_dir, f"trace_{safe}.json"))
+    ev = prof.key_averages()
+    syncs = {e.key: e.count for e in ev if "Synchronize" in e.key or e.key.startswith("cudaMemcpy")}
+    device_us = sum(e.self_device_time_total for e in ev) if torch.cuda.is_available() else 0.0
+    print(f"\n== profile {impl}: {len(prompts)} requests x 16 new tokens, {wall:.2f} s wall under the profiler, "
+          f"device busy {device_us / 1e6:.2f} s (sum of kernel times)")
+    print(f"   host waits / copies: {syncs}")
+    sort = "self_cuda_time_total" if torch.cuda.is_available() else "self_cpu_time_total"
+    print(ev.table(sort_by=sort, row_limit=20, max_name_column_width=60))
+    print(ev.table(sort_by="cpu_time_total", row_limit=15, max_name_column_width=60))
 
 
 if __name__ == "__main__":
