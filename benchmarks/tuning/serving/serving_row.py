@@ -217,8 +217,10 @@ def profile(model, impl: str, prompts, out_dir: str) -> None:
     ev = prof.key_averages()
     syncs = {e.key: e.count for e in ev if "Synchronize" in e.key or e.key.startswith("cudaMemcpy")}
     device_us = sum(e.self_device_time_total for e in ev) if torch.cuda.is_available() else 0.0
-    print(f"\n== profile {impl}: {len(prompts)} requests x 16 new tokens, {wall:.2f} s wall under the profiler, "
-          f"device busy {device_us / 1e6:.2f} s (sum of kernel times)")
+    print(
+        f"\n== profile {impl}: {len(prompts)} requests x 16 new tokens, {wall:.2f} s wall under the profiler, "
+        f"device busy {device_us / 1e6:.2f} s (sum of kernel times)"
+    )
     print(f"   host waits / copies: {syncs}")
     sort = "self_cuda_time_total" if torch.cuda.is_available() else "self_cpu_time_total"
     print(ev.table(sort_by=sort, row_limit=20, max_name_column_width=60))
