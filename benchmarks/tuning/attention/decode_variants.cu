@@ -2,7 +2,7 @@
 // decode kernel (csrc/attention/cuda/attention_decode_kernel.cuh) at other traits (staging depth, blocks
 // an SM) and splits (uniform chunk counts; the tokens-present split's waves) than
 // the shipped ones, on contiguous bf16 q (B, Hq, 1, D 128) and k, v (B, Hkv, S, D), causal, optional
-// per-sequence key counts. Not part of the product.
+// per-sequence key counts, contiguous or paged caches (a block table). Not part of the product.
 #include <ATen/cuda/CUDAContext.h>
 #include <torch/extension.h>
 
@@ -18,10 +18,11 @@ using opforge::DecodeSplit;
 // The sweep's own traits type: kernels of this module must not share a mangled name with those of
 // opforge._C, loaded in the same process (the two-stage variant, named like the shipped kernel,
 // failed to launch with "invalid argument" when it did).
-template <int kStages, int kMinBlocks>
-struct SweepTraits : opforge::attention_cuda::DecodeMmaTraits<128, kStages, 1, kMinBlocks> {};
+template <int kStages, int kMinBlocks, bool kBulkRows = false>
+struct SweepTraits : opforge::attention_cuda::DecodeMmaTraits<128, kStages, 1, kMinBlocks, kBulkRows> {};
 
-// variant: 0 (2 stages, 3 blocks), 1 (2 stages, no cap: 2 blocks), 2 (3 stages, 2 blocks)
+// variant: 0 (2 stages, 3 blocks), 1 (2 stages, no cap: 2 blocks), 2 (3 stages, 2 blocks); the same
+// three with bulk row copies (kBulkRows): 3, 4, 5
 template <typename F>
 auto with_variant(int64_t variant, F&& f) {
   switch (variant) {
@@ -29,8 +30,14 @@ auto with_variant(int64_t variant, F&& f) {
       return f(SweepTraits<2, 3>{});
     case 1:
       return f(SweepTraits<2, 1>{});
-    default:
+    case 2:
       return f(SweepTraits<3, 1>{});
+    case 3:
+      return f(SweepTraits<2, 3, true>{});
+    case 4:
+      return f(SweepTraits<2, 1, true>{});
+    default:
+      return f(SweepTraits<3, 1, true>{});
   }
 }
 
@@ -39,9 +46,10 @@ auto with_variant(int64_t variant, F&& f) {
 // shipped split.
 std::vector<at::Tensor> run(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                             const std::optional<at::Tensor>& kv_lens, int64_t variant, int64_t chunks,
-                            int64_t waves, int64_t slots) {
+                            int64_t waves, int64_t slots, const std::optional<at::Tensor>& block_table) {
   at::Tensor out, lse, lens = kv_lens ? kv_lens->to(at::kLong).contiguous() : at::Tensor();
-  const opforge::AttentionParams p = decode_sweep_params(q, k, v, lens, out, lse);
+  const opforge::AttentionParams p =
+      decode_sweep_params(q, k, v, lens, out, lse, block_table ? *block_table : at::Tensor());
   DecodeSplit s = opforge::decode_split(p, slots, waves > 0 ? static_cast<int>(waves) : opforge::kDecodeWaves);
   TORCH_CHECK(s.rows <= opforge::kDecodeMmaRows);
   if (chunks > 0) {

@@ -1,10 +1,12 @@
 """Tuning only: the tensor-core decode kernel (one m tile, D128) at other traits than the shipped ones
-(2 stages at 3 or 2 blocks an SM, 3 stages) and other splits
+(2 stages at 3 or 2 blocks an SM, 3 stages; each also with bulk row copies, kBulkRows) and other splits
 (uniform: chunk counts around the shipped choice; tokens present: blocks for 1, 2, 4 or 8 waves of
 resident blocks), on rows where the split matters (B8 x 32k, B64 x 2k, each with and without kv_lens;
-a ragged B16 x U(100, 16k)), against SDPA in the same run. Each variant's output is checked against opforge.attention's.
+a ragged B16 x U(100, 16k)), against SDPA in the same run; and on paged caches (B32 x U(4k, 8k), pages
+of 16 and 64, the serving bench's row) against opforge on the pages and on the same keys contiguous.
+Each variant's output is checked against opforge.attention's.
 
-    python benchmarks/tuning/attention/decode_variants.py
+    python benchmarks/tuning/attention/decode_variants.py [--only contiguous|paged] [--variants 0,3]
 """
 
 from __future__ import annotations
@@ -22,6 +24,12 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.a
 
 
 def main() -> None:
+    import argparse
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--only", choices=["contiguous", "paged"], default=None)
+    ap.add_argument("--variants", default=None, help="comma-separated variant numbers (default: all)")
+    args = ap.parse_args()
     ext = load(
         name="decode_variants",
         sources=[os.path.join(ROOT, "benchmarks/tuning/attention/decode_variants.cu")],
@@ -37,9 +45,25 @@ def main() -> None:
     dev = torch.device("cuda")
     timer = CudaTimer(dev)
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
-    names = ["2 stages 3 blocks", "2 stages 2 blocks", "3 stages"]
+    names = [
+        "2 stages 3 blocks",
+        "2 stages 2 blocks",
+        "3 stages",
+        "bulk 2 stages 3 blocks",
+        "bulk 2 stages 2 blocks",
+        "bulk 3 stages",
+    ]
     per_sm = [ext.blocks_per_sm(i) for i in range(len(names))]
     print("blocks an SM:", dict(zip(names, per_sm, strict=True)))
+    chosen = [int(x) for x in args.variants.split(",")] if args.variants else list(range(len(names)))
+    names = [n if i in chosen else None for i, n in enumerate(names)]
+    slots_of = [sms * n for n in per_sm]
+    if args.only != "contiguous":
+        for page_size in (16, 64):
+            run_paged_row(ext, timer, names, slots_of, page_size)
+            torch.cuda.empty_cache()
+    if args.only == "paged":
+        return
     g = torch.Generator(device="cpu").manual_seed(0)
     rows = [
         ("B8 32k", 8, 32768, None),
@@ -49,8 +73,50 @@ def main() -> None:
         ("ragged B16 U(100,16k)", 16, 16384, torch.randint(100, 16385, (16,), generator=g)),
     ]
     for label, B, S, lens in rows:
-        run_row(ext, timer, names, [sms * n for n in per_sm], label, B, S, lens)
+        run_row(ext, timer, names, slots_of, label, B, S, lens)
         torch.cuda.empty_cache()
+
+
+def run_paged_row(ext, timer, names, slots_of, page_size: int) -> None:
+    """The serving bench's paged row: B32, 32 / 8 heads, D128, lengths U(4k, 8k), pages of page_size in
+    random order; opforge on the pages and on the same keys contiguous, then every variant on the pages
+    at the shipped split and at 1, 2, 4 waves."""
+    B, H, Hkv, D, S = 32, 32, 8, 128, 8192
+    dev = torch.device("cuda")
+    g = torch.Generator(device="cpu").manual_seed(page_size)
+    lens = torch.randint(4096, S + 1, (B,), generator=g).to(dev)
+    q = torch.randn(B, H, 1, D, device=dev, dtype=torch.bfloat16)
+    k, v = (torch.randn(B, Hkv, S, D, device=dev, dtype=torch.bfloat16) for _ in range(2))
+    per = S // page_size
+    perm = torch.randperm(B * per, device=dev)
+    table = perm.view(B, per).to(torch.int32).contiguous()
+    kc, vc = (torch.empty(B * per, page_size, Hkv, D, device=dev, dtype=torch.bfloat16) for _ in range(2))
+    kc[perm] = k.transpose(1, 2).reshape(B * per, page_size, Hkv, D)
+    vc[perm] = v.transpose(1, 2).reshape(B * per, page_size, Hkv, D)
+    nbytes = 2 * Hkv * D * 2 * int(lens.sum())
+    want = opforge.attention(q, k, v, causal=True, kv_lens=lens)
+    paged = timer(lambda: opforge.attention(q, kc, vc, causal=True, kv_lens=lens, block_table=table))
+    contiguous = timer(lambda: opforge.attention(q, k, v, causal=True, kv_lens=lens))
+    print(
+        f"paged B32 U(4k,8k) pages {page_size}: opforge paged {paged * 1e3:.1f} us ({nbytes / paged / 1e9:.2f} TB/s), "
+        f"contiguous {contiguous * 1e3:.1f} us ({contiguous / paged:.2f}x paged/contiguous speed)"
+    )
+    for variant, name in enumerate(names):
+        if name is None:
+            continue
+        for waves in (0, 1, 2, 4):
+            try:
+                out, _ = ext.run(q, kc, vc, lens, variant, 0, waves, slots_of[variant], table)
+            except RuntimeError as e:
+                print(f"  {name} waves {waves}: {str(e).splitlines()[0]}")
+                continue
+            err = (out.float() - want.float()).abs().max().item()
+            t = timer(lambda v_=variant, w=waves: ext.run(q, kc, vc, lens, v_, 0, w, slots_of[v_], table))
+            split = "shipped split" if waves == 0 else f"waves {waves}"
+            print(
+                f"  {name:22s} {split:14s}: {t * 1e3:6.1f} us ({nbytes / t / 1e9:.2f} TB/s, "
+                f"{paged / t:.2f}x opforge paged, {contiguous / t:.2f}x contiguous), max diff {err:.1e}"
+            )
 
 
 def run_row(ext, timer, names, slots_of, label, B, S, lens) -> None:
@@ -70,6 +136,8 @@ def run_row(ext, timer, names, slots_of, label, B, S, lens) -> None:
         f"{shipped * 1e3:.1f} us ({sdpa / shipped:.2f}x SDPA)"
     )
     for variant, name in enumerate(names):
+        if name is None:
+            continue
         slots = slots_of[variant]
         splits = [(0, 0)]  # (chunks, waves); (0, 0): the shipped split
         splits += [(0, w) for w in (1, 2, 4, 8)] if lens is not None else []
@@ -78,12 +146,14 @@ def run_row(ext, timer, names, slots_of, label, B, S, lens) -> None:
             splits += [(c, 0) for c in sorted({one_wave, 2 * one_wave, 3 * one_wave, 4 * one_wave})]
         for chunks, waves in splits:
             try:
-                out, _ = ext.run(q, k, v, lens, variant, chunks, waves, slots)
+                out, _ = ext.run(q, k, v, lens, variant, chunks, waves, slots, None)
             except RuntimeError as e:
                 print(f"  {name} chunks {chunks} waves {waves}: {str(e).splitlines()[0]}")
                 continue
             err = (out.float() - want.float()).abs().max().item()
-            t = timer(lambda v_=variant, c=chunks, w=waves, s_=slots: ext.run(q, k, v, lens, v_, c, w, s_))
+            t = timer(
+                lambda v_=variant, c=chunks, w=waves, s_=slots: ext.run(q, k, v, lens, v_, c, w, s_, None)
+            )
             split = (
                 "shipped split"
                 if (chunks, waves) == (0, 0)
