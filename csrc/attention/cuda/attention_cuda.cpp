@@ -227,6 +227,42 @@ void run_forward_plan(const char* op, AttentionPlan& plan, AttentionCall call, i
   check_launch(op, run_attention_hopper_fwd_form(form, a, stream));
 }
 
+// The forward kernels on q, k, v (their varlen offsets checked, or not read while a CUDA graph is
+// captured: `captured`), writing out (empty_attention_like's layout, or a view of rows of it) and lse
+// (contiguous (B, H, Sq)).
+void attention_forward_into(const char* op, const AttentionPatternArgs& args, const at::Tensor& q,
+                            const at::Tensor& k, const at::Tensor& v, double scale, double softcap,
+                            bool kv_lens, c10::string_view variant, bool captured, at::Tensor& out,
+                            at::Tensor& lse) {
+  const AttentionCall call = cuda_call(q, k, kv_lens, false, args.varlen());
+  const AttentionKernel kernel = choose_attention_kernel(op, call, variant);
+  constexpr double kInf = std::numeric_limits<double>::infinity();
+  if (out.numel() == 0) {
+    lse.fill_(-kInf);
+    return;
+  }
+  if (k.size(2) == 0) {
+    out.zero_(), lse.fill_(-kInf);
+    return;
+  }
+  const int64_t d = q.size(3), kd = kernel_head_dim(d);
+  const at::Tensor qk = kernel_operand(q, kd, kernel), kk = kernel_operand(k, kd, kernel);
+  const at::Tensor vk = kernel_operand(v, kd, kernel);
+  at::Tensor out_k = kd == d ? out : empty_attention_like(qk, args.varlen());
+  AttentionPlan plan = plan_attention(qk, kk, vk, out_k, lse, scale, softcap, args);
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream().stream();
+  if (kernel == AttentionKernel::kDecode) {
+    run_decode_plan(op, plan, kd, q.options(), stream);
+  } else {
+    run_forward_plan(op, plan, call, kd, kernel, q.options(), stream);
+  }
+  if (kd != d) out.copy_(out_k.narrow(3, 0, d));
+  if (args.varlen() && captured) {  // (rows past the last offset, unknown here, on the device)
+    fill_rows_past_offsets(out, std::nullopt, *args.cu_seqlens_q, 0.0);
+    fill_rows_past_offsets(lse, std::nullopt, *args.cu_seqlens_q, -kInf);
+  }
+}
+
 std::tuple<at::Tensor, at::Tensor> attention_cuda(
     const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale, double softcap, bool causal,
     int64_t window_left, int64_t window_right, int64_t prefix_len,
@@ -243,89 +279,49 @@ std::tuple<at::Tensor, at::Tensor> attention_cuda(
   check_cuda_call(op, q, k);
   const c10::cuda::CUDAGuard guard(q.device());
   const auto rows = check_varlen_offsets_unless_capturing(op, args, q.size(2), k.size(2));
+  at::Tensor out = empty_attention_like(q, args.varlen());
+  at::Tensor lse = at::empty({q.size(0), q.size(1), q.size(2)}, q.options().dtype(at::kFloat));
   if (rows && (rows->first < q.size(2) || rows->second < k.size(2))) {
     const auto [rows_q, rows_k] = *rows;
     // Rows past the last offsets (a padded batch), with the offsets read: the kernels run on the rows
     // in sequences only, so that the padding's values (whatever they are) are never loaded as keys of
-    // the last sequence; the output's other rows are zeros, their LSE -inf. (While a CUDA graph is
+    // the last sequence; they write those rows of the output in place (the LSE through a contiguous
+    // one of those rows, its layout), the other rows are zeros, their LSE -inf. (While a CUDA graph is
     // captured the offsets are not read: the kernels take the whole tensors, and keys past the last
     // sequence's end in its last tile are masked.)
-    auto [o, l] = attention_cuda(q.narrow(2, 0, rows_q), k.narrow(2, 0, rows_k), v.narrow(2, 0, rows_k),
-                                 scale, softcap, causal, window_left, window_right, prefix_len, q_segments,
-                                 kv_segments, mask_kinds, mask_index, mask_bits, block_q, block_k, kv_lens,
-                                 cu_seqlens_q, cu_seqlens_k, variant, std::nullopt);
-    at::Tensor out = empty_attention_like(q, true).zero_();
-    at::Tensor lse = at::full({q.size(0), q.size(1), q.size(2)}, -std::numeric_limits<double>::infinity(),
-                              q.options().dtype(at::kFloat));
-    out.narrow(2, 0, rows_q).copy_(o);
-    lse.narrow(2, 0, rows_q).copy_(l);
+    const at::Tensor qn = q.narrow(2, 0, rows_q), kn = k.narrow(2, 0, rows_k), vn = v.narrow(2, 0, rows_k);
+    const AttentionPatternArgs args_n = checked_attention_args(
+        qn, kn, vn, scale, softcap, causal, window_left, window_right, prefix_len, q_segments, kv_segments,
+        mask_kinds, mask_index, mask_bits, block_q, block_k, kv_lens, cu_seqlens_q, cu_seqlens_k);
+    at::Tensor out_n = out.narrow(2, 0, rows_q);
+    at::Tensor lse_n = at::empty({q.size(0), q.size(1), rows_q}, lse.options());
+    attention_forward_into(op, args_n, qn, kn, vn, scale, softcap, kv_lens.has_value(), variant, false, out_n,
+                           lse_n);
+    out.narrow(2, rows_q, q.size(2) - rows_q).zero_();
+    lse.narrow(2, 0, rows_q).copy_(lse_n);
+    lse.narrow(2, rows_q, q.size(2) - rows_q).fill_(-std::numeric_limits<double>::infinity());
     return {out, lse};
   }
-  const AttentionCall call = cuda_call(q, k, kv_lens.has_value(), false, args.varlen());
-  const AttentionKernel kernel = choose_attention_kernel(op, call, variant);
-  at::Tensor out = empty_attention_like(q, args.varlen());
-  at::Tensor lse = at::empty({q.size(0), q.size(1), q.size(2)}, q.options().dtype(at::kFloat));
-  constexpr double kInf = std::numeric_limits<double>::infinity();
-  if (out.numel() == 0) return {out, lse.fill_(-kInf)};
-  if (k.size(2) == 0) return {out.zero_(), lse.fill_(-kInf)};
-  const int64_t d = q.size(3), kd = kernel_head_dim(d);
-  const at::Tensor qk = kernel_operand(q, kd, kernel), kk = kernel_operand(k, kd, kernel);
-  const at::Tensor vk = kernel_operand(v, kd, kernel);
-  at::Tensor out_k = kd == d ? out : empty_attention_like(qk, args.varlen());
-  AttentionPlan plan = plan_attention(qk, kk, vk, out_k, lse, scale, softcap, args);
-  const cudaStream_t stream = at::cuda::getCurrentCUDAStream().stream();
-  if (kernel == AttentionKernel::kDecode) {
-    run_decode_plan(op, plan, kd, q.options(), stream);
-  } else {
-    run_forward_plan(op, plan, call, kd, kernel, q.options(), stream);
-  }
-  if (kd != d) out.copy_(out_k.narrow(3, 0, d));
-  if (args.varlen() && !rows) {  // (captured: rows past the last offset, unknown here, on the device)
-    fill_rows_past_offsets(out, std::nullopt, *args.cu_seqlens_q, 0.0);
-    fill_rows_past_offsets(lse, std::nullopt, *args.cu_seqlens_q, -kInf);
-  }
+  attention_forward_into(op, args, q, k, v, scale, softcap, kv_lens.has_value(), variant, !rows.has_value(),
+                         out, lse);
   return {out, lse};
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_cuda(
-    const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-    const at::Tensor& out, const at::Tensor& lse, const std::optional<at::Tensor>& grad_lse, double scale,
-    double softcap, bool causal, int64_t window_left, int64_t window_right, int64_t prefix_len,
-    const std::optional<at::Tensor>& q_segments, const std::optional<at::Tensor>& kv_segments,
-    const std::optional<at::Tensor>& mask_kinds, const std::optional<at::Tensor>& mask_index,
-    const std::optional<at::Tensor>& mask_bits, int64_t block_q, int64_t block_k,
-    const std::optional<at::Tensor>& cu_seqlens_q, const std::optional<at::Tensor>& cu_seqlens_k,
-    c10::string_view variant, std::optional<bool> deterministic) {
-  constexpr const char* op = "opforge.attention_backward";
-  AttentionPatternArgs args =
-      attention_pattern_args(causal, window_left, window_right, prefix_len, q_segments, kv_segments,
-                             mask_kinds, mask_index, mask_bits, block_q, block_k);
-  args.cu_seqlens_q = cu_seqlens_q;
-  args.cu_seqlens_k = cu_seqlens_k;
-  check_attention_backward_inputs(grad_out, q, k, v, out, lse, grad_lse, scale, softcap, args);
-  check_cuda_call(op, q, k);
-  const c10::cuda::CUDAGuard guard(q.device());
-  const auto rows = check_varlen_offsets_unless_capturing(op, args, q.size(2), k.size(2));
-  if (rows && (rows->first < q.size(2) || rows->second < k.size(2))) {  // (as the forward)
-    const auto [rows_q, rows_k] = *rows;
-    const auto nq = [&](const at::Tensor& t) { return t.narrow(2, 0, rows_q); };
-    const auto nk = [&](const at::Tensor& t) { return t.narrow(2, 0, rows_k); };
-    const std::optional<at::Tensor> gl = grad_lse ? std::optional<at::Tensor>(nq(*grad_lse)) : std::nullopt;
-    auto [dq_r, dk_r, dv_r] = attention_backward_cuda(
-        nq(grad_out), nq(q), nk(k), nk(v), nq(out), nq(lse), gl, scale, softcap, causal, window_left,
-        window_right, prefix_len, q_segments, kv_segments, mask_kinds, mask_index, mask_bits, block_q,
-        block_k, cu_seqlens_q, cu_seqlens_k, variant, deterministic);
-    at::Tensor dq = empty_attention_like(q).zero_(), dk = empty_attention_like(k).zero_();
-    at::Tensor dv = empty_attention_like(v).zero_();
-    nq(dq).copy_(dq_r);
-    nk(dk).copy_(dk_r);
-    nk(dv).copy_(dv_r);
-    return {dq, dk, dv};
-  }
+// The backward kernels on q, k, v (their varlen offsets checked, or not read while captured:
+// `captured`), writing dq, dk, dv (empty_attention_like's layouts, or views of rows of them); lse and
+// grad_lse are read as contiguous (B, H, Sq).
+void attention_backward_into(const char* op, const AttentionPatternArgs& args, const at::Tensor& grad_out,
+                             const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                             const at::Tensor& out, const at::Tensor& lse,
+                             const std::optional<at::Tensor>& grad_lse, double scale, double softcap,
+                             c10::string_view variant, std::optional<bool> deterministic, bool captured,
+                             at::Tensor& dq, at::Tensor& dk, at::Tensor& dv) {
   AttentionCall call = cuda_call(q, k, false, true, args.varlen());
   const AttentionKernel kernel = choose_attention_kernel(op, call, variant);
-  at::Tensor dq = empty_attention_like(q), dk = empty_attention_like(k), dv = empty_attention_like(v);
-  if (q.numel() == 0 || k.numel() == 0) return {dq.zero_(), dk.zero_(), dv.zero_()};
+  if (q.numel() == 0 || k.numel() == 0) {
+    dq.zero_(), dk.zero_(), dv.zero_();
+    return;
+  }
   const int64_t d = q.size(3), kd = kernel_head_dim(d);
   const at::Tensor qk = kernel_operand(q, kd, kernel), kk = kernel_operand(k, kd, kernel);
   const at::Tensor vk = kernel_operand(v, kd, kernel), ok = kernel_operand(out, kd, kernel);
@@ -376,14 +372,52 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_cuda(
     dk.copy_(dk_k.narrow(3, 0, d));
     dv.copy_(dv_k.narrow(3, 0, d));
   }
-  if (args.varlen() && !rows) {  // (as the forward)
+  if (args.varlen() && captured) {  // (as the forward)
     fill_rows_past_offsets(dq, std::nullopt, *args.cu_seqlens_q, 0.0);
     fill_rows_past_offsets(dk, std::nullopt, *args.cu_seqlens_k, 0.0);
     fill_rows_past_offsets(dv, std::nullopt, *args.cu_seqlens_k, 0.0);
   }
-  return {dq, dk, dv};
 }
 
+std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_cuda(
+    const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+    const at::Tensor& out, const at::Tensor& lse, const std::optional<at::Tensor>& grad_lse, double scale,
+    double softcap, bool causal, int64_t window_left, int64_t window_right, int64_t prefix_len,
+    const std::optional<at::Tensor>& q_segments, const std::optional<at::Tensor>& kv_segments,
+    const std::optional<at::Tensor>& mask_kinds, const std::optional<at::Tensor>& mask_index,
+    const std::optional<at::Tensor>& mask_bits, int64_t block_q, int64_t block_k,
+    const std::optional<at::Tensor>& cu_seqlens_q, const std::optional<at::Tensor>& cu_seqlens_k,
+    c10::string_view variant, std::optional<bool> deterministic) {
+  constexpr const char* op = "opforge.attention_backward";
+  AttentionPatternArgs args =
+      attention_pattern_args(causal, window_left, window_right, prefix_len, q_segments, kv_segments,
+                             mask_kinds, mask_index, mask_bits, block_q, block_k);
+  args.cu_seqlens_q = cu_seqlens_q;
+  args.cu_seqlens_k = cu_seqlens_k;
+  check_attention_backward_inputs(grad_out, q, k, v, out, lse, grad_lse, scale, softcap, args);
+  check_cuda_call(op, q, k);
+  const c10::cuda::CUDAGuard guard(q.device());
+  const auto rows = check_varlen_offsets_unless_capturing(op, args, q.size(2), k.size(2));
+  at::Tensor dq = empty_attention_like(q), dk = empty_attention_like(k), dv = empty_attention_like(v);
+  if (rows && (rows->first < q.size(2) || rows->second < k.size(2))) {  // (as the forward)
+    const auto [rows_q, rows_k] = *rows;
+    const auto nq = [&](const at::Tensor& t) { return t.narrow(2, 0, rows_q); };
+    const auto nk = [&](const at::Tensor& t) { return t.narrow(2, 0, rows_k); };
+    const std::optional<at::Tensor> gl =
+        grad_lse ? std::optional<at::Tensor>(nq(*grad_lse).contiguous()) : std::nullopt;
+    const at::Tensor lse_n = nq(lse).contiguous();
+    at::Tensor dq_n = nq(dq), dk_n = nk(dk), dv_n = nk(dv);
+    attention_backward_into(op, args, nq(grad_out), nq(q), nk(k), nk(v), nq(out), lse_n, gl, scale, softcap,
+                            variant, deterministic, false, dq_n, dk_n, dv_n);
+    dq.narrow(2, rows_q, q.size(2) - rows_q).zero_();
+    dk.narrow(2, rows_k, k.size(2) - rows_k).zero_();
+    dv.narrow(2, rows_k, v.size(2) - rows_k).zero_();
+    return {dq, dk, dv};
+  }
+  attention_backward_into(op, args, grad_out, q, k, v, out, lse, grad_lse, scale, softcap, variant,
+                          deterministic, !rows.has_value(), dq, dk, dv);
+  return {dq, dk, dv};
+}
 }  // namespace
 
 // Paged caches: the decode kernels, or for more query rows (chunked prefill) the Hopper forward (its
