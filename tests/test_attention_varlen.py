@@ -172,6 +172,44 @@ def test_varlen_output_is_contiguous():
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
 @pytest.mark.parametrize("causal", [False, True])
+def test_varlen_nan_stays_in_its_sequence(causal, device):
+    """NaN in one packed sequence's queries, keys, values or output cotangent reaches that sequence
+    only (NaN in, NaN out, there): every other sequence's output and gradients are bit for bit those of
+    the call without the NaN, though a kernel's tile may run past a sequence's end into the next one's
+    rows."""
+    dtype = torch.float32 if device == "cpu" else torch.bfloat16
+    lq, lk = [3, 1, 40, 7, 2], [37, 70, 130, 64, 5]  # (ends mid-tile and on tile boundaries)
+    H, Hkv, D = 4, 2, 64
+    cu_q = torch.tensor([0, *torch.tensor(lq).cumsum(0).tolist()], dtype=torch.int32, device=device)
+    cu_k = torch.tensor([0, *torch.tensor(lk).cumsum(0).tolist()], dtype=torch.int32, device=device)
+    q = torch.randn(sum(lq), H, D, device=device, dtype=dtype)
+    k = torch.randn(sum(lk), Hkv, D, device=device, dtype=dtype)
+    v = torch.randn(sum(lk), Hkv, D, device=device, dtype=dtype)
+    go = torch.randn_like(q)
+    qs, ks = cu_q.tolist(), cu_k.tolist()
+    qn, kn, vn, gon = q.clone(), k.clone(), v.clone(), go.clone()
+    vn[ks[1] : ks[2]] = float("nan")  # sequence 1's values
+    gon[qs[1] : qs[2]] = float("nan")  # and its output cotangent
+    kn[ks[3]] = float("nan")  # sequence 3's first key and first query
+    qn[qs[3]] = float("nan")
+    vn[ks[4] - 1] = float("nan")  # sequence 3's last value (the row before sequence 4's keys)
+
+    def run(q_, k_, v_, go_):
+        qg, kg, vg = (t.clone().requires_grad_(True) for t in (q_, k_, v_))
+        out = opforge.attention_varlen(qg, kg, vg, cu_q, cu_k, causal=causal)
+        out.backward(go_)
+        return out.detach(), qg.grad, kg.grad, vg.grad
+
+    clean, dirty = run(q, k, v, go), run(qn, kn, vn, gon)
+    for b in (0, 2, 4):  # (sequences 1 and 3 hold the NaN)
+        for name, c, d_ in zip(("out", "dq", "dk", "dv"), clean, dirty, strict=True):
+            rows = slice(qs[b], qs[b + 1]) if name in ("out", "dq") else slice(ks[b], ks[b + 1])
+            assert torch.equal(d_[rows], c[rows]), (b, name)
+    assert dirty[0][qs[1] : qs[2]].isnan().all()  # (every query of sequence 1 sees its values)
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
+@pytest.mark.parametrize("causal", [False, True])
 def test_varlen_padded_rows_past_the_last_offset(causal, device):
     """Offsets ending before the packed length (a padded batch, as transformers pads continuous
     batching's steps and FlashAttention allows): the sequences' rows are those of the call without
