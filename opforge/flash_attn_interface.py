@@ -48,6 +48,7 @@ tables updated in place.
 
 from __future__ import annotations
 
+import math
 import numbers
 
 import torch
@@ -55,7 +56,7 @@ import torch
 from opforge.ops._common import require_tensor
 from opforge.ops.attention.api import attention, attention_varlen
 from opforge.ops.attention.checks import check_counts, scale_arg
-from opforge.ops.attention.kv_cache import paged_kv_append
+from opforge.ops.attention.kv_cache import check_table_entries, paged_kv_append
 
 __all__ = ["flash_attn_func", "flash_attn_varlen_func", "flash_attn_with_kvcache"]
 
@@ -109,9 +110,15 @@ def _window(fn: str, window_size) -> tuple[int | None, int | None] | None:
 def _softcap(fn: str, softcap) -> float | None:
     if isinstance(softcap, bool) or not isinstance(softcap, numbers.Real):
         raise TypeError(f"{_MOD}.{fn}: softcap must be a number (0: none), got {type(softcap).__name__}")
-    if softcap < 0:
+    if math.isnan(softcap) or softcap < 0:
         raise ValueError(f"{_MOD}.{fn}: softcap must be >= 0 (0: none), got {softcap!r}")
     return float(softcap) if softcap > 0 else None
+
+
+def _causal(fn: str, causal) -> bool:
+    if not isinstance(causal, bool):
+        raise TypeError(f"{_MOD}.{fn}: causal must be a bool, got {type(causal).__name__}")
+    return causal
 
 
 def _deterministic(fn: str, deterministic) -> bool | None:
@@ -182,7 +189,7 @@ def flash_attn_func(
         q.transpose(1, 2),
         k.transpose(1, 2),
         v.transpose(1, 2),
-        causal=bool(causal),
+        causal=_causal(fn, causal),
         window=_window(fn, window_size),
         scale=softmax_scale,
         softcap=_softcap(fn, softcap),
@@ -265,7 +272,7 @@ def flash_attn_varlen_func(
         cu_seqlens_k,
         max_seqlen_q,
         max_seqlen_k,
-        causal=bool(causal),
+        causal=_causal(fn, causal),
         window=_window(fn, window_size),
         scale=softmax_scale,
         softcap=_softcap(fn, softcap),
@@ -320,12 +327,16 @@ def flash_attn_with_kvcache(
             (num_pages, page_size, kv_heads, head_dim) with one (any page size), any strides but the
             last.
         k, v: optional new tokens (batch, seqlen_new, kv_heads, head_dim), written into the cache at
-            positions ``cache_seqlens[b]``, ``cache_seqlens[b] + 1``, ... (both or neither). A
-            position past the cache raises a ValueError on the CPU; on CUDA (where checking would
-            synchronise) that token is not written.
+            positions ``cache_seqlens[b]``, ``cache_seqlens[b] + 1``, ... (both or neither; checked
+            against the caches whatever seqlen_new, 0 included).
         cache_seqlens: int or (batch,) int32 / int64: the keys in each sequence's cache before the
             new ones (None: the whole cache, which then takes no new tokens). Not updated here (add
-            seqlen_new afterwards, as with FlashAttention).
+            seqlen_new afterwards, as with FlashAttention). cache_seqlens + seqlen_new must lie in
+            [0, the cache's capacity] (seqlen_cache, or max_pages x page_size): a ValueError for an
+            int, and on the CPU for a tensor; on CUDA, where checking a tensor would synchronise, the
+            attention clamps its counts into the cache and a new token without a place is not
+            written. On the CPU every page a sequence reads is checked before anything is written (a
+            call that raises leaves the cache as it was).
         cache_batch_idx: (batch,) int32 / int64: the cache row of each sequence (without a page
             table; default ``arange(batch)``, the cache then having batch rows). Read on the device.
         page_table (FlashAttention-3's name) or block_table (FlashAttention-2's): (batch,
@@ -366,12 +377,20 @@ def flash_attn_with_kvcache(
     table = page_table if page_table is not None else block_table
     if (k is None) != (v is None):
         raise TypeError(f"{op}: give the new k and v together (got only {'k' if v is None else 'v'})")
-    if k is not None:
-        _check_rank(fn, 4, "(batch, seqlen_new, kv_heads, head_dim)", k=k, v=v)
     B = q.shape[0]
-    for name, t in (("k", k), ("v", v)):
-        if t is not None and t.shape[0] != B:
-            raise RuntimeError(f"{op}: {name} must have q's batch {B}, got shape {list(t.shape)}")
+    if k is not None:  # (checked whatever their length: no new token is no reason to take any shape)
+        _check_rank(fn, 4, "(batch, seqlen_new, kv_heads, head_dim)", k=k, v=v)
+        for name, t in (("k", k), ("v", v)):
+            if t.shape[0] != B or t.shape[2:] != k_cache.shape[2:] or t.dtype != k_cache.dtype:
+                raise RuntimeError(
+                    f"{op}: {name} must be (batch, seqlen_new, kv_heads, head_dim) with q's batch {B}, the "
+                    f"caches' kv_heads and head_dim {list(k_cache.shape[2:])} and dtype ({k_cache.dtype}), "
+                    f"got {list(t.shape)} ({t.dtype})"
+                )
+        if k.shape != v.shape:
+            raise RuntimeError(
+                f"{op}: k and v must have the same shape, got {list(k.shape)} and {list(v.shape)}"
+            )
     dev = q.device
     if table is not None:
         require_tensor(op, "page_table" if page_table is not None else "block_table", table)
@@ -397,8 +416,12 @@ def flash_attn_with_kvcache(
         check_counts(op, "cache_seqlens", cache_seqlens, B, q)
         lens = cache_seqlens
     elif isinstance(cache_seqlens, numbers.Integral) and not isinstance(cache_seqlens, bool):
-        if cache_seqlens < 0:
-            raise ValueError(f"{op}: cache_seqlens must be >= 0, got {cache_seqlens}")
+        s_in = 0 if k is None else k.shape[1]
+        if cache_seqlens < 0 or cache_seqlens + s_in > capacity:
+            raise ValueError(
+                f"{op}: cache_seqlens + seqlen_new must be in [0, {capacity}] (the cache's capacity), got "
+                f"{cache_seqlens} + {s_in}"
+            )
         lens = torch.full((B,), int(cache_seqlens), dtype=torch.int32, device=dev)
     else:
         raise TypeError(
@@ -418,9 +441,23 @@ def flash_attn_with_kvcache(
             f"{op}: q {list(q.shape)} ({q.dtype}) must have the caches' dtype ({k_cache.dtype}) and head_dim "
             f"({k_cache.shape[3]}), and heads a multiple of theirs ({k_cache.shape[2]})"
         )
-    s_new = 0
-    if k is not None and k.shape[1] > 0:  # (no new tokens: nothing to write)
-        s_new = k.shape[1]
+    s_new = 0 if k is None else k.shape[1]
+    if lens is not None and dev.type == "cpu" and not torch.compiler.is_compiling():
+        # (values read where that costs no synchronisation: on the CPU, as the append and the paged
+        # attention check their entries there; CUDA clamps into the cache, as opforge.attention's
+        # kv_lens, and does not write a token without a place)
+        n = lens.to(torch.int64)
+        if bool(((n < 0) | (n + s_new > capacity)).any()):
+            b = int(((n < 0) | (n + s_new > capacity)).nonzero()[0])
+            raise ValueError(
+                f"{op}: cache_seqlens[{b}] + seqlen_new must be in [0, {capacity}] (the cache's capacity), "
+                f"got {int(n[b])} + {s_new}"
+            )
+        if s_new and (page_table is not None or block_table is not None):
+            # (every page each sequence will read checked before the new tokens are written, so that
+            # a call that raises leaves the cache as it was)
+            check_table_entries(op, table, n + s_new, k_cache.shape[0], k_cache.shape[1])
+    if s_new and B:  # (no new tokens, or no sequence: nothing to write)
         # (a cache without a table: its row b is sequence b's one page)
         rows = table if table is not None else torch.arange(B, device=dev, dtype=torch.int32).view(B, 1)
         paged_kv_append(k_cache, v_cache, k.transpose(1, 2), v.transpose(1, 2), rows, lens)
@@ -429,7 +466,7 @@ def flash_attn_with_kvcache(
     else:
         kv_lens = lens + s_new if s_new else lens
     kw = dict(
-        causal=bool(causal),
+        causal=_causal(fn, causal),
         window=window,
         scale=softmax_scale,
         softcap=cap,

@@ -173,6 +173,27 @@ def test_paged_op_reads_in_place_or_gathers(variant, sq):
         )
 
 
+@pytest.mark.parametrize("which", ["k_cache", "v_cache"])
+def test_paged_kv_append_refuses_expanded_caches(which):
+    """Caches with elements that share memory (an expanded view: two pages one storage) would have
+    one token written over another: a RuntimeError naming the argument, from the wrapper, the raw op
+    and the fake kernel (torch.compile) alike, before anything is written."""
+    D = 8
+    bt, lens = torch.tensor([[0], [1]]), torch.tensor([0, 0])
+    caches = {"k_cache": torch.zeros(4, 4, 1, D), "v_cache": torch.zeros(4, 4, 1, D)}
+    caches[which] = torch.zeros(1, 4, 1, D).expand(4, -1, -1, -1)
+    new = torch.randn(2, 1, 1, D)
+    words = rf"opforge.paged_kv_append: {which} has elements that share memory"
+    for call in (
+        opforge.paged_kv_append,
+        torch.ops.opforge.paged_kv_append,
+        torch.compile(opforge.paged_kv_append, fullgraph=True, backend="eager"),
+    ):
+        with pytest.raises(RuntimeError, match=words):
+            call(caches["k_cache"], caches["v_cache"], new, new, bt, lens)
+    assert all(c.count_nonzero() == 0 for c in caches.values())
+
+
 def test_paged_kv_append_refuses_gradients():
     """Appending is not differentiable (the new tokens would get no gradient and the caches' would
     ignore the rows written over): with gradients enabled, new tokens or caches (leaves or not) that

@@ -312,6 +312,70 @@ def test_forward_mode_ad_on_views():
         torch.testing.assert_close(got, want, atol=1e-10, rtol=1e-8)
 
 
+def test_forward_mode_ad_ignores_what_no_query_sees():
+    """Forward-mode AD reads no value the forward ignores: NaN in cache slots past kv_lens, in a page
+    past a sequence's length, and in varlen padding rows (and in their tangents) leaves every tangent
+    the one of the call without those slots (finding: 0 x NaN in the dense tangent's products)."""
+    nan = float("nan")
+    q = torch.randn(2, 2, 3, 8, dtype=torch.float64)
+    k, v = (torch.randn(2, 1, 9, 8, dtype=torch.float64) for _ in range(2))
+    tq, tk, tv = torch.randn_like(q), torch.randn_like(k), torch.randn_like(v)
+    lens = torch.tensor([5, 7])
+    kp, vp, tkp, tvp = (t.clone() for t in (k, v, tk, tv))
+    for b, n in enumerate(lens.tolist()):
+        for t in (kp, vp, tkp, tvp):
+            t[b, :, n:] = nan
+    for causal in (False, True):
+        for b, n in enumerate(lens.tolist()):
+            _, want = torch.func.jvp(
+                lambda q_, k_, v_, c=causal: opforge.attention(q_, k_, v_, causal=c),
+                (q[b : b + 1], k[b : b + 1, :, :n], v[b : b + 1, :, :n]),
+                (tq[b : b + 1], tk[b : b + 1, :, :n], tv[b : b + 1, :, :n]),
+            )
+            _, got = torch.func.jvp(
+                lambda q_, k_, v_, c=causal: opforge.attention(q_, k_, v_, causal=c, kv_lens=lens),
+                (q, kp, vp),
+                (tq, tkp, tvp),
+            )
+            torch.testing.assert_close(got[b : b + 1], want, atol=1e-10, rtol=1e-8)
+    # a paged cache: pages of 3, sequence 0's third page (slots 6-8, past its 5 keys) all NaN
+    kc, vc = (t[0, 0].reshape(3, 3, 1, 8).clone() for t in (k, v))
+    tkc, tvc = (t[0, 0].reshape(3, 3, 1, 8).clone() for t in (tk, tv))
+    for t in (kc, vc, tkc, tvc):
+        t[2] = nan
+    table, one = torch.tensor([[0, 1, 2]]), torch.tensor([5])
+    _, got = torch.func.jvp(
+        lambda q_, k_, v_: opforge.attention(q_, k_, v_, kv_lens=one, block_table=table),
+        (q[:1], kc, vc),
+        (tq[:1], tkc, tvc),
+    )
+    _, want = torch.func.jvp(
+        lambda q_, k_, v_: opforge.attention(q_, k_, v_),
+        (q[:1], k[:1, :, :5], v[:1, :, :5]),
+        (tq[:1], tk[:1, :, :5], tv[:1, :, :5]),
+    )
+    torch.testing.assert_close(got, want, atol=1e-10, rtol=1e-8)
+    # varlen: padding rows past the last offset
+    qv, kv_, vv = torch.randn(5, 2, 8, dtype=torch.float64), torch.randn(7, 1, 8, dtype=torch.float64), None
+    vv = torch.randn_like(kv_)
+    cu_q, cu_k = torch.tensor([0, 3]), torch.tensor([0, 4])
+    tangents = [torch.randn_like(t) for t in (qv, kv_, vv)]
+    dirty = [t.clone() for t in (qv, kv_, vv)]
+    dirty_t = [t.clone() for t in tangents]
+    for t, n in zip(dirty + dirty_t, (3, 4, 4) * 2, strict=True):
+        t[n:] = nan
+    _, got = torch.func.jvp(
+        lambda *a: opforge.attention_varlen(*a, cu_q, cu_k, causal=True), tuple(dirty), tuple(dirty_t)
+    )
+    _, want = torch.func.jvp(
+        lambda *a: opforge.attention_varlen(*a, cu_q, cu_k, causal=True),
+        (qv[:3], kv_[:4], vv[:4]),
+        (tangents[0][:3], tangents[1][:4], tangents[2][:4]),
+    )
+    torch.testing.assert_close(got[:3], want, atol=1e-10, rtol=1e-8)
+    assert (got[3:] == 0).all()
+
+
 def test_transforms_over_empty_queries():
     """jacrev and vmap over size-0 queries give empty results as SDPA does (finding r6:
     ZeroDivisionError, a false message)."""

@@ -349,6 +349,15 @@ def test_zero_valued_unsupported_arguments_are_accepted():
             "left side must be an int",
         ),
         (lambda q, k, v: flash_attn_func(q, k, v, softcap=-1.0), ValueError, "softcap must be >= 0"),
+        (lambda q, k, v: flash_attn_func(q, k, v, softcap=float("nan")), ValueError, "softcap must be >= 0"),
+        (lambda q, k, v: flash_attn_func(q, k, v, causal="no"), TypeError, "causal must be a bool"),
+        (
+            lambda q, k, v: flash_attn_varlen_func(
+                q[0], k[0], v[0], torch.tensor([0, 4]), torch.tensor([0, 4]), 4, 4, causal=1
+            ),
+            TypeError,
+            "causal must be a bool",
+        ),
         (lambda q, k, v: flash_attn_func(q, k, v, softcap=None), TypeError, "softcap must be a number"),
         (
             lambda q, k, v: flash_attn_func(q, k, v, deterministic=None),
@@ -367,7 +376,32 @@ def test_zero_valued_unsupported_arguments_are_accepted():
         (
             lambda q, k, v: flash_attn_with_kvcache(q, k, v, cache_seqlens=-1),
             ValueError,
-            "cache_seqlens must be >= 0",
+            r"cache_seqlens \+ seqlen_new must be in \[0, 4\] \(the cache's capacity\), got -1 \+ 0",
+        ),
+        (
+            lambda q, k, v: flash_attn_with_kvcache(q, k, v, cache_seqlens=5),
+            ValueError,
+            r"cache_seqlens \+ seqlen_new must be in \[0, 4\] \(the cache's capacity\), got 5 \+ 0",
+        ),
+        (
+            lambda q, k, v: flash_attn_with_kvcache(
+                q, k, v, cache_seqlens=torch.tensor([7], dtype=torch.int32)
+            ),
+            ValueError,
+            r"cache_seqlens\[0\] \+ seqlen_new must be in \[0, 4\] \(the cache's capacity\), got 7 \+ 0",
+        ),
+        (
+            lambda q, k, v: flash_attn_with_kvcache(
+                q, k, v, k[:, :0, :, :3], v[:, :0, :, :3], cache_seqlens=0
+            ),
+            RuntimeError,
+            r"k must be \(batch, seqlen_new, kv_heads, head_dim\) with q's batch 1, the caches' kv_heads and "
+            r"head_dim \[2, 8\]",
+        ),
+        (
+            lambda q, k, v: flash_attn_with_kvcache(q, k, v, k[:, :0].double(), v[:, :0], cache_seqlens=0),
+            RuntimeError,
+            r"k must be .*got \[1, 0, 2, 8\] \(torch.float64\)",
         ),
         (
             lambda q, k, v: flash_attn_with_kvcache(q, k, v, cache_seqlens=1.0),
@@ -414,8 +448,44 @@ def test_a_cache_write_past_the_end_raises_on_the_cpu():
     k = torch.zeros(1, 8, 2, 8)
     v = torch.zeros(1, 8, 2, 8)
     q, kn, vn = torch.randn(1, 3, 2, 8), torch.randn(1, 3, 2, 8), torch.randn(1, 3, 2, 8)
-    with pytest.raises(ValueError, match="sequence 0's new token 2 goes to position 8"):
+    with pytest.raises(ValueError, match=r"cache_seqlens \+ seqlen_new must be in \[0, 8\].*got 6 \+ 3"):
         flash_attn_with_kvcache(q, k, v, kn, vn, cache_seqlens=6)
+    lens = torch.tensor([6], dtype=torch.int32)
+    with pytest.raises(ValueError, match=r"cache_seqlens\[0\] \+ seqlen_new must be in \[0, 8\].*got 6 \+ 3"):
+        flash_attn_with_kvcache(q, k, v, kn, vn, cache_seqlens=lens)
+    assert k.count_nonzero() == 0 and v.count_nonzero() == 0
+
+
+def test_a_page_a_sequence_reads_is_checked_before_writing():
+    """On the CPU a table entry a sequence reads that is not a page raises before any new token is
+    written (the entry the new token goes to being valid), leaving the caches as they were."""
+    kc, vc = torch.randn(6, 4, 2, 8), torch.randn(6, 4, 2, 8)
+    k0, v0 = kc.clone(), vc.clone()
+    table = torch.tensor([[9, 2], [0, 1]], dtype=torch.int32)  # (sequence 0 reads page "9", writes page 2)
+    lens = torch.tensor([4, 1], dtype=torch.int32)
+    q, new = torch.randn(2, 1, 2, 8), torch.randn(2, 1, 2, 8)
+    with pytest.raises(ValueError, match=r"block_table\[0, 0\] = 9 is not a page of the caches \(0 to 5\)"):
+        flash_attn_with_kvcache(q, kc, vc, new, new, cache_seqlens=lens, block_table=table)
+    assert torch.equal(kc, k0) and torch.equal(vc, v0)
+
+
+def test_an_empty_batch_with_new_tokens():
+    """No sequence: nothing to write, an empty output (as without new tokens)."""
+    z = torch.zeros(0, 8, 2, 16)
+    q, new = torch.randn(0, 1, 2, 16), torch.randn(0, 1, 2, 16)
+    out = flash_attn_with_kvcache(q, z, z, new, new, cache_seqlens=torch.zeros(0, dtype=torch.int32))
+    assert out.shape == (0, 1, 2, 16)
+
+
+def test_an_expanded_cache_is_not_written():
+    """A cache whose sequences share memory (an expanded view) would have each sequence's new tokens
+    written over another's: a RuntimeError, as PyTorch's in-place ops raise."""
+    kc, vc = (torch.zeros(1, 8, 2, 16).expand(2, -1, -1, -1) for _ in range(2))
+    q, new = torch.randn(2, 1, 2, 16), torch.ones(2, 1, 2, 16)
+    lens = torch.tensor([0, 1], dtype=torch.int32)
+    with pytest.raises(RuntimeError, match="k_cache has elements that share memory"):
+        flash_attn_with_kvcache(q, kc, vc, new, new, cache_seqlens=lens)
+    assert kc.count_nonzero() == 0
 
 
 def test_signatures_are_flash_attentions():

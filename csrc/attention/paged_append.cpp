@@ -1,5 +1,7 @@
 #include "attention/paged_append.h"
 
+#include <ATen/MemoryOverlap.h>
+
 #include "common/checks.h"
 
 namespace opforge {
@@ -46,6 +48,12 @@ void check_paged_append(const at::Tensor& k_cache, const at::Tensor& v_cache, co
               ",), got shape ", kv_lens.sizes());
   TORCH_CHECK(k_cache.size(0) >= 1 && k_cache.size(1) >= 1, op, ": the caches have no pages, shape ",
               k_cache.sizes());
+  for (auto [name, t] :
+       {std::pair<const char*, const at::Tensor*>{"k_cache", &k_cache}, {"v_cache", &v_cache}}) {
+    TORCH_CHECK(at::has_internal_overlap(*t) != at::MemOverlap::Yes, op, ": ", name,
+                " has elements that share memory (an expanded or overlapping view); it cannot be written in "
+                "place");
+  }
 }
 
 }  // namespace opforge

@@ -59,3 +59,9 @@ def transforms_active() -> bool:
     if torch.compiler.is_compiling():
         return False
     return torch._C._functorch.peek_interpreter_stack() is not None or _fwad._current_level >= 0
+
+
+def has_internal_overlap(t: torch.Tensor) -> bool:
+    """at::has_internal_overlap(t) == MemOverlap::Yes: a dimension of stride 0 holds more than one
+    element (an expanded view). Strides and sizes only, so fake and meta tensors answer too."""
+    return any(st == 0 and sz > 1 for st, sz in zip(t.stride(), t.shape, strict=True))

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from opforge.ops._common import check_same_dtype, check_same_shape, require_tensor
+from opforge.ops._common import check_same_dtype, check_same_shape, has_internal_overlap, require_tensor
 
 OP = "opforge.copy_async"
 
@@ -70,12 +70,6 @@ def check_not_from_meta(op: str, dst: torch.Tensor, src: torch.Tensor) -> None:
         )
 
 
-def _has_internal_overlap(t: torch.Tensor) -> bool:
-    """at::has_internal_overlap(t) == MemOverlap::Yes: a dimension of stride 0 holds more than one
-    element (an expanded view). Strides and sizes only, so fake and meta tensors answer too."""
-    return any(st == 0 and sz > 1 for st, sz in zip(t.stride(), t.shape, strict=True))
-
-
 @torch.library.register_fake("opforge::copy_async")
 def _(dst: torch.Tensor, src: torch.Tensor) -> None:
     # Also the op's Meta kernel: a call with a meta tensor on either side dispatches here (the C++
@@ -86,7 +80,7 @@ def _(dst: torch.Tensor, src: torch.Tensor) -> None:
     check_not_from_meta(OP, dst, src)
     check_same_dtype(OP, "src", src, "dst", dst)
     check_same_shape(OP, "src", src, "dst", dst)
-    if _has_internal_overlap(dst):
+    if has_internal_overlap(dst):
         raise RuntimeError(
             f"{OP}: dst has elements that share memory (an expanded or overlapping view); it cannot be "
             "written element by element"

@@ -85,9 +85,10 @@ def attention(
             vLLM's layout; `paged_kv_append` writes new tokens into them) and sequence b's key j is
             ``k[block_table[b, j // page_size], j % page_size]``, for j < kv_lens[b] (at most
             max_pages x page_size < 2^31). Entries past a sequence's pages are not read. On the CPU
-            an entry outside [0, num_pages) that a sequence needs raises a ValueError; on CUDA
-            (where checking would synchronise), and under torch.compile on either device, it is
-            clamped into range. Calls without segment_ids, a mask or gradients go to
+            an entry outside [0, num_pages) that a sequence needs raises a ValueError (eager calls,
+            and compiled calls without gradients, whose kernel checks it); on CUDA (where checking
+            would synchronise), and in a compiled call with gradients (which gathers the pages
+            inside the graph), it is clamped into range. Calls without segment_ids, a mask or gradients go to
             ``torch.ops.opforge.attention_paged``, whose kernels read the pages in place where they
             can: on the CPU decoding calls (the decode kernel's), on CUDA decoding calls and chunks
             of new queries (the Hopper forward where the page size divides its key tile of 128 rows

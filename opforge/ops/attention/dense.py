@@ -112,7 +112,11 @@ def tangent(q, k, v, out, lse, dq, dk, dv, scale, softcap, pattern, kv_lens, cu_
         rows = slice(i0, min(sq, i0 + step))
         qc, lc = q[:, :, rows].to(dt), lse[:, :, rows].to(dt)
         s, t = scores(qc, k.to(dt), scale, softcap)
-        p = torch.where(seen[:, :, rows] & some[:, :, rows, None], torch.exp(s - lc[..., None]), 0.0)
+        m = seen[:, :, rows] & some[:, :, rows, None]
+        p = torch.where(m, torch.exp(s - lc[..., None]), 0.0)
+        # (keys no row of the chunk sees, slots past a count or padding rows that may hold anything,
+        # are zeroed before the products: P = 0 would not cancel a NaN there)
+        keys = m.any(dim=2).unsqueeze(-1)  # (.., Sk, 1)
         ds = None
         if dq is not None:
             ds = scores(dq[:, :, rows].to(dt), k.to(dt), scale, 0.0)[0]
@@ -124,11 +128,11 @@ def tangent(q, k, v, out, lse, dq, dk, dv, scale, softcap, pattern, kv_lens, cu_
         if ds is not None:
             if t is not None:
                 ds = ds * (1 - t * t)
-            pds = p * ds
+            pds = torch.where(m, p * ds, 0.0)
             dl = pds.sum(-1)
-            do = torch.matmul(pds, vf) - dl[..., None] * out[:, :, rows].to(dt)
+            do = torch.matmul(pds, torch.where(keys, vf, 0.0)) - dl[..., None] * out[:, :, rows].to(dt)
         if dvf is not None:
-            do = do + torch.matmul(p, dvf)
+            do = do + torch.matmul(p, torch.where(keys, dvf, 0.0))
         d_out.append(do)
         d_lse.append(dl)
     return torch.cat(d_out, dim=2).to(out.dtype), torch.cat(d_lse, dim=2).to(lse.dtype)

@@ -17,6 +17,7 @@ from opforge.ops._common import (
     check_same_device,
     check_same_dtype,
     dtype_name,
+    has_internal_overlap,
     require_tensor,
     transforms_active,
 )
@@ -42,6 +43,23 @@ def pages_by_kernel(q, k_cache, v_cache, segment_ids, mask) -> bool:
     )
 
 
+def check_table_entries(op: str, block_table, kv_lens, pages: int, page_size: int) -> None:
+    """A ValueError naming the first entry of block_table (B, max_pages) that a sequence needs for
+    its first kv_lens[b] keys (clamped to the table) and that is not a page in [0, pages): the CPU
+    op's check (attention_cpu.cpp, check_cpu_block_table), in its words. Reads the values (CPU)."""
+    max_pages = block_table.shape[1]
+    n = kv_lens.to(torch.int64).clamp(0, max_pages * page_size)
+    entries = block_table.to(torch.int64)
+    used = torch.arange(max_pages, device=entries.device)[None, :] * page_size < n[:, None]
+    bad = used & ((entries < 0) | (entries >= pages))
+    if bool(bad.any()):
+        b, j = (int(x) for x in bad.nonzero()[0])
+        raise ValueError(
+            f"{op}: block_table[{b}, {j}] = {int(entries[b, j])} is not a page of the caches "
+            f"(0 to {pages - 1}), and sequence {b} needs it (kv_lens {int(n[b])})"
+        )
+
+
 def gather_pages(k_cache, v_cache, block_table, kv_lens) -> tuple[torch.Tensor, torch.Tensor]:
     """k and v as (B, Hkv, max_pages x page_size, D) views of one gathered copy of each sequence's
     pages (after checks.check_paged; differentiable). On the CPU (eager) a table entry a sequence
@@ -51,16 +69,7 @@ def gather_pages(k_cache, v_cache, block_table, kv_lens) -> tuple[torch.Tensor, 
     pages, page_size = k_cache.shape[0], k_cache.shape[1]
     B, max_pages = block_table.shape
     if block_table.device.type == "cpu" and not torch.compiler.is_compiling() and not transforms_active():
-        n = kv_lens.to(torch.int64).clamp(0, max_pages * page_size)
-        entries = block_table.to(torch.int64)
-        used = torch.arange(max_pages)[None, :] * page_size < n[:, None]
-        bad = used & ((entries < 0) | (entries >= pages))
-        if bool(bad.any()):
-            b, j = (int(x) for x in bad.nonzero()[0])
-            raise ValueError(
-                f"{OP}: block_table[{b}, {j}] = {int(entries[b, j])} is not a page of the caches "
-                f"(0 to {pages - 1}), and sequence {b} needs it (kv_lens {int(n[b])})"
-            )
+        check_table_entries(OP, block_table, kv_lens, pages, page_size)
     table = block_table.to(torch.int64).clamp(0, pages - 1).flatten()
     k, v = (
         t.index_select(0, table).view(B, max_pages * page_size, *t.shape[2:]).transpose(1, 2)
@@ -178,7 +187,8 @@ def paged_kv_append(
     change in place between replays). A position past the table (kv_lens[b] + i >= max_pages x
     page_size), a negative count or a page outside [0, num_pages): a ValueError on the CPU (eager or
     compiled); on CUDA that token is not written. Tokens of different sequences must not share a page
-    position. Float caches (float16, bfloat16, float32, float64). Not differentiable: with gradients
+    position. Float caches (float16, bfloat16, float32, float64), not expanded views (elements sharing
+    memory: a RuntimeError, as an in-place op raises). Not differentiable: with gradients
     enabled, neither the caches nor k, v may require grad (a RuntimeError).
     The registered op is ``torch.ops.opforge.paged_kv_append`` (it mutates both caches).
     """
@@ -234,6 +244,12 @@ def _check_append(k_cache, v_cache, k, v, block_table, kv_lens) -> None:
         raise RuntimeError(f"{APPEND_OP}: kv_lens must be (batch,) = ({B},), got shape {list(kv_lens.shape)}")
     if k_cache.shape[0] < 1 or k_cache.shape[1] < 1:
         raise RuntimeError(f"{APPEND_OP}: the caches have no pages, shape {list(k_cache.shape)}")
+    for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if has_internal_overlap(t):
+            raise RuntimeError(
+                f"{APPEND_OP}: {name} has elements that share memory (an expanded or overlapping view); it "
+                "cannot be written in place"
+            )
 
 
 # The op (csrc/registration.cpp) has C++ kernels: the CPU's (csrc/attention/cpu/paged_append_cpu.cpp:
