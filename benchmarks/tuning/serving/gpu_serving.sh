@@ -36,9 +36,11 @@ build)
     --json "$OUT/grid.json" 2>&1 | grep -v Warn | tee "$OUT/grid.txt"
   metrics=dram__bytes_read.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,gpu__time_duration.sum,launch__grid_size,launch__registers_per_thread,launch__occupancy_limit_registers,launch__occupancy_limit_shared_mem,sm__warps_active.avg.pct_of_peak_sustained_active,sm__cycles_active.avg,sm__cycles_active.max,smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio
   for row in ${NCU:-33 7}; do
+    # (the sections say where the decode loop's time goes: issue slots, warp stall reasons, memory)
     timeout 100 ncu --clock-control none --kernel-name regex:decode --launch-skip 2 --launch-count 2 --metrics "$metrics" \
+      --section SpeedOfLight --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis \
       python3 benchmarks/tuning/attention/decode_grid.py --one "$row" --impl opforge > "$OUT/ncu_$row.txt" 2>&1
-    echo "== ncu row $row"; grep -E "attention_decode|dram__|gpu__time|launch__|sm__|smsp__" "$OUT/ncu_$row.txt" | sed 's/(opforge::[^)]*)//' | cut -c1-150
+    echo "== ncu row $row"; grep -E "attention_decode|dram__|gpu__time|launch__|sm__|smsp__|Stall|Issue|Eligible|Throughput" "$OUT/ncu_$row.txt" | sed 's/(opforge::[^)]*)//' | cut -c1-150
   done ;;
 peers)
   [ -d .fi_b ] && { bash .fi_b/flashinfer_peer.sh install || echo "FlashInfer install failed"; }
