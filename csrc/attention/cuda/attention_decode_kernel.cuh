@@ -261,6 +261,8 @@ __global__ void __launch_bounds__(kDecodeThreads, Tr::kMinBlocks)
         }
       }
     }
+    // (the bulk form: this thread's reads of the stage ordered before the async proxy's refill of it)
+    if constexpr (Tr::kBulkRows) cuda::fence_proxy_async_shared();
     __syncthreads();  // (the stage is refilled next)
   }
 
