@@ -127,6 +127,20 @@ def _deterministic(fn: str, deterministic) -> bool | None:
     return True if deterministic else None  # (False: torch.are_deterministic_algorithms_enabled() decides)
 
 
+def _max_seqlen(fn: str, name: str, n):
+    """A maximum FlashAttention takes as an int or a 0-d integer tensor (transformers passes the
+    latter): tensors are checked by their type and shape only (their value is never needed), ints
+    go on to attention_varlen's own check."""
+    if isinstance(n, torch.Tensor):
+        if n.dim() != 0 or n.dtype.is_floating_point or n.dtype.is_complex or n.dtype == torch.bool:
+            raise TypeError(
+                f"{_MOD}.{fn}: {name} must be an int, None or a 0-d integer tensor, got a {n.dtype} tensor "
+                f"of shape {list(n.shape)}"
+            )
+        return None
+    return n
+
+
 def _check_rank(fn: str, rank: int, layout: str, **tensors) -> None:
     for name, t in tensors.items():
         require_tensor(f"{_MOD}.{fn}", name, t)
@@ -240,7 +254,9 @@ def flash_attn_varlen_func(
         cu_seqlens_q, cu_seqlens_k: (batch + 1,) int32 (or int64) offsets: sequence b holds
             ``q[cu_seqlens_q[b]:cu_seqlens_q[b + 1]]`` and ``k[cu_seqlens_k[b]:cu_seqlens_k[b + 1]]``
             (checked as opforge.attention_varlen checks them).
-        max_seqlen_q, max_seqlen_k: accepted (opforge's kernels find the lengths on the device).
+        max_seqlen_q, max_seqlen_k: accepted (opforge's kernels find the lengths on the device):
+            ints, None, or 0-d integer tensors as transformers' FlashAttention path passes them
+            (never read).
         softmax_scale, causal (per sequence, bottom-right), window_size, softcap, deterministic,
         return_attn_probs: as in flash_attn_func.
 
@@ -270,8 +286,8 @@ def flash_attn_varlen_func(
         v,
         cu_seqlens_q,
         cu_seqlens_k,
-        max_seqlen_q,
-        max_seqlen_k,
+        _max_seqlen(fn, "max_seqlen_q", max_seqlen_q),
+        _max_seqlen(fn, "max_seqlen_k", max_seqlen_k),
         causal=_causal(fn, causal),
         window=_window(fn, window_size),
         scale=softmax_scale,

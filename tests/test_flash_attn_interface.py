@@ -456,6 +456,24 @@ def test_a_cache_write_past_the_end_raises_on_the_cpu():
     assert k.count_nonzero() == 0 and v.count_nonzero() == 0
 
 
+def test_varlen_maxima_as_zero_d_tensors():
+    """transformers' FlashAttention path passes max_seqlen_q / max_seqlen_k as 0-d integer tensors
+    (FlashAttention takes them): the same result as ints; other tensors are a TypeError naming them."""
+    q, k, v = torch.randn(7, 2, 8), torch.randn(9, 1, 8), torch.randn(9, 1, 8)
+    cu_q, cu_k = torch.tensor([0, 3, 7], dtype=torch.int32), torch.tensor([0, 5, 9], dtype=torch.int32)
+    want = flash_attn_varlen_func(q, k, v, cu_q, cu_k, 4, 5, causal=True)
+    got = flash_attn_varlen_func(q, k, v, cu_q, cu_k, torch.tensor(4), torch.tensor(5), causal=True)
+    assert torch.equal(got, want)
+    with pytest.raises(
+        TypeError, match=r"flash_attn_varlen_func: max_seqlen_k must be an int, None or a 0-d"
+    ):
+        flash_attn_varlen_func(q, k, v, cu_q, cu_k, 4, torch.tensor([5]), causal=True)
+    with pytest.raises(
+        TypeError, match=r"flash_attn_varlen_func: max_seqlen_q must be an int, None or a 0-d"
+    ):
+        flash_attn_varlen_func(q, k, v, cu_q, cu_k, torch.tensor(4.0), 5, causal=True)
+
+
 def test_a_page_a_sequence_reads_is_checked_before_writing():
     """On the CPU a table entry a sequence reads that is not a page raises before any new token is
     written (the entry the new token goes to being valid), leaving the caches as they were."""

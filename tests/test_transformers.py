@@ -404,6 +404,26 @@ def test_four_d_integer_mask():
             otf.opforge_attention(attn, q, k, v, bad)
 
 
+def test_a_model_that_takes_the_mask_for_a_tensor_is_told_why():
+    """Models that read the mask as a tensor (Falcon's ALiBi adds a bias to it, Doge edits it) get an
+    AttributeError that names the reason and the implementations to use; hasattr() still answers
+    False (the mask is no tensor)."""
+    mask = otf.OpforgeMask({"causal": True}, 4, 4, 4)
+    assert not hasattr(mask, "dtype") and mask.ndim == 4 and mask.shape == (1, 1, 4, 4)
+    with pytest.raises(
+        AttributeError, match=r"this model reads the attention mask as a tensor \(its \.dtype\)"
+    ):
+        mask.dtype  # noqa: B018
+    if hasattr(transformers, "DogeConfig"):
+        cfg = transformers.DogeConfig(
+            vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=1,
+            num_attention_heads=4, num_key_value_heads=2, pad_token_id=0,
+        )  # fmt: skip
+        model = transformers.DogeForCausalLM._from_config(cfg, attn_implementation="opforge").eval()
+        with torch.no_grad(), pytest.raises(AttributeError, match=r"run this model on 'sdpa' or 'eager'"):
+            model(torch.randint(1, VOCAB, (1, 6)))
+
+
 def test_four_d_mask_classified_once_a_forward():
     allowed = torch.rand(1, 1, 40, 40) < 0.5
     first = otf._block_mask_of(allowed)
@@ -413,17 +433,33 @@ def test_four_d_mask_classified_once_a_forward():
     assert again is not first and torch.equal(again.to_dense(), allowed)
 
 
-def test_torch_compile_no_graph_break():
-    model = build("llama", "opforge")
+@pytest.mark.parametrize("kind", ["llama", "mistral"])
+def test_torch_compile_no_graph_break(kind):
+    """torch.compile(fullgraph=True) traces the forward: without a mask, with a padding mask (all
+    ones, and with padded keys: transformers' usual tokenizer output), and with use_cache=False (where
+    transformers, tracing, always adds its packed-sequence mask functions), each as eager gives it."""
+    model = build(kind, "opforge")
     ids = torch.randint(1, VOCAB, (2, 16))
-    with torch.no_grad():
-        want = model(ids).logits
-        explanation = torch._dynamo.explain(model)(ids)
-    assert explanation.graph_break_count == 0, explanation.break_reasons
-    torch._dynamo.reset()
-    compiled = torch.compile(model, fullgraph=True, backend="eager")
-    with torch.no_grad():
-        assert close(compiled(ids).logits, want)
+    padded = torch.ones_like(ids)
+    padded[0, :5] = 0  # (left padding)
+    calls = {
+        "plain": {},
+        "mask of ones": {"attention_mask": torch.ones_like(ids)},
+        "padding": {"attention_mask": padded},
+        "no cache": {"use_cache": False},
+    }
+    for name, kw in calls.items():
+        torch._dynamo.reset()
+        with torch.no_grad():
+            want = model(ids, **kw).logits
+            explanation = torch._dynamo.explain(model)(ids, **kw)
+        assert explanation.graph_break_count == 0, (name, explanation.break_reasons)
+        torch._dynamo.reset()
+        compiled = torch.compile(model, fullgraph=True, backend="eager")
+        with torch.no_grad():
+            got = compiled(ids, **kw).logits
+        keep = (kw.get("attention_mask", torch.ones_like(ids)) == 1)[..., None]  # (padded queries: any)
+        assert close(torch.where(keep, got, 0), torch.where(keep, want, 0)), name
 
 
 class _GatheredCache:
@@ -774,6 +810,20 @@ def test_packed_offsets_that_cannot_be_honoured_are_refused():
     pad[0, 5:] = 0
     with torch.no_grad(), pytest.raises(NotImplementedError, match=err + r".*a padding mask"):
         model(ids, attention_mask=pad, cu_seq_lens_q=cu, cu_seq_lens_k=cu, use_cache=False)
+    # Offsets over the new tokens of a step with a KV cache: the cached keys are not packed by them.
+    k_more, v_more = (torch.cat([t, t], dim=2) for t in (k, v))
+    with pytest.raises(NotImplementedError, match=err + r".*attends to 16 keys for 8 queries \(a KV cache"):
+        otf.opforge_attention(module, q, k_more, v_more, None, cu_seq_lens_q=cu, cu_seq_lens_k=cu)
+    with torch.no_grad(), pytest.raises(NotImplementedError, match=err + r".*a KV cache holds keys"):
+        cache = transformers.DynamicCache(config=model.config)
+        model(ids, past_key_values=cache)
+        model(
+            ids,
+            past_key_values=cache,
+            position_ids=torch.arange(8, 16)[None],
+            cu_seq_lens_q=cu,
+            cu_seq_lens_k=cu,
+        )
 
 
 def test_paged_attention_refuses_what_it_would_drop():

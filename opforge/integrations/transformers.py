@@ -76,6 +76,17 @@ class OpforgeMask:
     def ndim(self) -> int:
         return 4
 
+    def __getattr__(self, name: str):
+        # (attributes the mask lacks: a model that takes it for a tensor. Still an AttributeError, so
+        # that hasattr() answers False, but one that says why.)
+        if name.startswith("__"):
+            raise AttributeError(name)
+        raise AttributeError(
+            f"{OP}: this model reads the attention mask as a tensor (its .{name}), e.g. to add a score bias "
+            f"such as ALiBi to it or to edit it; with attn_implementation='{NAME}' the mask is a pattern "
+            f"(OpforgeMask), not a tensor: run this model on 'sdpa' or 'eager'"
+        )
+
 
 # ---- recognising transformers' mask functions ---------------------------------------------------
 
@@ -86,9 +97,41 @@ def _closure(fn) -> dict[str, Any]:
     return {n: c.cell_contents for n, c in zip(names, cells, strict=False)}
 
 
+_CODES: dict[str, Any] = {}  # qualname -> code object of masking_utils' closures (_closure_codes)
+
+
+def _closure_codes(mu) -> dict[str, Any]:
+    """The code objects of the masking_utils closures _recognise reads, from one call of each factory
+    (outside any traced function: register() makes them). A closure is recognised by its code object:
+    torch.compile's tracer gives a closure made inside the traced forward its code and cells, but
+    not its __qualname__ or __module__."""
+    if not _CODES:
+        ones = torch.zeros(1, 1, dtype=torch.int64)
+        makers = {
+            "and_masks.<locals>.and_mask": lambda: mu.and_masks(mu.causal_mask_function),
+            "sliding_window_overlay.<locals>.inner_mask": lambda: mu.sliding_window_overlay(2),
+            "sliding_window_bidirectional_overlay.<locals>.inner_mask": lambda: (
+                mu.sliding_window_bidirectional_overlay(2)
+            ),
+            "packed_sequence_mask_function.<locals>.inner_mask": lambda: mu.packed_sequence_mask_function(
+                ones
+            ),
+            "remap_positions_for_packed_sequence.<locals>.inner_mask": lambda: (
+                mu.remap_positions_for_packed_sequence(mu.causal_mask_function, ones)
+            ),
+        }
+        for qualname, make in makers.items():
+            factory = qualname.split(".")[0]
+            if hasattr(mu, factory):  # (5.17 has no remap_positions_for_packed_sequence)
+                _CODES[qualname] = make().__code__
+    return _CODES
+
+
 def _ours(fn, mu, qualname: str) -> bool:
-    """fn is the closure `qualname` of transformers' masking_utils (not a look-alike elsewhere)."""
-    return getattr(fn, "__qualname__", "") == qualname and getattr(fn, "__module__", "") == mu.__name__
+    """fn is the closure `qualname` of transformers' masking_utils (its code object: not a look-alike
+    elsewhere)."""
+    code = _closure_codes(mu).get(qualname)
+    return code is not None and getattr(fn, "__code__", None) is code
 
 
 def _parts(fn, mu) -> list | None:
@@ -175,6 +218,7 @@ def _masking_utils():
     if _MU is None:
         from transformers import masking_utils
 
+        _closure_codes(masking_utils)
         _MU = masking_utils
     return _MU
 
@@ -238,7 +282,9 @@ def opforge_mask(
     padding = None
     if full_padding is not None:
         padding = full_padding[:, kv_offset : kv_offset + kv_length]
-        if bool(padding.all()):
+        # (a mask of all ones pads nothing; under torch.compile its values are not read (the graph
+        # would depend on them): the padding stays, segment ids that change no result)
+        if not torch.compiler.is_compiling() and bool(padding.all()):
             padding = None
     # opforge aligns queries to the end of the keys it is given: query i sits at key position
     # i + keys - q_length. transformers' geometry: query i at q_offset + i, key j at kv_offset + j.
@@ -443,7 +489,7 @@ def opforge_attention(
             f"{OP}: attention_mask must come from the 'opforge' mask function (register()), be None or a "
             f"4-D tensor, got {type(attention_mask).__name__}"
         )
-    varlen = _varlen(query, kw, kwargs, padded)
+    varlen = _varlen(query, key.shape[2], kw, kwargs, padded)
     if varlen is not None:
         cu_q, cu_k = varlen
         kw = {n: x for n, x in kw.items() if n != "segment_ids"}
@@ -459,7 +505,7 @@ def opforge_attention(
 
 
 def _varlen(
-    query: torch.Tensor, kw: dict[str, Any], kwargs: dict[str, Any], padded: bool
+    query: torch.Tensor, keys: int, kw: dict[str, Any], kwargs: dict[str, Any], padded: bool
 ) -> tuple[torch.Tensor, torch.Tensor] | None:
     """FlashAttention's packed-sequence offsets (cu_seq_lens_q, cu_seq_lens_k) on the query's device,
     for opforge.attention_varlen: one row of packed sequences whose pattern is causal, a window or
@@ -481,6 +527,11 @@ def _varlen(
         why = "this is a static cache's decode step"
     elif padded:
         why = "a padding mask (attention_mask with zeros) comes with them"
+    elif keys != query.shape[2]:
+        why = (
+            f"the layer attends to {keys} keys for {query.shape[2]} queries (a KV cache holds keys before "
+            "these tokens), and the offsets say how the new tokens pack, not the cache"
+        )
     if why is not None:
         raise NotImplementedError(
             f"{OP}: cu_seq_lens_q / cu_seq_lens_k (FlashAttention's packed-sequence offsets) cannot be "
