@@ -26,7 +26,9 @@ of 0 would be uniform attention, silently).
   kernel under it);
 - the log-sum-exp when asked (``return_attn_probs=True`` in the first two, as FlashAttention-3 returns
   it: ``(out, softmax_lse)``; ``return_softmax_lse=True`` in ``flash_attn_with_kvcache``): float32
-  (float64 for float64 inputs), (batch, heads, seqlen), or (heads, total_q) for varlen.
+  (float64 for float64 inputs), (batch, heads, seqlen), or (heads, total_q) for varlen; -inf for a
+  query that sees no key (the log of an empty sum; FlashAttention's kernels write +inf there when
+  they do not split the keys and -inf when they do).
 
 What opforge does not compute raises a NotImplementedError naming the argument, never a silent
 difference: dropout (``dropout_p > 0``), ALiBi (``alibi_slopes``), rotary embedding (``rotary_cos`` /
