@@ -105,18 +105,31 @@ def run_paged_row(ext, timer, names, slots_of, page_size: int) -> None:
         if name is None:
             continue
         for waves in (0, 1, 2, 4):
-            try:
-                out, _ = ext.run(q, kc, vc, lens, variant, 0, waves, slots_of[variant], table)
-            except RuntimeError as e:
-                print(f"  {name} waves {waves}: {str(e).splitlines()[0]}")
-                continue
-            err = (out.float() - want.float()).abs().max().item()
-            t = timer(lambda v_=variant, w=waves: ext.run(q, kc, vc, lens, v_, 0, w, slots_of[v_], table))
-            split = "shipped split" if waves == 0 else f"waves {waves}"
-            print(
-                f"  {name:22s} {split:14s}: {t * 1e3:6.1f} us ({nbytes / t / 1e9:.2f} TB/s, "
-                f"{paged / t:.2f}x opforge paged, {contiguous / t:.2f}x contiguous), max diff {err:.1e}"
+            got = time_variant(
+                ext, timer, want, name, (q, kc, vc, lens, variant, 0, waves, slots_of[variant], table)
             )
+            if got is not None:
+                t, err, split = got
+                print(
+                    f"  {name:22s} {split:14s}: {t * 1e3:6.1f} us ({nbytes / t / 1e9:.2f} TB/s, "
+                    f"{paged / t:.2f}x opforge paged, {contiguous / t:.2f}x contiguous), max diff {err:.1e}"
+                )
+
+
+def time_variant(ext, timer, want, name, args):
+    """ext.run(*args) (args: q, k, v, lens, variant, chunks, waves, slots, table) timed, with its
+    largest difference from `want` and the split's label; None (said) when the variant cannot run."""
+    chunks, waves = args[5], args[6]
+    try:
+        out, _ = ext.run(*args)
+    except RuntimeError as e:
+        print(f"  {name} chunks {chunks} waves {waves}: {str(e).splitlines()[0]}")
+        return None
+    err = (out.float() - want.float()).abs().max().item()
+    split = (
+        "shipped split" if (chunks, waves) == (0, 0) else f"chunks {chunks}" if chunks else f"waves {waves}"
+    )
+    return timer(lambda: ext.run(*args)), err, split
 
 
 def run_row(ext, timer, names, slots_of, label, B, S, lens) -> None:
@@ -145,26 +158,13 @@ def run_row(ext, timer, names, slots_of, label, B, S, lens) -> None:
             one_wave = max(1, slots // (B * Hkv))
             splits += [(c, 0) for c in sorted({one_wave, 2 * one_wave, 3 * one_wave, 4 * one_wave})]
         for chunks, waves in splits:
-            try:
-                out, _ = ext.run(q, k, v, lens, variant, chunks, waves, slots, None)
-            except RuntimeError as e:
-                print(f"  {name} chunks {chunks} waves {waves}: {str(e).splitlines()[0]}")
-                continue
-            err = (out.float() - want.float()).abs().max().item()
-            t = timer(
-                lambda v_=variant, c=chunks, w=waves, s_=slots: ext.run(q, k, v, lens, v_, c, w, s_, None)
-            )
-            split = (
-                "shipped split"
-                if (chunks, waves) == (0, 0)
-                else f"chunks {chunks}"
-                if chunks
-                else f"waves {waves}"
-            )
-            print(
-                f"  {name:22s} {split:14s}: {t * 1e3:6.1f} us ({nbytes / t / 1e9:.2f} TB/s, "
-                f"{sdpa / t:.2f}x SDPA), max diff {err:.1e}"
-            )
+            got = time_variant(ext, timer, want, name, (q, k, v, lens, variant, chunks, waves, slots, None))
+            if got is not None:
+                t, err, split = got
+                print(
+                    f"  {name:22s} {split:14s}: {t * 1e3:6.1f} us ({nbytes / t / 1e9:.2f} TB/s, "
+                    f"{sdpa / t:.2f}x SDPA), max diff {err:.1e}"
+                )
 
 
 if __name__ == "__main__":
