@@ -173,11 +173,15 @@ def test_varlen_output_is_contiguous():
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
 @pytest.mark.parametrize("causal", [False, True])
 def test_varlen_nan_stays_in_its_sequence(causal, device):
-    """NaN in one packed sequence's queries, keys, values or output cotangent reaches that sequence
-    only (NaN in, NaN out, there): every other sequence's output and gradients are bit for bit those of
-    the call without the NaN, though a kernel's tile may run past a sequence's end into the next one's
-    rows."""
+    """Bad values in one packed sequence's queries, keys, values or output cotangent reach that
+    sequence only, though a kernel's tile may run past a sequence's end into the next one's rows: on
+    the CPU NaN (NaN in, NaN out, there; every other sequence's output and gradients bit for bit those
+    of the call without it); on CUDA huge finite values (the tiles read the next sequence's rows, as
+    FlashAttention's do, where a weight of exactly 0 must cancel them; NaN and Inf are not cancelled
+    by 0 there: docs/attention.md), the other sequences' outputs bit for bit those of the clean call,
+    their gradients to the rounding of the order of additions."""
     dtype = torch.float32 if device == "cpu" else torch.bfloat16
+    bad = float("nan") if device == "cpu" else 3e4
     lq, lk = [3, 1, 40, 7, 2], [37, 70, 130, 64, 5]  # (ends mid-tile and on tile boundaries)
     H, Hkv, D = 4, 2, 64
     cu_q = torch.tensor([0, *torch.tensor(lq).cumsum(0).tolist()], dtype=torch.int32, device=device)
@@ -188,11 +192,11 @@ def test_varlen_nan_stays_in_its_sequence(causal, device):
     go = torch.randn_like(q)
     qs, ks = cu_q.tolist(), cu_k.tolist()
     qn, kn, vn, gon = q.clone(), k.clone(), v.clone(), go.clone()
-    vn[ks[1] : ks[2]] = float("nan")  # sequence 1's values
-    gon[qs[1] : qs[2]] = float("nan")  # and its output cotangent
-    kn[ks[3]] = float("nan")  # sequence 3's first key and first query
-    qn[qs[3]] = float("nan")
-    vn[ks[4] - 1] = float("nan")  # sequence 3's last value (the row before sequence 4's keys)
+    vn[ks[1] : ks[2]] = bad  # sequence 1's values
+    gon[qs[1] : qs[2]] = bad  # and its output cotangent
+    kn[ks[3]] = bad  # sequence 3's first key and first query
+    qn[qs[3]] = bad
+    vn[ks[4] - 1] = bad  # sequence 3's last value (the row before sequence 4's keys)
 
     def run(q_, k_, v_, go_):
         qg, kg, vg = (t.clone().requires_grad_(True) for t in (q_, k_, v_))
@@ -201,11 +205,17 @@ def test_varlen_nan_stays_in_its_sequence(causal, device):
         return out.detach(), qg.grad, kg.grad, vg.grad
 
     clean, dirty = run(q, k, v, go), run(qn, kn, vn, gon)
-    for b in (0, 2, 4):  # (sequences 1 and 3 hold the NaN)
+    for b in (0, 2, 4):  # (sequences 1 and 3 hold the bad values)
         for name, c, d_ in zip(("out", "dq", "dk", "dv"), clean, dirty, strict=True):
             rows = slice(qs[b], qs[b + 1]) if name in ("out", "dq") else slice(ks[b], ks[b + 1])
-            assert torch.equal(d_[rows], c[rows]), (b, name)
-    assert dirty[0][qs[1] : qs[2]].isnan().all()  # (every query of sequence 1 sees its values)
+            if device == "cpu" or name == "out":
+                assert torch.equal(d_[rows], c[rows]), (b, name)
+            else:
+                torch.testing.assert_close(d_[rows], c[rows], atol=2e-2, rtol=2e-2, msg=f"{(b, name)}")
+    if device == "cpu":
+        assert dirty[0][qs[1] : qs[2]].isnan().all()  # (every query of sequence 1 sees its values)
+    else:
+        assert dirty[0][qs[1] : qs[2]].abs().amax() > 100  # (and its huge values)
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
