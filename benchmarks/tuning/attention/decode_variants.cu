@@ -18,24 +18,22 @@ using opforge::DecodeSplit;
 // The sweep's own traits type: kernels of this module must not share a mangled name with those of
 // opforge._C, loaded in the same process (the two-stage variant, named like the shipped kernel,
 // failed to launch with "invalid argument" when it did).
-template <int kStages, int kMinBlocks, bool kBulkRows = false>
-struct SweepTraits : opforge::attention_cuda::DecodeMmaTraits<128, kStages, 1, kMinBlocks, kBulkRows> {};
+template <int kStages, int kMinBlocks, bool kL2Prefetch>
+struct SweepTraits
+    : opforge::attention_cuda::DecodeMmaTraits<128, kStages, 1, kMinBlocks, false, kL2Prefetch> {};
 
-// variant: 0 (2 stages, 3 blocks), 1 (2 stages, no cap: 2 blocks), 2 (3 stages, 2 blocks); the same
-// three with bulk row copies (kBulkRows): 3, 4, 5
+// variant: 0 (2 stages, 3 blocks, the L2::128B hint: the shipped contiguous and paged kernel), 1 (the
+// same without the hint: the contiguous kernel before), 2 (3 stages, 2 blocks, no hint: the paged
+// kernel before), 3 (3 stages with the hint)
 template <typename F>
 auto with_variant(int64_t variant, F&& f) {
   switch (variant) {
     case 0:
-      return f(SweepTraits<2, 3>{});
-    case 1:
-      return f(SweepTraits<2, 1>{});
-    case 2:
-      return f(SweepTraits<3, 1>{});
-    case 3:
       return f(SweepTraits<2, 3, true>{});
-    case 4:
-      return f(SweepTraits<2, 1, true>{});
+    case 1:
+      return f(SweepTraits<2, 3, false>{});
+    case 2:
+      return f(SweepTraits<3, 1, false>{});
     default:
       return f(SweepTraits<3, 1, true>{});
   }

@@ -23,7 +23,8 @@ namespace attention_cuda {
 // memory into the block's one partial state of its rows. No element conversions or redundant
 // per-row work: the kernel reads K and V at the memory's pace for every row count it takes.
 //   kStages: K/V tiles staged at once (kStages - 1 in flight while one is computed). Two at one m
-//     tile (three blocks an SM at head dim 128, kMinBlocks); three for paged caches.
+//     tile (three blocks an SM at head dim 128, kMinBlocks, paged caches too); three for paged caches
+//     at head dims 64 and 256.
 //   kMTiles: 1, 2 or 4 m tiles (up to 16, 32, 64 rows; decode_max_rows(kD) the most a head dim
 //     takes). kKeyWarps = 4 / kMTiles warps share a tile's 64 keys.
 //   kQInRegisters: the rows' A fragments kept in registers for every tile (else read from shared
@@ -36,8 +37,11 @@ namespace attention_cuda {
 //     (cp.async.bulk, the TMA unit's 1-D form; one row a thread, 64 K and 64 V rows a tile) completing
 //     on the stage's mbarrier, instead of kD / 8 16-byte cp.async a row; rows past the tile's last key
 //     copy that key's row (finite values where P is 0). Paged caches look up one row a thread.
+//   kL2Prefetch: K/V copies with the L2::128B prefetch hint (cp_async16_l2_128), on in every shipped
+//     kernel; off only for the tuning harness's baseline (decode_variants.py).
 template <int kD_, int kStages_ = 2, int kMTiles_ = 1,
-          int kMinBlocks_ = (kMTiles_ == 1 && kD_ == 128 && kStages_ == 2 ? 3 : 1), bool kBulkRows_ = false>
+          int kMinBlocks_ = (kMTiles_ == 1 && kD_ == 128 && kStages_ == 2 ? 3 : 1), bool kBulkRows_ = false,
+          bool kL2Prefetch_ = true>
 struct DecodeMmaTraits {
   static constexpr int kD = kD_;
   static constexpr int kMTiles = kMTiles_;
@@ -54,6 +58,7 @@ struct DecodeMmaTraits {
     return kRows * kRowBytes + kStages * 2 * kTileBytes + (kBulkRows_ ? kStages_ * 8 : 0);
   }
   static constexpr int kMinBlocks = kMinBlocks_;
+  static constexpr bool kL2Prefetch = kL2Prefetch_;
   static_assert(!kBulkRows_ || 2 * kDecodeTile == kDecodeThreads, "bulk rows: one K or V row a thread");
   static_assert(kMTiles_ == 1 || kMTiles_ == 2 || kMTiles_ == 4);
   // (the stages hold the warps' states for the in-block combine after the last tile)
@@ -356,10 +361,11 @@ cudaError_t launch_decode_mma(const AttentionCudaArgs& a, DecodeSplit s, cudaStr
 }
 
 // The decode kernel for `rows` query rows: the fewest m tiles that hold them. Paged caches at one m
-// tile: three stages (the page-table rows add latency a tile that two stages do not cover: B8 x 32k
-// at page sizes 16 / 64 / 256 ran 4-5 % faster, LOG.md "Serving (issue 32), session 2"; contiguous
-// caches gained nothing and keep two; more m tiles keep two, for two blocks an SM). `f` is called
-// with a value of the traits type.
+// tile: at head dim 128 two stages and three blocks an SM, as contiguous caches (B32 x U(4k, 8k) at
+// pages of 16 and 64: 1.3x the three-stage kernel, LOG.md "Serving (issue 47), session 5"); at head
+// dims 64 and 256 three stages (the page-table rows add latency a tile that two stages do not cover at
+// two blocks an SM: 4-5 % at B8 x 32k, LOG.md "Serving (issue 32), session 2"); more m tiles keep two
+// stages. `f` is called with a value of the traits type.
 template <int kD, typename F>
 decltype(auto) with_decode_traits(int rows, bool paged, F&& f) {
   static_assert(decode_max_rows(kD) == 2 * kDecodeMmaRows || decode_max_rows(kD) == 4 * kDecodeMmaRows);
@@ -367,7 +373,9 @@ decltype(auto) with_decode_traits(int rows, bool paged, F&& f) {
     if (rows > 2 * kDecodeMmaRows) return f(DecodeMmaTraits<kD, 2, 4>{});
   }
   if (rows > kDecodeMmaRows) return f(DecodeMmaTraits<kD, 2, 2>{});
-  if (paged) return f(DecodeMmaTraits<kD, 3, 1>{});
+  if constexpr (kD != 128) {
+    if (paged) return f(DecodeMmaTraits<kD, 3, 1>{});
+  }
   return f(DecodeMmaTraits<kD, 2, 1>{});
 }
 

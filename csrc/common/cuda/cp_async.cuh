@@ -20,6 +20,12 @@ __device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, int sr
 __device__ __forceinline__ void cp_async16(void* dst, const void* src, int src_bytes) {
   cp_async16(smem_addr(dst), src, src_bytes);
 }
+// The same with the L2::128B prefetch hint: L2 fetches the whole 128-byte line the copy falls in
+// (for streams read once, such as a decode step's keys and values).
+__device__ __forceinline__ void cp_async16_l2_128(void* dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
+               "r"(src_bytes));
+}
 // 4 bytes global -> shared (cached in L1 too: cp.async.cg takes 16-byte copies only).
 __device__ __forceinline__ void cp_async4(void* dst, const void* src, int src_bytes) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
