@@ -20,7 +20,7 @@ using opforge::DecodeSplit;
 // failed to launch with "invalid argument" when it did).
 template <int kStages, int kMinBlocks, bool kL2Prefetch>
 struct SweepTraits
-    : opforge::attention_cuda::DecodeMmaTraits<128, kStages, 1, kMinBlocks, false, kL2Prefetch> {};
+    : opforge::attention_cuda::DecodeMmaTraits<128, kStages, 1, kMinBlocks, kL2Prefetch> {};
 
 // variant: 0 (2 stages, 3 blocks, the L2::128B hint: the shipped contiguous and paged kernel), 1 (the
 // same without the hint: the contiguous kernel before), 2 (3 stages, 2 blocks, no hint: the paged

@@ -33,15 +33,10 @@ namespace attention_cuda {
 //     head dim 128 and two stages (218 registers would hold two; at 168 ptxas spills ~80 bytes, a few
 //     L1 accesses a tile): B8 x 32k keys 300 us against 315 at two blocks and 329 at three stages
 //     (H200, LOG.md "Serving (issue 47), session 2").
-//   kBulkRows (sm_90; tuning, not yet measured): each K and V row of a tile comes by one bulk copy
-//     (cp.async.bulk, the TMA unit's 1-D form; one row a thread, 64 K and 64 V rows a tile) completing
-//     on the stage's mbarrier, instead of kD / 8 16-byte cp.async a row; rows past the tile's last key
-//     copy that key's row (finite values where P is 0). Paged caches look up one row a thread.
 //   kL2Prefetch: K/V copies with the L2::128B prefetch hint (cp_async16_l2_128), on in every shipped
 //     kernel; off only for the tuning harness's baseline (decode_variants.py).
 template <int kD_, int kStages_ = 2, int kMTiles_ = 1,
-          int kMinBlocks_ = (kMTiles_ == 1 && kD_ == 128 && kStages_ == 2 ? 3 : 1), bool kBulkRows_ = false,
-          bool kL2Prefetch_ = true>
+          int kMinBlocks_ = (kMTiles_ == 1 && kD_ == 128 && kStages_ == 2 ? 3 : 1), bool kL2Prefetch_ = true>
 struct DecodeMmaTraits {
   static constexpr int kD = kD_;
   static constexpr int kMTiles = kMTiles_;
@@ -52,14 +47,9 @@ struct DecodeMmaTraits {
   static constexpr int kStages = kStages_;
   static constexpr int kRowBytes = kD_ * 2 + 16;  // staged K / V rows padded: ldmatrix rows in distinct banks
   static constexpr int kTileBytes = kDecodeTile * kRowBytes;
-  static constexpr bool kBulkRows = kBulkRows_;
-  // (the bulk form's stage barriers after the stages)
-  static constexpr int smem_bytes() {
-    return kRows * kRowBytes + kStages * 2 * kTileBytes + (kBulkRows_ ? kStages_ * 8 : 0);
-  }
+  static constexpr int smem_bytes() { return kRows * kRowBytes + kStages * 2 * kTileBytes; }
   static constexpr int kMinBlocks = kMinBlocks_;
   static constexpr bool kL2Prefetch = kL2Prefetch_;
-  static_assert(!kBulkRows_ || 2 * kDecodeTile == kDecodeThreads, "bulk rows: one K or V row a thread");
   static_assert(kMTiles_ == 1 || kMTiles_ == 2 || kMTiles_ == 4);
   // (the stages hold the warps' states for the in-block combine after the last tile)
   static_assert((kDecodeWarps - kMTiles_) * (kD_ / 8 + 1) * 32 * 16 <= kStages * 2 * kTileBytes);
@@ -93,16 +83,6 @@ __global__ void __launch_bounds__(kDecodeThreads, Tr::kMinBlocks)
                      in ? 16 : 0);
   }
   cuda::cp_async_commit();
-  // (the bulk form: one barrier a stage, after the stages)
-  const uint32_t bars = cuda::smem_addr(stages + Tr::kStages * 2 * Tr::kTileBytes);
-  if constexpr (Tr::kBulkRows) {
-    if (threadIdx.x == 0) {
-#pragma unroll
-      for (int st = 0; st < Tr::kStages; ++st) cuda::mbar_init(bars + 8 * st, 1);
-      cuda::fence_mbarrier_init();
-    }
-    __syncthreads();
-  }
 
   int t0, t1;
   decode_chunk_tiles(pat, work.chunks, c, t0, t1);
@@ -112,22 +92,11 @@ __global__ void __launch_bounds__(kDecodeThreads, Tr::kMinBlocks)
   const T* kbase = static_cast<const T*>(p.k) + hk * p.k_hs;
   const T* vbase = static_cast<const T*>(p.v) + hk * p.v_hs;
   // (a paged cache: each staging call takes the rows fetched one tile ahead)
-  const auto fetch_pages = [&](int tile, int64_t sk) {
-    if constexpr (Tr::kBulkRows) {
-      return fetch_decode_bulk_row(p, b, tile, sk);
-    } else {
-      return fetch_decode_page_rows<kD>(p, b, tile, sk);
-    }
-  };
+  const auto fetch_pages = [&](int tile, int64_t sk) { return fetch_decode_page_rows<kD>(p, b, tile, sk); };
   DecodePageRows pages = fetch_pages(t0, pat.sk);
   const auto load_tile = [&](int tile, int stage) {
-    BlockKind kind;
-    if constexpr (Tr::kBulkRows) {
-      kind = stage_decode_tile_bulk<Tr>(p, pat, b, hk, group, q_range, kbase, vbase, stages, stage, tile,
-                                        pages, bars + 8 * stage);
-    } else {
-      kind = stage_decode_tile<Tr>(p, pat, b, hk, group, q_range, kbase, vbase, stages, stage, tile, pages);
-    }
+    const BlockKind kind =
+        stage_decode_tile<Tr>(p, pat, b, hk, group, q_range, kbase, vbase, stages, stage, tile, pages);
     pages = fetch_pages(tile + 1, tile + 1 < t1 ? pat.sk : 0);
     return kind;
   };
@@ -156,7 +125,7 @@ __global__ void __launch_bounds__(kDecodeThreads, Tr::kMinBlocks)
   for (int st = 0; st < Tr::kStages - 1; ++st) {
     if (t0 + st < t1) {
       kinds |= static_cast<uint32_t>(load_tile(t0 + st, st)) << (2 * st);
-    } else if constexpr (!Tr::kBulkRows) {
+    } else {
       cuda::cp_async_commit();  // (an empty group: the waits count groups)
     }
   }
@@ -166,19 +135,11 @@ __global__ void __launch_bounds__(kDecodeThreads, Tr::kMinBlocks)
     if (ahead < t1) {
       kinds = (kinds & ~(3u << (2 * ahead_stage))) |
               (static_cast<uint32_t>(load_tile(ahead, ahead_stage)) << (2 * ahead_stage));
-    } else if constexpr (!Tr::kBulkRows) {
+    } else {
       cuda::cp_async_commit();
     }
-    if constexpr (Tr::kBulkRows) {
-      if (it == 0) {  // the rows landed
-        cuda::cp_async_wait<0>();
-        __syncthreads();
-      }
-      cuda::mbar_wait(bars + 8 * stage, (it / Tr::kStages) & 1);  // this tile landed
-    } else {
-      cuda::cp_async_wait<Tr::kStages - 1>();  // this tile (and the rows) landed
-      __syncthreads();
-    }
+    cuda::cp_async_wait<Tr::kStages - 1>();  // this tile (and the rows) landed
+    __syncthreads();
     const BlockKind kind = static_cast<BlockKind>((kinds >> (2 * stage)) & 3u);
     if constexpr (Tr::kQInRegisters) {
       if (it == 0) {  // the rows' A fragments, kept for every tile
@@ -266,8 +227,6 @@ __global__ void __launch_bounds__(kDecodeThreads, Tr::kMinBlocks)
         }
       }
     }
-    // (the bulk form: this thread's reads of the stage ordered before the async proxy's refill of it)
-    if constexpr (Tr::kBulkRows) cuda::fence_proxy_async_shared();
     __syncthreads();  // (the stage is refilled next)
   }
 

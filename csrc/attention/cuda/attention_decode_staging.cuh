@@ -17,9 +17,7 @@
 #include "common/cuda/launch.cuh"
 #include "common/cuda/math.cuh"
 #include "common/cuda/math_constants.h"
-#include "common/cuda/mbarrier.cuh"
 #include "common/cuda/mma_sync.cuh"
-#include "common/cuda/tma.cuh"
 #include "common/cuda/vector.cuh"
 
 namespace opforge {
@@ -177,67 +175,13 @@ __device__ __forceinline__ BlockKind stage_decode_tile(const AttentionParams& p,
         const int64_t slot = __shfl_sync(0xffffffffu, pages.slot, src);
         const int n = j0 + row < j1 ? 16 : 0;
         decode_copy16<Tr>(sk + row * Tr::kRowBytes + chunk * 16,
-                         kbase + page * p.k_bs + slot * p.k_ss + chunk * 8, n);
+                          kbase + page * p.k_bs + slot * p.k_ss + chunk * 8, n);
         decode_copy16<Tr>(sv + row * Tr::kRowBytes + chunk * 16,
-                         vbase + page * p.v_bs + slot * p.v_ss + chunk * 8, n);
+                          vbase + page * p.v_bs + slot * p.v_ss + chunk * 8, n);
       }
     }
   }
   cuda::cp_async_commit();
-  return kind;
-}
-
-// The bulk form (DecodeMmaTraits::kBulkRows): thread t copies row t % 64 of a tile, K for t < 64 and V
-// after; a paged cache's page and slot of that row (the tile's last key's past sk), looked up a tile
-// ahead. Unpaged caches: nothing is read.
-__device__ __forceinline__ DecodePageRows fetch_decode_bulk_row(const AttentionParams& p, int64_t b, int tile,
-                                                                int64_t sk) {
-  DecodePageRows r;
-  const int64_t j0 = int64_t{tile} * kDecodeTile;
-  if (!p.block_table || j0 >= sk) return r;
-  int64_t slot;
-  r.page = static_cast<int32_t>(p.kv_page(b, min(j0 + threadIdx.x % kDecodeTile, sk - 1), slot));
-  r.slot = static_cast<int32_t>(slot);
-  return r;
-}
-
-// stage_decode_tile's bulk form (sm_90): one bulk copy of a K or V row a thread, completing on the
-// stage's mbarrier `bar` (thread 0 arms it with the tile's bytes; an empty tile: a plain arrival, so the
-// wait passes either way). Rows past the tile's last key copy that key's row: P is 0 there, and a
-// finite row keeps it 0 (what was in the stage before may not be finite). pages: this thread's row of
-// a paged cache (fetch_decode_bulk_row).
-template <typename Tr, typename T>
-__device__ __forceinline__ BlockKind stage_decode_tile_bulk(const AttentionParams& p,
-                                                            const AttentionPattern& pat, int64_t b,
-                                                            int64_t hk, int64_t group, SegmentRange q_range,
-                                                            const T* kbase, const T* vbase,
-                                                            unsigned char* stages, int stage, int tile,
-                                                            DecodePageRows pages, uint32_t bar) {
-  constexpr int kD = Tr::kD;
-  const int64_t j0 = int64_t{tile} * kDecodeTile, j1 = min(j0 + kDecodeTile, pat.sk);
-  const BlockKind kind = group_tile_kind<kDecodeTile>(pat, b, hk * group, group, j0, j1, q_range);
-#if __CUDA_ARCH__ >= 900
-  if (kind == BlockKind::kEmpty) {
-    if (threadIdx.x == 0) cuda::mbar_arrive(bar);
-    return kind;
-  }
-  if (threadIdx.x == 0) cuda::mbar_arrive_expect_tx(bar, 2 * kDecodeTile * kD * sizeof(T));
-  const int row = threadIdx.x % kDecodeTile;
-  const bool is_v = threadIdx.x >= kDecodeTile;
-  unsigned char* dst =
-      stages + stage * 2 * Tr::kTileBytes + (is_v ? Tr::kTileBytes : 0) + row * Tr::kRowBytes;
-  const T* src;
-  if (!p.block_table) {
-    const int64_t j = min(j0 + row, j1 - 1);
-    src = is_v ? vbase + b * p.v_bs + j * p.v_ss : kbase + b * p.k_bs + j * p.k_ss;
-  } else {
-    src = is_v ? vbase + pages.page * p.v_bs + pages.slot * p.v_ss
-               : kbase + pages.page * p.k_bs + pages.slot * p.k_ss;
-  }
-  cuda::bulk_load(cuda::smem_addr(dst), src, kD * sizeof(T), bar);
-#else
-  __trap();  // (sm_90 only: the traits are not instantiated for other GPUs)
-#endif
   return kind;
 }
 
