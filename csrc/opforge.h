@@ -67,6 +67,9 @@ at::Tensor to_device_async(const at::Tensor& src, at::Device device);
 // the backward's (the forward is always deterministic): the autograd of the Python API reads it here.
 // cu_seqlens_q / cu_seqlens_k (int32 (B + 1,)): q, k, v hold B variable-length sequences packed along
 // their sequence dim in a batch of one (the Python opforge.attention_varlen takes (total, H, D)).
+// check_offsets false: on CUDA the offsets are not read on the host (no synchronization; the caller
+// vouches for them: the kernels clamp them into the tensors, bad ones give undefined results); the
+// CPU checks them either way.
 std::tuple<at::Tensor, at::Tensor> attention(
     const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale, double softcap = 0.0,
     bool causal = false, int64_t window_left = -1, int64_t window_right = -1, int64_t prefix_len = 0,
@@ -78,6 +81,6 @@ std::tuple<at::Tensor, at::Tensor> attention(
     const std::optional<at::Tensor>& kv_lens = std::nullopt, c10::string_view variant = "auto",
     std::optional<bool> deterministic = std::nullopt,
     const std::optional<at::Tensor>& cu_seqlens_q = std::nullopt,
-    const std::optional<at::Tensor>& cu_seqlens_k = std::nullopt);
+    const std::optional<at::Tensor>& cu_seqlens_k = std::nullopt, bool check_offsets = true);
 
 }  // namespace opforge

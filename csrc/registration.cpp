@@ -28,7 +28,7 @@ TORCH_LIBRARY(opforge, m) {
       "int window_right, int prefix_len, Tensor? q_segments, Tensor? kv_segments, Tensor? mask_kinds, "
       "Tensor? mask_index, Tensor? mask_bits, int block_q, int block_k, Tensor? kv_lens=None, "
       "Tensor? cu_seqlens_q=None, Tensor? cu_seqlens_k=None, *, str variant=\"auto\", bool? "
-      "deterministic=None) -> "
+      "deterministic=None, bool check_offsets=True) -> "
       "(Tensor, Tensor)");
   // opforge::attention's checks of its arguments' sizes, dtypes, devices and values (nothing read
   // from a tensor's data): what the fake kernel runs (torch.compile, meta tensors), so that a

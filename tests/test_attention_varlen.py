@@ -251,3 +251,43 @@ def test_varlen_padded_rows_past_the_last_offset(causal, device):
     opforge.attention_varlen(qw, kw_, vw, cu_q, cu_k, causal=causal).backward(go[:nq])
     for g, w, n in ((qg.grad, qw.grad, nq), (kg.grad, kw_.grad, nk), (vg.grad, vw.grad, nk)):
         assert torch.equal(g[:n], w) and (g[n:] == 0).all()
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
+def test_varlen_check_offsets_false(device):
+    """check_offsets=False (a caller vouching for its offsets): the same outputs as the checked call,
+    padding rows included; on CUDA no synchronization with the device (the offsets are not read on
+    the host: sync debug mode "error" raises on any), and bad offsets stay inside the tensors
+    (clamped: the call completes, values undefined); the CPU checks them either way."""
+    dtype = torch.float32 if device == "cpu" else torch.bfloat16
+    lq, lk, pad_q, pad_k = [3, 0, 21, 1], [7, 2, 40, 33], 5, 4
+    H, Hkv, D = 4, 2, 64
+    cu_q = torch.tensor([0, *torch.tensor(lq).cumsum(0).tolist()], dtype=torch.int32, device=device)
+    cu_k = torch.tensor([0, *torch.tensor(lk).cumsum(0).tolist()], dtype=torch.int64, device=device)
+    q = torch.randn(sum(lq) + pad_q, H, D, device=device, dtype=dtype)
+    k = torch.randn(sum(lk) + pad_k, Hkv, D, device=device, dtype=dtype)
+    v = torch.randn(sum(lk) + pad_k, Hkv, D, device=device, dtype=dtype)
+    for causal in (False, True):
+        want, want_lse = opforge.attention_varlen(q, k, v, cu_q, cu_k, causal=causal, return_lse=True)
+        if device == "cuda":
+            torch.cuda.synchronize()
+            torch.cuda.set_sync_debug_mode("error")
+        try:
+            out, lse = opforge.attention_varlen(
+                q, k, v, cu_q, cu_k, causal=causal, return_lse=True, check_offsets=False
+            )
+        finally:
+            if device == "cuda":
+                torch.cuda.set_sync_debug_mode("default")
+        assert torch.equal(out, want) and torch.equal(lse, want_lse)
+    bad_q = torch.tensor([0, 9, 4, 30, 10**6], dtype=torch.int32, device=device)  # (decreasing, past the end)
+    bad_k = torch.tensor([-5, 3, 50, 2, 10**6], dtype=torch.int32, device=device)
+    if device == "cpu":
+        with pytest.raises(ValueError, match=r"opforge.attention_varlen: cu_seqlens_q must not decrease"):
+            opforge.attention_varlen(q, k, v, bad_q, bad_k, check_offsets=False)
+    else:
+        out = opforge.attention_varlen(q, k, v, bad_q, bad_k, causal=True, check_offsets=False)
+        torch.cuda.synchronize()  # (an out-of-bounds access would surface here)
+        assert out.shape == q.shape
+    with pytest.raises(TypeError, match=r"opforge.attention_varlen: check_offsets must be a bool, got int"):
+        opforge.attention_varlen(q, k, v, cu_q, cu_k, check_offsets=1)

@@ -274,7 +274,8 @@ std::tuple<at::Tensor, at::Tensor> attention(
     const std::optional<at::Tensor>& mask_kinds, const std::optional<at::Tensor>& mask_index,
     const std::optional<at::Tensor>& mask_bits, int64_t block_q, int64_t block_k,
     const std::optional<at::Tensor>& kv_lens, c10::string_view variant, std::optional<bool> deterministic,
-    const std::optional<at::Tensor>& cu_seqlens_q, const std::optional<at::Tensor>& cu_seqlens_k) {
+    const std::optional<at::Tensor>& cu_seqlens_q, const std::optional<at::Tensor>& cu_seqlens_k,
+    bool check_offsets) {
   static auto op = c10::Dispatcher::singleton()
                        .findSchemaOrThrow("opforge::attention", "")
                        .typed<std::tuple<at::Tensor, at::Tensor>(
@@ -283,10 +284,10 @@ std::tuple<at::Tensor, at::Tensor> attention(
                            const std::optional<at::Tensor>&, const std::optional<at::Tensor>&,
                            const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, int64_t,
                            int64_t, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&,
-                           const std::optional<at::Tensor>&, c10::string_view, std::optional<bool>)>();
+                           const std::optional<at::Tensor>&, c10::string_view, std::optional<bool>, bool)>();
   return op.call(q, k, v, scale, softcap, causal, window_left, window_right, prefix_len, q_segments,
                  kv_segments, mask_kinds, mask_index, mask_bits, block_q, block_k, kv_lens, cu_seqlens_q,
-                 cu_seqlens_k, variant, deterministic);
+                 cu_seqlens_k, variant, deterministic, check_offsets);
 }
 
 }  // namespace opforge

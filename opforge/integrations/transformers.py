@@ -362,8 +362,9 @@ def opforge_paged_attention(
     cu_q, cu_k = cu_q.to(query.device), cu_k.to(query.device)
     q = query[0].transpose(0, 1)  # (T, H, D) view
     # A padded batch (CUDA graphs / compile) has rows past the last request's: they belong to no
-    # sequence, and attention_varlen returns zeros for them (no read of the offsets on the host).
-    kw: dict[str, Any] = {"causal": True}
+    # sequence, and attention_varlen returns zeros for them. transformers builds the offsets itself, so
+    # they are not checked on the host (check_offsets=False: no synchronization a layer a step).
+    kw: dict[str, Any] = {"causal": True, "check_offsets": False}
     if sliding:
         kw["window"] = (int(sliding) - 1, 0)
     out = opforge.attention_varlen(

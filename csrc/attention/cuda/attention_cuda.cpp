@@ -271,14 +271,19 @@ std::tuple<at::Tensor, at::Tensor> attention_cuda(
     const std::optional<at::Tensor>& mask_bits, int64_t block_q, int64_t block_k,
     const std::optional<at::Tensor>& kv_lens, const std::optional<at::Tensor>& cu_seqlens_q,
     const std::optional<at::Tensor>& cu_seqlens_k, c10::string_view variant,
-    std::optional<bool> /*deterministic*/) {
+    std::optional<bool> /*deterministic*/, bool check_offsets) {
   const AttentionPatternArgs args = checked_attention_args(
       q, k, v, scale, softcap, causal, window_left, window_right, prefix_len, q_segments, kv_segments,
       mask_kinds, mask_index, mask_bits, block_q, block_k, kv_lens, cu_seqlens_q, cu_seqlens_k);
   const char* op = attention_op_name(args);
   check_cuda_call(op, q, k);
   const c10::cuda::CUDAGuard guard(q.device());
-  const auto rows = check_varlen_offsets_unless_capturing(op, args, q.size(2), k.size(2));
+  // (check_offsets false: the caller vouches for the offsets, which are then not read on the host,
+  // as while a CUDA graph is captured: the kernels clamp them, and rows past the last are zeroed on
+  // the device)
+  const auto rows = check_offsets || !args.varlen()
+                        ? check_varlen_offsets_unless_capturing(op, args, q.size(2), k.size(2))
+                        : std::nullopt;
   at::Tensor out = empty_attention_like(q, args.varlen());
   at::Tensor lse = at::empty({q.size(0), q.size(1), q.size(2)}, q.options().dtype(at::kFloat));
   if (rows && (rows->first < q.size(2) || rows->second < k.size(2))) {

@@ -194,6 +194,7 @@ def attention_varlen(
     deterministic: bool | None = None,
     return_lse: bool = False,
     variant: str = "auto",
+    check_offsets: bool = True,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """opforge.attention over variable-length sequences packed one after another (FlashAttention's
     ``flash_attn_varlen_func`` layout), each attending to its own keys only, with no padding.
@@ -207,7 +208,7 @@ def attention_varlen(
             ``k[cu_seqlens_k[b]:cu_seqlens_k[b + 1]]`` (and v's). Each must start at 0, never
             decrease and end at most at total_q / total_k (a ValueError otherwise; the check reads
             them on the host, which on CUDA is a synchronization, skipped while a CUDA graph is
-            captured). Rows past the last offset belong to no sequence (the padding of a padded
+            captured and with check_offsets=False). Rows past the last offset belong to no sequence (the padding of a padded
             batch, as FlashAttention allows): their outputs are zeros, their LSE -inf and their
             gradients zeros. Sequences may be empty on either side, and a sequence's query and key
             counts may differ.
@@ -225,6 +226,13 @@ def attention_varlen(
             (float64 for float64 inputs), FlashAttention's varlen layout.
         variant: the kernel, as in opforge.attention (``"decode"`` takes no packed sequences: a
             ValueError).
+        check_offsets: False for a caller that vouches for its offsets (an inference server building
+            them itself, as transformers' continuous batching does): on CUDA the forward then does not
+            read them on the host, so the call does not synchronize with the device (what a CUDA graph
+            capture does anyway). The kernels clamp every offset into the tensors, so bad offsets cannot
+            read or write outside them, but their results are undefined. Like PyTorch's
+            ``check_invariants`` for sparse tensors' indices. The CPU checks them either way (reading
+            them costs nothing there), and so do the backward and calls under torch.func transforms.
 
     Returns the output (total_q, Hq, D) in q's dtype (contiguous, whatever q's layout), and the LSE
     when asked. A query whose sequence has no keys gets zeros and an LSE of -inf. The pattern
@@ -239,6 +247,8 @@ def attention_varlen(
     """
     check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal)
     check_options(VARLEN_OP, variant, deterministic)
+    if not isinstance(check_offsets, bool):
+        raise TypeError(f"{VARLEN_OP}: check_offsets must be a bool, got {type(check_offsets).__name__}")
     left, right = window_args(VARLEN_OP, window)
     scale, softcap = scale_and_softcap(VARLEN_OP, q, scale, softcap)
     args = (causal, left, right, 0, None, None, None, None, None, 128, 128)
@@ -262,6 +272,7 @@ def attention_varlen(
             deterministic=deterministic,
             cu_seqlens_q=cu_seqlens_q,
             cu_seqlens_k=cu_seqlens_k,
+            check_offsets=check_offsets,
         )
     out = out.transpose(1, 2).squeeze(0)
     return (out, lse.squeeze(0)) if return_lse else out

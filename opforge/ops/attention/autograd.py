@@ -13,7 +13,7 @@ from opforge.ops.attention.schema import ATTENTION
 
 
 @torch.library.register_fake("opforge::attention")
-def _(q, k, v, *rest, variant="auto", deterministic=None):
+def _(q, k, v, *rest, variant="auto", deterministic=None, check_offsets=True):
     check_qkv(OP, q, k, v)
     # The op's own checks of everything else that reads no data (one error a condition, fake or not),
     # where the sizes are numbers: C++ reading a symbolic size (torch.compile's dynamic shapes) would

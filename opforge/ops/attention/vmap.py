@@ -88,8 +88,7 @@ def _vmap_rule(
     packed sequences (offsets at `offsets`) the mapped dimension joins the heads instead
     (_vmap_varlen)."""
 
-    def rule(info, in_dims, *args, variant="auto", deterministic=None):
-        kwargs = dict(variant=variant, deterministic=deterministic)
+    def rule(info, in_dims, *args, **kwargs):  # (the op's keyword-only options, passed through)
         if info.batch_size == 0:  # (jacrev of an empty output): one mapped index of zeros, then none
             return _empty_map(rule, info, in_dims, args, kwargs)
         if any(i < len(args) and args[i] is not None for i in offsets):  # (at their default: not passed)
