@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 import tempfile
 
 import pytest
@@ -78,6 +79,12 @@ def _worker(rank: int, port: int, mode: str, out_dir: str) -> None:
         del model, grads
     finally:
         dist.destroy_process_group()
+    # Leave without the interpreter's teardown: after every collective completed and the group was
+    # destroyed, gloo's threads still ended a rank with std::terminate (SIGABRT) while C++ statics
+    # were destroyed at exit, about 1 run in 10 (an error above still raises and fails the test).
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def _free_port() -> int:
