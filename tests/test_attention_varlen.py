@@ -255,8 +255,8 @@ def test_varlen_padded_rows_past_the_last_offset(causal, device):
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
 def test_varlen_check_offsets_false(device):
-    """check_offsets=False (a caller vouching for its offsets): the same outputs as the checked call,
-    padding rows included; on CUDA no synchronization with the device (the offsets are not read on
+    """check_offsets=False (a caller vouching for its offsets): the checked call's outputs (to
+    rounding on CUDA), padding rows zeros with an LSE of -inf; on CUDA no synchronization with the device (the offsets are not read on
     the host: sync debug mode "error" raises on any), and bad offsets stay inside the tensors
     (clamped: the call completes, values undefined); the CPU checks them either way."""
     dtype = torch.float32 if device == "cpu" else torch.bfloat16
@@ -279,7 +279,13 @@ def test_varlen_check_offsets_false(device):
         finally:
             if device == "cuda":
                 torch.cuda.set_sync_debug_mode("default")
-        assert torch.equal(out, want) and torch.equal(lse, want_lse)
+        # (CUDA: the unchecked call runs its kernels on the whole tensors, the checked one on the rows
+        # in sequences, which may choose another form: equal to rounding)
+        tol = {} if device == "cpu" else {"atol": 1e-2, "rtol": 1e-2}
+        torch.testing.assert_close(out, want, **tol)
+        torch.testing.assert_close(lse, want_lse, **tol)
+        n = sum(lq)
+        assert (out[n:] == 0).all() and (lse[:, n:] == -float("inf")).all()
     bad_q = torch.tensor([0, 9, 4, 30, 10**6], dtype=torch.int32, device=device)  # (decreasing, past the end)
     bad_k = torch.tensor([-5, 3, 50, 2, 10**6], dtype=torch.int32, device=device)
     if device == "cpu":

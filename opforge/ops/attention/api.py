@@ -230,7 +230,8 @@ def attention_varlen(
             them itself, as transformers' continuous batching does): on CUDA the forward then does not
             read them on the host, so the call does not synchronize with the device (what a CUDA graph
             capture does anyway). The kernels clamp every offset into the tensors, so bad offsets cannot
-            read or write outside them, but their results are undefined. Like PyTorch's
+            read or write outside them, but their results are undefined; padding rows past the last
+            offset are read as masked keys of the last sequence (NaN there can reach it). Like PyTorch's
             ``check_invariants`` for sparse tensors' indices. The CPU checks them either way (reading
             them costs nothing there), and so do the backward and calls under torch.func transforms.
 
