@@ -1,6 +1,6 @@
 """Tuning only: the tensor-core decode kernel (one m tile, D128) at other traits than the shipped ones
-(2 stages at 3 blocks an SM with and without the L2::128B prefetch hint, 3 stages with and without it:
-the shipped contiguous and paged kernel against the two before it) and other splits
+(2 stages at 3 blocks an SM, the shipped contiguous and paged kernel; 3 stages, the paged kernel
+before edd7f5d) and other splits
 (uniform: chunk counts around the shipped choice; tokens present: blocks for 1, 2, 4 or 8 waves of
 resident blocks), on rows where the split matters (B8 x 32k, B64 x 2k, each with and without kv_lens;
 a ragged B16 x U(100, 16k)), against SDPA in the same run; and on paged caches (B32 x U(4k, 8k), pages
@@ -47,10 +47,8 @@ def main() -> None:
     timer = CudaTimer(dev)
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
     names = [
-        "2 stages 3 blocks L2",
         "2 stages 3 blocks",
         "3 stages",
-        "3 stages L2",
     ]
     per_sm = [ext.blocks_per_sm(i) for i in range(len(names))]
     print("blocks an SM:", dict(zip(names, per_sm, strict=True)))

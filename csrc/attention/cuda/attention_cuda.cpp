@@ -281,9 +281,8 @@ std::tuple<at::Tensor, at::Tensor> attention_cuda(
   // (check_offsets false: the caller vouches for the offsets, which are then not read on the host,
   // as while a CUDA graph is captured: the kernels clamp them, and rows past the last are zeroed on
   // the device)
-  const auto rows = check_offsets || !args.varlen()
-                        ? check_varlen_offsets_unless_capturing(op, args, q.size(2), k.size(2))
-                        : std::nullopt;
+  const auto rows =
+      check_offsets ? check_varlen_offsets_unless_capturing(op, args, q.size(2), k.size(2)) : std::nullopt;
   at::Tensor out = empty_attention_like(q, args.varlen());
   at::Tensor lse = at::empty({q.size(0), q.size(1), q.size(2)}, q.options().dtype(at::kFloat));
   if (rows && (rows->first < q.size(2) || rows->second < k.size(2))) {

@@ -33,10 +33,8 @@ namespace attention_cuda {
 //     head dim 128 and two stages (218 registers would hold two; at 168 ptxas spills ~80 bytes, a few
 //     L1 accesses a tile): B8 x 32k keys 300 us against 315 at two blocks and 329 at three stages
 //     (H200, LOG.md "Serving (issue 47), session 2").
-//   kL2Prefetch: K/V copies with the L2::128B prefetch hint (cp_async16_l2_128), on in every shipped
-//     kernel; off only for the tuning harness's baseline (decode_variants.py).
 template <int kD_, int kStages_ = 2, int kMTiles_ = 1,
-          int kMinBlocks_ = (kMTiles_ == 1 && kD_ == 128 && kStages_ == 2 ? 3 : 1), bool kL2Prefetch_ = true>
+          int kMinBlocks_ = (kMTiles_ == 1 && kD_ == 128 && kStages_ == 2 ? 3 : 1)>
 struct DecodeMmaTraits {
   static constexpr int kD = kD_;
   static constexpr int kMTiles = kMTiles_;
@@ -49,7 +47,6 @@ struct DecodeMmaTraits {
   static constexpr int kTileBytes = kDecodeTile * kRowBytes;
   static constexpr int smem_bytes() { return kRows * kRowBytes + kStages * 2 * kTileBytes; }
   static constexpr int kMinBlocks = kMinBlocks_;
-  static constexpr bool kL2Prefetch = kL2Prefetch_;
   static_assert(kMTiles_ == 1 || kMTiles_ == 2 || kMTiles_ == 4);
   // (the stages hold the warps' states for the in-block combine after the last tile)
   static_assert((kDecodeWarps - kMTiles_) * (kD_ / 8 + 1) * 32 * 16 <= kStages * 2 * kTileBytes);

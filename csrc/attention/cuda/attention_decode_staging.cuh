@@ -128,20 +128,12 @@ __device__ __forceinline__ DecodePageRows fetch_decode_page_rows(const Attention
   return r;
 }
 
-// One 16-byte cp.async of a K or V row's chunk, with the L2::128B prefetch hint where Tr::kL2Prefetch.
-template <typename Tr>
-__device__ __forceinline__ void decode_copy16(void* dst, const void* src, int src_bytes) {
-  if constexpr (Tr::kL2Prefetch) {
-    cuda::cp_async16_l2_128(dst, src, src_bytes);
-  } else {
-    cuda::cp_async16(dst, src, src_bytes);
-  }
-}
-
 // Classifies tile `tile` for the block's queries and, unless nothing in it is visible, stages its K
-// and V rows (Tr::kRowBytes apart, V Tr::kTileBytes after K) into stage `stage` of `stages`; one
-// commit group either way. kbase / vbase: the kv head's (no batch offset: the batch row, or the
-// page of a paged cache, is added here). pages: the tile's rows of a paged cache (fetch_decode_page_rows).
+// and V rows (Tr::kRowBytes apart, V Tr::kTileBytes after K) into stage `stage` of `stages`, with the
+// L2::128B prefetch hint (a decode step reads its keys and values once: 0-3 % on the H200, LOG.md
+// "Serving (issue 47), session 5"); one commit group either way. kbase / vbase: the kv head's (no batch
+// offset: the batch row, or the page of a paged cache, is added here). pages: the tile's rows of a paged
+// cache (fetch_decode_page_rows).
 template <typename Tr, typename T>
 __device__ __forceinline__ BlockKind stage_decode_tile(const AttentionParams& p, const AttentionPattern& pat,
                                                        int64_t b, int64_t hk, int64_t group,
@@ -162,8 +154,10 @@ __device__ __forceinline__ BlockKind stage_decode_tile(const AttentionParams& p,
         const int64_t j = j0 + row;
         const bool in = j < j1;
         const int64_t jj = in ? j : j0;
-        decode_copy16<Tr>(sk + row * Tr::kRowBytes + chunk * 16, kb + jj * p.k_ss + chunk * 8, in ? 16 : 0);
-        decode_copy16<Tr>(sv + row * Tr::kRowBytes + chunk * 16, vb + jj * p.v_ss + chunk * 8, in ? 16 : 0);
+        cuda::cp_async16_l2_128(sk + row * Tr::kRowBytes + chunk * 16, kb + jj * p.k_ss + chunk * 8,
+                                in ? 16 : 0);
+        cuda::cp_async16_l2_128(sv + row * Tr::kRowBytes + chunk * 16, vb + jj * p.v_ss + chunk * 8,
+                                in ? 16 : 0);
       }
     } else {  // (a paged cache: the rows' pages and slots from the lanes that looked them up)
       constexpr int kC = kD / 8, kWarpRows = 32 / kC;
@@ -174,10 +168,10 @@ __device__ __forceinline__ BlockKind stage_decode_tile(const AttentionParams& p,
         const int64_t page = __shfl_sync(0xffffffffu, pages.page, src);
         const int64_t slot = __shfl_sync(0xffffffffu, pages.slot, src);
         const int n = j0 + row < j1 ? 16 : 0;
-        decode_copy16<Tr>(sk + row * Tr::kRowBytes + chunk * 16,
-                          kbase + page * p.k_bs + slot * p.k_ss + chunk * 8, n);
-        decode_copy16<Tr>(sv + row * Tr::kRowBytes + chunk * 16,
-                          vbase + page * p.v_bs + slot * p.v_ss + chunk * 8, n);
+        cuda::cp_async16_l2_128(sk + row * Tr::kRowBytes + chunk * 16,
+                                kbase + page * p.k_bs + slot * p.k_ss + chunk * 8, n);
+        cuda::cp_async16_l2_128(sv + row * Tr::kRowBytes + chunk * 16,
+                                vbase + page * p.v_bs + slot * p.v_ss + chunk * 8, n);
       }
     }
   }

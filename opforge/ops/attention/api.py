@@ -208,9 +208,9 @@ def attention_varlen(
             ``k[cu_seqlens_k[b]:cu_seqlens_k[b + 1]]`` (and v's). Each must start at 0, never
             decrease and end at most at total_q / total_k (a ValueError otherwise; the check reads
             them on the host, which on CUDA is a synchronization, skipped while a CUDA graph is
-            captured and with check_offsets=False). Rows past the last offset belong to no sequence (the padding of a padded
-            batch, as FlashAttention allows): their outputs are zeros, their LSE -inf and their
-            gradients zeros. Sequences may be empty on either side, and a sequence's query and key
+            captured and with check_offsets=False). Rows past the last offset belong to no sequence
+            (the padding of a padded batch, as FlashAttention allows): their outputs are zeros,
+            their LSE -inf and their gradients zeros. Sequences may be empty on either side, and a sequence's query and key
             counts may differ.
         max_seqlen_q, max_seqlen_k: ints >= 0 or None, accepted for FlashAttention's signature; the
             kernels find every sequence's length from the offsets on the device, so they change
