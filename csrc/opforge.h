@@ -69,7 +69,8 @@ at::Tensor to_device_async(const at::Tensor& src, at::Device device);
 // their sequence dim in a batch of one (the Python opforge.attention_varlen takes (total, H, D)).
 // check_offsets false: on CUDA the offsets are not read on the host (no synchronization; the caller
 // vouches for them: the kernels clamp them into the tensors, bad ones give undefined results); the
-// CPU checks them either way.
+// CPU checks them either way. sinks (Hq,): attention sinks, a logit each query head's rows take in
+// their softmax with no value (gpt-oss).
 std::tuple<at::Tensor, at::Tensor> attention(
     const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale, double softcap = 0.0,
     bool causal = false, int64_t window_left = -1, int64_t window_right = -1, int64_t prefix_len = 0,
@@ -81,6 +82,7 @@ std::tuple<at::Tensor, at::Tensor> attention(
     const std::optional<at::Tensor>& kv_lens = std::nullopt, c10::string_view variant = "auto",
     std::optional<bool> deterministic = std::nullopt,
     const std::optional<at::Tensor>& cu_seqlens_q = std::nullopt,
-    const std::optional<at::Tensor>& cu_seqlens_k = std::nullopt, bool check_offsets = true);
+    const std::optional<at::Tensor>& cu_seqlens_k = std::nullopt, bool check_offsets = true,
+    const std::optional<at::Tensor>& sinks = std::nullopt);
 
 }  // namespace opforge

@@ -23,12 +23,14 @@ TORCH_LIBRARY(opforge, m) {
   // partial index, bits), per-sequence key counts (the forward only). Returns the output and the log-sum-exp
   // of each query's scores. cu_seqlens_q / cu_seqlens_k (B + 1,) offsets: packed variable-length sequences
   // (varlen) in a batch of one (q (1, Hq, total_q, D), k and v (1, Hkv, total_k, D)), each its own sequence.
+  // sinks (Hq,): one more logit a query head's every row takes in its softmax, with no value (attention
+  // sinks, gpt-oss): the output is scaled by exp(lse - lse'), the LSE is lse' = logaddexp(lse, sink).
   m.def(
       "attention(Tensor q, Tensor k, Tensor v, float scale, float softcap, bool causal, int window_left, "
       "int window_right, int prefix_len, Tensor? q_segments, Tensor? kv_segments, Tensor? mask_kinds, "
       "Tensor? mask_index, Tensor? mask_bits, int block_q, int block_k, Tensor? kv_lens=None, "
-      "Tensor? cu_seqlens_q=None, Tensor? cu_seqlens_k=None, *, str variant=\"auto\", bool? "
-      "deterministic=None, bool check_offsets=True) -> "
+      "Tensor? cu_seqlens_q=None, Tensor? cu_seqlens_k=None, Tensor? sinks=None, *, str variant=\"auto\", "
+      "bool? deterministic=None, bool check_offsets=True) -> "
       "(Tensor, Tensor)");
   // opforge::attention's checks of its arguments' sizes, dtypes, devices and values (nothing read
   // from a tensor's data): what the fake kernel runs (torch.compile, meta tensors), so that a
@@ -37,8 +39,8 @@ TORCH_LIBRARY(opforge, m) {
       "_attention_check(Tensor q, Tensor k, Tensor v, float scale, float softcap, bool causal, int "
       "window_left, int window_right, int prefix_len, Tensor? q_segments, Tensor? kv_segments, Tensor? "
       "mask_kinds, Tensor? mask_index, Tensor? mask_bits, int block_q, int block_k, Tensor? kv_lens=None, "
-      "Tensor? cu_seqlens_q=None, Tensor? cu_seqlens_k=None, *, str variant=\"auto\", bool? "
-      "deterministic=None) -> ()");
+      "Tensor? cu_seqlens_q=None, Tensor? cu_seqlens_k=None, Tensor? sinks=None, *, str variant=\"auto\", "
+      "bool? deterministic=None) -> ()");
   // Attention against paged K/V caches (num_pages, page_size, Hkv, D): key j of sequence b is row
   // j % page_size of page block_table[b, j / page_size], for j < kv_lens[b]; the decode kernels (few
   // query rows a kv head) and on CUDA the mma.sync forward (chunks of new queries), the forward
@@ -47,8 +49,8 @@ TORCH_LIBRARY(opforge, m) {
   m.def(
       "attention_paged(Tensor q, Tensor k_cache, Tensor v_cache, Tensor kv_lens, Tensor block_table, float "
       "scale, "
-      "float softcap, bool causal, int window_left, int window_right, int prefix_len, str variant=\"auto\") "
-      "-> "
+      "float softcap, bool causal, int window_left, int window_right, int prefix_len, str variant=\"auto\", "
+      "Tensor? sinks=None) -> "
       "(Tensor, Tensor)");
   // New tokens k, v (B, Hkv, S_new, D) written into paged caches (num_pages, page_size, Hkv, D) in place:
   // sequence b's token i at position kv_lens[b] + i through block_table (B, max_pages).

@@ -7,6 +7,7 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <limits>
 
 #include "common/checks.h"
 #include "opforge.h"
@@ -174,6 +175,10 @@ AttentionPlan plan_attention(const at::Tensor& q, const at::Tensor& k, const at:
     plan.kv_lens = int64_contiguous(*pattern.kv_lens);
     pat.kv_lens = plan.kv_lens.const_data_ptr<int64_t>();
   }
+  if (pattern.sinks) {
+    plan.sinks = pattern.sinks->to(attention_lse_dtype(q)).contiguous();
+    p.sinks = plan.sinks.const_data_ptr();
+  }
   return plan;
 }
 
@@ -192,7 +197,8 @@ at::Tensor int32_block_table(const at::Tensor& block_table, int64_t num_pages) {
 std::tuple<at::Tensor, at::Tensor> attention_paged_gathered(
     const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& kv_lens,
     const at::Tensor& block_table, double scale, double softcap, bool causal, int64_t window_left,
-    int64_t window_right, int64_t prefix_len, c10::string_view variant) {
+    int64_t window_right, int64_t prefix_len, c10::string_view variant,
+    const std::optional<at::Tensor>& sinks) {
   const int64_t batch = block_table.size(0), max_pages = block_table.size(1);
   const at::Tensor table = block_table.to(at::kLong).clamp(0, k_cache.size(0) - 1).flatten();
   const auto gather = [&](const at::Tensor& cache) {
@@ -203,14 +209,22 @@ std::tuple<at::Tensor, at::Tensor> attention_paged_gathered(
   return opforge::attention(q, gather(k_cache), gather(v_cache), scale, softcap, causal, window_left,
                             window_right, prefix_len, std::nullopt, std::nullopt, std::nullopt, std::nullopt,
                             std::nullopt, 128, 128, kv_lens, variant, std::nullopt, std::nullopt,
-                            std::nullopt);
+                            std::nullopt, true, sinks);
+}
+
+void fill_unseen_lse(at::Tensor& lse, const std::optional<at::Tensor>& sinks) {
+  if (!sinks) {
+    lse.fill_(-std::numeric_limits<double>::infinity());
+    return;
+  }
+  lse.copy_(sinks->to(lse.scalar_type()).view({1, lse.size(1), 1}).expand_as(lse));
 }
 
 AttentionPlan plan_paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                                    const at::Tensor& kv_lens, const at::Tensor& block_table,
                                    const at::Tensor& out, const at::Tensor& lse, double scale, double softcap,
-                                   bool causal, int64_t window_left, int64_t window_right,
-                                   int64_t prefix_len) {
+                                   bool causal, int64_t window_left, int64_t window_right, int64_t prefix_len,
+                                   const std::optional<at::Tensor>& sinks) {
   constexpr const char* op = "opforge.attention";
   check_defined(op, "block_table", block_table);
   check_defined(op, "k", k_cache);
@@ -238,6 +252,7 @@ AttentionPlan plan_paged_attention(const at::Tensor& q, const at::Tensor& k_cach
       attention_pattern_args(causal, window_left, window_right, prefix_len, std::nullopt, std::nullopt,
                              std::nullopt, std::nullopt, std::nullopt, 128, 128);
   args.kv_lens = kv_lens;
+  args.sinks = sinks;
   check_attention_inputs(q, k, v, scale, softcap, args);
   AttentionPlan plan = plan_attention(q, k, v, out, lse, scale, softcap, args);
   AttentionParams& p = plan.params;
@@ -275,19 +290,20 @@ std::tuple<at::Tensor, at::Tensor> attention(
     const std::optional<at::Tensor>& mask_bits, int64_t block_q, int64_t block_k,
     const std::optional<at::Tensor>& kv_lens, c10::string_view variant, std::optional<bool> deterministic,
     const std::optional<at::Tensor>& cu_seqlens_q, const std::optional<at::Tensor>& cu_seqlens_k,
-    bool check_offsets) {
-  static auto op = c10::Dispatcher::singleton()
-                       .findSchemaOrThrow("opforge::attention", "")
-                       .typed<std::tuple<at::Tensor, at::Tensor>(
-                           const at::Tensor&, const at::Tensor&, const at::Tensor&, double, double, bool,
-                           int64_t, int64_t, int64_t, const std::optional<at::Tensor>&,
-                           const std::optional<at::Tensor>&, const std::optional<at::Tensor>&,
-                           const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, int64_t,
-                           int64_t, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&,
-                           const std::optional<at::Tensor>&, c10::string_view, std::optional<bool>, bool)>();
+    bool check_offsets, const std::optional<at::Tensor>& sinks) {
+  static auto op =
+      c10::Dispatcher::singleton()
+          .findSchemaOrThrow("opforge::attention", "")
+          .typed<std::tuple<at::Tensor, at::Tensor>(
+              const at::Tensor&, const at::Tensor&, const at::Tensor&, double, double, bool, int64_t, int64_t,
+              int64_t, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&,
+              const std::optional<at::Tensor>&, const std::optional<at::Tensor>&,
+              const std::optional<at::Tensor>&, int64_t, int64_t, const std::optional<at::Tensor>&,
+              const std::optional<at::Tensor>&, const std::optional<at::Tensor>&,
+              const std::optional<at::Tensor>&, c10::string_view, std::optional<bool>, bool)>();
   return op.call(q, k, v, scale, softcap, causal, window_left, window_right, prefix_len, q_segments,
                  kv_segments, mask_kinds, mask_index, mask_bits, block_q, block_k, kv_lens, cu_seqlens_q,
-                 cu_seqlens_k, variant, deterministic, check_offsets);
+                 cu_seqlens_k, sinks, variant, deterministic, check_offsets);
 }
 
 }  // namespace opforge

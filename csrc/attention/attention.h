@@ -23,6 +23,8 @@ struct AttentionPatternArgs {
   // (B + 1,) offsets of packed variable-length sequences (varlen) along q's and k's sequence dims,
   // in a batch of one; int32 or int64 (the plan makes int32 copies).
   std::optional<at::Tensor> cu_seqlens_q, cu_seqlens_k;
+  // (Hq,) attention sinks: a logit each query head's rows take in their softmax, with no value.
+  std::optional<at::Tensor> sinks;
   bool varlen() const { return cu_seqlens_q.has_value(); }
 };
 
@@ -94,6 +96,7 @@ struct AttentionPlan {
   at::Tensor q_segments, kv_segments;     // the int64 ids the pattern points to (undefined: none)
   at::Tensor kv_lens;                     // the int64 counts it points to (undefined: none)
   at::Tensor cu_seqlens_q, cu_seqlens_k;  // varlen: the int32 offsets it points to (undefined: none)
+  at::Tensor sinks;                       // the sinks in the accumulation type (undefined: none)
   std::vector<at::Tensor> keep;
 };
 // opforge::attention's pattern arguments, key counts and packed-sequence offsets as the pattern the
@@ -106,7 +109,7 @@ AttentionPatternArgs checked_attention_args(
     const std::optional<at::Tensor>& mask_kinds, const std::optional<at::Tensor>& mask_index,
     const std::optional<at::Tensor>& mask_bits, int64_t block_q, int64_t block_k,
     const std::optional<at::Tensor>& kv_lens, const std::optional<at::Tensor>& cu_seqlens_q,
-    const std::optional<at::Tensor>& cu_seqlens_k);
+    const std::optional<at::Tensor>& cu_seqlens_k, const std::optional<at::Tensor>& sinks = std::nullopt);
 AttentionPlan plan_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                              const at::Tensor& out, const at::Tensor& lse, double scale, double softcap,
                              const AttentionPatternArgs& pattern);
@@ -117,8 +120,8 @@ AttentionPlan plan_attention(const at::Tensor& q, const at::Tensor& k, const at:
 AttentionPlan plan_paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                                    const at::Tensor& kv_lens, const at::Tensor& block_table,
                                    const at::Tensor& out, const at::Tensor& lse, double scale, double softcap,
-                                   bool causal, int64_t window_left, int64_t window_right,
-                                   int64_t prefix_len);
+                                   bool causal, int64_t window_left, int64_t window_right, int64_t prefix_len,
+                                   const std::optional<at::Tensor>& sinks);
 // The logical (B, Hkv, max_pages x page_size, D) shape of a paged call's k as a view with no extent
 // (batch and key strides 0), for the checks and the rule that read sizes.
 at::Tensor paged_view(const at::Tensor& cache, int64_t batch, int64_t keys);
@@ -131,7 +134,12 @@ at::Tensor int32_block_table(const at::Tensor& block_table, int64_t num_pages);
 std::tuple<at::Tensor, at::Tensor> attention_paged_gathered(
     const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& kv_lens,
     const at::Tensor& block_table, double scale, double softcap, bool causal, int64_t window_left,
-    int64_t window_right, int64_t prefix_len, c10::string_view variant);
+    int64_t window_right, int64_t prefix_len, c10::string_view variant,
+    const std::optional<at::Tensor>& sinks);
+
+// The LSE of rows that see no key: -inf, or with sinks each head's sink (the rows' softmax holds the
+// sink alone: their output stays 0).
+void fill_unseen_lse(at::Tensor& lse, const std::optional<at::Tensor>& sinks);
 
 // The backward's parameters: the plan's, grad_out's, the LSE gradient's (undefined: none) and the
 // outputs dq, dk, dv's.

@@ -161,6 +161,14 @@ void check_pattern(const char* op, const at::Tensor& q, const at::Tensor& k, dou
                 ": cu_seqlens_q and cu_seqlens_k must have the same length (sequences + 1), got ",
                 p.cu_seqlens_q->size(0), " and ", p.cu_seqlens_k->size(0));
   }
+  if (p.sinks) {
+    const at::Tensor& s = *p.sinks;
+    check_defined(op, "sinks", s);
+    check_dtype_in(op, "sinks", s, {at::kHalf, at::kBFloat16, at::kFloat, at::kDouble});
+    check_same_device(op, "sinks", s, "q", q);
+    TORCH_CHECK(s.dim() == 1 && s.size(0) == H, op, ": sinks must be (heads,) = (", H,
+                ",), one logit a query head, got ", s.sizes());
+  }
   if (p.kv_lens) {
     const at::Tensor& n = *p.kv_lens;
     check_defined(op, "kv_lens", n);
@@ -208,13 +216,14 @@ AttentionPatternArgs checked_attention_args(
     const std::optional<at::Tensor>& mask_kinds, const std::optional<at::Tensor>& mask_index,
     const std::optional<at::Tensor>& mask_bits, int64_t block_q, int64_t block_k,
     const std::optional<at::Tensor>& kv_lens, const std::optional<at::Tensor>& cu_seqlens_q,
-    const std::optional<at::Tensor>& cu_seqlens_k) {
+    const std::optional<at::Tensor>& cu_seqlens_k, const std::optional<at::Tensor>& sinks) {
   AttentionPatternArgs args =
       attention_pattern_args(causal, window_left, window_right, prefix_len, q_segments, kv_segments,
                              mask_kinds, mask_index, mask_bits, block_q, block_k);
   args.kv_lens = kv_lens;
   args.cu_seqlens_q = cu_seqlens_q;
   args.cu_seqlens_k = cu_seqlens_k;
+  args.sinks = sinks;
   check_attention_inputs(q, k, v, scale, softcap, args);
   return args;
 }
@@ -294,11 +303,11 @@ void attention_check_op(const at::Tensor& q, const at::Tensor& k, const at::Tens
                         const std::optional<at::Tensor>& mask_bits, int64_t block_q, int64_t block_k,
                         const std::optional<at::Tensor>& kv_lens,
                         const std::optional<at::Tensor>& cu_seqlens_q,
-                        const std::optional<at::Tensor>& cu_seqlens_k, c10::string_view variant,
-                        std::optional<bool> /*deterministic*/) {
+                        const std::optional<at::Tensor>& cu_seqlens_k, const std::optional<at::Tensor>& sinks,
+                        c10::string_view variant, std::optional<bool> /*deterministic*/) {
   const AttentionPatternArgs args = checked_attention_args(
       q, k, v, scale, softcap, causal, window_left, window_right, prefix_len, q_segments, kv_segments,
-      mask_kinds, mask_index, mask_bits, block_q, block_k, kv_lens, cu_seqlens_q, cu_seqlens_k);
+      mask_kinds, mask_index, mask_bits, block_q, block_k, kv_lens, cu_seqlens_q, cu_seqlens_k, sinks);
   const char* op = attention_op_name(args);
   if (!q.is_meta()) {
     choose_attention_kernel(op, attention_call(q, k, kv_lens.has_value(), false, args.varlen()), variant);

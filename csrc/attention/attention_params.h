@@ -243,6 +243,11 @@ struct AttentionParams {
   DType dtype = DType::kFloat32;
   double scale = 1.0;    // the kernels round it to their accumulation type
   double softcap = 0.0;  // 0: none
+  // Attention sinks: (heads,) logits in the accumulation type (float; double for float64 inputs), one a
+  // query head, that every row of the head takes in its softmax's denominator (null: none). The
+  // forward kernels add it when they finish a row: out * exp(m - m') / (l exp(m - m') + exp(sink - m'))
+  // with m' = max(m, sink); the backward reads the output and LSE that include it.
+  const void* sinks = nullptr;
   AttentionPattern pattern;
   // Paged K/V (the forward kernels; opforge.attention's block_table): key j of batch row b is row
   // j % page_size of page block_table[b * table_bs + j / page_size] (an entry outside [0, num_pages)

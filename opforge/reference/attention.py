@@ -26,8 +26,11 @@ def attention(
     softcap: float | None = None,
     kv_lens: torch.Tensor | None = None,
     return_lse: bool = False,
+    sinks: torch.Tensor | None = None,
 ):
-    """What opforge.attention computes, in q's dtype (pass float64 tensors for an oracle)."""
+    """What opforge.attention computes, in q's dtype (pass float64 tensors for an oracle). sinks (Hq,):
+    one more score a row of each head takes in its softmax, a column with no value (gpt-oss's
+    attention sinks, as transformers' eager attention writes them)."""
     B, hq, sq, d = q.shape
     sk, group = k.shape[2], hq // k.shape[1]
     scale = 1.0 / math.sqrt(d) if scale is None else scale
@@ -51,6 +54,15 @@ def attention(
     # A row with nothing visible gets zeros and an LSE of -inf; its scores are set to 0 first so
     # that no inf - inf appears anywhere, in the values or in any derivative (opforge.attention's
     # double backward and tangents differentiate this function).
+    if sinks is not None:
+        # The sink as one more column of scores; a row's LSE over both stays finite where the sink is
+        # (no inf - inf then), and P of the keys it does not see is exp(-inf) = 0.
+        s = s.masked_fill(~visible, -math.inf)
+        column = sinks.to(s.dtype).view(1, hq, 1, 1).expand(B, hq, sq, 1)
+        lse = torch.logsumexp(torch.cat([s, column], dim=-1), dim=-1)
+        p = torch.exp(s - lse.masked_fill(lse == -math.inf, 0.0)[..., None])
+        out = torch.matmul(p, vf)
+        return (out, lse) if return_lse else out
     seen = visible.any(-1, keepdim=True)
     s = s.masked_fill(~visible, -math.inf).masked_fill(~seen, 0.0)
     lse = torch.logsumexp(s, dim=-1).masked_fill(~seen[..., 0], -math.inf)
@@ -71,6 +83,7 @@ def attention_varlen(
     scale: float | None = None,
     softcap: float | None = None,
     return_lse: bool = False,
+    sinks: torch.Tensor | None = None,
 ):
     """What opforge.attention_varlen computes, in q's dtype: `attention` of each packed sequence on
     its own. q (total_q, Hq, D), k and v (total_k, Hkv, D); sequence b is queries
@@ -84,7 +97,15 @@ def attention_varlen(
         # (S, H, D) rows of one sequence as a batch of one (1, H, S, D)
         qs, ks, vs = (t[a:b].transpose(0, 1)[None] for t, a, b in ((q, q0, q1), (k, k0, k1), (v, k0, k1)))
         out, lse = attention(
-            qs, ks, vs, causal=causal, window=window, scale=scale, softcap=softcap, return_lse=True
+            qs,
+            ks,
+            vs,
+            causal=causal,
+            window=window,
+            scale=scale,
+            softcap=softcap,
+            return_lse=True,
+            sinks=sinks,
         )
         outs.append(out[0].transpose(0, 1))
         lses.append(lse[0])

@@ -53,18 +53,22 @@ std::tuple<at::Tensor, at::Tensor> attention_cpu(
     const std::optional<at::Tensor>& mask_kinds, const std::optional<at::Tensor>& mask_index,
     const std::optional<at::Tensor>& mask_bits, int64_t block_q, int64_t block_k,
     const std::optional<at::Tensor>& kv_lens, const std::optional<at::Tensor>& cu_seqlens_q,
-    const std::optional<at::Tensor>& cu_seqlens_k, c10::string_view variant,
-    std::optional<bool> /*deterministic*/, bool /*check_offsets: the CPU reads them in place, always*/) {
+    const std::optional<at::Tensor>& cu_seqlens_k, const std::optional<at::Tensor>& sinks,
+    c10::string_view variant, std::optional<bool> /*deterministic*/,
+    bool /*check_offsets: the CPU reads them in place, always*/) {
   const AttentionPatternArgs args = checked_attention_args(
       q, k, v, scale, softcap, causal, window_left, window_right, prefix_len, q_segments, kv_segments,
-      mask_kinds, mask_index, mask_bits, block_q, block_k, kv_lens, cu_seqlens_q, cu_seqlens_k);
+      mask_kinds, mask_index, mask_bits, block_q, block_k, kv_lens, cu_seqlens_q, cu_seqlens_k, sinks);
   const char* op = attention_op_name(args);
   const int64_t rows_q = check_varlen_offsets(op, args, q.size(2), k.size(2)).first;
   const AttentionCall call = attention_call(q, k, kv_lens.has_value(), false, args.varlen());
   const AttentionKernel kernel = choose_attention_kernel(op, call, variant);
   at::Tensor out = empty_attention_like(q, args.varlen());
   at::Tensor lse = at::empty({q.size(0), q.size(1), q.size(2)}, q.options().dtype(attention_lse_dtype(q)));
-  if (out.numel() == 0) return {out, lse.fill_(-std::numeric_limits<double>::infinity())};
+  if (out.numel() == 0) {
+    fill_unseen_lse(lse, sinks);
+    return {out, lse};
+  }
   const AttentionPlan plan = plan_attention(q, k, v, out, lse, scale, softcap, args);
   check_mask_values(plan.params.pattern, mask_bits ? mask_bits->size(0) : 0);
   // (Named in profiler traces: "opforge.attention.tiled" / ".decode".)
@@ -151,23 +155,27 @@ std::tuple<at::Tensor, at::Tensor> attention_paged_cpu(const at::Tensor& q, cons
                                                        const at::Tensor& block_table, double scale,
                                                        double softcap, bool causal, int64_t window_left,
                                                        int64_t window_right, int64_t prefix_len,
-                                                       c10::string_view variant) {
+                                                       c10::string_view variant,
+                                                       const std::optional<at::Tensor>& sinks) {
   constexpr const char* op = "opforge.attention";
   TORCH_CHECK(q.defined() && q.dim() == 4, op, ": q must be a 4-D tensor (batch, heads, sequence, head_dim)");
   at::Tensor out = empty_attention_like(q);
   at::Tensor lse = at::empty({q.size(0), q.size(1), q.size(2)}, q.options().dtype(attention_lse_dtype(q)));
   const AttentionPlan plan =
       plan_paged_attention(q, k_cache, v_cache, kv_lens, int32_block_table(block_table, k_cache.size(0)), out,
-                           lse, scale, softcap, causal, window_left, window_right, prefix_len);
+                           lse, scale, softcap, causal, window_left, window_right, prefix_len, sinks);
   check_cpu_block_table(op, kv_lens, block_table, k_cache.size(0), k_cache.size(1));
   const AttentionKernel kernel = choose_attention_kernel(
       op, attention_call(q, paged_view(k_cache, q.size(0), plan.params.pattern.sk), true, false, false),
       variant);
   if (kernel != AttentionKernel::kDecode) {  // (the CPU's tiled kernel reads one contiguous cache)
     return attention_paged_gathered(q, k_cache, v_cache, kv_lens, block_table, scale, softcap, causal,
-                                    window_left, window_right, prefix_len, variant);
+                                    window_left, window_right, prefix_len, variant, sinks);
   }
-  if (out.numel() == 0) return {out, lse.fill_(-std::numeric_limits<double>::infinity())};
+  if (out.numel() == 0) {
+    fill_unseen_lse(lse, sinks);
+    return {out, lse};
+  }
   RECORD_FUNCTION("opforge.attention.decode", std::vector<c10::IValue>());
   attention_cpu_decode(plan.params);
   return {out, lse};

@@ -33,6 +33,32 @@ inline int64_t tile_keys(const AttentionPattern& p) {
 template <typename T>
 using acc_type = std::conditional_t<std::is_same_v<T, double>, double, float>;
 
+// A row's softmax finished, with its head's attention sink where the call has sinks
+// (AttentionParams::sinks, in the accumulation type): from the row's max m and sum l of exp(s - m),
+// the factor `inv` its accumulated output is multiplied by and its LSE. With a sink s the sum gains
+// exp(s - m): over m' = max(m, s), inv = exp(m - m') / (l exp(m - m') + exp(s - m')) and the LSE is
+// m' + log(that). A row that sees nothing (l = 0) gets zeros and an LSE of -inf, or the sink; NaN
+// stays NaN.
+template <typename A>
+inline void finish_row(A m, A l, const void* sinks, int64_t h, A& inv, A& lse) {
+  constexpr A kInf = std::numeric_limits<A>::infinity();
+  if (!sinks) {
+    inv = l == 0 ? A(0) : A(1) / l;
+    lse = l == 0 ? -kInf : m + std::log(l);
+    return;
+  }
+  const A s = static_cast<const A*>(sinks)[h];
+  const A top = l == 0 ? s : std::max(m, s);
+  if (top == -kInf) {
+    inv = 0, lse = -kInf;
+    return;
+  }
+  const A c = l == 0 ? A(0) : std::exp(m - top);
+  const A total = l * c + std::exp(s - top);
+  inv = c / total;
+  lse = top + std::log(total);
+}
+
 // Calls f with a value of the element type `dtype` names (float, double, c10::Half, c10::BFloat16):
 // the kernels' entries (attention_cpu.h) dispatch on their params' dtype.
 template <typename F>

@@ -240,9 +240,10 @@ void decode_kernel(const AttentionParams& p) {
       for (int64_t c = 0; c < chunks; ++c) mx = max_keeping_nan(mx, part_m[(bh * chunks + c) * rows + r]);
       T* out = static_cast<T*>(p.out) + p.o_at(b, h) + i * p.o_ss;
       A* lse = static_cast<A*>(p.lse) + p.lse_at(b, h) + i;
-      if (mx == neg_inf) {  // a row with nothing visible: zeros and an LSE of -inf
+      if (mx == neg_inf) {  // a row with nothing visible: zeros and an LSE of -inf (or its sink)
         for (int64_t d = 0; d < D; ++d) out[d] = static_cast<T>(0);
-        *lse = neg_inf;
+        A unused;
+        finish_row(mx, A(0), p.sinks, h, unused, *lse);
         continue;
       }
       std::fill(acc.begin(), acc.end(), A(0));
@@ -256,9 +257,9 @@ void decode_kernel(const AttentionParams& p) {
         const A* oc = part_o.data() + (t * rows + r) * D;
         for (int64_t d = 0; d < D; ++d) acc[d] += w * oc[d];
       }
-      const A inv = A(1) / sum;
+      A inv;
+      finish_row(mx, sum, p.sinks, h, inv, *lse);
       for (int64_t d = 0; d < D; ++d) out[d] = static_cast<T>(acc[d] * inv);
-      *lse = mx + std::log(sum);
     }
   });
 }

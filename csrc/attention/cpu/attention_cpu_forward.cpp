@@ -113,10 +113,10 @@ void forward_kernel(const AttentionParams& p) {
       T* out = static_cast<T*>(p.out) + p.o_at(b, h) + i0 * p.o_ss;
       A* lse = static_cast<A*>(p.lse) + p.lse_at(b, h) + i0;
       for (int64_t r = 0; r < rows; ++r) {
-        // A row with nothing visible: zeros and an LSE of -inf; NaN scores: NaN (l is NaN).
-        const A inv = l[r] == 0 ? A(0) : A(1) / l[r];
+        // A row with nothing visible: zeros and an LSE of -inf (or its sink); NaN scores: NaN (l is NaN).
+        A inv;
+        finish_row(m[r], l[r], p.sinks, h, inv, lse[r]);
         for (int64_t d = 0; d < D; ++d) out[r * p.o_ss + d] = static_cast<T>(o[r * D + d] * inv);
-        lse[r] = l[r] == 0 ? -std::numeric_limits<A>::infinity() : m[r] + std::log(l[r]);
       }
     }
   });

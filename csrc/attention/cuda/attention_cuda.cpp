@@ -237,12 +237,9 @@ void attention_forward_into(const char* op, const AttentionPatternArgs& args, co
   const AttentionCall call = cuda_call(q, k, kv_lens, false, args.varlen());
   const AttentionKernel kernel = choose_attention_kernel(op, call, variant);
   constexpr double kInf = std::numeric_limits<double>::infinity();
-  if (out.numel() == 0) {
-    lse.fill_(-kInf);
-    return;
-  }
-  if (k.size(2) == 0) {
-    out.zero_(), lse.fill_(-kInf);
+  if (out.numel() == 0 || k.size(2) == 0) {  // (no key anywhere: out 0, the LSE -inf or the sinks)
+    out.zero_();
+    fill_unseen_lse(lse, args.sinks);
     return;
   }
   const int64_t d = q.size(3), kd = kernel_head_dim(d);
@@ -270,11 +267,11 @@ std::tuple<at::Tensor, at::Tensor> attention_cuda(
     const std::optional<at::Tensor>& mask_kinds, const std::optional<at::Tensor>& mask_index,
     const std::optional<at::Tensor>& mask_bits, int64_t block_q, int64_t block_k,
     const std::optional<at::Tensor>& kv_lens, const std::optional<at::Tensor>& cu_seqlens_q,
-    const std::optional<at::Tensor>& cu_seqlens_k, c10::string_view variant,
-    std::optional<bool> /*deterministic*/, bool check_offsets) {
+    const std::optional<at::Tensor>& cu_seqlens_k, const std::optional<at::Tensor>& sinks,
+    c10::string_view variant, std::optional<bool> /*deterministic*/, bool check_offsets) {
   const AttentionPatternArgs args = checked_attention_args(
       q, k, v, scale, softcap, causal, window_left, window_right, prefix_len, q_segments, kv_segments,
-      mask_kinds, mask_index, mask_bits, block_q, block_k, kv_lens, cu_seqlens_q, cu_seqlens_k);
+      mask_kinds, mask_index, mask_bits, block_q, block_k, kv_lens, cu_seqlens_q, cu_seqlens_k, sinks);
   const char* op = attention_op_name(args);
   check_cuda_call(op, q, k);
   const c10::cuda::CUDAGuard guard(q.device());
@@ -296,7 +293,7 @@ std::tuple<at::Tensor, at::Tensor> attention_cuda(
     const at::Tensor qn = q.narrow(2, 0, rows_q), kn = k.narrow(2, 0, rows_k), vn = v.narrow(2, 0, rows_k);
     const AttentionPatternArgs args_n = checked_attention_args(
         qn, kn, vn, scale, softcap, causal, window_left, window_right, prefix_len, q_segments, kv_segments,
-        mask_kinds, mask_index, mask_bits, block_q, block_k, kv_lens, cu_seqlens_q, cu_seqlens_k);
+        mask_kinds, mask_index, mask_bits, block_q, block_k, kv_lens, cu_seqlens_q, cu_seqlens_k, sinks);
     at::Tensor out_n = out.narrow(2, 0, rows_q);
     at::Tensor lse_n = at::empty({q.size(0), q.size(1), rows_q}, lse.options());
     attention_forward_into(op, args_n, qn, kn, vn, scale, softcap, kv_lens.has_value(), variant, false, out_n,
@@ -434,7 +431,8 @@ std::tuple<at::Tensor, at::Tensor> attention_paged_cuda(const at::Tensor& q, con
                                                         const at::Tensor& block_table, double scale,
                                                         double softcap, bool causal, int64_t window_left,
                                                         int64_t window_right, int64_t prefix_len,
-                                                        c10::string_view variant) {
+                                                        c10::string_view variant,
+                                                        const std::optional<at::Tensor>& sinks) {
   constexpr const char* op = "opforge.attention";
   TORCH_CHECK(q.defined() && q.dim() == 4, op, ": q must be a 4-D tensor (batch, heads, sequence, head_dim)");
   check_cuda_call(op, q, k_cache);
@@ -443,8 +441,11 @@ std::tuple<at::Tensor, at::Tensor> attention_paged_cuda(const at::Tensor& q, con
   at::Tensor lse = at::empty({q.size(0), q.size(1), q.size(2)}, q.options().dtype(at::kFloat));
   AttentionPlan plan =
       plan_paged_attention(q, k_cache, v_cache, kv_lens, int32_block_table(block_table, k_cache.size(0)), out,
-                           lse, scale, softcap, causal, window_left, window_right, prefix_len);
-  if (out.numel() == 0) return {out, lse.fill_(-std::numeric_limits<double>::infinity())};
+                           lse, scale, softcap, causal, window_left, window_right, prefix_len, sinks);
+  if (out.numel() == 0) {
+    fill_unseen_lse(lse, sinks);
+    return {out, lse};
+  }
   const int64_t d = q.size(3);
   const AttentionCall call = cuda_call(q, paged_view(k_cache, q.size(0), plan.params.pattern.sk), true, false,
                                        false, k_cache.size(1));
@@ -460,7 +461,7 @@ std::tuple<at::Tensor, at::Tensor> attention_paged_cuda(const at::Tensor& q, con
   }
   if (!in_place) {
     return attention_paged_gathered(q, k_cache, v_cache, kv_lens, block_table, scale, softcap, causal,
-                                    window_left, window_right, prefix_len, variant);
+                                    window_left, window_right, prefix_len, variant, sinks);
   }
   const at::Tensor qk = kernel_operand(q, d, kernel);
   plan.params.q = qk.const_data_ptr();

@@ -64,14 +64,18 @@ __global__ void __launch_bounds__(kMergeThreads)
 #pragma unroll
     for (int e = 0; e < kCols; ++e) acc[e] += partial[w][lane * kCols + e];
   }
-  const float inv = sum > 0.f ? 1.f / sum : 0.f;
+  float inv, lse;
+  if (p.sinks) {  // (the states' max and sum in natural units; sink_total's in log2 units)
+    sink_total(mx * cuda::kLog2eFloat, sum, static_cast<const float*>(p.sinks)[h], inv, lse);
+    lse *= cuda::kLn2Float;
+  } else {
+    inv = sum > 0.f ? 1.f / sum : 0.f;
+    lse = sum > 0.f ? mx + __logf(sum) : kNegInf;
+  }
   T* out = static_cast<T*>(p.out) + b * p.o_bs + h * p.o_hs + i * p.o_ss + lane * kCols;
 #pragma unroll
   for (int e = 0; e < kCols; e += 2) cuda::store_pair<T>(out + e, acc[e] * inv, acc[e + 1] * inv, true);
-  if (lane == 0) {
-    float* lse = static_cast<float*>(p.lse) + (b * p.heads + h) * sq + i;
-    *lse = sum > 0.f ? mx + __logf(sum) : kNegInf;
-  }
+  if (lane == 0) static_cast<float*>(p.lse)[(b * p.heads + h) * sq + i] = lse;
 }
 
 }  // namespace attention_cuda

@@ -238,9 +238,28 @@ __device__ __forceinline__ void unscaled_score_grads_by_row(const float (&prob)[
   }
 }
 
+// A row's total with its head's attention sink (AttentionParams::sinks), in the log2 domain: from
+// the row's max m2 (log2 units: m_run k) and sum l of exp2(x - m2), the factor its output is
+// multiplied by and its LSE in log2 units. Over m' = max(m2, sink log2(e)), the sum gains
+// exp2(sink log2(e) - m'): inv = exp2(m2 - m') / (l exp2(m2 - m') + exp2(sink log2(e) - m')). A row
+// that saw nothing (l = 0) keeps zeros and gets the sink as its LSE; NaN stays NaN.
+__device__ __forceinline__ void sink_total(float m2, float l, float sink, float& inv, float& lse2) {
+  const float s2 = sink * cuda::kLog2eFloat;
+  const bool none = l == 0.f;  // (a NaN sum is not none: it stays NaN)
+  const float top = none ? s2 : fmaxf(m2, s2);
+  if (top == kNegInf) {
+    inv = 0.f, lse2 = kNegInf;
+    return;
+  }
+  const float c = none ? 0.f : cuda::fast_exp2(m2 - top);
+  const float total = fmaf(l, c, cuda::fast_exp2(s2 - top));  // (>= 1 unless NaN: no slow division path)
+  inv = __fdividef(c, total);
+  lse2 = top + cuda::fast_log2(total);
+}
+
 // The forward's row totals: each row's 1 / sum (0 for a row that saw nothing) into inv, and its
-// LSE (natural log; -inf for such a row) written by the quad's first lane. row0: the warp's first
-// query row; sq: batch row b's query count; k: softmax_step's.
+// LSE (natural log; -inf for such a row) written by the quad's first lane; with sinks, sink_total's.
+// row0: the warp's first query row; sq: batch row b's query count; k: softmax_step's.
 __device__ __forceinline__ void finish_rows(const float (&m_run)[2], const float (&l_run)[2], float (&inv)[2],
                                             const AttentionParams& p, int64_t sq, int64_t b, int64_t h,
                                             int64_t row0, int lane, float k = 1.f) {
@@ -248,12 +267,15 @@ __device__ __forceinline__ void finish_rows(const float (&m_run)[2], const float
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const float l = quad_sum(l_run[r]);
-    inv[r] = l > 0.f ? 1.f / l : 0.f;
-    const int64_t i = row0 + g + 8 * r;
-    if (t4 == 0 && i < sq) {
-      static_cast<float*>(p.lse)[p.lse_at(b, h) + i] =
-          l > 0.f ? fmaf(m_run[r], k, log2f(l)) * cuda::kLn2Float : kNegInf;
+    float lse2;
+    if (p.sinks) {
+      sink_total(m_run[r] * k, l, static_cast<const float*>(p.sinks)[h], inv[r], lse2);
+    } else {
+      inv[r] = l > 0.f ? 1.f / l : 0.f;
+      lse2 = l > 0.f ? fmaf(m_run[r], k, log2f(l)) : kNegInf;
     }
+    const int64_t i = row0 + g + 8 * r;
+    if (t4 == 0 && i < sq) static_cast<float*>(p.lse)[p.lse_at(b, h) + i] = lse2 * cuda::kLn2Float;
   }
 }
 

@@ -24,6 +24,7 @@ from opforge.ops.attention.checks import (
     window_args,
 )
 from opforge.ops.attention.kv_cache import gather_pages, kv_lens_as_mask, pages_by_kernel, records_gradient
+from opforge.ops.attention.sinks import apply_sinks, check_sinks
 
 
 def attention(
@@ -43,6 +44,7 @@ def attention(
     variant: str = "auto",
     deterministic: bool | None = None,
     block_table: torch.Tensor | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """softmax(q k^T * scale, masked by the pattern) v, without an Sq x Sk matrix in memory.
 
@@ -96,8 +98,15 @@ def attention(
             head dims 64 / 128 / 256 and cache rows at 16-byte boundaries; it gathers the pages of
             the others into one (B, Hkv, max_pages x page_size, D) copy first (one more read and
             write of them), as the calls with segment ids, a mask or gradients are gathered.
+        sinks: (Hq,) attention sinks (gpt-oss; FlashAttention's ``learnable_sink``): one more logit
+            that every row of query head h takes in its softmax, ``sinks[h]``, with no value: the
+            output is softmax([scores, sink]) without the sink's column times v, so a row's weights
+            sum to less than 1 (a row that sees no key gets zeros and the sink as its LSE). Any
+            floating dtype, on q's device; computed in float32 (float64 for float64 inputs), on every
+            kernel and path (decode, paged, varlen), differentiable (its gradient too). The kernels
+            add it when they finish a row; the backward needs nothing more.
         return_lse: also return the log-sum-exp of each query's scores, (B, Hq, Sq) float32
-            (float64 for float64 inputs).
+            (float64 for float64 inputs); with sinks, over the scores and the sink.
         variant: the kernel. ``"auto"`` (default) follows the rule of docs/attention.md: the decode
             kernel for few query rows (Sq x the GQA group) against many keys, else on the CPU the
             tiled kernel and on CUDA the Hopper one (TMA + wgmma; sm_90 GPUs, sm_90a builds) or the
@@ -133,6 +142,7 @@ def attention(
     for name, t in (("q", q), ("k", k), ("v", v)):
         require_tensor(OP, name, t)
     check_options(OP, variant, deterministic)
+    check_sinks(OP, q, sinks)
     if block_table is not None:
         check_paged(q, k, v, block_table, kv_lens)
         if pages_by_kernel(q, k, v, segment_ids, mask):  # (which kernel, in place or not: C++ decides)
@@ -149,6 +159,7 @@ def attention(
                 right,
                 prefix,
                 variant,
+                sinks,
             )
             return (out, lse) if return_lse else out
         k, v = gather_pages(k, v, block_table, kv_lens)
@@ -163,6 +174,8 @@ def attention(
         out, lse = Attention.apply(
             q, k, v, scale, softcap, variant, deterministic, None, None, *args, kv_lens
         )
+        if sinks is not None:  # (composed after the kernels: differentiable under every transform)
+            out, lse = apply_sinks(out, lse, sinks)
     else:
         out, lse = torch.ops.opforge.attention.default(
             q,
@@ -172,6 +185,9 @@ def attention(
             softcap,
             *args,
             kv_lens,
+            None,
+            None,
+            sinks,
             variant=variant,
             deterministic=deterministic,
         )
@@ -195,6 +211,7 @@ def attention_varlen(
     return_lse: bool = False,
     variant: str = "auto",
     check_offsets: bool = True,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """opforge.attention over variable-length sequences packed one after another (FlashAttention's
     ``flash_attn_varlen_func`` layout), each attending to its own keys only, with no padding.
@@ -234,6 +251,8 @@ def attention_varlen(
             offset are read as masked keys of the last sequence (NaN there can reach it). Like PyTorch's
             ``check_invariants`` for sparse tensors' indices. The CPU checks them either way (reading
             them costs nothing there), and so do the backward and calls under torch.func transforms.
+        sinks: (Hq,) attention sinks, as in opforge.attention (rows past the last offset keep zeros and
+            an LSE of -inf).
 
     Returns the output (total_q, Hq, D) in q's dtype (contiguous, whatever q's layout), and the LSE
     when asked. A query whose sequence has no keys gets zeros and an LSE of -inf. The pattern
@@ -248,6 +267,7 @@ def attention_varlen(
     """
     check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal)
     check_options(VARLEN_OP, variant, deterministic)
+    check_sinks(VARLEN_OP, q, sinks)
     if not isinstance(check_offsets, bool):
         raise TypeError(f"{VARLEN_OP}: check_offsets must be a bool, got {type(check_offsets).__name__}")
     left, right = window_args(VARLEN_OP, window)
@@ -261,6 +281,10 @@ def attention_varlen(
         out, lse = Attention.apply(
             q4, k4, v4, scale, softcap, variant, deterministic, cu_seqlens_q, cu_seqlens_k, *args
         )
+        if sinks is not None:  # (composed; rows past the last offset stay in no sequence: LSE -inf)
+            out, lse = apply_sinks(out, lse, sinks)
+            past = torch.arange(lse.shape[-1], device=lse.device) >= cu_seqlens_q[-1]
+            lse = lse.masked_fill(past, -torch.inf)
     else:
         out, lse = torch.ops.opforge.attention.default(
             q4,
@@ -273,6 +297,7 @@ def attention_varlen(
             deterministic=deterministic,
             cu_seqlens_q=cu_seqlens_q,
             cu_seqlens_k=cu_seqlens_k,
+            sinks=sinks,
             check_offsets=check_offsets,
         )
     out = out.transpose(1, 2).squeeze(0)

@@ -10,6 +10,7 @@ import torch
 from opforge.ops.attention import dense
 from opforge.ops.attention.checks import BACKWARD_OP, OP, check_paged, check_qkv, empty_like_output, lse_dtype
 from opforge.ops.attention.schema import ATTENTION
+from opforge.ops.attention.sinks import sink_gradient
 
 
 @torch.library.register_fake("opforge::attention")
@@ -43,8 +44,10 @@ def backward_variant(variant: str) -> str:
 
 
 def _save(ctx, scale, softcap, pattern, variant, deterministic, cu_seqlens, kv_lens) -> None:
-    """What a backward needs of the forward's call, from either autograd path."""
+    """What a backward needs of the forward's call, from either autograd path (the Function's calls
+    have no sinks: apply_sinks composes them after it)."""
     ctx.scale, ctx.softcap, ctx.pattern = scale, softcap, tuple(pattern)
+    ctx.has_sinks = False
     ctx.variant = backward_variant(variant)
     ctx.deterministic = deterministic
     ctx.cu_seqlens = cu_seqlens
@@ -54,7 +57,8 @@ def _save(ctx, scale, softcap, pattern, variant, deterministic, cu_seqlens, kv_l
 def _setup_context(ctx, inputs, keyword_only_inputs, output):
     q, k, v = inputs[:3]
     out, lse = output
-    ctx.save_for_backward(q, k, v, out, lse)
+    sinks = ATTENTION.get(inputs, "sinks")
+    ctx.save_for_backward(q, k, v, out, lse, *(() if sinks is None else (sinks,)))
     _save(
         ctx,
         ATTENTION.get(inputs, "scale"),
@@ -65,6 +69,7 @@ def _setup_context(ctx, inputs, keyword_only_inputs, output):
         ATTENTION.offsets_of(inputs),
         ATTENTION.get(inputs, "kv_lens"),
     )
+    ctx.has_sinks = sinks is not None
     ctx.inputs = len(inputs)
     ctx.set_materialize_grads(False)
 
@@ -83,8 +88,9 @@ def _under_forward_mode() -> bool:
 
 
 def _gradients(ctx, grad_out, grad_lse):
-    """(dq, dk, dv) by the backward kernels; differentiable again (double backward) when the
-    gradients are being recorded (create_graph=True, torch.func)."""
+    """(dq, dk, dv, d sinks or None) by the backward kernels (given the output and LSE with the sinks,
+    they need nothing more; the sinks' gradient from those, sinks.sink_gradient); differentiable
+    again (double backward) when the gradients are being recorded (create_graph=True, torch.func)."""
     if torch.is_grad_enabled() and _under_forward_mode():
         # (the gradients would need the tangent of the backward, which is not implemented; under
         # jacfwd's vmap functorch fails inside before _AttentionBackward.jvp could say so)
@@ -94,18 +100,26 @@ def _gradients(ctx, grad_out, grad_lse):
             f"{BACKWARD_OP}: no gradient through kv_lens' kernels; call opforge.attention, which builds "
             "the exact block mask when q, k or v require grad"
         )
-    q, k, v, out, lse = ctx.saved_tensors
+    q, k, v, out, lse, *rest = ctx.saved_tensors
+    sinks = rest[0] if ctx.has_sinks else None
+    d_sinks = None
+    if sinks is not None and ctx.needs_input_grad[ATTENTION.index("sinks")]:
+        d_sinks = sink_gradient(sinks, grad_out, out, lse, grad_lse)
     if grad_out is None:
         grad_out = torch.zeros_like(out)
     cu_q, cu_k = ctx.cu_seqlens
     args = (grad_out, q, k, v, out, lse, grad_lse, ctx.scale, ctx.softcap, ctx.variant, ctx.deterministic)
     if torch.is_grad_enabled():
-        return _AttentionBackward.apply(*args, cu_q, cu_k, *ctx.pattern)
-    return _AttentionBackward.forward(*args, cu_q, cu_k, *ctx.pattern)  # (the op itself)
+        return (*_AttentionBackward.apply(*args, cu_q, cu_k, sinks, *ctx.pattern), d_sinks)
+    return (*_AttentionBackward.forward(*args, cu_q, cu_k, sinks, *ctx.pattern), d_sinks)  # (the op itself)
 
 
 def _backward(ctx, grad_out, grad_lse):
-    return (*_gradients(ctx, grad_out, grad_lse), *(None,) * (ctx.inputs - 3))
+    dq, dk, dv, d_sinks = _gradients(ctx, grad_out, grad_lse)
+    grads = [dq, dk, dv, *(None,) * (ctx.inputs - 3)]
+    if d_sinks is not None:
+        grads[ATTENTION.index("sinks")] = d_sinks
+    return tuple(grads)
 
 
 def _not_differentiable(ctx, *grads):
@@ -186,7 +200,7 @@ class Attention(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_out, grad_lse):
-        return (*_gradients(ctx, grad_out, grad_lse), *(None,) * (ctx.inputs - 3))
+        return (*_gradients(ctx, grad_out, grad_lse)[:3], *(None,) * (ctx.inputs - 3))
 
     @staticmethod
     def jvp(ctx, dq, dk, dv, *_):
@@ -230,8 +244,11 @@ class _AttentionBackward(torch.autograd.Function):
         deterministic,
         cu_seqlens_q,
         cu_seqlens_k,
+        sinks,
         *pattern,
     ):
+        # (sinks: only the recomputation of the double backward reads them; the kernels take the
+        # output and LSE that include them)
         return torch.ops.opforge.attention_backward.default(
             grad_out,
             q,
@@ -251,27 +268,43 @@ class _AttentionBackward(torch.autograd.Function):
 
     @staticmethod
     def setup_context(ctx, inputs, output):
-        grad_out, q, k, v, _out, _lse, grad_lse, scale, softcap, _variant, _deterministic, cu_q, cu_k = (
-            inputs[:13]
-        )
-        ctx.save_for_backward(grad_out, q, k, v, grad_lse)
-        ctx.scale, ctx.softcap, ctx.pattern = scale, softcap, tuple(inputs[13:])
+        (
+            grad_out,
+            q,
+            k,
+            v,
+            _out,
+            _lse,
+            grad_lse,
+            scale,
+            softcap,
+            _variant,
+            _deterministic,
+            cu_q,
+            cu_k,
+            sinks,
+        ) = inputs[:14]
+        ctx.save_for_backward(grad_out, q, k, v, grad_lse, sinks)
+        ctx.scale, ctx.softcap, ctx.pattern = scale, softcap, tuple(inputs[14:])
         ctx.cu_seqlens = (cu_q, cu_k)
         ctx.inputs = len(inputs)
         ctx.set_materialize_grads(False)
 
     @staticmethod
     def backward(ctx, ggq, ggk, ggv):
-        grad_out, q, k, v, grad_lse = ctx.saved_tensors
+        grad_out, q, k, v, grad_lse, sinks = ctx.saved_tensors
         if ggq is None and ggk is None and ggv is None:
             return (None,) * ctx.inputs
-        with_lse = grad_lse is not None
+        with_lse, with_sinks = grad_lse is not None, sinks is not None
 
-        def first(grad_out, q, k, v, *lse_cotangent):
-            gl = lse_cotangent[0] if with_lse else None
-            return dense.backward(grad_out, q, k, v, gl, ctx.scale, ctx.softcap, ctx.pattern, ctx.cu_seqlens)
+        def first(grad_out, q, k, v, *extra):
+            gl = extra[0] if with_lse else None
+            s = extra[-1] if with_sinks else None
+            return dense.backward(
+                grad_out, q, k, v, gl, ctx.scale, ctx.softcap, ctx.pattern, ctx.cu_seqlens, sinks=s
+            )
 
-        primals = (grad_out, q, k, v, *((grad_lse,) if with_lse else ()))
+        primals = (grad_out, q, k, v, *((grad_lse,) if with_lse else ()), *((sinks,) if with_sinks else ()))
         firsts, pull = torch.func.vjp(first, *primals)
         cots = tuple(
             torch.zeros_like(g) if gg is None else gg.to(g.dtype)
@@ -280,7 +313,8 @@ class _AttentionBackward(torch.autograd.Function):
         grads = pull(cots)
         d_go, d_q, d_k, d_v = grads[:4]
         d_gl = grads[4] if with_lse else None
-        return (d_go, d_q, d_k, d_v, None, None, d_gl, *(None,) * (ctx.inputs - 7))
+        d_sinks = grads[-1] if with_sinks else None
+        return (d_go, d_q, d_k, d_v, None, None, d_gl, *(None,) * 6, d_sinks, *(None,) * (ctx.inputs - 14))
 
     @staticmethod
     def jvp(ctx, *tangents):

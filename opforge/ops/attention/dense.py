@@ -54,9 +54,10 @@ def compute_dtype(t: torch.Tensor) -> torch.dtype:
     return torch.float64 if t.dtype == torch.float64 else torch.float32
 
 
-def forward(q, k, v, scale, softcap, pattern, cu_seqlens=(None, None)):
+def forward(q, k, v, scale, softcap, pattern, cu_seqlens=(None, None), sinks=None):
     """(out, lse) of opforge.attention: the reference in float32 (float64 for float64 inputs);
     packed sequences one at a time."""
+    sinks = None if sinks is None else sinks.to(compute_dtype(q))
     dt = compute_dtype(q)
     sq, sk = q.shape[2], k.shape[2]
     kw = pattern_kwargs(pattern, sq, sk)
@@ -69,20 +70,21 @@ def forward(q, k, v, scale, softcap, pattern, cu_seqlens=(None, None)):
             scale=scale,
             softcap=softcap or None,
             return_lse=True,
+            sinks=sinks,
         )
         return out.transpose(0, 1)[None], lse[None]
     return reference.attention(
-        q.to(dt), k.to(dt), v.to(dt), scale=scale, softcap=softcap or None, return_lse=True, **kw
+        q.to(dt), k.to(dt), v.to(dt), scale=scale, softcap=softcap or None, return_lse=True, sinks=sinks, **kw
     )
 
 
-def backward(grad_out, q, k, v, grad_lse, scale, softcap, pattern, cu_seqlens=(None, None)):
+def backward(grad_out, q, k, v, grad_lse, scale, softcap, pattern, cu_seqlens=(None, None), sinks=None):
     """(dq, dk, dv) of opforge.attention at (q, k, v) for the cotangents (grad_out, grad_lse): the
     vector-Jacobian product of `forward` (a function of its five tensor arguments only, out and lse
     recomputed from q, k and v), in the inputs' dtypes."""
 
     def fn(q, k, v):
-        return forward(q, k, v, scale, softcap, pattern, cu_seqlens)
+        return forward(q, k, v, scale, softcap, pattern, cu_seqlens, sinks)
 
     (out, lse), pull = torch.func.vjp(fn, q, k, v)
     g_lse = torch.zeros_like(lse) if grad_lse is None else grad_lse.to(lse.dtype)

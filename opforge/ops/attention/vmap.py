@@ -51,9 +51,10 @@ def _fold_heads(t, dim, size):
     return t.flatten(1, 2)
 
 
-def _vmap_varlen(op, info, in_dims, args, kwargs, operands: int, offsets: tuple[int, int]):
+def _vmap_varlen(op, info, in_dims, args, kwargs, operands: int, offsets: tuple[int, int], sinks):
     """vmap of packed sequences (cu_seqlens at `offsets`): the first `operands` arguments (q, k, v;
-    the backward's grad_out .. grad_lse) folded into the heads, the outputs unfolded from them."""
+    the backward's grad_out .. grad_lse) folded into the heads, the outputs unfolded from them (the
+    sinks, at `sinks`, repeated for the folded heads)."""
     for i, name in zip(offsets, ("cu_seqlens_q", "cu_seqlens_k"), strict=True):
         if in_dims[i] is not None:
             raise NotImplementedError(
@@ -63,6 +64,8 @@ def _vmap_varlen(op, info, in_dims, args, kwargs, operands: int, offsets: tuple[
     size, args = info.batch_size, list(args)
     for i in range(operands):
         args[i] = _fold_heads(args[i], in_dims[i], size)
+    if sinks is not None and sinks < len(args) and args[sinks] is not None:
+        args[sinks] = args[sinks].repeat(size)
     outs = op(*args, **kwargs)
     return tuple(t.unflatten(1, (size, t.shape[1] // size)) for t in outs), (1,) * len(outs)
 
@@ -80,7 +83,12 @@ def _empty_map(rule, info, in_dims, args, kwargs):
 
 
 def _vmap_rule(
-    op, batched: tuple[int, ...], mask: tuple[int, int, int], operands: int, offsets: tuple[int, int]
+    op,
+    batched: tuple[int, ...],
+    mask: tuple[int, int, int],
+    operands: int,
+    offsets: tuple[int, int],
+    sinks: int | None,
 ):
     """A vmap rule for `op`: the arguments at `batched` (those with a batch dimension: operands,
     segment ids, key counts) get the mapped dimension folded into it; a block mask (kinds, index,
@@ -89,10 +97,15 @@ def _vmap_rule(
     (_vmap_varlen)."""
 
     def rule(info, in_dims, *args, **kwargs):  # (the op's keyword-only options, passed through)
+        if sinks is not None and sinks < len(args) and in_dims[sinks] is not None:
+            raise NotImplementedError(
+                f"{op}: vmap over sinks is not supported (the sinks are one logit a query head, shared by "
+                "every mapped index); map over q, k and v"
+            )
         if info.batch_size == 0:  # (jacrev of an empty output): one mapped index of zeros, then none
             return _empty_map(rule, info, in_dims, args, kwargs)
         if any(i < len(args) and args[i] is not None for i in offsets):  # (at their default: not passed)
-            return _vmap_varlen(op, info, in_dims, args, kwargs, operands, offsets)
+            return _vmap_varlen(op, info, in_dims, args, kwargs, operands, offsets, sinks)
         if any(in_dims[i] is not None for i in mask):
             return _vmap_loop(op, info, in_dims, args, kwargs)
         size, args = info.batch_size, list(args)
@@ -113,8 +126,9 @@ def _register(schema, operands: tuple[str, ...], batched: tuple[str, ...]) -> No
     positions = tuple(schema.index(n) for n in (*operands, *batched))
     mask = tuple(schema.index(n) for n in ("mask_kinds", "mask_index", "mask_bits"))
     offsets = (schema.index("cu_seqlens_q"), schema.index("cu_seqlens_k"))
+    sinks = schema.index("sinks") if "sinks" in schema.names else None
     torch.library.register_vmap(
-        f"opforge::{schema.name}", _vmap_rule(op, positions, mask, len(operands), offsets)
+        f"opforge::{schema.name}", _vmap_rule(op, positions, mask, len(operands), offsets, sinks)
     )
 
 
