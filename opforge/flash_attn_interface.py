@@ -30,11 +30,14 @@ of 0 would be uniform attention, silently).
   query that sees no key (the log of an empty sum; FlashAttention's kernels write +inf there when
   they do not split the keys and -inf when they do).
 
+Attention sinks (gpt-oss) are computed in all three: ``learnable_sink`` (FlashAttention's name) or
+``s_aux`` (the name of the kernels transformers loads for gpt-oss), a (heads,) tensor of one logit a
+query head that every row takes in its softmax with no value (opforge.attention's ``sinks``; give one
+of the two names), differentiable.
+
 What opforge does not compute raises a NotImplementedError naming the argument, never a silent
 difference: dropout (``dropout_p > 0``), ALiBi (``alibi_slopes``), rotary embedding (``rotary_cos`` /
-``rotary_sin``), FP8 (``q_descale`` / ``k_descale`` / ``v_descale``), ``qv``, attention sinks
-(``s_aux`` / ``learnable_sink``: accepted in the signature so that callers which pass them only where
-a function names them, as transformers does, hand them over to be refused rather than drop them),
+``rotary_sin``), FP8 (``q_descale`` / ``k_descale`` / ``v_descale``), ``qv``,
 chunked attention (``attention_chunk``), ``seqused_q`` / ``seqused_k``, a left-padded cache
 (``cache_leftpad``), paged varlen (``block_table`` in ``flash_attn_varlen_func``), and packed queries
 in ``flash_attn_with_kvcache`` (``cu_seqlens_q`` / ``cu_seqlens_k_new``). Arguments that only tune
@@ -81,8 +84,6 @@ def _refuse(fn: str, **args) -> None:
             "q_descale": "FP8 attention (q_descale / k_descale / v_descale)",
             "k_descale": "FP8 attention (q_descale / k_descale / v_descale)",
             "v_descale": "FP8 attention (q_descale / k_descale / v_descale)",
-            "s_aux": "attention sinks (s_aux)",
-            "learnable_sink": "attention sinks (learnable_sink)",
             "attention_chunk": "chunked attention (attention_chunk != 0)",
             "seqused_q": "seqused_q (give each sequence's used length through cu_seqlens_q)",
             "seqused_k": "seqused_k (give each sequence's used length through cu_seqlens_k)",
@@ -93,6 +94,13 @@ def _refuse(fn: str, **args) -> None:
             "rotary_seqlens": "rotary embedding (rotary_seqlens)",
         }[name]
         raise NotImplementedError(f"{_MOD}.{fn}: opforge does not support {what}")
+
+
+def _sinks(fn: str, s_aux, learnable_sink):
+    """The attention sinks under either name (opforge.attention checks the tensor)."""
+    if s_aux is not None and learnable_sink is not None:
+        raise TypeError(f"{_MOD}.{fn}: give the attention sinks as s_aux or learnable_sink, not both")
+    return learnable_sink if learnable_sink is not None else s_aux
 
 
 def _window(fn: str, window_size) -> tuple[int | None, int | None] | None:
@@ -197,8 +205,6 @@ def flash_attn_func(
         k_descale=k_descale,
         v_descale=v_descale,
         attention_chunk=attention_chunk,
-        s_aux=s_aux,
-        learnable_sink=learnable_sink,
     )
     _check_rank(fn, 4, "(batch, seqlen, heads, head_dim)", q=q, k=k, v=v)
     res = attention(
@@ -211,6 +217,7 @@ def flash_attn_func(
         softcap=_softcap(fn, softcap),
         deterministic=_deterministic(fn, deterministic),
         return_lse=return_attn_probs,
+        sinks=_sinks(fn, s_aux, learnable_sink),
     )
     if return_attn_probs:
         return res[0].transpose(1, 2), res[1]
@@ -278,8 +285,6 @@ def flash_attn_varlen_func(
         seqused_q=seqused_q,
         seqused_k=seqused_k,
         block_table=block_table,
-        s_aux=s_aux,
-        learnable_sink=learnable_sink,
     )
     _check_rank(fn, 3, "(total, heads, head_dim)", q=q, k=k, v=v)
     return attention_varlen(
@@ -296,6 +301,7 @@ def flash_attn_varlen_func(
         softcap=_softcap(fn, softcap),
         deterministic=_deterministic(fn, deterministic),
         return_lse=return_attn_probs,
+        sinks=_sinks(fn, s_aux, learnable_sink),
     )
 
 
@@ -386,8 +392,6 @@ def flash_attn_with_kvcache(
         v_descale=v_descale,
         attention_chunk=attention_chunk,
         alibi_slopes=alibi_slopes,
-        s_aux=s_aux,
-        learnable_sink=learnable_sink,
     )
     _check_rank(fn, 4, "(batch, seqlen, heads, head_dim)", q=q, k_cache=k_cache, v_cache=v_cache)
     if page_table is not None and block_table is not None:
@@ -490,6 +494,7 @@ def flash_attn_with_kvcache(
         softcap=cap,
         kv_lens=kv_lens,
         return_lse=return_softmax_lse,
+        sinks=_sinks(fn, s_aux, learnable_sink),
     )
     if table is not None:
         res = attention(q.transpose(1, 2), k_cache, v_cache, block_table=table, **kw)

@@ -13,6 +13,7 @@ import pytest
 import torch
 from conftest import DEVICES, capture_cuda_graph, poison_cuda_allocator
 
+from opforge import reference
 from opforge.flash_attn_interface import flash_attn_func, flash_attn_varlen_func, flash_attn_with_kvcache
 
 MOD = "opforge.flash_attn_interface"
@@ -302,8 +303,6 @@ def _qkv4():
         ("func", dict(alibi_slopes=torch.ones(2)), "ALiBi"),
         ("func", dict(q_descale=torch.ones(1, 2)), "FP8"),
         ("func", dict(qv=torch.ones(1)), "qv"),
-        ("func", dict(s_aux=torch.zeros(2)), "sinks (s_aux)"),
-        ("func", dict(learnable_sink=torch.zeros(2)), "sinks (learnable_sink)"),
         ("func", dict(attention_chunk=8), "attention_chunk"),
         ("varlen", dict(seqused_k=torch.ones(1, dtype=torch.int32)), "seqused_k"),
         ("varlen", dict(block_table=torch.zeros(1, 1, dtype=torch.int32)), "block_table"),
@@ -311,7 +310,6 @@ def _qkv4():
         ("kvcache", dict(rotary_cos=torch.ones(4, 4), rotary_sin=torch.ones(4, 4)), "rotary"),
         ("kvcache", dict(cache_leftpad=torch.zeros(1, dtype=torch.int32)), "cache_leftpad"),
         ("kvcache", dict(cu_seqlens_q=torch.zeros(2, dtype=torch.int32)), "cu_seqlens_q"),
-        ("kvcache", dict(s_aux=torch.zeros(2)), "s_aux"),
     ],
 )
 def test_unsupported_arguments_raise_naming_them(fn, kwargs, words):
@@ -645,3 +643,31 @@ def test_flash_attn_with_kvcache_no_new_tokens_on_an_empty_cache():
     q = torch.randn(1, 2, 1, 8)
     out = flash_attn_with_kvcache(q, z, z, z, z, cache_seqlens=0)
     assert out.shape == q.shape and (out == 0).all()
+
+
+def test_attention_sinks_under_both_names():
+    """learnable_sink (FlashAttention's name) and s_aux (the gpt-oss kernels') are opforge.attention's
+    sinks in all three functions: the reference with the sink column, gradients of the sinks too."""
+    q, k, v = (torch.randn(2, 9, 4, 8, dtype=torch.float64) for _ in range(3))
+    k, v = k[:, :, :2], v[:, :, :2]
+    sinks = torch.randn(4, dtype=torch.float64, requires_grad=True)
+    want = reference.attention(
+        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=True, sinks=sinks
+    )
+    for name in ("learnable_sink", "s_aux"):
+        out = flash_attn_func(q, k, v, causal=True, **{name: sinks})
+        torch.testing.assert_close(out.transpose(1, 2), want)
+    (g,) = torch.autograd.grad(out.sum(), sinks)
+    (w,) = torch.autograd.grad(want.sum(), sinks)
+    torch.testing.assert_close(g, w)
+    cu = torch.tensor([0, 9, 18], dtype=torch.int32)
+    packed = flash_attn_varlen_func(
+        q.flatten(0, 1), k.flatten(0, 1), v.flatten(0, 1), cu, cu, 9, 9, causal=True, s_aux=sinks
+    )
+    torch.testing.assert_close(packed.view(2, 9, 4, 8).transpose(1, 2), want)
+    cached = flash_attn_with_kvcache(q[:, -1:], k, v, cache_seqlens=9, causal=True, s_aux=sinks.detach())
+    torch.testing.assert_close(cached.transpose(1, 2), want[:, :, -1:].detach())
+    with pytest.raises(
+        TypeError, match=r"flash_attn_func: give the attention sinks as s_aux or learnable_sink"
+    ):
+        flash_attn_func(q, k, v, s_aux=sinks, learnable_sink=sinks)

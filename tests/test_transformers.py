@@ -54,6 +54,17 @@ def small(kind: str):
             final_logit_softcapping=30.0,
         )
         return transformers.Gemma2ForCausalLM, cfg
+    if kind == "gpt-oss":  # attention sinks, a sliding and a full layer, a mixture of experts
+        cfg = transformers.GptOssConfig(
+            **{**common, "intermediate_size": 64},
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+            head_dim=16,
+            sliding_window=8,
+            num_local_experts=4,
+            num_experts_per_tok=2,
+            layer_types=["sliding_attention", "full_attention"],
+        )
+        return transformers.GptOssForCausalLM, cfg
     raise ValueError(kind)
 
 
@@ -64,6 +75,10 @@ def build(kind: str, impl: str, dtype=torch.float32):
     cls, cfg = small(kind)
     torch.manual_seed(0)  # the same random weights for every implementation
     model = cls(cfg).to(dtype).eval()
+    with torch.no_grad():  # (gpt-oss's sinks, initialised near 0, drawn where they change every row)
+        for module in model.modules():
+            if isinstance(getattr(module, "sinks", None), torch.Tensor):
+                module.sinks.copy_(torch.randn(module.sinks.shape) * 2)
     model.set_attn_implementation(impl)
     return model
 
@@ -549,71 +564,38 @@ def test_paged_attention_errors_and_registration():
         otf.opforge_paged_attention(
             module, q, k, k, None, cache=cache, cu_seq_lens_q=cu, cu_seq_lens_k=cu, block_table=cu
         )
-    with pytest.raises(NotImplementedError, match="sinks"):
-        otf.opforge_paged_attention(
-            module, q, k, k, None, cache=cache, cu_seq_lens_q=cu, cu_seq_lens_k=cu, s_aux=torch.zeros(4)
-        )
 
 
 # ---- every keyword a model passes: implemented, without effect, or refused -----------------------
 
 
-def tiny_gpt_oss() -> transformers.PreTrainedModel:
-    """A 2-layer gpt-oss (one sliding, one full layer) with random attention sinks."""
-    cfg = transformers.GptOssConfig(
-        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
-        vocab_size=VOCAB,
-        hidden_size=64,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        sliding_window=8,
-        num_local_experts=4,
-        num_experts_per_tok=2,
-        layer_types=["sliding_attention", "full_attention"],
-        max_position_embeddings=256,
-    )
-    torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
+def test_gpt_oss_attention_sinks_match_eager():
+    """gpt-oss hands over its sinks (s_aux=module.sinks; its eager function reads module.sinks): on
+    "opforge" its logits are eager's (a sliding and a full layer, a padded batch) and generate()
+    gives eager's tokens; both attention functions read the sinks from the module alone as well."""
+    ref, model = build("gpt-oss", "eager"), build("gpt-oss", "opforge")
+    torch.manual_seed(2)
+    ids = torch.randint(3, VOCAB, (2, 21))
+    mask = torch.ones_like(ids)
+    mask[1, :5] = 0  # (left padding)
     with torch.no_grad():
-        for module in model.modules():
-            if isinstance(getattr(module, "sinks", None), torch.Tensor):
-                module.sinks.normal_()
-    return model
-
-
-SINKS_ERROR = (
-    r"opforge\.integrations\.transformers: attention sinks \({}=.*not supported yet.*"
-    r"use attn_implementation='eager'"
-)
-
-
-def test_gpt_oss_attention_sinks_are_refused():
-    """gpt-oss passes its sinks (s_aux=module.sinks): opforge has none, so the model refuses to run
-    instead of returning logits that differ from eager's (finding r0: by 0.2-0.3, silently)."""
-    model = tiny_gpt_oss()
-    ids = torch.randint(1, VOCAB, (2, 21))
-    with torch.no_grad():
-        model.set_attn_implementation("eager")
-        assert model(ids).logits.isfinite().all()  # (the model itself runs)
-        model.set_attn_implementation("opforge")
-        with pytest.raises(NotImplementedError, match=SINKS_ERROR.format("s_aux")):
-            model(ids)
-        with pytest.raises(NotImplementedError, match=SINKS_ERROR.format("s_aux")):
-            model.generate(ids, max_new_tokens=2, do_sample=False, pad_token_id=0)
-    # The sinks on the module alone (gpt-oss's eager function reads module.sinks) are refused too, by
-    # both functions.
+        want = ref(ids, attention_mask=mask).logits
+        got = model(ids, attention_mask=mask).logits
+        assert close(got[mask.bool()], want[mask.bool()], 1e-4)
+        gen = dict(max_new_tokens=6, do_sample=False, pad_token_id=0)
+        assert torch.equal(model.generate(ids[:1], **gen), ref.generate(ids[:1], **gen))
     attn = model.model.layers[1].self_attn
     q, k = torch.randn(1, 4, 5, 16), torch.randn(1, 2, 5, 16)
-    with pytest.raises(NotImplementedError, match=SINKS_ERROR.format(r"module\.sinks")):
-        otf.opforge_attention(attn, q, k, k, None)
+    with_sinks = opforge.attention(q, k, k, causal=True, sinks=attn.sinks.detach())
+    out, _ = otf.opforge_attention(attn, q, k, k, None)
+    torch.testing.assert_close(out, with_sinks.transpose(1, 2))
     cu = torch.tensor([0, 5], dtype=torch.int32)
     cache = _GatheredCache([torch.randn(0, 2, 16)], [torch.randn(0, 2, 16)])
     cache.new_counts = [5]
-    with pytest.raises(NotImplementedError, match=SINKS_ERROR.format(r"module\.sinks")):
-        otf.opforge_paged_attention(attn, q, k, k, None, cache=cache, cu_seq_lens_q=cu, cu_seq_lens_k=cu)
+    paged, _ = otf.opforge_paged_attention(
+        attn, q, k, k, None, cache=cache, cu_seq_lens_q=cu, cu_seq_lens_k=cu
+    )
+    torch.testing.assert_close(paged, with_sinks.transpose(1, 2))
 
 
 def test_t5_position_bias_is_refused():
@@ -871,7 +853,7 @@ def test_paged_attention_refuses_what_it_would_drop():
 # ---- continuous batching on the installed release -------------------------------------------------
 
 
-@pytest.mark.parametrize("kind", ["llama", "mistral", "gemma2"])
+@pytest.mark.parametrize("kind", ["llama", "mistral", "gemma2", "gpt-oss"])
 def test_generate_batch_on_the_installed_release(kind, monkeypatch):
     """register() returns the name continuous batching takes on the installed transformers (5.24+:
     opforge's FlashAttention API as a local kernel; earlier: 'paged|opforge'); generate_batch on it

@@ -27,9 +27,9 @@ the sequences are (packed documents of one row).
 
 Every keyword a model passes is read (see ``_NO_EFFECT`` and ``_REFUSED`` for the audit of what
 transformers 5.17 and 5.25 pass): implemented (``scaling``, ``softcap``, ``sliding_window``,
-``is_causal``, ``deterministic``, ``cu_seq_lens_q`` / ``cu_seq_lens_k``), without effect on the result
-for a reason written down (``position_ids``: RoPE has used them, ...), or refused with a clear error
-when set: attention sinks (``s_aux`` / ``sinks``, gpt-oss), score biases (``position_bias``, T5),
+``is_causal``, ``deterministic``, ``cu_seq_lens_q`` / ``cu_seq_lens_k``, attention sinks: ``s_aux`` /
+``sinks`` or ``module.sinks``, gpt-oss), without effect on the result for a reason written down
+(``position_ids``: RoPE has used them, ...), or refused with a clear error when set: score biases (``position_bias``, T5),
 sparse attention's selected keys (``indices`` / ``block_indices``), ``head_mask``, attention dropout
 while training (``attention_dropout > 0``), ``output_attentions=True`` (no S x S matrix exists to
 return), packed-sequence offsets the call cannot honour, and any keyword not in the audit (a
@@ -86,15 +86,8 @@ _NO_EFFECT: dict[str, str] = {
     "logits_processor_args": "continuous batching's: the logits processors' arguments",
 }
 
-_SINKS = (
-    "attention sinks ({name}=: a learned per-head logit that joins every softmax's denominator, as "
-    "gpt-oss passes its module.sinks) are not supported yet: without them every output would differ; "
-    "use attn_implementation='eager' (or 'flex_attention' on CUDA, or a FlashAttention kernel with sinks)"
-)
 _INSTEAD = "use attn_implementation='eager'"
 _REFUSED: dict[str, str] = {
-    "s_aux": _SINKS.format(name="s_aux"),
-    "sinks": _SINKS.format(name="sinks"),
     "position_bias": "a bias added to the scores (position_bias=: T5's relative position bias and the "
     f"models built like it) is not supported: opforge attention takes masks, not score biases; {_INSTEAD}",
     "head_mask": f"head_mask= (a factor on each head's attention weights) is not supported; {_INSTEAD}",
@@ -114,8 +107,7 @@ _REFUSED: dict[str, str] = {
 def _check_kwargs(module: torch.nn.Module, kwargs: dict[str, Any], read: frozenset[str]) -> None:
     """Refuse whatever the model passes that the caller does not read (``read``) and that could change
     the result: a refused keyword (NotImplementedError), or any keyword outside the audit that is not
-    None (TypeError). A module holding sinks (gpt-oss's ``module.sinks``, which its eager function reads
-    from the module) is refused even when no keyword carries them."""
+    None (TypeError)."""
     for name, value in kwargs.items():
         if value is None or name in read or name in _NO_EFFECT:
             continue
@@ -126,8 +118,6 @@ def _check_kwargs(module: torch.nn.Module, kwargs: dict[str, Any], read: frozens
             "read; it is refused rather than ignored, as it may change the result: use another "
             "attn_implementation (such as 'eager') for this model"
         )
-    if isinstance(getattr(module, "sinks", None), torch.Tensor):
-        raise NotImplementedError(f"{OP}: {_SINKS.format(name='module.sinks')}")
 
 
 def _check_training_options(module: torch.nn.Module, dropout: float, kwargs: dict[str, Any]) -> None:
@@ -180,7 +170,17 @@ def _block_mask_of(mask: torch.Tensor) -> opforge.BlockMask:
     return block
 
 
-_READ = frozenset({"output_attentions", "cu_seq_lens_q", "cu_seq_lens_k"})
+_READ = frozenset({"output_attentions", "cu_seq_lens_q", "cu_seq_lens_k", "s_aux", "sinks"})
+
+
+def _sinks(module: torch.nn.Module, kwargs: dict[str, Any]) -> torch.Tensor | None:
+    """The attention sinks the model hands over (gpt-oss: ``s_aux=self.sinks``; its eager function
+    reads ``module.sinks``, so a module holding them gets them whatever the keywords), or None."""
+    for name in ("s_aux", "sinks"):
+        if kwargs.get(name) is not None:
+            return kwargs[name]
+    sinks = getattr(module, "sinks", None)
+    return sinks if isinstance(sinks, torch.Tensor) else None
 
 
 def opforge_attention(
@@ -233,11 +233,27 @@ def opforge_attention(
         kw = {n: x for n, x in kw.items() if n != "segment_ids"}
         q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))  # (S, H, D) views
         out = opforge.attention_varlen(
-            q, k, v, cu_q, cu_k, scale=scaling, softcap=softcap or None, deterministic=deterministic, **kw
+            q,
+            k,
+            v,
+            cu_q,
+            cu_k,
+            scale=scaling,
+            softcap=softcap or None,
+            deterministic=deterministic,
+            sinks=_sinks(module, kwargs),
+            **kw,
         )
         return out.unsqueeze(0), None
     out = opforge.attention(
-        query, key, value, scale=scaling, softcap=softcap or None, deterministic=deterministic, **kw
+        query,
+        key,
+        value,
+        scale=scaling,
+        softcap=softcap or None,
+        deterministic=deterministic,
+        sinks=_sinks(module, kwargs),
+        **kw,
     )
     return out.transpose(1, 2).contiguous(), None
 
@@ -290,6 +306,8 @@ _PAGED_READ = frozenset(
         "write_index",
         "block_table",
         "sliding_window",
+        "s_aux",
+        "sinks",
     }
 )
 
@@ -378,6 +396,7 @@ def opforge_paged_attention(
         scale=scaling,
         softcap=softcap or None,
         deterministic=deterministic,
+        sinks=_sinks(module, kwargs),
         **kw,
     )
     return out.unsqueeze(0), None
@@ -447,7 +466,9 @@ def register(name: str = NAME) -> str:
 
     ``name`` itself (``"opforge"``) stays the implementation for everything else (prefill, generate,
     training): its mask function gives opforge the model's pattern (windows, packed sequences,
-    padding, any mask function), which a flash name does not get."""
+    padding, any mask function), which a flash name does not get. Models that restrict their flash
+    implementations to a list (gpt-oss, for its attention sinks) get FLASH_NAME added to it
+    (_vouch_flash_kernel), since opforge computes what the list is for."""
     if "flash" in name:
         raise ValueError(
             f"{OP}: the name must not contain 'flash' (transformers treats those as flash attention)"
@@ -464,5 +485,29 @@ def register(name: str = NAME) -> str:
 
     if Version(transformers.__version__).release >= Version(_CB_FLASH_RELEASE).release:
         _register_flash_kernel()
+        _vouch_flash_kernel()
         return FLASH_NAME
     return "paged|" + name
+
+
+# Models whose flash implementations transformers restricts to a list the model's authors vouch for
+# (``_compatible_flash_implementations``: a flash name outside it is replaced by the list's first
+# kernel, with a warning), for features every kernel of the list computes and that opforge's computes
+# too: gpt-oss, attention sinks (s_aux). FLASH_NAME joins those lists (a new list on the class), so that
+# continuous batching runs such a model on opforge instead of fetching another kernel from the Hub.
+_VOUCHED_MODELS = {"gpt_oss": "GptOssPreTrainedModel"}
+
+
+def _vouch_flash_kernel() -> None:
+    import importlib
+
+    for module, cls_name in _VOUCHED_MODELS.items():
+        try:
+            cls = getattr(
+                importlib.import_module(f"transformers.models.{module}.modeling_{module}"), cls_name
+            )
+        except (ImportError, AttributeError):  # (a release without the model)
+            continue
+        names = list(getattr(cls, "_compatible_flash_implementations", None) or [])
+        if names and FLASH_NAME not in names:
+            cls._compatible_flash_implementations = [*names, FLASH_NAME]
