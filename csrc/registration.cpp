@@ -57,14 +57,15 @@ TORCH_LIBRARY(opforge, m) {
   m.def(
       "paged_kv_append(Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor k, Tensor v, Tensor block_table, "
       "Tensor kv_lens) -> ()");
+  // The backward: (dq, dk, dv, d sinks) from the forward's out and lse (with its sinks, if it had
+  // any: dq, dk, dv need nothing more), d sinks (Hq,) in the sinks' dtype (empty without sinks).
   m.def(
       "attention_backward(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor? "
       "grad_lse, "
       "float scale, float softcap, bool causal, int window_left, int window_right, int prefix_len, "
       "Tensor? q_segments, Tensor? kv_segments, Tensor? mask_kinds, Tensor? mask_index, Tensor? mask_bits, "
-      "int block_q, int block_k, Tensor? cu_seqlens_q=None, Tensor? cu_seqlens_k=None, *, str "
-      "variant=\"auto\", "
-      "bool? deterministic=None) -> (Tensor, Tensor, Tensor)");
+      "int block_q, int block_k, Tensor? cu_seqlens_q=None, Tensor? cu_seqlens_k=None, Tensor? sinks=None, "
+      "*, str variant=\"auto\", bool? deterministic=None) -> (Tensor, Tensor, Tensor, Tensor)");
   // The attention kernel a call of these sizes gets on `device` under `variant` (the one rule the
   // CPU and CUDA backends follow: attention/attention_heuristics.h); a ValueError where a named
   // variant cannot serve it.

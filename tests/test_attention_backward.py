@@ -130,7 +130,7 @@ def test_deterministic_argument():
     pattern = (True, -1, -1, 0, None, None, None, None, None, 128, 128)  # causal .. block_k
     out, lse = torch.ops.opforge.attention.default(q, k, v, 0.25, 0.0, *pattern, deterministic=True)
     raw_backward = torch.ops.opforge.attention_backward.default
-    dq, _, _ = raw_backward(go, q, k, v, out, lse, None, 0.25, 0.0, *pattern, deterministic=False)
+    dq, *_ = raw_backward(go, q, k, v, out, lse, None, 0.25, 0.0, *pattern, deterministic=False)
     assert dq.shape == q.shape
     for bad in (1, "yes", torch.tensor(True)):
         with pytest.raises(TypeError, match=r"opforge.attention: deterministic must be a bool or None, got"):

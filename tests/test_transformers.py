@@ -596,6 +596,8 @@ def test_gpt_oss_attention_sinks_match_eager():
         attn, q, k, k, None, cache=cache, cu_seq_lens_q=cu, cu_seq_lens_k=cu
     )
     torch.testing.assert_close(paged, with_sinks.transpose(1, 2))
+    with pytest.raises(NotImplementedError, match=r"s_aux= of shape \[1, 4, 5, 1\]: per-token sinks"):
+        otf.opforge_attention(attn, q, k, k, None, s_aux=torch.zeros(1, 4, 5, 1))
 
 
 def test_t5_position_bias_is_refused():
@@ -633,7 +635,7 @@ def qkv(batch: int = 1, length: int = 8) -> tuple[torch.Tensor, torch.Tensor, to
     "name,value,match",
     [
         # Inkling 2's per-token sinks
-        ("sinks", torch.zeros(1, 4, 8, 1), r"attention sinks \(sinks=.*use attn_implementation='eager'"),
+        ("sinks", torch.zeros(1, 4, 8, 1), r"sinks= of shape \[1, 4, 8, 1\]: per-token sinks.*'eager'"),
         ("position_bias", torch.zeros(1, 4, 8, 8), r"score biases; use attn_implementation='eager'"),
         ("head_mask", torch.ones(4), r"head_mask= .* is not supported"),
         ("indices", torch.zeros(1, 8, 4, dtype=torch.long), r"selected keys \(indices="),  # DeepSeek V3.2

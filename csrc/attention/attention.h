@@ -137,6 +137,17 @@ std::tuple<at::Tensor, at::Tensor> attention_paged_gathered(
     int64_t window_right, int64_t prefix_len, c10::string_view variant,
     const std::optional<at::Tensor>& sinks);
 
+// d loss / d sinks (Hq,) in the sinks' dtype, from the backward's cotangents and the forward's out
+// and lse (which include the sinks): the sum over rows of exp(sink - lse) (grad_lse - rowsum(dO out)),
+// rows whose LSE is -inf (padding rows, or a sink of -inf) adding 0. Without sinks an empty tensor.
+at::Tensor attention_sink_grad(const at::Tensor& grad_out, const at::Tensor& out, const at::Tensor& lse,
+                               const std::optional<at::Tensor>& grad_lse,
+                               const std::optional<at::Tensor>& sinks);
+// The same from the backward prep's per-row scratch (B, H, rows): lse2 = lse log2(e) (+inf: a row
+// that sees nothing) and delta = rowsum(dO out) - grad_lse (0 on padding rows).
+at::Tensor attention_sink_grad_from_prep(const at::Tensor& lse2, const at::Tensor& delta,
+                                         const at::Tensor& sinks);
+
 // The LSE of rows that see no key: -inf, or with sinks each head's sink (the rows' softmax holds the
 // sink alone: their output stays 0).
 void fill_unseen_lse(at::Tensor& lse, const std::optional<at::Tensor>& sinks);

@@ -176,11 +176,19 @@ _READ = frozenset({"output_attentions", "cu_seq_lens_q", "cu_seq_lens_k", "s_aux
 def _sinks(module: torch.nn.Module, kwargs: dict[str, Any]) -> torch.Tensor | None:
     """The attention sinks the model hands over (gpt-oss: ``s_aux=self.sinks``; its eager function
     reads ``module.sinks``, so a module holding them gets them whatever the keywords), or None."""
-    for name in ("s_aux", "sinks"):
-        if kwargs.get(name) is not None:
-            return kwargs[name]
-    sinks = getattr(module, "sinks", None)
-    return sinks if isinstance(sinks, torch.Tensor) else None
+    sinks, name = getattr(module, "sinks", None), "module.sinks"
+    for key in ("s_aux", "sinks"):
+        if kwargs.get(key) is not None:
+            sinks, name = kwargs[key], key
+            break
+    if not isinstance(sinks, torch.Tensor):
+        return None
+    if sinks.dim() != 1:  # (inkling2's sinks are projected from each token: (B, H, S, 1))
+        raise NotImplementedError(
+            f"{OP}: attention sinks other than one logit a head ({name}= of shape {list(sinks.shape)}: "
+            f"per-token sinks) are not supported; {_INSTEAD}"
+        )
+    return sinks
 
 
 def opforge_attention(

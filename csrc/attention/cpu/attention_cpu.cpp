@@ -86,7 +86,7 @@ std::tuple<at::Tensor, at::Tensor> attention_cpu(
   return {out, lse};
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_cpu(
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention_backward_cpu(
     const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
     const at::Tensor& out, const at::Tensor& lse, const std::optional<at::Tensor>& grad_lse, double scale,
     double softcap, bool causal, int64_t window_left, int64_t window_right, int64_t prefix_len,
@@ -94,13 +94,17 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_cpu(
     const std::optional<at::Tensor>& mask_kinds, const std::optional<at::Tensor>& mask_index,
     const std::optional<at::Tensor>& mask_bits, int64_t block_q, int64_t block_k,
     const std::optional<at::Tensor>& cu_seqlens_q, const std::optional<at::Tensor>& cu_seqlens_k,
-    c10::string_view variant, std::optional<bool> /*deterministic: always*/) {
+    const std::optional<at::Tensor>& sinks, c10::string_view variant,
+    std::optional<bool> /*deterministic: always*/) {
   AttentionPatternArgs args =
       attention_pattern_args(causal, window_left, window_right, prefix_len, q_segments, kv_segments,
                              mask_kinds, mask_index, mask_bits, block_q, block_k);
   args.cu_seqlens_q = cu_seqlens_q;
   args.cu_seqlens_k = cu_seqlens_k;
+  args.sinks = sinks;
   check_attention_backward_inputs(grad_out, q, k, v, out, lse, grad_lse, scale, softcap, args);
+  // (d sinks on the CPU from dO and out: one pass over them, next to the backward's O(Sq Sk D))
+  const at::Tensor d_sinks = attention_sink_grad(grad_out, out, lse, grad_lse, sinks);
   const auto [rows_q, rows_k] =
       check_varlen_offsets("opforge.attention_backward", args, q.size(2), k.size(2));
   choose_attention_kernel("opforge.attention_backward", attention_call(q, k, false, true, args.varlen()),
@@ -108,7 +112,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_cpu(
   RECORD_FUNCTION("opforge.attention_backward.tiled", std::vector<c10::IValue>());
   at::Tensor dq = empty_attention_like(q), dk = empty_attention_like(k), dv = empty_attention_like(v);
   if (q.numel() == 0 || k.numel() == 0) {  // nothing visible anywhere: every gradient is 0
-    return {dq.zero_(), dk.zero_(), dv.zero_()};
+    return {dq.zero_(), dk.zero_(), dv.zero_(), d_sinks};
   }
   // The kernels read rows of grad_out and out with unit stride.
   const at::Tensor go = grad_out.stride(3) == 1 ? grad_out : grad_out.contiguous();
@@ -124,7 +128,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_cpu(
     fill_rows_past_offsets(dk, rows_k, *args.cu_seqlens_k, 0.0);
     fill_rows_past_offsets(dv, rows_k, *args.cu_seqlens_k, 0.0);
   }
-  return {dq, dk, dv};
+  return {dq, dk, dv, d_sinks};
 }
 
 // On the CPU every table entry a sequence needs is checked (a ValueError naming it; the device

@@ -310,18 +310,19 @@ std::tuple<at::Tensor, at::Tensor> attention_cuda(
 
 // The backward kernels on q, k, v (their varlen offsets checked, or not read while captured:
 // `captured`), writing dq, dk, dv (empty_attention_like's layouts, or views of rows of them); lse and
-// grad_lse are read as contiguous (B, H, Sq).
-void attention_backward_into(const char* op, const AttentionPatternArgs& args, const at::Tensor& grad_out,
-                             const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                             const at::Tensor& out, const at::Tensor& lse,
-                             const std::optional<at::Tensor>& grad_lse, double scale, double softcap,
-                             c10::string_view variant, std::optional<bool> deterministic, bool captured,
-                             at::Tensor& dq, at::Tensor& dk, at::Tensor& dv) {
+// grad_lse are read as contiguous (B, H, Sq). Returns d sinks (args.sinks: from the prep pass's
+// per-row lse2 and delta; empty without sinks).
+at::Tensor attention_backward_into(const char* op, const AttentionPatternArgs& args,
+                                   const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k,
+                                   const at::Tensor& v, const at::Tensor& out, const at::Tensor& lse,
+                                   const std::optional<at::Tensor>& grad_lse, double scale, double softcap,
+                                   c10::string_view variant, std::optional<bool> deterministic, bool captured,
+                                   at::Tensor& dq, at::Tensor& dk, at::Tensor& dv) {
   AttentionCall call = cuda_call(q, k, false, true, args.varlen());
   const AttentionKernel kernel = choose_attention_kernel(op, call, variant);
   if (q.numel() == 0 || k.numel() == 0) {
     dq.zero_(), dk.zero_(), dv.zero_();
-    return;
+    return attention_sink_grad(grad_out, out, lse, grad_lse, args.sinks);
   }
   const int64_t d = q.size(3), kd = kernel_head_dim(d);
   const at::Tensor qk = kernel_operand(q, kd, kernel), kk = kernel_operand(k, kd, kernel);
@@ -378,9 +379,11 @@ void attention_backward_into(const char* op, const AttentionPatternArgs& args, c
     fill_rows_past_offsets(dk, std::nullopt, *args.cu_seqlens_k, 0.0);
     fill_rows_past_offsets(dv, std::nullopt, *args.cu_seqlens_k, 0.0);
   }
+  return args.sinks ? attention_sink_grad_from_prep(scratch[0], scratch[1], *args.sinks)
+                    : at::empty({0}, lse.options());
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_cuda(
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention_backward_cuda(
     const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
     const at::Tensor& out, const at::Tensor& lse, const std::optional<at::Tensor>& grad_lse, double scale,
     double softcap, bool causal, int64_t window_left, int64_t window_right, int64_t prefix_len,
@@ -388,13 +391,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_cuda(
     const std::optional<at::Tensor>& mask_kinds, const std::optional<at::Tensor>& mask_index,
     const std::optional<at::Tensor>& mask_bits, int64_t block_q, int64_t block_k,
     const std::optional<at::Tensor>& cu_seqlens_q, const std::optional<at::Tensor>& cu_seqlens_k,
-    c10::string_view variant, std::optional<bool> deterministic) {
+    const std::optional<at::Tensor>& sinks, c10::string_view variant, std::optional<bool> deterministic) {
   constexpr const char* op = "opforge.attention_backward";
   AttentionPatternArgs args =
       attention_pattern_args(causal, window_left, window_right, prefix_len, q_segments, kv_segments,
                              mask_kinds, mask_index, mask_bits, block_q, block_k);
   args.cu_seqlens_q = cu_seqlens_q;
   args.cu_seqlens_k = cu_seqlens_k;
+  args.sinks = sinks;
   check_attention_backward_inputs(grad_out, q, k, v, out, lse, grad_lse, scale, softcap, args);
   check_cuda_call(op, q, k);
   const c10::cuda::CUDAGuard guard(q.device());
@@ -408,16 +412,18 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_cuda(
         grad_lse ? std::optional<at::Tensor>(nq(*grad_lse).contiguous()) : std::nullopt;
     const at::Tensor lse_n = nq(lse).contiguous();
     at::Tensor dq_n = nq(dq), dk_n = nk(dk), dv_n = nk(dv);
-    attention_backward_into(op, args, nq(grad_out), nq(q), nk(k), nk(v), nq(out), lse_n, gl, scale, softcap,
-                            variant, deterministic, false, dq_n, dk_n, dv_n);
+    at::Tensor d_sinks =
+        attention_backward_into(op, args, nq(grad_out), nq(q), nk(k), nk(v), nq(out), lse_n, gl, scale,
+                                softcap, variant, deterministic, false, dq_n, dk_n, dv_n);
     dq.narrow(2, rows_q, q.size(2) - rows_q).zero_();
     dk.narrow(2, rows_k, k.size(2) - rows_k).zero_();
     dv.narrow(2, rows_k, v.size(2) - rows_k).zero_();
-    return {dq, dk, dv};
+    return {dq, dk, dv, d_sinks};
   }
-  attention_backward_into(op, args, grad_out, q, k, v, out, lse, grad_lse, scale, softcap, variant,
-                          deterministic, !rows.has_value(), dq, dk, dv);
-  return {dq, dk, dv};
+  at::Tensor d_sinks =
+      attention_backward_into(op, args, grad_out, q, k, v, out, lse, grad_lse, scale, softcap, variant,
+                              deterministic, !rows.has_value(), dq, dk, dv);
+  return {dq, dk, dv, d_sinks};
 }
 }  // namespace
 

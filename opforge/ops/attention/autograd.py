@@ -9,7 +9,7 @@ import torch
 
 from opforge.ops.attention import dense
 from opforge.ops.attention.checks import BACKWARD_OP, OP, check_paged, check_qkv, empty_like_output, lse_dtype
-from opforge.ops.attention.schema import ATTENTION
+from opforge.ops.attention.schema import ATTENTION, BACKWARD
 from opforge.ops.attention.sinks import sink_gradient
 
 
@@ -35,7 +35,9 @@ def _(q, k_cache, v_cache, kv_lens, block_table, *rest):
 @torch.library.register_fake("opforge::attention_backward")
 def _(grad_out, q, k, v, out, lse, grad_lse, *rest, **options):
     check_qkv(BACKWARD_OP, q, k, v)
-    return empty_like_output(q), empty_like_output(k), empty_like_output(v)
+    sinks = options.get("sinks", BACKWARD.get((grad_out, q, k, v, out, lse, grad_lse, *rest), "sinks"))
+    d_sinks = sinks.new_empty(sinks.shape) if sinks is not None else lse.new_empty((0,))
+    return empty_like_output(q), empty_like_output(k), empty_like_output(v), d_sinks
 
 
 def backward_variant(variant: str) -> str:
@@ -89,8 +91,9 @@ def _under_forward_mode() -> bool:
 
 def _gradients(ctx, grad_out, grad_lse):
     """(dq, dk, dv, d sinks or None) by the backward kernels (given the output and LSE with the sinks,
-    they need nothing more; the sinks' gradient from those, sinks.sink_gradient); differentiable
-    again (double backward) when the gradients are being recorded (create_graph=True, torch.func)."""
+    they need nothing more; the op also returns the sinks' gradient, on CUDA from its prep pass's
+    per-row values); differentiable again (double backward) when the gradients are being recorded
+    (create_graph=True, torch.func: d sinks then by sinks.sink_gradient, in PyTorch ops)."""
     if torch.is_grad_enabled() and _under_forward_mode():
         # (the gradients would need the tangent of the backward, which is not implemented; under
         # jacfwd's vmap functorch fails inside before _AttentionBackward.jvp could say so)
@@ -102,16 +105,35 @@ def _gradients(ctx, grad_out, grad_lse):
         )
     q, k, v, out, lse, *rest = ctx.saved_tensors
     sinks = rest[0] if ctx.has_sinks else None
-    d_sinks = None
-    if sinks is not None and ctx.needs_input_grad[ATTENTION.index("sinks")]:
-        d_sinks = sink_gradient(sinks, grad_out, out, lse, grad_lse)
+    if sinks is not None and not ctx.needs_input_grad[ATTENTION.index("sinks")]:
+        sinks = None  # (dq, dk, dv need nothing of them)
+    cu_q, cu_k = ctx.cu_seqlens
+    if torch.is_grad_enabled():
+        d_sinks = None if sinks is None else sink_gradient(sinks, grad_out, out, lse, grad_lse)
+        if grad_out is None:
+            grad_out = torch.zeros_like(out)
+        args = (grad_out, q, k, v, out, lse, grad_lse, ctx.scale, ctx.softcap, ctx.variant, ctx.deterministic)
+        return (*_AttentionBackward.apply(*args, cu_q, cu_k, sinks, *ctx.pattern), d_sinks)
     if grad_out is None:
         grad_out = torch.zeros_like(out)
-    cu_q, cu_k = ctx.cu_seqlens
-    args = (grad_out, q, k, v, out, lse, grad_lse, ctx.scale, ctx.softcap, ctx.variant, ctx.deterministic)
-    if torch.is_grad_enabled():
-        return (*_AttentionBackward.apply(*args, cu_q, cu_k, sinks, *ctx.pattern), d_sinks)
-    return (*_AttentionBackward.forward(*args, cu_q, cu_k, sinks, *ctx.pattern), d_sinks)  # (the op itself)
+    dq, dk, dv, d_sinks = torch.ops.opforge.attention_backward.default(
+        grad_out,
+        q,
+        k,
+        v,
+        out,
+        lse,
+        grad_lse,
+        ctx.scale,
+        ctx.softcap,
+        *ctx.pattern,
+        cu_q,
+        cu_k,
+        sinks,
+        variant=ctx.variant,
+        deterministic=ctx.deterministic,
+    )
+    return dq, dk, dv, (None if sinks is None else d_sinks)
 
 
 def _backward(ctx, grad_out, grad_lse):
@@ -248,7 +270,7 @@ class _AttentionBackward(torch.autograd.Function):
         *pattern,
     ):
         # (sinks: only the recomputation of the double backward reads them; the kernels take the
-        # output and LSE that include them)
+        # output and LSE that include them, and d sinks is computed outside this function)
         return torch.ops.opforge.attention_backward.default(
             grad_out,
             q,
@@ -264,7 +286,7 @@ class _AttentionBackward(torch.autograd.Function):
             deterministic=deterministic,
             cu_seqlens_q=cu_seqlens_q,
             cu_seqlens_k=cu_seqlens_k,
-        )
+        )[:3]
 
     @staticmethod
     def setup_context(ctx, inputs, output):

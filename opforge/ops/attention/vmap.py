@@ -29,7 +29,15 @@ def _fold_mask(kinds, index, size):
 
 
 def _unfold(t, size):
+    if t.dim() == 1:  # (the backward's d sinks without sinks: empty, the same for every index)
+        return t.expand(size, *t.shape)
     return t.unflatten(0, (size, t.shape[0] // size))
+
+
+def _unfold_heads(t, size):
+    if t.dim() == 1:
+        return t.expand(size, *t.shape)
+    return t.unflatten(1, (size, t.shape[1] // size))
 
 
 def _vmap_loop(op, info, in_dims, args, kwargs):
@@ -67,7 +75,7 @@ def _vmap_varlen(op, info, in_dims, args, kwargs, operands: int, offsets: tuple[
     if sinks is not None and sinks < len(args) and args[sinks] is not None:
         args[sinks] = args[sinks].repeat(size)
     outs = op(*args, **kwargs)
-    return tuple(t.unflatten(1, (size, t.shape[1] // size)) for t in outs), (1,) * len(outs)
+    return tuple(_unfold_heads(t, size) for t in outs), tuple(1 if t.dim() > 1 else 0 for t in outs)
 
 
 def _empty_map(rule, info, in_dims, args, kwargs):
@@ -101,6 +109,11 @@ def _vmap_rule(
             raise NotImplementedError(
                 f"{op}: vmap over sinks is not supported (the sinks are one logit a query head, shared by "
                 "every mapped index); map over q, k and v"
+            )
+        if sinks is not None and operands > 3 and sinks < len(args) and args[sinks] is not None:
+            raise NotImplementedError(
+                f"{op}: vmap of the backward with sinks is not supported (their gradient sums over the "
+                "batch); opforge.attention under torch.func differentiates the sinks itself"
             )
         if info.batch_size == 0:  # (jacrev of an empty output): one mapped index of zeros, then none
             return _empty_map(rule, info, in_dims, args, kwargs)
