@@ -187,7 +187,7 @@ def to_pages(k, v, lens, page_size, spare=3):
     pages = B * P + spare
     table = torch.randperm(pages)[: B * P].view(B, P)
     kc = torch.full((pages, page_size, Hkv, D), float("nan"), dtype=k.dtype, device=k.device)
-    vc = kc.clone()
+    vc = torch.full((pages, page_size, Hkv, v.shape[-1]), float("nan"), dtype=v.dtype, device=v.device)
     for b in range(B):
         for j in range(P):
             lo, hi = j * page_size, min(Sk, (j + 1) * page_size)

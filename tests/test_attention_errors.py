@@ -430,7 +430,8 @@ VARLEN_ERRORS = [
         "v shorter than k",
         lambda a: a.update(v=a["v"][:-1]),
         RuntimeError,
-        r"opforge.attention_varlen: k and v must have the same shape \(total_k, kv_heads, head_dim\), got "
+        r"opforge.attention_varlen: k and v must have the same shape \(total_k, kv_heads, head_dim\) but for the "
+        r"head dim, got "
         r"\[20, 2, 8\] and \[19, 2, 8\]",
     ),
     (

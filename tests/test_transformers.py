@@ -600,6 +600,45 @@ def test_gpt_oss_attention_sinks_match_eager():
         otf.opforge_attention(attn, q, k, k, None, s_aux=torch.zeros(1, 4, 5, 1))
 
 
+def test_deepseek_v3_head_dims_match_eager():
+    """DeepSeek V3's MLA attends with q and k of one head dim (nope + rope: 24 here, 192 in the model)
+    and v of another (16; 128): on "opforge" its logits are eager's and generate() gives eager's
+    tokens."""
+    cfg = transformers.DeepseekV3Config(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=64,
+        moe_intermediate_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        q_lora_rank=32,
+        kv_lora_rank=32,
+        qk_nope_head_dim=16,
+        qk_rope_head_dim=8,
+        v_head_dim=16,
+        n_routed_experts=4,
+        num_experts_per_tok=2,
+        first_k_dense_replace=1,
+        n_group=1,
+        topk_group=1,
+        max_position_embeddings=256,
+        pad_token_id=0,
+    )
+    models = []
+    for impl in ("eager", "opforge"):
+        torch.manual_seed(0)
+        models.append(transformers.DeepseekV3ForCausalLM(cfg).eval())
+        models[-1].set_attn_implementation(impl)
+    ref, model = models
+    torch.manual_seed(3)
+    ids = torch.randint(3, VOCAB, (2, 19))
+    with torch.no_grad():
+        assert close(model(ids).logits, ref(ids).logits, 1e-4)
+        gen = dict(max_new_tokens=6, do_sample=False, pad_token_id=0)
+        assert torch.equal(model.generate(ids[:1], **gen), ref.generate(ids[:1], **gen))
+
+
 def test_t5_position_bias_is_refused():
     # T5 adds its relative position bias to the scores (position_bias=, in every layer).
     cfg = transformers.T5Config(

@@ -3,6 +3,7 @@
 #include "attention/attention.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/ops/constant_pad_nd.h>
 #include <ATen/ops/empty.h>
 #include <torch/library.h>
 
@@ -104,12 +105,16 @@ std::string attention_kernel_op(at::Device device, int64_t heads, int64_t kv_hea
 
 }  // namespace
 
-at::Tensor empty_attention_like(const at::Tensor& like, bool sequence_major) {
+at::Tensor empty_attention_like(const at::Tensor& like, bool sequence_major, int64_t head_dim) {
+  const int64_t d = head_dim < 0 ? like.size(3) : head_dim;
   if (sequence_major || (like.stride(1) < like.stride(2) && like.size(1) > 1 && like.size(2) > 1)) {
-    return at::empty({like.size(0), like.size(2), like.size(1), like.size(3)}, like.options())
-        .transpose(1, 2);
+    return at::empty({like.size(0), like.size(2), like.size(1), d}, like.options()).transpose(1, 2);
   }
-  return at::empty(like.sizes(), like.options());
+  return at::empty({like.size(0), like.size(1), like.size(2), d}, like.options());
+}
+
+at::Tensor pad_head_dim(const at::Tensor& t, int64_t head_dim) {
+  return t.size(3) == head_dim ? t : at::constant_pad_nd(t, {0, head_dim - t.size(3)});
 }
 
 AttentionPlan plan_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
@@ -249,11 +254,12 @@ AttentionPlan plan_paged_attention(const at::Tensor& q, const at::Tensor& k_cach
   check_defined(op, "k", k_cache);
   check_defined(op, "v", v_cache);
   TORCH_CHECK(q.dim() == 4, op, ": q must be 4-D (batch, heads, sequence, head_dim), got ", q.dim(), "-D");
-  TORCH_CHECK(
-      k_cache.dim() == 4 && v_cache.dim() == 4 && k_cache.sizes() == v_cache.sizes(), op,
-      ": with block_table, k and v must be paged caches (num_pages, page_size, kv_heads, head_dim) of "
-      "one shape, got ",
-      k_cache.sizes(), " and ", v_cache.sizes());
+  TORCH_CHECK(k_cache.dim() == 4 && v_cache.dim() == 4 &&
+                  k_cache.sizes().slice(0, 3).equals(v_cache.sizes().slice(0, 3)),
+              op,
+              ": with block_table, k and v must be paged caches (num_pages, page_size, kv_heads, head_dim) "
+              "of one shape but for the head dim, got ",
+              k_cache.sizes(), " and ", v_cache.sizes());
   TORCH_CHECK(k_cache.size(0) > 0 && k_cache.size(1) > 0, op, ": the paged caches have no pages, shape ",
               k_cache.sizes());
   TORCH_CHECK(block_table.scalar_type() == at::kInt, op,

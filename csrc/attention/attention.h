@@ -4,6 +4,7 @@
 #include <ATen/core/Tensor.h>
 #include <c10/util/string_view.h>
 
+#include <algorithm>
 #include <optional>
 #include <utility>
 
@@ -87,7 +88,38 @@ inline const char* attention_op_name(const AttentionPatternArgs& args) {
 // underneath when like is such a transposed view (as transformers passes q, k, v) or when
 // `sequence_major` says so (packed sequences: attention_varlen's (total, H, D) output contiguous),
 // else contiguous (B, H, S, D).
-at::Tensor empty_attention_like(const at::Tensor& like, bool sequence_major = false);
+// head_dim: the new tensor's last dim (-1: like's; the output takes v's).
+at::Tensor empty_attention_like(const at::Tensor& like, bool sequence_major = false, int64_t head_dim = -1);
+
+// v's head dim differing from q's and k's (DeepSeek's MLA: 192 and 128): the kernels take one head dim,
+// so the entries zero-pad the narrower side to the wider (zero columns of q and k add nothing to the
+// scores; zero columns of v give zero columns of the output and of dv) and cut the results back.
+at::Tensor pad_head_dim(const at::Tensor& t, int64_t head_dim);
+
+// A backend's entry at one head dim when v's differs (pad_head_dim): `run` (the entry itself) on the
+// padded tensors, the results cut back into tensors laid out as the entry lays out its own.
+template <typename F>
+std::tuple<at::Tensor, at::Tensor> attention_at_one_head_dim(const at::Tensor& q, const at::Tensor& k,
+                                                             const at::Tensor& v, bool varlen, F&& run) {
+  const int64_t d = std::max(q.size(3), v.size(3));
+  const auto [o, lse] = run(pad_head_dim(q, d), pad_head_dim(k, d), pad_head_dim(v, d));
+  at::Tensor out = empty_attention_like(q, varlen, v.size(3));
+  out.copy_(o.narrow(3, 0, v.size(3)));
+  return {out, lse};
+}
+template <typename F>
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention_backward_at_one_head_dim(
+    const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+    const at::Tensor& out, F&& run) {
+  const int64_t d = std::max(q.size(3), v.size(3));
+  const auto [gq, gk, gv, gs] = run(pad_head_dim(grad_out, d), pad_head_dim(q, d), pad_head_dim(k, d),
+                                    pad_head_dim(v, d), pad_head_dim(out, d));
+  at::Tensor dq = empty_attention_like(q), dk = empty_attention_like(k), dv = empty_attention_like(v);
+  dq.copy_(gq.narrow(3, 0, q.size(3)));
+  dk.copy_(gk.narrow(3, 0, k.size(3)));
+  dv.copy_(gv.narrow(3, 0, v.size(3)));
+  return {dq, dk, dv, gs};
+}
 
 // The kernels' view of the call. The segment ids (as int64) and the mask tensors are kept alive
 // (contiguous copies where needed) by `keep`.

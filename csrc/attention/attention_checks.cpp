@@ -28,13 +28,15 @@ void check_qkv(const char* op, const at::Tensor& q, const at::Tensor& k, const a
   check_same_dtype(op, "v", v, "q", q);
   check_same_device(op, "k", k, "q", q);
   check_same_device(op, "v", v, "q", q);
-  TORCH_CHECK(k.sizes().equals(v.sizes()), op, ": k and v must have the same shape, got ", k.sizes(), " and ",
-              v.sizes());
+  // (v's head dim may differ from q's and k's: DeepSeek's MLA attends with 192 and reads values of 128)
+  TORCH_CHECK(k.sizes().slice(0, 3).equals(v.sizes().slice(0, 3)), op,
+              ": k and v must have the same shape but for the head dim, got ", k.sizes(), " and ", v.sizes());
   TORCH_CHECK(q.size(0) == k.size(0), op, ": q and k must have the same batch size, got ", q.size(0), " and ",
               k.size(0));
   TORCH_CHECK(q.size(3) == k.size(3), op, ": q and k must have the same head_dim, got ", q.size(3), " and ",
               k.size(3));
-  TORCH_CHECK(q.size(3) > 0, op, ": head_dim must be at least 1, got 0");
+  TORCH_CHECK(q.size(3) > 0 && v.size(3) > 0, op, ": head_dim must be at least 1, got q's ", q.size(3),
+              " and v's ", v.size(3));
   TORCH_CHECK(k.size(1) > 0 && q.size(1) % k.size(1) == 0, op,
               ": q's heads must be a multiple of k's and v's heads (grouped-query attention), got ",
               q.size(1), " and ", k.size(1));
@@ -238,8 +240,12 @@ void check_attention_backward_inputs(const at::Tensor& grad_out, const at::Tenso
   check_defined(op, "grad_out", grad_out);
   check_defined(op, "out", out);
   check_defined(op, "lse", lse);
-  check_same_shape(op, "grad_out", grad_out, "q", q);
-  check_same_shape(op, "out", out, "q", q);
+  for (auto [name, t] : {std::pair<const char*, const at::Tensor*>{"grad_out", &grad_out}, {"out", &out}}) {
+    TORCH_CHECK(
+        t->dim() == 4 && t->sizes().slice(0, 3).equals(q.sizes().slice(0, 3)) && t->size(3) == v.size(3), op,
+        ": ", name, " must be (batch, heads, queries) as q and v's head_dim: (", q.size(0), ", ", q.size(1),
+        ", ", q.size(2), ", ", v.size(3), "), got ", t->sizes());
+  }
   check_same_dtype(op, "grad_out", grad_out, "q", q);
   check_same_dtype(op, "out", out, "q", q);
   check_same_device(op, "grad_out", grad_out, "q", q);

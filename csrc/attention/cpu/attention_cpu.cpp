@@ -54,11 +54,20 @@ std::tuple<at::Tensor, at::Tensor> attention_cpu(
     const std::optional<at::Tensor>& mask_bits, int64_t block_q, int64_t block_k,
     const std::optional<at::Tensor>& kv_lens, const std::optional<at::Tensor>& cu_seqlens_q,
     const std::optional<at::Tensor>& cu_seqlens_k, const std::optional<at::Tensor>& sinks,
-    c10::string_view variant, std::optional<bool> /*deterministic*/,
-    bool /*check_offsets: the CPU reads them in place, always*/) {
+    c10::string_view variant, std::optional<bool> deterministic,
+    bool check_offsets /*the CPU reads them in place, always*/) {
   const AttentionPatternArgs args = checked_attention_args(
       q, k, v, scale, softcap, causal, window_left, window_right, prefix_len, q_segments, kv_segments,
       mask_kinds, mask_index, mask_bits, block_q, block_k, kv_lens, cu_seqlens_q, cu_seqlens_k, sinks);
+  if (v.size(3) != q.size(3)) {  // (one head dim for the kernels: pad_head_dim)
+    return attention_at_one_head_dim(
+        q, k, v, args.varlen(), [&](const at::Tensor& qp, const at::Tensor& kp, const at::Tensor& vp) {
+          return attention_cpu(qp, kp, vp, scale, softcap, causal, window_left, window_right, prefix_len,
+                               q_segments, kv_segments, mask_kinds, mask_index, mask_bits, block_q, block_k,
+                               kv_lens, cu_seqlens_q, cu_seqlens_k, sinks, variant, deterministic,
+                               check_offsets);
+        });
+  }
   const char* op = attention_op_name(args);
   const int64_t rows_q = check_varlen_offsets(op, args, q.size(2), k.size(2)).first;
   const AttentionCall call = attention_call(q, k, kv_lens.has_value(), false, args.varlen());
@@ -95,7 +104,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention_backward_cp
     const std::optional<at::Tensor>& mask_bits, int64_t block_q, int64_t block_k,
     const std::optional<at::Tensor>& cu_seqlens_q, const std::optional<at::Tensor>& cu_seqlens_k,
     const std::optional<at::Tensor>& sinks, c10::string_view variant,
-    std::optional<bool> /*deterministic: always*/) {
+    std::optional<bool> deterministic /*the CPU's: always*/) {
   AttentionPatternArgs args =
       attention_pattern_args(causal, window_left, window_right, prefix_len, q_segments, kv_segments,
                              mask_kinds, mask_index, mask_bits, block_q, block_k);
@@ -103,6 +112,17 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention_backward_cp
   args.cu_seqlens_k = cu_seqlens_k;
   args.sinks = sinks;
   check_attention_backward_inputs(grad_out, q, k, v, out, lse, grad_lse, scale, softcap, args);
+  if (v.size(3) != q.size(3)) {  // (one head dim for the kernels: pad_head_dim)
+    return attention_backward_at_one_head_dim(
+        grad_out, q, k, v, out,
+        [&](const at::Tensor& g, const at::Tensor& qp, const at::Tensor& kp, const at::Tensor& vp,
+            const at::Tensor& o) {
+          return attention_backward_cpu(g, qp, kp, vp, o, lse, grad_lse, scale, softcap, causal, window_left,
+                                        window_right, prefix_len, q_segments, kv_segments, mask_kinds,
+                                        mask_index, mask_bits, block_q, block_k, cu_seqlens_q, cu_seqlens_k,
+                                        sinks, variant, deterministic);
+        });
+  }
   // (d sinks on the CPU from dO and out: one pass over them, next to the backward's O(Sq Sk D))
   const at::Tensor d_sinks = attention_sink_grad(grad_out, out, lse, grad_lse, sinks);
   const auto [rows_q, rows_k] =
@@ -172,7 +192,8 @@ std::tuple<at::Tensor, at::Tensor> attention_paged_cpu(const at::Tensor& q, cons
   const AttentionKernel kernel = choose_attention_kernel(
       op, attention_call(q, paged_view(k_cache, q.size(0), plan.params.pattern.sk), true, false, false),
       variant);
-  if (kernel != AttentionKernel::kDecode) {  // (the CPU's tiled kernel reads one contiguous cache)
+  if (kernel != AttentionKernel::kDecode || v_cache.size(3) != k_cache.size(3)) {
+    // (the CPU's tiled kernel reads one contiguous cache; head dims that differ are padded to one)
     return attention_paged_gathered(q, k_cache, v_cache, kv_lens, block_table, scale, softcap, causal,
                                     window_left, window_right, prefix_len, variant, sinks);
   }

@@ -53,11 +53,13 @@ int64_t kernel_head_dim(int64_t d) {
   return attention_cuda_head_dim(d);
 }
 
-void check_cuda_call(const char* op, const at::Tensor& q, const at::Tensor& k) {
+void check_cuda_call(const char* op, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
   TORCH_CHECK(q.scalar_type() == at::kHalf || q.scalar_type() == at::kBFloat16, op,
               ": on CUDA q, k and v must be float16 or bfloat16, got ", dtype_str(q.scalar_type()),
               " (float32 and float64 run on the CPU)");
   TORCH_CHECK(q.size(3) <= kMaxHeadDim, op, ": head_dim up to ", kMaxHeadDim, " on CUDA, got ", q.size(3));
+  TORCH_CHECK(v.size(3) <= kMaxHeadDim, op, ": v's head_dim up to ", kMaxHeadDim, " on CUDA, got ",
+              v.size(3));
   constexpr int64_t kMaxLen = (int64_t{1} << 30);
   TORCH_CHECK(q.size(2) < kMaxLen && k.size(2) < kMaxLen, op, ": sequences shorter than ", kMaxLen,
               " on CUDA, got ", q.size(2), " queries and ", k.size(2), " keys");
@@ -268,13 +270,22 @@ std::tuple<at::Tensor, at::Tensor> attention_cuda(
     const std::optional<at::Tensor>& mask_bits, int64_t block_q, int64_t block_k,
     const std::optional<at::Tensor>& kv_lens, const std::optional<at::Tensor>& cu_seqlens_q,
     const std::optional<at::Tensor>& cu_seqlens_k, const std::optional<at::Tensor>& sinks,
-    c10::string_view variant, std::optional<bool> /*deterministic*/, bool check_offsets) {
+    c10::string_view variant, std::optional<bool> deterministic, bool check_offsets) {
   const AttentionPatternArgs args = checked_attention_args(
       q, k, v, scale, softcap, causal, window_left, window_right, prefix_len, q_segments, kv_segments,
       mask_kinds, mask_index, mask_bits, block_q, block_k, kv_lens, cu_seqlens_q, cu_seqlens_k, sinks);
   const char* op = attention_op_name(args);
-  check_cuda_call(op, q, k);
+  check_cuda_call(op, q, k, v);
   const c10::cuda::CUDAGuard guard(q.device());
+  if (v.size(3) != q.size(3)) {  // (one head dim for the kernels: pad_head_dim)
+    return attention_at_one_head_dim(
+        q, k, v, args.varlen(), [&](const at::Tensor& qp, const at::Tensor& kp, const at::Tensor& vp) {
+          return attention_cuda(qp, kp, vp, scale, softcap, causal, window_left, window_right, prefix_len,
+                                q_segments, kv_segments, mask_kinds, mask_index, mask_bits, block_q, block_k,
+                                kv_lens, cu_seqlens_q, cu_seqlens_k, sinks, variant, deterministic,
+                                check_offsets);
+        });
+  }
   // (check_offsets false: the caller vouches for the offsets, which are then not read on the host,
   // as while a CUDA graph is captured: the kernels clamp them, and rows past the last are zeroed on
   // the device)
@@ -400,8 +411,19 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention_backward_cu
   args.cu_seqlens_k = cu_seqlens_k;
   args.sinks = sinks;
   check_attention_backward_inputs(grad_out, q, k, v, out, lse, grad_lse, scale, softcap, args);
-  check_cuda_call(op, q, k);
+  check_cuda_call(op, q, k, v);
   const c10::cuda::CUDAGuard guard(q.device());
+  if (v.size(3) != q.size(3)) {  // (one head dim for the kernels: pad_head_dim)
+    return attention_backward_at_one_head_dim(
+        grad_out, q, k, v, out,
+        [&](const at::Tensor& g, const at::Tensor& qp, const at::Tensor& kp, const at::Tensor& vp,
+            const at::Tensor& o) {
+          return attention_backward_cuda(g, qp, kp, vp, o, lse, grad_lse, scale, softcap, causal, window_left,
+                                         window_right, prefix_len, q_segments, kv_segments, mask_kinds,
+                                         mask_index, mask_bits, block_q, block_k, cu_seqlens_q, cu_seqlens_k,
+                                         sinks, variant, deterministic);
+        });
+  }
   const auto rows = check_varlen_offsets_unless_capturing(op, args, q.size(2), k.size(2));
   at::Tensor dq = empty_attention_like(q), dk = empty_attention_like(k), dv = empty_attention_like(v);
   if (rows && (rows->first < q.size(2) || rows->second < k.size(2))) {  // (as the forward)
@@ -441,7 +463,7 @@ std::tuple<at::Tensor, at::Tensor> attention_paged_cuda(const at::Tensor& q, con
                                                         const std::optional<at::Tensor>& sinks) {
   constexpr const char* op = "opforge.attention";
   TORCH_CHECK(q.defined() && q.dim() == 4, op, ": q must be a 4-D tensor (batch, heads, sequence, head_dim)");
-  check_cuda_call(op, q, k_cache);
+  check_cuda_call(op, q, k_cache, v_cache);
   const c10::cuda::CUDAGuard guard(q.device());
   at::Tensor out = empty_attention_like(q);
   at::Tensor lse = at::empty({q.size(0), q.size(1), q.size(2)}, q.options().dtype(at::kFloat));
@@ -458,7 +480,7 @@ std::tuple<at::Tensor, at::Tensor> attention_paged_cuda(const at::Tensor& q, con
   const AttentionKernel kernel = choose_attention_kernel(op, call, variant);
   // Every kernel here reads pages in place at the head dims it runs (no zero padding of a page) and
   // from rows its 16-byte copies can address (no stride-0 dimension); other caches are gathered.
-  bool in_place = kernel_head_dim(d) == d;
+  bool in_place = kernel_head_dim(d) == d && v_cache.size(3) == d;
   for (const at::Tensor* t : {&k_cache, &v_cache}) {
     in_place = in_place && t->stride(3) == 1 && reinterpret_cast<uintptr_t>(t->const_data_ptr()) % 16 == 0;
     for (int dim = 0; dim < 3; ++dim) {

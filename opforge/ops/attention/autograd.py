@@ -23,13 +23,15 @@ def _(q, k, v, *rest, variant="auto", deterministic=None, check_offsets=True):
     if not any(isinstance(n, torch.SymInt) for t in tensors for n in t.shape):
         torch.ops.opforge._attention_check(q, k, v, *rest, variant=variant, deterministic=deterministic)
     varlen = ATTENTION.get((q, k, v, *rest), "cu_seqlens_q") is not None
-    return empty_like_output(q, varlen=varlen), q.new_empty(q.shape[:3], dtype=lse_dtype(q))
+    return empty_like_output(q, varlen=varlen, head_dim=v.shape[-1]), q.new_empty(
+        q.shape[:3], dtype=lse_dtype(q)
+    )
 
 
 @torch.library.register_fake("opforge::attention_paged")
 def _(q, k_cache, v_cache, kv_lens, block_table, *rest):
     check_paged(q, k_cache, v_cache, block_table, kv_lens)  # (the wrapper's: sizes, dtypes, devices)
-    return empty_like_output(q), q.new_empty(q.shape[:3], dtype=lse_dtype(q))
+    return empty_like_output(q, head_dim=v_cache.shape[-1]), q.new_empty(q.shape[:3], dtype=lse_dtype(q))
 
 
 @torch.library.register_fake("opforge::attention_backward")

@@ -164,10 +164,10 @@ def check_paged(q, k_cache, v_cache, block_table, kv_lens) -> None:
                 f"{OP}: with block_table, {name} must be a paged cache (num_pages, page_size, kv_heads, "
                 f"head_dim), got {t.dim()}-D"
             )
-    if k_cache.shape != v_cache.shape:
+    if k_cache.shape[:3] != v_cache.shape[:3]:
         raise RuntimeError(
-            f"{OP}: the k and v caches must have the same shape, got {list(k_cache.shape)} and "
-            f"{list(v_cache.shape)}"
+            f"{OP}: the k and v caches must have the same (num_pages, page_size, kv_heads) sizes, got "
+            f"{list(k_cache.shape)} and {list(v_cache.shape)}"
         )
     pages, page_size = k_cache.shape[0], k_cache.shape[1]
     if pages < 1 or page_size < 1:
@@ -251,17 +251,18 @@ def check_qkv(op: str, q, k, v) -> None:
 
 
 def check_operands(op: str, q, k, v, batch: bool, layout: str = "") -> None:
-    """q, k, v of one dtype and device, k and v of one shape, one head_dim (the last dim), q's heads
-    (dim 1) a multiple of k's, and with `batch` one batch size (dim 0). layout: k's dims as the
-    caller names them, for the message."""
+    """q, k, v of one dtype and device, k and v of one shape but for the head dim (v's may differ:
+    DeepSeek's 192 / 128), q's head dim k's, q's heads (dim 1) a multiple of k's, and with `batch` one
+    batch size (dim 0). layout: k's dims as the caller names them, for the message."""
     check_dtype_in(op, "q", q, DTYPES)
     check_same_dtype(op, "k", k, "q", q)
     check_same_dtype(op, "v", v, "q", q)
     check_same_device(op, "k", k, "q", q)
     check_same_device(op, "v", v, "q", q)
-    if k.shape != v.shape:
+    if k.shape[:-1] != v.shape[:-1]:
         raise RuntimeError(
-            f"{op}: k and v must have the same shape{layout}, got {list(k.shape)} and {list(v.shape)}"
+            f"{op}: k and v must have the same shape{layout} but for the head dim, got {list(k.shape)} and "
+            f"{list(v.shape)}"
         )
     if batch and q.shape[0] != k.shape[0]:
         raise RuntimeError(f"{op}: q and k must have the same batch size, got {q.shape[0]} and {k.shape[0]}")
@@ -321,10 +322,12 @@ def lse_dtype(q: torch.Tensor) -> torch.dtype:
     return torch.float64 if q.dtype == torch.float64 else torch.float32
 
 
-def empty_like_output(t: torch.Tensor, varlen: bool = False) -> torch.Tensor:
-    """A new tensor of t's shape laid out as the kernels lay out their outputs (empty_attention_like
-    in csrc/attention/attention.cpp): (B, S, H, D) underneath where t is such a view, and always for
-    packed sequences (the (total, H, D) output contiguous)."""
+def empty_like_output(t: torch.Tensor, varlen: bool = False, head_dim: int | None = None) -> torch.Tensor:
+    """A new tensor of t's shape (its last dim head_dim when given: the output takes v's) laid out as
+    the kernels lay out their outputs (empty_attention_like in csrc/attention/attention.cpp):
+    (B, S, H, D) underneath where t is such a view, and always for packed sequences (the (total, H, D)
+    output contiguous)."""
+    d = t.shape[3] if head_dim is None else head_dim
     if varlen or (t.stride(1) < t.stride(2) and t.shape[1] > 1 and t.shape[2] > 1):
-        return t.new_empty((t.shape[0], t.shape[2], t.shape[1], t.shape[3])).transpose(1, 2)
-    return t.new_empty(t.shape)
+        return t.new_empty((t.shape[0], t.shape[2], t.shape[1], d)).transpose(1, 2)
+    return t.new_empty((*t.shape[:3], d))

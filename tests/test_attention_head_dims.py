@@ -1,0 +1,152 @@
+"""v's head dim different from q's and k's (DeepSeek's MLA: q, k (..., 192), v and out (..., 128)): every
+path (the pattern kernels, decode with key counts, paged caches, packed sequences, sinks), gradients,
+the transforms, FlashAttention's API and the errors, against the float64 reference (a plain softmax
+times v, whatever v's width)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from attention_cases import PATTERNS, pattern_kwargs, to_pages
+from conftest import DEVICES, poison_cuda_allocator
+
+import opforge
+from opforge import reference
+from opforge.flash_attn_interface import flash_attn_func, flash_attn_varlen_func
+
+DIMS = [(192, 128), (64, 96), (40, 24)]
+
+
+def qkv(B, Hq, Hkv, Sq, Sk, dqk, dv, dtype, device):
+    q = torch.randn(B, Hq, Sq, dqk, dtype=dtype, device=device)
+    k = torch.randn(B, Hkv, Sk, dqk, dtype=dtype, device=device)
+    v = torch.randn(B, Hkv, Sk, dv, dtype=dtype, device=device)
+    return q, k, v
+
+
+def bound(got, want, low, dtype):
+    err = (got.double() - want).abs().max().item()
+    if dtype == torch.float64:
+        return err <= 1e-9 * max(1.0, want.abs().max().item()), err
+    if dtype == torch.float32:
+        return err <= 2e-4 * max(1.0, want.abs().max().item()), err
+    torch_err = (low.double() - want).abs().max().item()
+    return err <= 2 * torch_err + 2e-3, (err, torch_err)
+
+
+CASES = [
+    ("cpu", torch.float64),
+    ("cpu", torch.bfloat16),
+    pytest.param("cuda", torch.bfloat16, marks=pytest.mark.cuda),
+]
+
+
+@pytest.mark.parametrize("name", ["full", "causal", "sliding", "documents", "softcap"])
+@pytest.mark.parametrize("dims", DIMS, ids=lambda d: f"{d[0]}-{d[1]}")
+@pytest.mark.parametrize(("device", "dtype"), CASES, ids=str)
+def test_head_dims_match_reference(device, dtype, dims, name):
+    """Output (v's head dim, q's layout), LSE and the gradients of q, k, v (and sinks) against the
+    float64 reference."""
+    B, Hq, Hkv, Sq, Sk = 2, 4, 2, 70, 90
+    q, k, v = qkv(B, Hq, Hkv, Sq, Sk, *dims, dtype, device)
+    kw = pattern_kwargs(name, B, Hq, Sq, Sk)
+    if "segment_ids" in kw:
+        ids = kw["segment_ids"]
+        kw["segment_ids"] = tuple(t.to(device) for t in ids) if isinstance(ids, tuple) else ids.to(device)
+    sinks = torch.randn(Hq, device=device, dtype=torch.float64 if dtype == torch.float64 else torch.float32)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v, sinks)]
+    if device != "cpu":
+        poison_cuda_allocator(q.numel() * 8, device)
+    out, lse = opforge.attention(*leaves[:3], sinks=leaves[3], return_lse=True, **kw)
+    wants = [t.detach().double().requires_grad_() for t in (q, k, v, sinks)]
+    want, want_lse = reference.attention(*wants[:3], sinks=wants[3], return_lse=True, **kw)
+    lows = [t.clone().requires_grad_() for t in (q, k, v, sinks)]
+    low, low_lse = reference.attention(*lows[:3], sinks=lows[3].to(dtype), return_lse=True, **kw)
+    assert out.shape == (B, Hq, Sq, dims[1]) and out.dtype == dtype and not out.isnan().any()
+    ok, err = bound(out, want, low, dtype)
+    assert ok, ("out", err)
+    assert (lse.double() - want_lse).abs().max().item() <= (1e-9 if dtype == torch.float64 else 2e-2)
+    go, gl = torch.randn_like(out), torch.randn_like(lse)
+    got = torch.autograd.grad((out * go).sum() + (lse * gl).sum(), leaves)
+    exp = torch.autograd.grad((want * go.double()).sum() + (want_lse * gl.double()).sum(), wants)
+    lo = torch.autograd.grad((low.float() * go.float()).sum() + (low_lse.float() * gl.float()).sum(), lows)
+    for n, g, w, l0, leaf in zip("qkvs", got, exp, lo, leaves, strict=True):
+        assert g.shape == leaf.shape and not g.isnan().any(), n
+        ok, err = bound(g, w, l0, dtype)
+        assert ok, (n, err)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_head_dims_decode_paged_varlen(device):
+    """Decoding with key counts (a sequence with none), the same keys in paged caches (k and v caches
+    of different widths), and packed sequences, against the reference."""
+    dtype = torch.float32 if device == "cpu" else torch.bfloat16
+    tol = 1e-4 if dtype == torch.float32 else 3e-2
+    q, k, v = qkv(3, 8, 2, 2, 300, 192, 128, dtype, device)
+    lens = torch.tensor([300, 0, 111], device=device)
+    out = opforge.attention(q, k, v, kv_lens=lens, causal=True)
+    want = reference.attention(q.double(), k.double(), v.double(), kv_lens=lens, causal=True)
+    assert out.shape == (3, 8, 2, 128)
+    torch.testing.assert_close(out.double(), want, atol=tol, rtol=0)
+    kc, vc, table = to_pages(k, v, lens.cpu(), 16)
+    assert vc.shape[-1] == 128
+    paged = opforge.attention(q, kc, vc, kv_lens=lens, block_table=table, causal=True)
+    torch.testing.assert_close(paged, out, atol=tol, rtol=0)
+    cu = torch.tensor([0, 5, 5, 40], dtype=torch.int32, device=device)
+    qp, kp, vp = (
+        t[0].transpose(0, 1)[:40].contiguous() for t in qkv(1, 4, 2, 40, 40, 192, 128, dtype, device)
+    )
+    packed = opforge.attention_varlen(qp, kp, vp, cu, cu, causal=True)
+    want = reference.attention_varlen(qp.double(), kp.double(), vp.double(), cu, cu, causal=True)
+    assert packed.shape == (40, 4, 128) and packed.is_contiguous()
+    torch.testing.assert_close(packed.double(), want, atol=tol, rtol=0)
+
+
+def test_head_dims_transforms_opcheck_and_flash_api():
+    """torch.func (grad, jvp, vmap), opcheck of both ops (fake kernels give out and dv v's width),
+    torch.compile, and FlashAttention's functions with v narrower than q and k."""
+    q, k, v = qkv(2, 4, 2, 9, 11, 24, 16, torch.float64, "cpu")
+    kw = dict(causal=True)
+    got = torch.func.grad(lambda *a: opforge.attention(*a, **kw).sin().sum(), (0, 1, 2))(q, k, v)
+    want = torch.func.grad(lambda *a: reference.attention(*a, **kw).sin().sum(), (0, 1, 2))(q, k, v)
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w)
+    tangents = tuple(torch.randn_like(t) for t in (q, k, v))
+    torch.testing.assert_close(
+        torch.func.jvp(lambda *a: opforge.attention(*a, **kw), (q, k, v), tangents),
+        torch.func.jvp(lambda *a: reference.attention(*a, **kw), (q, k, v), tangents),
+    )
+    batched = torch.func.vmap(lambda q: opforge.attention(q, k, v, **kw))(torch.stack([q, -q]))
+    torch.testing.assert_close(batched[1], reference.attention(-q, k, v, **kw))
+    args = opforge.ops.attention.checks.pattern_args(q, k, True, None, None, None, None)
+    qf, kf, vf = (t.float().requires_grad_() for t in (q, k, v))
+    torch.library.opcheck(torch.ops.opforge.attention.default, (qf, kf, vf, 0.2, 0.0, *args))
+    compiled = torch.compile(lambda q: opforge.attention(q, kf, vf, causal=True), fullgraph=True)
+    torch.testing.assert_close(compiled(qf), opforge.attention(qf, kf, vf, causal=True))
+    out = flash_attn_func(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=True)
+    assert out.shape == (2, 9, 4, 16)
+    torch.testing.assert_close(out.transpose(1, 2), reference.attention(q, k, v, **kw))
+    cu = torch.tensor([0, 9, 18], dtype=torch.int32)
+    packed = flash_attn_varlen_func(
+        *(t.transpose(1, 2).flatten(0, 1) for t in (q, k, v)),
+        cu,
+        torch.tensor([0, 11, 22], dtype=torch.int32),
+    )
+    assert packed.shape == (18, 4, 16)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_head_dims_errors(device):
+    """k and v of other (batch, heads, sequence) sizes, and a backward whose out or grad_out does not
+    have v's head dim, are RuntimeErrors naming them."""
+    q, k, v = qkv(1, 4, 2, 5, 7, 32, 16, torch.float32 if device == "cpu" else torch.bfloat16, device)
+    with pytest.raises(RuntimeError, match=r"opforge.attention: k and v must have the same shape but for"):
+        opforge.attention(q, k, v[:, :, :6])
+    args = (False, -1, -1, 0, None, None, None, None, None, 128, 128)
+    out, lse = torch.ops.opforge.attention(q, k, v, 0.2, 0.0, *args)
+    assert out.shape == (1, 4, 5, 16)
+    with pytest.raises(
+        RuntimeError, match=r"opforge.attention_backward: grad_out must be \(batch, heads, queries\)"
+    ):
+        torch.ops.opforge.attention_backward(torch.ones_like(q), q, k, v, out, lse, None, 0.2, 0.0, *args)
+    assert PATTERNS  # (the patterns above come from the shared cases)
