@@ -35,9 +35,13 @@ Attention sinks (gpt-oss) are computed in all three: ``learnable_sink`` (FlashAt
 query head that every row takes in its softmax with no value (opforge.attention's ``sinks``; give one
 of the two names), differentiable.
 
+FP8 inputs (float8_e4m3fn q, k, v with ``q_descale`` / ``k_descale`` / ``v_descale`` (batch, kv_heads)
+float32) are opforge.attention's FP8 attention: bfloat16 output, forward only, computed on the CPU
+(CUDA has no FP8 kernel yet: a NotImplementedError).
+
 What opforge does not compute raises a NotImplementedError naming the argument, never a silent
 difference: dropout (``dropout_p > 0``), ALiBi (``alibi_slopes``), rotary embedding (``rotary_cos`` /
-``rotary_sin``), FP8 (``q_descale`` / ``k_descale`` / ``v_descale``), ``qv``,
+``rotary_sin``), ``qv``,
 chunked attention (``attention_chunk``), ``seqused_q`` / ``seqused_k``, a left-padded cache
 (``cache_leftpad``), paged varlen (``block_table`` in ``flash_attn_varlen_func``), and packed queries
 in ``flash_attn_with_kvcache`` (``cu_seqlens_q`` / ``cu_seqlens_k_new``). Arguments that only tune
@@ -81,9 +85,6 @@ def _refuse(fn: str, **args) -> None:
             "rotary_cos": "rotary embedding (rotary_cos / rotary_sin): rotate q and k before the call",
             "rotary_sin": "rotary embedding (rotary_cos / rotary_sin): rotate q and k before the call",
             "qv": "qv",
-            "q_descale": "FP8 attention (q_descale / k_descale / v_descale)",
-            "k_descale": "FP8 attention (q_descale / k_descale / v_descale)",
-            "v_descale": "FP8 attention (q_descale / k_descale / v_descale)",
             "attention_chunk": "chunked attention (attention_chunk != 0)",
             "seqused_q": "seqused_q (give each sequence's used length through cu_seqlens_q)",
             "seqused_k": "seqused_k (give each sequence's used length through cu_seqlens_k)",
@@ -201,9 +202,6 @@ def flash_attn_func(
         dropout_p=dropout_p,
         alibi_slopes=alibi_slopes,
         qv=qv,
-        q_descale=q_descale,
-        k_descale=k_descale,
-        v_descale=v_descale,
         attention_chunk=attention_chunk,
     )
     _check_rank(fn, 4, "(batch, seqlen, heads, head_dim)", q=q, k=k, v=v)
@@ -218,6 +216,9 @@ def flash_attn_func(
         deterministic=_deterministic(fn, deterministic),
         return_lse=return_attn_probs,
         sinks=_sinks(fn, s_aux, learnable_sink),
+        q_descale=q_descale,
+        k_descale=k_descale,
+        v_descale=v_descale,
     )
     if return_attn_probs:
         return res[0].transpose(1, 2), res[1]
@@ -278,9 +279,6 @@ def flash_attn_varlen_func(
         dropout_p=dropout_p,
         alibi_slopes=alibi_slopes,
         qv=qv,
-        q_descale=q_descale,
-        k_descale=k_descale,
-        v_descale=v_descale,
         attention_chunk=attention_chunk,
         seqused_q=seqused_q,
         seqused_k=seqused_k,
@@ -302,6 +300,9 @@ def flash_attn_varlen_func(
         deterministic=_deterministic(fn, deterministic),
         return_lse=return_attn_probs,
         sinks=_sinks(fn, s_aux, learnable_sink),
+        q_descale=q_descale,
+        k_descale=k_descale,
+        v_descale=v_descale,
     )
 
 
@@ -387,9 +388,6 @@ def flash_attn_with_kvcache(
         cache_leftpad=cache_leftpad,
         cu_seqlens_q=cu_seqlens_q,
         cu_seqlens_k_new=cu_seqlens_k_new,
-        q_descale=q_descale,
-        k_descale=k_descale,
-        v_descale=v_descale,
         attention_chunk=attention_chunk,
         alibi_slopes=alibi_slopes,
     )
@@ -495,6 +493,9 @@ def flash_attn_with_kvcache(
         kv_lens=kv_lens,
         return_lse=return_softmax_lse,
         sinks=_sinks(fn, s_aux, learnable_sink),
+        q_descale=q_descale,
+        k_descale=k_descale,
+        v_descale=v_descale,
     )
     if table is not None:
         res = attention(q.transpose(1, 2), k_cache, v_cache, block_table=table, **kw)

@@ -301,7 +301,6 @@ def _qkv4():
     [
         ("func", dict(dropout_p=0.1), "dropout"),
         ("func", dict(alibi_slopes=torch.ones(2)), "ALiBi"),
-        ("func", dict(q_descale=torch.ones(1, 2)), "FP8"),
         ("func", dict(qv=torch.ones(1)), "qv"),
         ("func", dict(attention_chunk=8), "attention_chunk"),
         ("varlen", dict(seqused_k=torch.ones(1, dtype=torch.int32)), "seqused_k"),

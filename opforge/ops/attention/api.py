@@ -23,6 +23,7 @@ from opforge.ops.attention.checks import (
     scale_and_softcap,
     window_args,
 )
+from opforge.ops.attention.fp8 import check_fp8, dequantize, is_fp8_call
 from opforge.ops.attention.kv_cache import gather_pages, kv_lens_as_mask, pages_by_kernel, records_gradient
 from opforge.ops.attention.sinks import apply_sinks, check_sinks
 
@@ -45,6 +46,9 @@ def attention(
     deterministic: bool | None = None,
     block_table: torch.Tensor | None = None,
     sinks: torch.Tensor | None = None,
+    q_descale: torch.Tensor | None = None,
+    k_descale: torch.Tensor | None = None,
+    v_descale: torch.Tensor | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """softmax(q k^T * scale, masked by the pattern) v, without an Sq x Sk matrix in memory.
 
@@ -105,6 +109,11 @@ def attention(
             floating dtype, on q's device; computed in float32 (float64 for float64 inputs), on every
             kernel and path (decode, paged, varlen), differentiable (its gradient too). The kernels
             add it when they finish a row; the backward needs nothing more.
+        q_descale, k_descale, v_descale: FP8 attention (FlashAttention-3's contract): q, k and v in
+            float8_e4m3fn, their true values the stored ones times these (B, Hkv) float32 factors (None:
+            1; q's head h takes kv head h // group's); the output is bfloat16. Forward only; computed on
+            the CPU (in float32 from the dequantized inputs). CUDA has no FP8 kernel yet: a
+            NotImplementedError there.
         return_lse: also return the log-sum-exp of each query's scores, (B, Hq, Sq) float32
             (float64 for float64 inputs); with sinks, over the scores and the sink.
         variant: the kernel. ``"auto"`` (default) follows the rule of docs/attention.md: the decode
@@ -143,6 +152,29 @@ def attention(
         require_tensor(OP, name, t)
     check_options(OP, variant, deterministic)
     check_sinks(OP, q, sinks)
+    descales = (q_descale, k_descale, v_descale)
+    if is_fp8_call(q, k, v, descales):
+        if block_table is not None:  # (each sequence's pages, then its descale)
+            check_paged(q, k, v, block_table, kv_lens)
+            k, v = gather_pages(k, v, block_table, kv_lens)
+        check_ranks(OP, q, k, v)
+        check_fp8(OP, q, k, v, descales, q.shape[0], k.shape[1])
+        res = attention(
+            *(dequantize(t, d, 1) for t, d in zip((q, k, v), descales, strict=True)),
+            causal=causal,
+            window=window,
+            prefix_len=prefix_len,
+            segment_ids=segment_ids,
+            mask=mask,
+            scale=scale,
+            softcap=softcap,
+            kv_lens=kv_lens,
+            return_lse=return_lse,
+            variant=variant,
+            deterministic=deterministic,
+            sinks=sinks,
+        )
+        return (res[0].to(torch.bfloat16), res[1]) if return_lse else res.to(torch.bfloat16)
     if block_table is not None:
         check_paged(q, k, v, block_table, kv_lens)
         if pages_by_kernel(q, k, v, segment_ids, mask):  # (which kernel, in place or not: C++ decides)
@@ -212,6 +244,9 @@ def attention_varlen(
     variant: str = "auto",
     check_offsets: bool = True,
     sinks: torch.Tensor | None = None,
+    q_descale: torch.Tensor | None = None,
+    k_descale: torch.Tensor | None = None,
+    v_descale: torch.Tensor | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """opforge.attention over variable-length sequences packed one after another (FlashAttention's
     ``flash_attn_varlen_func`` layout), each attending to its own keys only, with no padding.
@@ -253,6 +288,8 @@ def attention_varlen(
             them costs nothing there), and so do the backward and calls under torch.func transforms.
         sinks: (Hq,) attention sinks, as in opforge.attention (rows past the last offset keep zeros and
             an LSE of -inf).
+        q_descale, k_descale, v_descale: FP8 attention as in opforge.attention, the factors (B, Hkv)
+            one row a sequence.
 
     Returns the output (total_q, Hq, D) in q's dtype (contiguous, whatever q's layout), and the LSE
     when asked. A query whose sequence has no keys gets zeros and an LSE of -inf. The pattern
@@ -265,6 +302,9 @@ def attention_varlen(
     Underneath: the registered op on the views ``x.unsqueeze(0).transpose(1, 2)`` (a batch of one,
     (1, H, total, D)) with ``cu_seqlens_q=`` and ``cu_seqlens_k=``.
     """
+    descales = (q_descale, k_descale, v_descale)
+    if is_fp8_call(q, k, v, descales):
+        return _varlen_fp8(q, k, v, cu_seqlens_q, cu_seqlens_k, descales, locals())
     check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal)
     check_options(VARLEN_OP, variant, deterministic)
     check_sinks(VARLEN_OP, q, sinks)
@@ -302,3 +342,28 @@ def attention_varlen(
         )
     out = out.transpose(1, 2).squeeze(0)
     return (out, lse.squeeze(0)) if return_lse else out
+
+
+def _varlen_fp8(q, k, v, cu_seqlens_q, cu_seqlens_k, descales, call: dict):
+    """attention_varlen of FP8 inputs: checked, dequantized (each row by its sequence's factors), then
+    the float32 call; the output bfloat16."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        require_tensor(VARLEN_OP, name, t)
+        if t.dim() != 3:
+            raise RuntimeError(f"{VARLEN_OP}: {name} must be 3-D (total, heads, head_dim), got {t.dim()}-D")
+    require_tensor(VARLEN_OP, "cu_seqlens_q", cu_seqlens_q)
+    batch = cu_seqlens_q.shape[0] - 1
+    check_fp8(VARLEN_OP, q, k, v, descales, batch, k.shape[1])
+
+    def rows_of(t, cu):  # (each row's sequence; rows past the last offset take the last one's)
+        rows = torch.arange(t.shape[0], device=t.device)
+        return torch.searchsorted(cu[1:].to(torch.int64), rows, right=True).clamp(max=max(batch - 1, 0))
+
+    q, k, v = (
+        dequantize(t, d, 1, rows_of(t, cu) if d is not None else None)
+        for t, d, cu in zip((q, k, v), descales, (cu_seqlens_q, cu_seqlens_k, cu_seqlens_k), strict=True)
+    )
+    kw = {n: call[n] for n in ("max_seqlen_q", "max_seqlen_k", "causal", "window", "softcap", "scale")}
+    kw.update({n: call[n] for n in ("deterministic", "return_lse", "variant", "check_offsets", "sinks")})
+    res = attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, **kw)
+    return (res[0].to(torch.bfloat16), res[1]) if call["return_lse"] else res.to(torch.bfloat16)
