@@ -111,7 +111,7 @@ def main() -> None:
                 for peer, make in PEERS.items():
                     try:
                         fwd = make(q, k, v, sinks, window)
-                        fn = (lambda f=fwd: f().backward(go)) if backward else fwd
+                        fn = (lambda f=fwd, g=go: f().backward(g)) if backward else fwd
                         fn()  # (compilation, JIT)
                         ms = timer(fn)
                     except Exception as e:  # (a peer that cannot run the row says why)
