@@ -400,6 +400,13 @@ def flash_attn_with_kvcache(
     B = q.shape[0]
     if k is not None:  # (checked whatever their length: no new token is no reason to take any shape)
         _check_rank(fn, 4, "(batch, seqlen_new, kv_heads, head_dim)", k=k, v=v)
+        if v_cache.shape[-1] != k_cache.shape[-1] or k_cache.dtype == torch.float8_e4m3fn:
+            raise NotImplementedError(
+                f"{op}: writing new k and v into the cache is not supported for "
+                + ("FP8 caches" if k_cache.dtype == torch.float8_e4m3fn else "caches of two head dims")
+                + " (opforge.paged_kv_append writes caches of one width in 16- and 32-bit types); write them "
+                "into the cache first and call without k and v"
+            )
         for name, t in (("k", k), ("v", v)):
             if t.shape[0] != B or t.shape[2:] != k_cache.shape[2:] or t.dtype != k_cache.dtype:
                 raise RuntimeError(

@@ -92,6 +92,8 @@ def test_head_dims_decode_paged_varlen(device):
     assert vc.shape[-1] == 128
     paged = opforge.attention(q, kc, vc, kv_lens=lens, block_table=table, causal=True)
     torch.testing.assert_close(paged, out, atol=tol, rtol=0)
+    empty = opforge.attention(q[:, :, :0], kc, vc, kv_lens=lens, block_table=table, causal=True)
+    assert empty.shape == (3, 8, 0, 128)
     cu = torch.tensor([0, 5, 5, 40], dtype=torch.int32, device=device)
     qp, kp, vp = (
         t[0].transpose(0, 1)[:40].contiguous() for t in qkv(1, 4, 2, 40, 40, 192, 128, dtype, device)

@@ -268,3 +268,46 @@ def test_sinks_errors(device):
         torch.func.vmap(
             lambda s: torch.ops.opforge.attention(q, k, v, 0.3, 0.0, *args, None, None, None, s)[0]
         )(torch.zeros(2, 4, device=device))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_sinks_edge_values_and_sinks_only_gradients(device):
+    """A sink of +inf takes all the weight (zeros, LSE +inf, as the reference); a sink of -inf on rows
+    that see no key gives no NaN under torch.func; a gradient for the sinks alone (q, k, v frozen)
+    through key counts and paged caches; frozen sinks in a double backward."""
+    dtype = torch.float32 if device == "cpu" else torch.bfloat16
+    q, k, v = qkv(2, 4, 2, 3, 200, 64, dtype=dtype, device=device)
+    inf = torch.tensor([float("inf"), 0.0, 1.0, -float("inf")], device=device)
+    out, lse = opforge.attention(q, k, v, causal=True, sinks=inf, return_lse=True)
+    assert (out[:, 0] == 0).all() and (lse[:, 0] == float("inf")).all() and not out.isnan().any()
+    lens = torch.tensor([200, 0], device=device)
+    sinks = sinks_for(4, device).requires_grad_()
+    want_s = sinks.detach().double().requires_grad_()
+    want = reference.attention(q.double(), k.double(), v.double(), kv_lens=lens, causal=True, sinks=want_s)
+    go = torch.randn_like(want)
+    (w,) = torch.autograd.grad(want, want_s, go)
+    kc, vc, table = to_pages(k, v, lens.cpu(), 16)
+    for kw in (dict(k=k, v=v), dict(k=kc, v=vc, block_table=table)):
+        got = opforge.attention(q, kw.pop("k"), kw.pop("v"), kv_lens=lens, causal=True, sinks=sinks, **kw)
+        (g,) = torch.autograd.grad(got, sinks, go.to(got.dtype))
+        torch.testing.assert_close(g.double(), w, atol=5e-2 if dtype == torch.bfloat16 else 1e-4, rtol=1e-2)
+    if device != "cpu":
+        return
+    qd, kd, vd = (t.double() for t in qkv(1, 2, 1, 4, 5, 8))
+    seg = (torch.tensor([[0, 0, 1, 1]]), torch.tensor([[0, 0, 0, 2, 2]]))
+    s = torch.tensor([-float("inf"), 0.5], dtype=torch.float64)
+    args = (qd, kd, vd, s)
+
+    def loss(fn, q, k, v, s):
+        return fn(q, k, v, segment_ids=seg, sinks=s, causal=True).sum()
+
+    got = torch.func.grad(lambda *a: loss(opforge.attention, *a), (0, 1, 2, 3))(*args)
+    want = torch.func.grad(lambda *a: loss(reference.attention, *a), (0, 1, 2, 3))(*args)
+    for x, y in zip(got, want, strict=True):
+        assert not x.isnan().any()
+        torch.testing.assert_close(x, y)
+    frozen = torch.randn(2, dtype=torch.float64)  # (no grad: the double backward still uses them)
+    leaves = [t.clone().requires_grad_() for t in (qd, kd, vd)]
+    assert torch.autograd.gradgradcheck(
+        lambda *a: opforge.attention(*a, causal=True, sinks=frozen), leaves, eps=1e-6, atol=1e-5
+    )

@@ -670,3 +670,17 @@ def test_attention_sinks_under_both_names():
         TypeError, match=r"flash_attn_func: give the attention sinks as s_aux or learnable_sink"
     ):
         flash_attn_func(q, k, v, s_aux=sinks, learnable_sink=sinks)
+
+
+def test_kvcache_append_refuses_two_widths_and_fp8():
+    """New k and v into caches of two head dims, or FP8 caches: a NotImplementedError naming what
+    (the attention itself takes them without new tokens)."""
+    q = torch.randn(1, 1, 4, 16)
+    kc, vc = torch.randn(1, 8, 2, 16), torch.randn(1, 8, 2, 8)
+    k, v = torch.randn(1, 1, 2, 16), torch.randn(1, 1, 2, 8)
+    with pytest.raises(NotImplementedError, match="caches of two head dims"):
+        flash_attn_with_kvcache(q, kc, vc, k, v, cache_seqlens=3)
+    assert flash_attn_with_kvcache(q, kc, vc, cache_seqlens=3).shape == (1, 1, 4, 8)
+    f8 = torch.float8_e4m3fn
+    with pytest.raises(NotImplementedError, match="FP8 caches"):
+        flash_attn_with_kvcache(q.to(f8), kc.to(f8), kc.to(f8), k.to(f8), k.to(f8), cache_seqlens=3)

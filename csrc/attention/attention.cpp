@@ -225,14 +225,21 @@ at::Tensor attention_sink_grad(const at::Tensor& grad_out, const at::Tensor& out
   const at::ScalarType dt = lse.scalar_type();
   at::Tensor term = grad_out.to(dt).mul(out.to(dt)).sum(-1).neg();
   if (grad_lse) term = term.add(grad_lse->to(dt));
-  const at::Tensor p_sink = sinks->to(dt).view({1, -1, 1}).sub(lse.masked_fill(lse.eq(-kInf), kInf)).exp();
+  // (exp(sink - lse), 0 on rows whose LSE is -inf; a sink of +inf, whose LSE is +inf, takes weight 1)
+  const at::Tensor p_sink = sinks->to(dt)
+                                .view({1, -1, 1})
+                                .sub(lse.masked_fill(lse.eq(-kInf), kInf))
+                                .nan_to_num(0.0, kInf, -kInf)
+                                .exp();
   return p_sink.mul(term).sum(at::IntArrayRef{0, 2}).to(sinks->scalar_type());
 }
 
 at::Tensor attention_sink_grad_from_prep(const at::Tensor& lse2, const at::Tensor& delta,
                                          const at::Tensor& sinks) {
   constexpr double kLog2e = 1.4426950408889634;
-  const at::Tensor p_sink = sinks.to(at::kFloat).view({1, -1, 1}).mul(kLog2e).sub(lse2).exp2();
+  constexpr double kInf = std::numeric_limits<double>::infinity();
+  const at::Tensor p_sink =
+      sinks.to(at::kFloat).view({1, -1, 1}).mul(kLog2e).sub(lse2).nan_to_num(0.0, kInf, -kInf).exp2();
   return p_sink.mul(delta).sum(at::IntArrayRef{0, 2}).neg().to(sinks.scalar_type());
 }
 

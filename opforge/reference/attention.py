@@ -59,7 +59,9 @@ def attention(
         # (no inf - inf then), and P of the keys it does not see is exp(-inf) = 0.
         s = s.masked_fill(~visible, -math.inf)
         column = sinks.to(s.dtype).view(1, hq, 1, 1).expand(B, hq, sq, 1)
-        lse = torch.logsumexp(torch.cat([s, column], dim=-1), dim=-1)
+        scores = torch.cat([s, column], dim=-1)
+        dead = (scores == -math.inf).all(-1, keepdim=True)  # (no key, a sink of -inf: no NaN derivative)
+        lse = torch.logsumexp(scores.masked_fill(dead, 0.0), dim=-1).masked_fill(dead[..., 0], -math.inf)
         p = torch.exp(s - lse.masked_fill(lse == -math.inf, 0.0)[..., None])
         out = torch.matmul(p, vf)
         return (out, lse) if return_lse else out

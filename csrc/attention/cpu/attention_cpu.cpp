@@ -183,7 +183,9 @@ std::tuple<at::Tensor, at::Tensor> attention_paged_cpu(const at::Tensor& q, cons
                                                        const std::optional<at::Tensor>& sinks) {
   constexpr const char* op = "opforge.attention";
   TORCH_CHECK(q.defined() && q.dim() == 4, op, ": q must be a 4-D tensor (batch, heads, sequence, head_dim)");
-  at::Tensor out = empty_attention_like(q);
+  TORCH_CHECK(v_cache.defined() && v_cache.dim() == 4, op,
+              ": with block_table, v must be a paged cache (num_pages, page_size, kv_heads, head_dim)");
+  at::Tensor out = empty_attention_like(q, false, v_cache.size(3));
   at::Tensor lse = at::empty({q.size(0), q.size(1), q.size(2)}, q.options().dtype(attention_lse_dtype(q)));
   const AttentionPlan plan =
       plan_paged_attention(q, k_cache, v_cache, kv_lens, int32_block_table(block_table, k_cache.size(0)), out,

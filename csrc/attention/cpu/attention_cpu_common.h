@@ -37,8 +37,8 @@ using acc_type = std::conditional_t<std::is_same_v<T, double>, double, float>;
 // (AttentionParams::sinks, in the accumulation type): from the row's max m and sum l of exp(s - m),
 // the factor `inv` its accumulated output is multiplied by and its LSE. With a sink s the sum gains
 // exp(s - m): over m' = max(m, s), inv = exp(m - m') / (l exp(m - m') + exp(s - m')) and the LSE is
-// m' + log(that). A row that sees nothing (l = 0) gets zeros and an LSE of -inf, or the sink; NaN
-// stays NaN.
+// m' + log(that). A row that sees nothing (l = 0) gets zeros and an LSE of -inf, or the sink; a sink
+// of +inf gives zeros and +inf; NaN stays NaN.
 template <typename A>
 inline void finish_row(A m, A l, const void* sinks, int64_t h, A& inv, A& lse) {
   constexpr A kInf = std::numeric_limits<A>::infinity();
@@ -48,6 +48,10 @@ inline void finish_row(A m, A l, const void* sinks, int64_t h, A& inv, A& lse) {
     return;
   }
   const A s = static_cast<const A*>(sinks)[h];
+  if (s == kInf && l == l) {  // (a sink of +inf takes all the weight: zeros, an LSE of +inf)
+    inv = 0, lse = kInf;
+    return;
+  }
   const A top = l == 0 ? s : std::max(m, s);
   if (top == -kInf) {
     inv = 0, lse = -kInf;

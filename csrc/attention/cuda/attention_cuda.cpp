@@ -242,6 +242,9 @@ void attention_forward_into(const char* op, const AttentionPatternArgs& args, co
   if (out.numel() == 0 || k.size(2) == 0) {  // (no key anywhere: out 0, the LSE -inf or the sinks)
     out.zero_();
     fill_unseen_lse(lse, args.sinks);
+    if (args.varlen() && captured) {  // (rows past the last offset: no sequence, no sink)
+      fill_rows_past_offsets(lse, std::nullopt, *args.cu_seqlens_q, -kInf);
+    }
     return;
   }
   const int64_t d = q.size(3), kd = kernel_head_dim(d);
@@ -465,7 +468,7 @@ std::tuple<at::Tensor, at::Tensor> attention_paged_cuda(const at::Tensor& q, con
   TORCH_CHECK(q.defined() && q.dim() == 4, op, ": q must be a 4-D tensor (batch, heads, sequence, head_dim)");
   check_cuda_call(op, q, k_cache, v_cache);
   const c10::cuda::CUDAGuard guard(q.device());
-  at::Tensor out = empty_attention_like(q);
+  at::Tensor out = empty_attention_like(q, false, v_cache.size(3));
   at::Tensor lse = at::empty({q.size(0), q.size(1), q.size(2)}, q.options().dtype(at::kFloat));
   AttentionPlan plan =
       plan_paged_attention(q, k_cache, v_cache, kv_lens, int32_block_table(block_table, k_cache.size(0)), out,

@@ -242,9 +242,14 @@ __device__ __forceinline__ void unscaled_score_grads_by_row(const float (&prob)[
 // the row's max m2 (log2 units: m_run k) and sum l of exp2(x - m2), the factor its output is
 // multiplied by and its LSE in log2 units. Over m' = max(m2, sink log2(e)), the sum gains
 // exp2(sink log2(e) - m'): inv = exp2(m2 - m') / (l exp2(m2 - m') + exp2(sink log2(e) - m')). A row
-// that saw nothing (l = 0) keeps zeros and gets the sink as its LSE; NaN stays NaN.
+// that saw nothing (l = 0) keeps zeros and gets the sink as its LSE; a sink of +inf gives zeros and
+// +inf; NaN stays NaN.
 __device__ __forceinline__ void sink_total(float m2, float l, float sink, float& inv, float& lse2) {
   const float s2 = sink * cuda::kLog2eFloat;
+  if (s2 == -kNegInf && l == l) {  // (a sink of +inf takes all the weight: zeros, an LSE of +inf)
+    inv = 0.f, lse2 = -kNegInf;
+    return;
+  }
   const bool none = l == 0.f;  // (a NaN sum is not none: it stays NaN)
   const float top = none ? s2 : fmaxf(m2, s2);
   if (top == kNegInf) {

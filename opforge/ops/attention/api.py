@@ -177,7 +177,7 @@ def attention(
         return (res[0].to(torch.bfloat16), res[1]) if return_lse else res.to(torch.bfloat16)
     if block_table is not None:
         check_paged(q, k, v, block_table, kv_lens)
-        if pages_by_kernel(q, k, v, segment_ids, mask):  # (which kernel, in place or not: C++ decides)
+        if pages_by_kernel(q, k, v, segment_ids, mask, sinks):  # (which kernel, in place or not: C++ decides)
             causal, left, right, prefix = pattern_args(q, k, causal, window, prefix_len, None, None)[:4]
             out, lse = torch.ops.opforge.attention_paged.default(
                 q,
@@ -199,7 +199,7 @@ def attention(
     if kv_lens is not None:
         check_kv_lens(q, kv_lens, segment_ids)
     args = pattern_args(q, k, causal, window, prefix_len, segment_ids, mask)
-    if kv_lens is not None and records_gradient(q, k, v):  # (no kernel has a kv_lens backward)
+    if kv_lens is not None and records_gradient(q, k, v, sinks):  # (no kernel has a kv_lens backward)
         (args, k, v), kv_lens = kv_lens_as_mask(q, k, v, kv_lens, args, mask), None
     scale, softcap = scale_and_softcap(OP, q, scale, softcap)
     if transforms_active():  # torch.func / forward-mode AD: the Python autograd.Function

@@ -107,11 +107,12 @@ def _gradients(ctx, grad_out, grad_lse):
         )
     q, k, v, out, lse, *rest = ctx.saved_tensors
     sinks = rest[0] if ctx.has_sinks else None
-    if sinks is not None and not ctx.needs_input_grad[ATTENTION.index("sinks")]:
-        sinks = None  # (dq, dk, dv need nothing of them)
+    # (dq, dk, dv need nothing of the sinks; their own gradient only where asked for. The double
+    # backward's recomputation takes them either way.)
+    want_sinks = sinks is not None and ctx.needs_input_grad[ATTENTION.index("sinks")]
     cu_q, cu_k = ctx.cu_seqlens
     if torch.is_grad_enabled():
-        d_sinks = None if sinks is None else sink_gradient(sinks, grad_out, out, lse, grad_lse)
+        d_sinks = sink_gradient(sinks, grad_out, out, lse, grad_lse) if want_sinks else None
         if grad_out is None:
             grad_out = torch.zeros_like(out)
         args = (grad_out, q, k, v, out, lse, grad_lse, ctx.scale, ctx.softcap, ctx.variant, ctx.deterministic)
@@ -131,11 +132,11 @@ def _gradients(ctx, grad_out, grad_lse):
         *ctx.pattern,
         cu_q,
         cu_k,
-        sinks,
+        sinks if want_sinks else None,
         variant=ctx.variant,
         deterministic=ctx.deterministic,
     )
-    return dq, dk, dv, (None if sinks is None else d_sinks)
+    return dq, dk, dv, (d_sinks if want_sinks else None)
 
 
 def _backward(ctx, grad_out, grad_lse):

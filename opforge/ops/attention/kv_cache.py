@@ -26,12 +26,12 @@ from opforge.ops.attention.checks import DTYPES, OP
 APPEND_OP = "opforge.paged_kv_append"
 
 
-def records_gradient(q, k, v) -> bool:
+def records_gradient(q, k, v, sinks=None) -> bool:
     """Whether this call records a gradient (no kernel here has a kv_lens or paged backward)."""
-    return torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k, v, sinks))
 
 
-def pages_by_kernel(q, k_cache, v_cache, segment_ids, mask) -> bool:
+def pages_by_kernel(q, k_cache, v_cache, segment_ids, mask, sinks=None) -> bool:
     """Whether a paged call goes to opforge::attention_paged (which reads the pages in place where its
     kernels can, else gathers them itself): no gradient to record, no torch.func transform, no
     segment ids or block mask."""
@@ -39,7 +39,7 @@ def pages_by_kernel(q, k_cache, v_cache, segment_ids, mask) -> bool:
         segment_ids is None
         and mask is None
         and not transforms_active()
-        and not records_gradient(q, k_cache, v_cache)
+        and not records_gradient(q, k_cache, v_cache, sinks)
     )
 
 

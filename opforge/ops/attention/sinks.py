@@ -43,9 +43,11 @@ def apply_sinks(
     """(out', lse') with the sinks, from attention's (out, lse) without them: out (B, H, S, D), lse
     (B, H, S). Differentiable (twice) in all three; a row with neither keys nor a finite sink keeps
     zeros and -inf."""
-    s = sinks.to(lse.dtype).view(1, -1, 1)
-    total = torch.logaddexp(lse, s)
-    w = torch.exp(lse - total.masked_fill(total == -math.inf, 0.0))
+    s = sinks.to(lse.dtype).view(1, -1, 1).expand_as(lse)
+    # (a row with neither keys nor a finite sink: logaddexp(-inf, -inf) would have a NaN derivative)
+    none = (lse == -math.inf) & (s == -math.inf)
+    total = torch.logaddexp(lse.masked_fill(none, 0.0), s.masked_fill(none, 0.0)).masked_fill(none, -math.inf)
+    w = torch.exp(lse - total.masked_fill(none, 0.0))
     return out * w.unsqueeze(-1).to(out.dtype), total
 
 
@@ -57,7 +59,9 @@ def sink_gradient(
     dt = lse.dtype
     # p_sink, 0 on rows whose LSE is -inf: the sink is -inf there, or the row is a padded batch's
     # (varlen rows past the last offset, in no sequence)
-    p_sink = torch.exp(sinks.to(dt).view(1, -1, 1) - lse.masked_fill(lse == -math.inf, math.inf))
+    # (a sink of +inf, whose rows' LSE is +inf: weight 1)
+    diff = sinks.to(dt).view(1, -1, 1) - lse.masked_fill(lse == -math.inf, math.inf)
+    p_sink = torch.exp(diff.nan_to_num(0.0, math.inf, -math.inf))
     term = torch.zeros_like(lse) if grad_lse is None else grad_lse.to(dt)
     if grad_out is not None:
         term = term - (grad_out.to(dt) * out.to(dt)).sum(-1)
