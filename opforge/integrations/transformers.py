@@ -235,34 +235,17 @@ def opforge_attention(
             f"{OP}: attention_mask must come from the 'opforge' mask function (register()), be None or a "
             f"4-D tensor, got {type(attention_mask).__name__}"
         )
+    common = dict(
+        scale=scaling, softcap=softcap or None, deterministic=deterministic, sinks=_sinks(module, kwargs)
+    )
     varlen = _varlen(query, key.shape[2], kw, kwargs, padded)
     if varlen is not None:
         cu_q, cu_k = varlen
         kw = {n: x for n, x in kw.items() if n != "segment_ids"}
         q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))  # (S, H, D) views
-        out = opforge.attention_varlen(
-            q,
-            k,
-            v,
-            cu_q,
-            cu_k,
-            scale=scaling,
-            softcap=softcap or None,
-            deterministic=deterministic,
-            sinks=_sinks(module, kwargs),
-            **kw,
-        )
+        out = opforge.attention_varlen(q, k, v, cu_q, cu_k, **common, **kw)
         return out.unsqueeze(0), None
-    out = opforge.attention(
-        query,
-        key,
-        value,
-        scale=scaling,
-        softcap=softcap or None,
-        deterministic=deterministic,
-        sinks=_sinks(module, kwargs),
-        **kw,
-    )
+    out = opforge.attention(query, key, value, **common, **kw)
     return out.transpose(1, 2).contiguous(), None
 
 

@@ -111,14 +111,12 @@ def _gradients(ctx, grad_out, grad_lse):
     # backward's recomputation takes them either way.)
     want_sinks = sinks is not None and ctx.needs_input_grad[ATTENTION.index("sinks")]
     cu_q, cu_k = ctx.cu_seqlens
-    if torch.is_grad_enabled():
-        d_sinks = sink_gradient(sinks, grad_out, out, lse, grad_lse) if want_sinks else None
-        if grad_out is None:
-            grad_out = torch.zeros_like(out)
-        args = (grad_out, q, k, v, out, lse, grad_lse, ctx.scale, ctx.softcap, ctx.variant, ctx.deterministic)
-        return (*_AttentionBackward.apply(*args, cu_q, cu_k, sinks, *ctx.pattern), d_sinks)
     if grad_out is None:
         grad_out = torch.zeros_like(out)
+    if torch.is_grad_enabled():
+        d_sinks = sink_gradient(sinks, grad_out, out, lse, grad_lse) if want_sinks else None
+        args = (grad_out, q, k, v, out, lse, grad_lse, ctx.scale, ctx.softcap, ctx.variant, ctx.deterministic)
+        return (*_AttentionBackward.apply(*args, cu_q, cu_k, sinks, *ctx.pattern), d_sinks)
     dq, dk, dv, d_sinks = torch.ops.opforge.attention_backward.default(
         grad_out,
         q,

@@ -18,8 +18,9 @@ import torch
 from opforge.ops._common import dtype_name
 
 
-def check_sinks(op: str, q: torch.Tensor, sinks, heads_dim: int = 1) -> None:
-    """sinks: None or a floating (heads,) tensor on q's device (heads: q.shape[heads_dim])."""
+def check_sinks(op: str, q: torch.Tensor, sinks) -> None:
+    """sinks: None or a floating (heads,) tensor on q's device (heads: q.shape[1], in q (B, H, S, D) as
+    in attention_varlen's q (total, H, D))."""
     if sinks is None:
         return
     if not isinstance(sinks, torch.Tensor):
@@ -28,7 +29,7 @@ def check_sinks(op: str, q: torch.Tensor, sinks, heads_dim: int = 1) -> None:
         raise RuntimeError(
             f"{op}: sinks must be one of (float16, bfloat16, float32, float64), got {dtype_name(sinks.dtype)}"
         )
-    heads = q.shape[heads_dim]
+    heads = q.shape[1]
     if sinks.dim() != 1 or sinks.shape[0] != heads:
         raise RuntimeError(
             f"{op}: sinks must be (heads,) = ({heads},), one logit a query head, got shape {list(sinks.shape)}"
