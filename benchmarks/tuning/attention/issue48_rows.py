@@ -4,7 +4,7 @@ process: FlashAttention-4 (flash_attn.cute: ``learnable_sink``; 192 / 128), Flex
 natively; sinks by the same LSE rescaling opforge's kernels do, after its kernel) and cuDNN attention
 (192 / 128, through SDPA's cuDNN backend). A peer that cannot run a row prints why. bf16.
 
-    python benchmarks/tuning/attention/issue48_rows.py [--rows sinks,mla] [--json out.json]
+    python benchmarks/tuning/attention/issue48_rows.py [--rows sinks,mla,hdim] [--json out.json]
 (FlashAttention-4 from ../shared/tools/fa4_peer.sh: PYTHONPATH as its header says.)
 """
 
@@ -29,37 +29,42 @@ ROWS = {
         ("DeepSeek MLA 192/128 causal 4k", 2, 128, 128, 4096, 192, 128, None),
         ("DeepSeek MLA 192/128 causal 8k", 1, 128, 128, 8192, 192, 128, None),
     ],
+    "hdim": [  # FlashAttention-3's head dims 96 and 192 (opforge pads them to its kernels' 128 / 256)
+        ("causal 4k D96", 4, 32, 8, 4096, 96, 96, None),
+        ("causal 4k D192", 2, 32, 8, 4096, 192, 192, None),
+        ("full 4k D192", 2, 32, 8, 4096, 192, 192, None),
+    ],
 }
 
 
-def flops(B, Hq, S, Dqk, Dv, window, backward):
-    pairs = S * (S + 1) / 2 if window is None else S * min(window, S)
+def flops(B, Hq, S, Dqk, Dv, window, backward, causal=True):
+    pairs = (S * (S + 1) / 2 if causal else S * S) if window is None else S * min(window, S)
     f = 2.0 * B * Hq * pairs * (Dqk + Dv)
     return f * (3.5 if backward else 1.0)  # (the backward: 2.5x the forward's products)
 
 
-def opforge_fn(q, k, v, sinks, window):
-    kw = dict(causal=True, window=None if window is None else (window - 1, 0))
+def opforge_fn(q, k, v, sinks, window, causal=True):
+    kw = dict(causal=causal, window=None if window is None else (window - 1, 0))
     return lambda: opforge.attention(q, k, v, sinks=sinks, **kw)
 
 
-def fa4_fn(q, k, v, sinks, window):
+def fa4_fn(q, k, v, sinks, window, causal=True):
     from flash_attn.cute import flash_attn_func  # (the peer: ../shared/tools/fa4_peer.sh)
 
     qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
-    kw = dict(causal=True, window_size=(-1, -1) if window is None else (window - 1, 0))
+    kw = dict(causal=causal, window_size=(-1, -1) if window is None else (window - 1, 0))
     if sinks is not None:
         kw["learnable_sink"] = sinks
     return lambda: flash_attn_func(qt, kt, vt, **kw)[0]
 
 
-def flex_fn(q, k, v, sinks, window):
+def flex_fn(q, k, v, sinks, window, causal=True):
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
-    def causal(b, h, i, j):
+    def visible(b, h, i, j):
         return (j <= i) if window is None else ((j <= i) & (i - j < window))
 
-    mask = create_block_mask(causal, None, None, q.shape[2], k.shape[2], device=q.device)
+    mask = None if not causal else create_block_mask(visible, None, None, q.shape[2], k.shape[2], device=q.device)
     flex = torch.compile(flex_attention)
     group = q.shape[1] != k.shape[1]
 
@@ -73,7 +78,7 @@ def flex_fn(q, k, v, sinks, window):
     return fn
 
 
-def cudnn_fn(q, k, v, sinks, window):
+def cudnn_fn(q, k, v, sinks, window, causal=True):
     if sinks is not None or window is not None:
         raise RuntimeError("SDPA takes no sinks, and a window only as a dense mask")
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -81,7 +86,7 @@ def cudnn_fn(q, k, v, sinks, window):
     def fn():
         with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
             return F.scaled_dot_product_attention(
-                q, k, v, is_causal=True, enable_gqa=q.shape[1] != k.shape[1]
+                q, k, v, is_causal=causal, enable_gqa=q.shape[1] != k.shape[1]
             )
 
     return fn
@@ -92,7 +97,7 @@ PEERS = {"opforge": opforge_fn, "FlashAttention-4": fa4_fn, "FlexAttention": fle
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--rows", default="sinks,mla")
+    ap.add_argument("--rows", default="sinks,mla,hdim")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     timer = CudaTimer(torch.device("cuda"))
@@ -110,7 +115,7 @@ def main() -> None:
                 line = f"  {name:34s} {row['pass']:8s}"
                 for peer, make in PEERS.items():
                     try:
-                        fwd = make(q, k, v, sinks, window)
+                        fwd = make(q, k, v, sinks, window, causal=not name.startswith("full"))
                         fn = (lambda f=fwd, g=go: f().backward(g)) if backward else fwd
                         fn()  # (compilation, JIT)
                         ms = timer(fn)
@@ -118,7 +123,7 @@ def main() -> None:
                         line += f" | {peer} n/a ({type(e).__name__}: {str(e).splitlines()[0][:60]})"
                         continue
                     row["times_ms"][peer] = ms
-                    tf = flops(B, Hq, S, Dqk, Dv, window, backward) / ms / 1e9
+                    tf = flops(B, Hq, S, Dqk, Dv, window, backward, not name.startswith("full")) / ms / 1e9
                     ratio = (
                         ""
                         if peer == "opforge"
