@@ -28,6 +28,16 @@ class HopperFwd:
     block_mask: bool = False
     persistent: bool = False
     segment_runs: bool = False
+    head_dim_v: int = 0  # (v's head dim; 0: head_dim's)
+
+    @property
+    def dim_v(self) -> int:
+        return self.head_dim_v or self.head_dim
+
+    @property
+    def dims(self) -> str:
+        """d192 or d192_v128 (file names)."""
+        return f"d{self.head_dim}" + (f"_v{self.dim_v}" if self.dim_v != self.head_dim else "")
 
     @property
     def suffix(self) -> str:
@@ -42,7 +52,9 @@ class HopperFwd:
             if self.persistent
             else ("Cache" if self.kv_cache else "") + ("Mask" if self.block_mask else "")
         )
-        return f"HopperFwdTraits{kind}D{self.head_dim}"
+        return f"HopperFwdTraits{kind}D{self.head_dim}" + (
+            f"V{self.dim_v}" if self.dim_v != self.head_dim else ""
+        )
 
     @property
     def what(self) -> str:
@@ -61,7 +73,7 @@ class HopperFwd:
     @property
     def key(self) -> list[str]:
         flags = (self.kv_cache, self.block_mask, self.persistent, self.segment_runs)
-        return [str(self.head_dim)] + [str(f).lower() for f in flags]
+        return [str(self.head_dim), str(self.dim_v)] + [str(f).lower() for f in flags]
 
 
 @dataclass(frozen=True)
@@ -71,6 +83,10 @@ class HopperBwd:
     head_dim: int
     block_mask: bool = False
     deterministic: bool = False
+
+    @property
+    def dims(self) -> str:
+        return f"d{self.head_dim}"
 
     @property
     def suffix(self) -> str:
@@ -104,6 +120,9 @@ HOPPER_FWD = [
         HopperFwd(d, kv_cache=True, block_mask=True),
     )
 ] + [HopperFwd(d, persistent=True, segment_runs=runs) for d in (64, 128) for runs in (False, True)]
+# Head dim 192 with v's 128 (DeepSeek's MLA) and 192: the plain and KV-cache forms (a block mask at 192
+# runs at 256: hopper_fwd_dims, attention_heuristics.h).
+HOPPER_FWD += [HopperFwd(192, kv_cache=c, head_dim_v=dv) for dv in (128, 192) for c in (False, True)]
 HOPPER_BWD = [
     HopperBwd(64),
     HopperBwd(64, block_mask=True),
@@ -159,8 +178,10 @@ def instances() -> list[Instance]:
             )
         out.append(
             Instance(
-                f"attention_fwd_hopper{f.suffix}_d{f.head_dim}",
-                f"The Hopper forward at head dim {f.head_dim}, {f.what}: {f.traits}",
+                f"attention_fwd_hopper{f.suffix}_{f.dims}",
+                f"The Hopper forward at head dim {f.head_dim}"
+                + (f" (v {f.dim_v})" if f.dim_v != f.head_dim else "")
+                + f", {f.what}: {f.traits}",
                 "attention_fwd_hopper_launch.cuh",
                 tuple(specs),
             )
@@ -168,7 +189,7 @@ def instances() -> list[Instance]:
     for f in HOPPER_BWD:
         out.append(
             Instance(
-                f"attention_bwd_hopper{f.suffix}_d{f.head_dim}",
+                f"attention_bwd_hopper{f.suffix}_{f.dims}",
                 f"The Hopper backward at head dim {f.head_dim}, {f.what}: {f.traits}, its one-pass kernel and dQ "
                 "conversion",
                 "attention_bwd_hopper_launch.cuh",
@@ -324,6 +345,21 @@ def dispatch_form(fn: str, form_type: str, template: str, names: list[str], form
     return [*lines, "  return cudaErrorInvalidValue;", "}"]
 
 
+def dispatch_form_key(fn: str, form_type: str, template: str, forms: list) -> list[str]:
+    """A switch on form.key() (the form's fields packed: HopperFwdForm::key), a case a form."""
+    lines = [
+        *signature(f"inline int {fn}", f"const {form_type}& form, {FWD_ARGS}"),
+        "  switch (form.key()) {",
+    ]
+    for f in forms:
+        fields = ", ".join(f.key)
+        lines += [
+            f"    case {form_type}{{{fields}}}.key():",
+            f"      return {template}<{fields}>(a, stream);",
+        ]
+    return [*lines, "    default:", "      return cudaErrorInvalidValue;", "  }", "}"]
+
+
 def dispatch_head_dim(fn: str, template: str, params: str, args: str) -> list[str]:
     lines = [*signature(f"inline int {fn}", f"int head_dim, {params}"), "  switch (head_dim) {"]
     for d in HEAD_DIMS:
@@ -332,7 +368,6 @@ def dispatch_head_dim(fn: str, template: str, params: str, args: str) -> list[st
 
 
 def header(insts: list[Instance]) -> str:
-    fwd_names = ["head_dim", "kv_cache", "block_mask", "persistent", "segment_runs"]
     bwd_names = ["head_dim", "block_mask", "deterministic"]
     lines = [
         GENERATED,
@@ -354,7 +389,7 @@ def header(insts: list[Instance]) -> str:
         "// The Hopper forward (sm_90a; TMA needs positive 16-byte strides, which the launcher gives it) of",
         "// one form (HopperFwdForm's fields; the persistent forms need a.fwd_counter and a.num_sms, the",
         "// segment runs' form a.seg_runs).",
-        "template <int kHeadDim, bool kKvCache, bool kBlockMask, bool kPersistent, bool kSegmentRuns>",
+        "template <int kHeadDim, int kHeadDimV, bool kKvCache, bool kBlockMask, bool kPersistent, bool kSegmentRuns>",
         f"int run_attention_hopper_fwd({FWD_ARGS});",
         "// The Hopper backward (needs a.dq_accum; a.dq_semaphore in deterministic mode) of one form",
         "// (HopperBwdForm's fields): its one-pass kernel and the dQ conversion.",
@@ -399,8 +434,8 @@ def header(insts: list[Instance]) -> str:
         "}",
     ]
     lines += ["", "// The instantiation of a form."]
-    lines += dispatch_form(
-        "run_attention_hopper_fwd_form", "HopperFwdForm", "run_attention_hopper_fwd", fwd_names, HOPPER_FWD
+    lines += dispatch_form_key(
+        "run_attention_hopper_fwd_form", "HopperFwdForm", "run_attention_hopper_fwd", HOPPER_FWD
     )
     lines += [
         "",

@@ -75,10 +75,12 @@ struct WgmmaRS<{t}, {n}> {{
 
 
 body = HEAD
-for n in (32, 64, 128, 256):  # (32: the head-dim-256 backward's S and dP, 32 keys a warpgroup)
+# (32: the head-dim-256 backward's S and dP, 32 keys a warpgroup; 96: the forward's S at head dim 192,
+# 96 keys a tile)
+for n in (32, 64, 96, 128, 256):
     for t, ptx in (("__nv_bfloat16", "bf16"), ("__half", "f16")):
         body += op(t, ptx, n)
-for n in (64, 128, 256):
+for n in (64, 128, 192, 256):  # (192: the forward's P V at v head dim 192)
     for t, ptx in (("__nv_bfloat16", "bf16"), ("__half", "f16")):
         body += op_rs(t, ptx, n)
 body += "\n}  // namespace cuda\n}  // namespace opforge\n"

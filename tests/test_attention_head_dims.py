@@ -154,3 +154,77 @@ def test_head_dims_errors(device):
         RuntimeError, match=r"opforge.attention_backward: grad_out must be \(batch, heads, queries\)"
     ):
         torch.ops.opforge.attention_backward(torch.ones_like(q), q, k, v, out, lse, None, 0.2, 0.0, *args)
+
+
+# The Hopper forward's own head-dim-192 kernels (attention_heuristics.h: hopper_fwd_dims), by the traits
+# the profiler names (HopperFwdTraits<kD, kBlockN, kStages, kConsumers, kPingPong, kStageMask,
+# kPersistent, kKvCache, kDV>, blanks removed).
+NATIVE = {
+    (192, 128): "HopperFwdTraits<192,128,2,2,true,false,false,{cache},128>",
+    (192, 192): "HopperFwdTraits<192,96,2,2,true,false,false,{cache},192>",
+}
+
+
+def _check_native(q, k, v, kw, traits, dtype):
+    from attention_cuda_cases import kernel_names
+
+    poison_cuda_allocator(q.numel() * 8, "cuda")
+    names = [n.replace(" ", "") for n in kernel_names(lambda: opforge.attention(q, k, v, **kw))]
+    assert any(traits in n for n in names), (traits, names)
+    out, lse = opforge.attention(q, k, v, return_lse=True, **kw)
+    kr, vr = k.nan_to_num(0.0), v.nan_to_num(0.0)  # (NaN past the key counts: never read)
+    want, want_lse = reference.attention(q.double(), kr.double(), vr.double(), return_lse=True, **kw)
+    low = reference.attention(q, kr, vr, **{key: val for key, val in kw.items() if key != "sinks"})
+    assert out.shape == (*q.shape[:3], v.shape[-1]) and out.dtype == dtype and not out.isnan().any()
+    if "sinks" not in kw:  # (the bound: twice PyTorch's own error in the dtype)
+        ok, err = bound(out, want, low, dtype)
+        assert ok, err
+    else:
+        err = (out.double() - want).abs().max().item()
+        assert err <= 2e-2, err
+    finite = want_lse.isfinite()
+    assert torch.equal(lse.isinf(), ~finite)
+    assert (lse.double() - want_lse)[finite].abs().max().item() <= 2e-2
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("dims", list(NATIVE), ids=lambda d: f"{d[0]}-{d[1]}")
+def test_native_head_dim_192_forward(dims, dtype):
+    """q, k at 192 with v at 128 or 192 run the Hopper forward's own kernels (not padded to 256):
+    the profiler sees their traits, and output and LSE match the float64 reference over many key
+    tiles: causal with more keys than queries, a window, softcap, GQA, sinks, key counts (the
+    KV-cache form; NaN past each count), v of 96 columns (zero-padded to 128), head dim 160 (to 192)."""
+    dqk, dv = dims
+    traits = NATIVE[dims]
+    q, k, v = qkv(2, 8, 2, 700, 1000, dqk, dv, dtype, "cuda")
+    sinks = torch.randn(8, device="cuda")
+    for kw in (
+        dict(causal=True),
+        dict(causal=True, window=(300, 0), softcap=20.0),
+        dict(causal=True, sinks=sinks),
+        {},
+    ):
+        _check_native(q, k, v, kw, traits.format(cache="false"), dtype)
+    lens = torch.tensor([1000, 333], device="cuda")
+    kn, vn = k.clone(), v.clone()
+    kn[1, :, 333:], vn[1, :, 333:] = float("nan"), float("nan")
+    _check_native(q[:, :, :200], kn, vn, dict(kv_lens=lens, causal=True), traits.format(cache="true"), dtype)
+    q2, k2, v2 = qkv(1, 4, 4, 300, 300, 160, dv - 32, dtype, "cuda")
+    _check_native(q2, k2, v2, dict(causal=True), traits.format(cache="false"), dtype)
+
+
+@pytest.mark.cuda
+def test_native_head_dim_192_varlen():
+    """Packed sequences at (192, 128) and (192, 192) against the float64 reference."""
+    cu = torch.tensor([0, 130, 131, 600, 1000], dtype=torch.int32, device="cuda")
+    for dqk, dv in NATIVE:
+        q, k, v = (
+            t[0].transpose(0, 1).contiguous()
+            for t in qkv(1, 8, 2, 1000, 1000, dqk, dv, torch.bfloat16, "cuda")
+        )
+        poison_cuda_allocator(q.numel() * 8, "cuda")
+        out = opforge.attention_varlen(q, k, v, cu, cu, causal=True)
+        want = reference.attention_varlen(q.double(), k.double(), v.double(), cu, cu, causal=True)
+        assert out.shape == (1000, 8, dv) and not out.isnan().any()
+        torch.testing.assert_close(out.double(), want, atol=3e-2, rtol=0)

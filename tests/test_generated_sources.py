@@ -61,7 +61,7 @@ def test_every_form_has_one_instantiation():
     for forms in (gen.HOPPER_FWD, gen.HOPPER_BWD):
         keys = [tuple(f.key) for f in forms]
         assert len(keys) == len(set(keys)), "a form listed twice"
-        names = [f.suffix + str(f.head_dim) for f in forms]
+        names = [f.suffix + f.dims for f in forms]
         assert len(names) == len(set(names)), "two forms in one file"
     header = (FOLDER / gen.HEADER).read_text()
     for f in gen.HOPPER_FWD:

@@ -60,7 +60,7 @@ AttentionKernel choose_attention_kernel(const char* op, const AttentionCall& cal
     TORCH_CHECK_VALUE(!call.hopper_missing, op, ": variant 'hopper' cannot run here: ", call.hopper_missing);
     TORCH_CHECK_VALUE(call.hopper_pages(), op,
                       ": variant 'hopper' reads paged caches whose page size is a multiple of its key tile (",
-                      attention_hopper_fwd_block_n(attention_cuda_head_dim(call.head_dim)),
+                      attention_hopper_fwd_block_n(call.hopper_dims()),
                       " rows at this head dim) or divides it (at least 8 rows), got page size ",
                       call.page_size, " (variant 'mma_sync' takes any)");
     kernel = AttentionKernel::kHopper;

@@ -48,26 +48,41 @@ constexpr int64_t kAttentionCpuDecodeMaxRows = 32;
 // gains nothing from the split and its merge): CUDA 512, CPU 257 (more than two 128-key blocks).
 constexpr int64_t kAttentionCudaDecodeMinKeys = 512, kAttentionCpuDecodeMinKeys = 257;
 
-// The Hopper forward's key tile at a kernel head dim (HopperFwdTraits: 64 rows at 256, else 128),
-// and whether it reads a paged cache of this page size in place: a tile's rows in whole pages or a
-// page's rows in whole tiles (its TMA boxes never cross a page), boxes of at least 8 rows (the 128-byte
-// swizzle's 1024-byte pattern).
-constexpr int64_t attention_hopper_fwd_block_n(int64_t kernel_head_dim) {
-  return kernel_head_dim == 256 ? 64 : 128;
+// The head dims (q / k, v) the Hopper forward runs a call at. Its own (192, 128) and (192, 192)
+// (FlashAttention-3's hdim 192 and hdim_v: DeepSeek's MLA) for q / k head dims 129-192 with v's up to
+// 192, except with a block mask (not instantiated there); else attention_cuda_head_dim of the wider
+// of the two for both. The launcher zero-pads each operand up to its kernel's head dim.
+struct HopperFwdDims {
+  int64_t qk = 128, v = 128;
+};
+constexpr HopperFwdDims hopper_fwd_dims(int64_t head_dim, int64_t head_dim_v, bool block_mask) {
+  if (head_dim > 128 && head_dim <= 192 && head_dim_v <= 192 && !block_mask) {
+    return {192, head_dim_v <= 128 ? 128 : 192};
+  }
+  const int64_t d = attention_cuda_head_dim(std::max(head_dim, head_dim_v));
+  return {d, d};
 }
-constexpr bool attention_hopper_fwd_pages(int64_t page_size, int64_t kernel_head_dim) {
-  const int64_t bn = attention_hopper_fwd_block_n(kernel_head_dim);
-  return page_size > 0 && (page_size % bn == 0 || (bn % page_size == 0 && page_size % 8 == 0));
+
+// The Hopper forward's key tile at its head dims (HopperFwdTraits: 64 rows at 256, 96 at (192, 192),
+// else 128), and whether it reads a paged cache of this page size in place: a tile's rows in whole
+// pages or a page's rows in whole tiles (its TMA boxes never cross a page), boxes of at least 8 rows
+// (the 128-byte swizzle's 1024-byte pattern).
+constexpr int64_t attention_hopper_fwd_block_n(HopperFwdDims dims) {
+  return dims.qk == 256 ? 64 : dims.v == 192 ? 96 : 128;
+}
+constexpr bool attention_hopper_fwd_pages_at(int64_t page_size, int64_t block_n) {
+  return page_size > 0 && (page_size % block_n == 0 || (block_n % page_size == 0 && page_size % 8 == 0));
 }
 
 // A call as the rule sees it.
 struct AttentionCall {
   bool cuda = false;
   int64_t heads = 1, kv_heads = 1, sq = 0, sk = 0, head_dim = 0;
-  bool kv_lens = false;   // per-sequence key counts (every forward kernel takes them)
-  int64_t page_size = 0;  // a paged cache's (0: not paged)
-  bool backward = false;  // the backward's kernels (no decode kernel there)
-  bool varlen = false;    // packed variable-length sequences: the tiled, Hopper and mma.sync kernels
+  int64_t head_dim_v = 0;  // v's (0: head_dim's)
+  bool kv_lens = false;    // per-sequence key counts (every forward kernel takes them)
+  int64_t page_size = 0;   // a paged cache's (0: not paged)
+  bool backward = false;   // the backward's kernels (no decode kernel there)
+  bool varlen = false;     // packed variable-length sequences: the tiled, Hopper and mma.sync kernels
   // CUDA: why the Hopper kernels cannot serve this call (no sm_90a code for this GPU in the build,
   // no Hopper kernel at this head dim), or null when they can.
   const char* hopper_missing = nullptr;
@@ -83,9 +98,14 @@ struct AttentionCall {
     return cuda ? attention_cuda_decode_max_rows(attention_cuda_head_dim(head_dim))
                 : kAttentionCpuDecodeMaxRows;
   }
+  // The Hopper forward's head dims for this call (hopper_fwd_dims).
+  HopperFwdDims hopper_dims() const {
+    return hopper_fwd_dims(head_dim, head_dim_v > 0 ? head_dim_v : head_dim, block_mask);
+  }
   // Whether the Hopper forward reads this call's K / V: not paged, or pages its boxes tile.
   bool hopper_pages() const {
-    return page_size == 0 || attention_hopper_fwd_pages(page_size, attention_cuda_head_dim(head_dim));
+    return page_size == 0 ||
+           attention_hopper_fwd_pages_at(page_size, attention_hopper_fwd_block_n(hopper_dims()));
   }
   // "auto"'s decode rule: few enough rows, and per-sequence counts or enough keys to split.
   bool decodes() const {
@@ -123,7 +143,7 @@ inline double attention_mean_visible_keys(double sq, double sk, int64_t window_l
 // count as short.
 constexpr double kHopperFwdPersistentMaxTiles = 8;
 inline bool hopper_fwd_persistent(const AttentionCall& call) {
-  if (attention_cuda_head_dim(call.head_dim) > 128 || call.block_mask) return false;
+  if (call.hopper_dims().qk > 128 || call.block_mask) return false;
   if (call.segments) return true;
   const double n = static_cast<double>(std::max<int64_t>(call.batch, 1));
   const double sq = call.varlen ? static_cast<double>(call.sq) / n : static_cast<double>(call.sq);
@@ -153,7 +173,8 @@ inline bool hopper_fwd_runs(const AttentionCall& call) {
 // The Hopper forward's form: which of its instantiations serves a call (each a traits struct of
 // attention_fwd_hopper_kernel.cuh).
 struct HopperFwdForm {
-  int head_dim = 128;  // the kernel's: 64, 128 or 256
+  int head_dim = 128;    // the kernel's q / k head dim: 64, 128, 192 or 256
+  int head_dim_v = 128;  // v's (hopper_fwd_dims)
   // Per-sequence key counts (kv_lens) or a paged cache: K / V tiles a page run at a time, the rows
   // past a sequence's count zeroed in V (the one-item kernel).
   bool kv_cache = false;
@@ -161,6 +182,11 @@ struct HopperFwdForm {
   bool persistent = false;    // a block a multiprocessor walking the work items (hopper_fwd_persistent)
   bool segment_runs = false;  // (persistent) segment ids as documents where they are runs (hopper_fwd_runs)
 
+  // The fields packed in one int (the instantiations' switch: run_attention_hopper_fwd_form).
+  constexpr int key() const {
+    return ((((head_dim * 512 + head_dim_v) * 2 + kv_cache) * 2 + block_mask) * 2 + persistent) * 2 +
+           segment_runs;
+  }
   const char* name() const {
     if (persistent) return segment_runs ? "hopper/persistent_runs" : "hopper/persistent";
     if (kv_cache) return block_mask ? "hopper/cache_mask" : "hopper/cache";
@@ -169,7 +195,8 @@ struct HopperFwdForm {
 };
 inline HopperFwdForm hopper_fwd_form(const AttentionCall& call) {
   HopperFwdForm f;
-  f.head_dim = static_cast<int>(attention_cuda_head_dim(call.head_dim));
+  const HopperFwdDims dims = call.hopper_dims();
+  f.head_dim = static_cast<int>(dims.qk), f.head_dim_v = static_cast<int>(dims.v);
   f.kv_cache = call.kv_lens || call.page_size > 0;
   f.block_mask = call.block_mask;
   f.persistent = !f.kv_cache && !f.block_mask && hopper_fwd_persistent(call);

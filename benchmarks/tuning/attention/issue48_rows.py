@@ -55,7 +55,7 @@ def fa4_fn(q, k, v, sinks, window, causal=True):
     kw = dict(causal=causal, window_size=(-1, -1) if window is None else (window - 1, 0))
     if sinks is not None:
         kw["learnable_sink"] = sinks
-    return lambda: flash_attn_func(qt, kt, vt, **kw)[0]
+    return lambda: flash_attn_func(qt, kt, vt, **kw)[0].transpose(1, 2)  # (back to (B, H, S, D))
 
 
 def flex_fn(q, k, v, sinks, window, causal=True):
@@ -64,7 +64,11 @@ def flex_fn(q, k, v, sinks, window, causal=True):
     def visible(b, h, i, j):
         return (j <= i) if window is None else ((j <= i) & (i - j < window))
 
-    mask = None if not causal else create_block_mask(visible, None, None, q.shape[2], k.shape[2], device=q.device)
+    mask = (
+        None
+        if not causal
+        else create_block_mask(visible, None, None, q.shape[2], k.shape[2], device=q.device)
+    )
     flex = torch.compile(flex_attention)
     group = q.shape[1] != k.shape[1]
 
@@ -101,6 +105,7 @@ def main() -> None:
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     timer = CudaTimer(torch.device("cuda"))
+    torch._dynamo.config.recompile_limit = 64  # (FlexAttention compiles once per shape and grad mode)
     print(f"{torch.cuda.get_device_name()} torch {torch.__version__}; bf16; ms and TFLOP/s (visible pairs)")
     results = []
     for group in args.rows.split(","):

@@ -236,7 +236,9 @@ void attention_forward_into(const char* op, const AttentionPatternArgs& args, co
                             const at::Tensor& k, const at::Tensor& v, double scale, double softcap,
                             bool kv_lens, c10::string_view variant, bool captured, at::Tensor& out,
                             at::Tensor& lse) {
-  const AttentionCall call = cuda_call(q, k, kv_lens, false, args.varlen());
+  AttentionCall call = cuda_call(q, k, kv_lens, false, args.varlen());
+  call.head_dim_v = v.size(3);
+  call.block_mask = args.mask_kinds.has_value();
   const AttentionKernel kernel = choose_attention_kernel(op, call, variant);
   constexpr double kInf = std::numeric_limits<double>::infinity();
   if (out.numel() == 0 || k.size(2) == 0) {  // (no key anywhere: out 0, the LSE -inf or the sinks)
@@ -247,18 +249,24 @@ void attention_forward_into(const char* op, const AttentionPatternArgs& args, co
     }
     return;
   }
-  const int64_t d = q.size(3), kd = kernel_head_dim(d);
-  const at::Tensor qk = kernel_operand(q, kd, kernel), kk = kernel_operand(k, kd, kernel);
-  const at::Tensor vk = kernel_operand(v, kd, kernel);
-  at::Tensor out_k = kd == d ? out : empty_attention_like(qk, args.varlen());
+  // The kernel's head dims: q / k and v (the Hopper forward's own (192, 128) and (192, 192)), else one
+  // for all three: each operand zero-padded up to its own.
+  const int64_t dv = v.size(3);
+  const HopperFwdDims dims =
+      kernel == AttentionKernel::kHopper
+          ? call.hopper_dims()
+          : HopperFwdDims{kernel_head_dim(std::max(q.size(3), dv)), kernel_head_dim(std::max(q.size(3), dv))};
+  const at::Tensor qk = kernel_operand(q, dims.qk, kernel), kk = kernel_operand(k, dims.qk, kernel);
+  const at::Tensor vk = kernel_operand(v, dims.v, kernel);
+  at::Tensor out_k = dims.v == dv ? out : empty_attention_like(qk, args.varlen(), dims.v);
   AttentionPlan plan = plan_attention(qk, kk, vk, out_k, lse, scale, softcap, args);
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream().stream();
   if (kernel == AttentionKernel::kDecode) {
-    run_decode_plan(op, plan, kd, q.options(), stream);
+    run_decode_plan(op, plan, dims.qk, q.options(), stream);
   } else {
-    run_forward_plan(op, plan, call, kd, kernel, q.options(), stream);
+    run_forward_plan(op, plan, call, dims.qk, kernel, q.options(), stream);
   }
-  if (kd != d) out.copy_(out_k.narrow(3, 0, d));
+  if (dims.v != dv) out.copy_(out_k.narrow(3, 0, dv));
   if (args.varlen() && captured) {  // (rows past the last offset, unknown here, on the device)
     fill_rows_past_offsets(out, std::nullopt, *args.cu_seqlens_q, 0.0);
     fill_rows_past_offsets(lse, std::nullopt, *args.cu_seqlens_q, -kInf);
@@ -280,21 +288,13 @@ std::tuple<at::Tensor, at::Tensor> attention_cuda(
   const char* op = attention_op_name(args);
   check_cuda_call(op, q, k, v);
   const c10::cuda::CUDAGuard guard(q.device());
-  if (v.size(3) != q.size(3)) {  // (one head dim for the kernels: pad_head_dim)
-    return attention_at_one_head_dim(
-        q, k, v, args.varlen(), [&](const at::Tensor& qp, const at::Tensor& kp, const at::Tensor& vp) {
-          return attention_cuda(qp, kp, vp, scale, softcap, causal, window_left, window_right, prefix_len,
-                                q_segments, kv_segments, mask_kinds, mask_index, mask_bits, block_q, block_k,
-                                kv_lens, cu_seqlens_q, cu_seqlens_k, sinks, variant, deterministic,
-                                check_offsets);
-        });
-  }
+  // (v's head dim may differ from q's and k's: attention_forward_into runs each at its kernel's)
   // (check_offsets false: the caller vouches for the offsets, which are then not read on the host,
   // as while a CUDA graph is captured: the kernels clamp them, and rows past the last are zeroed on
   // the device)
   const auto rows =
       check_offsets ? check_varlen_offsets_unless_capturing(op, args, q.size(2), k.size(2)) : std::nullopt;
-  at::Tensor out = empty_attention_like(q, args.varlen());
+  at::Tensor out = empty_attention_like(q, args.varlen(), v.size(3));
   at::Tensor lse = at::empty({q.size(0), q.size(1), q.size(2)}, q.options().dtype(at::kFloat));
   if (rows && (rows->first < q.size(2) || rows->second < k.size(2))) {
     const auto [rows_q, rows_k] = *rows;

@@ -19,9 +19,9 @@ __device__ __forceinline__ void fwd_consumer_item(const FwdSmem<Tr>& sm, const A
                                                   int64_t row0, int half, int next, int t,
                                                   cuda::PipelineState<Tr::kStages>& rk,
                                                   cuda::PipelineState<Tr::kStages>& rv,
-                                                  float (&o)[Tr::kD / 8][4], float (&m_run)[2],
+                                                  float (&o)[Tr::kDV / 8][4], float (&m_run)[2],
                                                   float (&l_run)[2], bool raw_scores, float k) {
-  constexpr int kD = Tr::kD, kBN = Tr::kBlockN;
+  constexpr int kD = Tr::kD, kDV = Tr::kDV, kBN = Tr::kBlockN;
   constexpr int kNT = kBN / 8;
   constexpr bool kWarpRelease = Tr::kStageMask || Tr::kPersistent;  // (each warp reads a stage's info, bits)
   using State = cuda::PipelineState<Tr::kStages>;
@@ -56,13 +56,13 @@ __device__ __forceinline__ void fwd_consumer_item(const FwdSmem<Tr>& sm, const A
     }
     cuda::wgmma_commit();
   };
-  // O += P V for the tile in V stage st.
+  // O += P V for the tile in V stage st (V after K in the stage: kPanelsV panels of kBlockN rows).
   const auto issue_pv = [&](const State& st) {
     const uint64_t v_desc =
         cuda::smem_desc_mn_major(sKV + st.index * Tr::kStageBytes + Tr::kKVBytes, Tr::kKVPanelBytes);
 #pragma unroll
     for (int kk = 0; kk < kBN / 16; ++kk) {  // 16 keys = 16 rows of 128 bytes
-      cuda::WgmmaRS<T, kD>::template mma<1>(&o[0][0], pa[kk], cuda::desc_advance(v_desc, kk * 2048), 1);
+      cuda::WgmmaRS<T, kDV>::template mma<1>(&o[0][0], pa[kk], cuda::desc_advance(v_desc, kk * 2048), 1);
     }
     cuda::wgmma_commit();
   };
@@ -90,18 +90,21 @@ __device__ __forceinline__ void fwd_consumer_item(const FwdSmem<Tr>& sm, const A
   // The block-mask form's: a partial tile's visibility sets of the thread's two rows (band, segments,
   // block mask: its bits from the stage where the producer staged them, else from global memory);
   // then the softmax of a tile so masked.
+  // (compiled for the block-mask form only: its staged bits' code takes key tiles of 64 or 128)
   const auto tile_visibility = [&](const int4& ti, const TileClass& tc, const State& st, uint32_t(&vis)[2]) {
-    uint32_t mask_rows[2] = {0u, 0u};
-    if (tc.mask) {
-      if (ti.z) {
-        mask_rows_staged<kBN>(
-            smask + st.index * Tr::kMaskWords + (half * 64 + warp * 16 + lane / 4) * (kBN / 32), kBN / 32,
-            lane % 4, mask_rows);
-      } else {
-        mask_rows_ahead<kBN>(pat, b, h, row0, int64_t{ti.x} * kBN, lane, mask_rows);
+    if constexpr (Tr::kStageMask) {
+      uint32_t mask_rows[2] = {0u, 0u};
+      if (tc.mask) {
+        if (ti.z) {
+          mask_rows_staged<kBN>(
+              smask + st.index * Tr::kMaskWords + (half * 64 + warp * 16 + lane / 4) * (kBN / 32), kBN / 32,
+              lane % 4, mask_rows);
+        } else {
+          mask_rows_ahead<kBN>(pat, b, h, row0, int64_t{ti.x} * kBN, lane, mask_rows);
+        }
       }
+      mask_tile_bits<false, kBN>(vis, pat, tc, b, h, row0, int64_t{ti.x} * kBN, lane, mask_rows);
     }
-    mask_tile_bits<false, kBN>(vis, pat, tc, b, h, row0, int64_t{ti.x} * kBN, lane, mask_rows);
   };
   const auto softmax_tile_visible = [&](float(&sc)[kNT][4], const State& st, const uint32_t(&vis)[2],
                                         float(&corr)[2]) {

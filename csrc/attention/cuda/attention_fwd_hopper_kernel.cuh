@@ -45,7 +45,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
                                 const int group_pairs) {
 #ifdef OPFORGE_ATTENTION_WGMMA_DEVICE
   constexpr int kD = Tr::kD, kBM = Tr::kBlockM, kBN = Tr::kBlockN, kStages = Tr::kStages;
-  constexpr int kDT = kD / 8;
+  constexpr int kDT = Tr::kDV / 8;  // (the output's 8-column groups)
   using cuda::smem_addr;
   using State = cuda::PipelineState<kStages>;
   extern __shared__ unsigned char smem_raw[];
@@ -161,9 +161,9 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
         fwd_load_v_tile<Tr>(sm, &map_v, sK + Tr::kKVBytes, p, pat, tile, k_row0, hk, tb, run, w, v_own, lane);
       } else if (lane == 0) {
         pv.producer_acquire(w);
-        const uint32_t bar = pv.producer_commit(w, Tr::kKVBytes);
+        const uint32_t bar = pv.producer_commit(w, Tr::kVBytes);
 #pragma unroll
-        for (int pn = 0; pn < Tr::kPanels; ++pn) {
+        for (int pn = 0; pn < Tr::kPanelsV; ++pn) {
           cuda::tma_load_4d(smem_addr(sK + Tr::kKVBytes + pn * Tr::kKVPanelBytes), &map_v, pn * 64,
                             k_row0 + tile * kBN, hk, tb, bar);
         }
@@ -203,9 +203,9 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   // the quad's first lane.
   float inv[2];
   finish_rows(m_run, l_run, inv, p, pat.sq, b, h, row0, lane, k);
-  store_accumulator_rows<kD, T>(o, inv, sQ + half * 64 * 128, Tr::kQPanelBytes,
-                                static_cast<T*>(p.out) + p.o_at(b, h), p.o_ss, i0 + half * 64, pat.sq, t,
-                                1 + half);
+  store_accumulator_rows<Tr::kDV, T>(o, inv, sQ + half * 64 * 128, Tr::kQPanelBytes,
+                                     static_cast<T*>(p.out) + p.o_at(b, h), p.o_ss, i0 + half * 64, pat.sq, t,
+                                     1 + half);
 #else
   __trap();
 #endif

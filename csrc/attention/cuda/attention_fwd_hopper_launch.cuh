@@ -31,7 +31,7 @@ template <typename Tr>
 int fwd_group_pairs(const AttentionParams& p) {
   const AttentionPattern& pat = p.pattern;
   const int64_t pairs = p.batch * p.heads;
-  const int64_t pair_bytes = pat.sk * Tr::kD * 4 / std::max<int64_t>(p.heads / p.kv_heads, 1);
+  const int64_t pair_bytes = pat.sk * (Tr::kD + Tr::kDV) * 2 / std::max<int64_t>(p.heads / p.kv_heads, 1);
   const int64_t fit = pat.has_band() ? (int64_t{16} << 20) / std::max<int64_t>(pair_bytes, 1) : 1;
   return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(pairs, fit)));
 }
@@ -41,7 +41,8 @@ cudaError_t launch_hopper_fwd(const AttentionCudaArgs& a, cudaStream_t stream) {
   const cudaError_t err = prepare_hopper_fwd<Tr, T>();
   if (err != cudaSuccess) return err;
   CUtensorMap mq, mk, mv;
-  if (!make_attention_maps(a, Tr::kD, Tr::kBlockM, Tr::kBlockN, &mq, &mk, &mv)) return cudaErrorInvalidValue;
+  if (!make_attention_maps(a, Tr::kD, Tr::kDV, Tr::kBlockM, Tr::kBlockN, &mq, &mk, &mv))
+    return cudaErrorInvalidValue;
   const AttentionParams& p = a.g.fwd;
   const AttentionPattern& pat = p.pattern;
   dim3 grid;
@@ -72,7 +73,8 @@ cudaError_t launch_hopper_fwd_persistent(const AttentionCudaArgs& a, cudaStream_
   if (err != cudaSuccess) return err;
   if (a.fwd_counter == nullptr) return cudaErrorInvalidValue;
   CUtensorMap mq, mk, mv;
-  if (!make_attention_maps(a, Tr::kD, Tr::kBlockM, Tr::kBlockN, &mq, &mk, &mv)) return cudaErrorInvalidValue;
+  if (!make_attention_maps(a, Tr::kD, Tr::kDV, Tr::kBlockM, Tr::kBlockN, &mq, &mk, &mv))
+    return cudaErrorInvalidValue;
   const AttentionParams& p = a.g.fwd;
   const AttentionPattern& pat = p.pattern;
   FwdSchedule sched;

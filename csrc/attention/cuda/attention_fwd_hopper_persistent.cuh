@@ -88,7 +88,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
                                            const AttentionCudaArgs a, const FwdSchedule sched) {
 #ifdef OPFORGE_ATTENTION_WGMMA_DEVICE
   static_assert(Tr::kPersistent, "the persistent form's traits");
-  constexpr int kD = Tr::kD, kBM = Tr::kBlockM, kBN = Tr::kBlockN, kDT = kD / 8;
+  constexpr int kD = Tr::kD, kBM = Tr::kBlockM, kBN = Tr::kBlockN, kDT = Tr::kDV / 8;
   using cuda::smem_addr;
   using State = cuda::PipelineState<Tr::kStages>;
   extern __shared__ unsigned char smem_raw[];
@@ -157,9 +157,9 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
             }
             unsigned char* const sV = sm.kv + wv.index * Tr::kStageBytes + Tr::kKVBytes;
             sm.pv.producer_acquire(wv);
-            const uint32_t vbar = sm.pv.producer_commit(wv, Tr::kKVBytes);
+            const uint32_t vbar = sm.pv.producer_commit(wv, Tr::kVBytes);
 #pragma unroll
-            for (int pn = 0; pn < Tr::kPanels; ++pn) {
+            for (int pn = 0; pn < Tr::kPanelsV; ++pn) {
               cuda::tma_load_4d(smem_addr(sV + pn * Tr::kKVPanelBytes), &map_v, pn * 64, k_row0 + tile * kBN,
                                 hk, tb, vbar);
             }
@@ -210,9 +210,9 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     // (a run's rows from its first row on)
     finish_rows(m_run, l_run, inv, p, first + pat.sq, b, h, first + row0, lane, k);
     cuda::named_barrier_sync<128>(1 + half);
-    store_accumulator_rows<kD, T>(o, inv, sm.o + half * 64 * 128, Tr::kQPanelBytes,
-                                  static_cast<T*>(p.out) + p.o_at(b, h) + first * p.o_ss, p.o_ss,
-                                  i0 + half * 64, pat.sq, t, 1 + half);
+    store_accumulator_rows<Tr::kDV, T>(o, inv, sm.o + half * 64 * 128, Tr::kQPanelBytes,
+                                       static_cast<T*>(p.out) + p.o_at(b, h) + first * p.o_ss, p.o_ss,
+                                       i0 + half * 64, pat.sq, t, 1 + half);
   }
 #else
   __trap();

@@ -34,13 +34,14 @@ __device__ __forceinline__ FwdPageRun fwd_page_run(const AttentionParams& p, int
   return r;
 }
 
-// A K or V tile of kBlockN rows from the key tile `tile` into dst (kPanels boxes of 64 columns)
+// A K or V tile of kBlockN rows from the key tile `tile` into dst (kPanels boxes of 64 columns: K's
+// Tr::kPanels, V's Tr::kPanelsV)
 // through map, completing on the mbarrier at bar (which expects the tile's bytes): one box a panel
 // (lane 0), or for a paged cache (the KV-cache form; map: (D, page_size, Hkv, num_pages)) a box a
 // page run, lane r issuing run r (its FwdPageRun). The paged page size divides kBlockN or is a
 // multiple of it (hopper_fwd_pages), so a box never crosses a page. (The one-item kernel's K tiles
 // of every form and the KV-cache form's V tiles come through here.)
-template <typename Tr>
+template <typename Tr, int kPanels = Tr::kPanels>
 __device__ __forceinline__ void fwd_load_kv_tile(const CUtensorMap* map, unsigned char* dst,
                                                  const AttentionParams& p, int tile, int row0, int hk, int tb,
                                                  uint32_t bar, FwdPageRun run, int lane) {
@@ -48,7 +49,7 @@ __device__ __forceinline__ void fwd_load_kv_tile(const CUtensorMap* map, unsigne
   if (!Tr::kKvCache || !p.block_table) {
     if (lane == 0) {
 #pragma unroll
-      for (int pn = 0; pn < Tr::kPanels; ++pn) {
+      for (int pn = 0; pn < kPanels; ++pn) {
         cuda::tma_load_4d(cuda::smem_addr(dst + pn * Tr::kKVPanelBytes), map, pn * 64, row0 + tile * kBN, hk,
                           tb, bar);
       }
@@ -58,7 +59,7 @@ __device__ __forceinline__ void fwd_load_kv_tile(const CUtensorMap* map, unsigne
   const int ps = static_cast<int>(p.page_size), box = ps < kBN ? ps : kBN;
   if (lane < kBN / box) {
 #pragma unroll
-    for (int pn = 0; pn < Tr::kPanels; ++pn) {
+    for (int pn = 0; pn < kPanels; ++pn) {
       cuda::tma_load_4d(cuda::smem_addr(dst + pn * Tr::kKVPanelBytes + lane * box * 128), map, pn * 64,
                         run.slot, hk, run.page, bar);
     }
@@ -92,21 +93,22 @@ __device__ __forceinline__ void fwd_load_v_tile(const FwdSmem<Tr>& sm, const CUt
                                                 cuda::PipelineState<1>& own_pass, int lane) {
   constexpr int kBN = Tr::kBlockN;
   if (!fwd_v_tile_ragged<Tr>(p, pat, tile)) {
-    if (lane == 0) sm.pv.producer_commit(w, Tr::kKVBytes);
+    if (lane == 0) sm.pv.producer_commit(w, Tr::kVBytes);
     __syncwarp();
-    fwd_load_kv_tile<Tr>(map, dst, p, tile, row0, hk, tb, cuda::smem_addr(&sm.pv.full[w.index]), run, lane);
+    fwd_load_kv_tile<Tr, Tr::kPanelsV>(map, dst, p, tile, row0, hk, tb, cuda::smem_addr(&sm.pv.full[w.index]),
+                                       run, lane);
     return;
   }
   const uint32_t own = cuda::smem_addr(sm.v_own);
-  if (lane == 0) cuda::mbar_arrive_expect_tx(own, Tr::kKVBytes);
+  if (lane == 0) cuda::mbar_arrive_expect_tx(own, Tr::kVBytes);
   __syncwarp();
-  fwd_load_kv_tile<Tr>(map, dst, p, tile, row0, hk, tb, own, run, lane);
+  fwd_load_kv_tile<Tr, Tr::kPanelsV>(map, dst, p, tile, row0, hk, tb, own, run, lane);
   cuda::mbar_wait(own, own_pass.phase);
   own_pass.advance();
   const int keep =
       static_cast<int>(pat.sk - int64_t{tile} * kBN);  // (rows [keep, kBN) are zeroed; keep >= 1)
   const int chunks = (kBN - keep) * 8;                 // 16-byte chunks a panel
-  for (int idx = lane; idx < Tr::kPanels * chunks; idx += 32) {
+  for (int idx = lane; idx < Tr::kPanelsV * chunks; idx += 32) {
     const int pn = idx / chunks, c = idx % chunks;
     *reinterpret_cast<int4*>(dst + pn * Tr::kKVPanelBytes + keep * 128 + c * 16) = make_int4(0, 0, 0, 0);
   }

@@ -28,9 +28,13 @@ namespace opforge {
 namespace attention_cuda {
 
 template <int kD_, int kBlockN_, int kStages_, int kConsumers_ = 2, bool kPingPong_ = true,
-          bool kStageMask_ = false, bool kPersistent_ = false, bool kKvCache_ = false>
+          bool kStageMask_ = false, bool kPersistent_ = false, bool kKvCache_ = false, int kDV_ = kD_>
 struct HopperFwdTraits {
   static constexpr int kD = kD_, kBlockN = kBlockN_, kStages = kStages_, kConsumers = kConsumers_;
+  // v's head dim (P V's N, the output and its epilogue, V's tiles and TMA boxes); q and k read kD
+  // (DeepSeek's MLA: 192 with v 128, FlashAttention-3's hdim_v).
+  static constexpr int kDV = kDV_;
+  static_assert(kDV <= kD, "the output is staged through the Q tile");
   // The consumer warpgroups take turns to issue their products (named barriers of 256 threads: the
   // warpgroup whose turn it is and the one before it).
   static constexpr bool kPingPong = kPingPong_;
@@ -59,14 +63,20 @@ struct HopperFwdTraits {
   // only the next item's counter value, once an item (and with segment ids' runs a few values at an
   // item's start); the consumers at 208 do not. The KV-cache form's producer (a page-table read and
   // the ragged V tile's zeroing) spills at 40 and not at 56; its consumers take 224 (no spills).
-  static constexpr int kProducerRegs = kPersistent ? 88 : kConsumers == 2 ? (kKvCache_ ? 56 : 40) : 32;
-  static constexpr int kConsumerRegs = kPersistent ? 208 : kConsumers == 2 ? (kKvCache_ ? 224 : 232) : 160;
+  // The head-dim-192 producer (three K panels, two or three V panels a tile) spills at 40 too.
+  static constexpr bool kWideProducer = kKvCache_ || kD_ == 192;
+  static constexpr int kProducerRegs = kPersistent ? 88 : kConsumers == 2 ? (kWideProducer ? 56 : 40) : 32;
+  static constexpr int kConsumerRegs = kPersistent       ? 208
+                                       : kConsumers == 2 ? (kWideProducer ? 224 : 232)
+                                                         : 160;
   static_assert(kProducerRegs + kConsumers * kConsumerRegs <= (65536 / kThreads / 8 * 8) * (1 + kConsumers),
                 "register split");
-  static constexpr int kPanels = kD / 64;  // 64-column (128-byte) boxes a row
+  static constexpr int kPanels = kD / 64, kPanelsV = kDV / 64;  // 64-column (128-byte) boxes a row
+  static_assert(kD % 64 == 0 && kDV % 64 == 0, "whole 64-column panels");
   static constexpr int kQPanelBytes = kBlockM * 128, kKVPanelBytes = kBlockN * 128;
   static constexpr int kQBytes = kPanels * kQPanelBytes, kKVBytes = kPanels * kKVPanelBytes;
-  static constexpr int kStageBytes = 2 * kKVBytes;  // K then V
+  static constexpr int kVBytes = kPanelsV * kKVPanelBytes;
+  static constexpr int kStageBytes = kKVBytes + kVBytes;  // K then V
   static constexpr int kMaskWords = kStageMask ? kBlockM * kBlockN / 32 : 0;
   static constexpr int kOBytes = kPersistent ? kQBytes : 0;  // (persistent) the output's staging
   // Q, the stages, their mask bits, the output's staging, a tile's (index, class, staged) per stage,
@@ -74,7 +84,8 @@ struct HopperFwdTraits {
   static constexpr int kSmemBytes = 1024 /* alignment */ + kQBytes +
                                     kStages * (kStageBytes + kMaskWords * 4) + kOBytes + kStages * 16 +
                                     (2 + 4 * kStages) * 8 + (kPersistent ? 32 + 8 : 0);
-  static_assert(kBlockN <= 256 && kSmemBytes <= 227 * 1024, "TMA box rows / shared memory");
+  static_assert(kBlockN <= 256 && kBlockN % 32 == 0 && kSmemBytes <= 227 * 1024,
+                "TMA box rows, mask words / shared memory");
 };
 
 using HopperFwdTraitsD64 =
@@ -85,6 +96,17 @@ using HopperFwdTraitsD128 = HopperFwdTraits<128, 128, 2>;
 using HopperFwdTraitsD256 =
 
     HopperFwdTraits<256, 64, 2, 2, false>;  // (no ping-pong: 3% faster, as FA4 above D 128)
+// Head dim 192 (FlashAttention-3's tiles): with v 128 (DeepSeek's MLA) key tiles of 128 (Q 48 KB, a
+// stage 80 KB: 208 KB); with v 192 of 96 (a stage 72 KB: 192 KB; 128 would need 240 KB). The
+// block-mask forms are not instantiated here: such calls run at 256 (the rule, hopper_fwd_dims).
+using HopperFwdTraitsD192V128 = HopperFwdTraits<192, 128, 2, 2, true, false, false, false, 128>;
+
+using HopperFwdTraitsD192 = HopperFwdTraits<192, 96, 2, 2, true, false, false, false, 192>;
+
+using HopperFwdTraitsCacheD192V128 = HopperFwdTraits<192, 128, 2, 2, true, false, false, true, 128>;
+
+using HopperFwdTraitsCacheD192 = HopperFwdTraits<192, 96, 2, 2, true, false, false, true, 192>;
+
 // (persistent: chosen by hopper_fwd_persistent, attention_cuda.h)
 using HopperFwdTraitsPersistentD64 = HopperFwdTraits<64, 128, 2, 2, true, false, true>;
 

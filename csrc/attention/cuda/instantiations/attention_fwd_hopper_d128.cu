@@ -6,7 +6,7 @@
 namespace opforge {
 
 template <>
-int run_attention_hopper_fwd<128, false, false, false, false>(const AttentionCudaArgs& a, void* stream) {
+int run_attention_hopper_fwd<128, 128, false, false, false, false>(const AttentionCudaArgs& a, void* stream) {
   return attention_cuda::run_hopper_fwd<attention_cuda::HopperFwdTraitsD128>(a, stream);
 }
 

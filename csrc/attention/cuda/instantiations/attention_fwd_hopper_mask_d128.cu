@@ -7,7 +7,7 @@
 namespace opforge {
 
 template <>
-int run_attention_hopper_fwd<128, false, true, false, false>(const AttentionCudaArgs& a, void* stream) {
+int run_attention_hopper_fwd<128, 128, false, true, false, false>(const AttentionCudaArgs& a, void* stream) {
   return attention_cuda::run_hopper_fwd<attention_cuda::HopperFwdTraitsMaskD128>(a, stream);
 }
 

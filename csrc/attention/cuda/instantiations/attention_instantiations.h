@@ -17,7 +17,7 @@ namespace opforge {
 // The Hopper forward (sm_90a; TMA needs positive 16-byte strides, which the launcher gives it) of
 // one form (HopperFwdForm's fields; the persistent forms need a.fwd_counter and a.num_sms, the
 // segment runs' form a.seg_runs).
-template <int kHeadDim, bool kKvCache, bool kBlockMask, bool kPersistent, bool kSegmentRuns>
+template <int kHeadDim, int kHeadDimV, bool kKvCache, bool kBlockMask, bool kPersistent, bool kSegmentRuns>
 int run_attention_hopper_fwd(const AttentionCudaArgs& a, void* stream);
 // The Hopper backward (needs a.dq_accum; a.dq_semaphore in deterministic mode) of one form
 // (HopperBwdForm's fields): its one-pass kernel and the dQ conversion.
@@ -50,39 +50,47 @@ int run_paged_kv_append(const PagedAppendParams& p, void* stream);
 
 // The instantiations (one .cu each in this folder).
 template <>
-int run_attention_hopper_fwd<64, false, false, false, false>(const AttentionCudaArgs& a, void* stream);
+int run_attention_hopper_fwd<64, 64, false, false, false, false>(const AttentionCudaArgs& a, void* stream);
 template <>
-int run_attention_hopper_fwd<64, false, true, false, false>(const AttentionCudaArgs& a, void* stream);
+int run_attention_hopper_fwd<64, 64, false, true, false, false>(const AttentionCudaArgs& a, void* stream);
 template <>
-int run_attention_hopper_fwd<64, true, false, false, false>(const AttentionCudaArgs& a, void* stream);
+int run_attention_hopper_fwd<64, 64, true, false, false, false>(const AttentionCudaArgs& a, void* stream);
 template <>
-int run_attention_hopper_fwd<64, true, true, false, false>(const AttentionCudaArgs& a, void* stream);
+int run_attention_hopper_fwd<64, 64, true, true, false, false>(const AttentionCudaArgs& a, void* stream);
 template <>
-int run_attention_hopper_fwd<128, false, false, false, false>(const AttentionCudaArgs& a, void* stream);
+int run_attention_hopper_fwd<128, 128, false, false, false, false>(const AttentionCudaArgs& a, void* stream);
 template <>
 int attention_hopper_fwd_status<128>();
 template <>
-int run_attention_hopper_fwd<128, false, true, false, false>(const AttentionCudaArgs& a, void* stream);
+int run_attention_hopper_fwd<128, 128, false, true, false, false>(const AttentionCudaArgs& a, void* stream);
 template <>
-int run_attention_hopper_fwd<128, true, false, false, false>(const AttentionCudaArgs& a, void* stream);
+int run_attention_hopper_fwd<128, 128, true, false, false, false>(const AttentionCudaArgs& a, void* stream);
 template <>
-int run_attention_hopper_fwd<128, true, true, false, false>(const AttentionCudaArgs& a, void* stream);
+int run_attention_hopper_fwd<128, 128, true, true, false, false>(const AttentionCudaArgs& a, void* stream);
 template <>
-int run_attention_hopper_fwd<256, false, false, false, false>(const AttentionCudaArgs& a, void* stream);
+int run_attention_hopper_fwd<256, 256, false, false, false, false>(const AttentionCudaArgs& a, void* stream);
 template <>
-int run_attention_hopper_fwd<256, false, true, false, false>(const AttentionCudaArgs& a, void* stream);
+int run_attention_hopper_fwd<256, 256, false, true, false, false>(const AttentionCudaArgs& a, void* stream);
 template <>
-int run_attention_hopper_fwd<256, true, false, false, false>(const AttentionCudaArgs& a, void* stream);
+int run_attention_hopper_fwd<256, 256, true, false, false, false>(const AttentionCudaArgs& a, void* stream);
 template <>
-int run_attention_hopper_fwd<256, true, true, false, false>(const AttentionCudaArgs& a, void* stream);
+int run_attention_hopper_fwd<256, 256, true, true, false, false>(const AttentionCudaArgs& a, void* stream);
 template <>
-int run_attention_hopper_fwd<64, false, false, true, false>(const AttentionCudaArgs& a, void* stream);
+int run_attention_hopper_fwd<64, 64, false, false, true, false>(const AttentionCudaArgs& a, void* stream);
 template <>
-int run_attention_hopper_fwd<64, false, false, true, true>(const AttentionCudaArgs& a, void* stream);
+int run_attention_hopper_fwd<64, 64, false, false, true, true>(const AttentionCudaArgs& a, void* stream);
 template <>
-int run_attention_hopper_fwd<128, false, false, true, false>(const AttentionCudaArgs& a, void* stream);
+int run_attention_hopper_fwd<128, 128, false, false, true, false>(const AttentionCudaArgs& a, void* stream);
 template <>
-int run_attention_hopper_fwd<128, false, false, true, true>(const AttentionCudaArgs& a, void* stream);
+int run_attention_hopper_fwd<128, 128, false, false, true, true>(const AttentionCudaArgs& a, void* stream);
+template <>
+int run_attention_hopper_fwd<192, 128, false, false, false, false>(const AttentionCudaArgs& a, void* stream);
+template <>
+int run_attention_hopper_fwd<192, 128, true, false, false, false>(const AttentionCudaArgs& a, void* stream);
+template <>
+int run_attention_hopper_fwd<192, 192, false, false, false, false>(const AttentionCudaArgs& a, void* stream);
+template <>
+int run_attention_hopper_fwd<192, 192, true, false, false, false>(const AttentionCudaArgs& a, void* stream);
 template <>
 int run_attention_hopper_bwd<64, false, false>(const AttentionCudaArgs& a, void* stream);
 template <>
@@ -147,39 +155,50 @@ inline int attention_hopper_status() {
 // The instantiation of a form.
 inline int run_attention_hopper_fwd_form(const HopperFwdForm& form, const AttentionCudaArgs& a,
                                          void* stream) {
-  if (form.head_dim == 64 && !form.kv_cache && !form.block_mask && !form.persistent && !form.segment_runs)
-    return run_attention_hopper_fwd<64, false, false, false, false>(a, stream);
-  if (form.head_dim == 64 && !form.kv_cache && form.block_mask && !form.persistent && !form.segment_runs)
-    return run_attention_hopper_fwd<64, false, true, false, false>(a, stream);
-  if (form.head_dim == 64 && form.kv_cache && !form.block_mask && !form.persistent && !form.segment_runs)
-    return run_attention_hopper_fwd<64, true, false, false, false>(a, stream);
-  if (form.head_dim == 64 && form.kv_cache && form.block_mask && !form.persistent && !form.segment_runs)
-    return run_attention_hopper_fwd<64, true, true, false, false>(a, stream);
-  if (form.head_dim == 128 && !form.kv_cache && !form.block_mask && !form.persistent && !form.segment_runs)
-    return run_attention_hopper_fwd<128, false, false, false, false>(a, stream);
-  if (form.head_dim == 128 && !form.kv_cache && form.block_mask && !form.persistent && !form.segment_runs)
-    return run_attention_hopper_fwd<128, false, true, false, false>(a, stream);
-  if (form.head_dim == 128 && form.kv_cache && !form.block_mask && !form.persistent && !form.segment_runs)
-    return run_attention_hopper_fwd<128, true, false, false, false>(a, stream);
-  if (form.head_dim == 128 && form.kv_cache && form.block_mask && !form.persistent && !form.segment_runs)
-    return run_attention_hopper_fwd<128, true, true, false, false>(a, stream);
-  if (form.head_dim == 256 && !form.kv_cache && !form.block_mask && !form.persistent && !form.segment_runs)
-    return run_attention_hopper_fwd<256, false, false, false, false>(a, stream);
-  if (form.head_dim == 256 && !form.kv_cache && form.block_mask && !form.persistent && !form.segment_runs)
-    return run_attention_hopper_fwd<256, false, true, false, false>(a, stream);
-  if (form.head_dim == 256 && form.kv_cache && !form.block_mask && !form.persistent && !form.segment_runs)
-    return run_attention_hopper_fwd<256, true, false, false, false>(a, stream);
-  if (form.head_dim == 256 && form.kv_cache && form.block_mask && !form.persistent && !form.segment_runs)
-    return run_attention_hopper_fwd<256, true, true, false, false>(a, stream);
-  if (form.head_dim == 64 && !form.kv_cache && !form.block_mask && form.persistent && !form.segment_runs)
-    return run_attention_hopper_fwd<64, false, false, true, false>(a, stream);
-  if (form.head_dim == 64 && !form.kv_cache && !form.block_mask && form.persistent && form.segment_runs)
-    return run_attention_hopper_fwd<64, false, false, true, true>(a, stream);
-  if (form.head_dim == 128 && !form.kv_cache && !form.block_mask && form.persistent && !form.segment_runs)
-    return run_attention_hopper_fwd<128, false, false, true, false>(a, stream);
-  if (form.head_dim == 128 && !form.kv_cache && !form.block_mask && form.persistent && form.segment_runs)
-    return run_attention_hopper_fwd<128, false, false, true, true>(a, stream);
-  return cudaErrorInvalidValue;
+  switch (form.key()) {
+    case HopperFwdForm{64, 64, false, false, false, false}.key():
+      return run_attention_hopper_fwd<64, 64, false, false, false, false>(a, stream);
+    case HopperFwdForm{64, 64, false, true, false, false}.key():
+      return run_attention_hopper_fwd<64, 64, false, true, false, false>(a, stream);
+    case HopperFwdForm{64, 64, true, false, false, false}.key():
+      return run_attention_hopper_fwd<64, 64, true, false, false, false>(a, stream);
+    case HopperFwdForm{64, 64, true, true, false, false}.key():
+      return run_attention_hopper_fwd<64, 64, true, true, false, false>(a, stream);
+    case HopperFwdForm{128, 128, false, false, false, false}.key():
+      return run_attention_hopper_fwd<128, 128, false, false, false, false>(a, stream);
+    case HopperFwdForm{128, 128, false, true, false, false}.key():
+      return run_attention_hopper_fwd<128, 128, false, true, false, false>(a, stream);
+    case HopperFwdForm{128, 128, true, false, false, false}.key():
+      return run_attention_hopper_fwd<128, 128, true, false, false, false>(a, stream);
+    case HopperFwdForm{128, 128, true, true, false, false}.key():
+      return run_attention_hopper_fwd<128, 128, true, true, false, false>(a, stream);
+    case HopperFwdForm{256, 256, false, false, false, false}.key():
+      return run_attention_hopper_fwd<256, 256, false, false, false, false>(a, stream);
+    case HopperFwdForm{256, 256, false, true, false, false}.key():
+      return run_attention_hopper_fwd<256, 256, false, true, false, false>(a, stream);
+    case HopperFwdForm{256, 256, true, false, false, false}.key():
+      return run_attention_hopper_fwd<256, 256, true, false, false, false>(a, stream);
+    case HopperFwdForm{256, 256, true, true, false, false}.key():
+      return run_attention_hopper_fwd<256, 256, true, true, false, false>(a, stream);
+    case HopperFwdForm{64, 64, false, false, true, false}.key():
+      return run_attention_hopper_fwd<64, 64, false, false, true, false>(a, stream);
+    case HopperFwdForm{64, 64, false, false, true, true}.key():
+      return run_attention_hopper_fwd<64, 64, false, false, true, true>(a, stream);
+    case HopperFwdForm{128, 128, false, false, true, false}.key():
+      return run_attention_hopper_fwd<128, 128, false, false, true, false>(a, stream);
+    case HopperFwdForm{128, 128, false, false, true, true}.key():
+      return run_attention_hopper_fwd<128, 128, false, false, true, true>(a, stream);
+    case HopperFwdForm{192, 128, false, false, false, false}.key():
+      return run_attention_hopper_fwd<192, 128, false, false, false, false>(a, stream);
+    case HopperFwdForm{192, 128, true, false, false, false}.key():
+      return run_attention_hopper_fwd<192, 128, true, false, false, false>(a, stream);
+    case HopperFwdForm{192, 192, false, false, false, false}.key():
+      return run_attention_hopper_fwd<192, 192, false, false, false, false>(a, stream);
+    case HopperFwdForm{192, 192, true, false, false, false}.key():
+      return run_attention_hopper_fwd<192, 192, true, false, false, false>(a, stream);
+    default:
+      return cudaErrorInvalidValue;
+  }
 }
 
 inline int run_attention_hopper_bwd_form(const HopperBwdForm& form, const AttentionCudaArgs& a,
