@@ -5,6 +5,7 @@ natively; sinks by the same LSE rescaling opforge's kernels do, after its kernel
 (192 / 128, through SDPA's cuDNN backend). A peer that cannot run a row prints why. bf16.
 
     python benchmarks/tuning/attention/issue48_rows.py [--rows sinks,mla,hdim] [--json out.json]
+        [--peers opforge,cuDNN] [--fwd-only]
 (FlashAttention-4 from ../shared/tools/fa4_peer.sh: PYTHONPATH as its header says.)
 """
 
@@ -103,6 +104,8 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", default="sinks,mla,hdim")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--peers", default=",".join(PEERS), help="which of them (default: all)")
+    ap.add_argument("--fwd-only", action="store_true")
     args = ap.parse_args()
     timer = CudaTimer(torch.device("cuda"))
     torch._dynamo.config.recompile_limit = 64  # (FlexAttention compiles once per shape and grad mode)
@@ -110,7 +113,7 @@ def main() -> None:
     results = []
     for group in args.rows.split(","):
         for name, B, Hq, Hkv, S, Dqk, Dv, window in ROWS[group]:
-            for backward in (False, True):
+            for backward in (False,) if args.fwd_only else (False, True):
                 q = torch.randn(B, Hq, S, Dqk, device="cuda", dtype=torch.bfloat16, requires_grad=backward)
                 k = torch.randn(B, Hkv, S, Dqk, device="cuda", dtype=torch.bfloat16, requires_grad=backward)
                 v = torch.randn(B, Hkv, S, Dv, device="cuda", dtype=torch.bfloat16, requires_grad=backward)
@@ -118,7 +121,7 @@ def main() -> None:
                 go = torch.randn(B, Hq, S, Dv, device="cuda", dtype=torch.bfloat16)
                 row = {"row": name, "pass": "fwd+bwd" if backward else "fwd", "times_ms": {}}
                 line = f"  {name:34s} {row['pass']:8s}"
-                for peer, make in PEERS.items():
+                for peer, make in ((p, PEERS[p]) for p in args.peers.split(",")):
                     try:
                         fwd = make(q, k, v, sinks, window, causal=not name.startswith("full"))
                         fn = (lambda f=fwd, g=go: f().backward(g)) if backward else fwd
