@@ -12,7 +12,7 @@ import json
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
 
 def main() -> None:
@@ -23,7 +23,9 @@ def main() -> None:
     args = ap.parse_args()
     with open(args.json) as f:
         rows = json.load(f)
-    peers = [p for p in ("FlashAttention-4", "cuDNN", "FlexAttention") if any(p in r["times_ms"] for r in rows)]
+    peers = [
+        p for p in ("FlashAttention-4", "cuDNN", "FlexAttention") if any(p in r["times_ms"] for r in rows)
+    ]
     labels = [f"{r['row']} {r['pass']}" for r in rows]
     fig, ax = plt.subplots(figsize=(10, 0.42 * len(rows) + 1.5))
     width = 0.8 / len(peers)

@@ -332,13 +332,16 @@ at::Tensor attention_backward_into(const char* op, const AttentionPatternArgs& a
                                    const std::optional<at::Tensor>& grad_lse, double scale, double softcap,
                                    c10::string_view variant, std::optional<bool> deterministic, bool captured,
                                    at::Tensor& dq, at::Tensor& dk, at::Tensor& dv) {
+  // (the backward kernels take one head dim: the wider of q's and v's, each operand zero-padded up to
+  // the kernel's)
+  const int64_t d = q.size(3), dvh = v.size(3), kd = kernel_head_dim(std::max(d, dvh));
   AttentionCall call = cuda_call(q, k, false, true, args.varlen());
+  call.head_dim = std::max(d, dvh);
   const AttentionKernel kernel = choose_attention_kernel(op, call, variant);
   if (q.numel() == 0 || k.numel() == 0) {
     dq.zero_(), dk.zero_(), dv.zero_();
     return attention_sink_grad(grad_out, out, lse, grad_lse, args.sinks);
   }
-  const int64_t d = q.size(3), kd = kernel_head_dim(d);
   const at::Tensor qk = kernel_operand(q, kd, kernel), kk = kernel_operand(k, kd, kernel);
   const at::Tensor vk = kernel_operand(v, kd, kernel), ok = kernel_operand(out, kd, kernel);
   const at::Tensor gk = kernel_operand(grad_out, kd, kernel);
@@ -346,7 +349,7 @@ at::Tensor attention_backward_into(const char* op, const AttentionPatternArgs& a
   const at::Tensor grad_lse_c = grad_lse ? grad_lse->contiguous() : at::Tensor();
   at::Tensor dq_k = kd == d ? dq : empty_attention_like(qk);
   at::Tensor dk_k = kd == d ? dk : empty_attention_like(kk);
-  at::Tensor dv_k = kd == d ? dv : empty_attention_like(vk);
+  at::Tensor dv_k = kd == dvh ? dv : empty_attention_like(vk);
   AttentionPlan plan = plan_attention(qk, kk, vk, ok, lse_c, scale, softcap, args);
   add_segment_blocks(plan);
   AttentionCudaArgs a = cuda_args(plan.params);
@@ -386,8 +389,8 @@ at::Tensor attention_backward_into(const char* op, const AttentionPatternArgs& a
   if (kd != d) {
     dq.copy_(dq_k.narrow(3, 0, d));
     dk.copy_(dk_k.narrow(3, 0, d));
-    dv.copy_(dv_k.narrow(3, 0, d));
   }
+  if (kd != dvh) dv.copy_(dv_k.narrow(3, 0, dvh));
   if (args.varlen() && captured) {  // (as the forward)
     fill_rows_past_offsets(dq, std::nullopt, *args.cu_seqlens_q, 0.0);
     fill_rows_past_offsets(dk, std::nullopt, *args.cu_seqlens_k, 0.0);
@@ -416,17 +419,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention_backward_cu
   check_attention_backward_inputs(grad_out, q, k, v, out, lse, grad_lse, scale, softcap, args);
   check_cuda_call(op, q, k, v);
   const c10::cuda::CUDAGuard guard(q.device());
-  if (v.size(3) != q.size(3)) {  // (one head dim for the kernels: pad_head_dim)
-    return attention_backward_at_one_head_dim(
-        grad_out, q, k, v, out,
-        [&](const at::Tensor& g, const at::Tensor& qp, const at::Tensor& kp, const at::Tensor& vp,
-            const at::Tensor& o) {
-          return attention_backward_cuda(g, qp, kp, vp, o, lse, grad_lse, scale, softcap, causal, window_left,
-                                         window_right, prefix_len, q_segments, kv_segments, mask_kinds,
-                                         mask_index, mask_bits, block_q, block_k, cu_seqlens_q, cu_seqlens_k,
-                                         sinks, variant, deterministic);
-        });
-  }
+  // (v's head dim may differ from q's and k's: attention_backward_into runs all at one kernel head dim)
   const auto rows = check_varlen_offsets_unless_capturing(op, args, q.size(2), k.size(2));
   at::Tensor dq = empty_attention_like(q), dk = empty_attention_like(k), dv = empty_attention_like(v);
   if (rows && (rows->first < q.size(2) || rows->second < k.size(2))) {  // (as the forward)
