@@ -30,7 +30,7 @@ from opforge.masks import BlockMask
 pytestmark = pytest.mark.cuda
 
 
-@pytest.mark.parametrize("d", [64, 128, 256, 80])
+@pytest.mark.parametrize("d", [64, 128, 192, 256, 80, 160])
 @pytest.mark.parametrize("name", list(PATTERNS))
 def test_gradients_match_reference(name, d):
     B, Hq, Hkv, Sq, Sk = 2, 4, 2, 150, 201
@@ -70,12 +70,12 @@ def test_fully_masked_rows_and_their_gradients():
     assert out.shape == (1, 2, 4, 64) and (out == 0).all() and (lse == -math.inf).all()
 
 
-@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("d", [64, 128, 192, 256])
 @pytest.mark.parametrize(
     "name", ["full", "causal", "sliding", "prefix", "documents", "block mask", "softcap"]
 )
 def test_gradients_many_key_blocks(name, d):
-    """dQ summed over many key blocks (9 of 128 keys, 18 of 64 at head dim 256; a GQA group of 4 in
+    """dQ summed over many key blocks (9 of 128 keys, 18 of 64 at head dims 192 and 256; a GQA group of 4 in
     each), by the default unordered additions and by the deterministic mode."""
     B, Hq, Hkv, Sq, Sk = 1, 8, 2, 330, 1100
     q, k, v = qkv(B, Hq, Hkv, Sq, Sk, d)
@@ -84,7 +84,7 @@ def test_gradients_many_key_blocks(name, d):
     check_gradients(q, k, v, dict(kw, deterministic=True))
 
 
-@pytest.mark.parametrize("D", [64, 256])
+@pytest.mark.parametrize("D", [64, 192, 256])
 @pytest.mark.parametrize("kw", [{}, dict(causal=True)], ids=["full", "causal"])
 def test_backward_rows_past_the_last_key(kw, D):
     """The one-pass backward sums every key row of a block into dQ: the rows past the last key
@@ -99,7 +99,7 @@ def test_backward_rows_past_the_last_key(kw, D):
     check_gradients(q, k, v, kw)
 
 
-@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("d", [64, 128, 192, 256])
 def test_backward_deterministic_mode(d):
     """deterministic=True, or None under torch.use_deterministic_algorithms(True): bit-identical
     gradients from run to run (many key blocks adding into each query tile's dQ, a GQA group of 8);

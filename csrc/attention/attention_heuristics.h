@@ -204,15 +204,21 @@ inline HopperFwdForm hopper_fwd_form(const AttentionCall& call) {
   return f;
 }
 
+// The head dim the Hopper backward runs at: 64, 128, 192 (its head-dim layout's thirds) or 256, the
+// operands zero-padded up to it (the mma.sync backward: attention_cuda_head_dim's).
+constexpr int64_t attention_hopper_bwd_head_dim(int64_t d) {
+  return d <= 128 ? attention_cuda_head_dim(d) : d <= 192 ? 192 : 256;
+}
+
 // The Hopper backward's form.
 struct HopperBwdForm {
   int head_dim = 128;
-  // (head dims 64, 128) a partial block-mask tile's bits staged by the producer; at 256 the plain
-  // form reads them from global memory (its two Q / dO stages leave no room).
+  // (head dims 64, 128) a partial block-mask tile's bits staged by the producer; at 192 and 256 the
+  // plain form reads them from global memory (its two Q / dO stages leave no room).
   bool block_mask = false;
-  // (head dim 256) the deterministic mode's own kernel: one Q / dO stage, dQ staged for warp 1's
-  // ordered reductions (the plain one adds dQ from registers); at 64 and 128 the plain kernels order
-  // their additions themselves, given the counters.
+  // (head dims 192, 256) the deterministic mode's own kernel: one Q / dO stage, dQ staged for warp
+  // 1's ordered reductions (the plain one adds dQ from registers); at 64 and 128 the plain kernels
+  // order their additions themselves, given the counters.
   bool deterministic = false;
 
   const char* name() const {
@@ -221,9 +227,9 @@ struct HopperBwdForm {
 };
 inline HopperBwdForm hopper_bwd_form(const AttentionCall& call) {
   HopperBwdForm f;
-  f.head_dim = static_cast<int>(attention_cuda_head_dim(call.head_dim));
+  f.head_dim = static_cast<int>(attention_hopper_bwd_head_dim(call.head_dim));
   f.block_mask = call.block_mask && f.head_dim <= 128;
-  f.deterministic = call.deterministic && f.head_dim == 256;
+  f.deterministic = call.deterministic && f.head_dim >= 192;
   return f;
 }
 

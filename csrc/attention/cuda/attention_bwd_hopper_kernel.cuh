@@ -1,5 +1,5 @@
 // attention CUDA backward for Hopper (sm_90a): one pass over key blocks with five GEMMs a tile
-// (FlashAttention-3's design). One block per key block (128 keys; 64 at head dim 256) of one
+// (FlashAttention-3's design). One block per key block (128 keys; 64 at head dims 192, 256) of one
 // (batch, kv head), three warpgroups:
 //   producer warpgroup: warp 0 loads K and V once by TMA, then, for every q head of the GQA group
 //     and every visible query tile, Q, dO, lse2 and delta into a ring (cuda::Pipeline); warp 1
@@ -11,9 +11,9 @@
 //     P^T / dS^T as register operands (dO and Q read MN-major); dS^T also goes to shared memory,
 //     where after a barrier over both warpgroups dQ = dS K (dS read MN-major) gives the
 //     warpgroup's 64 x 64 part of the tile's dQ;
-//   consumers, head-dim layout (head dim 256, 64 x 64 tiles: FlashAttention-4's SM90 choice): S and
-//     dP over each warpgroup's 32 keys, P and dS of both through shared memory, then each
-//     warpgroup's dV, dK and dQ over its 128 head-dim columns (all operands in shared memory).
+//   consumers, head-dim layout (head dims 192 and 256, 64 x 64 tiles: FlashAttention-4's SM90 choice
+//     at 256): S and dP over each warpgroup's 32 keys, P and dS of both through shared memory, then
+//     each warpgroup's dV, dK and dQ over its half of the head dim (all operands in shared memory).
 // dK and dV stay in registers until the block's last tile. Deterministic mode (a.dq_semaphore): the
 // additions into each query tile's dQ come in a fixed order, from the last key block that sees the
 // tile to the first, each block waiting for the later ones' additions to complete (a counter per
@@ -22,7 +22,7 @@
 // for one not yet launched. The prep kernel (delta, lse2, the workspace zeroed;
 // attention_bwd_kernel.cuh) runs before, attention_bwd_hopper_dq_kernel (workspace -> dQ;
 // attention_bwd_hopper_launch.cuh, with the host side) after.
-// Query tiles: 128 at head dim 64, 64 at 128 and 256. Without sm_90a device code the kernel traps;
+// Query tiles: 128 at head dim 64, 64 at 128, 192 and 256. Without sm_90a device code the kernel traps;
 // the launcher's rule asks attention_hopper_status() first.
 #pragma once
 
@@ -30,6 +30,19 @@
 
 namespace opforge {
 namespace attention_cuda {
+
+// The head-dim layout's acc += A B over a warpgroup's columns, 16 deep (A through a_desc, kTransA its
+// major-ness; B MN-major: b0, and at 192 b1 for the N-32 part, Tr::kThirds).
+template <typename Tr, typename T, int kTransA>
+__device__ __forceinline__ void bwd_cols_mma(float (&acc)[Tr::kD / 16][4], uint64_t a_desc, uint64_t b0,
+                                             uint64_t b1, int scale_d) {
+  if constexpr (Tr::kThirds) {
+    cuda::Wgmma<T, 64>::template mma<1, kTransA>(&acc[0][0], a_desc, b0, scale_d);
+    cuda::Wgmma<T, 32>::template mma<1, kTransA>(&acc[8][0], a_desc, b1, scale_d);
+  } else {
+    cuda::Wgmma<T, Tr::kD / 2>::template mma<1, kTransA>(&acc[0][0], a_desc, b0, scale_d);
+  }
+}
 
 template <typename Tr, typename T>
 __global__ void __launch_bounds__(Tr::kThreads, 1)
@@ -227,8 +240,15 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     cuda::mbar_wait(smem_addr(bar_kv), 0);
     const uint64_t k_desc = cuda::smem_desc_k_major(sK + half * 32 * 128);  // this warpgroup's 32 keys
     const uint64_t v_desc = cuda::smem_desc_k_major(sV + half * 32 * 128);
-    // K as dQ's B (keys deep, this warpgroup's columns wide: two 64-column panels).
-    const uint64_t k_mn_desc = cuda::smem_desc_mn_major(sK + 2 * half * Tr::kKPanelBytes, Tr::kKPanelBytes);
+    // This warpgroup's columns of a tile (64-column panels of `panel` bytes) as MN-major B operands:
+    // panels 2 half and 2 half + 1 (one product, b0); at 192 (Tr::kThirds) panel `half` (b0) and the 32
+    // columns 128 + 32 half.. of panel 2 (b1).
+    const auto cols_desc = [&](const unsigned char* tile, int panel, uint64_t& b0, uint64_t& b1) {
+      b0 = cuda::smem_desc_mn_major(tile + (Tr::kThirds ? half : 2 * half) * panel, panel);
+      b1 = cuda::smem_desc_mn_major(tile + 2 * panel + half * 64, panel);
+    };
+    uint64_t k_mn_desc, k_mn_desc1;  // K as dQ's B (keys deep)
+    cols_desc(sK, Tr::kKPanelBytes, k_mn_desc, k_mn_desc1);
     for (State rd;; rd.advance()) {
       const unsigned char* sQ = sStages + rd.index * Tr::kStageBytes;
       const unsigned char* sdO = sQ + Tr::kQBytes;
@@ -320,28 +340,31 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       const uint64_t ds_desc = cuda::smem_desc_k_major(ds);  // dS: query rows, keys deep
 #pragma unroll
       for (int kk = 0; kk < kBN / 16; ++kk) {  // 16 keys = 32 bytes along dS's rows, 16 rows of K
-        cuda::Wgmma<T, kCols>::template mma<1, 0>(&dq[0][0], cuda::desc_advance(ds_desc, kk * 32),
-                                                  cuda::desc_advance(k_mn_desc, kk * 2048), kk > 0);
+        bwd_cols_mma<Tr, T, 0>(dq, cuda::desc_advance(ds_desc, kk * 32),
+                               cuda::desc_advance(k_mn_desc, kk * 2048),
+                               cuda::desc_advance(k_mn_desc1, kk * 2048), kk > 0);
       }
       cuda::wgmma_commit();
       cuda::fence_operands(dv);
       // P^T and dS^T as A read MN-major (rows of P: 64 keys wide, 16 queries a step).
       const uint64_t p_mn_desc = cuda::smem_desc_mn_major(ps, Tr::kPBytes);
       const uint64_t ds_mn_desc = cuda::smem_desc_mn_major(ds, Tr::kDSBytes);
-      const uint64_t do_mn_desc =
-          cuda::smem_desc_mn_major(sdO + 2 * half * Tr::kQPanelBytes, Tr::kQPanelBytes);
-      const uint64_t q_mn_desc = cuda::smem_desc_mn_major(sQ + 2 * half * Tr::kQPanelBytes, Tr::kQPanelBytes);
+      uint64_t do_mn_desc, do_mn_desc1, q_mn_desc, q_mn_desc1;
+      cols_desc(sdO, Tr::kQPanelBytes, do_mn_desc, do_mn_desc1);
+      cols_desc(sQ, Tr::kQPanelBytes, q_mn_desc, q_mn_desc1);
 #pragma unroll
       for (int kk = 0; kk < kBM / 16; ++kk) {
-        cuda::Wgmma<T, kCols>::template mma<1, 1>(&dv[0][0], cuda::desc_advance(p_mn_desc, kk * 2048),
-                                                  cuda::desc_advance(do_mn_desc, kk * 2048), 1);
+        bwd_cols_mma<Tr, T, 1>(dv, cuda::desc_advance(p_mn_desc, kk * 2048),
+                               cuda::desc_advance(do_mn_desc, kk * 2048),
+                               cuda::desc_advance(do_mn_desc1, kk * 2048), 1);
       }
       cuda::wgmma_commit();
       cuda::fence_operands(dk);
 #pragma unroll
       for (int kk = 0; kk < kBM / 16; ++kk) {
-        cuda::Wgmma<T, kCols>::template mma<1, 1>(&dk[0][0], cuda::desc_advance(ds_mn_desc, kk * 2048),
-                                                  cuda::desc_advance(q_mn_desc, kk * 2048), 1);
+        bwd_cols_mma<Tr, T, 1>(dk, cuda::desc_advance(ds_mn_desc, kk * 2048),
+                               cuda::desc_advance(q_mn_desc, kk * 2048),
+                               cuda::desc_advance(q_mn_desc1, kk * 2048), 1);
       }
       cuda::wgmma_commit();
       cuda::wgmma_wait<2>();  // dQ (dV and dK still running)
@@ -374,14 +397,28 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       cuda::named_barrier_arrive<160>(kBwdBarDQFull + half);
     }
     // dK and dV: the block's 64 keys, this warpgroup's columns, through its own two panels of the K
-    // and V tiles.
+    // and V tiles (kThirds: its N-64 part through panel `half`, its N-32 part through panel 2 for
+    // warpgroup 0 and the dS buffers, free by now, for warpgroup 1).
     const float one[2] = {1.f, 1.f}, scale[2] = {a.scale, a.scale};  // (dS was left unscaled)
-    store_accumulator_rows<kCols, T>(dk, scale, sK + 2 * half * Tr::kKPanelBytes, Tr::kKPanelBytes,
-                                     static_cast<T*>(a.g.dk) + a.g.dk_at(b, hk) + half * kCols, a.g.dk_ss, j0,
-                                     pat.sk, t, 1 + half);
-    store_accumulator_rows<kCols, T>(dv, one, sV + 2 * half * Tr::kKPanelBytes, Tr::kKPanelBytes,
-                                     static_cast<T*>(a.g.dv) + a.g.dv_at(b, hk) + half * kCols, a.g.dv_ss, j0,
-                                     pat.sk, t, 1 + half);
+    T* const dk_g = static_cast<T*>(a.g.dk) + a.g.dk_at(b, hk);
+    T* const dv_g = static_cast<T*>(a.g.dv) + a.g.dv_at(b, hk);
+    if constexpr (Tr::kThirds) {
+      const auto store = [&](const float(&acc)[kCT][4], const float(&sc)[2], unsigned char* tile,
+                             unsigned char* rows_b, T* dst, int64_t ld) {
+        store_accumulator_rows<64, T>(*reinterpret_cast<const float(*)[8][4]>(&acc[0][0]), sc,
+                                      tile + half * Tr::kKPanelBytes, Tr::kKPanelBytes, dst + 64 * half, ld,
+                                      j0, pat.sk, t, 1 + half);
+        store_accumulator_rows<32, T>(*reinterpret_cast<const float(*)[4][4]>(&acc[8][0]), sc, rows_b,
+                                      Tr::kKPanelBytes, dst + 128 + 32 * half, ld, j0, pat.sk, t, 1 + half);
+      };
+      store(dk, scale, sK, half ? sDS : sK + 2 * Tr::kKPanelBytes, dk_g, a.g.dk_ss);
+      store(dv, one, sV, half ? sDS + Tr::kDSBytes : sV + 2 * Tr::kKPanelBytes, dv_g, a.g.dv_ss);
+    } else {
+      store_accumulator_rows<kCols, T>(dk, scale, sK + 2 * half * Tr::kKPanelBytes, Tr::kKPanelBytes,
+                                       dk_g + half * kCols, a.g.dk_ss, j0, pat.sk, t, 1 + half);
+      store_accumulator_rows<kCols, T>(dv, one, sV + 2 * half * Tr::kKPanelBytes, Tr::kKPanelBytes,
+                                       dv_g + half * kCols, a.g.dv_ss, j0, pat.sk, t, 1 + half);
+    }
   } else {
     static_assert(!Tr::kDQAtomic, "the keys layout stages dQ for warp 1");
     const int64_t key0 = j0 + half * 64 + warp * 16;  // this warp's first key

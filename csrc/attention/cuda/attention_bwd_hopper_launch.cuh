@@ -46,14 +46,13 @@ __global__ void __launch_bounds__(128) attention_bwd_hopper_dq_kernel(const Atte
   }
   __syncthreads();
   const int64_t first = tile * Tr::kBlockM + (Tr::kDQSplitD ? 0 : c * 64);
-  const int col0 = Tr::kDQSplitD ? c * kCols : 0;
   T* dq = static_cast<T*>(a.g.dq) + a.g.dq_at(b, h);
-  constexpr int kChunks = kCols / 8;  // 16-byte chunks a row
+  constexpr int kChunks = kCols / 8;  // 16-byte chunks a row (a fragment's 8 columns: Tr::part_col)
 #pragma unroll
   for (int k = 0; k < 64 * kChunks / 128; ++k) {
     const int chunk = t + 128 * k, row = chunk / kChunks, part = chunk % kChunks;
     if (first + row < sq) {
-      *reinterpret_cast<uint4*>(dq + (first + row) * a.g.dq_ss + col0 + part * 8) =
+      *reinterpret_cast<uint4*>(dq + (first + row) * a.g.dq_ss + Tr::part_col(c, part)) =
           *reinterpret_cast<const uint4*>(&rows[row * kRowWords + part * 4]);
     }
   }

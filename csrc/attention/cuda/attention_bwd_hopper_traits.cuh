@@ -41,9 +41,10 @@ struct HopperBwdTraits {
   static constexpr int kThreads = 384;  // producer warpgroup + 2 consumer warpgroups
   // How the two consumer warpgroups share a tile. Keys (kBlockN 128, head dims 64 and 128): each
   // owns 64 of the block's keys and all of the head dim (S^T, dP^T with keys as rows). Head dim
-  // (kBlockN 64, head dim 256, FlashAttention-4's SM90 layout): both work on all 64 keys, each owns
-  // half the head dim of dK, dV and dQ (128 columns: 64 accumulator registers each), and S, dP
-  // (queries as rows) are split by keys, 32 a warpgroup, P and dS exchanged through shared memory.
+  // (kBlockN 64, head dims 192 and 256, FlashAttention-4's SM90 layout at 256): both work on all 64
+  // keys, each owns half the head dim of dK, dV and dQ (128 columns: 64 accumulator registers each;
+  // 96 at 192: kThirds), and S, dP (queries as rows) are split by keys, 32 a warpgroup, P and dS
+  // exchanged through shared memory.
   static constexpr bool kSplitHeadDim = kBlockN == 64;
   static_assert(kBlockN == (kSplitHeadDim ? 64 : 128) && (!kSplitHeadDim || kBlockM == 64), "tile layout");
   // Registers a thread after setmaxnreg (at 224 ptxas serialises the consumers' wgmmas; 40 / 232
@@ -67,8 +68,18 @@ struct HopperBwdTraits {
   // A tile's dQ (kBlockM x kD) in two parts of 64 rows x kDQPartCols, one per consumer warpgroup:
   // split along the head dim (kBlockM 64) or along the queries (kBlockM 128).
   static constexpr int kDQPartCols = kBlockM * kD / 128;
-  static_assert(kDQPartCols == 64 || kDQPartCols == 128, "two dQ parts a tile, 64 rows each");
+  static_assert(kDQPartCols == 64 || kDQPartCols == 96 || kDQPartCols == 128,
+                "two dQ parts a tile, 64 rows each");
   static constexpr bool kDQSplitD = kBlockM == 64;
+  // The head-dim layout at head dim 192 (three 64-column panels for two warpgroups): warpgroup c owns
+  // panel c (an N-64 product) and columns 128 + 32 c.. of panel 2 (an N-32 product, its B operand
+  // starting half a swizzle row in for c = 1), so that both warpgroups' products and fragments have
+  // one shape. The head-dim column of fragment n (8 columns) of part c: part_col.
+  static constexpr bool kThirds = kSplitHeadDim && kD == 192;
+  static __host__ __device__ constexpr int part_col(int c, int n) {
+    return kThirds ? (n < 8 ? 64 * c + 8 * n : 128 + 32 * c + 8 * (n - 8))
+                   : (kDQSplitD ? c * kDQPartCols : 0) + 8 * n;
+  }
   static constexpr int kDQPartFloats = 64 * kDQPartCols, kDQPartBytes = kDQPartFloats * 4;
   static constexpr int kDQStageBytes = kDQAtomic ? 0 : 2 * kDQPartBytes;
   static constexpr int kBaseSmemBytes = 1024 + 2 * kKBytes + kStages * (kStageBytes + 2 * kBlockM * 4 + 16) +
@@ -83,6 +94,10 @@ struct HopperBwdTraits {
 using HopperBwdTraitsD64 = HopperBwdTraits<64, 128, 128, 2>;
 
 using HopperBwdTraitsD128 = HopperBwdTraits<128, 64, 128, 2>;
+
+using HopperBwdTraitsD192 = HopperBwdTraits<192, 64, 64, 2, true>;
+
+using HopperBwdTraitsD192Deterministic = HopperBwdTraits<192, 64, 64, 1>;
 
 using HopperBwdTraitsD256 = HopperBwdTraits<256, 64, 64, 2, true>;
 

@@ -22,7 +22,9 @@ using cuda::kNegInf;
 
 template <int kD, typename T>
 __global__ void __launch_bounds__(256) attention_bwd_prep_kernel(const AttentionCudaArgs a) {
-  constexpr int kLanes = kD / 8, kRowsPerBlock = 256 / kLanes;  // one 16-byte chunk a lane
+  // One 16-byte chunk a lane, a row's lanes a power of two (at 192: 32, the last 8 idle).
+  constexpr int kChunks = kD / 8, kLanes = kChunks <= 8 ? 8 : kChunks <= 16 ? 16 : 32;
+  constexpr int kRowsPerBlock = 256 / kLanes;
   const AttentionParams& p = a.g.fwd;
   const AttentionPattern& pat = p.pattern;
   const int64_t ld = a.lse2_ld, rows = (pat.varlen() ? 1 : p.batch) * p.heads * ld;
@@ -54,7 +56,7 @@ __global__ void __launch_bounds__(256) attention_bwd_prep_kernel(const Attention
     }
   }
   float acc = 0.f;
-  if (row < rows && i < sq) {
+  if (row < rows && i < sq && c < kChunks) {
     const T* go = static_cast<const T*>(a.g.grad_out) + a.g.g_at(b, h) + i * a.g.g_ss + c * 8;
     const T* o = static_cast<const T*>(p.out) + p.o_at(b, h) + i * p.o_ss + c * 8;
     const cuda::Pack<T, 8> x = *reinterpret_cast<const cuda::Pack<T, 8>*>(go);
@@ -64,7 +66,7 @@ __global__ void __launch_bounds__(256) attention_bwd_prep_kernel(const Attention
   }
 #pragma unroll
   for (int off = kLanes / 2; off > 0; off /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, off);
-  if (a.dq_accum && row < rows) {  // the Hopper backward's dQ workspace: row's kD values
+  if (a.dq_accum && row < rows && c < kChunks) {  // the Hopper backward's dQ workspace: row's kD values
     float4* z = reinterpret_cast<float4*>(a.dq_accum + row * kD + c * 8);
     z[0] = z[1] = make_float4(0.f, 0.f, 0.f, 0.f);
   }
@@ -77,10 +79,11 @@ __global__ void __launch_bounds__(256) attention_bwd_prep_kernel(const Attention
   }
 }
 
-// The prep pass for head dim kD at the call's dtype: a row a kD / 8 lanes, 256 threads a block.
+// The prep pass for head dim kD at the call's dtype: a row a kD / 8 lanes (rounded up to a power of
+// two), 256 threads a block.
 template <int kD>
 int run_bwd_prep(const AttentionCudaArgs& a, void* stream) {
-  constexpr int kRowsPerBlock = 256 / (kD / 8);
+  constexpr int kRowsPerBlock = 256 / (kD / 8 <= 8 ? 8 : kD / 8 <= 16 ? 16 : 32);
   const int64_t rows = (a.g.fwd.pattern.varlen() ? 1 : a.g.fwd.batch) * a.g.fwd.heads * a.lse2_ld;
   const int64_t blocks = (rows + kRowsPerBlock - 1) / kRowsPerBlock;
   if (blocks > 0x7fffffff) return cudaErrorInvalidValue;

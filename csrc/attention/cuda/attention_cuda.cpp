@@ -332,12 +332,14 @@ at::Tensor attention_backward_into(const char* op, const AttentionPatternArgs& a
                                    const std::optional<at::Tensor>& grad_lse, double scale, double softcap,
                                    c10::string_view variant, std::optional<bool> deterministic, bool captured,
                                    at::Tensor& dq, at::Tensor& dk, at::Tensor& dv) {
-  // (the backward kernels take one head dim: the wider of q's and v's, each operand zero-padded up to
-  // the kernel's)
-  const int64_t d = q.size(3), dvh = v.size(3), kd = kernel_head_dim(std::max(d, dvh));
+  // (the backward kernels take one head dim, for the wider of q's and v's: each operand zero-padded up
+  // to the kernel's; the Hopper backward's 64 / 128 / 192 / 256, the mma.sync's 64 / 128 / 256)
+  const int64_t d = q.size(3), dvh = v.size(3);
   AttentionCall call = cuda_call(q, k, false, true, args.varlen());
   call.head_dim = std::max(d, dvh);
   const AttentionKernel kernel = choose_attention_kernel(op, call, variant);
+  const int64_t kd = kernel == AttentionKernel::kHopper ? attention_hopper_bwd_head_dim(call.head_dim)
+                                                        : kernel_head_dim(call.head_dim);
   if (q.numel() == 0 || k.numel() == 0) {
     dq.zero_(), dk.zero_(), dv.zero_();
     return attention_sink_grad(grad_out, out, lse, grad_lse, args.sinks);

@@ -100,6 +100,10 @@ int run_attention_hopper_bwd<128, false, false>(const AttentionCudaArgs& a, void
 template <>
 int run_attention_hopper_bwd<128, true, false>(const AttentionCudaArgs& a, void* stream);
 template <>
+int run_attention_hopper_bwd<192, false, false>(const AttentionCudaArgs& a, void* stream);
+template <>
+int run_attention_hopper_bwd<192, false, true>(const AttentionCudaArgs& a, void* stream);
+template <>
 int run_attention_hopper_bwd<256, false, false>(const AttentionCudaArgs& a, void* stream);
 template <>
 int run_attention_hopper_bwd<256, false, true>(const AttentionCudaArgs& a, void* stream);
@@ -109,8 +113,6 @@ template <>
 int run_attention_mma_bwd_kv<64>(const AttentionCudaArgs& a, void* stream);
 template <>
 int run_attention_mma_bwd_q<64>(const AttentionCudaArgs& a, void* stream);
-template <>
-int run_attention_bwd_prep<64>(const AttentionCudaArgs& a, void* stream);
 template <>
 int run_attention_decode<64>(const AttentionCudaArgs& a, const DecodeSplit& s, void* stream);
 template <>
@@ -122,8 +124,6 @@ int run_attention_mma_bwd_kv<128>(const AttentionCudaArgs& a, void* stream);
 template <>
 int run_attention_mma_bwd_q<128>(const AttentionCudaArgs& a, void* stream);
 template <>
-int run_attention_bwd_prep<128>(const AttentionCudaArgs& a, void* stream);
-template <>
 int run_attention_decode<128>(const AttentionCudaArgs& a, const DecodeSplit& s, void* stream);
 template <>
 int attention_decode_blocks_per_sm<128>(int rows, bool paged);
@@ -134,11 +134,17 @@ int run_attention_mma_bwd_kv<256>(const AttentionCudaArgs& a, void* stream);
 template <>
 int run_attention_mma_bwd_q<256>(const AttentionCudaArgs& a, void* stream);
 template <>
-int run_attention_bwd_prep<256>(const AttentionCudaArgs& a, void* stream);
-template <>
 int run_attention_decode<256>(const AttentionCudaArgs& a, const DecodeSplit& s, void* stream);
 template <>
 int attention_decode_blocks_per_sm<256>(int rows, bool paged);
+template <>
+int run_attention_bwd_prep<64>(const AttentionCudaArgs& a, void* stream);
+template <>
+int run_attention_bwd_prep<128>(const AttentionCudaArgs& a, void* stream);
+template <>
+int run_attention_bwd_prep<192>(const AttentionCudaArgs& a, void* stream);
+template <>
+int run_attention_bwd_prep<256>(const AttentionCudaArgs& a, void* stream);
 template <>
 int run_paged_kv_append<2>(const PagedAppendParams& p, void* stream);
 template <>
@@ -211,6 +217,10 @@ inline int run_attention_hopper_bwd_form(const HopperBwdForm& form, const Attent
     return run_attention_hopper_bwd<128, false, false>(a, stream);
   if (form.head_dim == 128 && form.block_mask && !form.deterministic)
     return run_attention_hopper_bwd<128, true, false>(a, stream);
+  if (form.head_dim == 192 && !form.block_mask && !form.deterministic)
+    return run_attention_hopper_bwd<192, false, false>(a, stream);
+  if (form.head_dim == 192 && !form.block_mask && form.deterministic)
+    return run_attention_hopper_bwd<192, false, true>(a, stream);
   if (form.head_dim == 256 && !form.block_mask && !form.deterministic)
     return run_attention_hopper_bwd<256, false, false>(a, stream);
   if (form.head_dim == 256 && !form.block_mask && form.deterministic)
@@ -218,7 +228,7 @@ inline int run_attention_hopper_bwd_form(const HopperBwdForm& form, const Attent
   return cudaErrorInvalidValue;
 }
 
-// The instantiation at a kernel head dim (64, 128 or 256).
+// The instantiation at a kernel head dim (64, 128 or 256; the prep pass also 192).
 inline int run_attention_mma_fwd_at(int head_dim, const AttentionCudaArgs& a, void* stream) {
   switch (head_dim) {
     case 64:
@@ -264,6 +274,8 @@ inline int run_attention_bwd_prep_at(int head_dim, const AttentionCudaArgs& a, v
       return run_attention_bwd_prep<64>(a, stream);
     case 128:
       return run_attention_bwd_prep<128>(a, stream);
+    case 192:
+      return run_attention_bwd_prep<192>(a, stream);
     case 256:
       return run_attention_bwd_prep<256>(a, stream);
     default:
