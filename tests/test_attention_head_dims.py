@@ -215,6 +215,20 @@ def test_native_head_dim_192_forward(dims, dtype):
 
 
 @pytest.mark.cuda
+@pytest.mark.parametrize("rows", [4, 2], ids=lambda r: f"{16 * r}rows")
+def test_head_dims_decode_rows_at_the_wider_head_dim(rows):
+    """q at 64 with v at 192 decodes at the wider head dim's kernel (256: at most 32 query rows a kv
+    head): 64 rows take the tiled kernels, 32 the decode kernel; both match the reference."""
+    q, k, v = qkv(1, 16, 1, rows, 2000, 64, 192, torch.bfloat16, "cuda")
+    lens = torch.tensor([1500], device="cuda")
+    poison_cuda_allocator(q.numel() * 64, "cuda")
+    out = opforge.attention(q, k, v, kv_lens=lens, causal=True)
+    want = reference.attention(q.double(), k.double(), v.double(), kv_lens=lens, causal=True)
+    assert out.shape == (1, 16, rows, 192)
+    torch.testing.assert_close(out.double(), want, atol=3e-2, rtol=0)
+
+
+@pytest.mark.cuda
 def test_native_head_dim_192_varlen():
     """Packed sequences at (192, 128) and (192, 192) against the float64 reference."""
     cu = torch.tensor([0, 130, 131, 600, 1000], dtype=torch.int32, device="cuda")

@@ -237,6 +237,9 @@ void attention_forward_into(const char* op, const AttentionPatternArgs& args, co
                             bool kv_lens, c10::string_view variant, bool captured, at::Tensor& out,
                             at::Tensor& lse) {
   AttentionCall call = cuda_call(q, k, kv_lens, false, args.varlen());
+  // (the wider of q's and v's head dims: the kernels with one head dim run at it, decode's row limit
+  // with them; the Hopper forward's own pairs from both: hopper_fwd_dims)
+  call.head_dim = std::max(q.size(3), v.size(3));
   call.head_dim_v = v.size(3);
   call.block_mask = args.mask_kinds.has_value();
   const AttentionKernel kernel = choose_attention_kernel(op, call, variant);
