@@ -229,6 +229,23 @@ def test_head_dims_decode_rows_at_the_wider_head_dim(rows):
 
 
 @pytest.mark.cuda
+def test_native_head_dim_192_paged_hopper():
+    """DeepSeek's MLA over paged caches of two widths at FlashMLA's page size 64 (not a multiple of
+    the (192, 192) forward's 96-key tile, nor a divisor): the pages are gathered, so the page size
+    does not restrict the kernel; variant="hopper" serves it (its KV-cache form), as the form says."""
+    q, k, v = qkv(2, 16, 2, 300, 900, 192, 128, torch.bfloat16, "cuda")
+    lens = torch.tensor([900, 555], device="cuda")
+    kc, vc, table = to_pages(k, v, lens.cpu(), 64)
+    out = opforge.attention(q, kc, vc, kv_lens=lens, block_table=table, causal=True, variant="hopper")
+    want = reference.attention(q.double(), k.double(), v.double(), kv_lens=lens, causal=True)
+    torch.testing.assert_close(out.double(), want, atol=3e-2, rtol=0)
+    form = torch.ops.opforge._attention_form(
+        q.device, 16, 2, 300, 900, 192, True, batch=2, page_size=64, causal=True
+    )
+    assert form == "hopper/cache", form
+
+
+@pytest.mark.cuda
 def test_native_head_dim_192_varlen():
     """Packed sequences at (192, 128) and (192, 192) against the float64 reference."""
     cu = torch.tensor([0, 130, 131, 600, 1000], dtype=torch.int32, device="cuda")

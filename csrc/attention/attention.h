@@ -91,9 +91,10 @@ inline const char* attention_op_name(const AttentionPatternArgs& args) {
 // head_dim: the new tensor's last dim (-1: like's; the output takes v's).
 at::Tensor empty_attention_like(const at::Tensor& like, bool sequence_major = false, int64_t head_dim = -1);
 
-// v's head dim differing from q's and k's (DeepSeek's MLA: 192 and 128): the kernels take one head dim,
-// so the entries zero-pad the narrower side to the wider (zero columns of q and k add nothing to the
-// scores; zero columns of v give zero columns of the output and of dv) and cut the results back.
+// v's head dim differing from q's and k's (DeepSeek's MLA: 192 and 128): the CPU kernels take one head
+// dim, so the CPU entries zero-pad the narrower side to the wider (zero columns of q and k add nothing
+// to the scores; zero columns of v give zero columns of the output and of dv) and cut the results back
+// (the CUDA launcher pads each operand to its kernel's head dim itself).
 at::Tensor pad_head_dim(const at::Tensor& t, int64_t head_dim);
 
 // A backend's entry at one head dim when v's differs (pad_head_dim): `run` (the entry itself) on the

@@ -31,7 +31,9 @@ std::string attention_form_op(at::Device device, int64_t heads, int64_t kv_heads
   call.cuda = device.is_cuda();
   call.heads = heads, call.kv_heads = kv_heads, call.sq = sq, call.sk = sk, call.head_dim = head_dim;
   call.kv_lens = kv_lens || page_size > 0;
-  call.page_size = page_size;
+  // (CUDA reads pages in place at its kernels' head dims 64 / 128 / 256 only: other calls run on the
+  // gathered pages, where the page size does not count; attention_paged_cuda)
+  call.page_size = call.cuda && attention_cuda_head_dim(head_dim) != head_dim ? 0 : page_size;
   call.backward = backward;
   call.varlen = varlen;
   if (call.cuda) call.hopper_missing = attention_hopper_missing(device);

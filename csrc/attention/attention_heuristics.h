@@ -32,7 +32,8 @@ inline const char* attention_kernel_name(AttentionKernel k) {
   return "?";
 }
 
-// The head dim the CUDA kernels run at: 64, 128 or 256 (the launcher zero-pads up to it).
+// The head dim the CUDA kernels run at: 64, 128 or 256 (the launcher zero-pads up to it; the Hopper
+// kernels also run at 192: hopper_fwd_dims, attention_hopper_bwd_head_dim).
 constexpr int64_t attention_cuda_head_dim(int64_t d) {
   return d <= 64 ? 64 : d <= 128 ? 128 : 256;
 }

@@ -228,7 +228,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   if constexpr (Tr::kSplitHeadDim) {
     // Head-dim layout: S = Q K^T and dP = dO V^T over this warpgroup's 32 keys (queries as rows),
     // P and dS (bf16, 64 queries x 64 keys, both warpgroups' halves) through shared memory, then
-    // dV += P^T dO, dK += dS^T Q and dQ = dS K over this warpgroup's 128 head-dim columns.
+    // dV += P^T dO, dK += dS^T Q and dQ = dS K over this warpgroup's half of the head dim.
     constexpr int kCols = kD / 2, kCT = kCols / 8;  // this warpgroup's head-dim columns
     const int64_t row0 = warp * 16;                 // this warp's first query row in a tile
     float dk[kCT][4], dv[kCT][4];

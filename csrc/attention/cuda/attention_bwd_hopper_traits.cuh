@@ -34,7 +34,7 @@ struct HopperBwdTraits {
   static constexpr int kD = kD_, kBlockN = kBlockN_, kBlockM = kBlockM_, kStages = kStages_;
   // How a tile's dQ reaches the float32 workspace: through shared memory and warp 1's bulk
   // reduce-add (false), or straight from the consumers' registers by vector reductions (true,
-  // the head-dim layout's choice outside deterministic mode, as FA3's at head dim 256: the 64 KB
+  // the head-dim layout's choice outside deterministic mode, as FA3's at head dim 256: the 64 KB (48 at 192)
   // of staging then hold a second Q / dO stage). The deterministic mode's ordered additions need
   // the staged form.
   static constexpr bool kDQAtomic = kDQAtomic_;

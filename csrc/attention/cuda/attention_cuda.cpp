@@ -1,7 +1,8 @@
 // attention CUDA launcher: checks -> device guard -> the kernel the rule picks (attention_heuristics.h:
 // `variant`, or "auto"'s rule; never a fallback after a failed launch) -> operands in a form it reads
-// (head dim zero-padded to the kernel's 64 / 128 / 256, a contiguous copy only of rows it cannot
-// read) -> one launcher a pass (forward, backward, decode): the Hopper kernels' form
+// (each operand zero-padded to the kernel's head dim: 64 / 128 / 256, and 192 in the Hopper kernels,
+// v's own in the Hopper forward; a contiguous copy only of rows it cannot read) -> one launcher a pass
+// (forward, backward, decode): the Hopper kernels' form
 // (attention_heuristics.h), the workspace it needs, and its instantiation (the generated
 // instantiations/attention_instantiations.h), on the current stream.
 #include "attention/cuda/attention_cuda.h"
@@ -451,7 +452,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention_backward_cu
 }  // namespace
 
 // Paged caches: the decode kernels, or for more query rows (chunked prefill) the Hopper forward (its
-// TMA boxes a page run at a time, page sizes attention_hopper_fwd_pages takes) or the mma.sync
+// TMA boxes a page run at a time, page sizes attention_hopper_fwd_pages_at takes) or the mma.sync
 // forward, with their K / V rows addressed through the page table. The caller (opforge.attention)
 // sends calls with head dims 64 / 128 / 256 and caches whose rows start at 16-byte boundaries;
 // others are refused here.
@@ -476,11 +477,9 @@ std::tuple<at::Tensor, at::Tensor> attention_paged_cuda(const at::Tensor& q, con
     return {out, lse};
   }
   const int64_t d = q.size(3);
-  const AttentionCall call = cuda_call(q, paged_view(k_cache, q.size(0), plan.params.pattern.sk), true, false,
-                                       false, k_cache.size(1));
-  const AttentionKernel kernel = choose_attention_kernel(op, call, variant);
-  // Every kernel here reads pages in place at the head dims it runs (no zero padding of a page) and
-  // from rows its 16-byte copies can address (no stride-0 dimension); other caches are gathered.
+  // Every kernel here reads pages in place at the head dims it runs (no zero padding of a page; 64 / 128
+  // / 256, one for k and v) and from rows its 16-byte copies can address (no stride-0 dimension); other
+  // caches are gathered (and the kernel chosen for the gathered call: its page size does not count).
   bool in_place = kernel_head_dim(d) == d && v_cache.size(3) == d;
   for (const at::Tensor* t : {&k_cache, &v_cache}) {
     in_place = in_place && t->stride(3) == 1 && reinterpret_cast<uintptr_t>(t->const_data_ptr()) % 16 == 0;
@@ -492,6 +491,9 @@ std::tuple<at::Tensor, at::Tensor> attention_paged_cuda(const at::Tensor& q, con
     return attention_paged_gathered(q, k_cache, v_cache, kv_lens, block_table, scale, softcap, causal,
                                     window_left, window_right, prefix_len, variant, sinks);
   }
+  const AttentionCall call = cuda_call(q, paged_view(k_cache, q.size(0), plan.params.pattern.sk), true, false,
+                                       false, k_cache.size(1));
+  const AttentionKernel kernel = choose_attention_kernel(op, call, variant);
   const at::Tensor qk = kernel_operand(q, d, kernel);
   plan.params.q = qk.const_data_ptr();
   plan.params.q_bs = qk.stride(0), plan.params.q_hs = qk.stride(1), plan.params.q_ss = qk.stride(2);

@@ -13,7 +13,8 @@
 namespace opforge {
 
 // The call as the kernels read it. Operands are 16-bit (float16 / bfloat16), head_dim is the
-// kernel's (64, 128 or 256: the launcher zero-pads other head dims), rows of q, k, v, out (and of
+// kernel's (64, 128, 192 or 256, and the Hopper forward's v its own: the launcher zero-pads other
+// head dims), rows of q, k, v, out (and of
 // the gradients) start at 16-byte boundaries with unit column stride, and Sq + Sk < 2^31.
 struct AttentionCudaArgs {
   AttentionGradParams g;  // g.fwd: the forward's parameters; the rest for the backward only

@@ -39,8 +39,8 @@ __device__ __forceinline__ FwdPageRun fwd_page_run(const AttentionParams& p, int
 // through map, completing on the mbarrier at bar (which expects the tile's bytes): one box a panel
 // (lane 0), or for a paged cache (the KV-cache form; map: (D, page_size, Hkv, num_pages)) a box a
 // page run, lane r issuing run r (its FwdPageRun). The paged page size divides kBlockN or is a
-// multiple of it (hopper_fwd_pages), so a box never crosses a page. (The one-item kernel's K tiles
-// of every form and the KV-cache form's V tiles come through here.)
+// multiple of it (attention_hopper_fwd_pages_at), so a box never crosses a page. (The one-item kernel's K
+// tiles of every form and the KV-cache form's V tiles come through here.)
 template <typename Tr, int kPanels = Tr::kPanels>
 __device__ __forceinline__ void fwd_load_kv_tile(const CUtensorMap* map, unsigned char* dst,
                                                  const AttentionParams& p, int tile, int row0, int hk, int tb,
