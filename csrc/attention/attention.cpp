@@ -132,6 +132,7 @@ AttentionPlan plan_attention(const at::Tensor& q, const at::Tensor& k, const at:
   p.o_bs = out.stride(0), p.o_hs = out.stride(1), p.o_ss = out.stride(2);
   p.lse = lse.data_ptr();
   p.batch = q.size(0), p.heads = q.size(1), p.kv_heads = k.size(1), p.head_dim = q.size(3);
+  p.head_dim_v = v.size(3);
   if (pattern.varlen()) p.batch = pattern.cu_seqlens_q->size(0) - 1;  // (the sequences)
   p.dtype = to_dtype(q.scalar_type());
   p.scale = scale;

@@ -240,6 +240,9 @@ struct AttentionParams {
   int64_t o_bs = 0, o_hs = 0, o_ss = 0;
   void* lse = nullptr;
   int64_t batch = 0, heads = 0, kv_heads = 0, head_dim = 0;
+  // v's (and the output's) head dim. The CUDA launcher hands the Hopper kernels operands narrower
+  // than their head dims (multiples of 8 columns): their TMA reads the columns past these as zeros.
+  int64_t head_dim_v = 0;
   DType dtype = DType::kFloat32;
   double scale = 1.0;    // the kernels round it to their accumulation type
   double softcap = 0.0;  // 0: none

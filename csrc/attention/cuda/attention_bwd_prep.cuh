@@ -56,7 +56,10 @@ __global__ void __launch_bounds__(256) attention_bwd_prep_kernel(const Attention
     }
   }
   float acc = 0.f;
-  if (row < rows && i < sq && c < kChunks) {
+  // (out and dO narrower than kD (p.head_dim_v, the Hopper backward's unpadded operands): the lanes
+  // past their columns add nothing)
+  const int64_t cols = p.head_dim_v > 0 && p.head_dim_v < kD ? p.head_dim_v : kD;
+  if (row < rows && i < sq && c < kChunks && c * 8 < cols) {
     const T* go = static_cast<const T*>(a.g.grad_out) + a.g.g_at(b, h) + i * a.g.g_ss + c * 8;
     const T* o = static_cast<const T*>(p.out) + p.o_at(b, h) + i * p.o_ss + c * 8;
     const cuda::Pack<T, 8> x = *reinterpret_cast<const cuda::Pack<T, 8>*>(go);

@@ -22,7 +22,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <initializer_list>
 #include <limits>
+#include <vector>
 
 #include "attention/attention.h"
 #include "attention/cuda/instantiations/attention_instantiations.h"
@@ -93,6 +95,19 @@ at::Tensor kernel_operand(const at::Tensor& t, int64_t kd, AttentionKernel kerne
   if (t.size(3) != kd) return at::constant_pad_nd(t, {0, kd - t.size(3)});
   const bool readable = kernel == AttentionKernel::kHopper ? tma_addressable(t) : rows_readable(t);
   return readable ? t : t.contiguous();
+}
+
+// The operands sharing one head dim in a kernel (q and k; v, out and grad_out) as the Hopper kernels
+// read them at head dim kd: as they are where all are narrower than kd by whole 16-byte chunks and TMA
+// addresses them (the maps read the columns past their width as zeros: make_attention_maps, which takes
+// the width from the plan), else kernel_operand's (zero-padded or contiguous copies).
+std::vector<at::Tensor> hopper_operands(std::initializer_list<at::Tensor> ts, int64_t kd) {
+  bool narrow = true;
+  for (const at::Tensor& t : ts)
+    narrow = narrow && t.size(3) < kd && t.size(3) % 8 == 0 && tma_addressable(t);
+  std::vector<at::Tensor> out;
+  for (const at::Tensor& t : ts) out.push_back(narrow ? t : kernel_operand(t, kd, AttentionKernel::kHopper));
+  return out;
 }
 
 // Varlen offsets checked on the host (check_varlen_offsets), except while the current stream is
@@ -260,9 +275,14 @@ void attention_forward_into(const char* op, const AttentionPatternArgs& args, co
       kernel == AttentionKernel::kHopper
           ? call.hopper_dims()
           : HopperFwdDims{kernel_head_dim(std::max(q.size(3), dv)), kernel_head_dim(std::max(q.size(3), dv))};
-  const at::Tensor qk = kernel_operand(q, dims.qk, kernel), kk = kernel_operand(k, dims.qk, kernel);
-  const at::Tensor vk = kernel_operand(v, dims.v, kernel);
-  at::Tensor out_k = dims.v == dv ? out : empty_attention_like(qk, args.varlen(), dims.v);
+  // (the Hopper forward reads narrower q, k, v in place: hopper_operands)
+  const bool hopper = kernel == AttentionKernel::kHopper;
+  const std::vector<at::Tensor> qks = hopper ? hopper_operands({q, k}, dims.qk)
+                                             : std::vector<at::Tensor>{kernel_operand(q, dims.qk, kernel),
+                                                                       kernel_operand(k, dims.qk, kernel)};
+  const at::Tensor &qk = qks[0], &kk = qks[1];
+  const at::Tensor vk = hopper ? hopper_operands({v}, dims.v)[0] : kernel_operand(v, dims.v, kernel);
+  at::Tensor out_k = dims.v == dv ? out : empty_attention_like(q, args.varlen(), dims.v);
   AttentionPlan plan = plan_attention(qk, kk, vk, out_k, lse, scale, softcap, args);
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream().stream();
   if (kernel == AttentionKernel::kDecode) {
@@ -348,14 +368,23 @@ at::Tensor attention_backward_into(const char* op, const AttentionPatternArgs& a
     dq.zero_(), dk.zero_(), dv.zero_();
     return attention_sink_grad(grad_out, out, lse, grad_lse, args.sinks);
   }
-  const at::Tensor qk = kernel_operand(q, kd, kernel), kk = kernel_operand(k, kd, kernel);
-  const at::Tensor vk = kernel_operand(v, kd, kernel), ok = kernel_operand(out, kd, kernel);
-  const at::Tensor gk = kernel_operand(grad_out, kd, kernel);
+  // (the Hopper backward reads narrower q, k and v, out, dO in place: hopper_operands; the prep pass
+  // skips the columns past out's and dO's width)
+  const bool hopper = kernel == AttentionKernel::kHopper;
+  const std::vector<at::Tensor> qks =
+      hopper ? hopper_operands({q, k}, kd)
+             : std::vector<at::Tensor>{kernel_operand(q, kd, kernel), kernel_operand(k, kd, kernel)};
+  const std::vector<at::Tensor> vs =
+      hopper ? hopper_operands({v, out, grad_out}, kd)
+             : std::vector<at::Tensor>{kernel_operand(v, kd, kernel), kernel_operand(out, kd, kernel),
+                                       kernel_operand(grad_out, kd, kernel)};
+  const at::Tensor &qk = qks[0], &kk = qks[1], &vk = vs[0], &ok = vs[1], &gk = vs[2];
   const at::Tensor lse_c = lse.contiguous();
   const at::Tensor grad_lse_c = grad_lse ? grad_lse->contiguous() : at::Tensor();
-  at::Tensor dq_k = kd == d ? dq : empty_attention_like(qk);
-  at::Tensor dk_k = kd == d ? dk : empty_attention_like(kk);
-  at::Tensor dv_k = kd == dvh ? dv : empty_attention_like(vk);
+  // (the kernels write kd columns)
+  at::Tensor dq_k = kd == d ? dq : empty_attention_like(q, false, kd);
+  at::Tensor dk_k = kd == d ? dk : empty_attention_like(k, false, kd);
+  at::Tensor dv_k = kd == dvh ? dv : empty_attention_like(v, false, kd);
   AttentionPlan plan = plan_attention(qk, kk, vk, ok, lse_c, scale, softcap, args);
   add_segment_blocks(plan);
   AttentionCudaArgs a = cuda_args(plan.params);
