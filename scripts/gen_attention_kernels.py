@@ -85,10 +85,15 @@ class HopperBwd:
     head_dim: int
     block_mask: bool = False
     deterministic: bool = False
+    head_dim_v: int = 0  # (v's head dim; 0: head_dim's)
+
+    @property
+    def dim_v(self) -> int:
+        return self.head_dim_v or self.head_dim
 
     @property
     def dims(self) -> str:
-        return f"d{self.head_dim}"
+        return f"d{self.head_dim}" + (f"_v{self.dim_v}" if self.dim_v != self.head_dim else "")
 
     @property
     def suffix(self) -> str:
@@ -97,7 +102,8 @@ class HopperBwd:
     @property
     def traits(self) -> str:
         kind = "Mask" if self.block_mask else ""
-        return f"HopperBwdTraits{kind}D{self.head_dim}" + ("Deterministic" if self.deterministic else "")
+        v = f"V{self.dim_v}" if self.dim_v != self.head_dim else ""
+        return f"HopperBwdTraits{kind}D{self.head_dim}{v}" + ("Deterministic" if self.deterministic else "")
 
     @property
     def what(self) -> str:
@@ -109,7 +115,12 @@ class HopperBwd:
 
     @property
     def key(self) -> list[str]:
-        return [str(self.head_dim), str(self.block_mask).lower(), str(self.deterministic).lower()]
+        return [
+            str(self.head_dim),
+            str(self.dim_v),
+            str(self.block_mask).lower(),
+            str(self.deterministic).lower(),
+        ]
 
 
 HOPPER_FWD = [
@@ -132,6 +143,8 @@ HOPPER_BWD = [
     HopperBwd(128, block_mask=True),
     HopperBwd(192),
     HopperBwd(192, deterministic=True),
+    HopperBwd(192, head_dim_v=128),
+    HopperBwd(192, deterministic=True, head_dim_v=128),
     HopperBwd(256),
     HopperBwd(256, deterministic=True),
 ]
@@ -322,13 +335,6 @@ def cu_file(inst: Instance) -> str:
     return "\n".join(lines)
 
 
-def form_test(names: list[str], key: list[str]) -> str:
-    """C++ condition: the form's fields equal the key (first the head dim, then booleans)."""
-    terms = [f"form.{names[0]} == {key[0]}"]
-    terms += [("" if v == "true" else "!") + f"form.{n}" for n, v in zip(names[1:], key[1:], strict=False)]
-    return " && ".join(terms)
-
-
 def signature(head: str, params: str) -> list[str]:
     """`head(params) {`, its parameters wrapped as clang-format wraps them (aligned after the
     parenthesis, as many a line as fit in 110 columns)."""
@@ -341,15 +347,6 @@ def signature(head: str, params: str) -> list[str]:
             line = indent
         line += piece
     return [*lines, line]
-
-
-def dispatch_form(fn: str, form_type: str, template: str, names: list[str], forms: list) -> list[str]:
-    lines = signature(f"inline int {fn}", f"const {form_type}& form, {FWD_ARGS}")
-    for f in forms:
-        cond = f"  if ({form_test(names, f.key)})"
-        call = f"return {template}<{', '.join(f.key)}>(a, stream);"
-        lines += [cond, f"    {call}"] if len(cond) + len(call) + 1 > 110 else [f"{cond} {call}"]
-    return [*lines, "  return cudaErrorInvalidValue;", "}"]
 
 
 def dispatch_form_key(fn: str, form_type: str, template: str, forms: list) -> list[str]:
@@ -375,7 +372,6 @@ def dispatch_head_dim(fn: str, template: str, params: str, args: str, dims=HEAD_
 
 
 def header(insts: list[Instance]) -> str:
-    bwd_names = ["head_dim", "block_mask", "deterministic"]
     lines = [
         GENERATED,
         "// Every attention kernel instantiation: the function templates each generated .cu of this folder",
@@ -400,7 +396,7 @@ def header(insts: list[Instance]) -> str:
         f"int run_attention_hopper_fwd({FWD_ARGS});",
         "// The Hopper backward (needs a.dq_accum; a.dq_semaphore in deterministic mode) of one form",
         "// (HopperBwdForm's fields): its one-pass kernel and the dQ conversion.",
-        "template <int kHeadDim, bool kBlockMask, bool kDeterministic>",
+        "template <int kHeadDim, int kHeadDimV, bool kBlockMask, bool kDeterministic>",
         f"int run_attention_hopper_bwd({FWD_ARGS});",
         "// cudaSuccess where this binary runs a head dim's plain Hopper forward on the current GPU (sm_90a",
         "// code on an sm_90 GPU), cudaErrorNoKernelImageForDevice where it does not.",
@@ -446,12 +442,8 @@ def header(insts: list[Instance]) -> str:
     )
     lines += [
         "",
-        *dispatch_form(
-            "run_attention_hopper_bwd_form",
-            "HopperBwdForm",
-            "run_attention_hopper_bwd",
-            bwd_names,
-            HOPPER_BWD,
+        *dispatch_form_key(
+            "run_attention_hopper_bwd_form", "HopperBwdForm", "run_attention_hopper_bwd", HOPPER_BWD
         ),
     ]
     lines += ["", "// The instantiation at a kernel head dim (64, 128 or 256; the prep pass also 192)."]

@@ -265,7 +265,7 @@ def test_native_head_dim_192_varlen():
 @pytest.mark.parametrize("dims", list(NATIVE), ids=lambda d: f"{d[0]}-{d[1]}")
 def test_native_head_dim_192_backward(dims):
     """The Hopper backward at head dim 192 (its head-dim layout in thirds: each warpgroup a 64-column
-    panel and half of the third; v of 128 zero-padded to 192) runs its own kernel, and dq, dk, dv
+    panel and half of the third; v of 128 its own: dP 128 deep, dV one panel a warpgroup) runs its own kernel, and dq, dk, dv
     match the float64 reference over many tiles (causal with more keys than queries, a window, full,
     GQA); deterministic mode's kernel gives bitwise equal gradients twice."""
     from attention_cuda_cases import kernel_names
@@ -279,7 +279,9 @@ def test_native_head_dim_192_backward(dims):
         return torch.autograd.grad(opforge.attention(*leaves, **kw), leaves, go)
 
     names = [n.replace(" ", "") for n in kernel_names(lambda: run(dict(causal=True)))]
-    assert any("HopperBwdTraits<192,64,64,2,true" in n for n in names), names
+    # (HopperBwdTraits<kD, kBlockM, kBlockN, kStages, kDQAtomic, regs, regs, kStageMask, kDV>: v's own
+    # head dim at 128)
+    assert any(f"HopperBwdTraits<192,64,64,2,true,24,240,false,{dv}>" in n for n in names), names
     for kw in (dict(causal=True), dict(causal=True, window=(200, 0)), {}):
         poison_cuda_allocator(q.numel() * 16, "cuda")
         got = run(kw)
@@ -293,7 +295,7 @@ def test_native_head_dim_192_backward(dims):
             assert ok, (n, kw, err)
     det = dict(causal=True, deterministic=True)
     names = [n.replace(" ", "") for n in kernel_names(lambda: run(det))]
-    assert any("HopperBwdTraits<192,64,64,1,false" in n for n in names), names
+    assert any(f"HopperBwdTraits<192,64,64,1,false,24,240,false,{dv}>" in n for n in names), names
     first, second = run(det), run(det)
     for a, b in zip(first, second, strict=True):
         assert torch.equal(a, b)

@@ -211,9 +211,19 @@ constexpr int64_t attention_hopper_bwd_head_dim(int64_t d) {
   return d <= 128 ? attention_cuda_head_dim(d) : d <= 192 ? 192 : 256;
 }
 
+// The head dims (q / k, v) the Hopper backward runs a call at: its own (192, 128) for q / k head dims
+// 129-192 with v's up to 128 (DeepSeek's MLA), else attention_hopper_bwd_head_dim of the wider for
+// both (operands zero-padded up to them).
+constexpr HopperFwdDims hopper_bwd_dims(int64_t head_dim, int64_t head_dim_v) {
+  if (head_dim > 128 && head_dim <= 192 && head_dim_v <= 128) return {192, 128};
+  const int64_t d = attention_hopper_bwd_head_dim(std::max(head_dim, head_dim_v));
+  return {d, d};
+}
+
 // The Hopper backward's form.
 struct HopperBwdForm {
   int head_dim = 128;
+  int head_dim_v = 128;  // (hopper_bwd_dims)
   // (head dims 64, 128) a partial block-mask tile's bits staged by the producer; at 192 and 256 the
   // plain form reads them from global memory (its two Q / dO stages leave no room).
   bool block_mask = false;
@@ -222,13 +232,17 @@ struct HopperBwdForm {
   // order their additions themselves, given the counters.
   bool deterministic = false;
 
+  // The fields packed in one int (the instantiations' switch: run_attention_hopper_bwd_form).
+  constexpr int key() const { return ((head_dim * 512 + head_dim_v) * 2 + block_mask) * 2 + deterministic; }
   const char* name() const {
     return deterministic ? "hopper/deterministic" : block_mask ? "hopper/mask" : "hopper";
   }
 };
 inline HopperBwdForm hopper_bwd_form(const AttentionCall& call) {
   HopperBwdForm f;
-  f.head_dim = static_cast<int>(attention_hopper_bwd_head_dim(call.head_dim));
+  const HopperFwdDims dims =
+      hopper_bwd_dims(call.head_dim, call.head_dim_v > 0 ? call.head_dim_v : call.head_dim);
+  f.head_dim = static_cast<int>(dims.qk), f.head_dim_v = static_cast<int>(dims.v);
   f.block_mask = call.block_mask && f.head_dim <= 128;
   f.deterministic = call.deterministic && f.head_dim >= 192;
   return f;

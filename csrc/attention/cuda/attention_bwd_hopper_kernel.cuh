@@ -31,19 +31,6 @@
 namespace opforge {
 namespace attention_cuda {
 
-// The head-dim layout's acc += A B over a warpgroup's columns, 16 deep (A through a_desc, kTransA its
-// major-ness; B MN-major: b0, and at 192 b1 for the N-32 part, Tr::kThirds).
-template <typename Tr, typename T, int kTransA>
-__device__ __forceinline__ void bwd_cols_mma(float (&acc)[Tr::kD / 16][4], uint64_t a_desc, uint64_t b0,
-                                             uint64_t b1, int scale_d) {
-  if constexpr (Tr::kThirds) {
-    cuda::Wgmma<T, 64>::template mma<1, kTransA>(&acc[0][0], a_desc, b0, scale_d);
-    cuda::Wgmma<T, 32>::template mma<1, kTransA>(&acc[8][0], a_desc, b1, scale_d);
-  } else {
-    cuda::Wgmma<T, Tr::kD / 2>::template mma<1, kTransA>(&acc[0][0], a_desc, b0, scale_d);
-  }
-}
-
 template <typename Tr, typename T>
 __global__ void __launch_bounds__(Tr::kThreads, 1)
     attention_bwd_hopper_kernel(const __grid_constant__ CUtensorMap map_q,
@@ -62,7 +49,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   unsigned char* smem = cuda::align_shared<1024>(smem_raw);
   unsigned char* const sK = smem;
   unsigned char* const sV = smem + Tr::kKBytes;
-  unsigned char* const sStages = sV + Tr::kKBytes;
+  unsigned char* const sStages = sV + Tr::kVBytes;
   unsigned char* const sDS = sStages + kStages * Tr::kStageBytes;
   unsigned char* const sP = sDS + 2 * Tr::kDSBytes;  // (the head-dim layout's P; none in the keys layout)
   unsigned char* const sDQ = sP + 2 * Tr::kPBytes;
@@ -116,13 +103,15 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       const int q_row0 = static_cast<int>(p.pattern.q_start(b)),
                 k_row0 = static_cast<int>(p.pattern.k_start(b));
       if (lane == 0) {
-        cuda::mbar_arrive_expect_tx(smem_addr(bar_kv), 2 * Tr::kKBytes);
+        cuda::mbar_arrive_expect_tx(smem_addr(bar_kv), Tr::kKBytes + Tr::kVBytes);
 #pragma unroll
         for (int pn = 0; pn < Tr::kPanels; ++pn) {
           cuda::tma_load_4d(smem_addr(sK + pn * Tr::kKPanelBytes), &map_k, pn * 64,
                             k_row0 + static_cast<int>(j0), static_cast<int>(hk), tb, smem_addr(bar_kv));
-          cuda::tma_load_4d(smem_addr(sV + pn * Tr::kKPanelBytes), &map_v, pn * 64,
-                            k_row0 + static_cast<int>(j0), static_cast<int>(hk), tb, smem_addr(bar_kv));
+          if (pn < Tr::kPanelsV) {
+            cuda::tma_load_4d(smem_addr(sV + pn * Tr::kKPanelBytes), &map_v, pn * 64,
+                              k_row0 + static_cast<int>(j0), static_cast<int>(hk), tb, smem_addr(bar_kv));
+          }
         }
       }
       // A partial block-mask tile inside one mask block gets its bits copied into the stage by the
@@ -153,13 +142,15 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
             unsigned char* const st = sStages + wr.index * Tr::kStageBytes;
             unsigned char* const stats = sStats + wr.index * Tr::kStatsBytes;
             *reinterpret_cast<int4*>(stats + kInfoOffset) = make_int4(tile, h, tile_class_bits(tc), staged);
-            const uint32_t bar = pipe.producer_commit(wr, 2 * Tr::kQBytes + 2 * kBM * 4);
+            const uint32_t bar = pipe.producer_commit(wr, Tr::kStageBytes + 2 * kBM * 4);
 #pragma unroll
             for (int pn = 0; pn < Tr::kPanels; ++pn) {
               cuda::tma_load_4d(smem_addr(st + pn * Tr::kQPanelBytes), &map_q, pn * 64, q_row0 + tile * kBM,
                                 h, tb, bar);
-              cuda::tma_load_4d(smem_addr(st + Tr::kQBytes + pn * Tr::kQPanelBytes), &map_do, pn * 64,
-                                q_row0 + tile * kBM, h, tb, bar);
+              if (pn < Tr::kPanelsV) {
+                cuda::tma_load_4d(smem_addr(st + Tr::kQBytes + pn * Tr::kQPanelBytes), &map_do, pn * 64,
+                                  q_row0 + tile * kBM, h, tb, bar);
+              }
             }
             cuda::bulk_load(smem_addr(stats), lse2 + tile * kBM, kBM * 4, bar);
             cuda::bulk_load(smem_addr(stats + kBM * 4), delta + tile * kBM, kBM * 4, bar);
@@ -229,26 +220,25 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
     // Head-dim layout: S = Q K^T and dP = dO V^T over this warpgroup's 32 keys (queries as rows),
     // P and dS (bf16, 64 queries x 64 keys, both warpgroups' halves) through shared memory, then
     // dV += P^T dO, dK += dS^T Q and dQ = dS K over this warpgroup's half of the head dim.
-    constexpr int kCols = kD / 2, kCT = kCols / 8;  // this warpgroup's head-dim columns
-    const int64_t row0 = warp * 16;                 // this warp's first query row in a tile
-    float dk[kCT][4], dv[kCT][4];
+    constexpr int kDV = Tr::kDV;
+    constexpr int kCols = kD / 2, kCT = kCols / 8, kCTV = kDV / 16;  // this warpgroup's head-dim columns
+    const int64_t row0 = warp * 16;                                  // this warp's first query row in a tile
+    float dk[kCT][4], dv[kCTV][4];
 #pragma unroll
     for (int n = 0; n < kCT; ++n) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) dk[n][e] = dv[n][e] = 0.f;
+      for (int e = 0; e < 4; ++e) dk[n][e] = 0.f;
+    }
+#pragma unroll
+    for (int n = 0; n < kCTV; ++n) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) dv[n][e] = 0.f;
     }
     cuda::mbar_wait(smem_addr(bar_kv), 0);
     const uint64_t k_desc = cuda::smem_desc_k_major(sK + half * 32 * 128);  // this warpgroup's 32 keys
     const uint64_t v_desc = cuda::smem_desc_k_major(sV + half * 32 * 128);
-    // This warpgroup's columns of a tile (64-column panels of `panel` bytes) as MN-major B operands:
-    // panels 2 half and 2 half + 1 (one product, b0); at 192 (Tr::kThirds) panel `half` (b0) and the 32
-    // columns 128 + 32 half.. of panel 2 (b1).
-    const auto cols_desc = [&](const unsigned char* tile, int panel, uint64_t& b0, uint64_t& b1) {
-      b0 = cuda::smem_desc_mn_major(tile + (Tr::kThirds ? half : 2 * half) * panel, panel);
-      b1 = cuda::smem_desc_mn_major(tile + 2 * panel + half * 64, panel);
-    };
     uint64_t k_mn_desc, k_mn_desc1;  // K as dQ's B (keys deep)
-    cols_desc(sK, Tr::kKPanelBytes, k_mn_desc, k_mn_desc1);
+    bwd_cols_desc<kD>(sK, Tr::kKPanelBytes, half, k_mn_desc, k_mn_desc1);
     for (State rd;; rd.advance()) {
       const unsigned char* sQ = sStages + rd.index * Tr::kStageBytes;
       const unsigned char* sdO = sQ + Tr::kQBytes;
@@ -275,7 +265,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       }
       cuda::wgmma_commit();
 #pragma unroll
-      for (int kk = 0; kk < kD / 16; ++kk) {
+      for (int kk = 0; kk < kDV / 16; ++kk) {  // (dP: v's head dim deep)
         const int pn = kk / 4, off = (kk % 4) * 32;
         cuda::Wgmma<T, 32>::template mma<0>(&dp[0][0],
                                             cuda::desc_advance(do_desc, pn * Tr::kQPanelBytes + off),
@@ -340,7 +330,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       const uint64_t ds_desc = cuda::smem_desc_k_major(ds);  // dS: query rows, keys deep
 #pragma unroll
       for (int kk = 0; kk < kBN / 16; ++kk) {  // 16 keys = 32 bytes along dS's rows, 16 rows of K
-        bwd_cols_mma<Tr, T, 0>(dq, cuda::desc_advance(ds_desc, kk * 32),
+        bwd_cols_mma<kD, T, 0>(dq, cuda::desc_advance(ds_desc, kk * 32),
                                cuda::desc_advance(k_mn_desc, kk * 2048),
                                cuda::desc_advance(k_mn_desc1, kk * 2048), kk > 0);
       }
@@ -350,19 +340,19 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       const uint64_t p_mn_desc = cuda::smem_desc_mn_major(ps, Tr::kPBytes);
       const uint64_t ds_mn_desc = cuda::smem_desc_mn_major(ds, Tr::kDSBytes);
       uint64_t do_mn_desc, do_mn_desc1, q_mn_desc, q_mn_desc1;
-      cols_desc(sdO, Tr::kQPanelBytes, do_mn_desc, do_mn_desc1);
-      cols_desc(sQ, Tr::kQPanelBytes, q_mn_desc, q_mn_desc1);
+      bwd_cols_desc<kDV>(sdO, Tr::kQPanelBytes, half, do_mn_desc, do_mn_desc1);
+      bwd_cols_desc<kD>(sQ, Tr::kQPanelBytes, half, q_mn_desc, q_mn_desc1);
 #pragma unroll
       for (int kk = 0; kk < kBM / 16; ++kk) {
-        bwd_cols_mma<Tr, T, 1>(dv, cuda::desc_advance(p_mn_desc, kk * 2048),
-                               cuda::desc_advance(do_mn_desc, kk * 2048),
-                               cuda::desc_advance(do_mn_desc1, kk * 2048), 1);
+        bwd_cols_mma<kDV, T, 1>(dv, cuda::desc_advance(p_mn_desc, kk * 2048),
+                                cuda::desc_advance(do_mn_desc, kk * 2048),
+                                cuda::desc_advance(do_mn_desc1, kk * 2048), 1);
       }
       cuda::wgmma_commit();
       cuda::fence_operands(dk);
 #pragma unroll
       for (int kk = 0; kk < kBM / 16; ++kk) {
-        bwd_cols_mma<Tr, T, 1>(dk, cuda::desc_advance(ds_mn_desc, kk * 2048),
+        bwd_cols_mma<kD, T, 1>(dk, cuda::desc_advance(ds_mn_desc, kk * 2048),
                                cuda::desc_advance(q_mn_desc, kk * 2048),
                                cuda::desc_advance(q_mn_desc1, kk * 2048), 1);
       }
@@ -396,31 +386,18 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       if (t == 0) dq_info[half] = BwdTileInfo{-1, 0, 0, 0};
       cuda::named_barrier_arrive<160>(kBwdBarDQFull + half);
     }
-    // dK and dV: the block's 64 keys, this warpgroup's columns, through its own two panels of the K
-    // and V tiles (kThirds: its N-64 part through panel `half`, its N-32 part through panel 2 for
-    // warpgroup 0 and the dS buffers, free by now, for warpgroup 1).
+    // dK and dV: the block's 64 keys, this warpgroup's columns of each (bwd_store_cols), staged
+    // through the K and V tiles (at 192 the N-32 part through panel 2 for warpgroup 0 and the dS
+    // buffers, free by now, for warpgroup 1).
     const float one[2] = {1.f, 1.f}, scale[2] = {a.scale, a.scale};  // (dS was left unscaled)
-    T* const dk_g = static_cast<T*>(a.g.dk) + a.g.dk_at(b, hk);
-    T* const dv_g = static_cast<T*>(a.g.dv) + a.g.dv_at(b, hk);
-    if constexpr (Tr::kThirds) {
-      const auto store = [&](const float(&acc)[kCT][4], const float(&sc)[2], unsigned char* tile,
-                             unsigned char* rows_b, T* dst, int64_t ld) {
-        store_accumulator_rows<64, T>(*reinterpret_cast<const float(*)[8][4]>(&acc[0][0]), sc,
-                                      tile + half * Tr::kKPanelBytes, Tr::kKPanelBytes, dst + 64 * half, ld,
-                                      j0, pat.sk, t, 1 + half);
-        store_accumulator_rows<32, T>(*reinterpret_cast<const float(*)[4][4]>(&acc[8][0]), sc, rows_b,
-                                      Tr::kKPanelBytes, dst + 128 + 32 * half, ld, j0, pat.sk, t, 1 + half);
-      };
-      store(dk, scale, sK, half ? sDS : sK + 2 * Tr::kKPanelBytes, dk_g, a.g.dk_ss);
-      store(dv, one, sV, half ? sDS + Tr::kDSBytes : sV + 2 * Tr::kKPanelBytes, dv_g, a.g.dv_ss);
-    } else {
-      store_accumulator_rows<kCols, T>(dk, scale, sK + 2 * half * Tr::kKPanelBytes, Tr::kKPanelBytes,
-                                       dk_g + half * kCols, a.g.dk_ss, j0, pat.sk, t, 1 + half);
-      store_accumulator_rows<kCols, T>(dv, one, sV + 2 * half * Tr::kKPanelBytes, Tr::kKPanelBytes,
-                                       dv_g + half * kCols, a.g.dv_ss, j0, pat.sk, t, 1 + half);
-    }
+    bwd_store_cols<kD, T>(dk, scale, sK, half ? sDS : sK + 2 * Tr::kKPanelBytes, Tr::kKPanelBytes,
+                          static_cast<T*>(a.g.dk) + a.g.dk_at(b, hk), a.g.dk_ss, j0, pat.sk, half, t);
+    bwd_store_cols<kDV, T>(dv, one, sV, half ? sDS + Tr::kDSBytes : sV + 2 * Tr::kKPanelBytes,
+                           Tr::kKPanelBytes, static_cast<T*>(a.g.dv) + a.g.dv_at(b, hk), a.g.dv_ss, j0,
+                           pat.sk, half, t);
   } else {
     static_assert(!Tr::kDQAtomic, "the keys layout stages dQ for warp 1");
+    static_assert(Tr::kDV == kD, "the keys layout: one head dim");
     const int64_t key0 = j0 + half * 64 + warp * 16;  // this warp's first key
     // This warpgroup's part of a tile's dQ: query rows 64 mrow.., head-dim columns 64 ncol...
     const int mrow = Tr::kDQSplitD ? 0 : half, ncol = Tr::kDQSplitD ? half : 0;

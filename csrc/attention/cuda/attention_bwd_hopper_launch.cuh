@@ -66,7 +66,7 @@ cudaError_t launch_hopper_bwd(const AttentionCudaArgs& a, cudaStream_t stream) {
   const cudaError_t err = prepare_hopper(attention_bwd_hopper_kernel<Tr, T>, Tr::kSmemBytes, state);
   if (err != cudaSuccess) return err;
   CUtensorMap mq, mk, mv, mdo;
-  if (!make_attention_maps(a, Tr::kD, Tr::kD, Tr::kBlockM, Tr::kBlockN, &mq, &mk, &mv, &mdo))
+  if (!make_attention_maps(a, Tr::kD, Tr::kDV, Tr::kBlockM, Tr::kBlockN, &mq, &mk, &mv, &mdo))
     return cudaErrorInvalidValue;
   const AttentionParams& p = a.g.fwd;
   const bool varlen = p.pattern.varlen();

@@ -356,14 +356,18 @@ at::Tensor attention_backward_into(const char* op, const AttentionPatternArgs& a
                                    const std::optional<at::Tensor>& grad_lse, double scale, double softcap,
                                    c10::string_view variant, std::optional<bool> deterministic, bool captured,
                                    at::Tensor& dq, at::Tensor& dk, at::Tensor& dv) {
-  // (the backward kernels take one head dim, for the wider of q's and v's: each operand zero-padded up
-  // to the kernel's; the Hopper backward's 64 / 128 / 192 / 256, the mma.sync's 64 / 128 / 256)
+  // (the kernels' head dims, q / k and v: the Hopper backward's (hopper_bwd_dims: 64, 128, 192, 256,
+  // and (192, 128)), the mma.sync's one of 64 / 128 / 256 for the wider of q's and v's; each operand
+  // zero-padded up to its own, or read narrower in place: hopper_operands)
   const int64_t d = q.size(3), dvh = v.size(3);
   AttentionCall call = cuda_call(q, k, false, true, args.varlen());
-  call.head_dim = std::max(d, dvh);
+  call.head_dim = d, call.head_dim_v = dvh;
   const AttentionKernel kernel = choose_attention_kernel(op, call, variant);
-  const int64_t kd = kernel == AttentionKernel::kHopper ? attention_hopper_bwd_head_dim(call.head_dim)
-                                                        : kernel_head_dim(call.head_dim);
+  const HopperFwdDims dims =
+      kernel == AttentionKernel::kHopper
+          ? hopper_bwd_dims(d, dvh)
+          : HopperFwdDims{kernel_head_dim(std::max(d, dvh)), kernel_head_dim(std::max(d, dvh))};
+  const int64_t kd = dims.qk, kdv = dims.v;
   if (q.numel() == 0 || k.numel() == 0) {
     dq.zero_(), dk.zero_(), dv.zero_();
     return attention_sink_grad(grad_out, out, lse, grad_lse, args.sinks);
@@ -375,16 +379,16 @@ at::Tensor attention_backward_into(const char* op, const AttentionPatternArgs& a
       hopper ? hopper_operands({q, k}, kd)
              : std::vector<at::Tensor>{kernel_operand(q, kd, kernel), kernel_operand(k, kd, kernel)};
   const std::vector<at::Tensor> vs =
-      hopper ? hopper_operands({v, out, grad_out}, kd)
-             : std::vector<at::Tensor>{kernel_operand(v, kd, kernel), kernel_operand(out, kd, kernel),
-                                       kernel_operand(grad_out, kd, kernel)};
+      hopper ? hopper_operands({v, out, grad_out}, kdv)
+             : std::vector<at::Tensor>{kernel_operand(v, kdv, kernel), kernel_operand(out, kdv, kernel),
+                                       kernel_operand(grad_out, kdv, kernel)};
   const at::Tensor &qk = qks[0], &kk = qks[1], &vk = vs[0], &ok = vs[1], &gk = vs[2];
   const at::Tensor lse_c = lse.contiguous();
   const at::Tensor grad_lse_c = grad_lse ? grad_lse->contiguous() : at::Tensor();
   // (the kernels write kd columns)
   at::Tensor dq_k = kd == d ? dq : empty_attention_like(q, false, kd);
   at::Tensor dk_k = kd == d ? dk : empty_attention_like(k, false, kd);
-  at::Tensor dv_k = kd == dvh ? dv : empty_attention_like(v, false, kd);
+  at::Tensor dv_k = kdv == dvh ? dv : empty_attention_like(v, false, kdv);
   AttentionPlan plan = plan_attention(qk, kk, vk, ok, lse_c, scale, softcap, args);
   add_segment_blocks(plan);
   AttentionCudaArgs a = cuda_args(plan.params);
@@ -425,7 +429,7 @@ at::Tensor attention_backward_into(const char* op, const AttentionPatternArgs& a
     dq.copy_(dq_k.narrow(3, 0, d));
     dk.copy_(dk_k.narrow(3, 0, d));
   }
-  if (kd != dvh) dv.copy_(dv_k.narrow(3, 0, dvh));
+  if (kdv != dvh) dv.copy_(dv_k.narrow(3, 0, dvh));
   if (args.varlen() && captured) {  // (as the forward)
     fill_rows_past_offsets(dq, std::nullopt, *args.cu_seqlens_q, 0.0);
     fill_rows_past_offsets(dk, std::nullopt, *args.cu_seqlens_k, 0.0);

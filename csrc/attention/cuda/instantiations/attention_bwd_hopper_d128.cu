@@ -7,7 +7,7 @@
 namespace opforge {
 
 template <>
-int run_attention_hopper_bwd<128, false, false>(const AttentionCudaArgs& a, void* stream) {
+int run_attention_hopper_bwd<128, 128, false, false>(const AttentionCudaArgs& a, void* stream) {
   return attention_cuda::run_hopper_bwd<attention_cuda::HopperBwdTraitsD128>(a, stream);
 }
 

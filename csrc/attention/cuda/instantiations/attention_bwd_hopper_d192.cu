@@ -7,7 +7,7 @@
 namespace opforge {
 
 template <>
-int run_attention_hopper_bwd<192, false, false>(const AttentionCudaArgs& a, void* stream) {
+int run_attention_hopper_bwd<192, 192, false, false>(const AttentionCudaArgs& a, void* stream) {
   return attention_cuda::run_hopper_bwd<attention_cuda::HopperBwdTraitsD192>(a, stream);
 }
 

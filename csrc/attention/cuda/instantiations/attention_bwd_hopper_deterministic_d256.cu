@@ -7,7 +7,7 @@
 namespace opforge {
 
 template <>
-int run_attention_hopper_bwd<256, false, true>(const AttentionCudaArgs& a, void* stream) {
+int run_attention_hopper_bwd<256, 256, false, true>(const AttentionCudaArgs& a, void* stream) {
   return attention_cuda::run_hopper_bwd<attention_cuda::HopperBwdTraitsD256Deterministic>(a, stream);
 }
 

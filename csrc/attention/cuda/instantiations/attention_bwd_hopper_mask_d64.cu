@@ -7,7 +7,7 @@
 namespace opforge {
 
 template <>
-int run_attention_hopper_bwd<64, true, false>(const AttentionCudaArgs& a, void* stream) {
+int run_attention_hopper_bwd<64, 64, true, false>(const AttentionCudaArgs& a, void* stream) {
   return attention_cuda::run_hopper_bwd<attention_cuda::HopperBwdTraitsMaskD64>(a, stream);
 }
 

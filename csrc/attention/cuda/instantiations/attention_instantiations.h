@@ -21,7 +21,7 @@ template <int kHeadDim, int kHeadDimV, bool kKvCache, bool kBlockMask, bool kPer
 int run_attention_hopper_fwd(const AttentionCudaArgs& a, void* stream);
 // The Hopper backward (needs a.dq_accum; a.dq_semaphore in deterministic mode) of one form
 // (HopperBwdForm's fields): its one-pass kernel and the dQ conversion.
-template <int kHeadDim, bool kBlockMask, bool kDeterministic>
+template <int kHeadDim, int kHeadDimV, bool kBlockMask, bool kDeterministic>
 int run_attention_hopper_bwd(const AttentionCudaArgs& a, void* stream);
 // cudaSuccess where this binary runs a head dim's plain Hopper forward on the current GPU (sm_90a
 // code on an sm_90 GPU), cudaErrorNoKernelImageForDevice where it does not.
@@ -92,21 +92,25 @@ int run_attention_hopper_fwd<192, 192, false, false, false, false>(const Attenti
 template <>
 int run_attention_hopper_fwd<192, 192, true, false, false, false>(const AttentionCudaArgs& a, void* stream);
 template <>
-int run_attention_hopper_bwd<64, false, false>(const AttentionCudaArgs& a, void* stream);
+int run_attention_hopper_bwd<64, 64, false, false>(const AttentionCudaArgs& a, void* stream);
 template <>
-int run_attention_hopper_bwd<64, true, false>(const AttentionCudaArgs& a, void* stream);
+int run_attention_hopper_bwd<64, 64, true, false>(const AttentionCudaArgs& a, void* stream);
 template <>
-int run_attention_hopper_bwd<128, false, false>(const AttentionCudaArgs& a, void* stream);
+int run_attention_hopper_bwd<128, 128, false, false>(const AttentionCudaArgs& a, void* stream);
 template <>
-int run_attention_hopper_bwd<128, true, false>(const AttentionCudaArgs& a, void* stream);
+int run_attention_hopper_bwd<128, 128, true, false>(const AttentionCudaArgs& a, void* stream);
 template <>
-int run_attention_hopper_bwd<192, false, false>(const AttentionCudaArgs& a, void* stream);
+int run_attention_hopper_bwd<192, 192, false, false>(const AttentionCudaArgs& a, void* stream);
 template <>
-int run_attention_hopper_bwd<192, false, true>(const AttentionCudaArgs& a, void* stream);
+int run_attention_hopper_bwd<192, 192, false, true>(const AttentionCudaArgs& a, void* stream);
 template <>
-int run_attention_hopper_bwd<256, false, false>(const AttentionCudaArgs& a, void* stream);
+int run_attention_hopper_bwd<192, 128, false, false>(const AttentionCudaArgs& a, void* stream);
 template <>
-int run_attention_hopper_bwd<256, false, true>(const AttentionCudaArgs& a, void* stream);
+int run_attention_hopper_bwd<192, 128, false, true>(const AttentionCudaArgs& a, void* stream);
+template <>
+int run_attention_hopper_bwd<256, 256, false, false>(const AttentionCudaArgs& a, void* stream);
+template <>
+int run_attention_hopper_bwd<256, 256, false, true>(const AttentionCudaArgs& a, void* stream);
 template <>
 int run_attention_mma_fwd<64>(const AttentionCudaArgs& a, void* stream);
 template <>
@@ -209,23 +213,30 @@ inline int run_attention_hopper_fwd_form(const HopperFwdForm& form, const Attent
 
 inline int run_attention_hopper_bwd_form(const HopperBwdForm& form, const AttentionCudaArgs& a,
                                          void* stream) {
-  if (form.head_dim == 64 && !form.block_mask && !form.deterministic)
-    return run_attention_hopper_bwd<64, false, false>(a, stream);
-  if (form.head_dim == 64 && form.block_mask && !form.deterministic)
-    return run_attention_hopper_bwd<64, true, false>(a, stream);
-  if (form.head_dim == 128 && !form.block_mask && !form.deterministic)
-    return run_attention_hopper_bwd<128, false, false>(a, stream);
-  if (form.head_dim == 128 && form.block_mask && !form.deterministic)
-    return run_attention_hopper_bwd<128, true, false>(a, stream);
-  if (form.head_dim == 192 && !form.block_mask && !form.deterministic)
-    return run_attention_hopper_bwd<192, false, false>(a, stream);
-  if (form.head_dim == 192 && !form.block_mask && form.deterministic)
-    return run_attention_hopper_bwd<192, false, true>(a, stream);
-  if (form.head_dim == 256 && !form.block_mask && !form.deterministic)
-    return run_attention_hopper_bwd<256, false, false>(a, stream);
-  if (form.head_dim == 256 && !form.block_mask && form.deterministic)
-    return run_attention_hopper_bwd<256, false, true>(a, stream);
-  return cudaErrorInvalidValue;
+  switch (form.key()) {
+    case HopperBwdForm{64, 64, false, false}.key():
+      return run_attention_hopper_bwd<64, 64, false, false>(a, stream);
+    case HopperBwdForm{64, 64, true, false}.key():
+      return run_attention_hopper_bwd<64, 64, true, false>(a, stream);
+    case HopperBwdForm{128, 128, false, false}.key():
+      return run_attention_hopper_bwd<128, 128, false, false>(a, stream);
+    case HopperBwdForm{128, 128, true, false}.key():
+      return run_attention_hopper_bwd<128, 128, true, false>(a, stream);
+    case HopperBwdForm{192, 192, false, false}.key():
+      return run_attention_hopper_bwd<192, 192, false, false>(a, stream);
+    case HopperBwdForm{192, 192, false, true}.key():
+      return run_attention_hopper_bwd<192, 192, false, true>(a, stream);
+    case HopperBwdForm{192, 128, false, false}.key():
+      return run_attention_hopper_bwd<192, 128, false, false>(a, stream);
+    case HopperBwdForm{192, 128, false, true}.key():
+      return run_attention_hopper_bwd<192, 128, false, true>(a, stream);
+    case HopperBwdForm{256, 256, false, false}.key():
+      return run_attention_hopper_bwd<256, 256, false, false>(a, stream);
+    case HopperBwdForm{256, 256, false, true}.key():
+      return run_attention_hopper_bwd<256, 256, false, true>(a, stream);
+    default:
+      return cudaErrorInvalidValue;
+  }
 }
 
 // The instantiation at a kernel head dim (64, 128 or 256; the prep pass also 192).
