@@ -136,6 +136,8 @@ HOPPER_FWD = [
 # Head dim 192 with v's 128 (DeepSeek's MLA) and 192: the plain and KV-cache forms (a block mask at 192
 # runs at 256: hopper_fwd_dims, attention_heuristics.h).
 HOPPER_FWD += [HopperFwd(192, kv_cache=c, head_dim_v=dv) for dv in (128, 192) for c in (False, True)]
+# Head dim 96: every form but the persistent ones (short items at 96 run a block an item).
+HOPPER_FWD += [HopperFwd(96, kv_cache=c, block_mask=m) for c in (False, True) for m in (False, True)]
 HOPPER_BWD = [
     HopperBwd(64),
     HopperBwd(64, block_mask=True),

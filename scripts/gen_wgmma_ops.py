@@ -80,7 +80,7 @@ body = HEAD
 for n in (32, 64, 96, 128, 256):
     for t, ptx in (("__nv_bfloat16", "bf16"), ("__half", "f16")):
         body += op(t, ptx, n)
-for n in (64, 128, 192, 256):  # (192: the forward's P V at v head dim 192)
+for n in (64, 96, 128, 192, 256):  # (96 / 192: the forward's P V at v head dims 96 / 192)
     for t, ptx in (("__nv_bfloat16", "bf16"), ("__half", "f16")):
         body += op_rs(t, ptx, n)
 body += "\n}  // namespace cuda\n}  // namespace opforge\n"

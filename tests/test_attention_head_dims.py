@@ -302,3 +302,27 @@ def test_native_head_dim_192_backward(dims):
     plain = run(dict(causal=True))  # (the same gradients as the plain kernel's, to rounding)
     for a, b in zip(first, plain, strict=True):
         torch.testing.assert_close(a, b, atol=3e-2, rtol=2e-2)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("d", [96, 80])
+def test_native_head_dim_96_forward(d):
+    """Head dims 65-96 run the Hopper forward at 96 (two 64-column panels, S 96 deep, P V 96 wide; 80
+    zero-padded to 96), the profiler sees its traits, and causal, a window with GQA, and key counts
+    (its KV-cache form) match the float64 reference."""
+    from attention_cuda_cases import kernel_names
+
+    q, k, v = qkv(2, 8, 2, 600, 900, d, d, torch.bfloat16, "cuda")
+    names = [n.replace(" ", "") for n in kernel_names(lambda: opforge.attention(q, k, v, causal=True))]
+    assert any("HopperFwdTraits<96,128,2,2,true,false,false,false,96>" in n for n in names), names
+    for kw in (dict(causal=True), dict(causal=True, window=(250, 0))):
+        _check_native(q, k, v, kw, "HopperFwdTraits<96,128,2,2,true", torch.bfloat16)
+    lens = torch.tensor([900, 400], device="cuda")
+    _check_native(
+        q[:, :, :300],
+        k,
+        v,
+        dict(kv_lens=lens, causal=True),
+        "HopperFwdTraits<96,128,2,2,true",
+        torch.bfloat16,
+    )

@@ -51,8 +51,9 @@ constexpr int64_t kAttentionCudaDecodeMinKeys = 512, kAttentionCpuDecodeMinKeys 
 
 // The head dims (q / k, v) the Hopper forward runs a call at. Its own (192, 128) and (192, 192)
 // (FlashAttention-3's hdim 192 and hdim_v: DeepSeek's MLA) for q / k head dims 129-192 with v's up to
-// 192, except with a block mask (not instantiated there); else attention_cuda_head_dim of the wider
-// of the two for both. The launcher zero-pads each operand up to its kernel's head dim.
+// 192, except with a block mask (not instantiated there), and (96, 96) for both in 65-96; else
+// attention_cuda_head_dim of the wider of the two for both. The launcher zero-pads each operand up
+// to its kernel's head dim.
 struct HopperFwdDims {
   int64_t qk = 128, v = 128;
 };
@@ -60,6 +61,7 @@ constexpr HopperFwdDims hopper_fwd_dims(int64_t head_dim, int64_t head_dim_v, bo
   if (head_dim > 128 && head_dim <= 192 && head_dim_v <= 192 && !block_mask) {
     return {192, head_dim_v <= 128 ? 128 : 192};
   }
+  if (head_dim > 64 && head_dim <= 96 && head_dim_v > 64 && head_dim_v <= 96) return {96, 96};
   const int64_t d = attention_cuda_head_dim(std::max(head_dim, head_dim_v));
   return {d, d};
 }
@@ -144,7 +146,7 @@ inline double attention_mean_visible_keys(double sq, double sk, int64_t window_l
 // count as short.
 constexpr double kHopperFwdPersistentMaxTiles = 8;
 inline bool hopper_fwd_persistent(const AttentionCall& call) {
-  if (call.hopper_dims().qk > 128 || call.block_mask) return false;
+  if (call.hopper_dims().qk > 128 || call.hopper_dims().qk == 96 || call.block_mask) return false;
   if (call.segments) return true;
   const double n = static_cast<double>(std::max<int64_t>(call.batch, 1));
   const double sq = call.varlen ? static_cast<double>(call.sq) / n : static_cast<double>(call.sq);

@@ -71,8 +71,10 @@ struct HopperFwdTraits {
                                                          : 160;
   static_assert(kProducerRegs + kConsumers * kConsumerRegs <= (65536 / kThreads / 8 * 8) * (1 + kConsumers),
                 "register split");
-  static constexpr int kPanels = kD / 64, kPanelsV = kDV / 64;  // 64-column (128-byte) boxes a row
-  static_assert(kD % 64 == 0 && kDV % 64 == 0, "whole 64-column panels");
+  // 64-column (128-byte) boxes a row. Head dim 96 takes two (TMA fills the columns past the tensors'
+  // 96 with zeros): S is 96 deep (six of the eight k steps) and P V 96 wide, the output 96 columns.
+  static constexpr int kPanels = (kD + 63) / 64, kPanelsV = (kDV + 63) / 64;
+  static_assert(kD % 32 == 0 && kDV % 32 == 0, "whole 32-column halves of a panel");
   static constexpr int kQPanelBytes = kBlockM * 128, kKVPanelBytes = kBlockN * 128;
   static constexpr int kQBytes = kPanels * kQPanelBytes, kKVBytes = kPanels * kKVPanelBytes;
   static constexpr int kVBytes = kPanelsV * kKVPanelBytes;
@@ -106,6 +108,15 @@ using HopperFwdTraitsD192 = HopperFwdTraits<192, 96, 2, 2, true, false, false, f
 using HopperFwdTraitsCacheD192V128 = HopperFwdTraits<192, 128, 2, 2, true, false, false, true, 128>;
 
 using HopperFwdTraitsCacheD192 = HopperFwdTraits<192, 96, 2, 2, true, false, false, true, 192>;
+
+// Head dim 96 (Phi-3's, FlashAttention-3's 96): the head-dim-128 tiles, S and P V at 96.
+using HopperFwdTraitsD96 = HopperFwdTraits<96, 128, 2>;
+
+using HopperFwdTraitsMaskD96 = HopperFwdTraits<96, 128, 2, 2, true, true>;
+
+using HopperFwdTraitsCacheD96 = HopperFwdTraits<96, 128, 2, 2, true, false, false, true>;
+
+using HopperFwdTraitsCacheMaskD96 = HopperFwdTraits<96, 128, 2, 2, true, true, false, true>;
 
 // (persistent: chosen by hopper_fwd_persistent, attention_cuda.h)
 using HopperFwdTraitsPersistentD64 = HopperFwdTraits<64, 128, 2, 2, true, false, true>;

@@ -92,6 +92,14 @@ int run_attention_hopper_fwd<192, 192, false, false, false, false>(const Attenti
 template <>
 int run_attention_hopper_fwd<192, 192, true, false, false, false>(const AttentionCudaArgs& a, void* stream);
 template <>
+int run_attention_hopper_fwd<96, 96, false, false, false, false>(const AttentionCudaArgs& a, void* stream);
+template <>
+int run_attention_hopper_fwd<96, 96, false, true, false, false>(const AttentionCudaArgs& a, void* stream);
+template <>
+int run_attention_hopper_fwd<96, 96, true, false, false, false>(const AttentionCudaArgs& a, void* stream);
+template <>
+int run_attention_hopper_fwd<96, 96, true, true, false, false>(const AttentionCudaArgs& a, void* stream);
+template <>
 int run_attention_hopper_bwd<64, 64, false, false>(const AttentionCudaArgs& a, void* stream);
 template <>
 int run_attention_hopper_bwd<64, 64, true, false>(const AttentionCudaArgs& a, void* stream);
@@ -206,6 +214,14 @@ inline int run_attention_hopper_fwd_form(const HopperFwdForm& form, const Attent
       return run_attention_hopper_fwd<192, 192, false, false, false, false>(a, stream);
     case HopperFwdForm{192, 192, true, false, false, false}.key():
       return run_attention_hopper_fwd<192, 192, true, false, false, false>(a, stream);
+    case HopperFwdForm{96, 96, false, false, false, false}.key():
+      return run_attention_hopper_fwd<96, 96, false, false, false, false>(a, stream);
+    case HopperFwdForm{96, 96, false, true, false, false}.key():
+      return run_attention_hopper_fwd<96, 96, false, true, false, false>(a, stream);
+    case HopperFwdForm{96, 96, true, false, false, false}.key():
+      return run_attention_hopper_fwd<96, 96, true, false, false, false>(a, stream);
+    case HopperFwdForm{96, 96, true, true, false, false}.key():
+      return run_attention_hopper_fwd<96, 96, true, true, false, false>(a, stream);
     default:
       return cudaErrorInvalidValue;
   }
