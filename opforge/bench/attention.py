@@ -31,7 +31,7 @@ def _with_backward(
     """Each impl followed by its backward (gradients of q, k, v for a random output gradient).
     own: impls that read their own (B, S, H, D) copies of the operands: name -> (q, k, v)."""
     own = own or {}
-    grads = torch.randn_like(q)
+    grads = torch.randn(*q.shape[:-1], v.shape[-1], device=q.device, dtype=q.dtype)  # (the output's shape)
     leaves = [t.requires_grad_() for t in (q, k, v)]
     for copies in own.values():
         for t in copies:
@@ -177,14 +177,21 @@ def _cuda_case(
     random_blocks: float = 0.0,
     deterministic: bool = False,
     mask_fn=None,
+    dv: int = 0,
+    sinks: bool = False,
 ) -> Case:
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.nn.attention.flex_attention import create_block_mask
 
     dtype = torch.bfloat16
+    dv = dv or D  # (v's head dim: DeepSeek's MLA reads values of 128 with q, k of 192)
     q = torch.randn(B, Hq, S, D, device=device, dtype=dtype)
-    k, v = (torch.randn(B, Hkv, S, D, device=device, dtype=dtype) for _ in range(2))
+    k = torch.randn(B, Hkv, S, D, device=device, dtype=dtype)
+    v = torch.randn(B, Hkv, S, dv, device=device, dtype=dtype)
     kw = dict(kw)
+    # gpt-oss's attention sinks: opforge's sinks=, FlashAttention-4's learnable_sink, FlexAttention's
+    # LSE rescaled after its kernel (SDPA takes none)
+    sink = torch.randn(Hq, device=device) if sinks else None
     doc = table = None
     if docs:
         doc = (torch.arange(S, device=device) // (S // docs)).expand(B, S).contiguous()
@@ -251,8 +258,17 @@ def _cuda_case(
     else:
         visible = B * Hq * (S * (S + 1) // 2 if masking else S * S)
 
-    impls = {"opforge": lambda: opforge.attention(q, k, v, **kw, deterministic=deterministic)}
+    impls = {"opforge": lambda: opforge.attention(q, k, v, **kw, sinks=sink, deterministic=deterministic)}
     impls["FlexAttention"] = lambda: flex(q, k, v, block_mask=flex_mask, enable_gqa=gqa, score_mod=score_mod)
+    if sink is not None:
+
+        def flex_sinks():
+            out, lse = flex(
+                q, k, v, block_mask=flex_mask, enable_gqa=gqa, score_mod=score_mod, return_lse=True
+            )
+            return out * torch.sigmoid(lse - sink.view(1, -1, 1)).unsqueeze(-1).to(out.dtype)
+
+        impls["FlexAttention"] = flex_sinks
     fa4, own = _fa4(), {}
     if fa4 is not None and not docs and "mask" not in kw and set(kw) <= {"causal", "window", "softcap"}:
         # FlashAttention-4 reads (B, S, H, D): its own contiguous copies.
@@ -262,16 +278,20 @@ def _cuda_case(
         )
         if "window" in kw:
             fa4_kw["window_size"] = kw["window"]
+        if sink is not None:
+            fa4_kw["learnable_sink"] = sink
         label = "FlashAttention-4" + (" deterministic" if deterministic else "")
         impls[label] = lambda: fa4(q4, k4, v4, **fa4_kw)[0]
         own[label] = (q4, k4, v4)
         impls[label]()  # (its JIT compilation, before timing)
-    if not needs_mask and not cap:
+    if not needs_mask and not cap and sink is None:
         causal = kw.get("causal", False)
         for label, backend in (
             ("SDPA flash", SDPBackend.FLASH_ATTENTION),
             ("SDPA cuDNN", SDPBackend.CUDNN_ATTENTION),
         ):
+            if dv != D and backend == SDPBackend.FLASH_ATTENTION:  # (one head dim for q, k and v)
+                continue
 
             def sdpa(backend=backend):
                 with sdpa_kernel([backend]):
@@ -299,15 +319,17 @@ def _cuda_case(
             if "mask" in kw:
                 sub["mask"] = opforge.BlockMask.from_dense(table[None, None], block_size=128)
             qs, ks, vs = q[:1, :2], k[:1, :hk], v[:1, :hk]
-            got = opforge.attention(qs, ks, vs, **sub, deterministic=deterministic).double()
-            want = reference.attention(qs.double(), ks.double(), vs.double(), **sub)
+            ss = None if sink is None else sink[:2]
+            got = opforge.attention(qs, ks, vs, **sub, sinks=ss, deterministic=deterministic).double()
+            want = reference.attention(qs.double(), ks.double(), vs.double(), **sub, sinks=ss)
             err = (got - want).abs().max().item()
         return None if err <= 2e-2 else f"max error {err:.2e} against the float64 reference"
 
-    per_pair = 4 * D * (3.5 if backward else 1.0)
+    per_pair = 2 * (D + dv) * (3.5 if backward else 1.0)
+    dims = f"D{D}" + (f"/{dv}" if dv != D else "")
     return Case(
         op="attention",
-        name=f"{name} B{B} H{Hq}{'/' + str(Hkv) if gqa else ''} S{S} D{D} bf16 {'fwd+bwd' if backward else 'fwd'}"
+        name=f"{name} B{B} H{Hq}{'/' + str(Hkv) if gqa else ''} S{S} {dims} bf16 {'fwd+bwd' if backward else 'fwd'}"
         + (" deterministic" if deterministic else ""),
         impls=impls,
         check=check,
@@ -319,6 +341,8 @@ def _cuda_case(
             "Hkv": Hkv,
             "S": S,
             "D": D,
+            "Dv": dv,
+            "sinks": sinks,
             "backward": backward,
             "deterministic": deterministic,
             **extra,
@@ -347,6 +371,11 @@ def _cuda_cases(device: torch.device, full: bool) -> list[CaseBuilder]:
             ("causal D64", 4, 32, 32, 4096, 64, dict(causal=True), {}),
             ("causal D256", 4, 8, 8, 4096, 256, dict(causal=True), {}),
             ("softcap 50 causal", 4, 16, 16, 4096, 128, dict(causal=True, softcap=50.0), {}),
+            # today's models (issue 48): DeepSeek's MLA, head dim 192, gpt-oss's sinks
+            ("MLA 192/128 causal", 2, 128, 128, 4096, 192, dict(causal=True), {"dv": 128}),
+            ("causal D192", 2, 32, 8, 4096, 192, dict(causal=True), {}),
+            ("sinks causal", 2, 64, 8, 4096, 64, dict(causal=True), {"sinks": True}),
+            ("sinks sliding 128", 2, 64, 8, 4096, 64, dict(causal=True, window=(127, 0)), {"sinks": True}),
         ]
     builders: list[CaseBuilder] = []
     for name, B, Hq, Hkv, S, D, kw, extra in rows:
