@@ -4,7 +4,7 @@ process: FlashAttention-4 (flash_attn.cute: ``learnable_sink``; 192 / 128), Flex
 natively; sinks by the same LSE rescaling opforge's kernels do, after its kernel) and cuDNN attention
 (192 / 128, through SDPA's cuDNN backend). A peer that cannot run a row prints why. bf16.
 
-    python benchmarks/tuning/attention/issue48_rows.py [--rows sinks,mla,hdim] [--json out.json]
+    python benchmarks/tuning/attention/issue48_rows.py [--rows sinks,mla,hdim,windows,windows_sinks] [--json out.json]
         [--peers opforge,cuDNN] [--fwd-only]
 (FlashAttention-4 from ../shared/tools/fa4_peer.sh: PYTHONPATH as its header says.)
 """
@@ -29,6 +29,14 @@ ROWS = {
     "mla": [
         ("DeepSeek MLA 192/128 causal 4k", 2, 128, 128, 4096, 192, 128, None),
         ("DeepSeek MLA 192/128 causal 8k", 1, 128, 128, 8192, 192, 128, None),
+    ],
+    # the sliding-window target (issue 48, item 5: fwd+bwd >= 0.95x FA4 and >= 1.3x Flex at windows
+    # 128-4096, with and without sinks): Mistral-like D128 GQA and gpt-oss-like D64 with sinks
+    "windows": [
+        (f"sliding {w} D128 S8192", 2, 32, 8, 8192, 128, 128, w) for w in (128, 256, 512, 1024, 2048, 4096)
+    ],
+    "windows_sinks": [
+        (f"sliding {w} D64 + sinks S8192", 2, 64, 8, 8192, 64, 64, w) for w in (128, 512, 4096)
     ],
     "hdim": [  # FlashAttention-3's head dims 96 and 192 (opforge pads them to its kernels' 128 / 256)
         ("causal 4k D96", 4, 32, 8, 4096, 96, 96, None),
@@ -117,7 +125,7 @@ def main() -> None:
                 q = torch.randn(B, Hq, S, Dqk, device="cuda", dtype=torch.bfloat16, requires_grad=backward)
                 k = torch.randn(B, Hkv, S, Dqk, device="cuda", dtype=torch.bfloat16, requires_grad=backward)
                 v = torch.randn(B, Hkv, S, Dv, device="cuda", dtype=torch.bfloat16, requires_grad=backward)
-                sinks = torch.randn(Hq, device="cuda", requires_grad=backward) if group == "sinks" else None
+                sinks = torch.randn(Hq, device="cuda", requires_grad=backward) if "sinks" in group else None
                 go = torch.randn(B, Hq, S, Dv, device="cuda", dtype=torch.bfloat16)
                 row = {"row": name, "pass": "fwd+bwd" if backward else "fwd", "times_ms": {}}
                 line = f"  {name:34s} {row['pass']:8s}"
