@@ -326,3 +326,30 @@ def test_native_head_dim_96_forward(d):
         "HopperFwdTraits<96,128,2,2,true",
         torch.bfloat16,
     )
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize(("dqk", "dv"), [(64, 192), (192, 64), (8, 8)])
+def test_operands_whole_panels_past_their_width(dqk, dv):
+    """Operands much narrower than the kernel's head dims, read in place: whole TMA boxes past a
+    tensor's columns (q, k at 64 in the (192, 192) forward and the 192 backward; v, dO at 64 in the
+    (192, 128) backward; 8 columns in the 64 kernels) land as zeros and complete their barriers:
+    output, LSE and gradients match the float64 reference."""
+    q, k, v = qkv(2, 4, 2, 300, 400, dqk, dv, torch.bfloat16, "cuda")
+    go = torch.randn(2, 4, 300, dv, device="cuda", dtype=torch.bfloat16)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    poison_cuda_allocator(q.numel() * 32, "cuda")
+    out, lse = opforge.attention(*leaves, causal=True, return_lse=True)
+    got = torch.autograd.grad(out, leaves, go)
+    wants = [t.double().requires_grad_() for t in (q, k, v)]
+    want, want_lse = reference.attention(*wants, causal=True, return_lse=True)
+    exp = torch.autograd.grad(want, wants, go.double())
+    lows = [t.clone().requires_grad_() for t in (q, k, v)]
+    low = reference.attention(*lows, causal=True)
+    lo = torch.autograd.grad(low, lows, go)
+    ok, err = bound(out, want, low, torch.bfloat16)
+    assert ok and out.shape == (2, 4, 300, dv), err
+    assert (lse.double() - want_lse).abs().max().item() <= 2e-2
+    for n, g, w, l0 in zip("qkv", got, exp, lo, strict=True):
+        ok, err = bound(g, w, l0, torch.bfloat16)
+        assert ok and not g.isnan().any(), (n, err)

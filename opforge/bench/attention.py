@@ -325,7 +325,8 @@ def _cuda_case(
             err = (got - want).abs().max().item()
         return None if err <= 2e-2 else f"max error {err:.2e} against the float64 reference"
 
-    per_pair = 2 * (D + dv) * (3.5 if backward else 1.0)
+    # 2 flops per multiply-add: the forward's Q K^T and P V; the backward adds S again, dP, dV, dK, dQ
+    per_pair = 8 * D + 6 * dv if backward else 2 * (D + dv)
     dims = f"D{D}" + (f"/{dv}" if dv != D else "")
     return Case(
         op="attention",
