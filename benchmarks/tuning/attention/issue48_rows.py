@@ -40,8 +40,8 @@ ROWS = {
 
 def flops(B, Hq, S, Dqk, Dv, window, backward, causal=True):
     pairs = (S * (S + 1) / 2 if causal else S * S) if window is None else S * min(window, S)
-    f = 2.0 * B * Hq * pairs * (Dqk + Dv)
-    return f * (3.5 if backward else 1.0)  # (the backward: 2.5x the forward's products)
+    # 2 flops per multiply-add: the forward's Q K^T and P V; the backward adds S again, dP, dV, dK, dQ
+    return B * Hq * pairs * ((8.0 * Dqk + 6.0 * Dv) if backward else 2.0 * (Dqk + Dv))
 
 
 def opforge_fn(q, k, v, sinks, window, causal=True):
