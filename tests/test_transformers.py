@@ -598,6 +598,11 @@ def test_gpt_oss_attention_sinks_match_eager():
     torch.testing.assert_close(paged, with_sinks.transpose(1, 2))
     with pytest.raises(NotImplementedError, match=r"s_aux= of shape \[1, 4, 5, 1\]: per-token sinks"):
         otf.opforge_attention(attn, q, k, k, None, s_aux=torch.zeros(1, 4, 5, 1))
+    # (under both names: the same tensor is one set of sinks, two different ones would drop one)
+    same, _ = otf.opforge_attention(attn, q, k, k, None, s_aux=attn.sinks, sinks=attn.sinks)
+    torch.testing.assert_close(same, with_sinks.transpose(1, 2))
+    with pytest.raises(TypeError, match=r"attention sinks given twice, as s_aux= and as sinks="):
+        otf.opforge_attention(attn, q, k, k, None, s_aux=attn.sinks, sinks=torch.zeros(4))
 
 
 def test_deepseek_v3_head_dims_match_eager():

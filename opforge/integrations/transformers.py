@@ -176,11 +176,10 @@ _READ = frozenset({"output_attentions", "cu_seq_lens_q", "cu_seq_lens_k", "s_aux
 def _sinks(module: torch.nn.Module, kwargs: dict[str, Any]) -> torch.Tensor | None:
     """The attention sinks the model hands over (gpt-oss: ``s_aux=self.sinks``; its eager function
     reads ``module.sinks``, so a module holding them gets them whatever the keywords), or None."""
-    sinks, name = getattr(module, "sinks", None), "module.sinks"
-    for key in ("s_aux", "sinks"):
-        if kwargs.get(key) is not None:
-            sinks, name = kwargs[key], key
-            break
+    given = {key: kwargs[key] for key in ("s_aux", "sinks") if kwargs.get(key) is not None}
+    if len(given) == 2 and given["s_aux"] is not given["sinks"]:  # (one would be dropped)
+        raise TypeError(f"{OP}: attention sinks given twice, as s_aux= and as sinks=; give one")
+    name, sinks = next(iter(given.items()), ("module.sinks", getattr(module, "sinks", None)))
     if not isinstance(sinks, torch.Tensor):
         return None
     if sinks.dim() != 1:  # (inkling2's sinks are projected from each token: (B, H, S, 1))

@@ -271,10 +271,8 @@ void attention_forward_into(const char* op, const AttentionPatternArgs& args, co
   // The kernel's head dims: q / k and v (the Hopper forward's own (192, 128) and (192, 192)), else one
   // for all three: each operand zero-padded up to its own.
   const int64_t dv = v.size(3);
-  const HopperFwdDims dims =
-      kernel == AttentionKernel::kHopper
-          ? call.hopper_dims()
-          : HopperFwdDims{kernel_head_dim(std::max(q.size(3), dv)), kernel_head_dim(std::max(q.size(3), dv))};
+  const int64_t kd = kernel_head_dim(call.head_dim);  // (the other kernels': the wider head dim's)
+  const HopperFwdDims dims = kernel == AttentionKernel::kHopper ? call.hopper_dims() : HopperFwdDims{kd, kd};
   // (the Hopper forward reads narrower q, k, v in place: hopper_operands)
   const bool hopper = kernel == AttentionKernel::kHopper;
   const std::vector<at::Tensor> qks = hopper ? hopper_operands({q, k}, dims.qk)
