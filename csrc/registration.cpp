@@ -32,6 +32,16 @@ TORCH_LIBRARY(opforge, m) {
       "Tensor? cu_seqlens_q=None, Tensor? cu_seqlens_k=None, Tensor? sinks=None, *, str variant=\"auto\", "
       "bool? deterministic=None, bool check_offsets=True) -> "
       "(Tensor, Tensor)");
+  // FP8 attention (CUDA, Hopper): q, k, v float8_e4m3fn, their true values the stored ones times the
+  // descale factors (float32 (batch, kv_heads); None: 1), the output bfloat16, the LSE float32;
+  // forward only; the pattern arguments as attention's (no block mask, no kv_lens). opforge.attention
+  // and attention_varlen call it for FP8 inputs on CUDA (the CPU dequantizes in Python).
+  m.def(
+      "attention_fp8(Tensor q, Tensor k, Tensor v, Tensor? q_descale, Tensor? k_descale, Tensor? v_descale, "
+      "float scale, float softcap, bool causal, int window_left, int window_right, int prefix_len, Tensor? "
+      "q_segments, Tensor? kv_segments, Tensor? mask_kinds, Tensor? mask_index, Tensor? mask_bits, int "
+      "block_q, int block_k, Tensor? kv_lens=None, Tensor? cu_seqlens_q=None, Tensor? cu_seqlens_k=None, "
+      "Tensor? sinks=None, *, str variant=\"auto\", bool check_offsets=True) -> (Tensor, Tensor)");
   // opforge::attention's checks of its arguments' sizes, dtypes, devices and values (nothing read
   // from a tensor's data): what the fake kernel runs (torch.compile, meta tensors), so that a
   // condition raises the same error there as in the op.

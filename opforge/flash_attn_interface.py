@@ -36,8 +36,8 @@ query head that every row takes in its softmax with no value (opforge.attention'
 of the two names), differentiable.
 
 FP8 inputs (float8_e4m3fn q, k, v with ``q_descale`` / ``k_descale`` / ``v_descale`` (batch, kv_heads)
-float32) are opforge.attention's FP8 attention: bfloat16 output, forward only, computed on the CPU
-(CUDA has no FP8 kernel yet: a NotImplementedError).
+float32) are opforge.attention's FP8 attention: bfloat16 output, forward only, computed by the Hopper
+FP8 kernel (head dims up to 128; not with a KV cache's counts) and the CPU (every path).
 
 What opforge does not compute raises a NotImplementedError naming the argument, never a silent
 difference: dropout (``dropout_p > 0``), ALiBi (``alibi_slopes``), rotary embedding (``rotary_cos`` /

@@ -150,6 +150,9 @@ HOPPER_BWD = [
     HopperBwd(256),
     HopperBwd(256, deterministic=True),
 ]
+# The Hopper FP8 forward's head dims (float8_e4m3fn q, k, v; narrower ones zero-padded to these:
+# attention_fp8_cuda, attention_cuda.cpp).
+HOPPER_FWD_FP8_HEAD_DIMS = (128,)
 # The head dim whose plain Hopper forward answers attention_hopper_status (every Hopper kernel is
 # built for the same arches, so one stands for all; its file holds attention_hopper_fwd_status).
 STATUS_HEAD_DIM = 128
@@ -203,6 +206,22 @@ def instances() -> list[Instance]:
                 + f", {f.what}: {f.traits}",
                 "attention_fwd_hopper_launch.cuh",
                 tuple(specs),
+            )
+        )
+    for d in HOPPER_FWD_FP8_HEAD_DIMS:
+        out.append(
+            Instance(
+                f"attention_fwd_hopper_fp8_d{d}",
+                f"The Hopper FP8 forward at head dim {d} (V transposed in shared memory, P in e4m3): "
+                f"HopperFwdTraitsFp8D{d}",
+                "attention_fwd_hopper_fp8.cuh",
+                (
+                    (
+                        f"int run_attention_hopper_fwd_fp8<{d}>({FWD_ARGS})",
+                        f"attention_cuda::run_hopper_fwd_fp8<attention_cuda::HopperFwdTraitsFp8D{d}>(a, stream)",
+                    ),
+                ),
+                "float8_e4m3fn in, bfloat16 out",
             )
         )
     for f in HOPPER_BWD:
@@ -396,6 +415,10 @@ def header(insts: list[Instance]) -> str:
         "// segment runs' form a.seg_runs).",
         "template <int kHeadDim, int kHeadDimV, bool kKvCache, bool kBlockMask, bool kPersistent, bool kSegmentRuns>",
         f"int run_attention_hopper_fwd({FWD_ARGS});",
+        "// The Hopper FP8 forward (float8_e4m3fn q, k, v, the descales in a.g.fwd; the output bfloat16):",
+        "// the plain form at a kernel head dim.",
+        "template <int kHeadDim>",
+        f"int run_attention_hopper_fwd_fp8({FWD_ARGS});",
         "// The Hopper backward (needs a.dq_accum; a.dq_semaphore in deterministic mode) of one form",
         "// (HopperBwdForm's fields): its one-pass kernel and the dQ conversion.",
         "template <int kHeadDim, int kHeadDimV, bool kBlockMask, bool kDeterministic>",
@@ -446,6 +469,16 @@ def header(insts: list[Instance]) -> str:
         "",
         *dispatch_form_key(
             "run_attention_hopper_bwd_form", "HopperBwdForm", "run_attention_hopper_bwd", HOPPER_BWD
+        ),
+    ]
+    lines += [
+        "",
+        *dispatch_head_dim(
+            "run_attention_hopper_fwd_fp8_at",
+            "run_attention_hopper_fwd_fp8",
+            FWD_ARGS,
+            "a, stream",
+            HOPPER_FWD_FP8_HEAD_DIMS,
         ),
     ]
     lines += ["", "// The instantiation at a kernel head dim (64, 128 or 256; the prep pass also 192)."]

@@ -1,8 +1,8 @@
 """FP8 attention (FlashAttention-3's contract): float8_e4m3fn q, k, v with (batch, kv_heads) float32
 descale factors, bfloat16 output, forward only. On the CPU against the float64 attention of the
 dequantized inputs (every path: patterns, key counts, paged caches, packed sequences with each
-sequence's factors, sinks, FlashAttention's functions); CUDA has no FP8 kernel yet (a
-NotImplementedError); the errors."""
+sequence's factors, sinks, FlashAttention's functions) and the errors; the CUDA kernel's cases are
+test_attention_fp8_cuda.py's."""
 
 from __future__ import annotations
 
@@ -114,9 +114,40 @@ def test_fp8_errors():
         opforge.attention(q8.clone().requires_grad_(), k8, v8)
 
 
-@pytest.mark.cuda
-def test_fp8_cuda_is_not_computed_yet():
-    """CUDA has no FP8 kernel: a NotImplementedError saying so, not a silent bf16 computation."""
-    (q8, k8, v8), descales, _ = fp8_case(1, 4, 2, 5, 7, 64, device="cuda")
-    with pytest.raises(NotImplementedError, match=r"FP8 attention on cuda needs an FP8 kernel"):
-        opforge.attention(q8, k8, v8, q_descale=descales[0])
+def test_fp8_op_fake_and_cpu_dispatch():
+    """opforge::attention_fp8's fake kernel (torch.compile, meta tensors): a bfloat16 output of v's
+    head dim and a float32 LSE, an FP8-only check; on CPU tensors the op has no kernel (the wrapper
+    dequantizes there instead)."""
+    q, k, v = (torch.empty(2, h, 9, d, device="meta", dtype=FP8) for h, d in ((4, 64), (2, 64), (2, 32)))
+    out, lse = torch.ops.opforge.attention_fp8(
+        q, k, v, None, None, None, 0.1, 0.0, True, -1, -1, 0, None, None, None, None, None, 128, 128
+    )
+    assert out.dtype == torch.bfloat16 and tuple(out.shape) == (2, 4, 9, 32)
+    assert lse.dtype == torch.float32 and tuple(lse.shape) == (2, 4, 9)
+    with pytest.raises(RuntimeError, match=r"FP8 attention takes q, k and v in float8_e4m3fn, got v in"):
+        torch.ops.opforge.attention_fp8(
+            q,
+            k,
+            v.to(torch.bfloat16),
+            None,
+            None,
+            None,
+            0.1,
+            0.0,
+            True,
+            -1,
+            -1,
+            0,
+            None,
+            None,
+            None,
+            None,
+            None,
+            128,
+            128,
+        )
+    (q8, k8, v8), _, _ = fp8_case(1, 2, 1, 4, 4, 16)
+    with pytest.raises(NotImplementedError):
+        torch.ops.opforge.attention_fp8(
+            q8, k8, v8, None, None, None, 0.1, 0.0, False, -1, -1, 0, None, None, None, None, None, 128, 128
+        )

@@ -105,12 +105,14 @@ std::string attention_kernel_op(at::Device device, int64_t heads, int64_t kv_hea
 
 }  // namespace
 
-at::Tensor empty_attention_like(const at::Tensor& like, bool sequence_major, int64_t head_dim) {
+at::Tensor empty_attention_like(const at::Tensor& like, bool sequence_major, int64_t head_dim,
+                                std::optional<at::ScalarType> dtype) {
   const int64_t d = head_dim < 0 ? like.size(3) : head_dim;
+  const at::TensorOptions options = dtype ? like.options().dtype(*dtype) : like.options();
   if (sequence_major || (like.stride(1) < like.stride(2) && like.size(1) > 1 && like.size(2) > 1)) {
-    return at::empty({like.size(0), like.size(2), like.size(1), d}, like.options()).transpose(1, 2);
+    return at::empty({like.size(0), like.size(2), like.size(1), d}, options).transpose(1, 2);
   }
-  return at::empty({like.size(0), like.size(1), like.size(2), d}, like.options());
+  return at::empty({like.size(0), like.size(1), like.size(2), d}, options);
 }
 
 at::Tensor pad_head_dim(const at::Tensor& t, int64_t head_dim) {

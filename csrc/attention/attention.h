@@ -43,9 +43,10 @@ inline at::ScalarType attention_lse_dtype(const at::Tensor& q) {
   return q.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
 }
 
-// Raise an error naming opforge.attention and the argument on bad input.
+// Raise an error naming opforge.attention and the argument on bad input (fp8: q, k, v in
+// float8_e4m3fn, opforge::attention_fp8's).
 void check_attention_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale,
-                            double softcap, const AttentionPatternArgs& pattern);
+                            double softcap, const AttentionPatternArgs& pattern, bool fp8 = false);
 void check_attention_backward_inputs(const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k,
                                      const at::Tensor& v, const at::Tensor& out, const at::Tensor& lse,
                                      const std::optional<at::Tensor>& grad_lse, double scale, double softcap,
@@ -89,7 +90,9 @@ inline const char* attention_op_name(const AttentionPatternArgs& args) {
 // `sequence_major` says so (packed sequences: attention_varlen's (total, H, D) output contiguous),
 // else contiguous (B, H, S, D).
 // head_dim: the new tensor's last dim (-1: like's; the output takes v's).
-at::Tensor empty_attention_like(const at::Tensor& like, bool sequence_major = false, int64_t head_dim = -1);
+// (dtype: the output's, where it is not like's: the FP8 forward's bfloat16)
+at::Tensor empty_attention_like(const at::Tensor& like, bool sequence_major = false, int64_t head_dim = -1,
+                                std::optional<at::ScalarType> dtype = std::nullopt);
 
 // v's head dim differing from q's and k's (DeepSeek's MLA: 192 and 128): the CPU kernels take one head
 // dim, so the CPU entries zero-pad the narrower side to the wider (zero columns of q and k add nothing
@@ -142,7 +145,8 @@ AttentionPatternArgs checked_attention_args(
     const std::optional<at::Tensor>& mask_kinds, const std::optional<at::Tensor>& mask_index,
     const std::optional<at::Tensor>& mask_bits, int64_t block_q, int64_t block_k,
     const std::optional<at::Tensor>& kv_lens, const std::optional<at::Tensor>& cu_seqlens_q,
-    const std::optional<at::Tensor>& cu_seqlens_k, const std::optional<at::Tensor>& sinks = std::nullopt);
+    const std::optional<at::Tensor>& cu_seqlens_k, const std::optional<at::Tensor>& sinks = std::nullopt,
+    bool fp8 = false);
 AttentionPlan plan_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                              const at::Tensor& out, const at::Tensor& lse, double scale, double softcap,
                              const AttentionPatternArgs& pattern);

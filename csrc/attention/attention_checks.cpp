@@ -15,7 +15,9 @@ namespace opforge {
 
 namespace {
 
-void check_qkv(const char* op, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+// fp8: opforge::attention_fp8's operands (float8_e4m3fn), else the float types'.
+void check_qkv(const char* op, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+               bool fp8 = false) {
   check_defined(op, "q", q);
   check_defined(op, "k", k);
   check_defined(op, "v", v);
@@ -23,7 +25,11 @@ void check_qkv(const char* op, const at::Tensor& q, const at::Tensor& k, const a
     TORCH_CHECK(t->dim() == 4, op, ": ", name, " must be 4-D (batch, heads, sequence, head_dim), got ",
                 t->dim(), "-D");
   }
-  check_dtype_in(op, "q", q, {at::kHalf, at::kBFloat16, at::kFloat, at::kDouble});
+  if (fp8) {
+    check_dtype_in(op, "q", q, {at::kFloat8_e4m3fn});
+  } else {
+    check_dtype_in(op, "q", q, {at::kHalf, at::kBFloat16, at::kFloat, at::kDouble});
+  }
   check_same_dtype(op, "k", k, "q", q);
   check_same_dtype(op, "v", v, "q", q);
   check_same_device(op, "k", k, "q", q);
@@ -206,8 +212,8 @@ AttentionPatternArgs attention_pattern_args(bool causal, int64_t window_left, in
 }
 
 void check_attention_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale,
-                            double softcap, const AttentionPatternArgs& pattern) {
-  check_qkv(kAttentionOp, q, k, v);
+                            double softcap, const AttentionPatternArgs& pattern, bool fp8) {
+  check_qkv(kAttentionOp, q, k, v, fp8);
   check_pattern(kAttentionOp, q, k, scale, softcap, pattern);
 }
 
@@ -218,7 +224,7 @@ AttentionPatternArgs checked_attention_args(
     const std::optional<at::Tensor>& mask_kinds, const std::optional<at::Tensor>& mask_index,
     const std::optional<at::Tensor>& mask_bits, int64_t block_q, int64_t block_k,
     const std::optional<at::Tensor>& kv_lens, const std::optional<at::Tensor>& cu_seqlens_q,
-    const std::optional<at::Tensor>& cu_seqlens_k, const std::optional<at::Tensor>& sinks) {
+    const std::optional<at::Tensor>& cu_seqlens_k, const std::optional<at::Tensor>& sinks, bool fp8) {
   AttentionPatternArgs args =
       attention_pattern_args(causal, window_left, window_right, prefix_len, q_segments, kv_segments,
                              mask_kinds, mask_index, mask_bits, block_q, block_k);
@@ -226,7 +232,7 @@ AttentionPatternArgs checked_attention_args(
   args.cu_seqlens_q = cu_seqlens_q;
   args.cu_seqlens_k = cu_seqlens_k;
   args.sinks = sinks;
-  check_attention_inputs(q, k, v, scale, softcap, args);
+  check_attention_inputs(q, k, v, scale, softcap, args, fp8);
   return args;
 }
 

@@ -251,6 +251,12 @@ struct AttentionParams {
   // forward kernels add it when they finish a row: out * exp(m - m') / (l exp(m - m') + exp(sink - m'))
   // with m' = max(m, sink); the backward reads the output and LSE that include it.
   const void* sinks = nullptr;
+  // FP8 inputs (dtype kFloat8E4M3; the Hopper FP8 forward): each operand's true values are the stored
+  // ones times its descale factor of (batch row, kv head), float32 (batch, kv_heads) contiguous
+  // (null: 1; varlen: a sequence's).
+  const float* q_descale = nullptr;
+  const float* k_descale = nullptr;
+  const float* v_descale = nullptr;
   AttentionPattern pattern;
   // Paged K/V (the forward kernels; opforge.attention's block_table): key j of batch row b is row
   // j % page_size of page block_table[b * table_bs + j / page_size] (an entry outside [0, num_pages)

@@ -24,6 +24,8 @@ inline std::string dtype_str(at::ScalarType t) {
       return "float16";
     case at::kBFloat16:
       return "bfloat16";
+    case at::kFloat8_e4m3fn:
+      return "float8_e4m3fn";
     case at::kLong:
       return "int64";
     case at::kInt:
@@ -51,6 +53,8 @@ inline DType to_dtype(at::ScalarType t) {
       return DType::kFloat16;
     case at::kBFloat16:
       return DType::kBFloat16;
+    case at::kFloat8_e4m3fn:
+      return DType::kFloat8E4M3;
     default:
       TORCH_CHECK(false, "opforge: internal error, no kernel type for ", dtype_str(t));
   }

@@ -3,7 +3,8 @@
 # while it stays warm, ~30 s):
 #   run 1 (carry .peer_a): bash benchmarks/tuning/attention/issue48_gpu.sh build
 #          FlashAttention-4's first part copied to /root/peer, the working tree built (16 jobs), the CUDA
-#          tests (issue 48's files first, then `pytest -m cuda`), sinks_cost.py
+#          tests (issue 48's files first, then `pytest -m cuda`), sinks_cost.py, fp8_rows.py (the FP8
+#          forward against opforge's bf16 one, and its error; FP8=0 skips it)
 #   run 2 (carry .peer_b): bash benchmarks/tuning/attention/issue48_gpu.sh peers
 #          FlashAttention-4 installed, issue48_rows.py (ROWS, default sinks,mla,hdim), then the bench rows
 #          named in CASES ("a;b", attention_cases.py) against FlashAttention-4 and FlexAttention
@@ -24,6 +25,7 @@ build)
   echo "built in $(( $(date +%s) - start )) s"
   if [ "${TESTS:-1}" = 1 ]; then
     files="tests/test_attention_sinks.py tests/test_attention_head_dims.py tests/test_attention_fp8.py"
+    files="$files tests/test_attention_fp8_cuda.py"
     timeout 200 python3 -m pytest $files -m cuda -q -n 8 -p no:cacheprovider > "$OUT/tests_issue48.log" 2>&1 || status=1
     echo "issue 48 files:"; tail -3 "$OUT/tests_issue48.log"
     timeout 240 python3 -m pytest tests -m cuda -q -n 8 -p no:cacheprovider > "$OUT/tests.log" 2>&1 || status=1
@@ -31,6 +33,9 @@ build)
   fi
   if [ "${COST:-1}" = 1 ]; then
     timeout 150 python3 benchmarks/tuning/attention/sinks_cost.py --rounds 5 2>&1 | tee "$OUT/sinks_cost.txt"
+  fi
+  if [ "${FP8:-1}" = 1 ]; then
+    timeout 150 python3 benchmarks/tuning/attention/fp8_rows.py --json "$OUT/fp8_rows.json" 2>&1 | tee "$OUT/fp8_rows.txt"
   fi ;;
 peers)
   bash .peer_b/fa4_peer.sh install > "$OUT/fa4_install.log" 2>&1 || { tail -5 "$OUT/fa4_install.log"; exit 1; }

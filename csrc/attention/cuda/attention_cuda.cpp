@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "attention/attention.h"
+#include "attention/cuda/attention_cuda_host.h"
 #include "attention/cuda/instantiations/attention_instantiations.h"
 #include "common/checks.h"
 #include "common/cuda/math_constants.h"
@@ -48,7 +49,9 @@ const char* attention_hopper_missing(at::Device device) {  // (every head dim ha
   return nullptr;
 }
 
-namespace {
+// The host helpers the CUDA entries share (this file's and attention_fp8_cuda.cpp's:
+// attention_cuda_host.h declares those the FP8 entry uses).
+namespace attention_host {
 
 constexpr int64_t kMaxHeadDim = 256;
 
@@ -195,6 +198,12 @@ void check_launch(const char* op, int err) {
   TORCH_CHECK(err == cudaSuccess, op,
               ": CUDA kernel launch failed: ", cudaGetErrorString(static_cast<cudaError_t>(err)));
 }
+
+}  // namespace attention_host
+
+using namespace attention_host;
+
+namespace {
 
 // The decode pass (few query rows against many keys): the split-KV decode kernel and its merge, with
 // their workspace of partial states.

@@ -12,15 +12,14 @@ namespace attention_cuda {
 // o, m_run, l_run (zeroed / -inf by the caller) hold the item's output and softmax state after it.
 // Persistent: the end stage is handed back by each warp, and the Q tile once the item's S products
 // are done (before its last P V product: the next item's Q loads meanwhile), the turns balanced
-// there. One item a block: the turns balanced at the end.
+// there. One item a block: the turns balanced at the end. (FP8: descale_qk, q's and k's descale
+// factors' product, multiplies the raw scores: the caller has folded it into k where k applies.)
 template <typename Tr, typename T>
-__device__ __forceinline__ void fwd_consumer_item(const FwdSmem<Tr>& sm, const AttentionCudaArgs& a,
-                                                  const AttentionPattern& pat, int64_t b, int64_t h,
-                                                  int64_t row0, int half, int next, int t,
-                                                  cuda::PipelineState<Tr::kStages>& rk,
-                                                  cuda::PipelineState<Tr::kStages>& rv,
-                                                  float (&o)[Tr::kDV / 8][4], float (&m_run)[2],
-                                                  float (&l_run)[2], bool raw_scores, float k) {
+__device__ __forceinline__ void fwd_consumer_item(
+    const FwdSmem<Tr>& sm, const AttentionCudaArgs& a, const AttentionPattern& pat, int64_t b, int64_t h,
+    int64_t row0, int half, int next, int t, cuda::PipelineState<Tr::kStages>& rk,
+    cuda::PipelineState<Tr::kStages>& rv, float (&o)[Tr::kDV / 8][4], float (&m_run)[2], float (&l_run)[2],
+    bool raw_scores, float k, float descale_qk = 1.f) {
   constexpr int kD = Tr::kD, kDV = Tr::kDV, kBN = Tr::kBlockN;
   constexpr int kNT = kBN / 8;
   constexpr bool kWarpRelease = Tr::kStageMask || Tr::kPersistent;  // (each warp reads a stage's info, bits)
@@ -32,7 +31,7 @@ __device__ __forceinline__ void fwd_consumer_item(const FwdSmem<Tr>& sm, const A
   const cuda::Pipeline<Tr::kStages>& pk = sm.pk;
   const cuda::Pipeline<Tr::kStages>& pv = sm.pv;
   const unsigned char* q_rows = sm.q + half * 64 * 128;
-  uint32_t pa[kBN / 16][4];  // the previous tile's P, the A operand of its P V product
+  uint32_t pa[kBN / Tr::kK][4];  // the previous tile's P, the A operand of its P V product
   const auto item_end = [&]() {
     if (Tr::kPingPong && half == 0) cuda::named_barrier_sync<256>(kFwdBarTurn);
     if (lane == 0) {
@@ -47,7 +46,7 @@ __device__ __forceinline__ void fwd_consumer_item(const FwdSmem<Tr>& sm, const A
     const uint64_t k_desc = cuda::smem_desc_k_major(sKV + st.index * Tr::kStageBytes);
     const uint64_t q_desc = cuda::smem_desc_k_major(q_rows);
 #pragma unroll
-    for (int kk = 0; kk < kD / 16; ++kk) {  // 16 deep = 32 bytes along the swizzled 128-byte rows
+    for (int kk = 0; kk < kD / Tr::kK; ++kk) {  // kK deep = 32 bytes along the swizzled 128-byte rows
       const int pn = kk / 4, off = (kk % 4) * 32;
       const uint64_t qd = kD <= 128 ? cuda::desc_advance(q_desc, pn * Tr::kQPanelBytes + off)
                                     : cuda::smem_desc_k_major(q_rows + pn * Tr::kQPanelBytes + off);
@@ -56,13 +55,23 @@ __device__ __forceinline__ void fwd_consumer_item(const FwdSmem<Tr>& sm, const A
     }
     cuda::wgmma_commit();
   };
-  // O += P V for the tile in V stage st (V after K in the stage: kPanelsV panels of kBlockN rows).
+  // O += P V for the tile in V stage st (V after K in the stage: kPanelsV panels of kBlockN rows;
+  // FP8: V transposed, K-major, kPanelsV panels of kDV rows of 128 keys, in P's key order).
   const auto issue_pv = [&](const State& st) {
-    const uint64_t v_desc =
-        cuda::smem_desc_mn_major(sKV + st.index * Tr::kStageBytes + Tr::kKVBytes, Tr::kKVPanelBytes);
+    unsigned char* const sV = sKV + st.index * Tr::kStageBytes + Tr::kKVBytes;
+    if constexpr (Tr::kFp8) {
+      const uint64_t v_desc = cuda::smem_desc_k_major(sV);
 #pragma unroll
-    for (int kk = 0; kk < kBN / 16; ++kk) {  // 16 keys = 16 rows of 128 bytes
-      cuda::WgmmaRS<T, kDV>::template mma<1>(&o[0][0], pa[kk], cuda::desc_advance(v_desc, kk * 2048), 1);
+      for (int kk = 0; kk < kBN / Tr::kK; ++kk) {  // 32 keys = 32 bytes along the rows
+        cuda::WgmmaRS<T, kDV>::mma(
+            &o[0][0], pa[kk], cuda::desc_advance(v_desc, (kk / 4) * Tr::kVPanelBytes + (kk % 4) * 32), 1);
+      }
+    } else {
+      const uint64_t v_desc = cuda::smem_desc_mn_major(sV, Tr::kKVPanelBytes);
+#pragma unroll
+      for (int kk = 0; kk < kBN / 16; ++kk) {  // 16 keys = 16 rows of 128 bytes
+        cuda::WgmmaRS<T, kDV>::template mma<1>(&o[0][0], pa[kk], cuda::desc_advance(v_desc, kk * 2048), 1);
+      }
     }
     cuda::wgmma_commit();
   };
@@ -75,17 +84,25 @@ __device__ __forceinline__ void fwd_consumer_item(const FwdSmem<Tr>& sm, const A
   const auto scores_done = [&](float(&sc)[kNT][4], const State& st) {
     cuda::fence_operands(sc);
     if (kWarpRelease ? lane == 0 : t == 0) pk.consumer_release(st);
-    if (!raw_scores) scores_log2(sc, a);
+    if (!raw_scores) {
+      if constexpr (Tr::kFp8) {
+#pragma unroll
+        for (int n = 0; n < kNT; ++n)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) sc[n][e] *= descale_qk;
+      }
+      scores_log2(sc, a);
+    }
   };
   const auto softmax_tile = [&](float(&sc)[kNT][4], const State& st, float(&corr)[2]) {
     scores_done(sc, st);
-    softmax_step(sc, m_run, l_run, corr, k);
+    softmax_step<Tr::kPOffset>(sc, m_run, l_run, corr, k);
   };
   const auto softmax_tile_masked = [&](float(&sc)[kNT][4], const State& st, int tile, const TileClass& tc,
                                        const uint32_t(&mask_rows)[2], float(&corr)[2]) {
     scores_done(sc, st);
     mask_tile<false, kBN>(sc, pat, tc, b, h, row0, int64_t{tile} * kBN, lane, mask_rows);
-    softmax_step(sc, m_run, l_run, corr, k);
+    softmax_step<Tr::kPOffset>(sc, m_run, l_run, corr, k);
   };
   // The block-mask form's: a partial tile's visibility sets of the thread's two rows (band, segments,
   // block mask: its bits from the stage where the producer staged them, else from global memory);
@@ -110,7 +127,7 @@ __device__ __forceinline__ void fwd_consumer_item(const FwdSmem<Tr>& sm, const A
                                         float(&corr)[2]) {
     scores_done(sc, st);
     apply_visibility(sc, vis);
-    softmax_step(sc, m_run, l_run, corr, k);
+    softmax_step<Tr::kPOffset>(sc, m_run, l_run, corr, k);
   };
   pk.consumer_wait(rk);
   int4 ti = info[rk.index];
@@ -144,7 +161,7 @@ __device__ __forceinline__ void fwd_consumer_item(const FwdSmem<Tr>& sm, const A
         }
       }
 #pragma unroll
-      for (int kk = 0; kk < kBN / 16; ++kk) acc_to_a<T>(pa[kk], sc, kk);
+      for (int kk = 0; kk < kBN / Tr::kK; ++kk) acc_to_a<T>(pa[kk], sc, kk);
       rk.advance();
     }
     for (;; rk.advance()) {  // S of this tile and the previous tile's P V, then this tile's softmax
@@ -196,7 +213,7 @@ __device__ __forceinline__ void fwd_consumer_item(const FwdSmem<Tr>& sm, const A
       rv.advance();
       rescale_rows(o, corr);
 #pragma unroll
-      for (int kk = 0; kk < kBN / 16; ++kk) acc_to_a<T>(pa[kk], sc, kk);
+      for (int kk = 0; kk < kBN / Tr::kK; ++kk) acc_to_a<T>(pa[kk], sc, kk);
     }
     // the last tile's P V
     pv.consumer_wait(rv);

@@ -37,6 +37,30 @@
 namespace opforge {
 namespace attention_cuda {
 
+// The one-item kernels' (batch row, head, query block) for this block; false for a varlen grid's
+// block past the packed queries' tiles. Without varlen the blocks go in groups of group_pairs
+// (batch row, head) pairs, each group's query blocks last to first across its pairs (with causal,
+// the most keys first: the longest blocks of a group start first and the last blocks to start are
+// short); varlen: the padded tiles of the packed queries last to first, a head each grid row.
+// (FwdSchedule::decode orders the persistent kernel's items the same way; as the kernel's
+// parameter it made the D256 and block-mask forms' producers spill: session 6.)
+template <typename Tr>
+__device__ __forceinline__ bool fwd_block_item(const AttentionParams& p, int group_pairs, int64_t& b,
+                                               int64_t& h, int64_t& qb) {
+  constexpr int kBM = Tr::kBlockM;
+  if (group_pairs > 0) {
+    const int blocks = static_cast<int>((p.pattern.sq + kBM - 1) / kBM);
+    int pair, w;
+    cuda::grouped_tile(static_cast<int>(blockIdx.x), group_pairs, static_cast<int>(p.batch * p.heads), blocks,
+                       false, pair, w);
+    b = pair / p.heads, h = pair % p.heads, qb = blocks - 1 - w;
+    return true;
+  }
+  h = blockIdx.y;
+  return padded_tile_warp(p.pattern.cu_seqlens_q, p.pattern.total_q, p.batch, kBM, gridDim.x - 1 - blockIdx.x,
+                          b, qb);
+}
+
 template <typename Tr, typename T>
 __global__ void __launch_bounds__(Tr::kThreads, 1)
     attention_fwd_hopper_kernel(const __grid_constant__ CUtensorMap map_q,
@@ -59,26 +83,8 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   const cuda::Pipeline<kStages>& pv = sm.pv;
   const AttentionParams& p = a.g.fwd;
   const int wg = threadIdx.x / 128, t = threadIdx.x % 128, warp = t / 32, lane = t % 32;
-  // The block's (batch row, head, query block). Without varlen the blocks go in groups of
-  // group_pairs (batch row, head) pairs, each group's query blocks last to first across its pairs
-  // (with causal, the most keys first: the longest blocks of a group start first and the last
-  // blocks to start are short); varlen: the padded tiles of the packed queries last to first, a
-  // head each grid row. (FwdSchedule::decode orders the persistent kernel's items the same way; as
-  // this kernel's parameter it made the D256 and block-mask forms' producers spill: session 6.)
   int64_t b, h, qb;
-  if (group_pairs > 0) {
-    const int blocks = static_cast<int>((p.pattern.sq + kBM - 1) / kBM);
-    int pair, w;
-    cuda::grouped_tile(static_cast<int>(blockIdx.x), group_pairs, static_cast<int>(p.batch * p.heads), blocks,
-                       false, pair, w);
-    b = pair / p.heads, h = pair % p.heads, qb = blocks - 1 - w;
-  } else {
-    h = blockIdx.y;
-    if (!padded_tile_warp(p.pattern.cu_seqlens_q, p.pattern.total_q, p.batch, kBM, gridDim.x - 1 - blockIdx.x,
-                          b, qb)) {
-      return;
-    }
-  }
+  if (!fwd_block_item<Tr>(p, group_pairs, b, h, qb)) return;
   const AttentionPattern pat = p.pattern.at(b);
   const int64_t i0 = qb * kBM, i1 = min(i0 + kBM, pat.sq);
   if (threadIdx.x == 0) {
@@ -104,7 +110,7 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
       cuda::mbar_arrive_expect_tx(smem_addr(bar_q), Tr::kQBytes);
 #pragma unroll
       for (int pn = 0; pn < Tr::kPanels; ++pn) {
-        cuda::tma_load_4d(smem_addr(sQ + pn * Tr::kQPanelBytes), &map_q, pn * 64,
+        cuda::tma_load_4d(smem_addr(sQ + pn * Tr::kQPanelBytes), &map_q, pn * Tr::kPanelCols,
                           q_row0 + static_cast<int>(i0), static_cast<int>(h), tb, smem_addr(bar_q));
       }
     }

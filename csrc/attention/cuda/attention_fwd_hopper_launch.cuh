@@ -31,9 +31,29 @@ template <typename Tr>
 int fwd_group_pairs(const AttentionParams& p) {
   const AttentionPattern& pat = p.pattern;
   const int64_t pairs = p.batch * p.heads;
-  const int64_t pair_bytes = pat.sk * (Tr::kD + Tr::kDV) * 2 / std::max<int64_t>(p.heads / p.kv_heads, 1);
+  const int64_t pair_bytes =
+      pat.sk * (Tr::kD + Tr::kDV) * Tr::kElemBytes / std::max<int64_t>(p.heads / p.kv_heads, 1);
   const int64_t fit = pat.has_band() ? (int64_t{16} << 20) / std::max<int64_t>(pair_bytes, 1) : 1;
   return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(pairs, fit)));
+}
+
+// The one-item kernels' grid (fwd_block_item reads it with group_pairs); false where it is too large.
+template <typename Tr>
+bool fwd_item_grid(const AttentionParams& p, dim3& grid, int& group_pairs) {
+  const AttentionPattern& pat = p.pattern;
+  group_pairs = 0;
+  if (pat.varlen()) {
+    int64_t x, z;
+    tile_grid(p, false, Tr::kBlockM, x, z);
+    if (x > 0x7fffffff) return false;
+    grid = dim3(static_cast<unsigned>(x), static_cast<unsigned>(p.heads), static_cast<unsigned>(z));
+    return true;
+  }
+  const int64_t pairs = p.batch * p.heads, blocks = (pat.sq + Tr::kBlockM - 1) / Tr::kBlockM;
+  if (pairs * blocks > 0x7fffffff) return false;
+  group_pairs = fwd_group_pairs<Tr>(p);
+  grid = dim3(static_cast<unsigned>(pairs * blocks));
+  return true;
 }
 
 template <typename Tr, typename T>
@@ -43,21 +63,9 @@ cudaError_t launch_hopper_fwd(const AttentionCudaArgs& a, cudaStream_t stream) {
   CUtensorMap mq, mk, mv;
   if (!make_attention_maps(a, Tr::kD, Tr::kDV, Tr::kBlockM, Tr::kBlockN, &mq, &mk, &mv))
     return cudaErrorInvalidValue;
-  const AttentionParams& p = a.g.fwd;
-  const AttentionPattern& pat = p.pattern;
   dim3 grid;
   int group_pairs = 0;
-  if (pat.varlen()) {
-    int64_t x, z;
-    tile_grid(p, false, Tr::kBlockM, x, z);
-    if (x > 0x7fffffff) return cudaErrorInvalidValue;
-    grid = dim3(static_cast<unsigned>(x), static_cast<unsigned>(p.heads), static_cast<unsigned>(z));
-  } else {
-    const int64_t pairs = p.batch * p.heads, blocks = (pat.sq + Tr::kBlockM - 1) / Tr::kBlockM;
-    if (pairs * blocks > 0x7fffffff) return cudaErrorInvalidValue;
-    group_pairs = fwd_group_pairs<Tr>(p);
-    grid = dim3(static_cast<unsigned>(pairs * blocks));
-  }
+  if (!fwd_item_grid<Tr>(a.g.fwd, grid, group_pairs)) return cudaErrorInvalidValue;
   attention_fwd_hopper_kernel<Tr, T>
       <<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(mq, mk, mv, a, group_pairs);
   return cudaGetLastError();

@@ -50,8 +50,8 @@ __device__ __forceinline__ void fwd_load_kv_tile(const CUtensorMap* map, unsigne
     if (lane == 0) {
 #pragma unroll
       for (int pn = 0; pn < kPanels; ++pn) {
-        cuda::tma_load_4d(cuda::smem_addr(dst + pn * Tr::kKVPanelBytes), map, pn * 64, row0 + tile * kBN, hk,
-                          tb, bar);
+        cuda::tma_load_4d(cuda::smem_addr(dst + pn * Tr::kKVPanelBytes), map, pn * Tr::kPanelCols,
+                          row0 + tile * kBN, hk, tb, bar);
       }
     }
     return;
@@ -60,8 +60,8 @@ __device__ __forceinline__ void fwd_load_kv_tile(const CUtensorMap* map, unsigne
   if (lane < kBN / box) {
 #pragma unroll
     for (int pn = 0; pn < kPanels; ++pn) {
-      cuda::tma_load_4d(cuda::smem_addr(dst + pn * Tr::kKVPanelBytes + lane * box * 128), map, pn * 64,
-                        run.slot, hk, run.page, bar);
+      cuda::tma_load_4d(cuda::smem_addr(dst + pn * Tr::kKVPanelBytes + lane * box * 128), map,
+                        pn * Tr::kPanelCols, run.slot, hk, run.page, bar);
     }
   }
 }

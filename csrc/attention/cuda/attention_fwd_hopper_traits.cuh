@@ -28,7 +28,8 @@ namespace opforge {
 namespace attention_cuda {
 
 template <int kD_, int kBlockN_, int kStages_, int kConsumers_ = 2, bool kPingPong_ = true,
-          bool kStageMask_ = false, bool kPersistent_ = false, bool kKvCache_ = false, int kDV_ = kD_>
+          bool kStageMask_ = false, bool kPersistent_ = false, bool kKvCache_ = false, int kDV_ = kD_,
+          bool kFp8_ = false>
 struct HopperFwdTraits {
   static constexpr int kD = kD_, kBlockN = kBlockN_, kStages = kStages_, kConsumers = kConsumers_;
   // v's head dim (P V's N, the output and its epilogue, V's tiles and TMA boxes); q and k read kD
@@ -55,6 +56,21 @@ struct HopperFwdTraits {
   // it). One-item kernel only.
   static constexpr bool kKvCache = kKvCache_;
   static_assert(!(kPersistent && kKvCache), "the KV-cache form is the one-item kernel's");
+  // The FP8 form (attention_fwd_hopper_fp8.cuh: q, k, v in float8_e4m3fn, the output bfloat16): 8-bit
+  // wgmma (k 32 a step) reads both operands K-major, so V's tile is transposed in shared memory by
+  // the producer warpgroup's other warps (kTransposeWarps) from a raw V tile the TMA lands in a ring
+  // of its own (kVRawBytes a stage), into the stage's V slot (kDV rows of kBlockN keys, 128-key
+  // panels of kVPanelBytes). P is rounded to e4m3 in registers, scaled by 2^kPOffset (the row max
+  // offset: P in [0, 256] under e4m3's 448, FA3's choice) so that small probabilities keep their
+  // precision. The plain form only.
+  static constexpr bool kFp8 = kFp8_;
+  static_assert(!kFp8 || (!kStageMask && !kPersistent && !kKvCache && kDV == kD && kBlockN % 128 == 0),
+                "the FP8 form: the plain form, one head dim, 128-key panels");
+  static constexpr int kElemBytes = kFp8 ? 1 : 2;
+  static constexpr int kPanelCols = 128 / kElemBytes;  // a 128-byte row's elements (a TMA box's columns)
+  static constexpr int kK = 32 / kElemBytes;           // a wgmma's depth (32 bytes of a row)
+  static constexpr int kPOffset = kFp8 ? 8 : 0;
+  static constexpr int kTransposeWarps = kFp8 ? 3 : 0;
   static constexpr int kBlockM = 64 * kConsumers;
   static constexpr int kThreads = 128 * (1 + kConsumers);  // producer warpgroup + consumer warpgroups
   // Registers a thread after setmaxnreg (FA3's split: the launch's 65536 / kThreads, rounded down to
@@ -64,28 +80,45 @@ struct HopperFwdTraits {
   // item's start); the consumers at 208 do not. The KV-cache form's producer (a page-table read and
   // the ragged V tile's zeroing) spills at 40 and not at 56; its consumers take 224 (no spills).
   // The head-dim-192 producer (three K panels, two or three V panels a tile) spills at 40 too.
+  // The FP8 form's producer (the tile walk and two rings in warp 0, the transposes in warps 1-3)
+  // spilled at 56: it takes 72, its consumers 216.
   static constexpr bool kWideProducer = kKvCache_ || kD_ == 192;
-  static constexpr int kProducerRegs = kPersistent ? 88 : kConsumers == 2 ? (kWideProducer ? 56 : 40) : 32;
+  static constexpr int kProducerRegs = kPersistent || kFp8 ? (kFp8 ? 72 : 88)
+                                       : kConsumers == 2   ? (kWideProducer ? 56 : 40)
+                                                           : 32;
   static constexpr int kConsumerRegs = kPersistent       ? 208
+                                       : kFp8            ? 216
                                        : kConsumers == 2 ? (kWideProducer ? 224 : 232)
                                                          : 160;
   static_assert(kProducerRegs + kConsumers * kConsumerRegs <= (65536 / kThreads / 8 * 8) * (1 + kConsumers),
                 "register split");
-  // 64-column (128-byte) boxes a row. Head dim 96 takes two (TMA fills the columns past the tensors'
-  // 96 with zeros): S is 96 deep (six of the eight k steps) and P V 96 wide, the output 96 columns.
-  static constexpr int kPanels = (kD + 63) / 64, kPanelsV = (kDV + 63) / 64;
-  static_assert(kD % 32 == 0 && kDV % 32 == 0, "whole 32-column halves of a panel");
+  // 128-byte boxes a row (64 16-bit or 128 8-bit columns); V's: of its rows (16-bit: kBlockN rows
+  // of 128 bytes a panel) or of its transposed tile's (FP8: kDV rows of 128 keys a panel). Head dim
+  // 96 takes two (TMA fills the columns past the tensors' 96 with zeros): S is 96 deep (six of the
+  // eight k steps) and P V 96 wide, the output 96 columns.
+  static constexpr int kPanels = (kD + kPanelCols - 1) / kPanelCols;
+  static constexpr int kPanelsV = kFp8 ? kBlockN / 128 : (kDV + kPanelCols - 1) / kPanelCols;
+  static_assert(kFp8 ? kD % kPanelCols == 0 && kDV % kPanelCols == 0 : kD % 32 == 0 && kDV % 32 == 0,
+                "whole 128-byte panels (FP8), whole 32-column halves of a panel (16-bit)");
   static constexpr int kQPanelBytes = kBlockM * 128, kKVPanelBytes = kBlockN * 128;
+  static constexpr int kVPanelBytes = kFp8 ? kDV * 128 : kKVPanelBytes;
   static constexpr int kQBytes = kPanels * kQPanelBytes, kKVBytes = kPanels * kKVPanelBytes;
-  static constexpr int kVBytes = kPanelsV * kKVPanelBytes;
+  static constexpr int kVBytes = kPanelsV * kVPanelBytes;
   static constexpr int kStageBytes = kKVBytes + kVBytes;  // K then V
+  // (FP8) the raw V tile a stage (kBlockN rows of kDV bytes), which the epilogue reuses to stage the
+  // bfloat16 output (64 rows of 2 kDV bytes a consumer warpgroup: the transposes are all done then)
+  static constexpr int kVRawBytes = kFp8 ? kBlockN * kDV : 0;
+  static_assert(!kFp8 || kStages * kVRawBytes >= kConsumers * 64 * kDV * 2, "the output's staging");
   static constexpr int kMaskWords = kStageMask ? kBlockM * kBlockN / 32 : 0;
   static constexpr int kOBytes = kPersistent ? kQBytes : 0;  // (persistent) the output's staging
   // Q, the stages, their mask bits, the output's staging, a tile's (index, class, staged) per stage,
   // (persistent) the Q tile's item, the barriers (Q full (/ empty); K full / empty; V full / empty).
-  static constexpr int kSmemBytes = 1024 /* alignment */ + kQBytes +
-                                    kStages * (kStageBytes + kMaskWords * 4) + kOBytes + kStages * 16 +
-                                    (2 + 4 * kStages) * 8 + (kPersistent ? 32 + 8 : 0);
+  // (FP8: the raw V ring's tiles after the output's staging, its tile flags after the stages', its
+  // full / empty barriers last)
+  static constexpr int kSmemBytes =
+      1024 /* alignment */ + kQBytes + kStages * (kStageBytes + kMaskWords * 4) + kOBytes +
+      kStages * kVRawBytes + kStages * 16 * (kFp8 ? 2 : 1) +
+      (2 + 4 * kStages + (kFp8 ? 2 * kStages : 0)) * 8 + (kPersistent ? 32 + 8 : 0);
   static_assert(kBlockN <= 256 && kBlockN % 32 == 0 && kSmemBytes <= 227 * 1024,
                 "TMA box rows, mask words / shared memory");
 };
@@ -117,6 +150,10 @@ using HopperFwdTraitsMaskD96 = HopperFwdTraits<96, 128, 2, 2, true, true>;
 using HopperFwdTraitsCacheD96 = HopperFwdTraits<96, 128, 2, 2, true, false, false, true>;
 
 using HopperFwdTraitsCacheMaskD96 = HopperFwdTraits<96, 128, 2, 2, true, true, false, true>;
+
+// FP8 (float8_e4m3fn q, k, v; narrower head dims zero-padded to 128 by the launcher): 128 x 128 tiles,
+// two stages (Q 16 KB, a stage 32 KB, the raw V ring 32 KB: 112 KB).
+using HopperFwdTraitsFp8D128 = HopperFwdTraits<128, 128, 2, 2, true, false, false, false, 128, true>;
 
 // (persistent: chosen by hopper_fwd_persistent, attention_cuda.h)
 using HopperFwdTraitsPersistentD64 = HopperFwdTraits<64, 128, 2, 2, true, false, true>;
@@ -157,25 +194,31 @@ struct FwdSmem {
   unsigned char* kv;
   uint32_t* mask;
   unsigned char* o;
+  unsigned char* vraw;  // (FP8) the raw V ring's tiles
   int4* info;
+  int4* vinfo;  // (FP8) a raw V stage's flag (x: 1 a tile, -1 the end)
   int4* q_info;
   uint64_t* q_full;
   uint64_t* q_empty;  // (persistent) the consumers' S products of the Q tile's item are done
   cuda::Pipeline<Tr::kStages> pk, pv;
-  uint64_t* v_own;  // the producer's V tile landed (fwd_load_v_tile)
+  uint64_t* v_own;                  // the producer's V tile landed (fwd_load_v_tile)
+  cuda::Pipeline<Tr::kStages> pvr;  // (FP8) the raw V ring: TMA fills, the transposing warps drain
 
   __device__ __forceinline__ explicit FwdSmem(unsigned char* base)
       : q(base),
         kv(base + Tr::kQBytes),
         mask(reinterpret_cast<uint32_t*>(kv + Tr::kStages * Tr::kStageBytes)),
         o(reinterpret_cast<unsigned char*>(mask + Tr::kStages * Tr::kMaskWords)),
-        info(reinterpret_cast<int4*>(o + Tr::kOBytes)),
-        q_info(info + Tr::kStages),
+        vraw(o + Tr::kOBytes),
+        info(reinterpret_cast<int4*>(vraw + Tr::kStages * Tr::kVRawBytes)),
+        vinfo(info + Tr::kStages),
+        q_info(vinfo + (Tr::kFp8 ? Tr::kStages : 0)),
         q_full(reinterpret_cast<uint64_t*>(q_info + (Tr::kPersistent ? 2 : 0))),
         q_empty(Tr::kPersistent ? q_full + 1 : nullptr),
         pk{q_full + kBars, q_full + kBars + Tr::kStages},
         pv{q_full + kBars + 2 * Tr::kStages, q_full + kBars + 3 * Tr::kStages},
-        v_own(q_full + kBars + 4 * Tr::kStages) {}
+        v_own(q_full + kBars + 4 * Tr::kStages),
+        pvr{v_own + 1, v_own + 1 + Tr::kStages} {}
 };
 
 }  // namespace attention_cuda

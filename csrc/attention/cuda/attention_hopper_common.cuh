@@ -90,9 +90,10 @@ cudaError_t prepare_hopper(Kernel kernel, int smem_bytes, signed char (&state)[6
 }
 
 // 4-D maps (head dim, sequence, heads, batch; varlen: the packed sequences in a batch of one) of q, k, v (and
-// grad_out, when mdo is given) in boxes of 64 columns x q_rows / kv_rows rows, for the kernel's head dims d
-// (q, k) and dv (v, grad_out): operands narrower than those (p.head_dim, p.head_dim_v) are mapped at their
-// own width, and TMA reads the columns past it as zeros; false where TMA cannot address an operand.
+// grad_out, when mdo is given) in boxes of 128 bytes (64 16-bit or 128 float8 columns) x q_rows / kv_rows
+// rows, for the kernel's head dims d (q, k) and dv (v, grad_out): operands narrower than those
+// (p.head_dim, p.head_dim_v) are mapped at their own width, and TMA reads the columns past it as
+// zeros; false where TMA cannot address an operand.
 inline bool make_attention_maps(const AttentionCudaArgs& a, int d, int dv, uint32_t q_rows, uint32_t kv_rows,
                                 CUtensorMap* mq, CUtensorMap* mk, CUtensorMap* mv,
                                 CUtensorMap* mdo = nullptr) {
@@ -103,17 +104,18 @@ inline bool make_attention_maps(const AttentionCudaArgs& a, int d, int dv, uint3
   const bool paged = p.block_table != nullptr;
   const int64_t sk = paged ? p.page_size : p.pattern.sk, kv_nb = paged ? p.num_pages : nb;
   const uint32_t kv_box = paged && p.page_size < kv_rows ? static_cast<uint32_t>(p.page_size) : kv_rows;
+  const uint32_t box = p.dtype == DType::kFloat8E4M3 ? 128 : 64;
   if (paged && (mdo != nullptr || !attention_hopper_fwd_pages_at(p.page_size, kv_rows))) return false;
   const int64_t cols = std::min<int64_t>(p.head_dim > 0 ? p.head_dim : d, d);
   const int64_t cols_v = std::min<int64_t>(p.head_dim_v > 0 ? p.head_dim_v : dv, dv);
-  return cuda::make_tma_map_4d_16bit(mq, p.q, p.dtype, sq, cols, p.heads, nb, p.q_ss, p.q_hs, p.q_bs, 64,
-                                     q_rows) &&
-         cuda::make_tma_map_4d_16bit(mk, p.k, p.dtype, sk, cols, p.kv_heads, kv_nb, p.k_ss, p.k_hs, p.k_bs,
-                                     64, kv_box) &&
-         cuda::make_tma_map_4d_16bit(mv, p.v, p.dtype, sk, cols_v, p.kv_heads, kv_nb, p.v_ss, p.v_hs, p.v_bs,
-                                     64, kv_box) &&
-         (mdo == nullptr || cuda::make_tma_map_4d_16bit(mdo, a.g.grad_out, p.dtype, sq, cols_v, p.heads, nb,
-                                                        a.g.g_ss, a.g.g_hs, a.g.g_bs, 64, q_rows));
+  return cuda::make_tma_map_4d(mq, p.q, p.dtype, sq, cols, p.heads, nb, p.q_ss, p.q_hs, p.q_bs, box,
+                               q_rows) &&
+         cuda::make_tma_map_4d(mk, p.k, p.dtype, sk, cols, p.kv_heads, kv_nb, p.k_ss, p.k_hs, p.k_bs, box,
+                               kv_box) &&
+         cuda::make_tma_map_4d(mv, p.v, p.dtype, sk, cols_v, p.kv_heads, kv_nb, p.v_ss, p.v_hs, p.v_bs, box,
+                               kv_box) &&
+         (mdo == nullptr || cuda::make_tma_map_4d(mdo, a.g.grad_out, p.dtype, sq, cols_v, p.heads, nb,
+                                                  a.g.g_ss, a.g.g_hs, a.g.g_bs, box, q_rows));
 }
 
 }  // namespace attention_cuda

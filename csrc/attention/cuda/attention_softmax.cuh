@@ -58,8 +58,10 @@ __device__ __forceinline__ float quad_sum(float x) {
 // then applied in the exponent's FFMA (exp2(x k - max k), FlashAttention's form: one FMUL an
 // element less); m_run stays in x's units. softmax_step leaves the output alone (a kernel whose P V
 // product of the previous tile is still running rescales it afterwards, rescale_rows);
-// online_softmax does both.
-template <int kN>
+// online_softmax does both. kPOffset: P and the sums scaled by 2^kPOffset (the FP8 forward's P in
+// [0, 2^kPOffset]: exp2's argument offset in the same FFMA; corr unchanged; the caller divides the
+// sums by 2^kPOffset at the end).
+template <int kPOffset = 0, int kN>
 __device__ __forceinline__ void softmax_step(float (&s)[kN][4], float (&m_run)[2], float (&l_run)[2],
                                              float (&corr)[2], float k = 1.f) {
 #pragma unroll
@@ -75,11 +77,12 @@ __device__ __forceinline__ void softmax_step(float (&s)[kN][4], float (&m_run)[2
     const float use = mx == kNegInf ? 0.f : mx * k;
     corr[r] = cuda::fast_exp2(fmaf(m_run[r], k, -use));
     m_run[r] = mx;
+    const float neg = kPOffset != 0 ? static_cast<float>(kPOffset) - use : -use;
     float sum = 0.f;
 #pragma unroll
     for (int n = 0; n < kN; ++n) {
-      s[n][2 * r] = cuda::fast_exp2(fmaf(s[n][2 * r], k, -use));
-      s[n][2 * r + 1] = cuda::fast_exp2(fmaf(s[n][2 * r + 1], k, -use));
+      s[n][2 * r] = cuda::fast_exp2(fmaf(s[n][2 * r], k, neg));
+      s[n][2 * r + 1] = cuda::fast_exp2(fmaf(s[n][2 * r + 1], k, neg));
       sum += s[n][2 * r] + s[n][2 * r + 1];
     }
     l_run[r] = l_run[r] * corr[r] + sum;

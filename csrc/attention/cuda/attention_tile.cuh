@@ -10,6 +10,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "attention/cuda/attention_cuda.h"
 #include "common/cuda/cp_async.cuh"
@@ -84,12 +85,31 @@ __device__ __forceinline__ void frag_b_trans(uint32_t* b, uint32_t tile, int k0,
 }
 
 // The A fragment of k chunk kk (columns 16 kk..) of a 16-row accumulator block, rounded to T.
+// float8_e4m3 (T = __nv_fp8_e4m3, k chunks of 32 columns, saturated to +-448): an 8-bit fragment's
+// word holds 4 consecutive k (word 0: row g, k 4 t4 ..; 1: row g + 8; 2, 3: k 16 + 4 t4 ..), while
+// the accumulator holds columns 8 n + 2 t4 + {0, 1}: the words take columns {2 t4, 2 t4 + 1,
+// 8 + 2 t4, 9 + 2 t4} of each 16 in that order, so that k position 4 c + i of a 16-column half is
+// column 2 c + (i & 1) + 8 (i >> 1): the B operand's rows must come in that order (fp8_key_of).
 template <typename T, int kN>
 __device__ __forceinline__ void acc_to_a(uint32_t* a, const float (&acc)[kN][4], int kk) {
-  a[0] = pack2<T>(acc[2 * kk][0], acc[2 * kk][1]);
-  a[1] = pack2<T>(acc[2 * kk][2], acc[2 * kk][3]);
-  a[2] = pack2<T>(acc[2 * kk + 1][0], acc[2 * kk + 1][1]);
-  a[3] = pack2<T>(acc[2 * kk + 1][2], acc[2 * kk + 1][3]);
+  if constexpr (std::is_same_v<T, __nv_fp8_e4m3>) {
+#pragma unroll
+    for (int w = 0; w < 4; ++w) {
+      const int n = 4 * kk + 2 * (w / 2), e = 2 * (w % 2);  // (the group of 8 columns, the row's pair)
+      a[w] = cuda::pack4_e4m3(acc[n][e], acc[n][e + 1], acc[n + 1][e], acc[n + 1][e + 1]);
+    }
+  } else {
+    a[0] = pack2<T>(acc[2 * kk][0], acc[2 * kk][1]);
+    a[1] = pack2<T>(acc[2 * kk][2], acc[2 * kk][3]);
+    a[2] = pack2<T>(acc[2 * kk + 1][0], acc[2 * kk + 1][1]);
+    a[3] = pack2<T>(acc[2 * kk + 1][2], acc[2 * kk + 1][3]);
+  }
+}
+
+// The column of a 16-column group that k position q (0..15) of an 8-bit A fragment holds
+// (acc_to_a's order).
+__host__ __device__ constexpr int fp8_key_of(int q) {
+  return 2 * (q / 4) + (q & 1) + 8 * ((q >> 1) & 1);
 }
 
 template <typename Kernel>

@@ -5,6 +5,7 @@
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -65,6 +66,14 @@ template <>
 __device__ __forceinline__ uint32_t pack2<__half>(float x, float y) {
   const __half2 v = __floats2half2_rn(x, y);
   return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+// (a, b, c, d) rounded to float8_e4m3 (saturated to +-448) and packed into one word, a in the low
+// byte (the order of an 8-bit MMA fragment's k values).
+__device__ __forceinline__ uint32_t pack4_e4m3(float a, float b, float c, float d) {
+  const uint32_t lo = __nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, __NV_E4M3);
+  const uint32_t hi = __nv_cvt_float2_to_fp8x2(make_float2(c, d), __NV_SATFINITE, __NV_E4M3);
+  return lo | (hi << 16);
 }
 
 // A 16-bit value as float.

@@ -37,11 +37,13 @@ struct Pipeline {
   uint64_t* empty;  // kStages barriers in shared memory
 
   // Sets up the barriers (one thread; fence_mbarrier_init and a block barrier must follow before
-  // any other thread or the TMA unit uses them).
-  __device__ __forceinline__ void init(int consumer_arrivals) const {
+  // any other thread or the TMA unit uses them). producer_arrivals: the full barrier's arrivals a
+  // phase (1: one producer thread, its bulk copies' bytes; more where several warps fill a stage
+  // with ordinary stores and each arrives: producer_arrive).
+  __device__ __forceinline__ void init(int consumer_arrivals, int producer_arrivals = 1) const {
 #pragma unroll 1
     for (int s = 0; s < kStages; ++s) {
-      mbar_init(smem_addr(&full[s]), 1);
+      mbar_init(smem_addr(&full[s]), producer_arrivals);
       mbar_init(smem_addr(&empty[s]), consumer_arrivals);
     }
   }

@@ -29,6 +29,14 @@ __device__ __forceinline__ void st_shared_u32(uint32_t addr, uint32_t v) {
   asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
 }
 
+// A 32-bit load from shared memory at address addr (volatile: ordered with the barrier waits and
+// fences around it, as st_shared_u32's stores are).
+__device__ __forceinline__ uint32_t ld_shared_u32(uint32_t addr) {
+  uint32_t v;
+  asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(v) : "r"(addr) : "memory");
+  return v;
+}
+
 // Named barrier `id` (1..15; 0 is __syncthreads's) over kThreads threads (whole warps).
 template <int kThreads>
 __device__ __forceinline__ void named_barrier_sync(int id) {

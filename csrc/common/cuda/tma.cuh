@@ -56,27 +56,31 @@ inline bool make_tma_map_16bit(CUtensorMap* map, const void* base, DType dtype, 
   return res == CUDA_SUCCESS;
 }
 
-// A 16-bit operand of (b, h) batches of row-major matrices (rows x cols; strides in elements: row
-// ld, head hs, batch bs) as a 4-D map (cols, rows, heads, batch) read in boxes of box_cols x
-// box_rows x 1 x 1, 128-byte swizzle (box_cols * 2 bytes <= 128), zeros outside. False if the
-// driver refuses the map (strides must be multiples of 16 bytes).
-inline bool make_tma_map_4d_16bit(CUtensorMap* map, const void* base, DType dtype, int64_t rows, int64_t cols,
-                                  int64_t heads, int64_t batch, int64_t ld, int64_t hs, int64_t bs,
-                                  uint32_t box_cols, uint32_t box_rows) {
+// A 16-bit or float8_e4m3 operand of (b, h) batches of row-major matrices (rows x cols; strides in
+// elements: row ld, head hs, batch bs) as a 4-D map (cols, rows, heads, batch) read in boxes of
+// box_cols x box_rows x 1 x 1, 128-byte swizzle (box_cols elements <= 128 bytes), zeros outside.
+// False if the driver refuses the map (strides must be multiples of 16 bytes).
+inline bool make_tma_map_4d(CUtensorMap* map, const void* base, DType dtype, int64_t rows, int64_t cols,
+                            int64_t heads, int64_t batch, int64_t ld, int64_t hs, int64_t bs,
+                            uint32_t box_cols, uint32_t box_rows) {
   const auto encode = tma_encode_fn();
-  if (!encode || (dtype != DType::kBFloat16 && dtype != DType::kFloat16)) return false;
+  const bool fp8 = dtype == DType::kFloat8E4M3;
+  if (!encode || (dtype != DType::kBFloat16 && dtype != DType::kFloat16 && !fp8)) return false;
+  const int64_t eb = fp8 ? 1 : 2;  // (bytes an element)
   const cuuint64_t dims[4] = {static_cast<cuuint64_t>(cols), static_cast<cuuint64_t>(rows),
                               static_cast<cuuint64_t>(heads), static_cast<cuuint64_t>(batch)};
   // (A dimension of size 1 takes any stride: a valid one is given.)
-  const cuuint64_t strides[3] = {static_cast<cuuint64_t>(ld * 2),
-                                 static_cast<cuuint64_t>((heads > 1 ? hs : rows * ld) * 2),
-                                 static_cast<cuuint64_t>((batch > 1 ? bs : heads * rows * ld) * 2)};
+  const cuuint64_t strides[3] = {static_cast<cuuint64_t>(ld * eb),
+                                 static_cast<cuuint64_t>((heads > 1 ? hs : rows * ld) * eb),
+                                 static_cast<cuuint64_t>((batch > 1 ? bs : heads * rows * ld) * eb)};
   const cuuint32_t box[4] = {box_cols, box_rows, 1, 1};
   const cuuint32_t elem[4] = {1, 1, 1, 1};
-  const CUresult res = encode(
-      map, dtype == DType::kBFloat16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 4,
-      const_cast<void*>(base), dims, strides, box, elem, CU_TENSOR_MAP_INTERLEAVE_NONE,
-      CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  const CUtensorMapDataType type = fp8                         ? CU_TENSOR_MAP_DATA_TYPE_UINT8
+                                   : dtype == DType::kBFloat16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+                                                               : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+  const CUresult res = encode(map, type, 4, const_cast<void*>(base), dims, strides, box, elem,
+                              CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                              CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   return res == CUDA_SUCCESS;
 }
 

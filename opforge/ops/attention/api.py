@@ -23,7 +23,7 @@ from opforge.ops.attention.checks import (
     scale_and_softcap,
     window_args,
 )
-from opforge.ops.attention.fp8 import check_fp8, dequantize, is_fp8_call
+from opforge.ops.attention.fp8 import check_fp8, check_fp8_cuda, dequantize, is_fp8_call, run_fp8_cuda
 from opforge.ops.attention.kv_cache import gather_pages, kv_lens_as_mask, pages_by_kernel, records_gradient
 from opforge.ops.attention.sinks import apply_sinks, check_sinks
 
@@ -111,9 +111,10 @@ def attention(
             add it when they finish a row; the backward needs nothing more.
         q_descale, k_descale, v_descale: FP8 attention (FlashAttention-3's contract): q, k and v in
             float8_e4m3fn, their true values the stored ones times these (B, Hkv) float32 factors (None:
-            1; q's head h takes kv head h // group's); the output is bfloat16. Forward only; computed on
-            the CPU (in float32 from the dequantized inputs). CUDA has no FP8 kernel yet: a
-            NotImplementedError there.
+            1; q's head h takes kv head h // group's); the output is bfloat16. Forward only. On CUDA
+            the Hopper FP8 kernel (head dims up to 128; no mask=, kv_lens or block_table: a
+            NotImplementedError, as on other GPUs); the CPU every path (in float32 from the
+            dequantized inputs).
         return_lse: also return the log-sum-exp of each query's scores, (B, Hq, Sq) float32
             (float64 for float64 inputs); with sinks, over the scores and the sink.
         variant: the kernel. ``"auto"`` (default) follows the rule of docs/attention.md: the decode
@@ -154,6 +155,14 @@ def attention(
     check_sinks(OP, q, sinks)
     descales = (q_descale, k_descale, v_descale)
     if is_fp8_call(q, k, v, descales):
+        if q.device.type == "cuda":  # (the Hopper FP8 kernel)
+            check_fp8_cuda(OP, kv_lens, block_table, mask, sinks)
+            check_ranks(OP, q, k, v)
+            check_fp8(OP, q, k, v, descales, q.shape[0], k.shape[1])
+            args = pattern_args(q, k, causal, window, prefix_len, segment_ids, None)
+            scale, softcap = scale_and_softcap(OP, q, scale, softcap)
+            out, lse = run_fp8_cuda(q, k, v, descales, scale, softcap, args, sinks, variant)
+            return (out, lse) if return_lse else out
         if block_table is not None:  # (each sequence's pages, then its descale)
             check_paged(q, k, v, block_table, kv_lens)
             k, v = gather_pages(k, v, block_table, kv_lens)
@@ -354,6 +363,32 @@ def _varlen_fp8(q, k, v, cu_seqlens_q, cu_seqlens_k, descales, call: dict):
     require_tensor(VARLEN_OP, "cu_seqlens_q", cu_seqlens_q)
     batch = cu_seqlens_q.shape[0] - 1
     check_fp8(VARLEN_OP, q, k, v, descales, batch, k.shape[1])
+    if q.device.type == "cuda":  # (the Hopper FP8 kernel on the packed sequences, as attention_varlen's)
+        check_varlen(
+            q, k, v, cu_seqlens_q, cu_seqlens_k, call["max_seqlen_q"], call["max_seqlen_k"], call["causal"]
+        )
+        check_options(VARLEN_OP, call["variant"], call["deterministic"])
+        check_fp8_cuda(VARLEN_OP, None, None, None, call["sinks"])
+        check_sinks(VARLEN_OP, q, call["sinks"])
+        left, right = window_args(VARLEN_OP, call["window"])
+        scale, softcap = scale_and_softcap(VARLEN_OP, q, call["scale"], call["softcap"])
+        args = (call["causal"], left, right, 0, None, None, None, None, None, 128, 128)
+        q4, k4, v4 = (t.unsqueeze(0).transpose(1, 2) for t in (q, k, v))
+        out, lse = run_fp8_cuda(
+            q4,
+            k4,
+            v4,
+            descales,
+            scale,
+            softcap,
+            args,
+            call["sinks"],
+            call["variant"],
+            (cu_seqlens_q, cu_seqlens_k),
+            call["check_offsets"],
+        )
+        out = out.transpose(1, 2).squeeze(0)
+        return (out, lse.squeeze(0)) if call["return_lse"] else out
 
     def rows_of(t, cu):  # (each row's sequence; rows past the last offset take the last one's)
         rows = torch.arange(t.shape[0], device=t.device)

@@ -28,6 +28,19 @@ def _(q, k, v, *rest, variant="auto", deterministic=None, check_offsets=True):
     )
 
 
+@torch.library.register_fake("opforge::attention_fp8")
+def _(q, k, v, q_descale, k_descale, v_descale, scale, softcap, *rest, variant="auto", check_offsets=True):
+    # (the sizes' checks; the dtypes', descales' and patterns' run in the op and its Python callers)
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.dtype != torch.float8_e4m3fn:
+            raise RuntimeError(
+                f"{OP}: FP8 attention takes q, k and v in float8_e4m3fn, got {name} in {t.dtype}"
+            )
+    varlen = len(rest) > 12 and rest[12] is not None  # (cu_seqlens_q, the schema's 13th pattern argument)
+    out = empty_like_output(q, varlen=varlen, head_dim=v.shape[-1], dtype=torch.bfloat16)
+    return out, q.new_empty(q.shape[:3], dtype=torch.float32)
+
+
 @torch.library.register_fake("opforge::attention_paged")
 def _(q, k_cache, v_cache, kv_lens, block_table, *rest):
     check_paged(q, k_cache, v_cache, block_table, kv_lens)  # (the wrapper's: sizes, dtypes, devices)

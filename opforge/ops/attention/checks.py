@@ -322,12 +322,15 @@ def lse_dtype(q: torch.Tensor) -> torch.dtype:
     return torch.float64 if q.dtype == torch.float64 else torch.float32
 
 
-def empty_like_output(t: torch.Tensor, varlen: bool = False, head_dim: int | None = None) -> torch.Tensor:
-    """A new tensor of t's shape (its last dim head_dim when given: the output takes v's) laid out as
-    the kernels lay out their outputs (empty_attention_like in csrc/attention/attention.cpp):
-    (B, S, H, D) underneath where t is such a view, and always for packed sequences (the (total, H, D)
-    output contiguous)."""
+def empty_like_output(
+    t: torch.Tensor, varlen: bool = False, head_dim: int | None = None, dtype: torch.dtype | None = None
+) -> torch.Tensor:
+    """A new tensor of t's shape (its last dim head_dim when given: the output takes v's; dtype when
+    given: the FP8 forward's bfloat16) laid out as the kernels lay out their outputs
+    (empty_attention_like in csrc/attention/attention.cpp): (B, S, H, D) underneath where t is such a
+    view, and always for packed sequences (the (total, H, D) output contiguous)."""
     d = t.shape[3] if head_dim is None else head_dim
+    dtype = t.dtype if dtype is None else dtype
     if varlen or (t.stride(1) < t.stride(2) and t.shape[1] > 1 and t.shape[2] > 1):
-        return t.new_empty((t.shape[0], t.shape[2], t.shape[1], d)).transpose(1, 2)
-    return t.new_empty((*t.shape[:3], d))
+        return t.new_empty((t.shape[0], t.shape[2], t.shape[1], d), dtype=dtype).transpose(1, 2)
+    return t.new_empty((*t.shape[:3], d), dtype=dtype)

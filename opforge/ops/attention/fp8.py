@@ -3,10 +3,13 @@ descale factors ``q_descale``, ``k_descale``, ``v_descale`` (batch, kv_heads) fl
 being the stored ones times their descale (q's head h takes kv head h // group's factor); the output
 bfloat16, the LSE float32. Forward only.
 
-What computes it today: the CPU, which dequantizes into float32 (exact: an e4m3 value times a float32
-factor rounds once, as the kernels' own float32 products would) and runs the float32 kernels. CUDA has
-no FP8 kernel yet: a call there raises a NotImplementedError rather than dequantize into bf16 behind
-the user's back (slower than bf16 inputs, and not the FP8 tensor-core path a user asks for)."""
+What computes it: on CUDA the Hopper FP8 kernel (opforge::attention_fp8: e4m3 tensor-core products,
+V transposed in shared memory, P rounded to e4m3 with the row max offset by 8, FlashAttention-3's
+design), head dims up to 128, every pattern but a block mask (mask=) and per-sequence key counts
+(kv_lens, block_table); other GPUs and those calls raise a NotImplementedError rather than dequantize
+into bf16 behind the user's back (slower than bf16 inputs, and not the FP8 tensor-core path a user
+asks for). The CPU dequantizes into float32 (exact: an e4m3 value times a float32 factor rounds
+once, as the kernels' own float32 products would) and runs the float32 kernels, every path."""
 
 from __future__ import annotations
 
@@ -36,10 +39,10 @@ def check_fp8(op: str, q, k, v, descales, batch: int, kv_heads: int) -> None:
             )
         if t.requires_grad:
             raise NotImplementedError(f"{op}: FP8 attention is forward only ({name} requires grad)")
-    if q.device.type != "cpu":
+    if q.device.type not in ("cpu", "cuda"):
         raise NotImplementedError(
-            f"{op}: FP8 attention on {q.device.type} needs an FP8 kernel, which opforge does not have yet; "
-            "the CPU computes it (or pass bfloat16 inputs)"
+            f"{op}: FP8 attention on {q.device.type} needs an FP8 kernel, which opforge does not have; "
+            "the CPU and CUDA (Hopper) compute it (or pass bfloat16 inputs)"
         )
     for name, d in zip(_NAMES, descales, strict=True):
         if d is None:
@@ -53,6 +56,38 @@ def check_fp8(op: str, q, k, v, descales, batch: int, kv_heads: int) -> None:
             )
         if d.device != q.device:
             raise RuntimeError(f"{op}: {name} must be on q's device ({q.device}), got {d.device}")
+
+
+def check_fp8_cuda(op: str, kv_lens, block_table, mask, sinks) -> None:
+    """What the CUDA FP8 kernel does not take: per-sequence key counts and paged caches, a block mask,
+    sinks that record a gradient (FP8 attention is forward only)."""
+    if kv_lens is not None or block_table is not None or mask is not None:
+        raise NotImplementedError(
+            f"{op}: FP8 attention on CUDA takes no kv_lens, block_table or mask= yet (the Hopper FP8 kernel's "
+            "plain form); the CPU computes them"
+        )
+    if sinks is not None and sinks.requires_grad and torch.is_grad_enabled():
+        raise NotImplementedError(f"{op}: FP8 attention is forward only (sinks require grad)")
+
+
+def run_fp8_cuda(
+    q, k, v, descales, scale, softcap, args, sinks, variant, cu_seqlens=(None, None), check_offsets=True
+):
+    """opforge::attention_fp8 on 4-D q, k, v (the schema's pattern arguments `args`): (out, lse)."""
+    return torch.ops.opforge.attention_fp8.default(
+        q,
+        k,
+        v,
+        *descales,
+        scale,
+        softcap,
+        *args,
+        None,
+        *cu_seqlens,
+        sinks,
+        variant=variant,
+        check_offsets=check_offsets,
+    )
 
 
 def dequantize(t: torch.Tensor, descale, heads_dim: int, rows_of=None) -> torch.Tensor:

@@ -19,6 +19,10 @@ namespace opforge {
 // segment runs' form a.seg_runs).
 template <int kHeadDim, int kHeadDimV, bool kKvCache, bool kBlockMask, bool kPersistent, bool kSegmentRuns>
 int run_attention_hopper_fwd(const AttentionCudaArgs& a, void* stream);
+// The Hopper FP8 forward (float8_e4m3fn q, k, v, the descales in a.g.fwd; the output bfloat16):
+// the plain form at a kernel head dim.
+template <int kHeadDim>
+int run_attention_hopper_fwd_fp8(const AttentionCudaArgs& a, void* stream);
 // The Hopper backward (needs a.dq_accum; a.dq_semaphore in deterministic mode) of one form
 // (HopperBwdForm's fields): its one-pass kernel and the dQ conversion.
 template <int kHeadDim, int kHeadDimV, bool kBlockMask, bool kDeterministic>
@@ -99,6 +103,8 @@ template <>
 int run_attention_hopper_fwd<96, 96, true, false, false, false>(const AttentionCudaArgs& a, void* stream);
 template <>
 int run_attention_hopper_fwd<96, 96, true, true, false, false>(const AttentionCudaArgs& a, void* stream);
+template <>
+int run_attention_hopper_fwd_fp8<128>(const AttentionCudaArgs& a, void* stream);
 template <>
 int run_attention_hopper_bwd<64, 64, false, false>(const AttentionCudaArgs& a, void* stream);
 template <>
@@ -250,6 +256,15 @@ inline int run_attention_hopper_bwd_form(const HopperBwdForm& form, const Attent
       return run_attention_hopper_bwd<256, 256, false, false>(a, stream);
     case HopperBwdForm{256, 256, false, true}.key():
       return run_attention_hopper_bwd<256, 256, false, true>(a, stream);
+    default:
+      return cudaErrorInvalidValue;
+  }
+}
+
+inline int run_attention_hopper_fwd_fp8_at(int head_dim, const AttentionCudaArgs& a, void* stream) {
+  switch (head_dim) {
+    case 128:
+      return run_attention_hopper_fwd_fp8<128>(a, stream);
     default:
       return cudaErrorInvalidValue;
   }
