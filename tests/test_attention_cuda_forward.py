@@ -449,10 +449,10 @@ def form_of(q, k, kw, backward=False, deterministic=None):
 
 # A form's kernels, by the names the profiler reports (demangled: the traits aliases appear as their
 # templates, HopperFwdTraits<kD, kBlockN, kStages, kConsumers, kPingPong, kStageMask, kPersistent,
-# kKvCache, kDV>; compared with the blanks removed): (kernel, traits, other kernels).
+# kKvCache, kDV, kFp8>; compared with the blanks removed): (kernel, traits, other kernels).
 def _fwd_traits(mask=False, persistent=False, cache=False):
     flags = ",".join(str(f).lower() for f in (mask, persistent, cache))
-    return f"HopperFwdTraits<128,128,2,2,true,{flags},128>"
+    return f"HopperFwdTraits<128,128,2,2,true,{flags},128,false>"
 
 
 FORWARD_FORMS = {

@@ -3,10 +3,10 @@ descales against the float64 attention of the dequantized inputs, with the alloc
 (an output row never written is NaN): patterns, GQA, head dims up to 128 (zero-padded in the
 launcher), ragged lengths, sinks, softcap, packed sequences with each sequence's factors, CUDA graphs
 (the offsets not read), FlashAttention's functions; and the calls it refuses. P is rounded to e4m3 (3
-mantissa bits) before P V, so the bound on the output is the FP8 one (FlashAttention-3 reports an RMS
-error of about 1e-2 of the output's scale): here the largest error under 7 % of the output's largest
-magnitude and the RMS error under 2 %, where a kernel that pairs a P column with the wrong V row
-errs by the output's whole scale."""
+mantissa bits) before P V, so the bound on the output is the FP8 one (rounding P to e4m3 alone gives
+about 2.5 % relative RMS error on zero-mean values; measured 1.9-2.5 % on an H100): here the largest
+error under 7 % of the output's largest magnitude and the RMS error under 4 %, where a kernel that
+pairs a P column with the wrong V row errs by the output's whole scale."""
 
 from __future__ import annotations
 
@@ -51,7 +51,7 @@ def check_fp8_output(got, want):
     err = got.double() - want
     scale = want.abs().max().clamp_min(1e-30)
     assert (err.abs().max() / scale).item() <= 0.07, (err.abs().max() / scale).item()
-    assert (err.pow(2).mean().sqrt() / want.pow(2).mean().sqrt().clamp_min(1e-30)).item() <= 0.02
+    assert (err.pow(2).mean().sqrt() / want.pow(2).mean().sqrt().clamp_min(1e-30)).item() <= 0.04
 
 
 def refused_off_hopper(q8, k8, v8) -> bool:
@@ -147,7 +147,8 @@ def test_fp8_cuda_varlen_graph_and_flash_api():
     got = opforge.attention_varlen(qv, kv_, vv, cu_q, cu_k, **kw)
     check_fp8_output(got[: len(seq_q)], want)
     assert (got[len(seq_q) :] == 0).all()
-    _, graph_out = capture_cuda_graph(lambda: opforge.attention_varlen(qv, kv_, vv, cu_q, cu_k, **kw))
+    graph, graph_out = capture_cuda_graph(lambda: opforge.attention_varlen(qv, kv_, vv, cu_q, cu_k, **kw))
+    graph.replay()
     torch.cuda.synchronize()
     torch.testing.assert_close(graph_out, got, atol=0, rtol=0)
     fv = flash_attn_varlen_func(qv, kv_, vv, cu_q, cu_k, **kw)

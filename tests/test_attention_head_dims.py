@@ -160,8 +160,8 @@ def test_head_dims_errors(device):
 # the profiler names (HopperFwdTraits<kD, kBlockN, kStages, kConsumers, kPingPong, kStageMask,
 # kPersistent, kKvCache, kDV>, blanks removed).
 NATIVE = {
-    (192, 128): "HopperFwdTraits<192,128,2,2,true,false,false,{cache},128>",
-    (192, 192): "HopperFwdTraits<192,96,2,2,true,false,false,{cache},192>",
+    (192, 128): "HopperFwdTraits<192,128,2,2,true,false,false,{cache},128,false>",
+    (192, 192): "HopperFwdTraits<192,96,2,2,true,false,false,{cache},192,false>",
 }
 
 
@@ -314,7 +314,7 @@ def test_native_head_dim_96_forward(d):
 
     q, k, v = qkv(2, 8, 2, 600, 900, d, d, torch.bfloat16, "cuda")
     names = [n.replace(" ", "") for n in kernel_names(lambda: opforge.attention(q, k, v, causal=True))]
-    assert any("HopperFwdTraits<96,128,2,2,true,false,false,false,96>" in n for n in names), names
+    assert any("HopperFwdTraits<96,128,2,2,true,false,false,false,96,false>" in n for n in names), names
     for kw in (dict(causal=True), dict(causal=True, window=(250, 0))):
         _check_native(q, k, v, kw, "HopperFwdTraits<96,128,2,2,true", torch.bfloat16)
     lens = torch.tensor([900, 400], device="cuda")

@@ -112,6 +112,7 @@ std::tuple<at::Tensor, at::Tensor> attention_fp8_cuda(
   if (out_n.numel() == 0 || rows_k == 0) {  // (no key anywhere: out 0, the LSE -inf or the sinks)
     out_n.zero_();
     fill_unseen_lse(lse_n, args.sinks);
+    if (captured) fill_rows_past_offsets(lse, std::nullopt, *cu_seqlens_q, -kInf);  // (no sequence, no sink)
     return {out, lse};
   }
   const at::Tensor qn = q.narrow(2, 0, rows_q), kn = k.narrow(2, 0, rows_k), vn = v.narrow(2, 0, rows_k);

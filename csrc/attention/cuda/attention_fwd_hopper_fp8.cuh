@@ -193,11 +193,13 @@ __global__ void __launch_bounds__(Tr::kThreads, 1)
   State rk, rv;
   fwd_consumer_item<Tr, T>(sm, a, pat, b, h, row0, half, next, t, rk, rv, o, m_run, l_run, raw_scores, k,
                            descale_qk);
-  // (the sums carry P's 2^kPOffset; the output's factor v's descale)
+  // (P and so O carry 2^kPOffset: the sums divided by it give the LSE and the sinks' totals, and
+  // the output's factor takes it out of O with v's descale)
   l_run[0] = ldexpf(l_run[0], -Tr::kPOffset), l_run[1] = ldexpf(l_run[1], -Tr::kPOffset);
   float inv[2];
   finish_rows(m_run, l_run, inv, p, pat.sq, b, h, row0, lane, k);
-  inv[0] *= descale_v, inv[1] *= descale_v;
+  const float out_factor = ldexpf(descale_v, -Tr::kPOffset);
+  inv[0] *= out_factor, inv[1] *= out_factor;
   store_accumulator_rows<Tr::kDV, __nv_bfloat16>(o, inv, sm.vraw + half * 64 * 2 * Tr::kDV, 64 * 128,
                                                  static_cast<__nv_bfloat16*>(p.out) + p.o_at(b, h), p.o_ss,
                                                  i0 + half * 64, pat.sq, t, 1 + half);

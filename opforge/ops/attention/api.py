@@ -156,9 +156,9 @@ def attention(
     descales = (q_descale, k_descale, v_descale)
     if is_fp8_call(q, k, v, descales):
         if q.device.type == "cuda":  # (the Hopper FP8 kernel)
-            check_fp8_cuda(OP, kv_lens, block_table, mask, sinks)
             check_ranks(OP, q, k, v)
             check_fp8(OP, q, k, v, descales, q.shape[0], k.shape[1])
+            check_fp8_cuda(OP, kv_lens, block_table, mask, sinks)
             args = pattern_args(q, k, causal, window, prefix_len, segment_ids, None)
             scale, softcap = scale_and_softcap(OP, q, scale, softcap)
             out, lse = run_fp8_cuda(q, k, v, descales, scale, softcap, args, sinks, variant)
@@ -365,8 +365,20 @@ def _varlen_fp8(q, k, v, cu_seqlens_q, cu_seqlens_k, descales, call: dict):
     check_fp8(VARLEN_OP, q, k, v, descales, batch, k.shape[1])
     if q.device.type == "cuda":  # (the Hopper FP8 kernel on the packed sequences, as attention_varlen's)
         check_varlen(
-            q, k, v, cu_seqlens_q, cu_seqlens_k, call["max_seqlen_q"], call["max_seqlen_k"], call["causal"]
+            q,
+            k,
+            v,
+            cu_seqlens_q,
+            cu_seqlens_k,
+            call["max_seqlen_q"],
+            call["max_seqlen_k"],
+            call["causal"],
+            fp8=True,
         )
+        if not isinstance(call["check_offsets"], bool):
+            raise TypeError(
+                f"{VARLEN_OP}: check_offsets must be a bool, got {type(call['check_offsets']).__name__}"
+            )
         check_options(VARLEN_OP, call["variant"], call["deterministic"])
         check_fp8_cuda(VARLEN_OP, None, None, None, call["sinks"])
         check_sinks(VARLEN_OP, q, call["sinks"])

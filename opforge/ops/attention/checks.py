@@ -250,11 +250,12 @@ def check_qkv(op: str, q, k, v) -> None:
     check_operands(op, q, k, v, batch=True)
 
 
-def check_operands(op: str, q, k, v, batch: bool, layout: str = "") -> None:
+def check_operands(op: str, q, k, v, batch: bool, layout: str = "", fp8: bool = False) -> None:
     """q, k, v of one dtype and device, k and v of one shape but for the head dim (v's may differ:
     DeepSeek's 192 / 128), q's head dim k's, q's heads (dim 1) a multiple of k's, and with `batch` one
-    batch size (dim 0). layout: k's dims as the caller names them, for the message."""
-    check_dtype_in(op, "q", q, DTYPES)
+    batch size (dim 0). layout: k's dims as the caller names them, for the message. fp8: FP8
+    attention's operands (float8_e4m3fn) instead of the float types."""
+    check_dtype_in(op, "q", q, (torch.float8_e4m3fn,) if fp8 else DTYPES)
     check_same_dtype(op, "k", k, "q", q)
     check_same_dtype(op, "v", v, "q", q)
     check_same_device(op, "k", k, "q", q)
@@ -275,7 +276,7 @@ def check_operands(op: str, q, k, v, batch: bool, layout: str = "") -> None:
         )
 
 
-def check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal) -> None:
+def check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, fp8=False) -> None:
     """attention_varlen's arguments in its own terms ((total, H, D) tensors, the offsets), before
     they become the registered op's batch of one."""
     for name, t in (
@@ -291,7 +292,7 @@ def check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k
             raise RuntimeError(
                 f"{VARLEN_OP}: {name} must be 3-D (total tokens, heads, head_dim), got {t.dim()}-D"
             )
-    check_operands(VARLEN_OP, q, k, v, batch=False, layout=" (total_k, kv_heads, head_dim)")
+    check_operands(VARLEN_OP, q, k, v, batch=False, layout=" (total_k, kv_heads, head_dim)", fp8=fp8)
     for name, t in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
         if t.dtype not in (torch.int32, torch.int64):
             raise RuntimeError(
