@@ -513,16 +513,16 @@ def test_forms_are_the_kernels_that_run():
     assert seen | {"mma_sync"} == set(FORWARD_FORMS)
     # the backward's forms
     for kw, det, form, traits in (
-        (dict(causal=True), False, "hopper", "HopperBwdTraits<128,64,128,2,false,24,240,false>"),
+        (dict(causal=True), False, "hopper", "HopperBwdTraits<128,64,128,2,false,24,240,false,128>"),
         (
             dict(mask=block_mask(lambda b, h, i, j: i >= j, None, None, S, S, device=DEV)),
             False,
             "hopper/mask",
-            "HopperBwdTraits<128,64,128,2,false,24,240,true>",
+            "HopperBwdTraits<128,64,128,2,false,24,240,true,128>",
         ),
         # (deterministic at head dim 128: the same kernel, its dQ additions ordered at run time; only head
         # dim 256 has a deterministic form of its own, attention_heuristics.h's hopper_bwd_form)
-        (dict(causal=True), True, "hopper", "HopperBwdTraits<128,64,128,2,false,24,240,false>"),
+        (dict(causal=True), True, "hopper", "HopperBwdTraits<128,64,128,2,false,24,240,false,128>"),
     ):
         assert form_of(q, k, kw, backward=True, deterministic=det) == form
         qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
