@@ -8,6 +8,7 @@ from opforge._loader import built_with_cuda, load_extension
 
 load_extension()
 
+from opforge import distributed  # noqa: E402  (ring_attention, shard, unshard: opforge.distributed.*)
 from opforge.masks import BlockMask, block_mask  # noqa: E402
 from opforge.ops.attention import attention, attention_varlen, paged_kv_append  # noqa: E402
 from opforge.ops.copy_async import copy_async, to_device_async  # noqa: E402
@@ -27,6 +28,7 @@ __all__ = [
     "block_mask",
     "built_with_cuda",
     "copy_async",
+    "distributed",
     "matmul",
     "nms",
     "nms_padded",

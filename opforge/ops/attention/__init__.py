@@ -6,7 +6,9 @@
 - autograd: fake kernels, the registered backward, the torch.func / forward-mode AD Function and the
   double backward (dense: the plain-PyTorch attention they differentiate);
 - vmap: the ops' vmap rules;
-- schema: argument positions looked up in the registered schemas.
+- schema: argument positions looked up in the registered schemas;
+- sharded: the refusal of sequence-sharded calls (DTensor operands, torch's context_parallel()),
+  which point to opforge.distributed.ring_attention.
 """
 
 from opforge.ops.attention import vmap  # noqa: F401  (registers the vmap rules)

@@ -25,6 +25,7 @@ from opforge.ops.attention.checks import (
 )
 from opforge.ops.attention.fp8 import check_fp8, check_fp8_cuda, dequantize, is_fp8_call, run_fp8_cuda
 from opforge.ops.attention.kv_cache import gather_pages, kv_lens_as_mask, pages_by_kernel, records_gradient
+from opforge.ops.attention.sharded import check_not_sharded
 from opforge.ops.attention.sinks import apply_sinks, check_sinks
 
 
@@ -151,6 +152,8 @@ def attention(
     """
     for name, t in (("q", q), ("k", k), ("v", v)):
         require_tensor(OP, name, t)
+    if not torch.compiler.is_compiling():
+        check_not_sharded(OP, q, k, v)
     check_options(OP, variant, deterministic)
     check_sinks(OP, q, sinks)
     descales = (q_descale, k_descale, v_descale)
@@ -311,6 +314,8 @@ def attention_varlen(
     Underneath: the registered op on the views ``x.unsqueeze(0).transpose(1, 2)`` (a batch of one,
     (1, H, total, D)) with ``cu_seqlens_q=`` and ``cu_seqlens_k=``.
     """
+    if not torch.compiler.is_compiling():
+        check_not_sharded(VARLEN_OP, q, k, v)
     descales = (q_descale, k_descale, v_descale)
     if is_fp8_call(q, k, v, descales):
         return _varlen_fp8(q, k, v, cu_seqlens_q, cu_seqlens_k, descales, locals())
