@@ -283,6 +283,8 @@ GemmPackedFns gemm_packed(DType dtype) {
       return packed_fns<c10::Half, float>();
     case DType::kBFloat16:
       return packed_fns<c10::BFloat16, float>();
+    case DType::kFloat8E4M3:  // (no kernel: the ops' checks refuse it)
+      break;
   }
   return {};
 }
@@ -303,6 +305,8 @@ GemmBlockFn gemm_block(DType dtype) {
       return &gemm_block_impl<c10::Half, float>;
     case DType::kBFloat16:
       return &gemm_block_impl<c10::BFloat16, float>;
+    case DType::kFloat8E4M3:  // (no kernel: the ops' checks refuse it)
+      break;
   }
   return nullptr;
 }

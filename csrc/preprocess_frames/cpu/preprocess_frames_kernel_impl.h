@@ -196,6 +196,7 @@ PreprocessRowsFn preprocess_rows(DType out_dtype) {
     case DType::kBFloat16:
       return &rows<c10::BFloat16>;
     case DType::kFloat64:
+    case DType::kFloat8E4M3:
       break;
   }
   return nullptr;

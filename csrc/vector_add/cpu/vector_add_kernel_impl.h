@@ -58,6 +58,8 @@ AddContiguousFn vector_add_contiguous(DType dtype) {
       return &add_contiguous<c10::Half>;
     case DType::kBFloat16:
       return &add_contiguous<c10::BFloat16>;
+    case DType::kFloat8E4M3:  // (no kernel: the op's checks refuse it)
+      break;
   }
   return nullptr;
 }
