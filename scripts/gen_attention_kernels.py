@@ -21,16 +21,8 @@ HEAD_DIMS = (64, 128, 256)
 PREP_HEAD_DIMS = (64, 128, 192, 256)
 
 
-@dataclass(frozen=True)
-class HopperFwd:
-    """A Hopper forward form: HopperFwdForm's fields and the traits struct that serves it."""
-
-    head_dim: int
-    kv_cache: bool = False
-    block_mask: bool = False
-    persistent: bool = False
-    segment_runs: bool = False
-    head_dim_v: int = 0  # (v's head dim; 0: head_dim's)
+class HeadDims:
+    """A form's head dims (head_dim, head_dim_v: 0 for head_dim's) as the file names take them."""
 
     @property
     def dim_v(self) -> int:
@@ -40,6 +32,18 @@ class HopperFwd:
     def dims(self) -> str:
         """d192 or d192_v128 (file names)."""
         return f"d{self.head_dim}" + (f"_v{self.dim_v}" if self.dim_v != self.head_dim else "")
+
+
+@dataclass(frozen=True)
+class HopperFwd(HeadDims):
+    """A Hopper forward form: HopperFwdForm's fields and the traits struct that serves it."""
+
+    head_dim: int
+    kv_cache: bool = False
+    block_mask: bool = False
+    persistent: bool = False
+    segment_runs: bool = False
+    head_dim_v: int = 0  # (v's head dim; 0: head_dim's)
 
     @property
     def suffix(self) -> str:
@@ -79,21 +83,13 @@ class HopperFwd:
 
 
 @dataclass(frozen=True)
-class HopperBwd:
+class HopperBwd(HeadDims):
     """A Hopper backward form: HopperBwdForm's fields and the traits struct that serves it."""
 
     head_dim: int
     block_mask: bool = False
     deterministic: bool = False
     head_dim_v: int = 0  # (v's head dim; 0: head_dim's)
-
-    @property
-    def dim_v(self) -> int:
-        return self.head_dim_v or self.head_dim
-
-    @property
-    def dims(self) -> str:
-        return f"d{self.head_dim}" + (f"_v{self.dim_v}" if self.dim_v != self.head_dim else "")
 
     @property
     def suffix(self) -> str:

@@ -262,3 +262,10 @@ def assert_varlen_rows(out, lse, lengths, cu_q):
         if sq and not sk:
             rows = slice(int(cu_q[b]), int(cu_q[b + 1]))
             assert (out[rows] == 0).all() and (lse[:, rows] == -math.inf).all()
+
+
+def fp8_op(q, k, v, causal=False):
+    """torch.ops.opforge.attention_fp8 itself (no descales, scale 0.1, no softcap, no pattern but
+    `causal`), for the tests of what the registered op checks."""
+    no_pattern = (-1, -1, 0, None, None, None, None, None, 128, 128)
+    return torch.ops.opforge.attention_fp8(q, k, v, None, None, None, 0.1, 0.0, causal, *no_pattern)

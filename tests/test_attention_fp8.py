@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from attention_cases import cu_seqlens, to_pages
+from attention_cases import cu_seqlens, fp8_op, to_pages
 
 import opforge
 from opforge import reference
@@ -119,35 +119,11 @@ def test_fp8_op_fake_and_cpu_dispatch():
     head dim and a float32 LSE, an FP8-only check; on CPU tensors the op has no kernel (the wrapper
     dequantizes there instead)."""
     q, k, v = (torch.empty(2, h, 9, d, device="meta", dtype=FP8) for h, d in ((4, 64), (2, 64), (2, 32)))
-    out, lse = torch.ops.opforge.attention_fp8(
-        q, k, v, None, None, None, 0.1, 0.0, True, -1, -1, 0, None, None, None, None, None, 128, 128
-    )
+    out, lse = fp8_op(q, k, v, causal=True)
     assert out.dtype == torch.bfloat16 and tuple(out.shape) == (2, 4, 9, 32)
     assert lse.dtype == torch.float32 and tuple(lse.shape) == (2, 4, 9)
     with pytest.raises(RuntimeError, match=r"FP8 attention takes q, k and v in float8_e4m3fn, got v in"):
-        torch.ops.opforge.attention_fp8(
-            q,
-            k,
-            v.to(torch.bfloat16),
-            None,
-            None,
-            None,
-            0.1,
-            0.0,
-            True,
-            -1,
-            -1,
-            0,
-            None,
-            None,
-            None,
-            None,
-            None,
-            128,
-            128,
-        )
+        fp8_op(q, k, v.to(torch.bfloat16), causal=True)
     (q8, k8, v8), _, _ = fp8_case(1, 2, 1, 4, 4, 16)
     with pytest.raises(NotImplementedError):
-        torch.ops.opforge.attention_fp8(
-            q8, k8, v8, None, None, None, 0.1, 0.0, False, -1, -1, 0, None, None, None, None, None, 128, 128
-        )
+        fp8_op(q8, k8, v8)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from attention_cases import cu_seqlens
+from attention_cases import cu_seqlens, fp8_op
 from conftest import capture_cuda_graph, poison_cuda_allocator
 
 import opforge
@@ -178,27 +178,7 @@ def test_fp8_cuda_refusals():
     with pytest.raises(
         RuntimeError, match=r"opforge.attention: q must be one of \(float8_e4m3fn\), got bfloat16"
     ):
-        torch.ops.opforge.attention_fp8(
-            q8.to(torch.bfloat16),
-            k8,
-            v8,
-            None,
-            None,
-            None,
-            0.1,
-            0.0,
-            False,
-            -1,
-            -1,
-            0,
-            None,
-            None,
-            None,
-            None,
-            None,
-            128,
-            128,
-        )
+        fp8_op(q8.to(torch.bfloat16), k8, v8)
     if refused_off_hopper(q8, k8, v8):
         return
     big = (torch.randn(1, 2, 8, 192, device=DEV)).to(FP8)

@@ -213,15 +213,7 @@ cudaError_t launch_hopper_fwd_fp8(const AttentionCudaArgs& a, cudaStream_t strea
   static signed char state[64] = {};
   const cudaError_t err = prepare_hopper(attention_fwd_hopper_fp8_kernel<Tr>, Tr::kSmemBytes, state);
   if (err != cudaSuccess) return err;
-  CUtensorMap mq, mk, mv;
-  if (!make_attention_maps(a, Tr::kD, Tr::kDV, Tr::kBlockM, Tr::kBlockN, &mq, &mk, &mv))
-    return cudaErrorInvalidValue;
-  dim3 grid;
-  int group_pairs = 0;
-  if (!fwd_item_grid<Tr>(a.g.fwd, grid, group_pairs)) return cudaErrorInvalidValue;
-  attention_fwd_hopper_fp8_kernel<Tr>
-      <<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(mq, mk, mv, a, group_pairs);
-  return cudaGetLastError();
+  return launch_fwd_items<Tr>(attention_fwd_hopper_fp8_kernel<Tr>, a, stream);
 }
 
 // The FP8 forward of traits Tr (the generated instantiations' entry): float8_e4m3fn operands only.

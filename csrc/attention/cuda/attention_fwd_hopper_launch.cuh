@@ -56,19 +56,25 @@ bool fwd_item_grid(const AttentionParams& p, dim3& grid, int& group_pairs) {
   return true;
 }
 
-template <typename Tr, typename T>
-cudaError_t launch_hopper_fwd(const AttentionCudaArgs& a, cudaStream_t stream) {
-  const cudaError_t err = prepare_hopper_fwd<Tr, T>();
-  if (err != cudaSuccess) return err;
+// A one-item kernel of traits Tr (the 16-bit one, the FP8 one) on its maps and grid, set up already
+// (prepare_hopper).
+template <typename Tr, typename Kernel>
+cudaError_t launch_fwd_items(Kernel kernel, const AttentionCudaArgs& a, cudaStream_t stream) {
   CUtensorMap mq, mk, mv;
   if (!make_attention_maps(a, Tr::kD, Tr::kDV, Tr::kBlockM, Tr::kBlockN, &mq, &mk, &mv))
     return cudaErrorInvalidValue;
   dim3 grid;
   int group_pairs = 0;
   if (!fwd_item_grid<Tr>(a.g.fwd, grid, group_pairs)) return cudaErrorInvalidValue;
-  attention_fwd_hopper_kernel<Tr, T>
-      <<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(mq, mk, mv, a, group_pairs);
+  kernel<<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(mq, mk, mv, a, group_pairs);
   return cudaGetLastError();
+}
+
+template <typename Tr, typename T>
+cudaError_t launch_hopper_fwd(const AttentionCudaArgs& a, cudaStream_t stream) {
+  const cudaError_t err = prepare_hopper_fwd<Tr, T>();
+  if (err != cudaSuccess) return err;
+  return launch_fwd_items<Tr>(attention_fwd_hopper_kernel<Tr, T>, a, stream);
 }
 
 // kRuns: the form that reads segment ids' runs (a.seg_runs, written by launch_segment_runs first; its
